@@ -1,0 +1,496 @@
+"""The writer side of carl.db: one `Store` per process that writes.
+
+SQLite in WAL mode, written through sqlite-utils. Every public write is one transaction
+(a step, or an ingest batch); callers that need several writes to land together (rows and the
+source cursor that covers them) use `transaction()`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from .schema import APPLICATION_ID, MIGRATIONS, ROLLUP_LEVELS, SCHEMA_VERSION
+
+
+class StoreError(Exception):
+    """A store problem with a one-line, user-facing message."""
+
+
+MetricRow = tuple[int, str, float | None, float]  # (step, key, value, wall_time)
+
+
+def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
+    if readonly:
+        uri = f"file:{path}?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=5.0)
+    else:
+        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
+    return conn
+
+
+def check_schema(conn: sqlite3.Connection, path: Path) -> int:
+    """Return the schema version, raising StoreError for a foreign, newer or corrupt file."""
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        tables = conn.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{path}: not a readable carl database ({exc})") from None
+    if tables and app_id != APPLICATION_ID:
+        raise StoreError(f"{path}: this SQLite file is not a carl database (application_id {app_id:#x})")
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{path}: schema version {version} is newer than this carl-tui understands "
+            f"({SCHEMA_VERSION}); upgrade carl-tui"
+        )
+    return version
+
+
+def _finite(value: float | None) -> float | None:
+    """NaN is stored as NULL (SQLite has no NaN); +-inf are stored as REAL infinities."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return float(value)
+
+
+class Store:
+    """Read-write access to carl.db. Safe to use from one thread at a time."""
+
+    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            if not create:
+                raise StoreError(f"{self.path}: no carl database here")
+            self.path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+            self.path.touch(mode=0o600)
+        os.chmod(self.path, 0o600)
+        try:
+            self.conn = _connect(self.path, readonly=False)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            self.conn.execute("PRAGMA busy_timeout=30000")
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: not a readable carl database ({exc})") from None
+        self.db = sqlite_utils.Database(self.conn)
+        self._in_txn = False
+        self._migrate()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _migrate(self) -> None:
+        version = check_schema(self.conn, self.path)
+        for number in range(version, SCHEMA_VERSION):
+            with self.transaction():
+                MIGRATIONS[number](self.db)
+                self.conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+                self.conn.execute(f"PRAGMA user_version={number + 1}")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE ... COMMIT; nested uses join the outer transaction."""
+        if self._in_txn:
+            yield self.conn
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        self._in_txn = True
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        else:
+            self.conn.execute("COMMIT")
+        finally:
+            self._in_txn = False
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        name: str,
+        *,
+        source_kind: str,
+        source_path: str | None = None,
+        source_id: int | None = None,
+        external_id: str = "",
+        status: str = "running",
+        config: dict[str, Any] | None = None,
+        backend: str | None = None,
+        model: str | None = None,
+        max_steps: int | None = None,
+        vocab_size: int | None = None,
+        started_at: float | None = None,
+    ) -> int:
+        """Create a run; a taken name gets a numeric suffix (name-2, name-3, ...)."""
+        now = time.time()
+        with self.transaction():
+            unique = name
+            n = 1
+            while self.conn.execute("SELECT 1 FROM runs WHERE name=?", (unique,)).fetchone():
+                n += 1
+                unique = f"{name}-{n}"
+            cur = self.conn.execute(
+                "INSERT INTO runs (name, source_kind, source_path, source_id, external_id, status, config,"
+                " backend, model, max_steps, vocab_size, started_at, created_at, updated_at, health,"
+                " health_reasons) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    unique,
+                    source_kind,
+                    source_path,
+                    source_id,
+                    external_id,
+                    status,
+                    json.dumps(config or {}),
+                    backend,
+                    model,
+                    max_steps,
+                    vocab_size,
+                    started_at if started_at is not None else now,
+                    now,
+                    now,
+                    None,
+                    "[]",
+                ),
+            )
+            return int(cur.lastrowid)
+
+    _RUN_FIELDS = frozenset(
+        {
+            "name", "status", "config", "backend", "model", "max_steps", "vocab_size", "last_step",
+            "last_update", "started_at", "ended_at", "phase", "health", "health_reasons",
+        }
+    )  # fmt: skip
+
+    def update_run(self, run_id: int, **fields: Any) -> None:
+        unknown = set(fields) - self._RUN_FIELDS
+        if unknown:
+            raise ValueError(f"unknown run fields: {sorted(unknown)}")
+        for key in ("config", "health_reasons"):
+            if key in fields and not isinstance(fields[key], str):
+                fields[key] = json.dumps(fields[key])
+        fields["updated_at"] = time.time()
+        columns = ", ".join(f"{k}=?" for k in fields)
+        with self.transaction():
+            self.conn.execute(f"UPDATE runs SET {columns} WHERE id=?", (*fields.values(), run_id))
+
+    def run(self, run_id: int) -> dict[str, Any] | None:
+        row = self.conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+        if row is None:
+            return None
+        cols = [d[0] for d in self.conn.execute("SELECT * FROM runs LIMIT 0").description]
+        return dict(zip(cols, row, strict=True))
+
+    def run_id_by_name(self, name: str) -> int | None:
+        row = self.conn.execute("SELECT id FROM runs WHERE name=?", (name,)).fetchone()
+        return None if row is None else int(row[0])
+
+    # -- metrics ---------------------------------------------------------------------------
+
+    def add_metrics(self, run_id: int, rows: Iterable[MetricRow]) -> int:
+        """Insert metric rows (duplicates of (run, key, step) are ignored); returns rows added.
+
+        Also refreshes the rollups of the buckets the batch touched and the run's last step,
+        all in one transaction.
+        """
+        batch = [(run_id, int(step), key, _finite(value), float(wall)) for step, key, value, wall in rows]
+        if not batch:
+            return 0
+        with self.transaction():
+            before = self.conn.total_changes
+            self.conn.executemany(
+                "INSERT OR IGNORE INTO metrics (run_id, step, key, value, wall_time) VALUES (?,?,?,?,?)",
+                batch,
+            )
+            added = self.conn.total_changes - before
+            if added:
+                spans: dict[str, tuple[int, int]] = {}
+                last_step = batch[0][1]
+                last_wall = batch[0][4]
+                for _, step, key, _, wall in batch:
+                    lo, hi = spans.get(key, (step, step))
+                    spans[key] = (min(lo, step), max(hi, step))
+                    if step > last_step:
+                        last_step = step
+                    if wall > last_wall:
+                        last_wall = wall
+                for key, (lo, hi) in spans.items():
+                    self._refresh_rollups(run_id, key, lo, hi)
+                self.conn.execute(
+                    "UPDATE runs SET last_step=max(coalesce(last_step, ?), ?),"
+                    " last_update=max(coalesce(last_update, 0), ?), updated_at=? WHERE id=?",
+                    (last_step, last_step, last_wall, time.time(), run_id),
+                )
+            return added
+
+    def _refresh_rollups(self, run_id: int, key: str, lo: int, hi: int) -> None:
+        """Recompute, from the level below, every rollup bucket that overlaps steps [lo, hi].
+
+        Exact and idempotent: a bucket is always rebuilt from its source rows, so a retried
+        or partially duplicated batch cannot skew it.
+        """
+        finer = None
+        for level in ROLLUP_LEVELS:
+            b_lo, b_hi = lo // level, hi // level
+            if finer is None:
+                self.conn.execute(
+                    """
+                    INSERT OR REPLACE INTO rollups
+                      (run_id, key, level, bucket, n, vmin, vmax, vsum, first_step, last_step, last_value)
+                    SELECT run_id, key, ?, step / ?, count(value), min(value), max(value), sum(value),
+                           min(step), max(step), NULL
+                    FROM metrics
+                    WHERE run_id=? AND key=? AND step BETWEEN ? AND ?
+                    GROUP BY step / ?
+                    """,
+                    (level, level, run_id, key, b_lo * level, (b_hi + 1) * level - 1, level),
+                )
+            else:
+                ratio = level // finer
+                self.conn.execute(
+                    """
+                    INSERT OR REPLACE INTO rollups
+                      (run_id, key, level, bucket, n, vmin, vmax, vsum, first_step, last_step, last_value)
+                    SELECT run_id, key, ?, bucket / ?, sum(n), min(vmin), max(vmax), sum(vsum),
+                           min(first_step), max(last_step), NULL
+                    FROM rollups
+                    WHERE run_id=? AND key=? AND level=? AND bucket BETWEEN ? AND ?
+                    GROUP BY bucket / ?
+                    """,
+                    (level, ratio, run_id, key, finer, b_lo * ratio, (b_hi + 1) * ratio - 1, ratio),
+                )
+            finer = level
+        # The newest value of each rebuilt bucket, looked up through the (run, key, step) index.
+        self.conn.execute(
+            "UPDATE rollups SET last_value = (SELECT value FROM metrics m WHERE m.run_id=rollups.run_id"
+            " AND m.key=rollups.key AND m.step=rollups.last_step)"
+            " WHERE run_id=? AND key=? AND last_value IS NULL AND last_step >= ?",
+            (run_id, key, lo),
+        )
+
+    def add_phi_stats(self, run_id: int, rows: Sequence[dict[str, Any]]) -> int:
+        """Insert per-step Phi statistics and mirror their scalars into metrics.
+
+        Each row: step, phi_mean, and optionally phi_p10/p50/p90, entropy_mean (nats), tokens,
+        weighting, vocab_size, hist (list of counts), wall_time. The scalars also go to the
+        metrics table under `phi/mean`, `phi/p10`, `phi/p50`, `phi/p90` and `phi/entropy`, so
+        every chart reads one kind of series.
+        """
+        if not rows:
+            return 0
+        mirrored: list[MetricRow] = []
+        records = []
+        for row in rows:
+            wall = float(row.get("wall_time") or time.time())
+            hist = row.get("hist")
+            records.append(
+                (
+                    run_id,
+                    int(row["step"]),
+                    _finite(row.get("phi_mean")),
+                    _finite(row.get("phi_p10")),
+                    _finite(row.get("phi_p50")),
+                    _finite(row.get("phi_p90")),
+                    _finite(row.get("entropy_mean")),
+                    row.get("tokens"),
+                    row.get("weighting"),
+                    row.get("vocab_size"),
+                    json.dumps(hist) if hist is not None else None,
+                    wall,
+                )
+            )
+            for column, key in PHI_METRIC_KEYS.items():
+                if column in row and row[column] is not None:
+                    mirrored.append((int(row["step"]), key, row[column], wall))
+        with self.transaction():
+            before = self.conn.total_changes
+            self.conn.executemany(
+                "INSERT OR IGNORE INTO phi_stats (run_id, step, phi_mean, phi_p10, phi_p50, phi_p90,"
+                " entropy_mean, tokens, weighting, vocab_size, hist, wall_time)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                records,
+            )
+            added = self.conn.total_changes - before
+            self.add_metrics(run_id, mirrored)
+        return added
+
+    def add_samples(self, run_id: int, rows: Sequence[dict[str, Any]]) -> None:
+        with self.transaction():
+            self.conn.executemany(
+                "INSERT INTO samples (run_id, step, idx, kind, prompt, completion, phi, entropy, rewards,"
+                " wall_time) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                [
+                    (
+                        run_id,
+                        int(r["step"]),
+                        r.get("idx"),
+                        r.get("kind"),
+                        r.get("prompt"),
+                        r.get("completion"),
+                        json.dumps(r["phi"]) if r.get("phi") is not None else None,
+                        json.dumps(r["entropy"]) if r.get("entropy") is not None else None,
+                        json.dumps(r.get("rewards") or {}),
+                        float(r.get("wall_time") or time.time()),
+                    )
+                    for r in rows
+                ],
+            )
+
+    # -- commands --------------------------------------------------------------------------
+
+    def enqueue_command(
+        self, verb: str, args: dict[str, Any] | None = None, *, target: str = "engine",
+        run_id: int | None = None, origin: str = "cli",
+    ) -> int:  # fmt: skip
+        with self.transaction():
+            cur = self.conn.execute(
+                "INSERT INTO commands (target, run_id, verb, args, state, origin, created_at)"
+                " VALUES (?,?,?,?, 'pending', ?, ?)",
+                (target, run_id, verb, json.dumps(args or {}), origin, time.time()),
+            )
+            return int(cur.lastrowid)
+
+    def claim_commands(self, target: str, run_id: int | None = None) -> list[dict[str, Any]]:
+        """Mark this target's pending commands running and return them, oldest first."""
+        with self.transaction():
+            if run_id is None:
+                rows = self.conn.execute(
+                    "SELECT id, verb, args, run_id FROM commands WHERE target=? AND state='pending'"
+                    " ORDER BY id",
+                    (target,),
+                ).fetchall()
+            else:
+                rows = self.conn.execute(
+                    "SELECT id, verb, args, run_id FROM commands WHERE target=? AND run_id=?"
+                    " AND state='pending' ORDER BY id",
+                    (target, run_id),
+                ).fetchall()
+            now = time.time()
+            self.conn.executemany(
+                "UPDATE commands SET state='running', started_at=? WHERE id=?", [(now, r[0]) for r in rows]
+            )
+        return [{"id": r[0], "verb": r[1], "args": json.loads(r[2] or "{}"), "run_id": r[3]} for r in rows]
+
+    def finish_command(self, command_id: int, ok: bool, result: str) -> None:
+        with self.transaction():
+            self.conn.execute(
+                "UPDATE commands SET state=?, result=?, finished_at=? WHERE id=?",
+                ("done" if ok else "failed", result, time.time(), command_id),
+            )
+
+    # -- chat ------------------------------------------------------------------------------
+
+    def add_chat_message(
+        self, conversation_id: int | None, run_id: int | None, role: str, content: str,
+        meta: dict[str, Any] | None = None,
+    ) -> tuple[int, int]:  # fmt: skip
+        """Append a message, creating the conversation when none is given; returns (conv, msg)."""
+        now = time.time()
+        with self.transaction():
+            if conversation_id is None:
+                title = content.strip().splitlines()[0][:80] if content.strip() else "conversation"
+                cur = self.conn.execute(
+                    "INSERT INTO conversations (run_id, title, created_at, updated_at) VALUES (?,?,?,?)",
+                    (run_id, title, now, now),
+                )
+                conversation_id = int(cur.lastrowid)
+            cur = self.conn.execute(
+                "INSERT INTO chat_messages (conversation_id, run_id, role, content, meta, created_at)"
+                " VALUES (?,?,?,?,?,?)",
+                (conversation_id, run_id, role, content, json.dumps(meta or {}), now),
+            )
+            self.conn.execute("UPDATE conversations SET updated_at=? WHERE id=?", (now, conversation_id))
+            return conversation_id, int(cur.lastrowid)
+
+    # -- sources ---------------------------------------------------------------------------
+
+    def upsert_source(self, kind: str, path: str, *, name: str | None, follow: bool) -> int:
+        now = time.time()
+        with self.transaction():
+            row = self.conn.execute("SELECT id FROM sources WHERE path=?", (path,)).fetchone()
+            if row:
+                self.conn.execute(
+                    "UPDATE sources SET follow=?, name=coalesce(?, name), state=CASE WHEN ? THEN"
+                    " 'following' ELSE state END, last_error=NULL, updated_at=? WHERE id=?",
+                    (int(follow), name, int(follow), now, row[0]),
+                )
+                return int(row[0])
+            cur = self.conn.execute(
+                "INSERT INTO sources (kind, path, name, follow, state, cursor, created_at, updated_at)"
+                " VALUES (?,?,?,?,?, '{}', ?, ?)",
+                (kind, path, name, int(follow), "following" if follow else "done", now, now),
+            )
+            return int(cur.lastrowid)
+
+    def source(self, source_id: int) -> dict[str, Any]:
+        cur = self.conn.execute("SELECT * FROM sources WHERE id=?", (source_id,))
+        cols = [d[0] for d in cur.description]
+        row = cur.fetchone()
+        if row is None:
+            raise StoreError(f"no source with id {source_id}")
+        record = dict(zip(cols, row, strict=True))
+        record["cursor"] = json.loads(record["cursor"] or "{}")
+        return record
+
+    def followed_sources(self) -> list[dict[str, Any]]:
+        ids = [r[0] for r in self.conn.execute("SELECT id FROM sources WHERE follow=1 AND state='following'")]
+        return [self.source(i) for i in ids]
+
+    def save_source_progress(
+        self, source_id: int, cursor: dict[str, Any], *, rows: int = 0, bad_lines: int = 0,
+        state: str | None = None, error: str | None = None,
+    ) -> None:  # fmt: skip
+        """Record a source's cursor; call inside the transaction that wrote the rows it covers."""
+        with self.transaction():
+            self.conn.execute(
+                "UPDATE sources SET cursor=?, rows=rows+?, bad_lines=bad_lines+?,"
+                " state=coalesce(?, state), last_error=?, updated_at=? WHERE id=?",
+                (json.dumps(cursor), rows, bad_lines, state, error, time.time(), source_id),
+            )
+
+    # -- engine heartbeat ------------------------------------------------------------------
+
+    def engine_heartbeat(self, pid: int, host: str, version: str, *, started: bool = False) -> None:
+        now = time.time()
+        with self.transaction():
+            if started:
+                self.conn.execute(
+                    "INSERT OR REPLACE INTO engine (id, pid, host, state, started_at, heartbeat_at, stopped_at,"
+                    " version) VALUES (1, ?, ?, 'up', ?, ?, NULL, ?)",
+                    (pid, host, now, now, version),
+                )
+            else:
+                self.conn.execute("UPDATE engine SET heartbeat_at=? WHERE id=1 AND pid=?", (now, pid))
+
+    def engine_stopped(self, pid: int) -> None:
+        with self.transaction():
+            self.conn.execute(
+                "UPDATE engine SET state='stopped', stopped_at=? WHERE id=1 AND pid=?", (time.time(), pid)
+            )
+
+
+PHI_METRIC_KEYS = {
+    "phi_mean": "phi/mean",
+    "phi_p10": "phi/p10",
+    "phi_p50": "phi/p50",
+    "phi_p90": "phi/p90",
+    "entropy_mean": "phi/entropy",
+}

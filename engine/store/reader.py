@@ -1,0 +1,255 @@
+"""The read side of carl.db, for the control room and anything else that only watches.
+
+Opens the database read-only (`mode=ro`), notices change with `PRAGMA data_version` (which
+moves only when another connection commits) and fetches rows past cursors, so a reader's
+cost grows with new rows only.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .db import StoreError, _connect, check_schema
+from .schema import ROLLUP_LEVELS
+
+
+@dataclass
+class Series:
+    """A metric series as buckets: raw points have lo == hi and n == 1.
+
+    Arrays are aligned; `first`/`last` are the step span of each bucket, `vmin`/`vmax`
+    its extremes (NaN when all its values were non-finite) and `mean` the bucket mean.
+    """
+
+    first: np.ndarray
+    last: np.ndarray
+    vmin: np.ndarray
+    vmax: np.ndarray
+    mean: np.ndarray
+    level: int = 1  # steps per bucket; 1 = raw points
+    latest: float | None = None
+    latest_step: int | None = None
+
+    @classmethod
+    def empty(cls) -> Series:
+        z = np.empty(0)
+        return cls(z.astype(np.int64), z.astype(np.int64), z, z, z)
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+
+@dataclass
+class RunRow:
+    id: int
+    name: str
+    source_kind: str
+    source_path: str | None
+    status: str
+    max_steps: int | None
+    vocab_size: int | None
+    last_step: int | None
+    last_update: float | None
+    started_at: float | None
+    ended_at: float | None
+    phase: str | None
+    health: str | None
+    health_reasons: list[str] = field(default_factory=list)
+    model: str | None = None
+    backend: str | None = None
+
+
+RUN_COLUMNS = (
+    "id, name, source_kind, source_path, status, max_steps, vocab_size, last_step, last_update,"
+    " started_at, ended_at, phase, health, health_reasons, model, backend"
+)
+
+
+class StoreReader:
+    """Read-only view of carl.db. Each method is one short read transaction."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            raise StoreError(f"{self.path}: no carl database here")
+        try:
+            self.conn = _connect(self.path, readonly=True)
+            self.conn.execute("PRAGMA query_only=1")
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: cannot open read-only ({exc})") from None
+        check_schema(self.conn, self.path)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def data_version(self) -> int:
+        return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def runs(self) -> list[RunRow]:
+        rows = self.conn.execute(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY id").fetchall()
+        return [self._run(r) for r in rows]
+
+    def run(self, run_id: int) -> RunRow | None:
+        row = self.conn.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE id=?", (run_id,)).fetchone()
+        return None if row is None else self._run(row)
+
+    @staticmethod
+    def _run(r: tuple[Any, ...]) -> RunRow:
+        reasons = json.loads(r[13]) if r[13] else []
+        return RunRow(*r[:13], health_reasons=reasons, model=r[14], backend=r[15])
+
+    def metric_keys(self, run_id: int) -> list[str]:
+        """Distinct keys of a run, read from the coarsest rollup level (a few rows per key)."""
+        level = ROLLUP_LEVELS[-1]
+        rows = self.conn.execute(
+            "SELECT DISTINCT key FROM rollups WHERE run_id=? AND level=? ORDER BY key", (run_id, level)
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    def count_points(self, run_id: int, key: str) -> int:
+        row = self.conn.execute(
+            "SELECT coalesce(sum(n), 0) FROM rollups WHERE run_id=? AND key=? AND level=?",
+            (run_id, key, ROLLUP_LEVELS[-1]),
+        ).fetchone()
+        return int(row[0])
+
+    # -- series ----------------------------------------------------------------------------
+
+    def series(self, run_id: int, key: str, *, max_points: int = 4096) -> Series:
+        """A series with at most about `max_points` buckets, from raw rows or a rollup level."""
+        n = self.count_points(run_id, key)
+        if n == 0:
+            return Series.empty()
+        if n <= max_points:
+            rows = self.conn.execute(
+                "SELECT step, value FROM metrics WHERE run_id=? AND key=? ORDER BY step", (run_id, key)
+            ).fetchall()
+            steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+            values = np.array([np.nan if r[1] is None else r[1] for r in rows], dtype=np.float64)
+            return Series(steps, steps.copy(), values, values.copy(), values.copy(), 1,
+                          _last_finite(values), int(steps[-1]))  # fmt: skip
+        level = next((lv for lv in ROLLUP_LEVELS if n / lv <= max_points), ROLLUP_LEVELS[-1])
+        rows = self.conn.execute(
+            "SELECT first_step, last_step, vmin, vmax, vsum, n, last_value FROM rollups"
+            " WHERE run_id=? AND key=? AND level=? ORDER BY bucket",
+            (run_id, key, level),
+        ).fetchall()
+        arr = np.array([[np.nan if v is None else v for v in r] for r in rows], dtype=np.float64)
+        first, last = arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = arr[:, 4] / arr[:, 5]
+        latest = arr[-1, 6]
+        return Series(first, last, arr[:, 2], arr[:, 3], mean, level,
+                      None if np.isnan(latest) else float(latest), int(last[-1]))  # fmt: skip
+
+    def metrics_after(self, run_id: int, after_id: int, keys: list[str] | None = None, limit: int = 50_000
+                      ) -> list[tuple[int, int, str, float | None]]:  # fmt: skip
+        """New metric rows of a run: (id, step, key, value) with id > after_id, oldest first."""
+        if keys:
+            marks = ",".join("?" * len(keys))
+            return self.conn.execute(
+                f"SELECT id, step, key, value FROM metrics WHERE run_id=? AND id>? AND key IN ({marks})"
+                " ORDER BY id LIMIT ?",
+                (run_id, after_id, *keys, limit),
+            ).fetchall()
+        return self.conn.execute(
+            "SELECT id, step, key, value FROM metrics WHERE run_id=? AND id>? ORDER BY id LIMIT ?",
+            (run_id, after_id, limit),
+        ).fetchall()
+
+    def max_metric_id(self, run_id: int) -> int:
+        row = self.conn.execute("SELECT max(id) FROM metrics WHERE run_id=?", (run_id,)).fetchone()
+        return int(row[0] or 0)
+
+    def latest_values(self, run_id: int, keys: list[str]) -> dict[str, tuple[int, float | None]]:
+        """The newest (step, value) of each key."""
+        out: dict[str, tuple[int, float | None]] = {}
+        for key in keys:
+            row = self.conn.execute(
+                "SELECT step, value FROM metrics WHERE run_id=? AND key=? ORDER BY step DESC LIMIT 1",
+                (run_id, key),
+            ).fetchone()
+            if row:
+                out[key] = (int(row[0]), row[1])
+        return out
+
+    def wall_times(self, run_id: int, last: int = 50) -> list[tuple[int, float]]:
+        """(step, wall_time) of the newest steps, for progress and ETA."""
+        rows = self.conn.execute(
+            "SELECT step, max(wall_time) FROM metrics WHERE run_id=? AND step >= coalesce("
+            "(SELECT last_step FROM runs WHERE id=?), 0) - ? GROUP BY step ORDER BY step",
+            (run_id, run_id, last),
+        ).fetchall()
+        return [(int(s), float(w)) for s, w in rows]
+
+    # -- other tables ----------------------------------------------------------------------
+
+    def table_count(self, table: str) -> int:
+        if table not in {"trajectories", "agent_events", "samples", "commands", "sources"}:
+            raise ValueError(table)
+        return int(self.conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+    def trajectories_after(self, after_id: int, limit: int = 500) -> list[dict[str, Any]]:
+        cur = self.conn.execute(
+            "SELECT id, session_id, agent, domain, tool_count, success_rate, reward, advantage, prompt,"
+            " created_at FROM trajectories WHERE id>? ORDER BY id DESC LIMIT ?",
+            (after_id, limit),
+        )
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    def agent_events_after(self, after_id: int, limit: int = 500) -> list[dict[str, Any]]:
+        cur = self.conn.execute(
+            "SELECT id, subject, kind, task_id, manager_id, worker_id, score, created_at FROM agent_events"
+            " WHERE id>? ORDER BY id DESC LIMIT ?",
+            (after_id, limit),
+        )
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    def commands_after(self, after_id: int, limit: int = 200) -> list[dict[str, Any]]:
+        cur = self.conn.execute(
+            "SELECT id, target, run_id, verb, args, state, result, origin, created_at, finished_at"
+            " FROM commands WHERE id>? ORDER BY id LIMIT ?",
+            (after_id, limit),
+        )
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    def commands_changed_since(self, since: float) -> list[dict[str, Any]]:
+        cur = self.conn.execute(
+            "SELECT id, target, run_id, verb, args, state, result, origin, created_at, finished_at"
+            " FROM commands WHERE coalesce(finished_at, started_at, created_at) >= ? ORDER BY id",
+            (since,),
+        )
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    def sources(self) -> list[dict[str, Any]]:
+        cur = self.conn.execute(
+            "SELECT id, kind, path, name, follow, state, rows, bad_lines, last_error, updated_at FROM sources"
+        )
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    def engine_row(self) -> dict[str, Any] | None:
+        cur = self.conn.execute(
+            "SELECT pid, host, state, started_at, heartbeat_at, stopped_at, version FROM engine WHERE id=1"
+        )
+        row = cur.fetchone()
+        if row is None:
+            return None
+        return dict(zip([d[0] for d in cur.description], row, strict=True))
+
+
+def _last_finite(values: np.ndarray) -> float | None:
+    finite = np.flatnonzero(np.isfinite(values))
+    return None if len(finite) == 0 else float(values[finite[-1]])

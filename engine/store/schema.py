@@ -1,0 +1,252 @@
+"""Schema of carl.db and its forward migrations.
+
+The version lives in `PRAGMA user_version`; `PRAGMA application_id` marks the file as ours so
+that pointing carl at somebody else's SQLite file is refused instead of "migrated".
+Each migration runs once, in its own transaction, and never rewrites data it does not own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import sqlite_utils
+
+APPLICATION_ID = 0x4341524C  # "CARL"
+
+# Rollup levels: bucket widths in steps. A chart picks the coarsest level that still gives it
+# at least two buckets per braille dot column, so reading a 1,000,000-step series costs a few
+# thousand rows instead of a million.
+ROLLUP_LEVELS = (16, 256, 4096)
+
+
+def _v1(db: sqlite_utils.Database) -> None:
+    db["runs"].create(
+        {
+            "id": int,
+            "name": str,
+            "source_kind": str,  # carl | trackio | trainer_state | jsonl | callback
+            "source_path": str,
+            "source_id": int,
+            "external_id": str,  # the source's own run id (Trackio run_id), "" when it has none
+            "status": str,  # running | paused | finished | failed | stopped | imported
+            "config": str,  # JSON
+            "backend": str,
+            "model": str,
+            "max_steps": int,
+            "vocab_size": int,
+            "last_step": int,
+            "last_update": float,  # wall time of the newest row written for this run
+            "started_at": float,
+            "ended_at": float,
+            "phase": str,
+            "health": str,  # green | yellow | red
+            "health_reasons": str,  # JSON list of strings
+            "created_at": float,
+            "updated_at": float,
+        },
+        pk="id",
+        not_null={"name", "source_kind", "status", "created_at"},
+        defaults={"status": "running", "external_id": "", "config": "{}", "health_reasons": "[]"},
+    )
+    db["runs"].create_index(["name"], unique=True)
+    db["runs"].create_index(["source_id", "external_id"])
+
+    db["metrics"].create(
+        {"id": int, "run_id": int, "step": int, "key": str, "value": float, "wall_time": float},
+        pk="id",
+        not_null={"run_id", "step", "key"},
+        foreign_keys=[("run_id", "runs", "id")],
+    )
+    # One value per (run, key, step): re-importing a source never duplicates a row.
+    db["metrics"].create_index(["run_id", "key", "step"], unique=True)
+    db["metrics"].create_index(["run_id", "id"])
+
+    db.execute(
+        """
+        CREATE TABLE rollups (
+            run_id INTEGER NOT NULL,
+            key TEXT NOT NULL,
+            level INTEGER NOT NULL,
+            bucket INTEGER NOT NULL,
+            n INTEGER NOT NULL,
+            vmin REAL,
+            vmax REAL,
+            vsum REAL,
+            first_step INTEGER NOT NULL,
+            last_step INTEGER NOT NULL,
+            last_value REAL,
+            PRIMARY KEY (run_id, key, level, bucket)
+        ) WITHOUT ROWID
+        """
+    )
+
+    db["phi_stats"].create(
+        {
+            "id": int,
+            "run_id": int,
+            "step": int,
+            "phi_mean": float,
+            "phi_p10": float,
+            "phi_p50": float,
+            "phi_p90": float,
+            "entropy_mean": float,  # nats
+            "tokens": int,
+            "weighting": str,  # token | completion
+            "vocab_size": int,
+            "hist": str,  # JSON list of counts over [0, 1] in equal bins
+            "wall_time": float,
+        },
+        pk="id",
+        not_null={"run_id", "step"},
+        foreign_keys=[("run_id", "runs", "id")],
+    )
+    db["phi_stats"].create_index(["run_id", "step"], unique=True)
+
+    db["samples"].create(
+        {
+            "id": int,
+            "run_id": int,
+            "step": int,
+            "idx": int,
+            "kind": str,  # best | worst | median | random
+            "prompt": str,
+            "completion": str,
+            "phi": str,  # JSON per-token Phi
+            "entropy": str,  # JSON per-token entropy, nats
+            "rewards": str,  # JSON {function: value}
+            "wall_time": float,
+        },
+        pk="id",
+        not_null={"run_id", "step"},
+        foreign_keys=[("run_id", "runs", "id")],
+    )
+    db["samples"].create_index(["run_id", "step"])
+
+    db["commands"].create(
+        {
+            "id": int,
+            "target": str,  # "engine" or "run"
+            "run_id": int,
+            "verb": str,
+            "args": str,  # JSON
+            "state": str,  # pending | running | done | failed
+            "result": str,
+            "origin": str,  # tui | cli | engine
+            "created_at": float,
+            "started_at": float,
+            "finished_at": float,
+        },
+        pk="id",
+        not_null={"target", "verb", "state", "created_at"},
+        defaults={"state": "pending", "args": "{}"},
+    )
+    db["commands"].create_index(["target", "state", "id"])
+
+    db["conversations"].create(
+        {"id": int, "run_id": int, "title": str, "created_at": float, "updated_at": float},
+        pk="id",
+    )
+    db["chat_messages"].create(
+        {
+            "id": int,
+            "conversation_id": int,
+            "run_id": int,
+            "role": str,
+            "content": str,
+            "meta": str,
+            "created_at": float,
+        },
+        pk="id",
+        foreign_keys=[("conversation_id", "conversations", "id")],
+    )
+    db["chat_messages"].create_index(["conversation_id", "id"])
+
+    db["trajectories"].create(
+        {
+            "id": int,
+            "uid": str,  # stable identity from the source, for idempotent re-import
+            "session_id": str,
+            "agent": str,  # claude-code | codex | karl | worker
+            "source": str,
+            "domain": str,
+            "prompt": str,
+            "tool_count": int,
+            "success_rate": float,
+            "reward": float,
+            "advantage": float,
+            "signals": str,  # JSON
+            "started_at": float,
+            "ended_at": float,
+            "created_at": float,
+        },
+        pk="id",
+    )
+    db["trajectories"].create_index(["uid"], unique=True)
+    db["trajectory_events"].create(
+        {
+            "id": int,
+            "trajectory_id": int,
+            "seq": int,
+            "tool": str,
+            "ok": int,
+            "params": str,
+            "ts": float,
+        },
+        pk="id",
+        foreign_keys=[("trajectory_id", "trajectories", "id")],
+    )
+    db["trajectory_events"].create_index(["trajectory_id", "seq"])
+
+    db["agent_events"].create(
+        {
+            "id": int,
+            "subject": str,
+            "kind": str,
+            "task_id": str,
+            "manager_id": str,
+            "worker_id": str,
+            "score": float,
+            "payload": str,
+            "created_at": float,
+        },
+        pk="id",
+    )
+
+    db["sources"].create(
+        {
+            "id": int,
+            "kind": str,  # trackio | trainer_state | jsonl
+            "path": str,
+            "name": str,  # requested run name, if any
+            "follow": int,
+            "state": str,  # following | done | error
+            "cursor": str,  # JSON, format specific; committed with the rows it covers
+            "rows": int,
+            "bad_lines": int,
+            "last_error": str,
+            "created_at": float,
+            "updated_at": float,
+        },
+        pk="id",
+        not_null={"kind", "path", "state", "created_at"},
+        defaults={"cursor": "{}", "rows": 0, "bad_lines": 0, "follow": 0},
+    )
+    db["sources"].create_index(["path"], unique=True)
+
+    db["engine"].create(
+        {
+            "id": int,
+            "pid": int,
+            "host": str,
+            "state": str,  # up | stopped
+            "started_at": float,
+            "heartbeat_at": float,
+            "stopped_at": float,
+            "version": str,
+        },
+        pk="id",
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1]
+SCHEMA_VERSION = len(MIGRATIONS)
