@@ -1,10 +1,26 @@
-"""carl.db: the single source of truth. `Store` writes, `StoreReader` watches."""
+"""carl.db: the single source of truth. `Store` writes, `StoreReader` watches.
 
-from .db import PHI_METRIC_KEYS, MetricRow, Store, StoreError, check_schema
+`Store` (sqlite-utils) is imported lazily: the control room only needs the reader.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from .base import MetricRow, StoreError, check_schema, connect, insert_command
 from .reader import RunRow, Series, StoreReader
 from .schema import ROLLUP_LEVELS, SCHEMA_VERSION
 
+if TYPE_CHECKING:
+    from .db import PHI_METRIC_KEYS, Store
+
 __all__ = [
     "PHI_METRIC_KEYS", "ROLLUP_LEVELS", "SCHEMA_VERSION", "MetricRow", "RunRow", "Series", "Store",
-    "StoreError", "StoreReader", "check_schema",
+    "StoreError", "StoreReader", "check_schema", "connect", "insert_command",
 ]  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Store", "PHI_METRIC_KEYS"):
+        from . import db
+
+        return getattr(db, name)
+    raise AttributeError(name)

@@ -19,41 +19,8 @@ from typing import Any
 
 import sqlite_utils
 
+from .base import MetricRow, StoreError, check_schema, connect, insert_command
 from .schema import APPLICATION_ID, MIGRATIONS, ROLLUP_LEVELS, SCHEMA_VERSION
-
-
-class StoreError(Exception):
-    """A store problem with a one-line, user-facing message."""
-
-
-MetricRow = tuple[int, str, float | None, float]  # (step, key, value, wall_time)
-
-
-def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
-    if readonly:
-        uri = f"file:{path}?mode=ro"
-        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=5.0)
-    else:
-        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
-    return conn
-
-
-def check_schema(conn: sqlite3.Connection, path: Path) -> int:
-    """Return the schema version, raising StoreError for a foreign, newer or corrupt file."""
-    try:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        tables = conn.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]
-    except sqlite3.DatabaseError as exc:
-        raise StoreError(f"{path}: not a readable carl database ({exc})") from None
-    if tables and app_id != APPLICATION_ID:
-        raise StoreError(f"{path}: this SQLite file is not a carl database (application_id {app_id:#x})")
-    if version > SCHEMA_VERSION:
-        raise StoreError(
-            f"{path}: schema version {version} is newer than this carl-tui understands "
-            f"({SCHEMA_VERSION}); upgrade carl-tui"
-        )
-    return version
 
 
 def _finite(value: float | None) -> float | None:
@@ -75,7 +42,7 @@ class Store:
             self.path.touch(mode=0o600)
         os.chmod(self.path, 0o600)
         try:
-            self.conn = _connect(self.path, readonly=False)
+            self.conn = connect(self.path, readonly=False)
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.execute("PRAGMA busy_timeout=30000")
@@ -361,12 +328,7 @@ class Store:
         run_id: int | None = None, origin: str = "cli",
     ) -> int:  # fmt: skip
         with self.transaction():
-            cur = self.conn.execute(
-                "INSERT INTO commands (target, run_id, verb, args, state, origin, created_at)"
-                " VALUES (?,?,?,?, 'pending', ?, ?)",
-                (target, run_id, verb, json.dumps(args or {}), origin, time.time()),
-            )
-            return int(cur.lastrowid)
+            return insert_command(self.conn, verb, args, target=target, run_id=run_id, origin=origin)
 
     def claim_commands(self, target: str, run_id: int | None = None) -> list[dict[str, Any]]:
         """Mark this target's pending commands running and return them, oldest first."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .db import StoreError, _connect, check_schema
+from .base import StoreError, check_schema, connect
 from .schema import ROLLUP_LEVELS
 
 
@@ -79,7 +79,7 @@ class StoreReader:
         if not self.path.exists():
             raise StoreError(f"{self.path}: no carl database here")
         try:
-            self.conn = _connect(self.path, readonly=True)
+            self.conn = connect(self.path, readonly=True)
             self.conn.execute("PRAGMA query_only=1")
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: cannot open read-only ({exc})") from None

@@ -8,8 +8,10 @@ Each migration runs once, in its own transaction, and never rewrites data it doe
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import sqlite_utils
+if TYPE_CHECKING:  # sqlite-utils is only needed by writers; keep this module light
+    import sqlite_utils
 
 APPLICATION_ID = 0x4341524C  # "CARL"
 
