@@ -142,13 +142,51 @@ class StoreReader:
             " WHERE run_id=? AND key=? AND level=? ORDER BY bucket",
             (run_id, key, level),
         ).fetchall()
-        arr = np.array([[np.nan if v is None else v for v in r] for r in rows], dtype=np.float64)
-        first, last = arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = arr[:, 4] / arr[:, 5]
-        latest = arr[-1, 6]
-        return Series(first, last, arr[:, 2], arr[:, 3], mean, level,
-                      None if np.isnan(latest) else float(latest), int(last[-1]))  # fmt: skip
+        return _rollup_series(rows, level)
+
+    def extend_series(self, run_id: int, key: str, series: Series, *, max_points: int = 4096) -> Series:
+        """`series` with the rows that arrived since it was read (its last bucket re-read).
+
+        Costs an index range scan over the new rows only; when the series has outgrown
+        `max_points` it is re-read at a coarser level instead.
+        """
+        if len(series) == 0:
+            return self.series(run_id, key, max_points=max_points)
+        if len(series) > 2 * max_points:
+            return self.series(run_id, key, max_points=max_points)
+        if series.level == 1:
+            rows = self.conn.execute(
+                "SELECT step, value FROM metrics WHERE run_id=? AND key=? AND step>? ORDER BY step",
+                (run_id, key, int(series.last[-1])),
+            ).fetchall()
+            if not rows:
+                return series
+            steps = np.array([r[0] for r in rows], dtype=np.int64)
+            values = np.array([np.nan if r[1] is None else r[1] for r in rows], dtype=np.float64)
+            latest = _last_finite(values)
+            return Series(
+                np.concatenate([series.first, steps]), np.concatenate([series.last, steps]),
+                np.concatenate([series.vmin, values]), np.concatenate([series.vmax, values]),
+                np.concatenate([series.mean, values]), 1,
+                series.latest if latest is None else latest, int(steps[-1]),
+            )  # fmt: skip
+        level = series.level
+        last_bucket = int(series.first[-1]) // level
+        rows = self.conn.execute(
+            "SELECT first_step, last_step, vmin, vmax, vsum, n, last_value FROM rollups"
+            " WHERE run_id=? AND key=? AND level=? AND bucket>=? ORDER BY bucket",
+            (run_id, key, level, last_bucket),
+        ).fetchall()
+        if not rows:
+            return series
+        tail = _rollup_series(rows, level)
+        keep = len(series) - 1
+        return Series(
+            np.concatenate([series.first[:keep], tail.first]), np.concatenate([series.last[:keep], tail.last]),
+            np.concatenate([series.vmin[:keep], tail.vmin]), np.concatenate([series.vmax[:keep], tail.vmax]),
+            np.concatenate([series.mean[:keep], tail.mean]), level,
+            tail.latest if tail.latest is not None else series.latest, tail.latest_step,
+        )  # fmt: skip
 
     def metrics_after(self, run_id: int, after_id: int, keys: list[str] | None = None, limit: int = 50_000
                       ) -> list[tuple[int, int, str, float | None]]:  # fmt: skip
@@ -253,3 +291,13 @@ class StoreReader:
 def _last_finite(values: np.ndarray) -> float | None:
     finite = np.flatnonzero(np.isfinite(values))
     return None if len(finite) == 0 else float(values[finite[-1]])
+
+
+def _rollup_series(rows: list[tuple[Any, ...]], level: int) -> Series:
+    arr = np.array([[np.nan if v is None else v for v in r] for r in rows], dtype=np.float64)
+    first, last = arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = arr[:, 4] / arr[:, 5]
+    latest = arr[-1, 6]
+    return Series(first, last, arr[:, 2], arr[:, 3], mean, level,
+                  None if np.isnan(latest) else float(latest), int(last[-1]))  # fmt: skip

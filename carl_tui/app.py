@@ -1,0 +1,424 @@
+"""The control room: one screen, keyboard first, drawn only when the store changed.
+
+Harlequin's split: a thread worker polls the store and posts one message per change; the
+app owns all state and hands each widget only what it shows. Widgets redraw only when their
+data differs, so an idle screen writes nothing to the terminal.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from textual import on, work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.screen import Screen
+from textual.theme import Theme
+from textual.widgets import Footer, Input, OptionList, Static
+from textual.widgets.option_list import Option
+from textual.worker import get_current_worker
+
+from engine import paths
+from engine.store import RunRow
+from themes import STYLESHEET, THEME_NAMES, THEMES
+from widgets.activity import AgentsPane, TrajectoriesPane
+from widgets.chart import Chart
+from widgets.reward_bars import RewardBars
+from widgets.status_bar import StatusBar, StatusInfo
+
+from .config import ConfigError, TuiConfig, load_config, save_config
+from .model import RunView, Snapshot, StoreWatcher, run_state
+from .panes import draw_phi, draw_rewards, reward_colors
+from .screens import HelpScreen, ObserveRequest, ObserveScreen
+
+PANES = ("phi", "rewards", "trajectories", "agents")
+
+
+class StoreUpdated(Message):
+    def __init__(self, snapshot: Snapshot) -> None:
+        super().__init__()
+        self.snapshot = snapshot
+
+
+class EngineState(Message):
+    def __init__(self, state: str, detail: str = "") -> None:
+        super().__init__()
+        self.state = state
+        self.detail = detail
+
+
+class RunList(OptionList):
+    """Runs, newest last; `j`/`k` move like the arrows, and the panes follow the highlight."""
+
+    BINDINGS = [
+        Binding("j", "cursor_down", "Down", show=False),
+        Binding("k", "cursor_up", "Up", show=False),
+    ]
+
+
+class ControlRoom(App[None]):
+    TITLE = "carl-tui"
+    CSS_PATH = str(STYLESHEET)
+    ENABLE_COMMAND_PALETTE = True
+    BINDINGS = [
+        Binding("question_mark,f1", "help", "Help", key_display="?"),
+        Binding("slash", "filter", "Filter runs", key_display="/"),
+        Binding("o", "observe", "Observe"),
+        Binding("t", "next_theme", "Theme"),
+        Binding("b", "toggle_chart_mode", "Braille/block", show=False),
+        Binding("1", "maximize('phi')", "Phi pane", show=False),
+        Binding("2", "maximize('rewards')", "Rewards pane", show=False),
+        Binding("3", "maximize('trajectories')", "Trajectories pane", show=False),
+        Binding("4", "maximize('agents')", "Agents pane", show=False),
+        Binding("escape", "escape", "Back", show=False),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(
+        self,
+        home: Path | None = None,
+        *,
+        readonly: bool = False,
+        start_engine: bool = True,
+        refresh_hz: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.home = home or paths.carl_home()
+        self.readonly = readonly
+        self.auto_engine = start_engine
+        self.config_error: str | None = None
+        try:
+            self.config = load_config(self.home)
+        except ConfigError as exc:
+            self.config, self.config_error = TuiConfig(), str(exc)
+        self.refresh_hz = min(refresh_hz or self.config.refresh_hz, 4.0)
+        self.watcher = StoreWatcher(paths.db_path(self.home))
+        self.runs: list[RunRow] = []
+        self.view: RunView | None = None
+        self.filter_text = ""
+        self.engine_state = "down"
+        self.message: str | None = None
+        self.maximized: str | None = None
+        for theme in THEMES:
+            self.register_theme(theme)
+        self.theme = self.config.theme
+
+    # -- layout ----------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar(id="status")
+        with Horizontal(id="body"):
+            with Vertical(id="runs-pane") as runs:
+                runs.border_title = "Runs"
+                yield Input(placeholder="filter (regex)", id="run-filter")
+                yield RunList(id="run-list")
+            with Vertical(id="main"):
+                with Vertical(id="phi-pane", classes="pane") as phi:
+                    phi.border_title = "Φ coherence"
+                    yield Chart(id="phi-chart")
+                with Horizontal(id="rewards-pane", classes="pane") as rewards:
+                    rewards.border_title = "Rewards"
+                    yield Chart(id="reward-chart")
+                    yield RewardBars(id="reward-bars")
+                with Horizontal(id="activity"):
+                    with Vertical(id="trajectories-pane", classes="pane") as traj:
+                        traj.border_title = "Trajectories"
+                        yield TrajectoriesPane(id="trajectories")
+                    with Vertical(id="agents-pane", classes="pane") as agents:
+                        agents.border_title = "Agents"
+                        yield AgentsPane(id="agents")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#phi-chart", Chart).empty_text = "no Φ data yet"
+        self.query_one("#reward-chart", Chart).empty_text = "no reward data yet"
+        self._apply_chart_mode()
+        self.query_one("#run-filter", Input).display = False
+        self.query_one("#run-list", RunList).focus()
+        if self.config_error:
+            self.notify(self.config_error, title="config", severity="error", timeout=10)
+        self._update_status()
+        self.theme_changed_signal.subscribe(self, self._theme_changed)
+        self.watch_store()
+        self.supervise_engine()
+
+    # -- workers ---------------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="store")
+    def watch_store(self) -> None:
+        """Poll `PRAGMA data_version` at most `refresh_hz` times a second; post only news."""
+        worker = get_current_worker()
+        period = 1.0 / self.refresh_hz
+        while not worker.is_cancelled:
+            started = time.monotonic()
+            snapshot = self.watcher.poll()
+            if snapshot is not None:
+                self.post_message(StoreUpdated(snapshot))
+            time.sleep(max(0.0, period - (time.monotonic() - started)))
+
+    @work(thread=True, exclusive=True, group="engine")
+    def supervise_engine(self) -> None:
+        """Start the engine if it is down; restart it (with backoff) if it dies."""
+        from engine.daemon import engine_status, start_engine
+
+        worker = get_current_worker()
+        backoff = 2.0
+        seen_up = False
+        while not worker.is_cancelled:
+            status = engine_status(self.home)
+            if status.state == "up":
+                self.post_message(EngineState("up"))
+                seen_up, backoff = True, 2.0
+            elif status.stopped_by_user or not self.auto_engine:
+                self.post_message(EngineState("stopped" if status.stopped_by_user else "down"))
+            else:
+                self.post_message(EngineState("restarting" if seen_up else "starting"))
+                try:
+                    status, _ = start_engine(self.home, wait=10.0)
+                except Exception as exc:  # report, keep showing what is stored
+                    self.post_message(EngineState("down", f"engine failed to start: {exc}"))
+                if status.state != "up":
+                    self.post_message(EngineState("down", f"engine did not start; see {status.log_path}"))
+                    time.sleep(backoff)
+                    backoff = min(backoff * 2, 60.0)
+                    continue
+                self.post_message(EngineState("up"))
+                seen_up = True
+            time.sleep(2.0)
+
+    # -- messages from workers -------------------------------------------------------------
+
+    @on(EngineState)
+    def _engine_state(self, event: EngineState) -> None:
+        if event.detail and event.detail != self.message:
+            self.notify(event.detail, title="engine", severity="error", timeout=8)
+        self.engine_state = event.state
+        self._update_status()
+
+    @on(StoreUpdated)
+    def _store_updated(self, event: StoreUpdated) -> None:
+        snap = event.snapshot
+        if snap.error:
+            self.message = snap.error
+        with self.batch_update():
+            if snap.runs is not None:
+                self.runs = snap.runs
+                self._fill_run_list()
+            if snap.view is not None and snap.view.run.id == self.watcher.selected:
+                self.view = snap.view
+                self._draw_view()
+            if snap.trajectories is not None:
+                self.query_one(TrajectoriesPane).set_rows(snap.trajectories, snap.trajectory_count or 0)
+            if snap.agent_events is not None:
+                self.query_one(AgentsPane).set_rows(snap.agent_events, snap.agent_count or 0)
+            for command in snap.commands:
+                ok = command["state"] == "done"
+                self.notify(command.get("result") or command["state"], title=command["verb"],
+                            severity="information" if ok else "error", timeout=8)  # fmt: skip
+            if snap.source_errors is not None:
+                errors = snap.source_errors
+                path = self.view.run.source_path if self.view else None
+                self.message = errors.get(path) if path else (next(iter(errors.values())) if errors else None)
+            self._update_status()
+
+    # -- drawing ---------------------------------------------------------------------------
+
+    def _visible_runs(self) -> list[RunRow]:
+        if not self.filter_text:
+            return self.runs
+        try:
+            pattern = re.compile(self.filter_text, re.IGNORECASE)
+        except re.error:
+            pattern = re.compile(re.escape(self.filter_text), re.IGNORECASE)
+        return [r for r in self.runs if pattern.search(r.name)]
+
+    def _fill_run_list(self) -> None:
+        run_list = self.query_one("#run-list", RunList)
+        runs = self._visible_runs()
+        options = [Option(self._run_label(r), id=str(r.id)) for r in reversed(runs)]
+        selected = self.watcher.selected
+        with self.batch_update():
+            run_list.clear_options()
+            run_list.add_options(options)
+            for index, run in enumerate(reversed(runs)):
+                if run.id == selected:
+                    run_list.highlighted = index
+                    break
+
+    def _run_label(self, run: RunRow) -> str:
+        mark = {"live": "●", "silent": "◌", "presumed crashed": "✕", "finished": "✓", "failed": "✕"}
+        return f"{mark.get(run_state(run), '·')} {run.name}"
+
+    @on(OptionList.OptionHighlighted, "#run-list")
+    def _run_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        run_id = int(event.option.id) if event.option.id else None
+        if run_id is not None and run_id != self.watcher.selected:
+            self.watcher.select(run_id)
+            self.view = None
+
+    def _draw_view(self) -> None:
+        view = self.view
+        if view is None:
+            return
+        phi_pane = self.query_one("#phi-pane")
+        phi_pane.border_title = draw_phi(self.query_one("#phi-chart", Chart), view)
+        colors = reward_colors(self, len(view.reward_names))
+        rewards_pane = self.query_one("#rewards-pane")
+        rewards_pane.border_title = draw_rewards(self.query_one("#reward-chart", Chart), view, colors)
+        bars = [(name, view.latest(f"rewards/{name}/mean")) for name in view.reward_names]
+        if "reward" in view.series:
+            bars.append(("total", view.latest("reward")))
+        self.query_one(RewardBars).set_values(bars, colors + ([""] if "reward" in view.series else []))
+
+    def _update_status(self) -> None:
+        view = self.view
+        run = view.run if view else None
+        reason = run.health_reasons[0] if run and run.health_reasons else None
+        info = StatusInfo(
+            run=run.name if run else None,
+            state=run_state(run) if run else None,
+            step=run.last_step if run else None,
+            max_steps=run.max_steps if run else None,
+            eta_s=view.eta_s if view else None,
+            phase=run.phase if run else None,
+            health=run.health if run else None,
+            health_reason=reason if run and run.health != "green" else None,
+            engine=self.engine_state,
+            readonly=self.readonly,
+            message=self.message,
+        )
+        self.query_one(StatusBar).show(info)
+
+    def _apply_chart_mode(self) -> None:
+        for chart in self.query(Chart):
+            chart.mode = self.config.chart_mode
+
+    # -- actions ---------------------------------------------------------------------------
+
+    def action_help(self) -> None:
+        rows: list[tuple[str, str]] = []
+        seen: set[str] = set()
+        for key, active in self.screen.active_bindings.items():
+            binding = active.binding
+            if binding.description and binding.description not in seen:
+                seen.add(binding.description)
+                rows.append((binding.key_display or self.get_key_display(binding), binding.description))
+        rows += [("↑ ↓ / j k", "Move in the run list (the panes follow)"), ("tab", "Next pane"),
+                 ("ctrl+p", "Command palette: themes, chart mode, engine, observe")]  # fmt: skip
+        extra = f"Store: {paths.db_path(self.home)}\nConfig: {self.home / 'tui.toml'}"
+        self.push_screen(HelpScreen(rows, extra))
+
+    def action_filter(self) -> None:
+        box = self.query_one("#run-filter", Input)
+        box.display = True
+        box.focus()
+
+    @on(Input.Changed, "#run-filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self.filter_text = event.value
+        self._fill_run_list()
+
+    @on(Input.Submitted, "#run-filter")
+    def _filter_submitted(self) -> None:
+        self.query_one("#run-list", RunList).focus()
+
+    def action_escape(self) -> None:
+        box = self.query_one("#run-filter", Input)
+        if box.display:
+            box.value = ""
+            box.display = False
+            self.query_one("#run-list", RunList).focus()
+        elif self.maximized:
+            self.action_maximize(self.maximized)
+
+    def action_maximize(self, pane: str) -> None:
+        """Toggle one pane filling the main area (LEET's digit keys)."""
+        main = self.query_one("#main")
+        for name in PANES:
+            main.remove_class(f"-max-{name}")
+        self.maximized = None if self.maximized == pane else pane
+        if self.maximized:
+            main.add_class(f"-max-{pane}")
+
+    def action_next_theme(self) -> None:
+        names = list(THEME_NAMES)
+        index = names.index(self.theme) if self.theme in names else -1
+        self.theme = names[(index + 1) % len(names)]
+
+    def _theme_changed(self, theme: Theme) -> None:
+        if theme.name in THEME_NAMES and theme.name != self.config.theme:
+            self.config = self.config.model_copy(update={"theme": theme.name})
+            self._save_config()
+        self._draw_view()  # reward bar colours come from the theme
+        self.query_one(StatusBar).info = StatusInfo()  # force the status line to recolour
+        self._update_status()
+
+    def action_toggle_chart_mode(self) -> None:
+        mode = "block" if self.config.chart_mode == "braille" else "braille"
+        self.config = self.config.model_copy(update={"chart_mode": mode})
+        self._save_config()
+        self._apply_chart_mode()
+
+    def _save_config(self) -> None:
+        if self.config_error:
+            return  # never overwrite a file the user has to fix by hand
+        try:
+            save_config(self.home, self.config)
+        except OSError as exc:
+            self.notify(f"cannot save {self.home / 'tui.toml'}: {exc}", severity="warning")
+
+    def action_observe(self) -> None:
+        if self.readonly:
+            self.notify("read-only session: observing a source writes to the store", severity="warning")
+            return
+        self.push_screen(ObserveScreen(validate=_observe_problem), self._observe_chosen)
+
+    def _observe_chosen(self, request: ObserveRequest | None) -> None:
+        if request is None:
+            return
+        from engine.store import connect, insert_command
+
+        db = paths.db_path(self.home)
+        if not db.exists():
+            self.notify("the store does not exist yet; is the engine starting?", severity="error")
+            return
+        conn = connect(db, readonly=False)
+        try:
+            args = {"path": str(Path(request.path).expanduser().resolve()), "follow": request.follow,
+                    "name": request.name}  # fmt: skip
+            command_id = insert_command(conn, "observe", args, target="engine", origin="tui")
+        finally:
+            conn.close()
+        self.watcher.watch_command(command_id)
+        queued = "" if self.engine_state == "up" else " (queued until the engine is up)"
+        self.notify(f"observe {request.path}{queued}", title="observe")
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Observe a run", "Import a Trackio db, trainer_state.json or JSONL", self.action_observe)
+        yield SystemCommand("Toggle chart mode", "Braille or block characters", self.action_toggle_chart_mode)
+        for theme in THEME_NAMES:
+            yield SystemCommand(f"Theme: {theme}", "Switch theme (remembered)", lambda t=theme: setattr(self, "theme", t))
+        yield SystemCommand("Start engine", "Start the engine daemon if it is down", self._start_engine_now)
+        for pane in PANES:
+            yield SystemCommand(f"Maximize {pane}", "Toggle the pane filling the screen", lambda p=pane: self.action_maximize(p))
+
+    def _start_engine_now(self) -> None:
+        self.auto_engine = True
+        self.supervise_engine()
+
+
+def _observe_problem(path: str) -> str | None:
+    """A one-line reason the path cannot be observed, checked before anything is queued."""
+    from engine.observe import ObserveError, detect_kind
+
+    try:
+        detect_kind(Path(path).expanduser())
+    except ObserveError as exc:
+        return str(exc)
+    return None

@@ -1,0 +1,282 @@
+"""Entry points: `carl-tui` (the control room) and `carl` (headless).
+
+Heavy modules are imported inside the commands that need them, so `carl engine status` and
+`carl-tui` start fast. Every user-facing failure is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from engine import paths
+
+
+class CliError(Exception):
+    """A one-line message for the user."""
+
+
+def _home(args: argparse.Namespace) -> Path:
+    if getattr(args, "home", None):
+        os.environ["CARL_HOME"] = str(Path(args.home).expanduser())
+    return paths.carl_home()
+
+
+def _fail(message: str) -> int:
+    print(f"carl: {message}", file=sys.stderr)
+    return 2
+
+
+def _guard(fn: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Turn the errors we expect into one line; anything else is a real bug and keeps its traceback."""
+    from engine.store import StoreError
+
+    from .config import ConfigError
+
+    expected: tuple[type[BaseException], ...] = (CliError, StoreError, ConfigError, FileNotFoundError)
+    try:
+        from engine.observe import ObserveError
+
+        expected += (ObserveError,)
+    except ImportError:
+        pass
+    try:
+        return fn(args)
+    except expected as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        return 130
+
+
+# -- carl-tui -----------------------------------------------------------------------------
+
+
+def tui_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="carl-tui", description="The carl control room.")
+    parser.add_argument("--home", help="state directory (default $CARL_HOME or ~/.carl)")
+    parser.add_argument("--readonly", action="store_true", help="watch only: no keys that write to the store")
+    parser.add_argument("--no-engine", action="store_true", help="do not start the engine daemon")
+    parser.add_argument("--demo", action="store_true",
+                        help="start the built-in demo training run (if none is live) and watch it")  # fmt: skip
+    parser.add_argument("--demo-steps", type=int, default=300, help="GRPO steps of the demo run")
+    args = parser.parse_args(argv)
+    return _guard(_run_tui, args)
+
+
+def _run_tui(args: argparse.Namespace) -> int:
+    home = _home(args)
+    if args.demo:
+        _start_demo(home, args.demo_steps)
+    os.environ.setdefault("TEXTUAL_ANIMATIONS", "none")  # nothing moves unless data does
+    from .app import ControlRoom
+
+    ControlRoom(home, readonly=args.readonly, start_engine=not args.no_engine).run()
+    return 0
+
+
+# -- carl ---------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="carl", description="carl headless commands.")
+    parser.add_argument("--home", help="state directory (default $CARL_HOME or ~/.carl)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    engine = sub.add_parser("engine", help="the engine daemon")
+    engine.add_argument("action", choices=["start", "stop", "status", "run"])
+    engine.set_defaults(fn=_engine)
+
+    observe = sub.add_parser("observe", help="import a run from a Trackio db, trainer_state.json or JSONL")
+    observe.add_argument("path")
+    observe.add_argument("--follow", "-f", action="store_true", help="keep tailing it (through the engine)")
+    observe.add_argument("--name", help="run name (default: from the source)")
+    observe.set_defaults(fn=_observe)
+
+    runs = sub.add_parser("runs", help="list runs in the store")
+    runs.set_defaults(fn=_runs)
+
+    demo = sub.add_parser("demo", help="start the built-in demo training run and observe it")
+    demo.add_argument("--steps", type=int, default=300)
+    demo.set_defaults(fn=lambda a: _start_demo(_home(a), a.steps) or 0)
+
+    args = parser.parse_args(argv)
+    return _guard(args.fn, args)
+
+
+def _engine(args: argparse.Namespace) -> int:
+    from engine.daemon import engine_status, run_engine, start_engine, stop_engine
+
+    home = _home(args)
+    if args.action == "run":
+        return run_engine(home)
+    if args.action == "start":
+        status, started = start_engine(home)
+        if status.state != "up":
+            raise CliError(f"engine did not start; see {status.log_path}")
+        print(f"engine {'started' if started else 'already running'} (pid {status.pid}); log {status.log_path}")
+        return 0
+    if args.action == "stop":
+        print("engine stopped" if stop_engine(home) else "engine was not running")
+        return 0
+    status = engine_status(home)
+    if status.state == "up":
+        beat = f", heartbeat {time.time() - status.heartbeat_at:.0f}s ago" if status.heartbeat_at else ""
+        print(f"engine up (pid {status.pid}{beat}); log {status.log_path}")
+    else:
+        note = " (stale pidfile recovered)" if status.stale_pidfile_recovered else ""
+        print(f"engine down{note}; log {status.log_path}")
+    return 0 if status.state == "up" else 3
+
+
+def _observe(args: argparse.Namespace) -> int:
+    from engine.observe import detect_kind
+
+    home = _home(args)
+    path = Path(args.path).expanduser().resolve()
+    kind = detect_kind(path)  # a bad path fails here, before anything is stored
+    if args.follow:
+        return _observe_via_engine(home, path, args.name)
+    from engine.coherence.analysis import analyze_runs
+    from engine.observe import observe
+    from engine.store import Store
+
+    with Store(paths.db_path(home)) as store, _LazyProgress(f"importing {path.name}") as progress:
+        _, result = observe(store, path, follow=False, name=args.name, progress=progress.update)
+        with store.transaction():
+            analyze_runs(store.conn, result.run_ids)
+    _print_result(kind, path, result)
+    return 0
+
+
+def _print_result(kind: str, path: Path, result: object) -> None:
+    rows = getattr(result, "rows", 0)
+    bad = getattr(result, "bad_lines", 0)
+    runs = getattr(result, "run_ids", [])
+    print(f"{kind}: {path}: {rows:,} metric rows into {len(runs)} run(s)"
+          + (f"; {bad:,} malformed lines skipped" if bad else ""))  # fmt: skip
+    for problem in getattr(result, "problems", [])[:10]:
+        print(f"  {problem}", file=sys.stderr)
+
+
+def _observe_via_engine(home: Path, path: Path, name: str | None) -> int:
+    """Hand a followed source to the engine (its one writer) and wait until it has caught up."""
+    from engine.daemon import start_engine
+    from engine.store import Store
+
+    status, _ = start_engine(home)
+    if status.state != "up":
+        raise CliError(f"engine did not start; see {status.log_path}")
+    with Store(paths.db_path(home)) as store:
+        command_id = store.enqueue_command("observe", {"path": str(path), "follow": True, "name": name})
+        with _LazyProgress(f"engine importing {path.name}") as progress:
+            while True:
+                state, result = store.conn.execute(
+                    "SELECT state, result FROM commands WHERE id=?", (command_id,)
+                ).fetchone()
+                row = store.conn.execute("SELECT rows FROM sources WHERE path=?", (str(path),)).fetchone()
+                progress.update(row[0] if row else 0, None)
+                if state in ("done", "failed"):
+                    break
+                time.sleep(0.2)
+    if state == "failed":
+        raise CliError(result or "observe failed")
+    print(f"{result}; the engine keeps following it")
+    return 0
+
+
+def _runs(args: argparse.Namespace) -> int:
+    from engine.store import StoreReader
+
+    db = paths.db_path(_home(args))
+    if not db.exists():
+        print(f"no runs yet (no store at {db})")
+        return 0
+    reader = StoreReader(db)
+    for run in reader.runs():
+        steps = f"{run.last_step:,}" if run.last_step is not None else "-"
+        print(f"{run.id:>4}  {run.name:<28} {run.status:<9} step {steps:>9}  {run.source_kind:<13}"
+              f" {run.health or '-':<6} {run.phase or '-'}")  # fmt: skip
+    return 0
+
+
+class _LazyProgress:
+    """A rich progress bar that appears only once work has taken more than a second."""
+
+    def __init__(self, label: str, delay: float = 1.0) -> None:
+        self.label, self.delay = label, delay
+        self.started = time.monotonic()
+        self.progress = None
+        self.task = None
+
+    def __enter__(self) -> _LazyProgress:
+        return self
+
+    def update(self, done: int, total: int | None) -> None:
+        if self.progress is None:
+            if time.monotonic() - self.started < self.delay or not sys.stderr.isatty():
+                return
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), transient=True)  # fmt: skip
+            self.progress.start()
+            self.task = self.progress.add_task(self.label, total=total)
+        self.progress.update(self.task, completed=done, total=total)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+# -- the demo -----------------------------------------------------------------------------
+
+
+def _start_demo(home: Path, steps: int) -> None:
+    """Start a real TRL GRPO run of the built-in tiny model and have the engine follow it."""
+    if any(importlib.util.find_spec(m) is None for m in ("torch", "trl", "trackio")):
+        raise CliError("the demo trains a model: install the train extra (pip install 'carl-tui[train]')")
+    from engine.daemon import start_engine
+
+    demo_root = home / "demo"
+    demo_root.mkdir(parents=True, exist_ok=True)
+    pidfile = demo_root / "train.pid"
+    out_dir = _live_demo(pidfile)
+    if out_dir is None:
+        out_dir = demo_root / time.strftime("run-%Y%m%d-%H%M%S")
+        out_dir.mkdir(parents=True)
+        log = (paths.logs_dir(home) / "demo-train.log").open("ab")
+        env = {**os.environ, "CARL_HOME": str(home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.demo", str(out_dir), "--max-steps", str(steps)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=env, close_fds=True,
+        )  # fmt: skip
+        pidfile.write_text(f"{proc.pid}\n{out_dir}\n")
+        print(f"demo training started (pid {proc.pid}) in {out_dir}")
+    status, _ = start_engine(home)
+    if status.state != "up":
+        raise CliError(f"engine did not start; see {status.log_path}")
+    trackio_db = out_dir / "trackio" / "carl-demo.db"
+    deadline = time.monotonic() + 300
+    with _LazyProgress("building the tiny model and warming up") as progress:
+        while not trackio_db.exists():
+            if time.monotonic() > deadline or _live_demo(pidfile) is None:
+                raise CliError(f"demo training did not start; see {paths.logs_dir(home) / 'demo-train.log'}")
+            progress.update(0, None)
+            time.sleep(0.5)
+    _observe_via_engine(home, trackio_db, "demo")
+
+
+def _live_demo(pidfile: Path) -> Path | None:
+    """The output directory of a demo training process that is still alive, if any."""
+    try:
+        pid_text, out_dir = pidfile.read_text().split("\n")[:2]
+        os.kill(int(pid_text), 0)
+    except (OSError, ValueError):
+        return None
+    return Path(out_dir)

@@ -1,0 +1,183 @@
+"""What the control room shows, read from the store: no Textual here, so tests and benches use it.
+
+`StoreWatcher.poll()` is cheap when nothing changed (one `PRAGMA data_version`); when the
+store moved it re-reads the run list and extends the selected run's series with the rows
+that arrived since the last poll.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.store import RunRow, Series, StoreError, StoreReader
+
+PHI_KEYS = ("phi/mean", "phi/p10", "phi/p90", "phi/entropy", "entropy")
+REWARD_KEY = re.compile(r"^rewards/(?P<name>.+)/mean$")
+TOTAL_REWARD_KEYS = ("reward",)
+
+
+@dataclass
+class RunView:
+    """Everything the panes draw for the selected run."""
+
+    run: RunRow
+    series: dict[str, Series] = field(default_factory=dict)
+    reward_names: list[str] = field(default_factory=list)  # reward functions, in key order
+    steps_per_s: float | None = None
+    eta_s: float | None = None
+
+    def get(self, key: str) -> Series:
+        return self.series.get(key) or Series.empty()
+
+    def latest(self, key: str) -> float | None:
+        s = self.series.get(key)
+        return None if s is None else s.latest
+
+
+@dataclass
+class Snapshot:
+    """One poll's news. `None` fields did not change since the previous snapshot."""
+
+    version: int
+    runs: list[RunRow] | None = None
+    view: RunView | None = None
+    trajectories: list[dict[str, Any]] | None = None
+    trajectory_count: int | None = None
+    agent_events: list[dict[str, Any]] | None = None
+    agent_count: int | None = None
+    commands: list[dict[str, Any]] = field(default_factory=list)  # commands that finished
+    source_errors: dict[str, str] | None = None  # path -> last error
+    error: str | None = None  # the store itself could not be read
+
+
+class StoreWatcher:
+    """Follows carl.db for one reader thread. Not thread-safe: one thread polls."""
+
+    def __init__(self, db_path: Path, *, max_points: int = 4096) -> None:
+        self.db_path = db_path
+        self.max_points = max_points
+        self.reader: StoreReader | None = None
+        self.selected: int | None = None
+        self._version = -1
+        self._runs: list[RunRow] = []
+        self._view: RunView | None = None
+        self._traj_count = -1
+        self._agent_count = -1
+        self._watched_commands: set[int] = set()
+        self._source_errors: dict[str, str] = {}
+
+    def watch_command(self, command_id: int) -> None:
+        self._watched_commands.add(command_id)
+
+    def select(self, run_id: int | None) -> None:
+        if run_id != self.selected:
+            self.selected = run_id
+            self._view = None
+            self._version = -1  # force a full read of the new run on the next poll
+
+    def _open(self) -> StoreReader | None:
+        if self.reader is None and self.db_path.exists():
+            self.reader = StoreReader(self.db_path)
+        return self.reader
+
+    def poll(self) -> Snapshot | None:
+        """News since the last poll, or None when the store did not change."""
+        try:
+            reader = self._open()
+            if reader is None:
+                return None
+            version = reader.data_version()
+            if version == self._version:
+                return None
+            self._version = version
+            return self._read(reader, version)
+        except StoreError as exc:
+            return Snapshot(version=self._version, error=str(exc))
+        except Exception as exc:  # a locked or damaged file must not take the UI down
+            return Snapshot(version=self._version, error=f"{self.db_path}: {exc}")
+
+    def _read(self, reader: StoreReader, version: int) -> Snapshot:
+        snap = Snapshot(version=version)
+        runs = reader.runs()
+        if runs != self._runs:
+            self._runs = runs
+            snap.runs = runs
+        if self.selected is None and runs:
+            self.selected = runs[-1].id
+        run = next((r for r in runs if r.id == self.selected), None)
+        if run is not None:
+            view = self._read_view(reader, run)
+            if view is not None:
+                snap.view = view
+        traj_count = reader.table_count("trajectories")
+        if traj_count != self._traj_count:
+            self._traj_count = traj_count
+            snap.trajectory_count = traj_count
+            snap.trajectories = reader.trajectories_after(0, limit=200)
+        agent_count = reader.table_count("agent_events")
+        if agent_count != self._agent_count:
+            self._agent_count = agent_count
+            snap.agent_count = agent_count
+            snap.agent_events = reader.agent_events_after(0, limit=200)
+        if self._watched_commands:
+            done = [c for c in reader.commands_after(min(self._watched_commands) - 1)
+                    if c["id"] in self._watched_commands and c["state"] in ("done", "failed")]  # fmt: skip
+            self._watched_commands -= {c["id"] for c in done}
+            snap.commands = done
+        errors = {s["path"]: s["last_error"] for s in reader.sources() if s["last_error"]}
+        if errors != self._source_errors:
+            self._source_errors = errors
+            snap.source_errors = errors
+        return snap
+
+    def _read_view(self, reader: StoreReader, run: RunRow) -> RunView | None:
+        previous = self._view if self._view is not None and self._view.run.id == run.id else None
+        if previous is not None and previous.run == run:
+            return None  # nothing about this run moved (the change was elsewhere)
+        keys = reader.metric_keys(run.id)
+        reward_names = [m.group("name") for k in keys if (m := REWARD_KEY.match(k))]
+        wanted = [k for k in (*PHI_KEYS, *TOTAL_REWARD_KEYS) if k in keys]
+        wanted += [f"rewards/{name}/mean" for name in reward_names]
+        view = RunView(run=run, reward_names=reward_names)
+        for key in wanted:
+            old = previous.series.get(key) if previous else None
+            if old is None:
+                view.series[key] = reader.series(run.id, key, max_points=self.max_points)
+            else:
+                view.series[key] = reader.extend_series(run.id, key, old, max_points=self.max_points)
+        view.steps_per_s, view.eta_s = _progress(reader, run)
+        self._view = view
+        return view
+
+
+def _progress(reader: StoreReader, run: RunRow) -> tuple[float | None, float | None]:
+    """Steps per second over the newest steps, and the ETA when max_steps is known."""
+    if run.status not in ("running",):
+        return None, None
+    times = reader.wall_times(run.id, last=50)
+    if len(times) < 2:
+        return None, None
+    (s0, t0), (s1, t1) = times[0], times[-1]
+    if t1 <= t0 or s1 <= s0:
+        return None, None
+    rate = (s1 - s0) / (t1 - t0)
+    eta = (run.max_steps - s1) / rate if run.max_steps and run.max_steps > s1 else None
+    return rate, eta
+
+
+def run_state(run: RunRow, now: float | None = None) -> str:
+    """live / silent / presumed crashed for running runs (seeded from the last write, as LEET)."""
+    if run.status != "running":
+        return run.status
+    if not run.last_update:
+        return "starting"
+    quiet = (time.time() if now is None else now) - run.last_update
+    if quiet >= 600:
+        return "presumed crashed"
+    if quiet >= 120:
+        return "silent"
+    return "live"

@@ -1,0 +1,219 @@
+"""The store: schema, migrations, safety of foreign/newer/corrupt files, rollups, cursors."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import stat
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine import paths
+from engine.store import ROLLUP_LEVELS, SCHEMA_VERSION, Store, StoreError, StoreReader
+from engine.store.schema import APPLICATION_ID
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    s = Store(tmp_path / "carl.db")
+    yield s
+    s.close()
+
+
+def test_new_store_is_wal_versioned_and_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CARL_HOME", str(tmp_path / "home"))
+    home = paths.carl_home()
+    with Store(paths.db_path(home)) as s:
+        assert s.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert s.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert s.conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+        tables = {r[0] for r in s.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"runs", "metrics", "phi_stats", "samples", "commands", "chat_messages", "conversations",
+            "trajectories", "trajectory_events", "agent_events", "sources", "rollups"} <= tables  # fmt: skip
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700
+    assert stat.S_IMODE(paths.db_path(home).stat().st_mode) == 0o600
+
+
+def test_reopen_keeps_data_and_does_not_remigrate(tmp_path: Path) -> None:
+    with Store(tmp_path / "carl.db") as s:
+        rid = s.create_run("a", source_kind="jsonl")
+        s.add_metrics(rid, [(1, "loss", 2.0, 1.0)])
+    with Store(tmp_path / "carl.db") as s:
+        assert s.conn.execute("SELECT count(*) FROM metrics").fetchone()[0] == 1
+
+
+def test_newer_schema_is_refused_without_damage(tmp_path: Path) -> None:
+    db = tmp_path / "carl.db"
+    Store(db).close()
+    conn = sqlite3.connect(db)
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 5}")
+    conn.close()
+    before = db.read_bytes()
+    with pytest.raises(StoreError, match="newer than this carl-tui"):
+        Store(db)
+    with pytest.raises(StoreError, match="newer"):
+        StoreReader(db)
+    assert db.read_bytes() == before
+
+
+def test_corrupt_and_foreign_files_are_refused(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(StoreError, match="not a readable carl database"):
+        Store(junk)
+    assert junk.read_bytes() == b"this is not sqlite at all" * 100
+    foreign = tmp_path / "other.db"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE t(x)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match="not a carl database"):
+        Store(foreign)
+    with pytest.raises(StoreError, match="no carl database"):
+        StoreReader(tmp_path / "missing.db")
+
+
+def test_metrics_dedupe_nan_and_last_step(store: Store) -> None:
+    rid = store.create_run("r", source_kind="jsonl")
+    assert store.add_metrics(rid, [(1, "loss", 1.0, 10.0), (2, "loss", float("nan"), 11.0)]) == 2
+    assert store.add_metrics(rid, [(1, "loss", 5.0, 12.0), (3, "loss", float("inf"), 13.0)]) == 1
+    rows = store.conn.execute("SELECT step, value FROM metrics ORDER BY step").fetchall()
+    assert rows == [(1, 1.0), (2, None), (3, math.inf)]
+    run = store.run(rid)
+    assert run["last_step"] == 3 and run["last_update"] == 13.0
+
+
+def test_run_names_are_made_unique(store: Store) -> None:
+    a = store.create_run("demo", source_kind="carl")
+    b = store.create_run("demo", source_kind="carl")
+    assert store.run(a)["name"] == "demo" and store.run(b)["name"] == "demo-2"
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    steps=st.lists(st.integers(0, 20_000), min_size=1, max_size=300, unique=True),
+    seed=st.integers(0, 2**16),
+    batches=st.integers(1, 4),
+)
+def test_rollups_match_a_numpy_aggregation(tmp_path_factory: pytest.TempPathFactory, steps: list[int],
+                                           seed: int, batches: int) -> None:  # fmt: skip
+    rng = np.random.default_rng(seed)
+    values = rng.normal(size=len(steps))
+    values[rng.random(len(steps)) < 0.1] = np.nan
+    with Store(tmp_path_factory.mktemp("r") / "carl.db") as s:
+        rid = s.create_run("r", source_kind="jsonl")
+        order = rng.permutation(len(steps))  # arrival order need not be step order
+        for chunk in np.array_split(order, batches):
+            s.add_metrics(rid, [(steps[i], "k", float(values[i]), 1.0) for i in chunk])
+        reader = StoreReader(s.path)
+        arr_steps, arr_values = np.array(steps), values
+        for level in ROLLUP_LEVELS:
+            got = s.conn.execute(
+                "SELECT bucket, n, vmin, vmax, vsum, first_step, last_step, last_value FROM rollups"
+                " WHERE level=? ORDER BY bucket", (level,)
+            ).fetchall()  # fmt: skip
+            buckets = sorted(set(arr_steps // level))
+            assert [g[0] for g in got] == buckets
+            for bucket, n, vmin, vmax, vsum, first, last, last_value in got:
+                mask = arr_steps // level == bucket
+                vals = arr_values[mask]
+                finite = vals[~np.isnan(vals)]
+                assert n == len(finite)
+                assert first == arr_steps[mask].min() and last == arr_steps[mask].max()
+                if len(finite):
+                    assert vmin == pytest.approx(finite.min()) and vmax == pytest.approx(finite.max())
+                    assert vsum == pytest.approx(finite.sum())
+                newest = arr_values[mask][np.argmax(arr_steps[mask])]
+                assert (last_value is None) if np.isnan(newest) else last_value == pytest.approx(newest)
+        series = reader.series(rid, "k", max_points=10)
+        assert series.level > 1 or np.isfinite(values).sum() <= 10
+        assert np.nanmax(series.vmax) == pytest.approx(np.nanmax(values)) if np.isfinite(values).any() else True
+        reader.close()
+
+
+def test_series_switches_to_rollups_and_extends_like_a_fresh_read(store: Store) -> None:
+    rid = store.create_run("r", source_kind="jsonl")
+    store.add_metrics(rid, [(s, "phi/mean", math.sin(s / 100), 1.0) for s in range(5000)])
+    reader = StoreReader(store.path)
+    raw = reader.series(rid, "phi/mean", max_points=10_000)
+    assert raw.level == 1 and len(raw) == 5000
+    coarse = reader.series(rid, "phi/mean", max_points=1000)
+    assert coarse.level == 16 and len(coarse) == math.ceil(5000 / 16)
+    assert coarse.vmax.max() == pytest.approx(raw.vmax.max())
+    store.add_metrics(rid, [(s, "phi/mean", 2.0 + s, 2.0) for s in range(5000, 5100)])
+    for old, max_points in ((raw, 10_000), (coarse, 1000)):
+        extended = reader.extend_series(rid, "phi/mean", old, max_points=max_points)
+        fresh = reader.series(rid, "phi/mean", max_points=max_points)
+        assert extended.level == fresh.level
+        np.testing.assert_allclose(extended.vmax, fresh.vmax)
+        np.testing.assert_array_equal(extended.first, fresh.first)
+        assert extended.latest == fresh.latest == 2.0 + 5099 and extended.latest_step == 5099
+    reader.close()
+
+
+def test_data_version_moves_only_when_another_connection_commits(store: Store) -> None:
+    reader = StoreReader(store.path)
+    v0 = reader.data_version()
+    assert reader.data_version() == v0
+    rid = store.create_run("r", source_kind="jsonl")
+    assert reader.data_version() != v0
+    v1 = reader.data_version()
+    reader.runs()
+    assert reader.data_version() == v1
+    store.add_metrics(rid, [(1, "x", 1.0, 1.0)])
+    assert reader.data_version() != v1
+    reader.close()
+
+
+def test_reader_cannot_write(store: Store) -> None:
+    store.create_run("r", source_kind="jsonl")
+    reader = StoreReader(store.path)
+    with pytest.raises(sqlite3.OperationalError):
+        reader.conn.execute("DELETE FROM runs")
+    reader.close()
+
+
+def test_phi_stats_are_mirrored_into_metrics(store: Store) -> None:
+    rid = store.create_run("r", source_kind="carl", vocab_size=64)
+    store.add_phi_stats(rid, [{"step": 1, "phi_mean": 0.5, "phi_p10": 0.2, "phi_p90": 0.8,
+                               "entropy_mean": 0.5 * math.log(64), "tokens": 40, "hist": [1, 2, 3]}])  # fmt: skip
+    row = store.conn.execute("SELECT phi_mean, tokens, hist FROM phi_stats").fetchone()
+    assert row == (0.5, 40, "[1, 2, 3]")
+    keys = dict(store.conn.execute("SELECT key, value FROM metrics").fetchall())
+    assert keys == {"phi/mean": 0.5, "phi/p10": 0.2, "phi/p90": 0.8, "phi/entropy": pytest.approx(2.0794, 1e-4)}
+
+
+def test_command_queue_round_trip(store: Store) -> None:
+    first = store.enqueue_command("observe", {"path": "/x"}, origin="tui")
+    second = store.enqueue_command("observe", {"path": "/y"})
+    claimed = store.claim_commands("engine")
+    assert [c["id"] for c in claimed] == [first, second] and claimed[0]["args"] == {"path": "/x"}
+    assert store.claim_commands("engine") == []
+    store.finish_command(first, True, "ok")
+    store.finish_command(second, False, "bad path")
+    reader = StoreReader(store.path)
+    states = {c["id"]: (c["state"], c["result"]) for c in reader.commands_after(0)}
+    assert states == {first: ("done", "ok"), second: ("failed", "bad path")}
+    reader.close()
+
+
+def test_chat_messages_create_a_conversation(store: Store) -> None:
+    conv, _ = store.add_chat_message(None, None, "user", "why is reward flat?\nsecond line")
+    store.add_chat_message(conv, None, "assistant", "because")
+    assert store.conn.execute("SELECT title FROM conversations").fetchone()[0] == "why is reward flat?"
+    assert store.conn.execute("SELECT count(*) FROM chat_messages WHERE conversation_id=?", (conv,)).fetchone()[0] == 2
+
+
+def test_ingest_throughput_is_reasonable(store: Store) -> None:
+    """Behaviour guard, not a benchmark: a 100k-row batch import finishes and is complete."""
+    rid = store.create_run("r", source_kind="jsonl")
+    started = time.perf_counter()
+    for base in range(0, 25_000, 5000):
+        store.add_metrics(rid, [(s, k, 1.0, 1.0) for s in range(base, base + 5000) for k in "abcd"])
+    assert store.conn.execute("SELECT count(*) FROM metrics").fetchone()[0] == 100_000
+    assert time.perf_counter() - started < 60

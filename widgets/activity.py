@@ -1,0 +1,92 @@
+"""The Trajectories and Agents panes: newest first, bounded, with an empty state that says how
+data gets there."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import Static
+
+TRAJECTORIES_EMPTY = (
+    "No trajectories yet.\n"
+    "Agent sessions (Claude Code hooks and transcripts, Codex rollouts) are scored with the\n"
+    "5-signal trajectory reward and land in the store's `trajectories` table; they stream\n"
+    "in here, newest first."
+)
+AGENTS_EMPTY = (
+    "No agent events yet.\n"
+    "Manager/worker agents publish tasks, results and feedback over NATS; the engine bridges\n"
+    "them into the store's `agent_events` table and they stream in here."
+)
+MAX_ROWS = 200
+
+
+def _clock(ts: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "--:--:--"
+
+
+def _num(value: float | None, spec: str = "+.2f") -> str:
+    return "  —  " if value is None else format(value, spec)
+
+
+class ActivityPane(Static):
+    """A bounded list of the newest rows of one table, rendered as plain lines."""
+
+    DEFAULT_CSS = """
+    ActivityPane { height: 1fr; }
+    ActivityPane.-empty { color: $text-muted; }
+    """
+
+    def __init__(self, empty_text: str, *, id: str | None = None) -> None:
+        super().__init__(empty_text, id=id)
+        self.empty_text = empty_text
+        self.rows: list[dict[str, Any]] = []
+        self.add_class("-empty")
+
+    def set_rows(self, rows: list[dict[str, Any]], total: int) -> None:
+        rows = rows[:MAX_ROWS]
+        if rows == self.rows:
+            return
+        self.rows = rows
+        self.set_class(not rows, "-empty")
+        if not rows:
+            self.update(self.empty_text)
+            return
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(f"{total:,} total, newest first\n", style="dim")
+        for i, row in enumerate(rows):
+            if i:
+                text.append("\n")
+            text.append(self.format_row(row))
+        self.update(text)
+
+    def format_row(self, row: dict[str, Any]) -> str:
+        """Generic `key=value` line; the panes below format their own tables' columns."""
+        return " ".join(f"{k}={v}" for k, v in row.items() if v is not None)
+
+
+class TrajectoriesPane(ActivityPane):
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(TRAJECTORIES_EMPTY, id=id)
+
+    def format_row(self, row: dict[str, Any]) -> str:
+        session = (row.get("session_id") or "")[:8]
+        rate = row.get("success_rate")
+        return (
+            f"{_clock(row.get('created_at'))} {session:<8} {(row.get('domain') or '-')[:12]:<12}"
+            f" tools {row.get('tool_count') or 0:>3} ok {_num(rate, '.0%') if rate is not None else '  — '}"
+            f" R {_num(row.get('reward'))} A {_num(row.get('advantage'))}"
+        )
+
+
+class AgentsPane(ActivityPane):
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(AGENTS_EMPTY, id=id)
+
+    def format_row(self, row: dict[str, Any]) -> str:
+        who = row.get("worker_id") or row.get("manager_id") or "-"
+        score = row.get("score")
+        tail = f" score {score:.2f}" if score is not None else ""
+        return f"{_clock(row.get('created_at'))} {row.get('subject') or row.get('kind') or '?':<18} {who[:14]}{tail}"

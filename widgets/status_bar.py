@@ -1,0 +1,82 @@
+"""One line at the top: run, state, step / max with ETA, phase, health, engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.widgets import Static
+
+HEALTH_MARK = {"green": "●", "yellow": "▲", "red": "✕"}
+ENGINE_MARK = {"up": "●", "starting": "◌", "restarting": "◌", "down": "✕", "stopped": "○"}
+
+
+def compact_duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+@dataclass(frozen=True)
+class StatusInfo:
+    run: str | None = None
+    state: str | None = None
+    step: int | None = None
+    max_steps: int | None = None
+    eta_s: float | None = None
+    phase: str | None = None
+    health: str | None = None
+    health_reason: str | None = None
+    engine: str = "down"
+    readonly: bool = False
+    message: str | None = None  # a one-line error to show, e.g. an unreadable source
+
+
+class StatusBar(Static):
+    DEFAULT_CSS = """
+    StatusBar { height: 1; width: 1fr; background: $panel; color: $foreground; padding: 0 1; }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("", id=id)
+        self.info = StatusInfo()
+
+    def show(self, info: StatusInfo) -> None:
+        if info != self.info:  # an unchanged status sends nothing to the terminal
+            self.info = info
+            self.update(self.render_info(info))
+
+    def render_info(self, info: StatusInfo) -> Text:
+        theme = self.app.current_theme
+        health_color = {"green": theme.success, "yellow": theme.warning, "red": theme.error}
+        text = Text(no_wrap=True, overflow="ellipsis")
+        if info.message:
+            text.append(f"✕ {info.message}  ", style=f"bold {theme.error}")
+        if info.run is None:
+            text.append("no run selected", style="dim")
+        else:
+            text.append(info.run, style="bold")
+            if info.state:
+                text.append(f" {info.state}", style=theme.success if info.state == "live" else "")
+            if info.step is not None:
+                total = f"/{info.max_steps:,}" if info.max_steps else ""
+                text.append(f" │ step {info.step:,}{total}")
+                if info.max_steps and info.step <= info.max_steps:
+                    text.append(f" {info.step / info.max_steps:.0%}")
+            if info.eta_s is not None:
+                text.append(f" ETA {compact_duration(info.eta_s)}")
+            text.append(f" │ phase {info.phase or '—'}")
+            if info.health:
+                text.append(" │ ")
+                text.append(f"{HEALTH_MARK.get(info.health, '?')} {info.health}", style=health_color.get(info.health))
+                if info.health_reason:
+                    text.append(f" {info.health_reason}", style="dim")
+        engine_color = theme.success if info.engine == "up" else theme.warning
+        text.append(" │ engine ")
+        text.append(f"{ENGINE_MARK.get(info.engine, '?')} {info.engine}", style=engine_color)
+        if info.readonly:
+            text.append(" │ read-only", style="dim")
+        return text
