@@ -19,7 +19,7 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
 from textual.theme import Theme
-from textual.widgets import Footer, Input, OptionList, Static
+from textual.widgets import Footer, Input, OptionList
 from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
 
@@ -267,7 +267,7 @@ class ControlRoom(App[None]):
             return
         phi_pane = self.query_one("#phi-pane")
         phi_pane.border_title = draw_phi(self.query_one("#phi-chart", Chart), view)
-        colors = reward_colors(self, len(view.reward_names))
+        colors = reward_colors(self.query_one("#reward-chart", Chart), len(view.reward_names))
         rewards_pane = self.query_one("#rewards-pane")
         rewards_pane.border_title = draw_rewards(self.query_one("#reward-chart", Chart), view, colors)
         bars = [(name, view.latest(f"rewards/{name}/mean")) for name in view.reward_names]
@@ -303,7 +303,7 @@ class ControlRoom(App[None]):
     def action_help(self) -> None:
         rows: list[tuple[str, str]] = []
         seen: set[str] = set()
-        for key, active in self.screen.active_bindings.items():
+        for active in self.screen.active_bindings.values():
             binding = active.binding
             if binding.description and binding.description not in seen:
                 seen.add(binding.description)
@@ -400,13 +400,21 @@ class ControlRoom(App[None]):
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        yield SystemCommand("Observe a run", "Import a Trackio db, trainer_state.json or JSONL", self.action_observe)
+        yield SystemCommand(
+            "Observe a run", "Import a Trackio db, trainer_state.json or JSONL", self.action_observe
+        )
         yield SystemCommand("Toggle chart mode", "Braille or block characters", self.action_toggle_chart_mode)
         for theme in THEME_NAMES:
-            yield SystemCommand(f"Theme: {theme}", "Switch theme (remembered)", lambda t=theme: setattr(self, "theme", t))
+            yield SystemCommand(
+                f"Theme: {theme}", "Switch theme (remembered)", lambda t=theme: setattr(self, "theme", t)
+            )
         yield SystemCommand("Start engine", "Start the engine daemon if it is down", self._start_engine_now)
         for pane in PANES:
-            yield SystemCommand(f"Maximize {pane}", "Toggle the pane filling the screen", lambda p=pane: self.action_maximize(p))
+            yield SystemCommand(
+                f"Maximize {pane}",
+                "Toggle the pane filling the screen",
+                lambda p=pane: self.action_maximize(p),
+            )
 
     def _start_engine_now(self) -> None:
         self.auto_engine = True

@@ -119,7 +119,9 @@ def _engine(args: argparse.Namespace) -> int:
         status, started = start_engine(home)
         if status.state != "up":
             raise CliError(f"engine did not start; see {status.log_path}")
-        print(f"engine {'started' if started else 'already running'} (pid {status.pid}); log {status.log_path}")
+        print(
+            f"engine {'started' if started else 'already running'} (pid {status.pid}); log {status.log_path}"
+        )
         return 0
     if args.action == "stop":
         print("engine stopped" if stop_engine(home) else "engine was not running")

@@ -78,7 +78,9 @@ class ObserveScreen(ModalScreen[ObserveRequest | None]):
     def compose(self) -> ComposeResult:
         with Vertical() as box:
             box.border_title = "Observe a run"
-            yield Label("Path: Trackio project .db, trainer_state.json (or its output/checkpoint dir), or JSONL")
+            yield Label(
+                "Path: Trackio project .db, trainer_state.json (or its output/checkpoint dir), or JSONL"
+            )
             yield Input(placeholder="~/runs/out/trainer_state.json", id="observe-path")
             yield Label("Run name (optional)")
             yield Input(placeholder="derived from the source", id="observe-name")

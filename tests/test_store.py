@@ -132,7 +132,9 @@ def test_rollups_match_a_numpy_aggregation(tmp_path_factory: pytest.TempPathFact
                 assert (last_value is None) if np.isnan(newest) else last_value == pytest.approx(newest)
         series = reader.series(rid, "k", max_points=10)
         assert series.level > 1 or np.isfinite(values).sum() <= 10
-        assert np.nanmax(series.vmax) == pytest.approx(np.nanmax(values)) if np.isfinite(values).any() else True
+        assert (
+            np.nanmax(series.vmax) == pytest.approx(np.nanmax(values)) if np.isfinite(values).any() else True
+        )
         reader.close()
 
 
@@ -185,7 +187,12 @@ def test_phi_stats_are_mirrored_into_metrics(store: Store) -> None:
     row = store.conn.execute("SELECT phi_mean, tokens, hist FROM phi_stats").fetchone()
     assert row == (0.5, 40, "[1, 2, 3]")
     keys = dict(store.conn.execute("SELECT key, value FROM metrics").fetchall())
-    assert keys == {"phi/mean": 0.5, "phi/p10": 0.2, "phi/p90": 0.8, "phi/entropy": pytest.approx(2.0794, 1e-4)}
+    assert keys == {
+        "phi/mean": 0.5,
+        "phi/p10": 0.2,
+        "phi/p90": 0.8,
+        "phi/entropy": pytest.approx(2.0794, 1e-4),
+    }
 
 
 def test_command_queue_round_trip(store: Store) -> None:
@@ -206,7 +213,12 @@ def test_chat_messages_create_a_conversation(store: Store) -> None:
     conv, _ = store.add_chat_message(None, None, "user", "why is reward flat?\nsecond line")
     store.add_chat_message(conv, None, "assistant", "because")
     assert store.conn.execute("SELECT title FROM conversations").fetchone()[0] == "why is reward flat?"
-    assert store.conn.execute("SELECT count(*) FROM chat_messages WHERE conversation_id=?", (conv,)).fetchone()[0] == 2
+    assert (
+        store.conn.execute("SELECT count(*) FROM chat_messages WHERE conversation_id=?", (conv,)).fetchone()[
+            0
+        ]
+        == 2
+    )
 
 
 def test_ingest_throughput_is_reasonable(store: Store) -> None:

@@ -11,13 +11,13 @@ from textual.widgets import Static
 
 TRAJECTORIES_EMPTY = (
     "No trajectories yet.\n"
-    "Agent sessions (Claude Code hooks and transcripts, Codex rollouts) are scored with the\n"
-    "5-signal trajectory reward and land in the store's `trajectories` table; they stream\n"
+    "Agent sessions (Claude Code hooks and transcripts, Codex rollouts) are scored with the "
+    "5-signal trajectory reward and land in the store's `trajectories` table; they stream "
     "in here, newest first."
 )
 AGENTS_EMPTY = (
     "No agent events yet.\n"
-    "Manager/worker agents publish tasks, results and feedback over NATS; the engine bridges\n"
+    "Manager/worker agents publish tasks, results and feedback over NATS; the engine bridges "
     "them into the store's `agent_events` table and they stream in here."
 )
 MAX_ROWS = 200

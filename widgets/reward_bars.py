@@ -66,7 +66,11 @@ class RewardBars(Widget):
             out.append(name[:name_w].ljust(name_w) + " ", name_style)
             ok = value is not None and math.isfinite(value)
             color = self._colors[i] if i < len(self._colors) else None
-            style = neg_style if ok and value < 0 else (color or self.get_component_rich_style("reward-bars--bar"))
+            style = (
+                neg_style
+                if ok and value < 0
+                else (color or self.get_component_rich_style("reward-bars--bar"))
+            )
             out.append(bar(abs(value) / scale if ok else 0.0, bar_w), style)
             out.append(" " + fmt(value).rjust(7))
         return out

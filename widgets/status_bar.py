@@ -71,7 +71,9 @@ class StatusBar(Static):
             text.append(f" │ phase {info.phase or '—'}")
             if info.health:
                 text.append(" │ ")
-                text.append(f"{HEALTH_MARK.get(info.health, '?')} {info.health}", style=health_color.get(info.health))
+                text.append(
+                    f"{HEALTH_MARK.get(info.health, '?')} {info.health}", style=health_color.get(info.health)
+                )
                 if info.health_reason:
                     text.append(f" {info.health_reason}", style="dim")
         engine_color = theme.success if info.engine == "up" else theme.warning

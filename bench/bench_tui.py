@@ -1,0 +1,110 @@
+"""The control room as a person meets it over SSH: a real process on a real pty, its screen read
+through a terminal emulator (pyte). Prints, each with its goal and the same-run baseline:
+
+- first paint with a 1,000,000-step run in the store (goal <= 1.0 s and <= 2x a bare Textual
+  app with one Static, measured here the same way);
+- bytes written to the terminal over 10 s idle (goal < 2 KiB);
+- RSS of the TUI process with that run (goal <= 200 MB; baseline: the bare app);
+- write-to-screen latency of a new step (goal p95 <= 500 ms).
+
+    python bench/bench_tui.py            # builds bench/out/store-1m once (about a minute)
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness import OUT, PtyApp, build_big_store, percentile, tui_argv  # noqa: E402
+
+BARE_APP = (
+    "from textual.app import App\n"
+    "from textual.widgets import Static\n"
+    "class Bare(App):\n"
+    "    def compose(self):\n"
+    "        yield Static('hello carl')\n"
+    "Bare().run()\n"
+)
+RUNS = 3
+
+
+def painted(text: str) -> bool:
+    """The control room has drawn the run: its name in the status bar and braille in a chart."""
+    return "bench-1m" in text and any("\u2801" <= ch <= "\u28ff" for ch in text)
+
+
+def first_paint(argv: list[str], predicate, env: dict[str, str] | None = None) -> tuple[float, PtyApp]:  # noqa: ANN001
+    app = PtyApp(argv, env=env or {}).start()
+    seconds = app.wait_for(predicate, timeout=60)
+    return seconds, app
+
+
+def main() -> None:
+    home = OUT / "store-1m"
+    build_big_store(home)
+    env = {"TEXTUAL_ANIMATIONS": "none"}
+    ours, bare = [], []
+    for _ in range(RUNS):
+        seconds, app = first_paint([sys.executable, "-c", BARE_APP], lambda t: "hello carl" in t, env)
+        bare.append(seconds)
+        bare_rss = psutil.Process(app.pid).memory_info().rss
+        app.stop()
+        seconds, app = first_paint(tui_argv(home), painted, env)
+        ours.append(seconds)
+        app.stop()
+    ours_s, bare_s = statistics.median(ours), statistics.median(bare)
+    print(f"first_paint_1M_steps_s={ours_s:.3f} goal<=1.0 baseline_bare_textual_s={bare_s:.3f} "
+          f"ratio={ours_s / bare_s:.2f} goal<=2.0 {'OK' if ours_s <= 1.0 and ours_s <= 2 * bare_s else 'MISSED'}")  # fmt: skip
+
+    # Idle: after the first paint has settled, nothing changes in the store.
+    _, app = first_paint(tui_argv(home), painted, env)
+    app.pump(3.0)
+    rss = psutil.Process(app.pid).memory_info().rss
+    before = app.bytes_read
+    app.pump(10.0)
+    idle = app.bytes_read - before
+    app.stop()
+    print(f"idle_bytes_10s={idle} goal<2048 {'OK' if idle < 2048 else 'MISSED'}")
+    print(f"tui_rss_1M_steps_mb={rss / 2**20:.1f} goal<=200 baseline_bare_textual_mb={bare_rss / 2**20:.1f} "
+          f"ratio={rss / bare_rss:.2f} {'OK' if rss <= 200 * 2**20 else 'MISSED'}")  # fmt: skip
+
+    # Latency: a writer commits step N; how long until the screen says "step N"?
+    from engine.store import Store
+
+    with tempfile.TemporaryDirectory() as tmp:
+        live_home = Path(tmp)
+        with Store(live_home / "carl.db") as store:
+            run_id = store.create_run("bench-live", source_kind="jsonl", max_steps=1000)
+            store.add_metrics(run_id, [(s, "phi/mean", 0.5, time.time()) for s in range(100)])
+            app = PtyApp(tui_argv(live_home), env=env).start()
+            app.wait_for(lambda t: "step 99/1,000" in t, timeout=60)
+            latencies = []
+            for step in range(100, 140):
+                written = time.perf_counter()
+                store.add_metrics(run_id, [(step, "phi/mean", 0.5 + step / 1000, time.time()),
+                                           (step, "rewards/task/mean", 0.1, time.time())])  # fmt: skip
+                shown = f"step {step:,}/1,000"
+                while shown not in app.text():
+                    app.pump(0.002)
+                    if time.perf_counter() - written > 10:
+                        raise TimeoutError(f"step {step} never shown")
+                latencies.append(time.perf_counter() - written)
+                app.pump(0.1 + (step % 7) * 0.03)  # arrive at varied phases of the poll timer
+            app.stop()
+    p50, p95 = percentile(latencies, 50), percentile(latencies, 95)
+    print(
+        f"write_to_screen_latency_p50_ms={p50 * 1000:.0f} p95_ms={p95 * 1000:.0f} goal_p95<=500 "
+        f"poll_period_ms=250 {'OK' if p95 <= 0.5 else 'MISSED'}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,7 @@
+"""`python -m carl_tui` is `carl-tui`."""
+
+import sys
+
+from .cli import tui_main
+
+sys.exit(tui_main())

@@ -1,0 +1,85 @@
+"""Feeding the Phi and Rewards panes from a RunView: which series go where, and the pane titles."""
+
+from __future__ import annotations
+
+import math
+
+from widgets.chart import LINE_COLOURS, Chart, entropy_axis
+
+from .model import RunView
+
+
+def _num(value: float | None, digits: int = 4) -> str:
+    if value is None:
+        return "—"
+    if not math.isfinite(value):
+        return str(value)
+    return f"{value:.{digits}f}"
+
+
+def _feed(chart: Chart, *series: object, **kwargs: object) -> None:
+    """Hand the chart new data only when some series object changed (the watcher returns the
+    same object for a series that received no rows), so an unchanged pane is not redrawn."""
+    key = (tuple(id(s) for s in series), tuple((k, id(v)) for k, v in sorted(kwargs.items())))
+    if getattr(chart, "_carl_feed_key", None) == key:
+        return
+    chart._carl_feed_key = key  # type: ignore[attr-defined]
+    chart.set_series(*series, **kwargs)  # type: ignore[arg-type]
+
+
+def draw_phi(chart: Chart, view: RunView) -> str:
+    """Phi mean with its p10-p90 band; entropy (nats) on the right axis. Returns the pane title."""
+    phi = view.series.get("phi/mean")
+    vocab = view.run.vocab_size
+    if phi is not None and len(phi):
+        band = None
+        if "phi/p10" in view.series and "phi/p90" in view.series:
+            band = (view.series["phi/p10"], view.series["phi/p90"])
+        secondary = None
+        if vocab and vocab > 1:
+            chart.set_right_transform(entropy_axis(vocab))  # H = (1 - Phi) ln|V|: same line, two scales
+        else:
+            chart.set_right_transform(None)
+            secondary = view.series.get("phi/entropy")
+        _feed(chart, phi, band=band, secondary=secondary)
+        title = f"Φ coherence {_num(phi.latest)}"
+        entropy = view.latest("phi/entropy")
+        if entropy is None and vocab and phi.latest is not None:
+            entropy = (1 - phi.latest) * math.log(vocab)
+        title += f" · H {_num(entropy, 3)} nats"
+        if band is not None:
+            title += f" · p10–p90 {_num(band[0].latest, 3)}–{_num(band[1].latest, 3)}"
+        if vocab:
+            title += f" · |V| {vocab:,}"
+        return title
+    entropy = view.series.get("entropy")
+    if entropy is not None and len(entropy):
+        chart.set_right_transform(None)
+        _feed(chart, entropy)
+        return f"entropy {_num(entropy.latest, 3)} nats · Φ needs the vocabulary size |V|"
+    _feed(chart)
+    return "Φ coherence"
+
+
+def draw_rewards(chart: Chart, view: RunView, colors: list[str]) -> str:
+    """One line per reward function (the total when there are none). Returns the pane title."""
+    series = [view.series[f"rewards/{name}/mean"] for name in view.reward_names]
+    if not series and "reward" in view.series:
+        series = [view.series["reward"]]
+    _feed(chart, *series)
+    total = view.latest("reward")
+    title = "Rewards"
+    if total is not None:
+        title += f" · total {_num(total, 3)}"
+    if view.reward_names:
+        title += f" · {len(view.reward_names)} functions"
+    return title
+
+
+def reward_colors(chart: Chart, count: int) -> list[str]:
+    """The colour of each reward function's line, so its bar matches it."""
+    colors = []
+    for index in range(count):
+        style = chart.line_style(index % LINE_COLOURS)
+        colors.append(str(style.color.name) if style.color else "")
+    return colors
