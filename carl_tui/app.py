@@ -8,6 +8,7 @@ data differs, so an idle screen writes nothing to the terminal.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -98,6 +99,10 @@ class ControlRoom(App[None]):
             self.config, self.config_error = TuiConfig(), str(exc)
         self.refresh_hz = min(refresh_hz or self.config.refresh_hz, 4.0)
         self.watcher = StoreWatcher(paths.db_path(self.home))
+        # Read the store while Textual starts up: the first paint then already has the data.
+        self._first_poll: Snapshot | None = None
+        self._prefetch = threading.Thread(target=self._prefetch_first_poll, name="carl-prefetch", daemon=True)
+        self._prefetch.start()
         self.runs: list[RunRow] = []
         self.view: RunView | None = None
         self.filter_text = ""
@@ -149,11 +154,17 @@ class ControlRoom(App[None]):
 
     # -- workers ---------------------------------------------------------------------------
 
+    def _prefetch_first_poll(self) -> None:
+        self._first_poll = self.watcher.poll()
+
     @work(thread=True, exclusive=True, group="store")
     def watch_store(self) -> None:
         """Poll `PRAGMA data_version` at most `refresh_hz` times a second; post only news."""
         worker = get_current_worker()
         period = 1.0 / self.refresh_hz
+        self._prefetch.join()
+        if self._first_poll is not None:
+            self.post_message(StoreUpdated(self._first_poll))
         while not worker.is_cancelled:
             started = time.monotonic()
             snapshot = self.watcher.poll()

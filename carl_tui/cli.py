@@ -16,9 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine import paths
+from engine.errors import CarlError
 
 
-class CliError(Exception):
+class CliError(CarlError):
     """A one-line message for the user."""
 
 
@@ -34,21 +35,10 @@ def _fail(message: str) -> int:
 
 
 def _guard(fn: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    """Turn the errors we expect into one line; anything else is a real bug and keeps its traceback."""
-    from engine.store import StoreError
-
-    from .config import ConfigError
-
-    expected: tuple[type[BaseException], ...] = (CliError, StoreError, ConfigError, FileNotFoundError)
-    try:
-        from engine.observe import ObserveError
-
-        expected += (ObserveError,)
-    except ImportError:
-        pass
+    """Errors meant for the user become one line; anything else is a bug and keeps its traceback."""
     try:
         return fn(args)
-    except expected as exc:
+    except (CarlError, FileNotFoundError) as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:
         return 130

@@ -15,10 +15,11 @@ from typing import Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from engine.errors import CarlError
 from themes import DEFAULT_THEME, THEME_NAMES
 
 
-class ConfigError(Exception):
+class ConfigError(CarlError):
     """One-line message naming the file and what is wrong."""
 
 

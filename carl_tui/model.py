@@ -57,7 +57,7 @@ class Snapshot:
 class StoreWatcher:
     """Follows carl.db for one reader thread. Not thread-safe: one thread polls."""
 
-    def __init__(self, db_path: Path, *, max_points: int = 4096) -> None:
+    def __init__(self, db_path: Path, *, max_points: int = 2048) -> None:
         self.db_path = db_path
         self.max_points = max_points
         self.reader: StoreReader | None = None

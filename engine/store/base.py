@@ -12,10 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.errors import CarlError
+
 from .schema import APPLICATION_ID, SCHEMA_VERSION
 
 
-class StoreError(Exception):
+class StoreError(CarlError):
     """A store problem with a one-line, user-facing message."""
 
 

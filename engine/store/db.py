@@ -7,6 +7,7 @@ source cursor that covers them) use `transaction()`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -17,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import sqlite_utils
 
 from .base import MetricRow, StoreError, check_schema, connect, insert_command
@@ -175,10 +177,11 @@ class Store:
     def add_metrics(self, run_id: int, rows: Iterable[MetricRow]) -> int:
         """Insert metric rows (duplicates of (run, key, step) are ignored); returns rows added.
 
-        Also refreshes the rollups of the buckets the batch touched and the run's last step,
-        all in one transaction.
+        Also brings the rollups of the touched buckets and the run's last step up to date, all
+        in one transaction. NaN is stored as NULL (SQLite does that on binding).
         """
-        batch = [(run_id, int(step), key, _finite(value), float(wall)) for step, key, value, wall in rows]
+        batch = [(run_id, int(step), key, float(value) if value is not None else None, float(wall))
+                 for step, key, value, wall in rows]  # fmt: skip
         if not batch:
             return 0
         with self.transaction():
@@ -188,25 +191,79 @@ class Store:
                 batch,
             )
             added = self.conn.total_changes - before
-            if added:
+            if added == len(batch):
+                self._merge_rollups(run_id, batch)  # every row is new: fold the batch in
+            elif added:
                 spans: dict[str, tuple[int, int]] = {}
-                last_step = batch[0][1]
-                last_wall = batch[0][4]
-                for _, step, key, _, wall in batch:
+                for _, step, key, _, _ in batch:
                     lo, hi = spans.get(key, (step, step))
                     spans[key] = (min(lo, step), max(hi, step))
-                    if step > last_step:
-                        last_step = step
-                    if wall > last_wall:
-                        last_wall = wall
                 for key, (lo, hi) in spans.items():
-                    self._refresh_rollups(run_id, key, lo, hi)
+                    self._refresh_rollups(run_id, key, lo, hi)  # some were duplicates: rebuild
+            if added:
+                last_step = max(r[1] for r in batch)
+                last_wall = max(r[4] for r in batch)
                 self.conn.execute(
                     "UPDATE runs SET last_step=max(coalesce(last_step, ?), ?),"
                     " last_update=max(coalesce(last_update, 0), ?), updated_at=? WHERE id=?",
                     (last_step, last_step, last_wall, time.time(), run_id),
                 )
             return added
+
+    def _merge_rollups(self, run_id: int, batch: list[tuple[int, int, str, float | None, float]]) -> None:
+        """Fold a batch of rows that were all newly inserted into the rollups.
+
+        Exact because no row of the batch was in the store before: each bucket's aggregate is
+        combined with the batch's aggregate for that bucket (counts add, extremes extend, the
+        value at the newest step wins).
+        """
+        by_key: dict[str, tuple[list[int], list[float]]] = {}
+        for _, step, key, value, _ in batch:
+            entry = by_key.get(key)
+            if entry is None:
+                entry = by_key[key] = ([], [])
+            entry[0].append(step)
+            entry[1].append(math.nan if value is None else value)
+        upserts: list[tuple[Any, ...]] = []
+        for key, (step_list, value_list) in by_key.items():
+            steps = np.asarray(step_list, dtype=np.int64)
+            values = np.asarray(value_list, dtype=np.float64)
+            order = np.argsort(steps, kind="stable")
+            steps, values = steps[order], values[order]
+            valid = ~np.isnan(values)
+            zeroed = np.where(valid, values, 0.0)
+            for level in ROLLUP_LEVELS:
+                buckets = steps // level
+                starts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1]])
+                ends = np.r_[starts[1:], len(steps)] - 1
+                n = np.add.reduceat(valid.astype(np.int64), starts)
+                vsum = np.add.reduceat(zeroed, starts)
+                vsum[n == 0] = math.nan  # SQL's sum() of no values is NULL
+                count = len(starts)
+                upserts += zip(
+                    itertools.repeat(run_id, count), itertools.repeat(key, count), itertools.repeat(level, count),
+                    buckets[starts].tolist(), n.tolist(),
+                    np.fmin.reduceat(values, starts).tolist(), np.fmax.reduceat(values, starts).tolist(),
+                    vsum.tolist(), steps[starts].tolist(), steps[ends].tolist(), values[ends].tolist(),
+                    strict=True,
+                )  # fmt: skip
+        self.conn.executemany(
+            """
+            INSERT INTO rollups (run_id, key, level, bucket, n, vmin, vmax, vsum, first_step, last_step, last_value)
+            VALUES (?,?,?,?,?,?,?,?,?,?,?)
+            ON CONFLICT (run_id, key, level, bucket) DO UPDATE SET
+                n = n + excluded.n,
+                vmin = coalesce(min(vmin, excluded.vmin), vmin, excluded.vmin),
+                vmax = coalesce(max(vmax, excluded.vmax), vmax, excluded.vmax),
+                vsum = CASE WHEN vsum IS NULL THEN excluded.vsum
+                            WHEN excluded.vsum IS NULL THEN vsum ELSE vsum + excluded.vsum END,
+                first_step = min(first_step, excluded.first_step),
+                last_value = CASE WHEN excluded.last_step > last_step THEN excluded.last_value
+                                  ELSE last_value END,
+                last_step = max(last_step, excluded.last_step)
+            """,
+            upserts,
+        )
 
     def _refresh_rollups(self, run_id: int, key: str, lo: int, hi: int) -> None:
         """Recompute, from the level below, every rollup bucket that overlaps steps [lo, hi].

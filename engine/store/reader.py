@@ -107,12 +107,18 @@ class StoreReader:
         return RunRow(*r[:13], health_reasons=reasons, model=r[14], backend=r[15])
 
     def metric_keys(self, run_id: int) -> list[str]:
-        """Distinct keys of a run, read from the coarsest rollup level (a few rows per key)."""
-        level = ROLLUP_LEVELS[-1]
-        rows = self.conn.execute(
-            "SELECT DISTINCT key FROM rollups WHERE run_id=? AND level=? ORDER BY key", (run_id, level)
-        ).fetchall()
-        return [r[0] for r in rows]
+        """Distinct keys of a run: one primary-key seek per key (a skip scan), so the cost does
+        not grow with the number of rows."""
+        keys: list[str] = []
+        key = ""
+        while True:
+            row = self.conn.execute(
+                "SELECT min(key) FROM rollups WHERE run_id=? AND key>?", (run_id, key)
+            ).fetchone()
+            if row[0] is None:
+                return keys
+            key = row[0]
+            keys.append(key)
 
     def count_points(self, run_id: int, key: str) -> int:
         row = self.conn.execute(
@@ -123,7 +129,7 @@ class StoreReader:
 
     # -- series ----------------------------------------------------------------------------
 
-    def series(self, run_id: int, key: str, *, max_points: int = 4096) -> Series:
+    def series(self, run_id: int, key: str, *, max_points: int = 2048) -> Series:
         """A series with at most about `max_points` buckets, from raw rows or a rollup level."""
         n = self.count_points(run_id, key)
         if n == 0:
@@ -132,8 +138,8 @@ class StoreReader:
             rows = self.conn.execute(
                 "SELECT step, value FROM metrics WHERE run_id=? AND key=? ORDER BY step", (run_id, key)
             ).fetchall()
-            steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-            values = np.array([np.nan if r[1] is None else r[1] for r in rows], dtype=np.float64)
+            arr = np.array(rows, dtype=object).astype(np.float64)
+            steps, values = arr[:, 0].astype(np.int64), arr[:, 1]
             return Series(steps, steps.copy(), values, values.copy(), values.copy(), 1,
                           _last_finite(values), int(steps[-1]))  # fmt: skip
         level = next((lv for lv in ROLLUP_LEVELS if n / lv <= max_points), ROLLUP_LEVELS[-1])
@@ -144,7 +150,7 @@ class StoreReader:
         ).fetchall()
         return _rollup_series(rows, level)
 
-    def extend_series(self, run_id: int, key: str, series: Series, *, max_points: int = 4096) -> Series:
+    def extend_series(self, run_id: int, key: str, series: Series, *, max_points: int = 2048) -> Series:
         """`series` with the rows that arrived since it was read (its last bucket re-read).
 
         Costs an index range scan over the new rows only; when the series has outgrown
@@ -294,7 +300,7 @@ def _last_finite(values: np.ndarray) -> float | None:
 
 
 def _rollup_series(rows: list[tuple[Any, ...]], level: int) -> Series:
-    arr = np.array([[np.nan if v is None else v for v in r] for r in rows], dtype=np.float64)
+    arr = np.array(rows, dtype=object).astype(np.float64)  # None (all-NaN bucket) -> nan
     first, last = arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64)
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = arr[:, 4] / arr[:, 5]

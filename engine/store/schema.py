@@ -15,10 +15,10 @@ if TYPE_CHECKING:  # sqlite-utils is only needed by writers; keep this module li
 
 APPLICATION_ID = 0x4341524C  # "CARL"
 
-# Rollup levels: bucket widths in steps. A chart picks the coarsest level that still gives it
-# at least two buckets per braille dot column, so reading a 1,000,000-step series costs a few
-# thousand rows instead of a million.
-ROLLUP_LEVELS = (16, 256, 4096)
+# Rollup levels: bucket widths in steps, 4x apart. A chart reads the finest level that keeps a
+# series under about 2,000 buckets (a few per braille dot column), so drawing a 1,000,000-step
+# series costs about a thousand rows instead of a million.
+ROLLUP_LEVELS = (4, 16, 64, 256, 1024, 4096)
 
 
 def _v1(db: sqlite_utils.Database) -> None:

@@ -1,0 +1,416 @@
+"""The engine's foreground loop (`carl engine run`): follow sources, run engine commands.
+
+Every tick (about 0.25 s, less while a source has a backlog) the engine beats its heartbeat,
+claims the engine commands queued in the store, and gives each followed source one bounded,
+time-boxed ingest batch. A failure in one source or command is logged and recorded where the
+TUI can see it; it never ends the loop. SIGTERM/SIGINT/SIGHUP set a flag: the current batch
+finishes, then the engine cleans up and exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sqlite3
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from logging.handlers import RotatingFileHandler
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from engine import __version__, paths
+from engine.observe import IngestResult, ObserveError, finish_import, ingest_source, register_source
+from engine.store import Store, StoreError
+
+from .pidfile import (
+    PidRecord,
+    ensure_home,
+    log_path,
+    proc_start_time,
+    read_pidfile,
+    remove_pidfile_if,
+    take_lock,
+    write_pidfile,
+)
+
+TICK = 0.25  # seconds between ticks when every source is caught up
+BACKLOG_TICK = 0.005  # between ticks while a source still has rows waiting
+HEARTBEAT_EVERY = 2.0
+INGEST_SECONDS = 0.2  # time box of one source's batch
+RETRY_FAILED_SOURCE = 5.0  # a source that raised is retried this much later, not every tick
+TROUBLE_PAUSE = 1.0  # after a tick that failed as a whole
+
+log = logging.getLogger("carl.engine")
+
+RowHook = Callable[[Store, list[int]], None]
+# Called with the ids of runs that just received rows (for example a phase/health analyser).
+ROW_HOOKS: list[RowHook] = []
+
+
+def on_run_rows(store: Store, run_ids: list[int]) -> list[str]:
+    """Run every row hook; returns one line per hook that raised (hooks never stop the engine)."""
+    errors = []
+    for hook in list(ROW_HOOKS):
+        try:
+            hook(store, run_ids)
+        except Exception as exc:
+            errors.append(f"row hook {getattr(hook, '__name__', hook)!s}: {one_line(exc)}")
+    return errors
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc) if isinstance(exc, ObserveError | StoreError) else f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())[:300]
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+# -- engine commands -----------------------------------------------------------------------
+
+
+@dataclass
+class Observe:
+    """An `observe` command still catching up with its source."""
+
+    command_id: int
+    source_id: int
+    path: str
+    follow: bool
+    rows: int = 0
+    bad_lines: int = 0
+
+
+RESUMABLE_VERBS = {"observe"}  # safe to run again after an engine died mid-way
+
+
+def orphaned_commands(store: Store) -> list[dict[str, Any]]:
+    """Engine commands left 'running' by an engine that died (we hold the lock: none is alive)."""
+    rows = store.conn.execute(
+        "SELECT id, verb, args, run_id FROM commands WHERE target='engine' AND state='running' ORDER BY id"
+    ).fetchall()
+    return [{"id": r[0], "verb": r[1], "args": json.loads(r[2] or "{}"), "run_id": r[3]} for r in rows]
+
+
+# -- the loop ------------------------------------------------------------------------------
+
+
+class Engine:
+    def __init__(self, store: Store, home: Path, record: PidRecord) -> None:
+        self.store = store
+        self.home = home
+        self.record = record
+        self.host = socket.gethostname()
+        self.stop_signal: int | None = None  # set by the signal handler, read by the loop
+        self.observing: dict[int, Observe] = {}  # by command id
+        self.failing: dict[int, tuple[str, float]] = {}  # source id -> (error, retry at)
+        self.said: dict[str, str] = {}  # last message logged per topic, to log changes only
+        self.next_heartbeat = 0.0
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_signal is not None
+
+    def announce(self) -> None:
+        """Mark the engine row up; done before the pidfile appears, so a status check finds both."""
+        self.store.engine_heartbeat(self.record.pid, self.host, __version__, started=True)
+        self.next_heartbeat = time.monotonic() + HEARTBEAT_EVERY
+
+    def run(self) -> None:
+        self.resume_orphans()
+        while not self.stopping:
+            backlog = self.tick()
+            time.sleep(BACKLOG_TICK if backlog else TICK)
+        log.info("received %s; stopping", signal.Signals(self.stop_signal).name)
+        self.interrupt_observes()
+
+    def tick(self) -> bool:
+        """One round of work; True when some source still has a backlog."""
+        try:
+            self.heartbeat()
+            for command in self.store.claim_commands("engine"):
+                self.start_command(command)
+            return self.ingest_due()
+        except Exception as exc:  # the store itself in trouble (locked, disk full), or a bug: go on
+            message = f"engine tick failed: {one_line(exc)}"
+            if self.said.get("tick") != message:
+                self.said["tick"] = message
+                log.exception("%s", message)  # with the traceback, once per distinct failure
+            time.sleep(TROUBLE_PAUSE)
+            return False
+
+    def say(self, topic: str, level: int, message: str) -> None:
+        """Log a message unless it repeats the last one on this topic (never one line per tick)."""
+        if self.said.get(topic) != message:
+            self.said[topic] = message
+            log.log(level, "%s", message)
+
+    def heartbeat(self) -> None:
+        if time.monotonic() < self.next_heartbeat:
+            return
+        self.next_heartbeat = time.monotonic() + HEARTBEAT_EVERY
+        self.store.engine_heartbeat(self.record.pid, self.host, __version__)
+        if read_pidfile(self.home) != self.record:
+            # Someone removed or overwrote it (a status check racing a restart): put it back,
+            # the lock says this process is the engine.
+            write_pidfile(self.home, self.record)
+            log.warning("pidfile was missing or wrong; rewrote it")
+
+    # -- commands ----------------------------------------------------------------------------
+
+    def resume_orphans(self) -> None:
+        for command in orphaned_commands(self.store):
+            if command["verb"] in RESUMABLE_VERBS:
+                log.info("resuming command %d (%s) of the previous engine", command["id"], command["verb"])
+                self.start_command(command)
+            else:
+                self.finish(command["id"], False, "interrupted: the engine stopped before finishing it")
+
+    def start_command(self, command: dict[str, Any]) -> None:
+        verb = command["verb"]
+        try:
+            if verb == "observe":
+                self.start_observe(command["id"], command["args"])
+            else:
+                self.finish(command["id"], False, f"unknown engine command {verb!r} (known: observe)")
+        except Exception as exc:  # malformed arguments and the like fail the command, not the engine
+            self.finish(command["id"], False, one_line(exc))
+
+    def finish(self, command_id: int, ok: bool, result: str) -> None:
+        self.store.finish_command(command_id, ok, result)
+        log.log(logging.INFO if ok else logging.WARNING, "command %d %s: %s", command_id,
+                "done" if ok else "failed", result)  # fmt: skip
+
+    def start_observe(self, command_id: int, args: dict[str, Any]) -> None:
+        path, name = args.get("path"), args.get("name")
+        if not path or not isinstance(path, str):
+            self.finish(command_id, False, "observe needs a 'path'")
+            return
+        if name is not None and not isinstance(name, str):
+            self.finish(command_id, False, "observe: 'name' must be text")
+            return
+        follow = bool(args.get("follow", False))
+        try:
+            source_id = register_source(self.store, path, follow=follow, name=name)
+        except Exception as exc:
+            self.finish(command_id, False, one_line(exc))
+            return
+        self.failing.pop(source_id, None)  # asked for again: retry it now
+        self.observing[command_id] = Observe(command_id, source_id, path, follow)
+        verb = "following" if follow else "importing"
+        log.info("command %d: %s %s as source %d", command_id, verb, path, source_id)
+
+    def observe_progress(self, source_id: int, result: IngestResult) -> None:
+        for obs in [o for o in self.observing.values() if o.source_id == source_id]:
+            obs.rows += result.rows
+            obs.bad_lines += result.bad_lines
+            if result.caught_up:  # settled before it is forgotten, so a store error retries it
+                if not obs.follow:  # a one-off import: the source is done, its runs 'imported'
+                    finish_import(self.store, source_id)
+                self.finish(obs.command_id, True, self.describe(obs))
+                del self.observing[obs.command_id]
+
+    def observe_failed(self, source_id: int, error: str) -> None:
+        for obs in [o for o in self.observing.values() if o.source_id == source_id]:
+            self.finish(obs.command_id, False, error)
+            del self.observing[obs.command_id]
+
+    def describe(self, obs: Observe, *, so_far: str = "") -> str:
+        """e.g. "observing metrics.jsonl as run 'x' (1,234 rows)"."""
+        names = self.run_names(obs.source_id)
+        runs = ""
+        if names:
+            runs = f" as run {names[0]!r}" if len(names) == 1 else " as runs " + ", ".join(map(repr, names))
+        bad = f", {plural(obs.bad_lines, 'bad line')} skipped" if obs.bad_lines else ""
+        verb = "observing" if obs.follow else "imported"
+        return f"{verb} {Path(obs.path).name}{runs} ({plural(obs.rows, 'row')}{so_far}{bad})"
+
+    def run_names(self, source_id: int) -> list[str]:
+        """All runs of the source, also those an earlier import created (no new rows this time)."""
+        rows = self.store.conn.execute("SELECT name FROM runs WHERE source_id=? ORDER BY id", (source_id,))
+        return [r[0] for r in rows]
+
+    def interrupt_observes(self) -> None:
+        """Settle the commands still catching up when the engine stops."""
+        for obs in list(self.observing.values()):
+            if obs.follow:  # a followed source resumes from its cursor on the next start
+                result = self.describe(obs, so_far=" so far; resumes with the engine")
+                self.finish(obs.command_id, True, result)
+            else:
+                done = f"{plural(obs.rows, 'row')} of {Path(obs.path).name}"
+                result = f"interrupted after {done}: the engine stopped; observe it again"
+                self.finish(obs.command_id, False, result)
+        self.observing.clear()
+
+    # -- sources -----------------------------------------------------------------------------
+
+    def due_sources(self) -> dict[int, str]:
+        """Source id -> path: sources of running observe commands, then followed sources."""
+        due = {obs.source_id: obs.path for obs in self.observing.values()}
+        now = time.monotonic()
+        for source in self.store.followed_sources():
+            failing = self.failing.get(source["id"])
+            if source["id"] not in due and (failing is None or now >= failing[1]):
+                due[source["id"]] = source["path"]
+        return due
+
+    def ingest_due(self) -> bool:
+        backlog = False
+        for source_id, path in self.due_sources().items():
+            if self.stopping:
+                break
+            result = self.ingest(source_id, path)
+            if result is not None:
+                backlog |= not result.caught_up
+                self.observe_progress(source_id, result)
+        return backlog
+
+    def ingest(self, source_id: int, path: str) -> IngestResult | None:
+        try:
+            result = ingest_source(self.store, source_id, max_seconds=INGEST_SECONDS)
+        except Exception as exc:
+            self.source_failed(source_id, path, exc)
+            return None
+        if self.failing.pop(source_id, None):
+            log.info("source %d (%s) recovered", source_id, path)
+        if result.bad_lines:  # one line per batch, not one per bad line
+            first = f" (first: {result.problems[0]})" if result.problems else ""
+            log.warning(
+                "source %d (%s): skipped %s%s", source_id, path, plural(result.bad_lines, "bad line"), first
+            )
+        if result.rows and result.run_ids:
+            for error in on_run_rows(self.store, list(result.run_ids)):
+                self.say(f"hook {error.split(':')[0]}", logging.ERROR, error)
+        return result
+
+    def source_failed(self, source_id: int, path: str, exc: Exception) -> None:
+        error = one_line(exc)
+        previous = self.failing.get(source_id)
+        self.failing[source_id] = (error, time.monotonic() + RETRY_FAILED_SOURCE)
+        if previous is None or previous[0] != error:
+            log.warning("source %d (%s): %s", source_id, path, error)
+            if not isinstance(exc, ObserveError):  # observe records its own errors (and the state)
+                cursor = self.store.source(source_id)["cursor"]  # unchanged: the batch rolled back
+                self.store.save_source_progress(source_id, cursor, error=error)
+        self.observe_failed(source_id, error)
+
+
+# -- process lifecycle ---------------------------------------------------------------------
+
+
+def run_engine(home: Path | None = None) -> int:
+    """Run the engine in the foreground until signalled; returns the process exit code.
+
+    0: stopped cleanly, or another engine already holds this $CARL_HOME; 2: the store cannot
+    be opened (corrupt, foreign or too new); 1: an unexpected crash (logged with its traceback).
+    """
+    home = ensure_home(home)
+    paths.logs_dir(home)  # creates it
+    with _logging_to(log_path(home)):
+        try:
+            return _run(home)
+        except Exception:
+            log.exception("engine crashed")
+            return 1
+
+
+def _run(home: Path) -> int:
+    lock = take_lock(home)
+    if lock is None:
+        other = read_pidfile(home)
+        log.info("engine already running (pid %s)", other.pid if other else "unknown")
+        return 0
+    try:
+        try:
+            store = Store(paths.db_path(home))
+        except (StoreError, sqlite3.DatabaseError) as exc:
+            log.error("cannot open the store: %s", " ".join(str(exc).split()))
+            return 2
+        pid = os.getpid()
+        record = PidRecord(pid, time.time(), proc_start_time(pid))
+        engine = Engine(store, home, record)
+        with _stop_on_signals(engine):
+            try:
+                engine.announce()
+                write_pidfile(home, record)
+                log.info("engine started (pid %d, version %s, home %s)", pid, __version__, home)
+                engine.run()
+                # Only a clean stop says 'stopped'; a crash leaves 'up' with a heartbeat going stale.
+                store.engine_stopped(pid)
+            finally:
+                remove_pidfile_if(home, record)
+                store.close()
+        log.info("engine stopped (pid %d)", pid)
+        return 0
+    finally:
+        os.close(lock)  # released last, so a new engine never sees our leftovers
+
+
+@contextmanager
+def _stop_on_signals(engine: Engine) -> Iterator[None]:
+    """SIGTERM/SIGINT/SIGHUP only set a flag: never raise inside a store transaction."""
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        engine.stop_signal = signum
+
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, request_stop) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+# -- logging -------------------------------------------------------------------------------
+
+
+class EngineLogFile(RotatingFileHandler):
+    """engine.log, rotated at 5 MB x 3. A detached engine's stdout/stderr point at the log
+    (start_engine sets that up); after a rollover they follow it, so a stray traceback lands
+    in the current file rather than in engine.log.1."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, maxBytes=5 * 1024 * 1024, backupCount=3, encoding="utf-8")
+
+    def doRollover(self) -> None:
+        follow = [fd for fd in (1, 2) if _same_file(fd, self.baseFilename)]
+        super().doRollover()
+        if self.stream is not None:
+            for fd in follow:
+                os.dup2(self.stream.fileno(), fd)
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+@contextmanager
+def _logging_to(path: Path) -> Iterator[None]:
+    handlers: list[logging.Handler] = [EngineLogFile(path)]
+    if sys.stderr is not None and sys.stderr.isatty():  # `carl engine run` in a terminal: show it too
+        handlers.append(logging.StreamHandler(sys.stderr))
+    formatter = logging.Formatter("%(asctime)s %(levelname)s [engine %(process)d] %(message)s")
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            log.removeHandler(handler)
+            handler.close()
