@@ -26,6 +26,7 @@ from types import FrameType
 from typing import Any
 
 from engine import __version__, paths
+from engine.coherence.analysis import analyze_runs
 from engine.observe import IngestResult, ObserveError, finish_import, ingest_source, register_source
 from engine.store import Store, StoreError
 
@@ -46,6 +47,8 @@ HEARTBEAT_EVERY = 2.0
 INGEST_SECONDS = 0.2  # time box of one source's batch
 RETRY_FAILED_SOURCE = 5.0  # a source that raised is retried this much later, not every tick
 TROUBLE_PAUSE = 1.0  # after a tick that failed as a whole
+ANALYZE_EVERY = 1.0  # phase/health of runs that received rows, at most this often
+RECHECK_RUNNING_EVERY = 30.0  # running runs are re-checked for silence even without rows
 
 log = logging.getLogger("carl.engine")
 
@@ -114,6 +117,9 @@ class Engine:
         self.failing: dict[int, tuple[str, float]] = {}  # source id -> (error, retry at)
         self.said: dict[str, str] = {}  # last message logged per topic, to log changes only
         self.next_heartbeat = 0.0
+        self.dirty_runs: set[int] = set()  # runs with rows not yet analysed
+        self.next_analysis = 0.0
+        self.next_recheck = 0.0
 
     @property
     def stopping(self) -> bool:
@@ -138,7 +144,9 @@ class Engine:
             self.heartbeat()
             for command in self.store.claim_commands("engine"):
                 self.start_command(command)
-            return self.ingest_due()
+            backlog = self.ingest_due()
+            self.analyze_due()
+            return backlog
         except Exception as exc:  # the store itself in trouble (locked, disk full), or a bug: go on
             message = f"engine tick failed: {one_line(exc)}"
             if self.said.get("tick") != message:
@@ -163,6 +171,20 @@ class Engine:
             # the lock says this process is the engine.
             write_pidfile(self.home, self.record)
             log.warning("pidfile was missing or wrong; rewrote it")
+
+    def analyze_due(self) -> None:
+        """Phase and health of runs that received rows, and of running runs gone quiet."""
+        now = time.monotonic()
+        if now >= self.next_recheck:
+            self.next_recheck = now + RECHECK_RUNNING_EVERY
+            running = self.store.conn.execute("SELECT id FROM runs WHERE status='running'").fetchall()
+            self.dirty_runs.update(r[0] for r in running)
+        if not self.dirty_runs or now < self.next_analysis:
+            return
+        self.next_analysis = now + ANALYZE_EVERY
+        runs, self.dirty_runs = sorted(self.dirty_runs), set()
+        with self.store.transaction():
+            analyze_runs(self.store.conn, runs)
 
     # -- commands ----------------------------------------------------------------------------
 
@@ -287,6 +309,7 @@ class Engine:
                 "source %d (%s): skipped %s%s", source_id, path, plural(result.bad_lines, "bad line"), first
             )
         if result.rows and result.run_ids:
+            self.dirty_runs.update(result.run_ids)
             for error in on_run_rows(self.store, list(result.run_ids)):
                 self.say(f"hook {error.split(':')[0]}", logging.ERROR, error)
         return result

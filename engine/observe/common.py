@@ -1,0 +1,155 @@
+"""What the three source readers share: the error, the result, the time box and run lookup."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.store import Store
+
+MAX_PROBLEMS = 20  # problems reported per result; the counts stay exact
+
+
+from engine.errors import CarlError  # noqa: E402  (the base of one-line user errors)
+
+
+class ObserveError(CarlError):
+    """A one-line, user-facing message naming the path (and line or field) that is wrong.
+
+    `transient` is True for trouble that may pass (a file missing mid-rotation, a database
+    locked, a JSON file caught mid-rewrite): a followed source stays 'following'.
+    """
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+@dataclass
+class IngestResult:
+    rows: int = 0  # metric rows added to the store (duplicates already there are not counted)
+    bad_lines: int = 0  # malformed lines (JSONL) or log entries (trainer_state) skipped
+    caught_up: bool = False  # nothing more to read right now
+    run_ids: list[int] = field(default_factory=list)  # carl runs that this batch touched
+    problems: list[str] = field(default_factory=list)  # e.g. "metrics.jsonl:17: not JSON", bounded
+    done: int = 0  # position in the source: bytes (JSONL), Trackio row ids, log entries
+    total: int | None = None  # the same unit's end, when known
+
+    def add_problem(self, text: str) -> None:
+        self.bad_lines += 1
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(text)
+
+    def merge(self, other: IngestResult) -> None:
+        """Fold a later batch into this running total."""
+        self.rows += other.rows
+        self.bad_lines += other.bad_lines
+        self.caught_up = other.caught_up
+        self.run_ids.extend(r for r in other.run_ids if r not in self.run_ids)
+        room = MAX_PROBLEMS - len(self.problems)
+        self.problems.extend(other.problems[: max(room, 0)])
+        self.done, self.total = other.done, other.total
+
+
+class WriteCost:
+    """Seconds the store takes per metric row, learnt from the batches written so far.
+
+    Reading stops early enough to leave the write its share of the time box; the cost varies
+    with the machine, its load and the batch size, so it is measured rather than assumed.
+    """
+
+    per_row = 8e-6
+
+    @classmethod
+    @contextmanager
+    def measure(cls, rows: int) -> Iterator[None]:
+        started = time.monotonic()
+        yield
+        if rows >= 1000:  # small batches are all fixed overhead
+            observed = (time.monotonic() - started) / rows
+            cls.per_row = min(max(0.7 * cls.per_row + 0.3 * observed, 1e-6), 1e-4)
+
+
+class Budget:
+    """The bound of one batch: at most `max_rows` rows and about `max_seconds`, writing included."""
+
+    def __init__(self, max_rows: int, max_seconds: float) -> None:
+        self.max_rows = max_rows
+        self.deadline = time.monotonic() + max_seconds
+        self.row_cost = WriteCost.per_row
+
+    def spent(self, rows: int) -> bool:
+        return rows >= self.max_rows or time.monotonic() + rows * self.row_cost >= self.deadline
+
+
+def number(value: Any) -> float | int | None:
+    """`value` if it is a usable number (bool is not), else None; huge ints become +-inf."""
+    kind = type(value)
+    if kind is float:
+        return value
+    if kind is int:
+        return value if -1e308 < value < 1e308 else math.copysign(math.inf, value)
+    return None
+
+
+def as_step(value: Any) -> int | None:
+    """An integral step that SQLite can store, or None."""
+    kind = type(value)
+    if kind is float and value.is_integer():
+        value = int(value)
+    elif kind is not int:
+        return None
+    return value if -(2**63) < value < 2**63 else None
+
+
+# -- runs of a source ------------------------------------------------------------------------
+
+
+@dataclass
+class RunInfo:
+    id: int
+    vocab_size: int | None
+    status: str
+
+
+def find_run(store: Store, source_id: int, external_id: str = "") -> RunInfo | None:
+    row = store.conn.execute(
+        "SELECT id, vocab_size, status FROM runs WHERE source_id=? AND external_id=? ORDER BY id LIMIT 1",
+        (source_id, external_id),
+    ).fetchone()
+    return None if row is None else RunInfo(int(row[0]), row[1], row[2])
+
+
+def ensure_run(
+    store: Store, source: dict[str, Any], name: str, *, external_id: str = "", **fields: Any
+) -> RunInfo:
+    """The carl run for (source, external id), created on first sight.
+
+    Call inside the batch's transaction, so a run never exists without the cursor that made it.
+    """
+    found = find_run(store, source["id"], external_id)
+    if found is not None:
+        return found
+    run_id = store.create_run(
+        name,
+        source_kind=source["kind"],
+        source_path=source["path"],
+        source_id=source["id"],
+        external_id=external_id,
+        status="running",
+        **fields,
+    )
+    return RunInfo(run_id, fields.get("vocab_size"), "running")
+
+
+def source_run_ids(store: Store, source_id: int) -> list[int]:
+    rows = store.conn.execute("SELECT id FROM runs WHERE source_id=? ORDER BY id", (source_id,))
+    return [int(r[0]) for r in rows]
+
+
+def valid_vocab(value: Any) -> int | None:
+    return value if type(value) is int and value >= 2 else None

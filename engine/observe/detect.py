@@ -1,0 +1,68 @@
+"""Which of the three formats a path holds, told from its name and first bytes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import trackio, trainer_state
+from .common import ObserveError
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+JSONL_SUFFIXES = {".jsonl", ".ndjson", ".jsonlines"}
+SNIFF_BYTES = 64 * 1024
+MAX_STATE_BYTES = 256 * 1024 * 1024  # a JSON file read whole to look for log_history
+
+
+def detect_kind(path: str | Path) -> str:
+    """'trackio' | 'trainer_state' | 'jsonl'; ObserveError for a missing, unreadable or unknown path."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise ObserveError(f"{path}: no such file or directory")
+    if path.is_dir():
+        if trainer_state.resolve(path) is not None:
+            return "trainer_state"
+        raise ObserveError(
+            f"{path}: a directory with no trainer_state.json (nor checkpoint-*/trainer_state.json)"
+        )
+    try:
+        with open(path, "rb") as f:
+            head = f.read(SNIFF_BYTES)
+    except OSError as exc:
+        raise ObserveError(f"{path}: cannot read it ({exc.strerror})") from None
+    # A name that says what the file is wins over sniffing: a .jsonl file full of garbage is a
+    # JSONL log with malformed lines, reported line by line.
+    if path.name == trainer_state.FILE_NAME:
+        return "trainer_state"
+    if path.suffix.lower() in JSONL_SUFFIXES:
+        return "jsonl"  # even empty: a log that is about to be written
+    if head.startswith(SQLITE_HEADER):
+        trackio.check(path)
+        return "trackio"
+    if not head.strip():
+        raise ObserveError(f"{path}: the file is empty, so its format cannot be told (name it .jsonl)")
+    if _first_line_is_object(head):
+        return "jsonl"
+    if head.lstrip().startswith(b"{") and _has_log_history(path):
+        return "trainer_state"
+    raise ObserveError(
+        f"{path}: not a Trackio project database, a trainer_state.json or a JSONL metrics file"
+    )
+
+
+def _first_line_is_object(head: bytes) -> bool:
+    line = next((x for x in head.split(b"\n") if x.strip()), b"")
+    try:
+        return isinstance(json.loads(line), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
+def _has_log_history(path: Path) -> bool:
+    try:
+        if path.stat().st_size > MAX_STATE_BYTES:
+            return False
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("log_history"), list)
