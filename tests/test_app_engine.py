@@ -1,0 +1,61 @@
+"""The control room with the real engine daemon: it starts the engine, shows its state, keeps
+showing the store while the engine is gone, and shows a followed source's error in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from carl_tui.app import ControlRoom
+from engine.daemon import engine_status, stop_engine
+from widgets.status_bar import StatusBar
+
+
+def status_text(app: ControlRoom) -> str:
+    bar = app.query_one(StatusBar)
+    return bar.render_info(bar.info).plain
+
+
+async def until(pilot: object, predicate, timeout: float = 30.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await pilot.pause(0.1)  # type: ignore[attr-defined]
+    raise AssertionError("condition not met in time")
+
+
+async def test_tui_starts_the_engine_and_survives_its_death(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    log = tmp_path / "train.jsonl"
+    log.write_text("".join(json.dumps({"step": s, "loss": 1.0, "phi": 0.5}) + "\n" for s in range(5)))
+    app = ControlRoom(home)
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await until(pilot, lambda: "engine ● up" in status_text(app))
+            first_pid = engine_status(home).pid
+            # Observe a followed source through the dialog; the engine imports it.
+            await pilot.press("o")
+            app.screen.query_one("#observe-path").value = str(log)
+            await pilot.press("enter")
+            await until(pilot, lambda: app.view is not None and app.view.run.last_step == 4)
+            # kill -9 the engine: the TUI keeps the run on screen and brings the engine back.
+            os.kill(first_pid, signal.SIGKILL)
+            await until(pilot, lambda: engine_status(home).pid not in (None, first_pid), timeout=40)
+            assert "train" in status_text(app)
+            await until(pilot, lambda: "engine ● up" in status_text(app))
+            with log.open("a") as f:
+                f.write(json.dumps({"step": 5, "loss": 0.9, "phi": 0.6}) + "\n")
+            await until(pilot, lambda: app.view is not None and app.view.run.last_step == 5)
+            # The source becomes unreadable: one line in the status bar, the run stays.
+            log.write_bytes(b"")
+            os.chmod(log, 0)
+            log.unlink()
+            await until(pilot, lambda: "train.jsonl" in status_text(app) and "✕" in status_text(app))
+            assert app.view is not None and app.view.run.last_step == 5
+    finally:
+        stop_engine(home)

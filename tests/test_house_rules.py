@@ -1,0 +1,43 @@
+"""The two rules of DESIGN.md, enforced: the engine is headless, and the TUI stays light."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("torch", "transformers", "trl", "peft", "mlx", "anthropic", "sqlite_utils", "pandas")
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_engine_never_imports_the_tui() -> None:
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(bad)
+        for path in (ROOT / "engine").rglob("*.py")
+        if (bad := imported_modules(path) & {"textual", "widgets", "carl_tui", "themes"})
+    }
+    assert offenders == {}
+
+
+def test_the_tui_imports_nothing_heavy() -> None:
+    code = (
+        "import json, sys\n"
+        "import carl_tui, carl_tui.app, carl_tui.cli, widgets, widgets.chart, themes\n"
+        "from engine.daemon import engine_status\n"
+        f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert json.loads(out.stdout) == []
