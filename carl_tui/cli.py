@@ -54,7 +54,7 @@ def tui_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-engine", action="store_true", help="do not start the engine daemon")
     parser.add_argument("--demo", action="store_true",
                         help="start the built-in demo training run (if none is live) and watch it")  # fmt: skip
-    parser.add_argument("--demo-steps", type=int, default=300, help="GRPO steps of the demo run")
+    parser.add_argument("--demo-steps", type=int, default=2000, help="GRPO steps of the demo run")
     args = parser.parse_args(argv)
     return _guard(_run_tui, args)
 
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     runs.set_defaults(fn=_runs)
 
     demo = sub.add_parser("demo", help="start the built-in demo training run and observe it")
-    demo.add_argument("--steps", type=int, default=300)
+    demo.add_argument("--steps", type=int, default=2000)
     demo.set_defaults(fn=lambda a: _start_demo(_home(a), a.steps) or 0)
 
     args = parser.parse_args(argv)
