@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
@@ -24,6 +25,9 @@ from textual.widgets import Footer, Input, OptionList
 from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
 
+if TYPE_CHECKING:
+    from .screens import ObserveRequest
+
 from engine import paths
 from engine.store import RunRow
 from themes import STYLESHEET, THEME_NAMES, THEMES
@@ -35,7 +39,6 @@ from widgets.status_bar import StatusBar, StatusInfo
 from .config import ConfigError, TuiConfig, load_config, save_config
 from .model import RunView, Snapshot, StoreWatcher, run_state
 from .panes import draw_phi, draw_rewards, reward_colors
-from .screens import HelpScreen, ObserveRequest, ObserveScreen
 
 PANES = ("phi", "rewards", "trajectories", "agents")
 
@@ -281,7 +284,7 @@ class ControlRoom(App[None]):
         colors = reward_colors(self.query_one("#reward-chart", Chart), len(view.reward_names))
         rewards_pane = self.query_one("#rewards-pane")
         rewards_pane.border_title = draw_rewards(self.query_one("#reward-chart", Chart), view, colors)
-        bars = [(name, view.latest(f"rewards/{name}/mean")) for name in view.reward_names]
+        bars = [(_short(name), view.latest(f"rewards/{name}/mean")) for name in view.reward_names]
         if "reward" in view.series:
             bars.append(("total", view.latest("reward")))
         self.query_one(RewardBars).set_values(bars, colors + ([""] if "reward" in view.series else []))
@@ -322,6 +325,8 @@ class ControlRoom(App[None]):
         rows += [("↑ ↓ / j k", "Move in the run list (the panes follow)"), ("tab", "Next pane"),
                  ("ctrl+p", "Command palette: themes, chart mode, engine, observe")]  # fmt: skip
         extra = f"Store: {paths.db_path(self.home)}\nConfig: {self.home / 'tui.toml'}"
+        from .screens import HelpScreen  # modal screens load on first use, not at start-up
+
         self.push_screen(HelpScreen(rows, extra))
 
     def action_filter(self) -> None:
@@ -363,7 +368,7 @@ class ControlRoom(App[None]):
 
     def _theme_changed(self, theme: Theme) -> None:
         if theme.name in THEME_NAMES and theme.name != self.config.theme:
-            self.config = self.config.model_copy(update={"theme": theme.name})
+            self.config = self.config.replace(theme=theme.name)
             self._save_config()
         self._draw_view()  # reward bar colours come from the theme
         self.query_one(StatusBar).info = StatusInfo()  # force the status line to recolour
@@ -371,7 +376,7 @@ class ControlRoom(App[None]):
 
     def action_toggle_chart_mode(self) -> None:
         mode = "block" if self.config.chart_mode == "braille" else "braille"
-        self.config = self.config.model_copy(update={"chart_mode": mode})
+        self.config = self.config.replace(chart_mode=mode)
         self._save_config()
         self._apply_chart_mode()
 
@@ -387,9 +392,11 @@ class ControlRoom(App[None]):
         if self.readonly:
             self.notify("read-only session: observing a source writes to the store", severity="warning")
             return
+        from .screens import ObserveScreen
+
         self.push_screen(ObserveScreen(validate=_observe_problem), self._observe_chosen)
 
-    def _observe_chosen(self, request: ObserveRequest | None) -> None:
+    def _observe_chosen(self, request: ObserveRequest | None) -> None:  # noqa: F821
         if request is None:
             return
         from engine.store import connect, insert_command
@@ -430,6 +437,11 @@ class ControlRoom(App[None]):
     def _start_engine_now(self) -> None:
         self.auto_engine = True
         self.supervise_engine()
+
+
+def _short(reward_name: str) -> str:
+    """TRL names reward keys after the function: `format_reward` reads better as `format`."""
+    return reward_name.removesuffix("_reward") or reward_name
 
 
 def _observe_problem(path: str) -> str | None:

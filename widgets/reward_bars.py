@@ -42,9 +42,10 @@ class RewardBars(Widget):
     def set_values(self, values: list[tuple[str, float | None]], colors: list[str] | None = None) -> None:
         if values == self._values and (colors or []) == self._colors:
             return
+        relayout = len(values) != len(self._values)  # only a new row count changes the height
         self._values = values
         self._colors = colors or []
-        self.refresh(layout=True)
+        self.refresh(layout=relayout)
 
     def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001
         return max(1, len(self._values))
