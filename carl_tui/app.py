@@ -21,11 +21,13 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
 from textual.theme import Theme
-from textual.widgets import Footer, Input, OptionList
+from textual.widgets import Footer, OptionList
 from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
 
 if TYPE_CHECKING:
+    from textual.widgets import Input
+
     from .screens import ObserveRequest
 
 from engine import paths
@@ -123,7 +125,6 @@ class ControlRoom(App[None]):
         with Horizontal(id="body"):
             with Vertical(id="runs-pane") as runs:
                 runs.border_title = "Runs"
-                yield Input(placeholder="filter (regex)", id="run-filter")
                 yield RunList(id="run-list")
             with Vertical(id="main"):
                 with Vertical(id="phi-pane", classes="pane") as phi:
@@ -146,14 +147,13 @@ class ControlRoom(App[None]):
         self.query_one("#phi-chart", Chart).empty_text = "no Φ data yet"
         self.query_one("#reward-chart", Chart).empty_text = "no reward data yet"
         self._apply_chart_mode()
-        self.query_one("#run-filter", Input).display = False
         self.query_one("#run-list", RunList).focus()
         if self.config_error:
             self.notify(self.config_error, title="config", severity="error", timeout=10)
         self._update_status()
         self.theme_changed_signal.subscribe(self, self._theme_changed)
         self.watch_store()
-        self.supervise_engine()
+        self.call_after_refresh(self.supervise_engine)  # after the first paint: it is not urgent
 
     # -- workers ---------------------------------------------------------------------------
 
@@ -329,23 +329,32 @@ class ControlRoom(App[None]):
 
         self.push_screen(HelpScreen(rows, extra))
 
+    def _filter_box(self) -> Input | None:
+        boxes = self.query("#run-filter")
+        return boxes.first() if boxes else None  # type: ignore[return-value]
+
     def action_filter(self) -> None:
-        box = self.query_one("#run-filter", Input)
+        box = self._filter_box()
+        if box is None:
+            from textual.widgets import Input  # mounted on first use: one widget less at start-up
+
+            box = Input(placeholder="filter (regex)", id="run-filter")
+            self.query_one("#runs-pane").mount(box, before=0)
         box.display = True
         box.focus()
 
-    @on(Input.Changed, "#run-filter")
-    def _filter_changed(self, event: Input.Changed) -> None:
-        self.filter_text = event.value
-        self._fill_run_list()
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "run-filter":
+            self.filter_text = event.value
+            self._fill_run_list()
 
-    @on(Input.Submitted, "#run-filter")
-    def _filter_submitted(self) -> None:
-        self.query_one("#run-list", RunList).focus()
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "run-filter":
+            self.query_one("#run-list", RunList).focus()
 
     def action_escape(self) -> None:
-        box = self.query_one("#run-filter", Input)
-        if box.display:
+        box = self._filter_box()
+        if box is not None and box.display:
             box.value = ""
             box.display = False
             self.query_one("#run-list", RunList).focus()
