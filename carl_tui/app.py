@@ -62,8 +62,8 @@ class RunList(OptionList):
     """Runs, newest last; `j`/`k` move like the arrows, and the panes follow the highlight."""
 
     BINDINGS = [
-        Binding("j", "cursor_down", "Down", show=False),
-        Binding("k", "cursor_up", "Up", show=False),
+        Binding("j", "cursor_down", "Next run", show=False),
+        Binding("k", "cursor_up", "Previous run", show=False),
     ]
 
 
@@ -75,13 +75,13 @@ class ControlRoom(App[None]):
         Binding("question_mark,f1", "help", "Help", key_display="?"),
         Binding("slash", "filter", "Filter runs", key_display="/"),
         Binding("o", "observe", "Observe"),
-        Binding("t", "next_theme", "Theme"),
-        Binding("b", "toggle_chart_mode", "Braille/block", show=False),
-        Binding("1", "maximize('phi')", "Phi pane", show=False),
-        Binding("2", "maximize('rewards')", "Rewards pane", show=False),
-        Binding("3", "maximize('trajectories')", "Trajectories pane", show=False),
-        Binding("4", "maximize('agents')", "Agents pane", show=False),
-        Binding("escape", "escape", "Back", show=False),
+        Binding("t", "next_theme", "Theme", tooltip="Next theme (remembered)"),
+        Binding("b", "toggle_chart_mode", "Braille or block charts", show=False),
+        Binding("1", "maximize('phi')", "Maximize the Φ pane (again: restore)", show=False),
+        Binding("2", "maximize('rewards')", "Maximize the Rewards pane", show=False),
+        Binding("3", "maximize('trajectories')", "Maximize the Trajectories pane", show=False),
+        Binding("4", "maximize('agents')", "Maximize the Agents pane", show=False),
+        Binding("escape", "escape", "Close the filter / restore panes", show=False),
         Binding("q", "quit", "Quit"),
     ]
 
@@ -298,7 +298,7 @@ class ControlRoom(App[None]):
             state=run_state(run) if run else None,
             step=run.last_step if run else None,
             max_steps=run.max_steps if run else None,
-            eta_s=view.eta_s if view else None,
+            eta_s=view.eta_s if view and run_state(view.run) == "live" else None,
             phase=run.phase if run else None,
             health=run.health if run else None,
             health_reason=reason if run and run.health != "green" else None,
@@ -315,19 +315,48 @@ class ControlRoom(App[None]):
     # -- actions ---------------------------------------------------------------------------
 
     def action_help(self) -> None:
-        rows: list[tuple[str, str]] = []
-        seen: set[str] = set()
-        for active in self.screen.active_bindings.values():
-            binding = active.binding
-            if binding.description and binding.description not in seen:
-                seen.add(binding.description)
-                rows.append((binding.key_display or self.get_key_display(binding), binding.description))
-        rows += [("↑ ↓ / j k", "Move in the run list (the panes follow)"), ("tab", "Next pane"),
-                 ("ctrl+p", "Command palette: themes, chart mode, engine, observe")]  # fmt: skip
+        """Keys from the same binding tables that drive the footer: the control room's own first,
+        then those of the widget that has focus, then Textual's app-wide ones."""
+        active = self.screen.active_bindings
+        own = {b.action for b in self._bindings_of(type(self))}
+        rows: list[tuple[str, str]] = [("", "Control room")]
+        for binding in self._bindings_of(type(self)):
+            rows.append((binding.key_display or self._keys_of(binding.key), binding.description))
+        rows.append(("", "Here"))
+        seen = {d for _, d in rows}
+        for entry in active.values():
+            b = entry.binding
+            if b.description and b.description not in seen and b.action not in own and entry.node is not self:
+                seen.add(b.description)
+                rows.append((self.get_key_display(b), b.description))
+        rows.append(("", "Everywhere"))
+        rows += [
+            ("ctrl+p", "Command palette: themes, chart mode, observe, engine, panes"),
+            ("tab", "Next pane"),
+        ]
+        for entry in active.values():
+            b = entry.binding
+            if (
+                b.description
+                and b.description not in seen
+                and entry.node is self
+                and b.action != "command_palette"
+            ):
+                seen.add(b.description)
+                rows.append((self.get_key_display(b), b.description))
         extra = f"Store: {paths.db_path(self.home)}\nConfig: {self.home / 'tui.toml'}"
         from .screens import HelpScreen  # modal screens load on first use, not at start-up
 
         self.push_screen(HelpScreen(rows, extra))
+
+    @staticmethod
+    def _bindings_of(cls: type) -> list[Binding]:
+        return [b for b in cls.BINDINGS if isinstance(b, Binding) and b.description]
+
+    @staticmethod
+    def _keys_of(keys: str) -> str:
+        names = {"question_mark": "?", "slash": "/", "escape": "esc"}
+        return " / ".join(names.get(k.strip(), k.strip()) for k in keys.split(","))
 
     def _filter_box(self) -> Input | None:
         boxes = self.query("#run-filter")

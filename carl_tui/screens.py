@@ -18,7 +18,10 @@ def bindings_table(rows: list[tuple[str, str]]) -> Table:
     table.add_column(style="bold", no_wrap=True)
     table.add_column()
     for key, description in rows:
-        table.add_row(key, description)
+        if key:
+            table.add_row(key, description)
+        else:  # a section header
+            table.add_row(Text(description, style="bold underline"), "")
     return table
 
 
