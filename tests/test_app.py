@@ -8,10 +8,10 @@ import asyncio
 import math
 import sqlite3
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support import status_text, until
 
 from carl_tui.app import ControlRoom, RunList
 from carl_tui.config import load_config
@@ -19,7 +19,6 @@ from engine.store import SCHEMA_VERSION, Store
 from widgets.activity import AGENTS_EMPTY, TRAJECTORIES_EMPTY
 from widgets.chart import Chart
 from widgets.reward_bars import RewardBars
-from widgets.status_bar import StatusBar
 
 V = 512
 
@@ -47,19 +46,6 @@ def home(tmp_path: Path) -> Path:
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     return home
-
-
-async def until(pilot: object, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await pilot.pause(0.05)  # type: ignore[attr-defined]
-    raise AssertionError("condition not met in time")
-
-
-def status_text(app: ControlRoom) -> str:
-    return app.query_one(StatusBar).render_info(app.query_one(StatusBar).info).plain
 
 
 def chart_text(chart: Chart) -> str:

@@ -6,26 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
+
+from support import status_text, until
 
 from carl_tui.app import ControlRoom
 from engine.daemon import engine_status, stop_engine
-from widgets.status_bar import StatusBar
-
-
-def status_text(app: ControlRoom) -> str:
-    bar = app.query_one(StatusBar)
-    return bar.render_info(bar.info).plain
-
-
-async def until(pilot: object, predicate, timeout: float = 30.0) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await pilot.pause(0.1)  # type: ignore[attr-defined]
-    raise AssertionError("condition not met in time")
 
 
 async def test_tui_starts_the_engine_and_survives_its_death(tmp_path: Path) -> None:

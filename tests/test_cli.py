@@ -49,7 +49,9 @@ def test_observe_imports_a_jsonl_and_lists_it(home: Path, tmp_path: Path) -> Non
         (["observe", "__FOREIGN__"], "not"),
     ],
 )
-def test_bad_input_is_one_line_without_traceback(home: Path, tmp_path: Path, args: list[str], message: str) -> None:
+def test_bad_input_is_one_line_without_traceback(
+    home: Path, tmp_path: Path, args: list[str], message: str
+) -> None:
     foreign = tmp_path / "photo.bin"
     foreign.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 10)
     args = [str(foreign) if a == "__FOREIGN__" else a for a in args]
@@ -69,7 +71,11 @@ def test_a_newer_store_is_refused_in_one_line(home: Path) -> None:
     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
     conn.close()
     result = carl(home, "runs")
-    assert result.returncode == 2 and "newer than this carl-tui" in result.stderr and "Traceback" not in result.stderr
+    assert (
+        result.returncode == 2
+        and "newer than this carl-tui" in result.stderr
+        and "Traceback" not in result.stderr
+    )
 
 
 def test_engine_lifecycle_and_followed_observe(home: Path, tmp_path: Path) -> None:

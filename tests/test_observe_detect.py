@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from engine.observe import ObserveError, detect_kind, ingest_source, observe, register_source
 from engine.store import Store
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    with Store(tmp_path / "carl.db") as s:
-        yield s
 
 
 def state_json(entries: list[dict]) -> str:

@@ -14,25 +14,13 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import series
 
 from engine.observe import ObserveError, ingest_source, observe, register_source
 from engine.observe import jsonl as jsonl_module
 from engine.store import Store, StoreReader
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    with Store(tmp_path / "carl.db") as s:
-        yield s
-
-
-def series(store: Store, run_id: int, key: str) -> dict[int, float | None]:
-    rows = store.conn.execute(
-        "SELECT step, value FROM metrics WHERE run_id=? AND key=? ORDER BY step", (run_id, key)
-    )
-    return dict(rows.fetchall())
 
 
 def keys(store: Store, run_id: int) -> set[str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from support import series
 
 from engine.observe import ObserveError, detect_kind, ingest_source, observe, register_source
 from engine.store import Store
@@ -71,19 +72,6 @@ def two_runs(trackio: ModuleType) -> Path:
     trackio.log({"train/loss": 9.0, "train/global_step": 1})
     trackio.finish()
     return db_path(trackio, project)
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    with Store(tmp_path / "carl.db") as s:
-        yield s
-
-
-def series(store: Store, run_id: int, key: str) -> dict[int, float | None]:
-    rows = store.conn.execute(
-        "SELECT step, value FROM metrics WHERE run_id=? AND key=? ORDER BY step", (run_id, key)
-    )
-    return dict(rows.fetchall())
 
 
 def run_by_name(store: Store, name: str) -> dict:

@@ -7,11 +7,11 @@ import math
 import os
 import shutil
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support import series
 
 from engine.observe import ObserveError, detect_kind, ingest_source, observe
 from engine.store import Store
@@ -60,19 +60,6 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
     trainer.train()
     trainer.save_state()
     return Trained(output_dir, Path(SQLiteStorage.get_project_db_path(PROJECT)))
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    with Store(tmp_path / "carl.db") as s:
-        yield s
-
-
-def series(store: Store, run_id: int, key: str) -> dict[int, float | None]:
-    rows = store.conn.execute(
-        "SELECT step, value FROM metrics WHERE run_id=? AND key=? ORDER BY step", (run_id, key)
-    )
-    return dict(rows.fetchall())
 
 
 def expected(history: list[dict], key: str) -> dict[int, float]:

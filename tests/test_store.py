@@ -18,13 +18,6 @@ from engine.store import ROLLUP_LEVELS, SCHEMA_VERSION, Store, StoreError, Store
 from engine.store.schema import APPLICATION_ID
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    s = Store(tmp_path / "carl.db")
-    yield s
-    s.close()
-
-
 def test_new_store_is_wal_versioned_and_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CARL_HOME", str(tmp_path / "home"))
     home = paths.carl_home()
