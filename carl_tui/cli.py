@@ -213,10 +213,17 @@ class _LazyProgress:
         if self.progress is None:
             if time.monotonic() - self.started < self.delay or not sys.stderr.isatty():
                 return
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import (
+                BarColumn,
+                Progress,
+                TaskProgressColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,  # fmt: skip
+            )
 
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), transient=True)  # fmt: skip
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                                     TimeElapsedColumn(), TimeRemainingColumn(), transient=True)  # fmt: skip
             self.progress.start()
             self.task = self.progress.add_task(self.label, total=total)
         self.progress.update(self.task, completed=done, total=total)
