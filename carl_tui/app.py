@@ -152,6 +152,11 @@ class ControlRoom(App[None]):
             self.notify(self.config_error, title="config", severity="error", timeout=10)
         self._update_status()
         self.theme_changed_signal.subscribe(self, self._theme_changed)
+        # The store was read while Textual started; apply it now so the first paint has the data.
+        self._prefetch.join(timeout=0.5)
+        if self._first_poll is not None:
+            self._store_updated(StoreUpdated(self._first_poll))
+            self._first_poll = None
         self.watch_store()
         self.call_after_refresh(self.supervise_engine)  # after the first paint: it is not urgent
 
@@ -165,8 +170,8 @@ class ControlRoom(App[None]):
         """Poll `PRAGMA data_version` at most `refresh_hz` times a second; post only news."""
         worker = get_current_worker()
         period = 1.0 / self.refresh_hz
-        self._prefetch.join()
-        if self._first_poll is not None:
+        self._prefetch.join()  # the watcher is not thread-safe: one poller at a time
+        if self._first_poll is not None:  # the prefetch outlived on_mount's wait
             self.post_message(StoreUpdated(self._first_poll))
         while not worker.is_cancelled:
             started = time.monotonic()

@@ -64,6 +64,9 @@ def _run_tui(args: argparse.Namespace) -> int:
     if args.demo:
         _start_demo(home, args.demo_steps)
     os.environ.setdefault("TEXTUAL_ANIMATIONS", "none")  # nothing moves unless data does
+    # The control room never multiplies matrices; without this, OpenBLAS starts a thread per
+    # core while numpy imports, which doubles numpy's share of the start-up time.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from .app import ControlRoom
 
     ControlRoom(home, readonly=args.readonly, start_engine=not args.no_engine).run()
