@@ -72,7 +72,8 @@ def draw_rewards(chart: Chart, view: RunView, colors: list[str]) -> str:
     if total is not None:
         title += f" · total {_num(total, 3)}"
     if view.reward_names:
-        title += f" · {len(view.reward_names)} functions"
+        count = len(view.reward_names)
+        title += f" · {count} function{'s' if count != 1 else ''}"
     return title
 
 
