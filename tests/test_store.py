@@ -230,3 +230,49 @@ def test_ingest_throughput_is_reasonable(store: Store) -> None:
         store.add_metrics(rid, [(s, k, 1.0, 1.0) for s in range(base, base + 5000) for k in "abcd"])
     assert store.conn.execute("SELECT count(*) FROM metrics").fetchone()[0] == 100_000
     assert time.perf_counter() - started < 60
+
+
+def test_a_version_1_store_migrates_forward_keeping_its_rows(tmp_path: Path) -> None:
+    import sqlite_utils
+
+    from engine.store.schema import MIGRATIONS
+
+    db_file = tmp_path / "carl.db"
+    conn = sqlite3.connect(db_file, isolation_level=None)
+    MIGRATIONS[0](sqlite_utils.Database(conn))  # exactly what a version-1 carl-tui created
+    conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+    conn.execute("PRAGMA user_version=1")
+    conn.execute(
+        "INSERT INTO runs (name, source_kind, status, created_at) VALUES ('old', 'jsonl', 'imported', 1)"
+    )
+    conn.close()
+    with Store(db_file) as s:
+        assert s.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION >= 2
+        assert s.run(1)["name"] == "old" and s.run(1)["error"] is None
+        s.update_run(1, error="boom", pid=42)
+        s.add_gate_states(1, [{"step": 3, "state": "closed", "threshold": 0.1, "multiplier": 0.0,
+                               "reason": "closed: 1/5 above p60=0.10 (n=5)"}])  # fmt: skip
+        s.add_event(1, 3, "gate_open", "opened")
+        s.add_event(1, 3, "gate_open", "again")  # one per (run, kind, step)
+    reader = StoreReader(db_file)
+    assert reader.gate_state(1)["reason"].startswith("closed: 1/5")
+    assert [e["detail"] for e in reader.events(1)] == ["opened"]
+    assert reader.run(1).error == "boom"
+    reader.close()
+
+
+def test_truncate_after_a_checkpoint_rebuilds_rollups(store: Store) -> None:
+    rid = store.create_run("r", source_kind="carl")
+    store.add_metrics(rid, [(s, "loss", float(s), 1.0) for s in range(100)])
+    store.add_phi_stats(rid, [{"step": s, "phi_mean": 0.5} for s in range(100)])
+    removed = store.truncate_run_after(rid, 59)
+    assert removed == 40 + 40  # loss and the mirrored phi/mean
+    store.add_metrics(rid, [(s, "loss", -1.0, 2.0) for s in range(60, 80)])  # the replayed steps
+    reader = StoreReader(store.path)
+    fresh = reader.series(rid, "loss", max_points=10)
+    raw = dict(store.conn.execute("SELECT step, value FROM metrics WHERE key='loss'").fetchall())
+    assert max(raw) == 79 and raw[60] == -1.0 and raw[59] == 59.0
+    assert fresh.vmin.min() == -1.0 and fresh.vmax.max() == 59.0 and fresh.latest_step == 79
+    rollup_n = store.conn.execute("SELECT sum(n) FROM rollups WHERE key='loss' AND level=4096").fetchone()[0]
+    assert rollup_n == 80 and store.run(rid)["last_step"] == 79
+    reader.close()

@@ -145,7 +145,8 @@ class Store:
     _RUN_FIELDS = frozenset(
         {
             "name", "status", "config", "backend", "model", "max_steps", "vocab_size", "last_step",
-            "last_update", "started_at", "ended_at", "phase", "health", "health_reasons",
+            "last_update", "started_at", "ended_at", "phase", "health", "health_reasons", "pid", "output_dir",
+            "error", "last_checkpoint", "last_checkpoint_step", "temperature",
         }
     )  # fmt: skip
 
@@ -377,6 +378,79 @@ class Store:
                     for r in rows
                 ],
             )
+
+    def add_gate_states(self, run_id: int, rows: Sequence[dict[str, Any]]) -> None:
+        """The cascade gate's state per step (state, threshold, history, above, window,
+        multiplier, reason); also mirrored as `cascade/*` metrics so it charts like the rest."""
+        if not rows:
+            return
+        now = time.time()
+        codes = {"closed": 0.0, "ramping": 1.0, "open": 2.0}
+        mirrored: list[MetricRow] = []
+        for r in rows:
+            mirrored += [(int(r["step"]), "cascade/multiplier", r.get("multiplier"), now),
+                         (int(r["step"]), "cascade/threshold", r.get("threshold"), now),
+                         (int(r["step"]), "cascade/state", codes.get(r["state"]), now)]  # fmt: skip
+        with self.transaction():
+            self.conn.executemany(
+                "INSERT OR IGNORE INTO gate_states (run_id, step, state, threshold, history, above, window,"
+                " multiplier, reason, wall_time) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                [
+                    (
+                        run_id,
+                        int(r["step"]),
+                        r["state"],
+                        r.get("threshold"),
+                        r.get("history"),
+                        r.get("above"),
+                        r.get("window"),
+                        r.get("multiplier"),
+                        r.get("reason"),
+                        now,
+                    )
+                    for r in rows
+                ],  # fmt: skip
+            )
+            self.add_metrics(run_id, mirrored)
+
+    def add_event(self, run_id: int, step: int | None, kind: str, detail: str = "") -> None:
+        """A marker for the charts and the log (gate opened, crystallization, checkpoint, ...);
+        one per (run, kind, step)."""
+        with self.transaction():
+            self.conn.execute(
+                "INSERT OR IGNORE INTO events (run_id, step, kind, detail, wall_time) VALUES (?,?,?,?,?)",
+                (run_id, step, kind, detail, time.time()),
+            )
+
+    def add_eval(self, run_id: int, passed: bool, metrics: dict[str, Any], reasons: list[str]) -> int:
+        with self.transaction():
+            cur = self.conn.execute(
+                "INSERT INTO evals (run_id, passed, metrics, reasons, created_at) VALUES (?,?,?,?,?)",
+                (run_id, int(passed), json.dumps(metrics), json.dumps(reasons), time.time()),
+            )
+            return int(cur.lastrowid)
+
+    def truncate_run_after(self, run_id: int, step: int) -> int:
+        """Forget what a run logged after `step` (a resume from the checkpoint at `step` replays
+        those steps); rollups of the touched buckets are rebuilt. Returns metric rows removed."""
+        with self.transaction():
+            keys = [r[0] for r in self.conn.execute(
+                "SELECT DISTINCT key FROM metrics WHERE run_id=? AND step>?", (run_id, step))]  # fmt: skip
+            removed = self.conn.execute(
+                "DELETE FROM metrics WHERE run_id=? AND step>?", (run_id, step)
+            ).rowcount
+            for table in ("phi_stats", "samples", "gate_states", "events"):
+                self.conn.execute(f"DELETE FROM {table} WHERE run_id=? AND step>?", (run_id, step))
+            for key in keys:
+                for level in ROLLUP_LEVELS:
+                    self.conn.execute(
+                        "DELETE FROM rollups WHERE run_id=? AND key=? AND level=? AND bucket>=?",
+                        (run_id, key, level, (step + 1) // level),
+                    )
+                coarsest = ROLLUP_LEVELS[-1]
+                self._refresh_rollups(run_id, key, (step // coarsest) * coarsest, step)
+            self.conn.execute("UPDATE runs SET last_step=? WHERE id=?", (step, run_id))
+            return removed
 
     # -- commands --------------------------------------------------------------------------
 

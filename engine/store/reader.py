@@ -63,11 +63,13 @@ class RunRow:
     health_reasons: list[str] = field(default_factory=list)
     model: str | None = None
     backend: str | None = None
+    error: str | None = None
+    temperature: float | None = None
 
 
 RUN_COLUMNS = (
     "id, name, source_kind, source_path, status, max_steps, vocab_size, last_step, last_update,"
-    " started_at, ended_at, phase, health, health_reasons, model, backend"
+    " started_at, ended_at, phase, health, health_reasons, model, backend, error, temperature"
 )
 
 
@@ -104,7 +106,9 @@ class StoreReader:
     @staticmethod
     def _run(r: tuple[Any, ...]) -> RunRow:
         reasons = json.loads(r[13]) if r[13] else []
-        return RunRow(*r[:13], health_reasons=reasons, model=r[14], backend=r[15])
+        return RunRow(
+            *r[:13], health_reasons=reasons, model=r[14], backend=r[15], error=r[16], temperature=r[17]
+        )
 
     def metric_keys(self, run_id: int) -> list[str]:
         """Distinct keys of a run: one primary-key seek per key (a skip scan), so the cost does
@@ -233,6 +237,59 @@ class StoreReader:
             (run_id, run_id, last),
         ).fetchall()
         return [(int(s), float(w)) for s, w in rows]
+
+    def gate_state(self, run_id: int) -> dict[str, Any] | None:
+        cur = self.conn.execute(
+            "SELECT step, state, threshold, history, above, window, multiplier, reason FROM gate_states"
+            " WHERE run_id=? ORDER BY step DESC LIMIT 1",
+            (run_id,),
+        )
+        row = cur.fetchone()
+        return None if row is None else dict(zip([d[0] for d in cur.description], row, strict=True))
+
+    def events(self, run_id: int) -> list[dict[str, Any]]:
+        cur = self.conn.execute(
+            "SELECT step, kind, detail, wall_time FROM events WHERE run_id=? ORDER BY step, id", (run_id,)
+        )
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    def samples(self, run_id: int, limit: int = 40) -> list[dict[str, Any]]:
+        """The newest samples of a run (per-token Phi and entropy decoded), newest first."""
+        cur = self.conn.execute(
+            "SELECT id, step, idx, kind, prompt, completion, phi, entropy, rewards FROM samples"
+            " WHERE run_id=? ORDER BY id DESC LIMIT ?",
+            (run_id, limit),
+        )
+        cols = [d[0] for d in cur.description]
+        out = []
+        for r in cur.fetchall():
+            row = dict(zip(cols, r, strict=True))
+            for key in ("phi", "entropy", "rewards"):
+                row[key] = json.loads(row[key]) if row[key] else None
+            out.append(row)
+        return out
+
+    def run_commands(self, run_id: int, limit: int = 50) -> list[dict[str, Any]]:
+        """The newest commands sent to a run (the audit log), newest first."""
+        cur = self.conn.execute(
+            "SELECT id, verb, args, state, result, origin, created_at, finished_at FROM commands"
+            " WHERE run_id=? ORDER BY id DESC LIMIT ?",
+            (run_id, limit),
+        )
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    def latest_eval(self, run_id: int) -> dict[str, Any] | None:
+        cur = self.conn.execute(
+            "SELECT passed, metrics, reasons, created_at FROM evals WHERE run_id=? ORDER BY id DESC LIMIT 1",
+            (run_id,),
+        )
+        row = cur.fetchone()
+        if row is None:
+            return None
+        return {"passed": bool(row[0]), "metrics": json.loads(row[1]), "reasons": json.loads(row[2]),
+                "created_at": row[3]}  # fmt: skip
 
     # -- other tables ----------------------------------------------------------------------
 

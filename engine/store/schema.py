@@ -250,5 +250,45 @@ def _v1(db: sqlite_utils.Database) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1]
+def _v2(db: sqlite_utils.Database) -> None:
+    """Training runs of our own: runner process, checkpoints, failure reason; the cascade gate's
+    state per step; chart events (gate opened, crystallization, checkpoints); eval results."""
+    for column, kind in (("pid", int), ("output_dir", str), ("error", str), ("last_checkpoint", str),
+                         ("last_checkpoint_step", int), ("temperature", float)):  # fmt: skip
+        db["runs"].add_column(column, kind)
+    db["gate_states"].create(
+        {
+            "id": int,
+            "run_id": int,
+            "step": int,
+            "state": str,  # closed | ramping | open
+            "threshold": float,
+            "history": int,
+            "above": int,
+            "window": int,
+            "multiplier": float,
+            "reason": str,
+            "wall_time": float,
+        },
+        pk="id",
+        not_null={"run_id", "step", "state"},
+        foreign_keys=[("run_id", "runs", "id")],
+    )
+    db["gate_states"].create_index(["run_id", "step"], unique=True)
+    db["events"].create(
+        {"id": int, "run_id": int, "step": int, "kind": str, "detail": str, "wall_time": float},
+        pk="id",
+        not_null={"run_id", "kind"},
+        foreign_keys=[("run_id", "runs", "id")],
+    )
+    db["events"].create_index(["run_id", "kind", "step"], unique=True)
+    db["evals"].create(
+        {"id": int, "run_id": int, "passed": int, "metrics": str, "reasons": str, "created_at": float},
+        pk="id",
+        foreign_keys=[("run_id", "runs", "id")],
+    )
+    db["evals"].create_index(["run_id", "id"])
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2]
 SCHEMA_VERSION = len(MIGRATIONS)
