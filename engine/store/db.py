@@ -358,26 +358,23 @@ class Store:
         return added
 
     def add_samples(self, run_id: int, rows: Sequence[dict[str, Any]]) -> None:
+        """Full traces kept for a step: prompt, completion, its tokens with per-token Phi and
+        entropy (nats), per-function rewards and which trace it is (best/worst/median/random)."""
+
+        def as_json(value: Any) -> str | None:
+            return None if value is None else json.dumps(value)
+
         with self.transaction():
             self.conn.executemany(
-                "INSERT INTO samples (run_id, step, idx, kind, prompt, completion, phi, entropy, rewards,"
-                " wall_time) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO samples (run_id, step, idx, kind, prompt, completion, tokens, phi, entropy, rewards,"
+                " wall_time) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 [
-                    (
-                        run_id,
-                        int(r["step"]),
-                        r.get("idx"),
-                        r.get("kind"),
-                        r.get("prompt"),
-                        r.get("completion"),
-                        json.dumps(r["phi"]) if r.get("phi") is not None else None,
-                        json.dumps(r["entropy"]) if r.get("entropy") is not None else None,
-                        json.dumps(r.get("rewards") or {}),
-                        float(r.get("wall_time") or time.time()),
-                    )
+                    (run_id, int(r["step"]), r.get("idx"), r.get("kind"), r.get("prompt"), r.get("completion"),
+                     as_json(r.get("tokens")), as_json(r.get("phi")), as_json(r.get("entropy")),
+                     json.dumps(r.get("rewards") or {}), float(r.get("wall_time") or time.time()))
                     for r in rows
                 ],
-            )
+            )  # fmt: skip
 
     def add_gate_states(self, run_id: int, rows: Sequence[dict[str, Any]]) -> None:
         """The cascade gate's state per step (state, threshold, history, above, window,

@@ -257,7 +257,7 @@ class StoreReader:
     def samples(self, run_id: int, limit: int = 40) -> list[dict[str, Any]]:
         """The newest samples of a run (per-token Phi and entropy decoded), newest first."""
         cur = self.conn.execute(
-            "SELECT id, step, idx, kind, prompt, completion, phi, entropy, rewards FROM samples"
+            "SELECT id, step, idx, kind, prompt, completion, tokens, phi, entropy, rewards FROM samples"
             " WHERE run_id=? ORDER BY id DESC LIMIT ?",
             (run_id, limit),
         )
@@ -265,7 +265,7 @@ class StoreReader:
         out = []
         for r in cur.fetchall():
             row = dict(zip(cols, r, strict=True))
-            for key in ("phi", "entropy", "rewards"):
+            for key in ("tokens", "phi", "entropy", "rewards"):
                 row[key] = json.loads(row[key]) if row[key] else None
             out.append(row)
         return out

@@ -256,6 +256,7 @@ def _v2(db: sqlite_utils.Database) -> None:
     for column, kind in (("pid", int), ("output_dir", str), ("error", str), ("last_checkpoint", str),
                          ("last_checkpoint_step", int), ("temperature", float)):  # fmt: skip
         db["runs"].add_column(column, kind)
+    db["samples"].add_column("tokens", str)  # JSON list of the completion's decoded tokens
     db["gate_states"].create(
         {
             "id": int,
