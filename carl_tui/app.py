@@ -35,6 +35,7 @@ from engine.store import RunRow
 from themes import STYLESHEET, THEME_NAMES, THEMES
 from widgets.activity import AgentsPane, TrajectoriesPane
 from widgets.chart import Chart
+from widgets.command_log import CommandLog
 from widgets.reward_bars import RewardBars
 from widgets.status_bar import StatusBar, StatusInfo
 
@@ -75,6 +76,14 @@ class ControlRoom(App[None]):
         Binding("question_mark,f1", "help", "Help", key_display="?"),
         Binding("slash", "filter", "Filter runs", key_display="/"),
         Binding("o", "observe", "Observe"),
+        Binding("n", "new_run", "New run"),
+        Binding("space", "pause_resume", "Pause/resume", key_display="space"),
+        Binding("c", "checkpoint", "Checkpoint"),
+        Binding("s", "stop_run", "Stop"),
+        Binding("l", "set_lr", "Learning rate", show=False),
+        Binding("w", "set_weight", "Reward weight", show=False),
+        Binding("r", "resume_run", "Resume a stopped or crashed run", show=False),
+        Binding("v", "samples", "Samples (per-token Φ)", show=False),
         Binding("t", "next_theme", "Theme", tooltip="Next theme (remembered)"),
         Binding("b", "toggle_chart_mode", "Braille or block charts", show=False),
         Binding("1", "maximize('phi')", "Maximize the Φ pane (again: restore)", show=False),
@@ -114,6 +123,8 @@ class ControlRoom(App[None]):
         self.engine_state = "down"
         self.message: str | None = None
         self.maximized: str | None = None
+        self._last_key: dict[str, float] = {}
+        self._in_flight: dict[int, tuple[int, str]] = {}  # run id -> (command id, verb) sent from here
         for theme in THEMES:
             self.register_theme(theme)
         self.theme = self.config.theme
@@ -126,6 +137,7 @@ class ControlRoom(App[None]):
             with Vertical(id="runs-pane") as runs:
                 runs.border_title = "Runs"
                 yield RunList(id="run-list")
+                yield CommandLog(id="command-log")
             with Vertical(id="main"):
                 with Vertical(id="phi-pane", classes="pane") as phi:
                     phi.border_title = "Φ coherence"
@@ -229,13 +241,18 @@ class ControlRoom(App[None]):
                 self.runs = snap.runs
                 self._fill_run_list()
             if snap.view is not None and snap.view.run.id == self.watcher.selected:
+                status_changed = self.view is None or self.view.run.status != snap.view.run.status
                 self.view = snap.view
                 self._draw_view()
+                if status_changed:
+                    self.refresh_bindings()  # run controls depend on the run's state
             if snap.trajectories is not None:
                 self.query_one(TrajectoriesPane).set_rows(snap.trajectories, snap.trajectory_count or 0)
             if snap.agent_events is not None:
                 self.query_one(AgentsPane).set_rows(snap.agent_events, snap.agent_count or 0)
             for command in snap.commands:
+                if self._in_flight.get(command.get("run_id") or -1, (None,))[0] == command["id"]:
+                    del self._in_flight[command["run_id"]]
                 ok = command["state"] == "done"
                 self.notify(command.get("result") or command["state"], title=command["verb"],
                             severity="information" if ok else "error", timeout=8)  # fmt: skip
@@ -293,6 +310,10 @@ class ControlRoom(App[None]):
         if "reward" in view.series:
             bars.append(("total", view.latest("reward")))
         self.query_one(RewardBars).set_values(bars, colors + ([""] if "reward" in view.series else []))
+        markers = view.markers("gate_open", "crystallization")
+        self.query_one("#phi-chart", Chart).set_markers(markers)
+        self.query_one("#reward-chart", Chart).set_markers(view.markers("gate_open"))
+        self.query_one(CommandLog).set_commands(view.commands)
 
     def _update_status(self) -> None:
         view = self.view
@@ -431,6 +452,168 @@ class ControlRoom(App[None]):
         except OSError as exc:
             self.notify(f"cannot save {self.home / 'tui.toml'}: {exc}", severity="warning")
 
+    # -- training control -------------------------------------------------------------------
+
+    CONTROL_ACTIONS = frozenset({"new_run", "pause_resume", "checkpoint", "stop_run", "set_lr", "set_weight",
+                                 "resume_run", "observe"})  # fmt: skip
+    RUN_ACTIONS = frozenset({"pause_resume", "checkpoint", "stop_run", "set_lr", "set_weight"})
+    DESTRUCTIVE = frozenset({"stop_run"})
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Read-only sessions hide every key that writes; run controls are dimmed for runs that
+        no carl runner listens to (observed runs)."""
+        if action in self.CONTROL_ACTIONS and self.readonly:
+            return False
+        if action in self.RUN_ACTIONS:
+            run = self.view.run if self.view else None
+            if run is None or run.source_kind not in CONTROLLABLE or run.status not in ("running", "paused"):
+                return None
+        return True
+
+    def _debounced(self, action: str) -> bool:
+        """Dolphie's debounce: 300 ms for destructive keys, 50 ms for the rest."""
+        now = time.monotonic()
+        wait = 0.3 if action in self.DESTRUCTIVE else 0.05
+        if now - self._last_key.get(action, 0.0) < wait:
+            return True
+        self._last_key[action] = now
+        return False
+
+    def _pending_command(self) -> dict | None:
+        """A command to this run not finished yet: one sent from here (known at once) or seen in
+        the store (sent from another control room)."""
+        if self.view is None:
+            return None
+        if self.view.run.id in self._in_flight:
+            return {"verb": self._in_flight[self.view.run.id][1]}
+        return next((c for c in self.view.commands if c["state"] in ("pending", "running")), None)
+
+    def _send(self, verb: str, args: dict | None = None, *, target: str = "run") -> int | None:
+        """Queue a command (the runner applies it at its next step boundary) and watch its outcome."""
+        from engine.store import connect, insert_command
+
+        run_id = self.view.run.id if (self.view and target == "run") else None
+        if target == "run":
+            pending = self._pending_command()
+            if pending is not None:
+                self.notify(
+                    f"a command is already running: {pending['verb']}; wait for it", severity="warning"
+                )
+                return None
+        db = paths.db_path(self.home)
+        if not db.exists():
+            self.notify("the store does not exist yet; is the engine starting?", severity="error")
+            return None
+        conn = connect(db, readonly=False)
+        try:
+            command_id = insert_command(conn, verb, args, target=target, run_id=run_id, origin="tui")
+        finally:
+            conn.close()
+        self.watcher.watch_command(command_id)
+        if run_id is not None:
+            self._in_flight[run_id] = (command_id, verb)
+        return command_id
+
+    def action_pause_resume(self) -> None:
+        if self._debounced("pause_resume") or self.view is None:
+            return
+        verb = "resume" if self.view.run.status == "paused" else "pause"
+        if self._send(verb):
+            self.notify(f"{verb} {self.view.run.name}: applied at the next step boundary", title=verb)
+
+    def action_checkpoint(self) -> None:
+        if self._debounced("checkpoint") or self.view is None:
+            return
+        if self._send("checkpoint"):
+            self.notify(f"checkpoint of {self.view.run.name} requested", title="checkpoint")
+
+    def action_stop_run(self) -> None:
+        if self._debounced("stop_run") or self.view is None:
+            return
+        from .screens import ConfirmScreen
+
+        run = self.view.run
+        message = (f"Stop run {run.name!r} at step {run.last_step or 0:,}?\nIt saves a checkpoint first; "
+                   "you can resume it later with r.\n\ntab then enter (or s again) to stop, esc to cancel.")  # fmt: skip
+        self.push_screen(ConfirmScreen("Stop training", message, "Stop", "s"), self._stop_confirmed)
+
+    def _stop_confirmed(self, confirmed: bool | None) -> None:
+        if confirmed and self.view is not None and self._send("stop"):
+            self.notify(f"stopping {self.view.run.name}", title="stop")
+
+    def action_set_lr(self) -> None:
+        if self.view is None:
+            return
+        from .screens import ValueScreen
+
+        current = self.view.latest("learning_rate")
+        value = f"{current:g}" if current else ""
+        self.push_screen(ValueScreen("Learning rate", f"New learning rate for {self.view.run.name}", value,
+                                     _positive_number), self._lr_chosen)  # fmt: skip
+
+    def _lr_chosen(self, value: str | None) -> None:
+        if value is not None and self._send("set_lr", {"lr": float(value)}):
+            self.notify(f"learning rate → {float(value):g}", title="set_lr")
+
+    def action_set_weight(self) -> None:
+        if self.view is None:
+            return
+        from .screens import ValueScreen
+
+        names = (
+            ", ".join(_short(n) for n in self.view.reward_names)
+            or "task, format, coherence, commitment, concise"
+        )
+        self.push_screen(ValueScreen("Reward weight", f"name=weight (rewards: {names})", "",
+                                     _weight_problem), self._weight_chosen)  # fmt: skip
+
+    def _weight_chosen(self, value: str | None) -> None:
+        if value is None:
+            return
+        name, weight = (part.strip() for part in value.split("=", 1))
+        if self._send("set_weight", {"reward": name, "weight": float(weight)}):
+            self.notify(f"weight of {name} → {float(weight):g}", title="set_weight")
+
+    def action_new_run(self) -> None:
+        if self._debounced("new_run"):
+            return
+        from .screens import ChoiceScreen
+
+        choices = [("demo", "demo · the built-in tiny model on the tool-calling task (CPU, a few minutes)")]
+        for path in sorted({*Path.cwd().glob("*.yaml"), *(self.home / "configs").glob("*.yaml")}):
+            choices.append((str(path.resolve()), f"{path.name} · {path.parent}"))
+        self.push_screen(ChoiceScreen("New run", "Train with which config? (carl init writes one)", choices),
+                         self._config_chosen)  # fmt: skip
+
+    def _config_chosen(self, config: str | None) -> None:
+        if config is not None and self._send("train", {"config": config}, target="engine"):
+            queued = "" if self.engine_state == "up" else " (queued until the engine is up)"
+            self.notify(f"starting a run with {Path(config).name}{queued}", title="new run")
+
+    def action_resume_run(self) -> None:
+        run = self.view.run if self.view else None
+        if run is None or self._debounced("resume_run"):
+            return
+        if run.source_kind not in CONTROLLABLE or run.status in ("running", "paused", "finished"):
+            self.notify("resume is for a stopped, failed or crashed carl run", severity="warning")
+            return
+        if self._send("train", {"resume": run.name}, target="engine"):
+            self.notify(f"resuming {run.name} from its last checkpoint", title="resume")
+
+    def action_samples(self) -> None:
+        if self.view is None:
+            return
+        from engine.store import StoreReader
+
+        from .screens import SamplesScreen
+
+        reader = StoreReader(paths.db_path(self.home))  # a short read of its own; the watcher is busy
+        try:
+            samples = reader.samples(self.view.run.id, limit=40)
+        finally:
+            reader.close()
+        self.push_screen(SamplesScreen(samples, self.view.run.vocab_size))
+
     def action_observe(self) -> None:
         if self.readonly:
             self.notify("read-only session: observing a source writes to the store", severity="warning")
@@ -480,6 +663,30 @@ class ControlRoom(App[None]):
     def _start_engine_now(self) -> None:
         self.auto_engine = True
         self.supervise_engine()
+
+
+CONTROLLABLE = ("carl", "callback")  # runs a carl runner or CarlCallback listens to
+
+
+def _positive_number(text: str) -> str | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return f"{text!r} is not a number"
+    return None if value > 0 and value == value and value != float("inf") else "must be a positive number"
+
+
+def _weight_problem(text: str) -> str | None:
+    if "=" not in text:
+        return "write name=weight, e.g. coherence=0.5"
+    name, weight = (part.strip() for part in text.split("=", 1))
+    if not name:
+        return "the reward name is empty"
+    try:
+        value = float(weight)
+    except ValueError:
+        return f"{weight!r} is not a number"
+    return None if value >= 0 else "a weight cannot be negative"
 
 
 def _short(reward_name: str) -> str:

@@ -7,6 +7,7 @@ that arrived since the last poll.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,12 @@ class RunView:
     reward_names: list[str] = field(default_factory=list)  # reward functions, in key order
     steps_per_s: float | None = None
     eta_s: float | None = None
+    commands: list[dict[str, Any]] = field(default_factory=list)  # newest first: the audit log
+    events: list[dict[str, Any]] = field(default_factory=list)  # gate opened, crystallization, ...
+    gate: dict[str, Any] | None = None  # the cascade gate's newest state
+
+    def markers(self, *kinds: str) -> list[int]:
+        return [e["step"] for e in self.events if e["kind"] in kinds and e["step"] is not None]
 
     def get(self, key: str) -> Series:
         return self.series.get(key) or Series.empty()
@@ -136,8 +143,12 @@ class StoreWatcher:
 
     def _read_view(self, reader: StoreReader, run: RunRow) -> RunView | None:
         previous = self._view if self._view is not None and self._view.run.id == run.id else None
+        commands = reader.run_commands(run.id, limit=30)
         if previous is not None and previous.run == run:
-            return None  # nothing about this run moved (the change was elsewhere)
+            if previous.commands == commands:
+                return None  # nothing about this run moved (the change was elsewhere)
+            self._view = dataclasses.replace(previous, commands=commands)  # only the command log moved
+            return self._view
         keys = reader.metric_keys(run.id)
         reward_names = [m.group("name") for k in keys if (m := REWARD_KEY.match(k))]
         wanted = [k for k in (*PHI_KEYS, *TOTAL_REWARD_KEYS) if k in keys]
@@ -150,6 +161,9 @@ class StoreWatcher:
             else:
                 view.series[key] = reader.extend_series(run.id, key, old, max_points=self.max_points)
         view.steps_per_s, view.eta_s = _progress(reader, run)
+        view.commands = commands
+        view.events = reader.events(run.id)
+        view.gate = reader.gate_state(run.id)
         self._view = view
         return view
 

@@ -71,6 +71,8 @@ def draw_rewards(chart: Chart, view: RunView, colors: list[str]) -> str:
     title = "Rewards"
     if total is not None:
         title += f" · total {_num(total, 3)}"
+    if view.gate:
+        title += f" · gate {view.gate['reason'] or view.gate['state']}"
     if view.reward_names:
         count = len(view.reward_names)
         title += f" · {count} function{'s' if count != 1 else ''}"

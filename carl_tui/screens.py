@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rich.table import Table
 from rich.text import Text
@@ -116,3 +117,203 @@ class ObserveScreen(ModalScreen[ObserveRequest | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """A destructive action needs a deliberate second step: focus starts on Cancel, so it takes
+    tab then enter (k9s' confirmation) or the action's own key pressed again."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    DEFAULT_CSS = """
+    ConfirmScreen { align: center middle; }
+    ConfirmScreen > Vertical {
+        width: 64; max-width: 100%; height: auto; border: round $error; background: $surface; padding: 0 1;
+    }
+    ConfirmScreen Horizontal { height: auto; align: right middle; }
+    ConfirmScreen Button { margin: 0 1; }
+    """
+
+    def __init__(self, title: str, message: str, confirm_label: str, confirm_key: str) -> None:
+        super().__init__()
+        self.title_text, self.message, self.confirm_label, self.confirm_key = (
+            title,
+            message,
+            confirm_label,
+            confirm_key,
+        )
+
+    def compose(self) -> ComposeResult:
+        with Vertical() as box:
+            box.border_title = self.title_text
+            yield Static(self.message)
+            with Horizontal():
+                yield Button("Cancel", id="confirm-cancel")
+                yield Button(self.confirm_label, variant="error", id="confirm-ok")
+
+    def on_mount(self) -> None:
+        self.query_one("#confirm-cancel", Button).focus()
+
+    def on_key(self, event: object) -> None:
+        if getattr(event, "key", None) == self.confirm_key:
+            self.dismiss(True)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(event.button.id == "confirm-ok")
+
+    def action_cancel(self) -> None:
+        self.dismiss(False)
+
+
+class ValueScreen(ModalScreen[str | None]):
+    """Ask for one value (a learning rate, a reward weight) with a check before it is sent."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    DEFAULT_CSS = """
+    ValueScreen { align: center middle; }
+    ValueScreen > Vertical {
+        width: 64; max-width: 100%; height: auto; border: round $primary; background: $surface; padding: 0 1;
+    }
+    ValueScreen #value-error { color: $error; height: auto; }
+    """
+
+    def __init__(self, title: str, label: str, value: str, check: callable) -> None:  # type: ignore[valid-type]
+        super().__init__()
+        self.title_text, self.label, self.value, self.check = title, label, value, check
+
+    def compose(self) -> ComposeResult:
+        with Vertical() as box:
+            box.border_title = self.title_text
+            yield Label(self.label)
+            yield Input(value=self.value, id="value-input")
+            yield Static("", id="value-error")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        problem = self.check(event.value.strip())
+        if problem:
+            self.query_one("#value-error", Static).update(problem)
+            return
+        self.dismiss(event.value.strip())
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class ChoiceScreen(ModalScreen[str | None]):
+    """Pick one of a few labelled choices (a training config for a new run)."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    DEFAULT_CSS = """
+    ChoiceScreen { align: center middle; }
+    ChoiceScreen > Vertical {
+        width: 76; max-width: 100%; height: auto; max-height: 80%; border: round $primary;
+        background: $surface; padding: 0 1;
+    }
+    ChoiceScreen OptionList { height: auto; max-height: 16; }
+    """
+
+    def __init__(self, title: str, label: str, choices: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.title_text, self.label, self.choices = title, label, choices
+
+    def compose(self) -> ComposeResult:
+        from textual.widgets import OptionList
+        from textual.widgets.option_list import Option
+
+        with Vertical() as box:
+            box.border_title = self.title_text
+            yield Label(self.label)
+            yield OptionList(*[Option(text, id=value) for value, text in self.choices], id="choice-list")
+
+    def on_option_list_option_selected(self, event: object) -> None:
+        option = getattr(event, "option", None)
+        self.dismiss(option.id if option is not None else None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+def phi_colour(phi: float, low: str, mid: str, high: str) -> str:
+    """A token's colour by its Phi: low -> mid -> high (the theme's error, warning, success)."""
+    from textual.color import Color
+
+    phi = min(max(phi, 0.0), 1.0)
+    a, b, t = (low, mid, phi * 2) if phi < 0.5 else (mid, high, phi * 2 - 1)
+    return Color.parse(a).blend(Color.parse(b), t).hex
+
+
+class SamplesScreen(ModalScreen[None]):
+    """Recent completions of the run, each token coloured by the Phi of the distribution that
+    produced it (red: uncertain, green: committed)."""
+
+    BINDINGS = [Binding("escape,v,q", "dismiss", "Close")]
+    DEFAULT_CSS = """
+    SamplesScreen { align: center middle; }
+    SamplesScreen > Vertical {
+        width: 96%; height: 90%; border: round $primary; background: $surface; padding: 0 1;
+    }
+    SamplesScreen #sample-list { height: 1fr; min-height: 4; }
+    SamplesScreen #sample-text { height: 2fr; border-top: solid $panel-lighten-2; }
+    """
+
+    def __init__(self, samples: list[dict[str, Any]], vocab_size: int | None) -> None:
+        super().__init__()
+        self.samples = samples
+        self.vocab_size = vocab_size
+
+    def compose(self) -> ComposeResult:
+        from textual.widgets import OptionList
+        from textual.widgets.option_list import Option
+
+        with Vertical() as box:
+            box.border_title = "Samples · per-token Φ"
+            if not self.samples:
+                yield Static("No samples stored for this run (carl's own training keeps best, worst, median "
+                             "and a random completion of every step).")  # fmt: skip
+                return
+            options = []
+            for i, s in enumerate(self.samples):
+                rewards = " ".join(f"{k.removesuffix('_reward')}={v:.2f}" for k, v in (s["rewards"] or {}).items()
+                                   if isinstance(v, int | float))  # fmt: skip
+                phi = s.get("phi") or []
+                mean = f"Φ̄ {sum(phi) / len(phi):.3f}" if phi else "Φ —"
+                options.append(
+                    Option(f"step {s['step']:>6} {s.get('kind') or '':<7} {mean} {rewards}", id=str(i))
+                )
+            yield OptionList(*options, id="sample-list")
+            with VerticalScroll(id="sample-text"):
+                yield Static("", id="sample-body")
+
+    def on_mount(self) -> None:
+        if self.samples:
+            self.show(0)
+
+    def on_option_list_option_highlighted(self, event: object) -> None:
+        option = getattr(event, "option", None)
+        if option is not None and option.id is not None:
+            self.show(int(option.id))
+
+    def show(self, index: int) -> None:
+        sample = self.samples[index]
+        theme = self.app.current_theme
+        body = Text()
+        body.append("prompt: ", style="bold")
+        body.append((sample.get("prompt") or "")[-400:] + "\n\n", style="dim")
+        body.append("completion (coloured by per-token Φ):\n", style="bold")
+        tokens, phi = sample.get("tokens"), sample.get("phi")
+        if tokens and phi and len(tokens) == len(phi):
+            for token, value in zip(tokens, phi, strict=True):
+                body.append(token, style=phi_colour(value, theme.error, theme.warning, theme.success))
+        else:
+            body.append(sample.get("completion") or "")
+        if phi:
+            entropy = sample.get("entropy") or []
+            body.append(f"\n\nΦ min {min(phi):.3f} · mean {sum(phi) / len(phi):.3f} · max {max(phi):.3f}")
+            if entropy:
+                body.append(f" · H mean {sum(entropy) / len(entropy):.3f} nats")
+            body.append(f" · {len(phi)} tokens")
+        self.query_one("#sample-body", Static).update(body)
+
+    async def action_dismiss(self, result: None = None) -> None:
+        self.dismiss(result)

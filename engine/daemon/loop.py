@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import sqlite3
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -66,6 +67,13 @@ def on_run_rows(store: Store, run_ids: list[int]) -> list[str]:
         except Exception as exc:
             errors.append(f"row hook {getattr(hook, '__name__', hook)!s}: {one_line(exc)}")
     return errors
+
+
+def training_config_path(config: str) -> Path:
+    """'demo' names the built-in demo config shipped with the package; anything else is a path."""
+    if config == "demo":
+        return Path(__file__).resolve().parent.parent / "training" / "demo.yaml"
+    return Path(config).expanduser().resolve()
 
 
 def one_line(exc: BaseException) -> str:
@@ -120,6 +128,7 @@ class Engine:
         self.dirty_runs: set[int] = set()  # runs with rows not yet analysed
         self.next_analysis = 0.0
         self.next_recheck = 0.0
+        self.children: list[subprocess.Popen[bytes]] = []  # training processes this engine started
 
     @property
     def stopping(self) -> bool:
@@ -146,6 +155,7 @@ class Engine:
                 self.start_command(command)
             backlog = self.ingest_due()
             self.analyze_due()
+            self.reap_children()
             return backlog
         except Exception as exc:  # the store itself in trouble (locked, disk full), or a bug: go on
             message = f"engine tick failed: {one_line(exc)}"
@@ -201,8 +211,10 @@ class Engine:
         try:
             if verb == "observe":
                 self.start_observe(command["id"], command["args"])
+            elif verb == "train":
+                self.start_training(command["id"], command["args"])
             else:
-                self.finish(command["id"], False, f"unknown engine command {verb!r} (known: observe)")
+                self.finish(command["id"], False, f"unknown engine command {verb!r} (known: observe, train)")
         except Exception as exc:  # malformed arguments and the like fail the command, not the engine
             self.finish(command["id"], False, one_line(exc))
 
@@ -210,6 +222,32 @@ class Engine:
         self.store.finish_command(command_id, ok, result)
         log.log(logging.INFO if ok else logging.WARNING, "command %d %s: %s", command_id,
                 "done" if ok else "failed", result)  # fmt: skip
+
+    def start_training(self, command_id: int, args: dict[str, Any]) -> None:
+        """Start a training run as its own process (a crash or an out-of-memory there never takes
+        the engine down); the runner records the run, its progress and its failures itself."""
+        config, name, resume = args.get("config"), args.get("name"), args.get("resume")
+        argv = [sys.executable, "-m", "engine.training", "--home", str(self.home)]
+        if resume:
+            argv += ["--resume", str(resume)]
+        elif config:
+            argv += ["--config", str(training_config_path(str(config)))]
+        else:
+            self.finish(command_id, False, "train needs a 'config' (a carl.yaml path or 'demo') or 'resume'")
+            return
+        if name:
+            argv += ["--name", str(name)]
+        log_path = paths.logs_dir(self.home) / time.strftime("train-%Y%m%d-%H%M%S.log")
+        with log_path.open("ab") as out:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, close_fds=True,
+                                    start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+        self.children.append(proc)
+        what = f"resuming {resume}" if resume else f"training with {config}"
+        self.finish(command_id, True, f"{what} (pid {proc.pid}); log {log_path}")
+
+    def reap_children(self) -> None:
+        """Collect finished training processes so none lingers as a zombie."""
+        self.children = [p for p in self.children if p.poll() is None]
 
     def start_observe(self, command_id: int, args: dict[str, Any]) -> None:
         path, name = args.get("path"), args.get("name")

@@ -1,0 +1,142 @@
+"""Training control from the keyboard: each key queues the right command for the selected run,
+destructive keys need a confirmation, a second command waits for the first, read-only hides
+control, and the command log shows outcomes."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from support import status_text, until
+
+from carl_tui.app import ControlRoom
+from engine.store import Store
+from widgets.command_log import CommandLog
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    return home
+
+
+def carl_run(home: Path, status: str = "running") -> int:
+    with Store(home / "carl.db") as store:
+        run_id = store.create_run("grpo-1", source_kind="carl", status=status, max_steps=100)
+        store.add_metrics(run_id, [(s, "learning_rate", 1e-3, time.time()) for s in range(5)])
+        store.add_metrics(run_id, [(s, "rewards/task/mean", 0.1, time.time()) for s in range(5)])
+        return run_id
+
+
+def commands(home: Path) -> list[tuple[str, dict, str]]:
+    with Store(home / "carl.db") as store:
+        rows = store.conn.execute("SELECT verb, args, target FROM commands ORDER BY id").fetchall()
+    return [(verb, json.loads(args), target) for verb, args, target in rows]
+
+
+def finish_all(home: Path, ok: bool = True, result: str = "applied at step 5") -> None:
+    with Store(home / "carl.db") as store:
+        for row in store.conn.execute("SELECT id FROM commands WHERE state='pending'").fetchall():
+            store.finish_command(row[0], ok, result)
+
+
+async def test_keys_queue_commands_for_the_selected_run(home: Path) -> None:
+    run_id = carl_run(home)
+    app = ControlRoom(home, start_engine=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.view is not None and app.view.run.id == run_id)
+        await pilot.press("space")
+        assert commands(home) == [("pause", {}, "run")]
+        await pilot.press("c")  # refused: the pause is still pending
+        assert len(commands(home)) == 1
+        finish_all(home)
+        await until(pilot, lambda: "✓" in str(app.query_one(CommandLog).render()))
+        await pilot.press("c")
+        assert commands(home)[-1] == ("checkpoint", {}, "run")
+        finish_all(home)
+        await until(pilot, lambda: all(c["state"] == "done" for c in app.view.commands))
+        await pilot.press("l")
+        assert app.screen.__class__.__name__ == "ValueScreen"
+        app.screen.query_one("#value-input").value = "-1"
+        await pilot.press("enter")
+        assert "positive" in str(app.screen.query_one("#value-error").render())
+        app.screen.query_one("#value-input").value = "2e-5"
+        await pilot.press("enter")
+        assert commands(home)[-1] == ("set_lr", {"lr": 2e-5}, "run")
+        finish_all(home, ok=False, result="lr must be positive")
+        await until(pilot, lambda: "lr must be positive" in str(app.query_one(CommandLog).render()))
+        await pilot.press("w")
+        app.screen.query_one("#value-input").value = "coherence=0.25"
+        await pilot.press("enter")
+        assert commands(home)[-1] == ("set_weight", {"reward": "coherence", "weight": 0.25}, "run")
+
+
+async def test_stop_needs_confirmation(home: Path) -> None:
+    carl_run(home)
+    app = ControlRoom(home, start_engine=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.view is not None)
+        await pilot.press("s")
+        assert app.screen.__class__.__name__ == "ConfirmScreen"
+        await pilot.press("enter")  # focus starts on Cancel: enter alone cancels
+        assert commands(home) == []
+        await pilot.pause(0.35)  # destructive keys are debounced
+        await pilot.press("s")
+        await pilot.press("tab", "enter")
+        await until(pilot, lambda: commands(home) == [("stop", {}, "run")])
+
+
+async def test_new_run_and_resume_go_to_the_engine(home: Path) -> None:
+    carl_run(home, status="failed")
+    app = ControlRoom(home, start_engine=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.view is not None)
+        await pilot.press("space")  # a failed run takes no pause
+        assert commands(home) == []
+        await pilot.press("n")
+        assert app.screen.__class__.__name__ == "ChoiceScreen"
+        await pilot.press("enter")  # the first choice is the built-in demo
+        await until(pilot, lambda: commands(home) == [("train", {"config": "demo"}, "engine")])
+        await pilot.press("r")
+        await until(pilot, lambda: commands(home)[-1] == ("train", {"resume": "grpo-1"}, "engine"))
+
+
+async def test_readonly_hides_control_and_observed_runs_take_none(home: Path, tmp_path: Path) -> None:
+    carl_run(home)
+    app = ControlRoom(home, start_engine=False, readonly=True)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.view is not None)
+        for key in ("space", "c", "s", "n", "l"):
+            await pilot.press(key)
+        assert commands(home) == [] and app.screen.__class__.__name__ == "Screen"
+        assert "read-only" in status_text(app)
+    with Store(home / "carl.db") as store:
+        store.create_run("observed", source_kind="jsonl", status="running")
+    app = ControlRoom(home, start_engine=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.view is not None and app.view.run.name == "observed")
+        await pilot.press("space", "c")
+        assert commands(home) == []
+
+
+async def test_samples_view_colours_tokens_by_phi(home: Path) -> None:
+    run_id = carl_run(home)
+    with Store(home / "carl.db") as store:
+        store.add_samples(run_id, [{"step": 4, "kind": "best", "prompt": "Call the weather tool for Paris",
+                                    "completion": '{"tool": "get_weather"}', "tokens": ['{"', "tool", '": "', "get_weather", '"}'],
+                                    "phi": [0.1, 0.5, 0.9, 0.95, 0.99], "entropy": [5.6, 3.1, 0.6, 0.3, 0.06],
+                                    "rewards": {"task": 1.0, "format_reward": 1.0}}])  # fmt: skip
+    app = ControlRoom(home, start_engine=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.view is not None)
+        await pilot.press("v")
+        assert app.screen.__class__.__name__ == "SamplesScreen"
+        await pilot.pause(0.1)
+        body = app.screen.query_one("#sample-body").render()
+        text = body.plain if hasattr(body, "plain") else str(body)
+        assert "get_weather" in text and "Φ min 0.100" in text and "5 tokens" in text
+        styles = {str(span.style) for span in getattr(body, "spans", [])}
+        assert len(styles) >= 3  # low, middle and high Phi get different colours
