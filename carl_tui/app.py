@@ -74,17 +74,17 @@ class ControlRoom(App[None]):
     ENABLE_COMMAND_PALETTE = True
     BINDINGS = [
         Binding("question_mark,f1", "help", "Help", key_display="?"),
-        Binding("slash", "filter", "Filter runs", key_display="/"),
+        Binding("slash", "filter", "Filter runs", key_display="/", show=False),
         Binding("o", "observe", "Observe"),
         Binding("n", "new_run", "New run"),
-        Binding("space", "pause_resume", "Pause/resume", key_display="space"),
+        Binding("space", "pause_resume", "Pause", key_display="space", tooltip="Pause or resume the run"),
         Binding("c", "checkpoint", "Checkpoint"),
         Binding("s", "stop_run", "Stop"),
         Binding("l", "set_lr", "Learning rate", show=False),
         Binding("w", "set_weight", "Reward weight", show=False),
         Binding("r", "resume_run", "Resume a stopped or crashed run", show=False),
         Binding("v", "samples", "Samples (per-token Φ)", show=False),
-        Binding("t", "next_theme", "Theme", tooltip="Next theme (remembered)"),
+        Binding("t", "next_theme", "Theme", show=False),
         Binding("b", "toggle_chart_mode", "Braille or block charts", show=False),
         Binding("1", "maximize('phi')", "Maximize the Φ pane (again: restore)", show=False),
         Binding("2", "maximize('rewards')", "Maximize the Rewards pane", show=False),
@@ -153,7 +153,7 @@ class ControlRoom(App[None]):
                     with Vertical(id="agents-pane", classes="pane") as agents:
                         agents.border_title = "Agents"
                         yield AgentsPane(id="agents")
-        yield Footer()
+        yield Footer(show_command_palette=False)  # ctrl+p is listed in the help instead
 
     def on_mount(self) -> None:
         self.query_one("#phi-chart", Chart).empty_text = "no Φ data yet"

@@ -29,7 +29,7 @@ def describe(command: dict[str, Any]) -> str:
 
 class CommandLog(Static):
     DEFAULT_CSS = """
-    CommandLog { height: auto; max-height: 12; color: $foreground; }
+    CommandLog { height: auto; max-height: 12; color: $foreground; text-wrap: nowrap; text-overflow: ellipsis; }
     CommandLog.-empty { color: $text-muted; }
     """
 
@@ -52,7 +52,7 @@ class CommandLog(Static):
             if i:
                 text.append("\n")
             state = command["state"]
-            text.append(time.strftime("%H:%M:%S ", time.localtime(command["created_at"])), style="dim")
+            text.append(time.strftime("%H:%M ", time.localtime(command["created_at"])), style="dim")
             text.append(f"{STATE_MARK.get(state, '?')} ", style=colours.get(state, ""))
             text.append(describe(command))
             if state == "failed" and command.get("result"):
