@@ -8,8 +8,9 @@ import time
 
 import numpy as np
 
-from .phases import RunSignals, assess_health, classify_phase
+from .phases import RunSignals, assess_health, classify_phase, crystallization_step
 
+CRYSTALLIZATION_CONFIDENCE = 0.8  # below this the chart shows no crystallization marker
 HORIZON_STEPS = 2000  # phase and health look at the newest steps only, so a 1M-step run costs the same
 
 
@@ -45,7 +46,7 @@ def analyze_run(conn: sqlite3.Connection, run_id: int, now: float | None = None)
         return
     status, last_step, last_update = row
     since = max(0, (last_step or 0) - HORIZON_STEPS)
-    _, phi = _series(conn, run_id, ("phi/mean",), since)
+    phi_steps, phi = _series(conn, run_id, ("phi/mean",), since)
     loss_steps, loss = _series(conn, run_id, ("loss",), since)
     _, reward = _series(conn, run_id, ("reward", "rewards/task/mean"), since)
     _, entropy = _series(conn, run_id, ("phi/entropy", "entropy"), since)
@@ -58,6 +59,28 @@ def analyze_run(conn: sqlite3.Connection, run_id: int, now: float | None = None)
     conn.execute(
         "UPDATE runs SET phase=?, health=?, health_reasons=? WHERE id=?",
         (phase, health.level, json.dumps(health.reasons), run_id),
+    )
+    mark_crystallization(conn, run_id, phi_steps, phi)
+
+
+def mark_crystallization(conn: sqlite3.Connection, run_id: int, steps: np.ndarray, phi: np.ndarray) -> None:
+    """Keep one 'crystallization' event per run, at the step the logistic fit finds, once the fit
+    is confident; it moves if more data moves it."""
+    finite = np.isfinite(phi)
+    found = crystallization_step(steps[finite], phi[finite]) if finite.sum() >= 8 else None
+    if found is None or found.confidence < CRYSTALLIZATION_CONFIDENCE:
+        return
+    detail = (f"Φ {found.phi_before:.3f} → {found.phi_after:.3f} over ~{found.width:.0f} steps "
+              f"(confidence {found.confidence:.2f})")  # fmt: skip
+    current = conn.execute(
+        "SELECT step, detail FROM events WHERE run_id=? AND kind='crystallization'", (run_id,)
+    ).fetchall()
+    if current == [(found.step, detail)]:
+        return
+    conn.execute("DELETE FROM events WHERE run_id=? AND kind='crystallization'", (run_id,))
+    conn.execute(
+        "INSERT INTO events (run_id, step, kind, detail, wall_time) VALUES (?,?,?,?,?)",
+        (run_id, int(found.step), "crystallization", detail, time.time()),
     )
 
 
