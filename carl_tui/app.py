@@ -124,6 +124,8 @@ class ControlRoom(App[None]):
         self.message: str | None = None
         self.maximized: str | None = None
         self._last_key: dict[str, float] = {}
+        self._select_next_new_run = False
+        self._engine_asked = False  # the user asked for the engine from the palette
         self._in_flight: dict[int, tuple[int, str]] = {}  # run id -> (command id, verb) sent from here
         for theme in THEMES:
             self.register_theme(theme)
@@ -205,7 +207,7 @@ class ControlRoom(App[None]):
             if status.state == "up":
                 self.post_message(EngineState("up"))
                 seen_up, backoff = True, 2.0
-            elif status.stopped_by_user or not self.auto_engine:
+            elif (status.stopped_by_user and not self._engine_asked) or not self.auto_engine:
                 self.post_message(EngineState("stopped" if status.stopped_by_user else "down"))
             else:
                 self.post_message(EngineState("restarting" if seen_up else "starting"))
@@ -238,6 +240,11 @@ class ControlRoom(App[None]):
             self.message = snap.error
         with self.batch_update():
             if snap.runs is not None:
+                newest = max((r.id for r in snap.runs), default=0)
+                if self._select_next_new_run and newest > max((r.id for r in self.runs), default=0):
+                    self._select_next_new_run = False  # the run started with `n`: follow it
+                    self.watcher.select(newest)
+                    self.view = None
                 self.runs = snap.runs
                 self._fill_run_list()
             if snap.view is not None and snap.view.run.id == self.watcher.selected:
@@ -587,6 +594,7 @@ class ControlRoom(App[None]):
 
     def _config_chosen(self, config: str | None) -> None:
         if config is not None and self._send("train", {"config": config}, target="engine"):
+            self._select_next_new_run = True
             queued = "" if self.engine_state == "up" else " (queued until the engine is up)"
             self.notify(f"starting a run with {Path(config).name}{queued}", title="new run")
 
@@ -661,7 +669,9 @@ class ControlRoom(App[None]):
             )
 
     def _start_engine_now(self) -> None:
+        """Asked for by name (the palette): start it even if `carl engine stop` stopped it."""
         self.auto_engine = True
+        self._engine_asked = True
         self.supervise_engine()
 
 

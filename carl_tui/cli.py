@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -24,8 +23,9 @@ class CliError(CarlError):
 
 
 def _home(args: argparse.Namespace) -> Path:
-    if getattr(args, "home", None):
-        os.environ["CARL_HOME"] = str(Path(args.home).expanduser())
+    home = getattr(args, "top_home", None) or getattr(args, "home", None)
+    if home:
+        os.environ["CARL_HOME"] = str(Path(home).expanduser())
     return paths.carl_home()
 
 
@@ -54,7 +54,9 @@ def tui_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-engine", action="store_true", help="do not start the engine daemon")
     parser.add_argument("--demo", action="store_true",
                         help="start the built-in demo training run (if none is live) and watch it")  # fmt: skip
-    parser.add_argument("--demo-steps", type=int, default=2000, help="GRPO steps of the demo run")
+    parser.add_argument(
+        "--demo-steps", type=int, default=None, help="GRPO steps of the demo run (default: demo.yaml's)"
+    )
     args = parser.parse_args(argv)
     return _guard(_run_tui, args)
 
@@ -78,7 +80,7 @@ def _run_tui(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="carl", description="carl headless commands.")
-    parser.add_argument("--home", help="state directory (default $CARL_HOME or ~/.carl)")
+    parser.add_argument("--home", dest="top_home", help="state directory (default $CARL_HOME or ~/.carl)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     engine = sub.add_parser("engine", help="the engine daemon")
@@ -91,15 +93,49 @@ def main(argv: list[str] | None = None) -> int:
     observe.add_argument("--name", help="run name (default: from the source)")
     observe.set_defaults(fn=_observe)
 
+    train = sub.add_parser("train", help="train a model with the CARL reward cascade (its own process)")
+    train.set_defaults(fn=_train)
+    _add_train_arguments(train)
+
+    init = sub.add_parser("init", help="write a commented carl.yaml to start from")
+    init.add_argument("path", nargs="?", default="carl.yaml")
+    init.set_defaults(fn=_init)
+
     runs = sub.add_parser("runs", help="list runs in the store")
     runs.set_defaults(fn=_runs)
 
-    demo = sub.add_parser("demo", help="start the built-in demo training run and observe it")
-    demo.add_argument("--steps", type=int, default=2000)
+    demo = sub.add_parser("demo", help="start the built-in demo training run (through the engine)")
+    demo.add_argument("--steps", type=int, default=None)
     demo.set_defaults(fn=lambda a: _start_demo(_home(a), a.steps) or 0)
 
     args = parser.parse_args(argv)
     return _guard(args.fn, args)
+
+
+def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    try:
+        from engine.training.cli import add_train_arguments
+    except ImportError:  # the base install has no training code's dependencies: explain at run time
+        parser.add_argument("rest", nargs=argparse.REMAINDER)
+        return
+    add_train_arguments(parser)
+
+
+def _train(args: argparse.Namespace) -> int:
+    if any(importlib.util.find_spec(m) is None for m in ("torch", "trl", "transformers")):
+        raise CliError("training needs the train extra: pip install 'carl-tui[train]'")
+    from engine.training.cli import train_from_args
+
+    args.home = _home(args)  # `carl --home H train` and `carl train --home H` both work
+    return train_from_args(args)
+
+
+def _init(args: argparse.Namespace) -> int:
+    from engine.training.cli import init_config
+
+    init_config(args.path)
+    print(f"wrote {args.path}: edit it, then `carl train --config {args.path}` (or press n in carl-tui)")
+    return 0
 
 
 def _engine(args: argparse.Namespace) -> int:
@@ -239,46 +275,24 @@ class _LazyProgress:
 # -- the demo -----------------------------------------------------------------------------
 
 
-def _start_demo(home: Path, steps: int) -> None:
-    """Start a real TRL GRPO run of the built-in tiny model and have the engine follow it."""
-    if any(importlib.util.find_spec(m) is None for m in ("torch", "trl", "trackio")):
+def _start_demo(home: Path, steps: int | None) -> None:
+    """Have the engine start the built-in demo (SFT warm-up, then GRPO with the reward cascade
+    on the tiny model) unless a demo run is already live; the control room then watches it."""
+    if any(importlib.util.find_spec(m) is None for m in ("torch", "trl", "transformers")):
         raise CliError("the demo trains a model: install the train extra (pip install 'carl-tui[train]')")
     from engine.daemon import start_engine
+    from engine.store import Store
 
-    demo_root = home / "demo"
-    demo_root.mkdir(parents=True, exist_ok=True)
-    pidfile = demo_root / "train.pid"
-    out_dir = _live_demo(pidfile)
-    if out_dir is None:
-        out_dir = demo_root / time.strftime("run-%Y%m%d-%H%M%S")
-        out_dir.mkdir(parents=True)
-        log = (paths.logs_dir(home) / "demo-train.log").open("ab")
-        env = {**os.environ, "CARL_HOME": str(home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.demo", str(out_dir), "--max-steps", str(steps)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=env, close_fds=True,
-        )  # fmt: skip
-        pidfile.write_text(f"{proc.pid}\n{out_dir}\n")
-        print(f"demo training started (pid {proc.pid}) in {out_dir}")
     status, _ = start_engine(home)
     if status.state != "up":
         raise CliError(f"engine did not start; see {status.log_path}")
-    trackio_db = out_dir / "trackio" / "carl-demo.db"
-    deadline = time.monotonic() + 300
-    with _LazyProgress("building the tiny model and warming up") as progress:
-        while not trackio_db.exists():
-            if time.monotonic() > deadline or _live_demo(pidfile) is None:
-                raise CliError(f"demo training did not start; see {paths.logs_dir(home) / 'demo-train.log'}")
-            progress.update(0, None)
-            time.sleep(0.5)
-    _observe_via_engine(home, trackio_db, "demo")
-
-
-def _live_demo(pidfile: Path) -> Path | None:
-    """The output directory of a demo training process that is still alive, if any."""
-    try:
-        pid_text, out_dir = pidfile.read_text().split("\n")[:2]
-        os.kill(int(pid_text), 0)
-    except (OSError, ValueError):
-        return None
-    return Path(out_dir)
+    with Store(paths.db_path(home)) as store:
+        live = store.conn.execute(
+            "SELECT name FROM runs WHERE source_kind='carl' AND name LIKE 'demo%' AND status IN ('running','paused')"
+        ).fetchone()
+        if live:
+            print(f"demo run {live[0]!r} is live; opening the control room on it")
+            return
+        args = {"config": "demo", "name": "demo", **({"max_steps": steps} if steps else {})}
+        store.enqueue_command("train", args, target="engine", origin="cli")
+    print("demo training queued: the engine starts it (logs in ~/.carl/logs/train-*.log)")

@@ -69,16 +69,16 @@ class StatusBar(Static):
             if info.eta_s is not None:
                 text.append(f" ETA {compact_duration(info.eta_s)}")
             text.append(f" │ phase {info.phase or '—'}")
-            if info.health:
-                text.append(" │ ")
-                text.append(
-                    f"{HEALTH_MARK.get(info.health, '?')} {info.health}", style=health_color.get(info.health)
-                )
-                if info.health_reason:
-                    text.append(f" {info.health_reason}", style="dim")
         engine_color = theme.success if info.engine == "up" else theme.warning
         text.append(" │ engine ")
         text.append(f"{ENGINE_MARK.get(info.engine, '?')} {info.engine}", style=engine_color)
+        if info.run is not None and info.health:
+            text.append(" │ ")
+            text.append(
+                f"{HEALTH_MARK.get(info.health, '?')} {info.health}", style=health_color.get(info.health)
+            )
+            if info.health_reason:  # last: the longest part, the one to cut on a narrow screen
+                text.append(f" {info.health_reason}", style="dim")
         if info.readonly:
             text.append(" │ read-only", style="dim")
         return text

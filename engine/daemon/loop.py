@@ -49,7 +49,9 @@ INGEST_SECONDS = 0.2  # time box of one source's batch
 RETRY_FAILED_SOURCE = 5.0  # a source that raised is retried this much later, not every tick
 TROUBLE_PAUSE = 1.0  # after a tick that failed as a whole
 ANALYZE_EVERY = 1.0  # phase/health of runs that received rows, at most this often
-RECHECK_RUNNING_EVERY = 30.0  # running runs are re-checked for silence even without rows
+RECHECK_RUNNING_EVERY = (
+    5.0  # running runs are re-analysed this often (runners write directly, not via ingest)
+)
 
 log = logging.getLogger("carl.engine")
 
@@ -237,6 +239,8 @@ class Engine:
             return
         if name:
             argv += ["--name", str(name)]
+        if args.get("max_steps"):
+            argv += ["--max-steps", str(int(args["max_steps"]))]
         log_path = paths.logs_dir(self.home) / time.strftime("train-%Y%m%d-%H%M%S.log")
         with log_path.open("ab") as out:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, close_fds=True,
