@@ -1,0 +1,305 @@
+"""Phi per token, measured from the distribution that generated the token (carl.md §1-2).
+
+    H   = -sum_v p_v ln p_v   (nats)        Phi = 1 - H / ln|V|
+
+`token_entropy` reduces [N, V] logits row chunk by row chunk in float32 and never holds more
+than two [chunk, V] float32 buffers; `completion_token_stats` applies the alignment rule
+(completion token t is scored by the logits at t-1, prompt included as context);
+`phi_from_model` runs the no-grad forward that produces those logits.
+
+Only training code imports this module: torch is imported here, never in `engine.coherence`.
+
+How a chunk is reduced, and why not the textbook e = exp(z - m), s = sum e, t = sum e*z: on
+CPU `torch.exp` costs more than the whole `torch.softmax` kernel, whose vectorised exp is
+faster. So each chunk (two float32 buffers, reused) takes
+    m = max z,  d = z - m (upcast and shift in one pass),  p = softmax(d),
+    P = sum p,  p_max = max p,  T = sum p * d (in place in p)
+and, with e = exp(d) and S the kernel's own normaliser (p = e / S, and p_max = 1 / S because
+the largest d is 0):
+    ln sum e = ln P - ln p_max,   H = ln sum e - T / P,   lse = m + ln sum e.
+Dividing by our own P (an accurate pairwise sum) cancels the rounding of the kernel's S.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+# A chunk holds about this many logits (4 MiB per float32 buffer; 6 rows at |V| = 151,936).
+# bench/bench_phi.py sweeps chunk_rows on a 2-core CPU: 4-8 rows at that width are fastest, with
+# 1-2 rows paying per-op overhead and 32+ rows falling out of cache.
+CHUNK_ELEMENTS = 1 << 20
+
+
+def default_chunk_rows(vocab_size: int) -> int:
+    return max(1, CHUNK_ELEMENTS // max(1, vocab_size))
+
+
+# -- the kernel -------------------------------------------------------------------------------
+
+
+def token_entropy(
+    logits: Tensor, *, temperature: float = 1.0, chunk_rows: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """Entropy (nats) and log-sum-exp of softmax(logits / temperature), row by row.
+
+    logits: [N, V] in float32, bfloat16 or float16 (any floating dtype; reduced in float32).
+    Returns two float32 [N] tensors on the logits' device. Masked columns (-inf) carry zero
+    probability; a row with no finite logit has no distribution and gives NaN.
+    Extra memory: two [chunk_rows, V] float32 buffers, whatever N is.
+    """
+    import torch
+
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [N, V], got shape {tuple(logits.shape)}")
+    if not logits.is_floating_point():
+        raise TypeError(f"logits must be floating point, got {logits.dtype}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    n, v = logits.shape
+    entropy = torch.empty(n, dtype=torch.float32, device=logits.device)
+    lse = torch.empty(n, dtype=torch.float32, device=logits.device)
+    rows = max(1, min(chunk_rows or default_chunk_rows(v), n))
+    shifted = torch.empty(rows, v, dtype=torch.float32, device=logits.device)
+    probs = torch.empty_like(shifted)
+    for start in range(0, n, rows):
+        stop = min(start + rows, n)
+        chunk = logits[start:stop]
+        h, lz = _reduce_chunk(chunk, temperature, shifted[: stop - start], probs[: stop - start])
+        entropy[start:stop], lse[start:stop] = h, lz
+    return entropy, lse
+
+
+def _reduce_chunk(chunk: Tensor, temperature: float, shifted: Tensor, probs: Tensor) -> tuple[Tensor, Tensor]:
+    """(entropy, lse) of one chunk; `shifted` and `probs` are float32 buffers of its shape."""
+    import torch
+
+    m = chunk.amax(dim=-1, keepdim=True).float()
+    # The shift keeps the products summed below small, so float32 gets H to ~1e-6 nats whatever
+    # the logits' offset. A low-precision chunk is upcast into the buffer first and shifted in
+    # place: a mixed-dtype sub would allocate a float32 temporary of the chunk's size.
+    same = chunk.dtype == torch.float32
+    d = torch.sub(chunk, m, out=shifted) if same else shifted.copy_(chunk).sub_(m)
+    if temperature != 1.0:
+        d.div_(temperature)
+    p = torch.softmax(d, dim=-1, out=probs)
+    total = p.sum(dim=-1, keepdim=True)  # P: 1 up to the kernel's rounding of its normaliser
+    log_norm = total.log() - p.amax(dim=-1, keepdim=True).log()  # ln sum exp(d)
+    dot = p.mul_(d).sum(dim=-1, keepdim=True)  # T = sum p * d, in place: no third buffer
+    if bool(dot.isnan().any()):
+        # 0 * -inf at masked columns; those columns carry no probability, so drop them.
+        dot = torch.where(dot.isnan(), p.nansum(dim=-1, keepdim=True), dot)
+    entropy = (log_norm - dot / total).clamp_(min=0.0)  # clamp: rounding just below 0 only
+    return entropy.squeeze(-1), (m / temperature + log_norm).squeeze(-1)
+
+
+def reference_entropy(logits: Tensor, *, temperature: float = 1.0) -> Tensor:
+    """Float64 entropy (nats) by plain log_softmax, for tests and benches: [N, V] -> [N]."""
+    import torch
+
+    logp = torch.log_softmax(logits.double() / temperature, dim=-1)
+    # xlogy-style: 0 * -inf is 0 at masked columns, not NaN.
+    return -torch.where(logp.isneginf(), torch.zeros_like(logp), logp.exp() * logp).sum(dim=-1)
+
+
+def phi_from_entropy(entropy: Tensor, vocab_size: int) -> Tensor:
+    """Phi = 1 - H / ln|V|, with |V| the logits width (carl.md §1)."""
+    if vocab_size < 2:
+        raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
+    return 1.0 - entropy / math.log(vocab_size)
+
+
+def selected_token_stats(
+    logits: Tensor, next_ids: Tensor, lse: Tensor, *, temperature: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """(probability, surprisal in nats) of next_ids[i] under row i, with `lse` from `token_entropy`.
+
+    logits [N, V], next_ids [N], lse [N] (same temperature). Both results are float32 [N].
+    """
+    picked = logits.gather(-1, next_ids.long().unsqueeze(-1)).squeeze(-1).float()
+    logp = (picked / temperature - lse).clamp_(max=0.0)  # rounding can put it a hair above 0
+    return logp.exp(), -logp
+
+
+# -- completions ------------------------------------------------------------------------------
+
+
+@dataclass
+class CompletionTokenStats:
+    """Per-token values of each completion (float32 arrays, one per sequence, completion tokens only)."""
+
+    phi: list[np.ndarray]
+    entropy: list[np.ndarray]  # nats
+    selected_prob: list[np.ndarray]
+    surprisal: list[np.ndarray]  # nats
+    vocab_size: int
+    temperature: float
+
+    def __len__(self) -> int:
+        return len(self.phi)
+
+
+def completion_mask_from_lengths(prompt_lengths: Any, attention_mask: Tensor) -> Tensor:
+    """Completion positions: column >= prompt_lengths[b] and not padding.
+
+    prompt_lengths[b] is the column of row b's first completion token (padding before it
+    included), e.g. len(prompt) for right-padded prompt + completion rows.
+    """
+    import torch
+
+    lengths = torch.as_tensor(prompt_lengths, device=attention_mask.device).view(-1, 1)
+    columns = torch.arange(attention_mask.shape[1], device=attention_mask.device).view(1, -1)
+    return (columns >= lengths) & attention_mask.bool()
+
+
+def completion_token_stats(
+    logits: Tensor,
+    input_ids: Tensor,
+    *,
+    completion_mask: Tensor | None = None,
+    prompt_lengths: Any = None,
+    attention_mask: Tensor | None = None,
+    vocab_size: int | None = None,
+    temperature: float = 1.0,
+    chunk_rows: int | None = None,
+) -> CompletionTokenStats:
+    """Phi, entropy, selected probability and surprisal of every completion token.
+
+    logits [B, T, V] from a plain forward over the prompt + completion ids [B, T]. Completion
+    token t is scored by logits[:, t - 1] (carl.md §2): the prompt is context, and prompt and
+    padding positions are masked out. Give `completion_mask` [B, T] (1 at completion tokens),
+    or `prompt_lengths` [B] with an optional `attention_mask` for the padding. `vocab_size`
+    defaults to the logits width, which is the |V| of Phi.
+    """
+    if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(input_ids.shape):
+        raise ValueError(
+            f"logits {tuple(logits.shape)} must be [B, T, V] over input_ids {tuple(input_ids.shape)}"
+        )
+    mask = _completion_mask(input_ids, completion_mask, prompt_lengths, attention_mask)
+    width = vocab_size or logits.shape[-1]
+    out = CompletionTokenStats([], [], [], [], width, temperature)
+    for row in range(input_ids.shape[0]):
+        stats = _sequence_stats(logits[row], input_ids[row], mask[row], temperature, chunk_rows)
+        entropy, prob, surprisal = (t.cpu().numpy().astype(np.float32, copy=False) for t in stats)
+        out.phi.append((1.0 - entropy / np.float32(math.log(width))).astype(np.float32))
+        out.entropy.append(entropy)
+        out.selected_prob.append(prob)
+        out.surprisal.append(surprisal)
+    return out
+
+
+def _completion_mask(
+    input_ids: Tensor, completion_mask: Tensor | None, prompt_lengths: Any, attention_mask: Tensor | None
+) -> Tensor:
+    import torch
+
+    if completion_mask is not None:
+        mask = torch.as_tensor(completion_mask, device=input_ids.device).bool()
+    elif prompt_lengths is not None:
+        attention = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        mask = completion_mask_from_lengths(prompt_lengths, attention.to(input_ids.device))
+    else:
+        raise ValueError("give completion_mask or prompt_lengths")
+    if mask.shape != input_ids.shape:
+        raise ValueError(f"completion mask {tuple(mask.shape)} must match input_ids {tuple(input_ids.shape)}")
+    if bool(mask[:, 0].any()):
+        raise ValueError("a completion token at column 0 has no previous position to be scored by")
+    return mask
+
+
+def _sequence_stats(
+    logits: Tensor, ids: Tensor, mask: Tensor, temperature: float, chunk_rows: int | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(entropy, selected_prob, surprisal) at one sequence's completion tokens."""
+    import torch
+
+    positions = mask.nonzero().squeeze(-1)
+    if positions.numel() == 0:
+        empty = torch.empty(0, dtype=torch.float32)
+        return empty, empty, empty
+    first, last = int(positions[0]), int(positions[-1])
+    # One contiguous view of rows first-1 .. last-1 (no copy); rows inside it that are not
+    # completion positions (rare holes in the mask) are reduced and then dropped.
+    span = logits[first - 1 : last]
+    entropy, lse = token_entropy(span, temperature=temperature, chunk_rows=chunk_rows)
+    prob, surprisal = selected_token_stats(span, ids[first : last + 1], lse, temperature=temperature)
+    keep = positions - first
+    return entropy[keep], prob[keep], surprisal[keep]
+
+
+# -- from a model -----------------------------------------------------------------------------
+
+
+def phi_from_model(
+    model: Any,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    completion_mask: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_rows: int | None = None,
+    vocab_size: int | None = None,
+) -> CompletionTokenStats:
+    """One no-grad forward of a causal LM over prompt + completion ids, reduced to per-token Phi.
+
+    The logits stay in the model's dtype and are reduced chunk by chunk in float32. Positions
+    before the earliest completion token's predecessor are not projected at all when the model
+    takes `logits_to_keep` (transformers' causal LMs do). The model is put in eval mode for the
+    forward (no dropout) and restored after.
+    """
+    import torch
+
+    mask = torch.as_tensor(completion_mask, device=input_ids.device).bool()
+    if not bool(mask.any()):
+        width = vocab_size or _config_vocab_size(model)
+        empty = [np.zeros(0, dtype=np.float32) for _ in range(input_ids.shape[0])]
+        return CompletionTokenStats(empty, list(empty), list(empty), list(empty), width, temperature)
+    first = int(mask.any(dim=0).nonzero()[0])
+    if first == 0:
+        raise ValueError("a completion token at column 0 has no previous position to be scored by")
+    kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        kwargs["logits_to_keep"] = input_ids.shape[1] - (first - 1)  # columns first-1 .. T-1
+    was_training = bool(getattr(model, "training", False))
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = model(**kwargs).logits
+    finally:
+        model.train(was_training)
+    offset = input_ids.shape[1] - logits.shape[1]  # columns dropped on the left
+    return completion_token_stats(
+        logits,
+        input_ids[:, offset:],
+        completion_mask=mask[:, offset:],
+        vocab_size=vocab_size or logits.shape[-1],
+        temperature=temperature,
+        chunk_rows=chunk_rows,
+    )
+
+
+def _config_vocab_size(model: Any) -> int:
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(text.vocab_size)
+
+
+__all__ = [
+    "CHUNK_ELEMENTS",
+    "CompletionTokenStats",
+    "completion_mask_from_lengths",
+    "completion_token_stats",
+    "default_chunk_rows",
+    "phi_from_entropy",
+    "phi_from_model",
+    "reference_entropy",
+    "selected_token_stats",
+    "token_entropy",
+]

@@ -1,0 +1,81 @@
+"""`carl train` and `carl init`, as functions the CLI wires in (and `python -m engine.training`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .config import ConfigError, load_config, write_default_config
+
+# Flags that override a carl.yaml field of the same name.
+OVERRIDES = ("model", "dataset", "method", "backend", "max_steps")
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", "-c", type=Path, default=None, help="carl.yaml (default: built-in defaults)"
+    )
+    parser.add_argument("--name", default=None, help="run name (default: the config's name)")
+    parser.add_argument("--model", "-m", default=None, help="'carl-tiny', a model directory or a hub id")
+    parser.add_argument(
+        "--dataset", "-d", default=None, help="'demo' or a .jsonl/.json file with a prompt column"
+    )
+    parser.add_argument("--method", choices=("grpo", "sft"), default=None)
+    parser.add_argument("--backend", choices=("auto", "torch", "mlx"), default=None)
+    parser.add_argument("--max-steps", type=int, default=None, help="steps of the main phase")
+    parser.add_argument(
+        "--resume", default=None, metavar="RUN", help="continue RUN (name or id) from its last checkpoint"
+    )
+    parser.add_argument("--home", type=Path, default=None, help="carl home (default: $CARL_HOME or ~/.carl)")
+
+
+def train_from_args(args: argparse.Namespace) -> int:
+    """Run `carl train` with parsed arguments; returns the exit code."""
+    from engine import paths
+
+    from .runner import EXIT_BAD_INPUT, BadInput, record_failed_run, run_training, say_error
+
+    overrides: dict[str, Any] = {key: getattr(args, key) for key in OVERRIDES}
+    home = args.home.expanduser() if args.home else paths.carl_home()
+    try:
+        if args.resume and args.config is None:
+            config = _resumed_config(home, args.resume, overrides)
+        else:
+            config = load_config(args.config, overrides)
+    except BadInput as exc:
+        say_error(str(exc))
+        return EXIT_BAD_INPUT
+    except ConfigError as exc:
+        say_error(str(exc))
+        name = args.name or (args.config.stem if args.config else "run")
+        if not args.resume:
+            record_failed_run(home, name, str(exc))
+        return EXIT_BAD_INPUT
+    return run_training(config, home=home, run_name=args.name, resume=args.resume)
+
+
+def _resumed_config(home: Path, ref: str, overrides: dict[str, Any]) -> Any:
+    """The run's own config, with the flags given now on top (e.g. a larger --max-steps)."""
+    from engine import paths
+    from engine.store import Store
+
+    from .config import config_from_data
+    from .runner import stored_config
+
+    with Store(paths.db_path(home)) as store:
+        data = stored_config(store, ref)
+    return config_from_data(data, f"run {ref}", overrides)
+
+
+def init_config(path: str | Path) -> None:
+    """Write the commented default carl.yaml (`carl init`); ConfigError if it exists."""
+    write_default_config(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m engine.training", description="Train a model, reporting to carl."
+    )
+    add_train_arguments(parser)
+    return train_from_args(parser.parse_args(argv))

@@ -1,0 +1,219 @@
+"""A training run as its own process: create (or reopen) the run, train, settle its status.
+
+Exit codes: 0 finished or stopped; 1 training failed (a reward raised, the loss became NaN, a
+crash); 2 bad input (config, model path, dataset columns, a reward that cannot be imported).
+A failure leaves the run 'failed' with a one-line reason and prints that line on stderr; nothing
+else in the store is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from engine import paths
+from engine.store import Store, StoreError
+
+from .backend import BadInput, CommandPump, Reporter, TrainingBackend, TrainingFailed, one_line
+from .config import ConfigError, TrainConfig
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def say_error(message: str) -> None:
+    print(f"carl train: {message}", file=sys.stderr, flush=True)
+
+
+def select_backend(config: TrainConfig) -> str:
+    if config.backend == "mlx":
+        raise BadInput("the MLX backend is not built yet (use --backend torch)")
+    return "torch"  # auto: torch is the backend this machine has
+
+
+def make_backend(name: str, config: TrainConfig, **kwargs: Any) -> TrainingBackend:
+    from .torch_backend import TorchBackend  # torch is imported only when training starts
+
+    return TorchBackend(config, **kwargs)
+
+
+def find_run(store: Store, ref: str) -> dict[str, Any]:
+    """A carl run by name, or by id."""
+    run_id = store.run_id_by_name(ref)
+    if run_id is None and ref.isdigit():
+        run_id = int(ref)
+    run = store.run(run_id) if run_id is not None else None
+    if run is None:
+        raise BadInput(f"--resume {ref}: no such run")
+    if run["source_kind"] != "carl":
+        raise BadInput(
+            f"--resume {ref}: run {run['name']!r} was not trained by carl (it is {run['source_kind']})"
+        )
+    if run["status"] in ("running", "paused") and _alive(run["pid"]):
+        raise BadInput(f"--resume {ref}: run {run['name']!r} is still running (pid {run['pid']})")
+    if not run["output_dir"]:
+        raise BadInput(f"--resume {ref}: run {run['name']!r} has no output directory")
+    return run
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stored_config(store: Store, ref: str) -> dict[str, Any]:
+    """The configuration a run was started with (for `--resume` without `--config`)."""
+    import json
+
+    return json.loads(find_run(store, ref)["config"] or "{}")
+
+
+def record_failed_run(
+    home: Path | None, name: str, reason: str, config: dict[str, Any] | None = None
+) -> None:
+    """A run that could not even start (invalid config) still shows in the control room, failed."""
+    try:
+        with Store(paths.db_path(home or paths.carl_home())) as store:
+            run_id = store.create_run(name, source_kind="carl", status="failed", config=config or {})
+            store.update_run(run_id, error=reason, pid=os.getpid(), ended_at=_now())
+    except StoreError as exc:
+        say_error(str(exc))
+
+
+def _now() -> float:
+    import time
+
+    return time.time()
+
+
+@contextmanager
+def graceful_signals(pump: CommandPump) -> Iterator[None]:
+    """SIGTERM / SIGINT stop at the next step boundary, with a checkpoint (like the stop command);
+    a second one ends the process at once."""
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        pump.request_stop(f"stopped by {signal.Signals(signum).name}")
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_training(
+    config: TrainConfig, *, home: Path | None = None, run_name: str | None = None, resume: str | None = None
+) -> int:
+    """Train `config` as a run in the store at `home` (or resume run `resume`); returns the exit code."""
+    home = paths.carl_home() if home is None else Path(home)
+    try:
+        store = Store(paths.db_path(home))
+    except StoreError as exc:
+        say_error(str(exc))
+        return EXIT_BAD_INPUT
+    with store:
+        try:
+            run_id, output_dir = _open_run(store, config, home, run_name, resume)
+        except BadInput as exc:
+            say_error(str(exc))
+            return EXIT_BAD_INPUT
+        return _train(store, run_id, config, home, output_dir, resuming=resume is not None)
+
+
+def _open_run(store: Store, config: TrainConfig, home: Path, run_name: str | None, resume: str | None
+              ) -> tuple[int, Path]:  # fmt: skip
+    fields = {"pid": os.getpid(), "temperature": config.temperature, "backend": config.backend,
+              "model": config.model, "max_steps": config.total_steps}  # fmt: skip
+    if resume is not None:
+        run = find_run(store, resume)
+        store.update_run(run["id"], status="running", error=None, ended_at=None,
+                         config=config.model_dump(), **fields)  # fmt: skip
+        return run["id"], Path(run["output_dir"])
+    run_id = store.create_run(run_name or config.name, source_kind="carl", config=config.model_dump(),
+                              backend=config.backend, model=config.model, max_steps=config.total_steps)  # fmt: skip
+    name = store.run(run_id)["name"]  # type: ignore[index]
+    output_dir = (
+        Path(config.output_dir).expanduser().resolve() if config.output_dir else paths.runs_dir(home) / name
+    )
+    store.update_run(run_id, output_dir=str(output_dir), **fields)
+    return run_id, output_dir
+
+
+def _train(
+    store: Store, run_id: int, config: TrainConfig, home: Path, output_dir: Path, *, resuming: bool
+) -> int:
+    reporter = Reporter(store, run_id)
+    pump = CommandPump(store, run_id, reporter)
+    try:
+        backend_name = select_backend(config)
+        store.update_run(run_id, backend=backend_name)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        backend = make_backend(backend_name, config, home=home, output_dir=output_dir, reporter=reporter,
+                               pump=pump, resuming=resuming)  # fmt: skip
+        backend.prepare()
+        resume_from = None
+        if resuming:
+            resume_from, keep_step = backend.resume_point()
+            store.truncate_run_after(run_id, keep_step)  # those steps are replayed from the checkpoint
+            reporter.event(keep_step, "resume", str(resume_from or "from the start"))
+        with graceful_signals(pump):
+            status = backend.train(resume_from)
+    except BadInput as exc:
+        return _failed(reporter, pump, str(exc), EXIT_BAD_INPUT)
+    except (TrainingFailed, ConfigError) as exc:
+        return _failed(reporter, pump, str(exc), EXIT_FAILED)
+    except KeyboardInterrupt:
+        return _failed(reporter, pump, "interrupted", EXIT_FAILED)
+    except Exception as exc:
+        cause = _training_failure(exc)
+        if cause is not None:
+            return _failed(reporter, pump, str(cause), EXIT_FAILED)
+        if _diverged(exc):
+            step = (store.run(run_id) or {}).get("last_step") or 0
+            reason = f"training diverged at step {step + 1}: the model's probabilities became NaN or inf"
+            return _failed(reporter, pump, reason + " (is the learning rate too high?)", EXIT_FAILED)
+        traceback.print_exc()  # a bug: the log keeps the traceback, the run keeps one line
+        return _failed(reporter, pump, one_line(exc), EXIT_FAILED)
+    pump.abandon(f"the run was {status} before this command could be applied")
+    reporter.set_status(status)
+    return EXIT_OK
+
+
+def _training_failure(exc: BaseException) -> TrainingFailed | None:
+    """A TrainingFailed raised in a reward may reach us wrapped by a library; find it."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, TrainingFailed):
+            return exc
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        seen += 1
+    return None
+
+
+def _diverged(exc: BaseException) -> bool:
+    """Sampling from NaN/inf logits: the weights blew up in an earlier optimizer step."""
+    return isinstance(exc, RuntimeError) and "probability tensor contains either" in str(exc)
+
+
+def _failed(reporter: Reporter, pump: CommandPump, reason: str, code: int) -> int:
+    reason = " ".join(reason.split())
+    pump.abandon(f"the run failed: {reason}")
+    reporter.set_status("failed", error=reason)
+    say_error(reason)
+    return code

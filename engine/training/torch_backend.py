@@ -1,0 +1,617 @@
+"""The torch backend: TRL's GRPOTrainer (and SFTTrainer), reporting every step to the store.
+
+Phi comes from the forward the training already does: `CarlGRPOTrainer` keeps the per-token
+entropies TRL computes in its loss forward (`_get_per_token_logps_and_entropies` with
+`compute_entropy=True`, at the sampling temperature), so per-step Phi costs no extra model call.
+Only the gated coherence rewards need Phi *before* that forward, at reward time; they get it from
+one no-grad forward of prompt + completion ids, and only once the cascade gate has opened.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PrinterCallback, TrainerCallback
+
+from engine.coherence.phi import phi_from_entropy, phi_from_model
+from engine.coherence.summary import pick_traces, step_phi_stats
+from engine.demo.task import completion_text
+from engine.errors import CarlError
+from engine.models.tiny import build_tiny_model, default_model_dir
+
+from .backend import BadInput, CommandPump, Reporter, StepRecord, TrainingFailed, numeric_logs
+from .cascade import RewardSet, build_rewards
+from .config import DEMO_DATASET, TINY_MODEL, TrainConfig
+from .hf import CommandCallback, entropy_to_phi
+
+CARL_STATE = "carl_gate.json"  # gate, weights and calibration, saved into every checkpoint
+WARMUP_DIR = "sft-warmup"  # the model after the SFT warm-up, the base of the GRPO phase
+WARMUP_DONE = "carl_warmup.json"
+CPU_THREADS = 1  # tiny matrices: extra intra-op threads only add synchronisation (measured 2-10x slower)
+SAVE_TOTAL_LIMIT = 2
+
+
+# -- inputs ------------------------------------------------------------------------------------
+
+
+def is_local_model(model: str) -> bool:
+    """A path (absolute, relative with ./ or ../, ~, or existing) rather than a hub id."""
+    return (
+        model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or Path(model).expanduser().exists()
+    )
+
+
+def resolve_model(model: str, home: Path, seed: int) -> str:
+    """The directory or hub id to load; builds the tiny model on first use."""
+    if model == TINY_MODEL:
+        return str(build_tiny_model(default_model_dir(home), seed=0))
+    if is_local_model(model):
+        path = Path(model).expanduser()
+        if not path.is_dir():
+            raise BadInput(f"model {model}: no such directory")
+        if not (path / "config.json").is_file():
+            raise BadInput(f"model {model}: not a model directory (no config.json)")
+        return str(path.resolve())
+    return model
+
+
+def load_rows(dataset: str, seed: int) -> list[dict[str, Any]]:
+    """The dataset's rows: the demo task, or a .jsonl / .json file of objects."""
+    if dataset == DEMO_DATASET:
+        from engine.demo.task import task_rows
+
+        return task_rows(seed)
+    path = Path(dataset).expanduser()
+    if not path.is_file():
+        raise BadInput(f"dataset {dataset}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".jsonl":
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        else:
+            rows = json.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise BadInput(f"dataset {dataset}: not readable JSON ({' '.join(str(exc).split())})") from None
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise BadInput(f"dataset {dataset}: expected a non-empty list of JSON objects")
+    return rows
+
+
+def dataset_columns(rows: list[dict[str, Any]]) -> set[str]:
+    """Columns every row has (a column missing from some rows is not usable)."""
+    columns = set(rows[0])
+    for row in rows[1:]:
+        columns &= set(row)
+    return columns
+
+
+def prompt_text(prompt: Any) -> str:
+    """A prompt for display: plain text, or a conversation as 'role: content' lines."""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(f"{m.get('role', '?')}: {m.get('content', '')}" for m in prompt)
+
+
+def _offline_if_local(model: str) -> None:
+    """Nothing to download for a local model: make sure nothing is even asked of the hub."""
+    if model == TINY_MODEL or is_local_model(model):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+
+
+# -- what one GRPO step produced -------------------------------------------------------------------
+
+
+@dataclass
+class StepCapture:
+    """The current optimizer step's generations, rewards and loss-forward entropies."""
+
+    prompts: list[Any] = field(default_factory=list)
+    completions: list[Any] = field(default_factory=list)
+    prompt_ids: list[list[int]] = field(default_factory=list)
+    completion_ids: list[list[int]] = field(default_factory=list)
+    rewards: np.ndarray | None = None  # (completions, functions), NaN where a function gave None
+    weights: list[float] = field(default_factory=list)  # the reward weights this step used
+    entropy: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict)  # sequence -> per-token nats
+    phi_seconds: float = 0.0  # spent on reward-time Phi (the extra forward), for the overhead figure
+
+    def add_forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int,
+                    entropies: torch.Tensor) -> None:  # fmt: skip
+        ids, mask = input_ids.detach().cpu(), attention_mask.detach().cpu().bool()
+        ent = entropies.detach().float().cpu()
+        for row in range(ids.shape[0]):
+            sequence = tuple(ids[row][mask[row]].tolist())
+            self.entropy[sequence] = ent[row][mask[row, -keep:]].numpy().astype(np.float64)
+
+    def entropies(self) -> list[np.ndarray | None]:
+        """Per completion, in generation order: its tokens' entropies from the loss forward."""
+        return [
+            self.entropy.get(tuple(p + c)) for p, c in zip(self.prompt_ids, self.completion_ids, strict=True)
+        ]
+
+    def task_mean(self, names: list[str], task_names: list[str]) -> float:
+        if self.rewards is None or not task_names:
+            return math.nan
+        columns = [names.index(n) for n in task_names]
+        values = self.rewards[:, columns]
+        return round(float(np.nanmean(values)), 6) if np.isfinite(values).any() else math.nan
+
+    def totals(self) -> np.ndarray:
+        """Each completion's weighted reward, as TRL sums it."""
+        assert self.rewards is not None
+        return np.nansum(self.rewards * np.asarray(self.weights)[None, :], axis=1)
+
+
+def make_trainer_class() -> type:
+    """GRPOTrainer, keeping what each step generates, scores and measures (built lazily: trl is slow to import)."""
+    from trl import GRPOTrainer
+
+    class CarlGRPOTrainer(GRPOTrainer):
+        capture: StepCapture
+
+        def _generate(self, prompts: list) -> Any:
+            out = super()._generate(prompts)
+            if self.model.training:
+                self.capture = StepCapture(prompt_ids=[list(p) for p in out[0]],
+                                           completion_ids=[list(c) for c in out[1]])  # fmt: skip
+            return out
+
+        def _calculate_rewards(
+            self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any
+        ) -> Any:
+            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            if self.model.training:
+                self.capture.prompts, self.capture.completions = list(prompts), list(completions)
+                self.capture.rewards = rewards.detach().float().cpu().numpy()
+                self.capture.weights = self.reward_weights.tolist()
+            return rewards
+
+        def _get_per_token_logps_and_entropies(self, model: Any, input_ids: Any, attention_mask: Any,
+                                               logits_to_keep: int, *args: Any, **kwargs: Any) -> Any:  # fmt: skip
+            logps, entropies, aux = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+            )
+            # compute_entropy=True only in the loss forward: the policy that sampled these tokens.
+            if entropies is not None and self.model.training:
+                self.capture.add_forward(input_ids, attention_mask, logits_to_keep, entropies)
+            return logps, entropies, aux
+
+    return CarlGRPOTrainer
+
+
+# -- the backend -----------------------------------------------------------------------------------
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(self, config: TrainConfig, *, home: Path, output_dir: Path, reporter: Reporter,
+                 pump: CommandPump, resuming: bool = False) -> None:  # fmt: skip
+        self.config = config
+        self.home = home
+        self.output_dir = output_dir
+        self.reporter = reporter
+        self.pump = pump
+        self.resuming = resuming
+        self.rng = np.random.default_rng(config.seed)  # which completion is the step's "random" trace
+        self.rewards: RewardSet | None = None
+        self.vocab_size = 0
+        self.model_path = ""
+        self.tokenizer: Any = None
+        self.model: Any = None
+        self.rows: list[dict[str, Any]] = []
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    # -- prepare -------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        from transformers.utils import logging as hf_logging
+
+        config = self.config
+        _offline_if_local(config.model)
+        hf_logging.disable_progress_bar()  # the run's log is read as lines, by people and the control room
+        if self.device == "cpu":
+            torch.set_num_threads(CPU_THREADS)
+        torch.manual_seed(config.seed)
+        self.rows = load_rows(config.dataset, config.seed)
+        columns = dataset_columns(self.rows)
+        if "prompt" not in columns:
+            raise BadInput(
+                f"dataset {config.dataset}: no 'prompt' column (columns: {', '.join(sorted(columns))})"
+            )
+        if config.method == "sft" and "completion" not in columns:
+            raise BadInput(
+                f"dataset {config.dataset}: SFT needs a 'completion' column (columns: {', '.join(sorted(columns))})"
+            )
+        if config.method == "grpo":
+            self.rewards = build_rewards(config)
+            self.rewards.check_columns(columns, config.dataset)
+        self.model_path = resolve_model(config.model, self.home, config.seed)
+        self.tokenizer, self.model = self._load(self.model_path)
+        self.vocab_size = int(self.model.config.get_text_config().vocab_size)
+
+    def _load(self, where: str) -> tuple[Any, Any]:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        dtype = torch.bfloat16 if self.device == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(where)
+            model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
+        except OSError as exc:
+            raise BadInput(
+                f"model {self.config.model}: cannot load it ({' '.join(str(exc).split())[:200]})"
+            ) from None
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer, model
+
+    # -- resume ----------------------------------------------------------------------------------
+
+    def warmup_steps(self) -> int:
+        return self.config.sft_warmup_steps if self.config.method == "grpo" else 0
+
+    def warmup_done(self) -> bool:
+        return (self.output_dir / WARMUP_DIR / WARMUP_DONE).is_file()
+
+    def resume_point(self) -> tuple[Path | None, int]:
+        """The newest complete checkpoint and the store step it stands for (what to keep)."""
+        checkpoints = []
+        for path in self.output_dir.glob("checkpoint-*"):
+            number = path.name.removeprefix("checkpoint-")
+            if number.isdigit() and (path / "trainer_state.json").is_file() and (path / CARL_STATE).is_file():
+                checkpoints.append((int(number), path))
+        if checkpoints:
+            _, path = max(checkpoints)
+            state = json.loads((path / CARL_STATE).read_text())
+            return path, int(state["store_step"])
+        return None, self.warmup_steps() if self.warmup_done() else 0
+
+    # -- train -----------------------------------------------------------------------------------
+
+    def train(self, resume_from: Path | None) -> str:
+        config = self.config
+        self.reporter.store.update_run(self.reporter.run_id, vocab_size=self.vocab_size,
+                                       temperature=config.temperature, model=config.model)  # fmt: skip
+        if config.method == "sft":
+            return self._sft(self.model, steps=config.max_steps, offset=0, out=self.output_dir,
+                             resume_from=resume_from, warmup=False)  # fmt: skip
+        model, offset = self.model, 0
+        if self.warmup_steps():
+            if self.resuming and self.warmup_done():
+                _, model = self._load(str(self.output_dir / WARMUP_DIR))
+            elif "completion" not in dataset_columns(self.rows):
+                _say(f"no 'completion' column in {config.dataset}: skipping the SFT warm-up")
+            else:
+                status = self._sft(model, steps=self.warmup_steps(), offset=0, out=self.output_dir / WARMUP_DIR,
+                                   resume_from=None, warmup=True)  # fmt: skip
+                if status != "finished":
+                    return status
+                model = self._save_warmup(model)
+            offset = self.warmup_steps()
+        return self._grpo(model, offset, resume_from)
+
+    def _common_args(self) -> dict[str, Any]:
+        cpu = self.device == "cpu"
+        return {
+            "seed": self.config.seed,
+            "learning_rate": self.config.learning_rate,
+            "lr_scheduler_type": "constant",  # set_lr then means what it says
+            "logging_steps": 1,
+            "logging_nan_inf_filter": False,  # a NaN loss must reach the reporter, not be papered over
+            "gradient_accumulation_steps": 1,  # one generation batch per optimizer step
+            "report_to": [],
+            "use_cpu": cpu,
+            "bf16": not cpu and torch.cuda.is_bf16_supported(),
+            "fp16": False,
+            "dataloader_num_workers": 0,
+            "disable_tqdm": True,
+            "push_to_hub": False,
+            **({"activation_checkpointing": False} if cpu else {}),  # recomputation only costs time on CPU
+        }
+
+    def _peft_config(self) -> Any:
+        lora = self.config.lora
+        if not lora.enabled:
+            return None
+        from peft import LoraConfig
+
+        return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                          target_modules=lora.target_modules, task_type="CAUSAL_LM")  # fmt: skip
+
+    def _sft(
+        self, model: Any, *, steps: int, offset: int, out: Path, resume_from: Path | None, warmup: bool
+    ) -> str:
+        from datasets import Dataset
+        from trl import SFTConfig, SFTTrainer
+
+        rows = [{"prompt": r["prompt"], "completion": r["completion"]} for r in self.rows]
+        args = SFTConfig(
+            output_dir=str(out),
+            max_steps=steps,
+            per_device_train_batch_size=self.config.per_device_train_batch_size * (4 if warmup else 1),
+            save_strategy="no" if warmup else "steps",
+            save_steps=self.config.save_steps,
+            save_total_limit=SAVE_TOTAL_LIMIT,
+            **self._common_args(),
+        )
+        if warmup:
+            args.learning_rate = self.config.learning_rate * 5  # a short warm-up on gold answers: move fast
+        reporter = SFTReporter(self, offset, "sft warm-up" if warmup else "sft")
+        trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                             processing_class=self.tokenizer, peft_config=self._peft_config())  # fmt: skip
+        # During a warm-up a new weight takes effect when GRPO starts; an SFT run has no rewards.
+        set_weight = self.rewards.set_weight if self.rewards is not None else _no_rewards
+        self._install(trainer, reporter, offset, set_weight=set_weight)
+        started = time.monotonic()
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        _say(f"{reporter.phase}: {trainer.state.global_step} steps in {time.monotonic() - started:.1f}s")
+        self.trainer = trainer
+        return "stopped" if self.pump.stopping else "finished"
+
+    def _save_warmup(self, model: Any) -> Any:
+        """Keep the warmed-up model on disk: a resumed GRPO phase starts from it (LoRA merged in)."""
+        trained = self.trainer.model
+        if hasattr(trained, "merge_and_unload"):
+            trained = trained.merge_and_unload()
+        path = self.output_dir / WARMUP_DIR
+        trained.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        (path / WARMUP_DONE).write_text(json.dumps({"steps": self.warmup_steps()}) + "\n")
+        return trained
+
+    def _grpo(self, model: Any, offset: int, resume_from: Path | None) -> str:
+        from datasets import Dataset
+        from trl import GRPOConfig
+
+        assert self.rewards is not None
+        config, rewards = self.config, self.rewards
+        if resume_from is not None:
+            state = json.loads((resume_from / CARL_STATE).read_text())
+            rewards.load_state_dict(state["rewards"])
+        # `prompt` drives generation; every other column reaches the reward functions as a keyword.
+        rows = [{key: value for key, value in row.items() if key != "completion"} for row in self.rows]
+        args = GRPOConfig(
+            output_dir=str(self.output_dir),
+            max_steps=config.max_steps,
+            per_device_train_batch_size=config.per_device_train_batch_size,
+            num_generations=config.num_generations,
+            max_completion_length=config.max_completion_length,
+            temperature=config.temperature,
+            beta=0.0,
+            save_steps=config.save_steps,
+            save_total_limit=SAVE_TOTAL_LIMIT,
+            reward_weights=rewards.current_weights(),
+            # Each reward scaled to unit spread in its group before weighting: the weights, and so the
+            # cap that keeps coherence below the task reward, are then each reward's share of the advantage.
+            multi_objective_aggregation=config.aggregation,
+            **self._common_args(),
+        )
+        trainer = make_trainer_class()(
+            model=model, reward_funcs=rewards.funcs, args=args, train_dataset=Dataset.from_list(rows),
+            processing_class=self.tokenizer, peft_config=self._peft_config(),
+        )  # fmt: skip
+        trainer.capture = StepCapture()
+        self.trainer = trainer
+        if rewards.phi_rewards:
+            rewards.set_phi_provider(RewardPhi(trainer, config.temperature))
+        reporter = GRPOReporter(self, rewards, offset)
+        self._install(trainer, reporter, offset, set_weight=reporter.set_weight)
+        started = time.monotonic()
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        steps = trainer.state.global_step
+        _say(f"grpo: {steps} steps in {time.monotonic() - started:.1f}s")
+        return "stopped" if self.pump.stopping else "finished"
+
+    def _install(self, trainer: Any, reporter: TrainerCallback, offset: int, set_weight: Any) -> None:
+        trainer.remove_callback(PrinterCallback)  # it prints every log as a dict; we print one line a step
+        trainer.add_callback(reporter)
+        trainer.add_callback(
+            CommandCallback(self.pump, step_offset=offset, set_weight=set_weight,
+                            on_checkpoint=getattr(reporter, "save_state", None))
+        )  # fmt: skip
+
+
+def _no_rewards(reward: str, weight: float) -> str:
+    raise CarlError("set_weight: an SFT run has no reward weights")
+
+
+class RewardPhi:
+    """Per-token Phi of this step's completions for the coherence rewards: one no-grad forward of
+    prompt + completion ids through the policy (token t scored by the logits at t-1)."""
+
+    def __init__(self, trainer: Any, temperature: float) -> None:
+        self.trainer = trainer
+        self.temperature = temperature
+
+    def __call__(self, *, prompts: list, completions: list, completion_ids: Sequence[Sequence[int]] | None = None,
+                 **kwargs: Any) -> list[np.ndarray | None]:  # fmt: skip
+        started = time.perf_counter()
+        capture: StepCapture = self.trainer.capture
+        if completion_ids is None or len(capture.prompt_ids) != len(completion_ids):
+            return [None] * len(completions)
+        sequences = [list(p) + list(c) for p, c in zip(capture.prompt_ids, completion_ids, strict=True)]
+        width = max(len(s) for s in sequences)
+        pad = self.trainer.processing_class.pad_token_id or 0
+        device = self.trainer.accelerator.device
+        input_ids = torch.full((len(sequences), width), pad, dtype=torch.long, device=device)
+        attention = torch.zeros_like(input_ids)
+        completion_mask = torch.zeros_like(input_ids)
+        for row, (prompt, seq) in enumerate(zip(capture.prompt_ids, sequences, strict=True)):
+            input_ids[row, : len(seq)] = torch.tensor(seq)
+            attention[row, : len(seq)] = 1
+            completion_mask[row, len(prompt) : len(seq)] = 1
+        # phi_from_model runs without grad, in eval mode (no dropout), and restores the mode after.
+        stats = phi_from_model(
+            self.trainer.model, input_ids, attention, completion_mask, temperature=self.temperature
+        )
+        capture.phi_seconds += time.perf_counter() - started
+        return [np.asarray(p, dtype=np.float64) for p in stats.phi]
+
+
+# -- reporting -------------------------------------------------------------------------------------
+
+
+def _say(message: str) -> None:
+    print(f"[carl] {message}", flush=True)
+
+
+def _fmt(logs: dict[str, Any], keys: Sequence[tuple[str, str]]) -> str:
+    return " ".join(
+        f"{label}={logs[key]:.4g}" for key, label in keys if isinstance(logs.get(key), int | float)
+    )
+
+
+class SFTReporter(TrainerCallback):
+    """Writes each SFT step's logs, with Phi derived from the mean token entropy TRL logs."""
+
+    def __init__(self, backend: TorchBackend, offset: int, phase: str) -> None:
+        self.backend = backend
+        self.offset = offset
+        self.phase = phase
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        if not logs or "train_runtime" in logs:
+            return
+        step = self.offset + state.global_step
+        record = StepRecord(step, numeric_logs(logs))
+        entropy = record.metrics.get("entropy")
+        if entropy is not None:
+            record.phi = {"phi_mean": entropy_to_phi(entropy, self.backend.vocab_size), "entropy_mean": entropy,
+                          "weighting": "token", "vocab_size": self.backend.vocab_size}  # fmt: skip
+        self.backend.reporter.write(record)
+        _check_loss(record)
+        total = self.backend.config.total_steps
+        _say(f"{self.phase} step {step}/{total} " + _fmt(logs, (("loss", "loss"), ("entropy", "entropy"),
+                                                               ("mean_token_accuracy", "acc"))))  # fmt: skip
+
+    def save_state(self, path: Path, step: int) -> None:
+        _write_state(path, {"store_step": step, "step_offset": self.offset, "rewards": None})
+
+
+def _check_loss(record: StepRecord) -> None:
+    if "loss" in record.metrics and record.metrics["loss"] is None:
+        raise TrainingFailed(f"the loss became NaN at step {record.step}")
+
+
+def _write_state(path: Path, state: dict[str, Any]) -> None:
+    # Written last into the checkpoint: a checkpoint without it is incomplete and not resumed from.
+    tmp = path / (CARL_STATE + ".tmp")
+    tmp.write_text(json.dumps(state) + "\n")
+    os.replace(tmp, path / CARL_STATE)
+
+
+class GRPOReporter(TrainerCallback):
+    """Per GRPO step: the gate, Phi from the loss forward, a few traces, then TRL's logs; one write."""
+
+    SHOWN = (("reward", "reward"), ("rewards/task/mean", "task"), ("entropy", "entropy"))
+
+    def __init__(self, backend: TorchBackend, rewards: RewardSet, offset: int) -> None:
+        self.backend = backend
+        self.rewards = rewards
+        self.offset = offset
+        self.pending: StepRecord | None = None
+
+    @property
+    def trainer(self) -> Any:
+        return self.backend.trainer
+
+    def set_weight(self, reward: str, weight: float) -> str:
+        result = self.rewards.set_weight(reward, weight)
+        self._apply_weights()
+        return result
+
+    def _apply_weights(self) -> None:
+        self.trainer.reward_weights = torch.tensor(self.rewards.current_weights(), dtype=torch.float32)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._apply_weights()  # a resumed gate may already be open
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        step = self.offset + state.global_step
+        capture: StepCapture = self.trainer.capture
+        record = StepRecord(step)
+        gate = self.rewards.gate
+        if gate is not None:
+            was_open = gate.opened_at is not None
+            state_now = gate.update(step, capture.task_mean(self.rewards.names, self.rewards.task_names))
+            record.gate = _gate_row(state_now)
+            if not was_open and state_now.opened_at is not None:
+                record.events.append(("gate_open", state_now.reason))
+            self._apply_weights()
+        entropies = capture.entropies()
+        known = [e for e in entropies if e is not None]
+        if known:
+            vocab = self.backend.vocab_size
+            record.phi, record.metrics = step_phi_stats(
+                step, [phi_from_entropy(e, vocab) for e in known], known, vocab
+            )
+            record.samples = self._samples(capture, entropies)
+        if capture.phi_seconds:
+            record.metrics["timing/phi_forward"] = capture.phi_seconds
+        self.pending = record
+
+    def _samples(self, capture: StepCapture, entropies: list[np.ndarray | None]) -> list[dict[str, Any]]:
+        if capture.rewards is None:
+            return []
+        totals = capture.totals()
+        tokenizer = self.backend.tokenizer
+        out = []
+        for kind, index in pick_traces(totals, self.backend.rng).items():
+            entropy = entropies[index]
+            ids = capture.completion_ids[index]
+            rewards = {name: _finite(capture.rewards[index, j]) for j, name in enumerate(self.rewards.names)}
+            phi = None if entropy is None else phi_from_entropy(entropy, self.backend.vocab_size)
+            out.append({
+                "idx": int(index), "kind": kind, "prompt": prompt_text(capture.prompts[index]),
+                "completion": completion_text(capture.completions[index]),
+                "tokens": [tokenizer.decode([t]) for t in ids],
+                "entropy": None if entropy is None else [round(float(h), 5) for h in entropy],
+                "phi": None if phi is None else [round(float(p), 6) for p in phi],
+                "rewards": {**rewards, "total": _finite(totals[index])},
+            })  # fmt: skip
+        return out
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        if not logs or "train_runtime" in logs:
+            return
+        step = self.offset + state.global_step
+        record = self.pending if self.pending is not None and self.pending.step == step else StepRecord(step)
+        self.pending = None
+        # TRL's keys, and the per-completion Phi metrics computed at the step's end.
+        record.metrics = {**numeric_logs(logs), **record.metrics}
+        self.backend.reporter.write(record)
+        _check_loss(record)
+        gate = f" gate={record.gate['state']}" if record.gate else ""
+        phi = f" phi={record.phi['phi_mean']:.4f}" if record.phi else ""
+        _say(f"grpo step {step}/{self.backend.config.total_steps} {_fmt(logs, self.SHOWN)}{phi}{gate}")
+
+    def save_state(self, path: Path, step: int) -> None:
+        _write_state(
+            path, {"store_step": step, "step_offset": self.offset, "rewards": self.rewards.state_dict()}
+        )
+
+
+def _finite(value: Any) -> float | None:
+    value = float(value)
+    return round(value, 6) if math.isfinite(value) else None  # float32 rewards: 0.2, not 0.20000000298
+
+
+def _gate_row(state: Any) -> dict[str, Any]:
+    return {
+        "step": state.step, "state": state.state, "threshold": state.threshold, "history": state.history_len,
+        "above": state.above, "window": state.window, "multiplier": state.multiplier, "reason": state.reason,
+    }  # fmt: skip

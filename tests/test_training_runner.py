@@ -1,0 +1,335 @@
+"""The training runner for real: `python -m engine.training` trains the tiny model with TRL on CPU,
+reports every step to the store, obeys the control room's commands, survives kill -9, and fails
+bad input with one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.models.tiny import build_tiny_model
+from engine.store import ROLLUP_LEVELS, Store
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parent.parent
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+os.environ.update(OFFLINE)  # nothing here may reach the Hugging Face hub
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Shared by every training test file: built once per session, reused when already built.
+    return build_tiny_model(tmp_path_factory.getbasetemp() / "carl-tiny")
+
+
+def write_config(path: Path, tiny: Path, **settings: Any) -> Path:
+    config = {
+        "name": "t",
+        "model": str(tiny),
+        "max_steps": 6,
+        "save_steps": 3,
+        "max_completion_length": 12,
+        "rewards": [
+            {"name": "task"},
+            {"name": "format", "weight": 0.5},
+            {"name": "coherence", "weight": 0.25},
+        ],
+        "cascade": {"min_points": 2, "window": 2, "min_above": 1, "ramp_steps": 2},
+        **settings,
+    }
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+def start(home: Path, *args: str) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "engine.training", "--home", str(home), *args]
+    return subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **OFFLINE}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def wait_for(
+    predicate: Callable[[], Any], proc: subprocess.Popen[str] | None = None, timeout: float = 90
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(
+                f"the runner exited ({proc.returncode}): {proc.stderr.read() if proc.stderr else ''}"
+            )
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    with Store(tmp_path / "home" / "carl.db") as s:
+        yield s
+
+
+def run_row(store: Store, name: str) -> dict[str, Any]:
+    run_id = store.run_id_by_name(name)
+    assert run_id is not None
+    return store.run(run_id)  # type: ignore[return-value]
+
+
+def steps_of(store: Store, run_id: int, key: str) -> dict[int, float | None]:
+    rows = store.conn.execute(
+        "SELECT step, value FROM metrics WHERE run_id=? AND key=? ORDER BY step", (run_id, key)
+    )
+    return dict(rows.fetchall())
+
+
+def command_state(store: Store, command_id: int) -> tuple[str, str | None]:
+    return store.conn.execute("SELECT state, result FROM commands WHERE id=?", (command_id,)).fetchone()
+
+
+def done(store: Store, command_id: int) -> tuple[str, str | None] | None:
+    state = command_state(store, command_id)
+    return state if state[0] in ("done", "failed") else None
+
+
+# -- a real run ------------------------------------------------------------------------------------
+
+
+def test_a_short_grpo_run_reports_every_step(tmp_path: Path, tiny_model: Path, store: Store) -> None:
+    config = write_config(tmp_path / "carl.yaml", tiny_model, sft_warmup_steps=2)
+    code, out, err = finish(start(tmp_path / "home", "--config", str(config), "--name", "short"))
+    assert code == 0, err
+    run = run_row(store, "short")
+    assert run["status"] == "finished" and run["error"] is None and run["source_kind"] == "carl"
+    assert (run["max_steps"], run["last_step"], run["vocab_size"], run["temperature"]) == (8, 8, 512, 1.0)
+    run_id = run["id"]
+    # The SFT warm-up is steps 1-2, GRPO steps 3-8, each logged once with TRL's own keys.
+    assert sorted(steps_of(store, run_id, "loss")) == list(range(1, 9))
+    assert sorted(steps_of(store, run_id, "rewards/task/mean")) == list(range(3, 9))
+    for key in (
+        "reward",
+        "reward_std",
+        "rewards/format/mean",
+        "frac_reward_zero_std",
+        "completions/mean_length",
+    ):
+        assert sorted(steps_of(store, run_id, key)) == list(range(3, 9)), key
+    for key in ("entropy", "learning_rate", "grad_norm", "phi/mean", "phi/entropy"):  # SFT logs these too
+        assert sorted(steps_of(store, run_id, key)) == list(range(1, 9)), key
+    assert not steps_of(store, run_id, "train_runtime")
+    # Phi per step (token-weighted, with percentiles and a histogram), the entropy in nats beside it.
+    phi = store.conn.execute(
+        "SELECT step, phi_mean, phi_p10, phi_p90, entropy_mean, tokens, vocab_size, hist FROM phi_stats"
+        " WHERE run_id=? AND step>2 ORDER BY step", (run_id,)).fetchall()  # fmt: skip
+    assert [r[0] for r in phi] == list(range(3, 9))
+    for _, mean, p10, p90, entropy, tokens, vocab, hist in phi:
+        assert 0 <= p10 <= mean <= 1 and p10 <= p90 <= 1 and tokens > 0 and vocab == 512
+        assert entropy == pytest.approx(json_entropy(store, run_id, _), rel=1e-6)
+        assert sum(json.loads(hist)) == tokens
+    gates = store.conn.execute("SELECT step, state, reason FROM gate_states WHERE run_id=? ORDER BY step",
+                               (run_id,)).fetchall()  # fmt: skip
+    assert [g[0] for g in gates] == list(range(3, 9)) and all(g[2] for g in gates)
+    samples = store.conn.execute("SELECT step, kind, completion, tokens, phi, entropy, rewards FROM samples"
+                                 " WHERE run_id=?", (run_id,)).fetchall()  # fmt: skip
+    assert {s[1] for s in samples} == {"best", "worst", "median", "random"}
+    for _, _, _, tokens, phi_json, entropy_json, rewards in samples:
+        assert len(json.loads(tokens)) == len(json.loads(phi_json)) == len(json.loads(entropy_json))
+        assert {"task", "format", "coherence", "total"} <= set(json.loads(rewards))
+    # Checkpoints, each with the gate's state beside it, recorded on the run.
+    assert run["last_checkpoint_step"] == 8 and Path(run["last_checkpoint"]).name == "checkpoint-6"
+    assert (Path(run["last_checkpoint"]) / "carl_gate.json").is_file()
+    assert "grpo step 8/8" in out
+
+
+def json_entropy(store: Store, run_id: int, step: int) -> float:
+    return store.conn.execute("SELECT value FROM metrics WHERE run_id=? AND step=? AND key='phi/entropy'",
+                              (run_id, step)).fetchone()[0]  # fmt: skip
+
+
+# -- commands ------------------------------------------------------------------------------------
+
+
+def test_commands_pause_resume_checkpoint_set_lr_set_weight_stop(
+    tmp_path: Path, tiny_model: Path, store: Store
+) -> None:
+    config = write_config(tmp_path / "carl.yaml", tiny_model, max_steps=2000, save_steps=1000)
+    proc = start(tmp_path / "home", "--config", str(config), "--name", "ctl")
+    try:
+        run_id = wait_for(lambda: store.run_id_by_name("ctl"), proc)
+        last_step = lambda: store.run(run_id)["last_step"] or 0  # noqa: E731
+        wait_for(lambda: last_step() >= 2, proc)
+
+        def send(verb: str, args: dict | None = None) -> tuple[str, str]:
+            command_id = store.enqueue_command(verb, args, target="run", run_id=run_id)
+            return wait_for(lambda: done(store, command_id), proc)
+
+        state, result = send("set_lr", {"lr": 0.000123})
+        assert state == "done", result
+        applied = int(result.rsplit(" ", 1)[1])
+        wait_for(lambda: applied in steps_of(store, run_id, "learning_rate"), proc)
+        assert steps_of(store, run_id, "learning_rate")[applied] == pytest.approx(0.000123)
+
+        assert send("set_weight", {"reward": "format", "weight": 2.0}) == ("done", "weight of format = 2")
+        state, result = send("set_weight", {"reward": "coherence", "weight": 5.0})
+        assert state == "done" and "capped at 0.5" in result
+        assert send("set_weight", {"reward": "nope", "weight": 1.0})[0] == "failed"
+        assert send("set_lr", {"lr": -1})[0] == "failed"
+        state, result = send("warp", {})
+        assert state == "failed" and "unknown command 'warp'" in result
+
+        state, result = send("checkpoint")
+        assert state == "done", result
+        saved = Path(result.split(": ", 1)[1])
+        assert saved.is_dir() and (saved / "carl_gate.json").is_file()
+        run = store.run(run_id)
+        assert run["last_checkpoint"] == str(saved)
+        events = store.conn.execute("SELECT kind, detail FROM events WHERE run_id=?", (run_id,)).fetchall()
+        assert ("checkpoint", str(saved)) in events
+
+        assert send("pause")[0] == "done"
+        assert store.run(run_id)["status"] == "paused"
+        held = last_step()
+        time.sleep(1.0)
+        assert last_step() == held  # nothing trains while paused
+        state, result = send("checkpoint")  # a checkpoint while paused is still saved
+        assert state == "done" and f"checkpoint-{held}" in result
+        assert store.run(run_id)["status"] == "paused" and last_step() == held
+        assert send("resume")[0] == "done"
+        assert store.run(run_id)["status"] == "running"
+        wait_for(lambda: last_step() > held + 1, proc)
+
+        state, result = send("stop")
+        assert state == "done", result
+        code, _, err = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, err
+    run = store.run(run_id)
+    assert run["status"] == "stopped" and run["last_step"] < 2000
+    assert run["last_checkpoint_step"] == run["last_step"]  # the stop saved a final checkpoint
+    assert Path(run["last_checkpoint"]).name == f"checkpoint-{run['last_step']}"
+
+
+# -- crash safety ----------------------------------------------------------------------------------
+
+
+def test_kill_9_then_resume_leaves_every_step_exactly_once(
+    tmp_path: Path, tiny_model: Path, store: Store
+) -> None:
+    config = write_config(tmp_path / "carl.yaml", tiny_model, max_steps=16, save_steps=4, sft_warmup_steps=2)
+    proc = start(tmp_path / "home", "--config", str(config), "--name", "crash")
+    run_id = wait_for(lambda: store.run_id_by_name("crash"), proc)
+    wait_for(
+        lambda: (store.run(run_id)["last_step"] or 0) >= 13, proc
+    )  # checkpoints at 4 and 8 (steps 6, 10)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert store.run(run_id)["status"] == "running"  # what a crash leaves
+
+    code, out, err = finish(start(tmp_path / "home", "--resume", "crash"))
+    assert code == 0, err
+    run = store.run(run_id)
+    assert run["status"] == "finished" and run["last_step"] == 18
+    counts = store.conn.execute("SELECT step, count(*) FROM metrics WHERE run_id=? AND key='loss' GROUP BY step",
+                                (run_id,)).fetchall()  # fmt: skip
+    assert counts == [(step, 1) for step in range(1, 19)]
+    for table in ("phi_stats", "gate_states"):
+        steps = [
+            r[0]
+            for r in store.conn.execute(f"SELECT step FROM {table} WHERE run_id=? ORDER BY step", (run_id,))
+        ]
+        assert steps == sorted(set(steps)) and steps[-1] == 18, table
+    assert [r[0] for r in store.conn.execute(
+        "SELECT step FROM gate_states WHERE run_id=? ORDER BY step", (run_id,))] == list(range(3, 19))  # fmt: skip
+    # The rollups agree with the rows they summarise.
+    for level in ROLLUP_LEVELS[:2]:
+        stored = store.conn.execute(
+            "SELECT key, bucket, n, vsum FROM rollups WHERE run_id=? AND level=? ORDER BY key, bucket",
+            (run_id, level),
+        ).fetchall()
+        fresh = store.conn.execute(
+            "SELECT key, step / ?, count(value), sum(value) FROM metrics WHERE run_id=? GROUP BY key, step / ?"
+            " ORDER BY key, step / ?", (level, run_id, level, level)).fetchall()  # fmt: skip
+        assert [(k, b, n) for k, b, n, _ in stored] == [(k, b, n) for k, b, n, _ in fresh]
+        for (_, _, _, a), (_, _, _, b) in zip(stored, fresh, strict=True):
+            assert (a is None and b is None) or a == pytest.approx(b)
+    resumed = store.conn.execute(
+        "SELECT step FROM events WHERE run_id=? AND kind='resume'", (run_id,)
+    ).fetchone()
+    assert resumed == (10,)  # from checkpoint-8 of the GRPO phase: store step 2 + 8
+    assert "grpo step 11/18" in out and "sft" not in out  # the warm-up is not repeated
+
+
+# -- bad input ---------------------------------------------------------------------------------------
+
+
+def test_bad_input_fails_with_one_line(tmp_path: Path, tiny_model: Path, store: Store) -> None:
+    home = tmp_path / "home"
+    cases = [
+        ("badfield", {"cascade": {"ramp_steps": 0}}, 2, "cascade.ramp_steps: Input should be greater than 0"),
+        ("nomodel", {"model": str(tmp_path / "missing-model")}, 2, f"model {tmp_path / 'missing-model'}: no such directory"),
+        ("nocols", {"dataset": str(write_rows(tmp_path / "rows.jsonl"))}, 2, "no 'answer_tool' column, which the task reward needs"),
+        ("mlx", {"backend": "mlx"}, 2, "the MLX backend is not built yet"),
+        ("badimport", {"rewards": [{"name": "no_such_module_x:fn"}]}, 2, "reward module 'no_such_module_x' not found"),
+        ("raises", {"rewards": [{"name": "carl_user_rewards:explode"}]}, 1, "reward 'explode' raised ZeroDivisionError"),
+        ("diverges", {"learning_rate": 1e12}, 1, "the model's probabilities became NaN or inf"),
+    ]  # fmt: skip
+    (tmp_path / "carl_user_rewards.py").write_text(
+        "def explode(prompts, completions, **kwargs):\n    return [1 / 0 for _ in completions]\n"
+    )
+    procs = []
+    for name, settings, _, _ in cases:
+        config = write_config(tmp_path / f"{name}.yaml", tiny_model, **settings)
+        env = {**os.environ, **OFFLINE, "PYTHONPATH": str(tmp_path)}
+        argv = [
+            sys.executable,
+            "-m",
+            "engine.training",
+            "--home",
+            str(home),
+            "--config",
+            str(config),
+            "--name",
+            name,
+        ]
+        procs.append(
+            subprocess.Popen(
+                argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    for proc, (name, _, code, reason) in zip(procs, cases, strict=True):
+        returncode, _, err = finish(proc)
+        lines = err.strip().splitlines()
+        assert returncode == code, (name, err)
+        assert lines and reason in lines[-1], (name, err)
+        assert lines[-1].startswith("carl train: ")
+        run = run_row(store, name)
+        assert run["status"] == "failed" and reason in run["error"], name
+        assert "\n" not in run["error"]
+    assert store.conn.execute(
+        "SELECT count(*) FROM metrics WHERE run_id=?", (run_row(store, "nocols")["id"],)
+    ).fetchone() == (0,)
+
+
+def write_rows(path: Path) -> Path:
+    path.write_text("\n".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) for i in range(8)) + "\n")
+    return path
+
+
+def test_resume_of_an_unknown_run_is_bad_input(tmp_path: Path) -> None:
+    code, _, err = finish(start(tmp_path / "home", "--resume", "ghost"))
+    assert code == 2 and err.strip() == "carl train: --resume ghost: no such run"
