@@ -392,3 +392,16 @@ def test_phi_from_the_tiny_model(tiny: tuple[Any, Any], dtype: torch.dtype) -> N
         np.testing.assert_allclose(stats.surprisal[row], -logp.numpy(), atol=TOL)
     # Random weights: close to uniform over 512 columns, so Phi sits near 0.
     assert 0.0 <= float(np.concatenate(stats.phi).mean()) < 0.1
+
+
+def test_phi_from_the_tiny_model_in_micro_batches(tiny: tuple[Any, Any]) -> None:
+    model, tokenizer = tiny
+    ids, attention, completion = tiny_batch(tokenizer)
+    ids, attention = torch.cat([ids, ids[:1]]), torch.cat([attention, attention[:1]])
+    completion = torch.cat([completion, torch.zeros_like(completion[:1])])  # a row with nothing to score
+    whole = phi_from_model(model, ids, attention, completion)
+    one_by_one = phi_from_model(model, ids, attention, completion, batch_size=1)
+    assert len(whole) == len(one_by_one) == 3 and whole.phi[2].shape == one_by_one.phi[2].shape == (0,)
+    for row in range(2):
+        np.testing.assert_allclose(one_by_one.entropy[row], whole.entropy[row], atol=1e-5)
+        np.testing.assert_allclose(one_by_one.surprisal[row], whole.surprisal[row], atol=1e-5)
