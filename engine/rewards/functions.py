@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import importlib
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -212,7 +213,7 @@ class CachedPhiProvider:
         return self._value
 
 
-class PhiReward:
+class PhiReward(ABC):
     """Base of the rewards computed from per-token Phi: finds the traces and maps None through."""
 
     name = "phi"
@@ -234,8 +235,9 @@ class PhiReward:
             )
         return [_as_trace(t) for t in raw]
 
+    @abstractmethod
     def batch(self, traces: list[np.ndarray | None], masks: list[Any]) -> list[float | None]:
-        raise NotImplementedError
+        """One reward per completion from its Phi trace and answer mask (None where no trace)."""
 
     def __call__(self, prompts: list, completions: list, **kwargs: Any) -> list[float | None]:
         traces = self.traces(prompts, completions, kwargs)
