@@ -54,6 +54,24 @@ class HelpScreen(ModalScreen[None]):
         self.dismiss(result)
 
 
+class Dialog(ModalScreen[Any]):
+    """A centred box over the control room; `escape` cancels with `CANCELLED`. Subclasses add only
+    what differs (width, border colour, their own widgets)."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    DEFAULT_CSS = """
+    Dialog { align: center middle; }
+    Dialog > Vertical {
+        width: 76; max-width: 100%; height: auto; max-height: 90%; border: round $primary;
+        background: $surface; padding: 0 1;
+    }
+    """
+    CANCELLED: Any = None
+
+    def action_cancel(self) -> None:
+        self.dismiss(self.CANCELLED)
+
+
 @dataclass
 class ObserveRequest:
     path: str
@@ -61,15 +79,10 @@ class ObserveRequest:
     name: str | None
 
 
-class ObserveScreen(ModalScreen[ObserveRequest | None]):
+class ObserveScreen(Dialog):
     """Ask for a path to observe: a Trackio db, a trainer_state.json or its directory, a JSONL."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
     DEFAULT_CSS = """
-    ObserveScreen { align: center middle; }
-    ObserveScreen > Vertical {
-        width: 76; max-width: 100%; height: auto; border: round $primary; background: $surface; padding: 0 1;
-    }
     ObserveScreen Input { margin: 0 0 1 0; }
     ObserveScreen #observe-error { color: $error; height: auto; }
     ObserveScreen Horizontal { height: auto; }
@@ -115,20 +128,14 @@ class ObserveScreen(ModalScreen[ObserveRequest | None]):
         follow = self.query_one("#observe-follow", Checkbox).value
         self.dismiss(ObserveRequest(path, follow, name))
 
-    def action_cancel(self) -> None:
-        self.dismiss(None)
 
-
-class ConfirmScreen(ModalScreen[bool]):
+class ConfirmScreen(Dialog):
     """A destructive action needs a deliberate second step: focus starts on Cancel, so it takes
     tab then enter (k9s' confirmation) or the action's own key pressed again."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    CANCELLED = False
     DEFAULT_CSS = """
-    ConfirmScreen { align: center middle; }
-    ConfirmScreen > Vertical {
-        width: 64; max-width: 100%; height: auto; border: round $error; background: $surface; padding: 0 1;
-    }
+    ConfirmScreen > Vertical { width: 64; border: round $error; }
     ConfirmScreen Horizontal { height: auto; align: right middle; }
     ConfirmScreen Button { margin: 0 1; }
     """
@@ -161,19 +168,12 @@ class ConfirmScreen(ModalScreen[bool]):
         event.stop()
         self.dismiss(event.button.id == "confirm-ok")
 
-    def action_cancel(self) -> None:
-        self.dismiss(False)
 
-
-class ValueScreen(ModalScreen[str | None]):
+class ValueScreen(Dialog):
     """Ask for one value (a learning rate, a reward weight) with a check before it is sent."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
     DEFAULT_CSS = """
-    ValueScreen { align: center middle; }
-    ValueScreen > Vertical {
-        width: 64; max-width: 100%; height: auto; border: round $primary; background: $surface; padding: 0 1;
-    }
+    ValueScreen > Vertical { width: 64; }
     ValueScreen #value-error { color: $error; height: auto; }
     """
 
@@ -196,20 +196,11 @@ class ValueScreen(ModalScreen[str | None]):
             return
         self.dismiss(event.value.strip())
 
-    def action_cancel(self) -> None:
-        self.dismiss(None)
 
-
-class ChoiceScreen(ModalScreen[str | None]):
+class ChoiceScreen(Dialog):
     """Pick one of a few labelled choices (a training config for a new run)."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
     DEFAULT_CSS = """
-    ChoiceScreen { align: center middle; }
-    ChoiceScreen > Vertical {
-        width: 76; max-width: 100%; height: auto; max-height: 80%; border: round $primary;
-        background: $surface; padding: 0 1;
-    }
     ChoiceScreen OptionList { height: auto; max-height: 16; }
     """
 
@@ -229,9 +220,6 @@ class ChoiceScreen(ModalScreen[str | None]):
     def on_option_list_option_selected(self, event: object) -> None:
         option = getattr(event, "option", None)
         self.dismiss(option.id if option is not None else None)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
 
 
 def phi_colour(phi: float, low: str, mid: str, high: str) -> str:
