@@ -84,6 +84,7 @@ class ControlRoom(App[None]):
         Binding("w", "set_weight", "Reward weight", show=False),
         Binding("r", "resume_run", "Resume a stopped or crashed run", show=False),
         Binding("v", "samples", "Samples (per-token Φ)", show=False),
+        Binding("e", "show_eval", "Held-out eval of the run", show=False),
         Binding("t", "next_theme", "Theme", show=False),
         Binding("b", "toggle_chart_mode", "Braille or block charts", show=False),
         Binding("1", "maximize('phi')", "Maximize the Φ pane (again: restore)", show=False),
@@ -335,6 +336,8 @@ class ControlRoom(App[None]):
             phase=run.phase if run else None,
             health=run.health if run else None,
             health_reason=reason if run and run.health != "green" else None,
+            eval_passed=view.eval["passed"] if view and view.eval else None,
+            eval_task=view.eval["metrics"].get("task") if view and view.eval else None,
             engine=self.engine_state,
             readonly=self.readonly,
             message=self.message,
@@ -621,6 +624,18 @@ class ControlRoom(App[None]):
         finally:
             reader.close()
         self.push_screen(SamplesScreen(samples, self.view.run.vocab_size))
+
+    def action_show_eval(self) -> None:
+        if self.view is None:
+            return
+        run = self.view.run
+        if self.view.eval is None:
+            self.notify(f"no eval of {run.name} yet: run `carl eval {run.name}` (or set eval.at_end)",
+                        title="eval")  # fmt: skip
+            return
+        from .screens import EvalScreen
+
+        self.push_screen(EvalScreen(run.name, self.view.eval))
 
     def action_observe(self) -> None:
         if self.readonly:

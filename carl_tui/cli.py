@@ -104,6 +104,18 @@ def main(argv: list[str] | None = None) -> int:
     runs = sub.add_parser("runs", help="list runs in the store")
     runs.set_defaults(fn=_runs)
 
+    evaluate = sub.add_parser("eval", help="evaluate a run's model on the prompts it held out of training")
+    evaluate.add_argument("run", help="run name or id")
+    evaluate.add_argument("--max-prompts", type=int, default=None, help="held-out prompts to use at most")
+    evaluate.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    evaluate.set_defaults(fn=_eval)
+
+    push = sub.add_parser(
+        "push", help="upload a run's model and a generated model card to the Hugging Face Hub"
+    )
+    push.set_defaults(fn=_push)
+    _add_push_arguments(push)
+
     demo = sub.add_parser("demo", help="start the built-in demo training run (through the engine)")
     demo.add_argument("--steps", type=int, default=None)
     demo.set_defaults(fn=lambda a: _start_demo(_home(a), a.steps) or 0)
@@ -128,6 +140,38 @@ def _train(args: argparse.Namespace) -> int:
 
     args.home = _home(args)  # `carl --home H train` and `carl train --home H` both work
     return train_from_args(args)
+
+
+def _need_training_extra() -> None:
+    if any(importlib.util.find_spec(m) is None for m in ("torch", "trl", "transformers")):
+        raise CliError("this command needs the train extra: pip install 'carl-tui[train]'")
+
+
+def _eval(args: argparse.Namespace) -> int:
+    _need_training_extra()
+    from engine.training.evaluate import eval_from_args
+
+    if args.max_prompts is not None and args.max_prompts <= 0:
+        raise CliError(f"--max-prompts {args.max_prompts}: must be a positive number")
+    return eval_from_args(_home(args), args.run, args.max_prompts, args.json)
+
+
+def _add_push_arguments(parser: argparse.ArgumentParser) -> None:
+    try:
+        from engine.training.push import add_push_arguments
+    except ImportError:
+        parser.add_argument("rest", nargs=argparse.REMAINDER)
+        return
+    add_push_arguments(parser)
+
+
+def _push(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("huggingface_hub") is None:
+        raise CliError("push needs huggingface_hub: pip install 'carl-tui[train]'")
+    from engine.training.push import push_from_args
+
+    args.home = _home(args)
+    return push_from_args(args)
 
 
 def _init(args: argparse.Namespace) -> int:

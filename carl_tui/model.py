@@ -33,6 +33,7 @@ class RunView:
     commands: list[dict[str, Any]] = field(default_factory=list)  # newest first: the audit log
     events: list[dict[str, Any]] = field(default_factory=list)  # gate opened, crystallization, ...
     gate: dict[str, Any] | None = None  # the cascade gate's newest state
+    eval: dict[str, Any] | None = None  # the newest held-out evaluation (`carl eval`)
 
     def markers(self, *kinds: str) -> list[int]:
         return [e["step"] for e in self.events if e["kind"] in kinds and e["step"] is not None]
@@ -144,10 +145,12 @@ class StoreWatcher:
     def _read_view(self, reader: StoreReader, run: RunRow) -> RunView | None:
         previous = self._view if self._view is not None and self._view.run.id == run.id else None
         commands = reader.run_commands(run.id, limit=30)
+        latest_eval = reader.latest_eval(run.id)
         if previous is not None and previous.run == run:
-            if previous.commands == commands:
+            if previous.commands == commands and previous.eval == latest_eval:
                 return None  # nothing about this run moved (the change was elsewhere)
-            self._view = dataclasses.replace(previous, commands=commands)  # only the command log moved
+            # only the command log or the eval moved
+            self._view = dataclasses.replace(previous, commands=commands, eval=latest_eval)
             return self._view
         keys = reader.metric_keys(run.id)
         reward_names = [m.group("name") for k in keys if (m := REWARD_KEY.match(k))]
@@ -164,6 +167,7 @@ class StoreWatcher:
         view.commands = commands
         view.events = reader.events(run.id)
         view.gate = reader.gate_state(run.id)
+        view.eval = latest_eval
         self._view = view
         return view
 

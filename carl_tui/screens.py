@@ -54,6 +54,44 @@ class HelpScreen(ModalScreen[None]):
         self.dismiss(result)
 
 
+def eval_table(evaluation: dict[str, Any]) -> Table:
+    """A stored eval: the verdict, the reasons (failed checks first) and every figure."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column()
+    passed = evaluation["passed"]
+    table.add_row("verdict", Text("✓ passed" if passed else "✕ failed", style="green" if passed else "red"))
+    for reason in evaluation["reasons"]:
+        table.add_row("", reason)
+    labels = {"task": "task reward (mean)", "solved": "solved", "format": "format-compliant",
+              "phi": "Φ (mean)", "entropy": "entropy (nats)", "answer_tokens": "answer tokens",
+              "prompts": "held-out prompts", "step": "step", "model_dir": "model", "seconds": "took (s)"}  # fmt: skip
+    for key, label in labels.items():
+        if evaluation["metrics"].get(key) is not None:
+            table.add_row(label, str(evaluation["metrics"][key]))
+    return table
+
+
+class EvalScreen(HelpScreen):
+    """The run's newest held-out evaluation."""
+
+    BINDINGS = [Binding("escape,q,e", "dismiss", "Close")]
+
+    def __init__(self, run_name: str, evaluation: dict[str, Any]) -> None:
+        super().__init__([])
+        self.run_name = run_name
+        self.evaluation = evaluation
+
+    def compose(self) -> ComposeResult:
+        import datetime
+
+        with VerticalScroll() as scroll:
+            scroll.border_title = f"Eval of {self.run_name}"
+            yield Static(eval_table(self.evaluation))
+            when = datetime.datetime.fromtimestamp(self.evaluation["created_at"]).strftime("%Y-%m-%d %H:%M")
+            yield Static(Text(f"evaluated {when}; again: carl eval {self.run_name}", style="dim"))
+
+
 class Dialog(ModalScreen[Any]):
     """A centred box over the control room; `escape` cancels with `CANCELLED`. Subclasses add only
     what differs (width, border colour, their own widgets)."""

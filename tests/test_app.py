@@ -210,3 +210,29 @@ async def test_two_control_rooms_on_one_store(home: Path) -> None:
             store.add_metrics(run_id, [(5, "phi/mean", 0.5, time.time())])
             await until(p1, lambda: "step 5" in status_text(first))
             await until(p2, lambda: "step 5" in status_text(second))
+
+
+async def test_a_held_out_eval_shows_in_the_status_line_and_on_e(home: Path) -> None:
+    from carl_tui.screens import EvalScreen
+
+    with Store(home / "carl.db") as store:
+        run_id = make_run(store, "graded", 20, status="finished")
+    app = ControlRoom(home, start_engine=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.view is not None and app.view.run.name == "graded")
+        assert "eval" not in status_text(app)
+        await pilot.press("e")  # no eval yet: says how to make one
+        await until(pilot, lambda: any("carl eval graded" in n.message for n in app._notifications))
+        with Store(home / "carl.db") as store:  # an eval lands while the room is open
+            store.add_eval(run_id, False, {"task": 0.31, "format": 0.9, "phi": 0.95, "prompts": 39},
+                           ["mean task reward 0.310 < 0.5", "format-compliant answers 0.900 >= 0.8"])  # fmt: skip
+        await until(pilot, lambda: "eval ✕ 0.31" in status_text(app))
+        await pilot.press("e")
+        await until(pilot, lambda: isinstance(app.screen, EvalScreen))
+        await pilot.pause()
+        shown = " ".join(
+            s.render_line(y).text for s in app.screen.query("Static") for y in range(s.size.height)
+        )
+        assert "failed" in shown and "mean task reward 0.310 < 0.5" in shown and "39" in shown
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, EvalScreen))

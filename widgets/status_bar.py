@@ -30,6 +30,8 @@ class StatusInfo:
     phase: str | None = None
     health: str | None = None
     health_reason: str | None = None
+    eval_passed: bool | None = None  # the newest held-out eval: None when there is none
+    eval_task: float | None = None
     engine: str = "down"
     readonly: bool = False
     message: str | None = None  # a one-line error to show, e.g. an unreadable source
@@ -69,6 +71,12 @@ class StatusBar(Static):
             if info.eta_s is not None:
                 text.append(f" ETA {compact_duration(info.eta_s)}")
             text.append(f" │ phase {info.phase or '—'}")
+            if info.eval_passed is not None:
+                text.append(" │ eval ")
+                mark = "✓" if info.eval_passed else "✕"
+                text.append(mark, style=theme.success if info.eval_passed else theme.error)
+                if info.eval_task is not None:
+                    text.append(f" {info.eval_task:.2f}")
         engine_color = theme.success if info.engine == "up" else theme.warning
         text.append(" │ engine ")
         text.append(f"{ENGINE_MARK.get(info.engine, '?')} {info.engine}", style=engine_color)

@@ -282,14 +282,14 @@ class StoreReader:
 
     def latest_eval(self, run_id: int) -> dict[str, Any] | None:
         cur = self.conn.execute(
-            "SELECT passed, metrics, reasons, created_at FROM evals WHERE run_id=? ORDER BY id DESC LIMIT 1",
+            "SELECT id, passed, metrics, reasons, created_at FROM evals WHERE run_id=? ORDER BY id DESC LIMIT 1",
             (run_id,),
         )
         row = cur.fetchone()
         if row is None:
             return None
-        return {"passed": bool(row[0]), "metrics": json.loads(row[1]), "reasons": json.loads(row[2]),
-                "created_at": row[3]}  # fmt: skip
+        return {"id": row[0], "passed": bool(row[1]), "metrics": json.loads(row[2]),
+                "reasons": json.loads(row[3]), "created_at": row[4]}  # fmt: skip
 
     # -- other tables ----------------------------------------------------------------------
 

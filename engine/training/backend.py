@@ -47,6 +47,10 @@ class TrainingBackend(Protocol):
         """Train until done or stopped; returns the final status ('finished' or 'stopped')."""
         ...
 
+    def save_final(self) -> Path | None:
+        """Save the trained model into the run's `final/` directory; its path (None: nothing trained)."""
+        ...
+
 
 class Controls(Protocol):
     """What the command pump asks of a backend's loop, at a step boundary."""

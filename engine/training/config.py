@@ -81,6 +81,25 @@ class CascadeConfig(_Section):
         return self
 
 
+class EvalConfig(_Section):
+    holdout: float = Field(
+        0.1,
+        ge=0.0,
+        lt=1.0,
+        description="share of the dataset's prompts held out of training, for `carl eval`",
+    )
+    at_end: bool = Field(False, description="evaluate on the held-out prompts when the run finishes")
+    max_prompts: int = Field(64, gt=0, description="held-out prompts evaluated at most")
+    min_task: float = Field(0.5, description="pass needs the mean task reward on held-out prompts >= this")
+    min_format: float = Field(
+        0.8, ge=0.0, le=1.0, description="pass needs this share of answers fully format-compliant"
+    )
+    min_phi: float | None = Field(
+        None, description="pass needs mean Phi of the answers >= this (null: report only)"
+    )
+    solved_at: float = Field(1.0, description="a held-out prompt counts as solved at this task reward")
+
+
 def _default_rewards() -> list[RewardSpec]:
     return [
         RewardSpec(name="task", weight=1.0),
@@ -129,6 +148,7 @@ class TrainConfig(_Section):
     cascade: CascadeConfig = Field(
         default_factory=CascadeConfig, description="the gate of the coherence rewards"
     )
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="the held-out evaluation (`carl eval`)")
     output_dir: str | None = Field(None, description="checkpoints go here (default: $CARL_HOME/runs/<name>)")
 
     @model_validator(mode="after")

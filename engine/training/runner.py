@@ -174,6 +174,9 @@ def _train(
             reporter.event(keep_step, "resume", str(resume_from or "from the start"))
         with graceful_signals(pump):
             status = backend.train(resume_from)
+            final = backend.save_final()
+        if final is not None:
+            reporter.event(store.run(run_id)["last_step"], "final", str(final))  # type: ignore[index]
     except BadInput as exc:
         return _failed(reporter, pump, str(exc), EXIT_BAD_INPUT)
     except (TrainingFailed, ConfigError) as exc:
@@ -192,7 +195,19 @@ def _train(
         return _failed(reporter, pump, one_line(exc), EXIT_FAILED)
     pump.abandon(f"the run was {status} before this command could be applied")
     reporter.set_status(status)
+    if status == "finished" and config.eval.at_end and final is not None:
+        _evaluate_at_end(store, run_id, home)
     return EXIT_OK
+
+
+def _evaluate_at_end(store: Store, run_id: int, home: Path) -> None:
+    """The configured end-of-run eval; its failure is reported but does not fail the finished run."""
+    from .evaluate import evaluate_run, print_result
+
+    try:
+        print_result(evaluate_run(store, str(run_id), home=home))
+    except Exception as exc:  # the run itself finished: keep that, say why the eval did not
+        say_error(f"eval at the end of the run failed: {one_line(exc)}")
 
 
 def _training_failure(exc: BaseException) -> TrainingFailed | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,10 +29,12 @@ from engine.demo.task import completion_text
 from engine.errors import CarlError
 from engine.models.tiny import build_tiny_model, default_model_dir
 
+from .artifacts import FINAL_DIR
 from .backend import BadInput, CommandPump, Reporter, StepRecord, TrainingFailed, numeric_logs
 from .cascade import RewardSet, build_rewards
 from .config import DEMO_DATASET, TINY_MODEL, TrainConfig
 from .hf import CommandCallback, entropy_to_phi
+from .holdout import split_holdout
 
 CARL_STATE = "carl_gate.json"  # gate, weights and calibration, saved into every checkpoint
 WARMUP_DIR = "sft-warmup"  # the model after the SFT warm-up, the base of the GRPO phase
@@ -227,7 +230,9 @@ class TorchBackend:
         if self.device == "cpu":
             torch.set_num_threads(CPU_THREADS)
         torch.manual_seed(config.seed)
-        self.rows = load_rows(config.dataset, config.seed)
+        self.rows, held = split_holdout(load_rows(config.dataset, config.seed), config.eval.holdout)
+        if held:
+            _say(f"held out {len(held)} of {len(self.rows) + len(held)} prompts for `carl eval`")
         columns = dataset_columns(self.rows)
         if "prompt" not in columns:
             raise BadInput(
@@ -303,6 +308,20 @@ class TorchBackend:
                 model = self._save_warmup(model)
             offset = self.warmup_steps()
         return self._grpo(model, offset, resume_from)
+
+    def save_final(self) -> Path | None:
+        """The trained model (or adapter) and its tokenizer in `final/`, for eval and push."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return None
+        path = self.output_dir / FINAL_DIR
+        tmp = self.output_dir / (FINAL_DIR + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        trainer.save_model(str(tmp))
+        self.tokenizer.save_pretrained(tmp)
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)  # never a half-written final/
+        return path
 
     def _common_args(self) -> dict[str, Any]:
         cpu = self.device == "cpu"

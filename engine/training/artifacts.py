@@ -1,0 +1,81 @@
+"""What a carl run leaves on disk, and which of it is the model.
+
+A run writes `checkpoint-N/` directories while it trains (model, optimizer, trainer state and
+`carl_gate.json`) and, once it has finished or stopped, `final/`: the trained model (or LoRA
+adapter) with its tokenizer, and nothing else. Evaluation and `carl push` use `final/` when it
+is there, else the newest checkpoint, and only its model files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .backend import BadInput
+
+FINAL_DIR = "final"
+# Files a checkpoint holds for resuming training, not for using the model.
+TRAINING_STATE = ("optimizer.pt", "scheduler.pt", "training_args.bin", "trainer_state.json", "carl_gate.json",
+                  "scaler.pt")  # fmt: skip
+TRAINING_STATE_PREFIXES = ("rng_state",)
+
+
+def is_model_dir(path: Path) -> bool:
+    """A full model (config.json) or a LoRA adapter (adapter_config.json) with weights."""
+    if not path.is_dir():
+        return False
+    has_config = (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
+    has_weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
+    return has_config and has_weights
+
+
+def is_adapter(path: Path) -> bool:
+    return (path / "adapter_config.json").is_file()
+
+
+def checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
+    """The run's `checkpoint-N` directories that hold a model, oldest first."""
+    found = []
+    for path in output_dir.glob("checkpoint-*"):
+        number = path.name.removeprefix("checkpoint-")
+        if number.isdigit() and is_model_dir(path):
+            found.append((int(number), path))
+    return sorted(found)
+
+
+def model_dir(run: dict[str, Any]) -> Path:
+    """The directory holding the run's trained model: `final/`, else its newest checkpoint."""
+    name = run.get("name", "?")
+    if not run.get("output_dir"):
+        raise BadInput(f"run {name!r} has no output directory (was it trained by carl?)")
+    output_dir = Path(run["output_dir"])
+    final = output_dir / FINAL_DIR
+    if is_model_dir(final):
+        return final
+    found = checkpoints(output_dir)
+    if found:
+        return found[-1][1]
+    raise BadInput(f"run {name!r} has no saved model yet (no {FINAL_DIR}/ or checkpoint-* in {output_dir})")
+
+
+def model_files(path: Path) -> list[Path]:
+    """The files of a model directory a user needs to load it: no optimizer or trainer state."""
+    out = []
+    for file in sorted(path.iterdir()):
+        if not file.is_file() or file.name in TRAINING_STATE or file.name.endswith(".tmp"):
+            continue
+        if file.name.startswith(TRAINING_STATE_PREFIXES):
+            continue
+        out.append(file)
+    return out
+
+
+def base_model_of(path: Path) -> str | None:
+    """For an adapter: the base model it was trained on, as recorded by peft."""
+    if not is_adapter(path):
+        return None
+    try:
+        return json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,267 @@
+"""`carl eval RUN`: the trained model on the prompts its run held out of training.
+
+Greedy answers (what a user would deploy) to at most `eval.max_prompts` held-out prompts, scored
+by the run's own task rewards and its format reward, with the Phi of each answer measured at the
+run's sampling temperature from the distributions that chose its tokens. The verdict, every
+figure and the reasons go into the store's `evals` table, which the control room shows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.store import Store
+
+from .artifacts import base_model_of, is_adapter, model_dir
+from .backend import BadInput, TrainingFailed, one_line
+from .config import ConfigError, TrainConfig, config_from_data
+from .holdout import split_holdout
+
+FORMAT_FULL = 0.999  # a format reward this high is full compliance (float32 rewards: 1.0 - eps)
+
+
+@dataclass
+class EvalResult:
+    run_id: int
+    run_name: str
+    passed: bool
+    metrics: dict[str, Any]
+    reasons: list[str]
+    answers: list[dict[str, Any]] = field(default_factory=list)
+
+
+def find_carl_run(store: Store, ref: str) -> dict[str, Any]:
+    run_id = store.run_id_by_name(ref)
+    if run_id is None and ref.isdigit():
+        run_id = int(ref)
+    run = store.run(run_id) if run_id is not None else None
+    if run is None:
+        raise BadInput(f"{ref}: no such run")
+    if run["source_kind"] != "carl":
+        raise BadInput(
+            f"run {run['name']!r} was not trained by carl (it is {run['source_kind']}): nothing to evaluate"
+        )
+    return run
+
+
+def run_config(run: dict[str, Any]) -> TrainConfig:
+    try:
+        return config_from_data(json.loads(run["config"] or "{}"), f"run {run['name']}")
+    except ConfigError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def evaluate_run(store: Store, ref: str, *, home: Path, max_prompts: int | None = None) -> EvalResult:
+    """Evaluate run `ref` (name or id) and store the result; BadInput when it cannot be evaluated."""
+    from .torch_backend import load_rows
+
+    run = find_carl_run(store, ref)
+    config = run_config(run)
+    if config.method != "grpo":
+        raise BadInput(f"run {run['name']!r} is an SFT run: it has no rewards to evaluate with")
+    _, held = split_holdout(load_rows(config.dataset, config.seed), config.eval.holdout)
+    if not held:
+        raise BadInput(
+            f"run {run['name']!r} held no prompts out of training (eval.holdout is {config.eval.holdout})"
+        )
+    held = held[: max_prompts or config.eval.max_prompts]
+    path = model_dir(run)
+    started = time.monotonic()
+    answers, phi, entropy = _answer(config, path, held, home)
+    metrics, passed, reasons = _score(config, held, answers, phi, entropy)
+    metrics.update(
+        model_dir=str(path),
+        step=run.get("last_step"),
+        prompts=len(held),
+        seconds=round(time.monotonic() - started, 2),
+    )
+    store.add_eval(run["id"], passed, metrics, reasons)
+    store.add_event(
+        run["id"], run.get("last_step"), "eval", ("passed" if passed else "failed") + ": " + reasons[0]
+    )
+    shown = [
+        {"prompt": _prompt_text(r["prompt"]), "answer": a["text"], **a["rewards"]}
+        for r, a in zip(held, answers, strict=True)
+    ]
+    return EvalResult(run["id"], run["name"], passed, metrics, reasons, shown)
+
+
+# -- answering ---------------------------------------------------------------------------------
+
+
+def _load(config: TrainConfig, path: Path, home: Path) -> tuple[Any, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from .torch_backend import _offline_if_local, resolve_model
+
+    _offline_if_local(config.model)
+    hf_logging.disable_progress_bar()
+    tokenizer_dir = path if (path / "tokenizer_config.json").is_file() else None
+    try:
+        if is_adapter(path):
+            from peft import AutoPeftModelForCausalLM
+
+            model = AutoPeftModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+            tokenizer_dir = tokenizer_dir or Path(base_model_of(path) or "")
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        if tokenizer_dir is None or not str(tokenizer_dir):
+            tokenizer_dir = Path(resolve_model(config.model, home, config.seed))
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"{path}: cannot load the model ({' '.join(str(exc).split())[:200]})") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer, model.eval()
+
+
+def _prompt_text(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(f"{m.get('role', '?')}: {m.get('content', '')}" for m in prompt)
+
+
+def _as_model_input(tokenizer: Any, prompt: Any) -> str:
+    """The text TRL would feed the model: the chat template with the generation prompt, or the text."""
+    if isinstance(prompt, str):
+        return prompt
+    return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+
+
+def _answer(config: TrainConfig, path: Path, rows: list[dict[str, Any]], home: Path
+            ) -> tuple[list[dict[str, Any]], list[float], list[float]]:  # fmt: skip
+    """Greedy answers with their token ids, and each answer's mean Phi and entropy."""
+    import torch
+
+    from engine.coherence.phi import phi_from_model
+
+    torch.manual_seed(config.seed)
+    tokenizer, model = _load(config, path, home)
+    texts = [_as_model_input(tokenizer, row["prompt"]) for row in rows]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(
+            **batch, do_sample=False, max_new_tokens=config.max_completion_length,
+            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        )  # fmt: skip
+    width = batch["input_ids"].shape[1]
+    generated = out[:, width:]
+    answers, masks = [], torch.zeros_like(out)
+    for row, ids in enumerate(generated.tolist()):
+        if tokenizer.eos_token_id in ids:
+            ids = ids[: ids.index(tokenizer.eos_token_id) + 1]  # the eos is a choice the model made too
+        masks[row, width : width + len(ids)] = 1
+        answers.append({"ids": ids, "text": tokenizer.decode(ids, skip_special_tokens=True)})
+    attention = torch.cat([batch["attention_mask"], masks[:, width:]], dim=1)
+    stats = phi_from_model(model, out, attention, masks, temperature=config.temperature)
+    phi = [float(np.mean(p)) if len(p) else math.nan for p in stats.phi]
+    entropy = [float(np.mean(h)) if len(h) else math.nan for h in stats.entropy]
+    return answers, phi, entropy
+
+
+# -- scoring -----------------------------------------------------------------------------------
+
+
+def _reward_columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    columns = set(rows[0]).intersection(*rows[1:]) - {"prompt", "completion"}
+    return {name: [row[name] for row in rows] for name in sorted(columns)}
+
+
+def _score(config: TrainConfig, rows: list[dict[str, Any]], answers: list[dict[str, Any]], phi: list[float],
+           entropy: list[float]) -> tuple[dict[str, Any], bool, list[str]]:  # fmt: skip
+    from .cascade import build_rewards
+
+    rewards = build_rewards(config)
+    prompts = [row["prompt"] for row in rows]
+    completions: list[Any] = [
+        a["text"] if isinstance(p, str) else [{"role": "assistant", "content": a["text"]}]
+        for p, a in zip(prompts, answers, strict=True)
+    ]
+    kwargs = {**_reward_columns(rows), "completion_ids": [a["ids"] for a in answers]}
+    scored: dict[str, np.ndarray] = {}
+    for name, fn in zip(rewards.names, rewards.funcs, strict=True):
+        if name in rewards.task_names or name == "format":
+            try:
+                values = fn(prompts=prompts, completions=completions, **kwargs)
+            except TrainingFailed as exc:
+                raise BadInput(f"eval: {exc}") from None
+            scored[name] = np.array([math.nan if v is None else float(v) for v in values])
+    for answer, index in zip(answers, range(len(answers)), strict=True):
+        answer["rewards"] = {name: _round(values[index]) for name, values in scored.items()}
+
+    e = config.eval
+    task = np.nanmean([scored[n] for n in rewards.task_names], axis=0)
+    metrics: dict[str, Any] = {
+        "task": _round(np.nanmean(task)),
+        "solved": _round(float(np.mean(task >= e.solved_at))),
+        "phi": _round(np.nanmean(phi)),
+        "entropy": _round(np.nanmean(entropy)),
+        "answer_tokens": _round(float(np.mean([len(a["ids"]) for a in answers]))),
+    }
+    checks = [("task", metrics["task"], e.min_task, "mean task reward")]
+    if "format" in scored:
+        metrics["format"] = _round(float(np.mean(scored["format"] >= FORMAT_FULL)))
+        checks.append(("format", metrics["format"], e.min_format, "format-compliant answers"))
+    if e.min_phi is not None:
+        checks.append(("phi", metrics["phi"], e.min_phi, "mean Phi of the answers"))
+    failed = [_reason(*c, ok=False) for c in checks if not _meets(c[1], c[2])]
+    met = [_reason(*c, ok=True) for c in checks if _meets(c[1], c[2])]
+    return metrics, not failed, failed + met
+
+
+def _meets(value: float | None, threshold: float) -> bool:
+    return value is not None and value >= threshold
+
+
+def _reason(key: str, value: float | None, threshold: float, label: str, *, ok: bool) -> str:
+    shown = "n/a" if value is None else f"{value:.3f}"
+    return f"{label} {shown} {'>=' if ok else '<'} {threshold:g}"
+
+
+def _round(value: Any) -> float | None:
+    value = float(value)
+    return round(value, 4) if math.isfinite(value) else None
+
+
+# -- printing ----------------------------------------------------------------------------------
+
+
+def print_result(result: EvalResult, *, show: int = 5) -> None:
+    verdict = "PASSED" if result.passed else "FAILED"
+    m = result.metrics
+    print(
+        f"eval of run {result.run_name!r} (step {m.get('step')}, {m['prompts']} held-out prompts): {verdict}"
+    )
+    for reason in result.reasons:
+        print(f"  {reason}")
+    shown = ", ".join(f"{k} {m[k]}" for k in ("task", "solved", "format", "phi", "entropy") if k in m)
+    print(f"  {shown}")
+    for answer in result.answers[:show]:
+        prompt = answer["prompt"].replace("\n", " ")[:60]
+        print(f"  > {prompt}\n    {answer['answer'][:100]!r}")
+
+
+def eval_from_args(home: Path, ref: str, max_prompts: int | None, as_json: bool) -> int:
+    from engine import paths
+
+    with Store(paths.db_path(home)) as store:
+        try:
+            result = evaluate_run(store, ref, home=home, max_prompts=max_prompts)
+        except TrainingFailed as exc:
+            raise BadInput(one_line(exc)) from None
+    if as_json:
+        print(json.dumps({"run": result.run_name, "passed": result.passed, "metrics": result.metrics,
+                          "reasons": result.reasons, "answers": result.answers}))  # fmt: skip
+    else:
+        print_result(result)
+    return 0 if result.passed else 1
