@@ -84,6 +84,7 @@ class ControlRoom(App[None]):
         Binding("w", "set_weight", "Reward weight", show=False),
         Binding("r", "resume_run", "Resume a stopped or crashed run", show=False),
         Binding("v", "samples", "Samples (per-token Φ)", show=False),
+        Binding("d", "diagnose", "Diagnose (ask Claude)"),
         Binding("e", "show_eval", "Held-out eval of the run", show=False),
         Binding("t", "next_theme", "Theme", show=False),
         Binding("b", "toggle_chart_mode", "Braille or block charts", show=False),
@@ -102,9 +103,13 @@ class ControlRoom(App[None]):
         readonly: bool = False,
         start_engine: bool = True,
         refresh_hz: float | None = None,
+        api_key: str | None = None,
+        claude_base_url: str | None = None,
     ) -> None:
         super().__init__()
         self.home = home or paths.carl_home()
+        self._api_key = api_key  # for the diagnosis chat only; never stored or shown
+        self.claude_base_url = claude_base_url
         self.readonly = readonly
         self.auto_engine = start_engine
         self.config_error: str | None = None
@@ -465,7 +470,7 @@ class ControlRoom(App[None]):
     # -- training control -------------------------------------------------------------------
 
     CONTROL_ACTIONS = frozenset({"new_run", "pause_resume", "checkpoint", "stop_run", "set_lr", "set_weight",
-                                 "resume_run", "observe"})  # fmt: skip
+                                 "resume_run", "observe", "diagnose"})  # fmt: skip
     RUN_ACTIONS = frozenset({"pause_resume", "checkpoint", "stop_run", "set_lr", "set_weight"})
     DESTRUCTIVE = frozenset({"stop_run"})
 
@@ -624,6 +629,19 @@ class ControlRoom(App[None]):
         finally:
             reader.close()
         self.push_screen(SamplesScreen(samples, self.view.run.vocab_size))
+
+    def action_diagnose(self) -> None:
+        if self.view is None:
+            self.notify("no run selected: nothing to diagnose", title="diagnose")
+            return
+        db = paths.db_path(self.home)
+        if not db.exists():
+            return
+        from .chat import ChatScreen
+
+        run = self.view.run
+        self.push_screen(ChatScreen(db, run.id, run.name, api_key=self._api_key, model=self.config.claude_model,
+                                    base_url=self.claude_base_url))  # fmt: skip
 
     def action_show_eval(self) -> None:
         if self.view is None:

@@ -57,6 +57,9 @@ def tui_main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--demo-steps", type=int, default=None, help="GRPO steps of the demo run (default: demo.yaml's)"
     )
+    parser.add_argument(
+        "--api-key", default=None, help="Anthropic API key for `d` (default: $ANTHROPIC_API_KEY)"
+    )
     args = parser.parse_args(argv)
     return _guard(_run_tui, args)
 
@@ -71,7 +74,7 @@ def _run_tui(args: argparse.Namespace) -> int:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from .app import ControlRoom
 
-    ControlRoom(home, readonly=args.readonly, start_engine=not args.no_engine).run()
+    ControlRoom(home, readonly=args.readonly, start_engine=not args.no_engine, api_key=args.api_key).run()
     return 0
 
 
@@ -116,6 +119,19 @@ def main(argv: list[str] | None = None) -> int:
     push.set_defaults(fn=_push)
     _add_push_arguments(push)
 
+    diagnose = sub.add_parser("diagnose", help="ask Claude (or the offline analyst) about a run")
+    diagnose.add_argument("run", help="run name or id")
+    diagnose.add_argument("question", nargs="?", default=None, help="what to ask (default: how is it doing?)")
+    diagnose.add_argument(
+        "--json", action="store_true", help="print one JSON object: answer, tool calls, findings"
+    )
+    diagnose.add_argument("--offline", action="store_true", help="use the offline analyst even with a key")
+    diagnose.add_argument(
+        "--model", default=None, help="Claude model (default: $CARL_CLAUDE_MODEL or tui.toml)"
+    )
+    diagnose.add_argument("--api-key", default=None, help="Anthropic API key (default: $ANTHROPIC_API_KEY)")
+    diagnose.set_defaults(fn=_diagnose)
+
     demo = sub.add_parser("demo", help="start the built-in demo training run (through the engine)")
     demo.add_argument("--steps", type=int, default=None)
     demo.set_defaults(fn=lambda a: _start_demo(_home(a), a.steps) or 0)
@@ -140,6 +156,21 @@ def _train(args: argparse.Namespace) -> int:
 
     args.home = _home(args)  # `carl --home H train` and `carl train --home H` both work
     return train_from_args(args)
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    from engine.diagnosis.cli import diagnose
+
+    home = _home(args)
+    model = args.model or _configured_model(home)
+    return diagnose(home, args.run, args.question, as_json=args.json, offline=args.offline, model=model,
+                    api_key=args.api_key)  # fmt: skip
+
+
+def _configured_model(home: Path) -> str | None:
+    from .config import load_config
+
+    return load_config(home).claude_model
 
 
 def _need_training_extra() -> None:

@@ -2,7 +2,7 @@
 
 Read with tomllib, written with tomli-w. A bad file gives a one-line error naming the file and
 the line or field; the control room then starts on defaults and leaves the file alone rather
-than overwrite what the user wrote. Three fields are checked by hand: importing pydantic here
+than overwrite what the user wrote. The fields are checked by hand: importing pydantic here
 would add about 0.1 s to every start of the control room.
 """
 
@@ -32,6 +32,7 @@ class TuiConfig:
     theme: str = DEFAULT_THEME
     chart_mode: str = "braille"
     refresh_hz: float = 4.0
+    claude_model: str | None = None  # the diagnosis model; $CARL_CLAUDE_MODEL and /model override it
 
     def replace(self, **changes: Any) -> TuiConfig:
         return dataclasses.replace(self, **changes)
@@ -52,7 +53,10 @@ class TuiConfig:
         hz = data.get("refresh_hz", 4.0)
         if isinstance(hz, bool) or not isinstance(hz, int | float) or not 0 < hz <= 4:
             raise ValueError(f"refresh_hz: must be a number above 0 and at most 4, not {hz!r}")
-        return cls(theme=theme, chart_mode=mode, refresh_hz=float(hz))
+        model = data.get("claude_model")
+        if model is not None and (not isinstance(model, str) or not model.strip()):
+            raise ValueError(f"claude_model: must be a model name such as 'claude-sonnet-5-5', not {model!r}")
+        return cls(theme=theme, chart_mode=mode, refresh_hz=float(hz), claude_model=model)
 
 
 def config_path(home: Path) -> Path:
@@ -79,5 +83,6 @@ def save_config(home: Path, config: TuiConfig) -> None:
     """Write atomically (temp file + rename) so a crash never leaves half a file."""
     path = config_path(home)
     tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text(tomli_w.dumps(dataclasses.asdict(config)), encoding="utf-8")
+    values = {k: v for k, v in dataclasses.asdict(config).items() if v is not None}  # TOML has no null
+    tmp.write_text(tomli_w.dumps(values), encoding="utf-8")
     os.replace(tmp, path)

@@ -92,6 +92,25 @@ class EvalScreen(HelpScreen):
             yield Static(Text(f"evaluated {when}; again: carl eval {self.run_name}", style="dim"))
 
 
+class TextScreen(HelpScreen):
+    """A long text to read and scroll (what is sent to Claude)."""
+
+    BINDINGS = [Binding("escape,q", "dismiss", "Close")]
+    DEFAULT_CSS = """
+    TextScreen > VerticalScroll { width: 100; max-height: 95%; }
+    """
+
+    def __init__(self, title: str, text: str) -> None:
+        super().__init__([])
+        self.title_text = title
+        self.text = text
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll() as scroll:
+            scroll.border_title = self.title_text
+            yield Static(Text(self.text))
+
+
 class Dialog(ModalScreen[Any]):
     """A centred box over the control room; `escape` cancels with `CANCELLED`. Subclasses add only
     what differs (width, border colour, their own widgets)."""

@@ -154,6 +154,33 @@ class StoreReader:
         ).fetchall()
         return _rollup_series(rows, level)
 
+    def metric_range(self, run_id: int, key: str, start: int, end: int, *, max_points: int = 200) -> Series:
+        """`key` between steps `start` and `end`: raw points when the range holds few enough,
+        else the rollup level that brings it under `max_points` buckets."""
+        raw = self.conn.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM metrics WHERE run_id=? AND key=? AND step BETWEEN ? AND ? LIMIT ?)",
+            (run_id, key, start, end, max_points + 1),
+        ).fetchone()[0]
+        if raw <= max_points:
+            rows = self.conn.execute(
+                "SELECT step, value FROM metrics WHERE run_id=? AND key=? AND step BETWEEN ? AND ? ORDER BY step",
+                (run_id, key, start, end),
+            ).fetchall()
+            if not rows:
+                return Series.empty()
+            arr = np.array(rows, dtype=object).astype(np.float64)
+            steps, values = arr[:, 0].astype(np.int64), arr[:, 1]
+            return Series(steps, steps.copy(), values, values.copy(), values.copy(), 1,
+                          _last_finite(values), int(steps[-1]))  # fmt: skip
+        span = end - start + 1
+        level = next((lv for lv in ROLLUP_LEVELS if span / lv <= max_points), ROLLUP_LEVELS[-1])
+        rows = self.conn.execute(
+            "SELECT first_step, last_step, vmin, vmax, vsum, n, last_value FROM rollups"
+            " WHERE run_id=? AND key=? AND level=? AND bucket BETWEEN ? AND ? ORDER BY bucket",
+            (run_id, key, level, start // level, end // level),
+        ).fetchall()
+        return _rollup_series(rows, level)
+
     def extend_series(self, run_id: int, key: str, series: Series, *, max_points: int = 2048) -> Series:
         """`series` with the rows that arrived since it was read (its last bucket re-read).
 
@@ -279,6 +306,52 @@ class StoreReader:
         )
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    def run_config(self, run_id: int) -> dict[str, Any]:
+        """The settings a run was started with (carl runs), or what its source recorded."""
+        row = self.conn.execute("SELECT config FROM runs WHERE id=?", (run_id,)).fetchone()
+        try:
+            data = json.loads(row[0]) if row and row[0] else {}
+        except ValueError:
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def gate_history(self, run_id: int, start: int = 0, end: int | None = None) -> list[dict[str, Any]]:
+        """The gate's states from step `start` to `end`, oldest first."""
+        cur = self.conn.execute(
+            "SELECT step, state, threshold, history, above, window, multiplier, reason FROM gate_states"
+            " WHERE run_id=? AND step>=? AND step<=? ORDER BY step",
+            (run_id, start, end if end is not None else 2**62),
+        )
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    def sample(self, sample_id: int) -> dict[str, Any] | None:
+        """One sample with its per-token Phi and entropy."""
+        cur = self.conn.execute(
+            "SELECT id, run_id, step, idx, kind, prompt, completion, tokens, phi, entropy, rewards FROM samples"
+            " WHERE id=?",
+            (sample_id,),
+        )
+        r = cur.fetchone()
+        if r is None:
+            return None
+        row = dict(zip([d[0] for d in cur.description], r, strict=True))
+        for key in ("tokens", "phi", "entropy", "rewards"):
+            row[key] = json.loads(row[key]) if row[key] else None
+        return row
+
+    def samples_at(self, run_id: int, step: int, limit: int = 8) -> list[dict[str, Any]]:
+        """The samples kept at the step nearest `step` (best, worst, median, random)."""
+        row = self.conn.execute(
+            "SELECT step FROM samples WHERE run_id=? ORDER BY abs(step - ?) LIMIT 1", (run_id, step)
+        ).fetchone()
+        if row is None:
+            return []
+        ids = self.conn.execute(
+            "SELECT id FROM samples WHERE run_id=? AND step=? ORDER BY idx LIMIT ?", (run_id, row[0], limit)
+        ).fetchall()
+        return [s for (i,) in ids if (s := self.sample(i)) is not None]
 
     def latest_eval(self, run_id: int) -> dict[str, Any] | None:
         cur = self.conn.execute(

@@ -1,0 +1,358 @@
+"""The diagnosis chat (`d`): ask Claude, or the offline analyst, about the selected run.
+
+A screen over the control room: the run's stored conversations on the left (enter resumes one,
+delete removes it), the transcript in the middle, a multi-line input at the bottom. A turn runs
+in a thread worker; its events reach the transcript batched, a few updates a second, and every
+tool call is shown as it happens. Questions and answers are stored per run in carl.db.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, OptionList, Static
+from textual.widgets.option_list import Option
+
+from engine.diagnosis.chat import ChatEvent, Diagnoser
+from engine.diagnosis.conversations import Conversations
+from widgets.chat import ChatInput, ChatLog
+
+NARROW = 100  # columns below which the conversation list hides until ctrl+l
+FLUSH_S = 0.25  # streamed text reaches the screen at most 4 times a second
+SLASH_HELP = """\
+/context   show exactly what is sent to Claude with each question
+/model     show the model; /model NAME switches to NAME
+/offline   toggle the offline analyst (no network, no key needed)
+/clear     start a new conversation (the old one stays in the list)
+/delete    delete this conversation
+/help      this list"""
+
+
+class ChatScreen(Screen[None]):
+    BINDINGS = [
+        Binding("escape", "leave", "Back to the control room"),
+        Binding("ctrl+n", "new_conversation", "New conversation"),
+        Binding("ctrl+l", "focus_list", "Conversations"),
+        Binding("delete", "delete_selected", "Delete conversation", show=False),
+    ]
+    DEFAULT_CSS = """
+    ChatScreen #chat-title { height: 1; background: $panel; padding: 0 1; }
+    ChatScreen #chat-list { width: 30; border: round $panel-lighten-2; }
+    ChatScreen #chat-list:focus { border: round $primary; }
+    ChatScreen #chat-main { width: 1fr; }
+    ChatScreen #chat-status { height: 1; color: $text-muted; padding: 0 1; }
+    """
+
+    def __init__(self, db_path: Path, run_id: int, run_name: str, *, api_key: str | None,
+                 model: str | None, base_url: str | None = None) -> None:  # fmt: skip
+        super().__init__()
+        self.db_path = db_path
+        self.run_id = run_id
+        self.run_name = run_name
+        self.diagnoser = Diagnoser(db_path, run_id, api_key=api_key, model=model, base_url=base_url)
+        self.conversation: int | None = None
+        self.busy = False
+        self.conversations: list[dict[str, Any]] = []
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="chat-title")
+        with Horizontal():
+            yield OptionList(id="chat-list")
+            with Vertical(id="chat-main"):
+                yield ChatLog(id="chat-log")
+                yield Static("", id="chat-status")
+                yield ChatInput(id="chat-input")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#chat-list", OptionList).border_title = "Conversations"
+        self._refresh_list()
+        self._show_title()
+        log = self.query_one(ChatLog)
+        who = "Claude " + self.diagnoser.model if not self.diagnoser.offline else "the offline analyst"
+        log.add_note(f"Ask about run {self.run_name}: {who} answers from its numbers. /help lists commands.")
+        self.query_one(ChatInput).focus()
+
+    # -- header, list ------------------------------------------------------------------------
+
+    def _show_title(self) -> None:
+        if self.diagnoser.offline:
+            who = Text(f"offline analyst ({self.diagnoser.offline_reason()})", style="bold yellow")
+        else:
+            who = Text(f"Claude {self.diagnoser.model}", style="bold")
+        title = next(
+            (c["title"] for c in self.conversations if c["id"] == self.conversation), "new conversation"
+        )
+        self.query_one("#chat-title", Static).update(Text.assemble(("Diagnose ", "bold"), (self.run_name, "bold"),
+                                                                   " │ ", who, " │ ", title[:60]))  # fmt: skip
+
+    def _store(self) -> Conversations:
+        return Conversations(self.db_path)
+
+    def _refresh_list(self) -> None:
+        store = self._store()
+        try:
+            self.conversations = store.list(self.run_id)
+        finally:
+            store.close()
+        options = [Option(Text(f"{c['title'][:26]}\n", overflow="ellipsis").append(
+            f"{time.strftime('%m-%d %H:%M', time.localtime(c['updated_at']))} · {c['messages']} msg", style="dim"),
+            id=str(c["id"])) for c in self.conversations]  # fmt: skip
+        box = self.query_one("#chat-list", OptionList)
+        box.clear_options()
+        box.add_options(options)
+        for index, c in enumerate(self.conversations):
+            if c["id"] == self.conversation:
+                box.highlighted = index
+
+    @on(OptionList.OptionSelected, "#chat-list")
+    def _resume(self, event: OptionList.OptionSelected) -> None:
+        if self.busy or event.option.id is None:
+            return
+        self.load_conversation(int(event.option.id))
+        self.query_one(ChatInput).focus()
+        self._fit_list()
+
+    def load_conversation(self, conversation_id: int) -> None:
+        store = self._store()
+        try:
+            messages = store.messages(conversation_id)
+        finally:
+            store.close()
+        self.conversation = conversation_id
+        log = self.query_one(ChatLog)
+        log.clear()
+        for m in messages:
+            if m["role"] == "user":
+                log.add_user(m["content"])
+            elif m["role"] == "assistant":
+                log.add_markdown(m["content"])
+            elif m["role"] == "tool":
+                log.add_tool_call(m["meta"].get("name", "?"), m["meta"].get("input", {}))
+            elif m["role"] == "error":
+                log.add_error(m["content"])
+        self._show_title()
+
+    def action_focus_list(self) -> None:
+        box = self.query_one("#chat-list", OptionList)
+        box.display = True  # shown on demand on a narrow terminal
+        if box.highlighted is None and box.option_count:
+            box.highlighted = 0
+        box.focus()
+
+    def on_resize(self) -> None:
+        self._fit_list()
+
+    def _fit_list(self) -> None:
+        """Below 100 columns the transcript gets the width; ctrl+l brings the list back."""
+        box = self.query_one("#chat-list", OptionList)
+        box.display = self.size.width >= NARROW or box.has_focus
+
+    def action_new_conversation(self) -> None:
+        if self.busy:
+            return
+        self.conversation = None
+        self.query_one(ChatLog).clear()
+        self.query_one(ChatLog).add_note("New conversation.")
+        self._show_title()
+        self.query_one(ChatInput).focus()
+
+    def action_delete_selected(self) -> None:
+        box = self.query_one("#chat-list", OptionList)
+        if self.busy or box.highlighted is None or not box.has_focus:
+            return
+        self._delete(int(box.get_option_at_index(box.highlighted).id or 0))
+
+    def _delete(self, conversation_id: int) -> None:
+        from .screens import ConfirmScreen
+
+        title = next((c["title"] for c in self.conversations if c["id"] == conversation_id), "?")
+
+        def confirmed(yes: bool | None) -> None:
+            if not yes:
+                return
+            store = self._store()
+            try:
+                store.delete(conversation_id)
+            finally:
+                store.close()
+            if self.conversation == conversation_id:
+                self.action_new_conversation()
+            self._refresh_list()
+            self.notify(f"deleted “{title[:40]}”", title="diagnose")
+
+        screen = ConfirmScreen(
+            "Delete conversation", f"Delete “{title[:50]}” and its messages?", "Delete", "delete"
+        )
+        self.app.push_screen(screen, confirmed)
+
+    def action_leave(self) -> None:
+        self.dismiss(None)
+
+    # -- input ---------------------------------------------------------------------------------
+
+    @on(ChatInput.Submitted)
+    def _submitted(self, event: ChatInput.Submitted) -> None:
+        text = event.value
+        if text.startswith("/"):
+            self._slash(text)
+            return
+        if self.busy:
+            self.query_one(ChatLog).add_note("still answering: wait for it (or esc and come back)")
+            return
+        self.query_one(ChatLog).add_user(text)
+        self.busy = True
+        self._set_status("thinking…" if not self.diagnoser.offline else "analysing…")
+        self.ask(text, self.conversation)
+
+    def _slash(self, text: str) -> None:
+        command, _, rest = text.partition(" ")
+        log = self.query_one(ChatLog)
+        rest = rest.strip()
+        if command == "/help":
+            log.add_note(SLASH_HELP)
+        elif command == "/context":
+            self._show_context()
+        elif command == "/model":
+            if rest:
+                self.diagnoser.model = rest
+                self.diagnoser._client = None
+                log.add_note(f"model: {rest}")
+            else:
+                log.add_note(
+                    f"model: {self.diagnoser.model}" + (" (offline now)" if self.diagnoser.offline else "")
+                )
+            self._show_title()
+        elif command == "/offline":
+            self.diagnoser.force_offline = not self.diagnoser.force_offline
+            if self.diagnoser.offline:
+                log.add_note(f"offline analyst on ({self.diagnoser.offline_reason()})")
+            else:
+                log.add_note(f"Claude {self.diagnoser.model} on")
+            self._show_title()
+        elif command == "/clear":
+            self.action_new_conversation()
+        elif command == "/delete":
+            if self.conversation is None:
+                log.add_note("nothing to delete: this conversation is not stored yet")
+            else:
+                self._delete(self.conversation)
+        else:
+            log.add_error(f"unknown command {command}; /help lists them")
+
+    def _show_context(self) -> None:
+        from .screens import TextScreen
+
+        try:
+            parts = self.diagnoser.context()
+        except Exception as exc:  # an unreadable store: say so, stay usable
+            self.query_one(ChatLog).add_error(f"cannot build the context: {exc}")
+            return
+        system = "\n\n".join(block["text"] for block in parts["system"])
+        tools = "\n".join(f"- {t['name']}: {t['description']}" for t in parts["tools"])
+        store = self._store()
+        try:
+            history = store.history(self.conversation)
+        finally:
+            store.close()
+        text = (f"model: {parts['model']}   max_tokens: {parts['max_tokens']}   "
+                f"history: {len(history)} earlier messages   cached: digest and tools\n"
+                f"{'(offline now: nothing is sent; the analyst reads the same digest)' if self.diagnoser.offline else ''}"
+                f"\n── system ──\n{system}\n\n── tools ──\n{tools}")  # fmt: skip
+        self.app.push_screen(TextScreen("What is sent to Claude", text))
+
+    def _set_status(self, text: str) -> None:
+        self.query_one("#chat-status", Static).update(text)
+
+    # -- a turn, in a thread ---------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="diagnose")
+    def ask(self, question: str, conversation: int | None) -> None:
+        store = self._store()
+        try:
+            history = store.history(conversation)
+            conversation, _ = store.add(conversation, self.run_id, "user", question)
+            self.app.call_from_thread(self._started, conversation)
+            buffer: list[str] = []
+            last = time.monotonic()
+            final: dict[str, Any] = {}
+            for event in self.diagnoser.ask(question, history):
+                if event.kind == "text":
+                    buffer.append(event.text)
+                    if time.monotonic() - last >= FLUSH_S:
+                        self.app.call_from_thread(self._show, ChatEvent("text", "".join(buffer)))
+                        buffer, last = [], time.monotonic()
+                    continue
+                if buffer:
+                    self.app.call_from_thread(self._show, ChatEvent("text", "".join(buffer)))
+                    buffer = []
+                if event.kind == "tool_call":
+                    store.add(conversation, self.run_id, "tool", event.text, {"name": event.data["name"],
+                                                                              "input": event.data["input"]})  # fmt: skip
+                if event.kind in ("done", "error"):
+                    final = event.data
+                self.app.call_from_thread(self._show, event)
+            if final.get("answer"):
+                meta = {"offline": final.get("offline", False), "model": final.get("model"),
+                        "usage": final.get("usage"), "tool_calls": final.get("tool_calls")}  # fmt: skip
+                store.add(conversation, self.run_id, "assistant", final["answer"], meta)
+            if final.get("error"):
+                store.add(conversation, self.run_id, "error", final["error"])
+        except Exception as exc:  # the store or a bug: one line in the pane, the chat stays usable
+            self.app.call_from_thread(self._show, ChatEvent("error", f"diagnosis failed: {exc}", {}))
+        finally:
+            store.close()
+            self.app.call_from_thread(self._finished)
+
+    def _started(self, conversation: int) -> None:
+        self.conversation = conversation
+
+    async def _show(self, event: ChatEvent) -> None:
+        log = self.query_one(ChatLog)
+        if event.kind == "text":
+            await log.write_answer(event.text)
+        elif event.kind == "tool_call":
+            await log.end_answer()
+            log.add_tool_call(event.data["name"], event.data["input"])
+            self._set_status(f"running tool {event.data['name']}…")
+        elif event.kind == "tool_result":
+            log.add_tool_result(event.text, error=event.data.get("error", False))
+            self._set_status("thinking…")
+        elif event.kind == "status":
+            log.add_note(event.text)
+        elif event.kind == "error":
+            await log.end_answer()
+            log.add_error(event.text)
+        elif event.kind == "done":
+            await log.end_answer()
+            self._set_status(_usage_line(event.data))
+
+    def _finished(self) -> None:
+        self.busy = False
+        if not str(self.query_one("#chat-status", Static).render()).strip() or "…" in str(
+            self.query_one("#chat-status", Static).render()
+        ):
+            self._set_status("")
+        self._refresh_list()
+        self._show_title()
+
+
+def _usage_line(data: dict[str, Any]) -> str:
+    if data.get("offline"):
+        return "offline analyst"
+    usage = data.get("usage") or {}
+    calls = len(data.get("tool_calls") or [])
+    parts = [f"{data.get('model')}", f"{calls} tool call{'s' if calls != 1 else ''}"]
+    if usage:
+        parts.append(f"in {usage.get('input_tokens', 0):,} · out {usage.get('output_tokens', 0):,} tokens")
+        if usage.get("cache_read_input_tokens"):
+            parts.append(f"cache read {usage['cache_read_input_tokens']:,}")
+    return " · ".join(parts)

@@ -1,0 +1,333 @@
+"""A compact, numeric digest of one run, for Claude and for the offline analyst.
+
+Everything comes from the store: the run row, its config, a handful of series downsampled to a
+few dozen points, each series' trend (first, last, range, noise, and since when it has been
+flat), the cascade gate's transitions, chart events, recent commands, a few samples and the
+newest eval. `digest_text` renders it as a few kilobytes of plain lines; secrets are redacted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.store.reader import RunRow, Series, StoreReader
+
+from .redact import redact
+
+POINTS = 32  # points per series in the digest: enough to see a shape, few tokens
+# Series worth a look, in the order they are shown; rewards/<name>/mean of every reward is added.
+DRAWN = ("phi/mean", "phi/entropy", "reward", "loss", "frac_reward_zero_std")  # + each reward: full series
+KEYS = ("phi/mean", "phi/entropy", "phi/p10", "phi/p90", "reward", "reward_std", "loss", "entropy",
+        "frac_reward_zero_std", "grad_norm", "learning_rate", "kl", "completions/mean_length",
+        "completions/clipped_ratio", "train/loss", "train/reward")  # fmt: skip
+MAX_KEYS = 20
+
+
+@dataclass
+class Trend:
+    """One series over the run, from its bucket means."""
+
+    key: str
+    points: int  # steps the store holds for it
+    first_step: int
+    last_step: int
+    first: float | None
+    last: float | None
+    vmin: float | None
+    vmax: float | None
+    early: float | None  # mean of the first quarter
+    late: float | None  # mean of the last quarter
+    noise: float | None  # robust step-to-step spread of the bucket means
+    flat_since: int | None  # the step since which it has not moved beyond its noise
+    flat_level: float | None
+    nan_steps: int  # buckets whose values were all NaN / inf
+
+    @property
+    def change(self) -> float | None:
+        if self.early is None or self.late is None:
+            return None
+        return self.late - self.early
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{value:.{digits}g}")
+
+
+def _bins(steps: np.ndarray, values: np.ndarray, points: int) -> tuple[np.ndarray, np.ndarray]:
+    """Average consecutive buckets down to at most `points`, ignoring NaN."""
+    if len(values) <= points:
+        return steps, values
+    edges = np.linspace(0, len(values), points + 1).astype(int)
+    out_steps, out_values = [], []
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        chunk = values[a:b]
+        finite = chunk[np.isfinite(chunk)]
+        out_steps.append(int(steps[b - 1]))
+        out_values.append(float(finite.mean()) if len(finite) else math.nan)
+    return np.array(out_steps), np.array(out_values)
+
+
+def _noise(values: np.ndarray) -> float:
+    """Median absolute step-to-step change, scaled to a standard deviation (robust to trends)."""
+    diffs = np.diff(values[np.isfinite(values)])
+    if len(diffs) == 0:
+        return 0.0
+    return float(1.4826 * np.median(np.abs(diffs - np.median(diffs))) / math.sqrt(2))
+
+
+def _flat_since(steps: np.ndarray, values: np.ndarray, noise: float) -> tuple[int | None, float | None]:
+    """The earliest step from which the series stays within its noise of one level, when that
+    stretch covers at least a quarter of the run and five points."""
+    finite = np.isfinite(values)
+    steps, values = steps[finite], values[finite]
+    n = len(values)
+    if n < 8:
+        return None, None
+    spread = float(np.nanmax(values) - np.nanmin(values))
+    band = max(2.5 * noise, 0.02 * spread, 1e-9)
+    start = n - 1
+    for i in range(n - 2, -1, -1):
+        tail = values[i:]
+        slope_change = abs(np.polyfit(steps[i:] - steps[i], tail, 1)[0]) * (steps[-1] - steps[i])
+        if slope_change > band or np.abs(tail - tail.mean()).max() > 2 * band:
+            break
+        start = i
+    if n - start < max(5, n // 4):
+        return None, None
+    return int(steps[start]), float(values[start:].mean())
+
+
+def trend(reader: StoreReader, run_id: int, key: str, since: int | None = None) -> Trend | None:
+    """The trend of `key` over the run, or from step `since` on."""
+    series = reader.series(run_id, key, max_points=512)
+    if since is not None:
+        keep = series.first >= since
+        series = Series(series.first[keep], series.last[keep], series.vmin[keep], series.vmax[keep],
+                        series.mean[keep], series.level, series.latest, series.latest_step)  # fmt: skip
+    if len(series) == 0:
+        return None
+    steps = series.last.astype(np.int64)
+    values = series.mean.astype(np.float64)
+    finite = values[np.isfinite(values)]
+    quarter = max(1, len(values) // 4)
+    noise = _noise(values)
+    flat_step, flat_level = _flat_since(steps, values, noise)
+
+    def mean(part: np.ndarray) -> float | None:
+        part = part[np.isfinite(part)]
+        return float(part.mean()) if len(part) else None
+
+    return Trend(
+        key=key, points=reader.count_points(run_id, key), first_step=int(series.first[0]),
+        last_step=int(series.last[-1]), first=mean(values[:1]), last=series.latest,
+        vmin=float(finite.min()) if len(finite) else None, vmax=float(finite.max()) if len(finite) else None,
+        early=mean(values[:quarter]), late=mean(values[-quarter:]), noise=noise,
+        flat_since=flat_step, flat_level=flat_level, nan_steps=int((~np.isfinite(values)).sum()),
+    )  # fmt: skip
+
+
+def chosen_keys(keys: list[str]) -> list[str]:
+    rewards = sorted(k for k in keys if k.startswith("rewards/") and k.endswith("/mean"))
+    wanted = [k for k in KEYS if k in keys] + rewards
+    return wanted[:MAX_KEYS]
+
+
+def _run_fields(run: RunRow) -> dict[str, Any]:
+    return {
+        "id": run.id, "name": run.name, "source": run.source_kind, "status": run.status,
+        "model": run.model, "backend": run.backend, "step": run.last_step, "max_steps": run.max_steps,
+        "vocab_size": run.vocab_size, "temperature": run.temperature, "phase": run.phase,
+        "health": run.health, "health_reasons": run.health_reasons, "error": run.error,
+        "started_at": run.started_at, "last_update": run.last_update, "ended_at": run.ended_at,
+    }  # fmt: skip
+
+
+def _gate_transitions(reader: StoreReader, run_id: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for row in reader.gate_history(run_id):
+        if not out or row["state"] != out[-1]["state"]:
+            out.append(row)
+    return out[-12:]
+
+
+def _sample_brief(sample: dict[str, Any]) -> dict[str, Any]:
+    phi = [p for p in sample.get("phi") or [] if p is not None]
+    return {
+        "id": sample["id"], "step": sample["step"], "kind": sample["kind"],
+        "prompt": (sample.get("prompt") or "")[-200:], "completion": (sample.get("completion") or "")[:300],
+        "rewards": sample.get("rewards"), "phi_mean": _round(float(np.mean(phi))) if phi else None,
+        "phi_min": _round(float(np.min(phi))) if phi else None, "tokens": len(sample.get("tokens") or []),
+    }  # fmt: skip
+
+
+def build_digest(reader: StoreReader, run_id: int, *, now: float | None = None) -> dict[str, Any]:
+    """Everything the diagnosis knows about a run, as JSON-able data (not yet redacted)."""
+    run = next((r for r in reader.runs() if r.id == run_id), None)
+    if run is None:
+        raise LookupError(f"run {run_id}: no such run")
+    keys = reader.metric_keys(run_id)
+    chosen = chosen_keys(keys)
+    series, trends = {}, {}
+    for key in chosen:
+        t = trend(reader, run_id, key)
+        if t is None:
+            continue
+        trends[key] = t
+        if key not in DRAWN and not key.startswith("rewards/"):
+            continue
+        s = reader.series(run_id, key, max_points=512)
+        steps, values = _bins(s.last.astype(np.int64), s.mean.astype(np.float64), POINTS)
+        series[key] = [[int(a), _round(float(b))] for a, b in zip(steps, values, strict=True)]
+    config = reader.run_config(run_id)
+    # Phi and entropy over the steps the task reward covers (an SFT warm-up has no rewards):
+    # what the coherence trap compares.
+    rewarded = [t.first_step for k, t in trends.items() if k.startswith("rewards/")]
+    window: dict[str, Any] = {}
+    if rewarded:
+        since = min(rewarded)
+        for key in ("phi/mean", "phi/entropy"):
+            if key in trends and trends[key].first_step < since and (t := trend(reader, run_id, key, since)):
+                window[key] = t.__dict__ | {"change": t.change}
+    return {
+        "run": _run_fields(run),
+        "config": config,
+        "keys": keys,
+        "series": series,
+        "trends": {k: t.__dict__ | {"change": t.change} for k, t in trends.items()},
+        "rewarded_trends": window,
+        "gate": {"current": reader.gate_state(run_id), "transitions": _gate_transitions(reader, run_id)},
+        "events": [e for e in reader.events(run_id) if e["kind"] != "checkpoint"][-20:],
+        "checkpoints": [e["step"] for e in reader.events(run_id) if e["kind"] == "checkpoint"][-5:],
+        "commands": [
+            {k: c[k] for k in ("verb", "args", "state", "result", "created_at")}
+            for c in reader.run_commands(run_id, limit=10)
+        ],
+        "samples": [_sample_brief(s) for s in reader.samples(run_id, limit=3)],
+        "eval": reader.latest_eval(run_id),
+        "counts": {
+            "trajectories": reader.table_count("trajectories"),
+            "agent_events": reader.table_count("agent_events"),
+        },  # fmt: skip
+        "now": time.time() if now is None else now,
+    }
+
+
+# -- text ------------------------------------------------------------------------------------
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}min"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _config_line(config: dict[str, Any]) -> str:
+    if not config:
+        return ""
+    parts = [f"{k}={config[k]}" for k in ("method", "learning_rate", "num_generations", "per_device_train_batch_size",
+                                          "max_completion_length", "temperature", "sft_warmup_steps", "aggregation",
+                                          "dataset") if k in config]  # fmt: skip
+    rewards = config.get("rewards")
+    if isinstance(rewards, list):
+        shown = ", ".join(f"{r.get('name')}×{r.get('weight', 1.0)}" for r in rewards if isinstance(r, dict))
+        parts.append(f"rewards=[{shown}]")
+    cascade = config.get("cascade")
+    if isinstance(cascade, dict):
+        parts.append("cascade(" + ", ".join(f"{k}={v}" for k, v in cascade.items()) + ")")
+    return " ".join(parts)
+
+
+def digest_text(digest: dict[str, Any]) -> str:
+    """The digest as compact lines (a few KB), secrets redacted."""
+    run = digest["run"]
+    lines = [
+        f"RUN {run['name']} (id {run['id']}, source {run['source']}, model {_fmt(run['model'])}, "
+        f"backend {_fmt(run['backend'])}, |V| {_fmt(run['vocab_size'])}, temperature {_fmt(run['temperature'])})",
+        f"status {run['status']}, step {_fmt(run['step'])} of {_fmt(run['max_steps'])}, phase {_fmt(run['phase'])}, "
+        f"health {_fmt(run['health'])}"
+        + (f": {'; '.join(run['health_reasons'])}" if run["health_reasons"] else ""),
+    ]
+    if run["last_update"]:
+        lines.append(f"last write {_ago(digest['now'] - run['last_update'])} ago")
+    if run["error"]:
+        lines.append(f"error: {run['error']}")
+    if config_line := _config_line(digest["config"]):
+        lines.append(f"CONFIG {config_line}")
+    lines.append(f"METRIC KEYS ({len(digest['keys'])}): {', '.join(digest['keys'][:60])}")
+    lines.append("TRENDS (first→last; early/late = mean of first/last quarter; noise = step-to-step sd)")
+    for key, t in digest["trends"].items():
+        flat = (
+            f", flat since step {t['flat_since']} at {_fmt(t['flat_level'])}"
+            if t["flat_since"] is not None
+            else ""
+        )
+        nan = f", {t['nan_steps']} NaN buckets" if t["nan_steps"] else ""
+        lines.append(
+            f"  {key}: {_fmt(t['first'])}→{_fmt(t['last'])} (steps {t['first_step']}–{t['last_step']}, "
+            f"min {_fmt(t['vmin'])}, max {_fmt(t['vmax'])}, early {_fmt(t['early'])}, late {_fmt(t['late'])}, "
+            f"noise {_fmt(t['noise'])}{flat}{nan})"
+        )
+    for key, t in digest["rewarded_trends"].items():
+        lines.append(
+            f"  {key} over the rewarded steps only ({t['first_step']}–{t['last_step']}): early {_fmt(t['early'])}, "
+            f"late {_fmt(t['late'])}, noise {_fmt(t['noise'])}"
+        )
+    lines.append(f"SERIES (step:value, ≤{POINTS} points of bucket means)")
+    for key, points in digest["series"].items():
+        lines.append(f"  {key}: " + " ".join(f"{s}:{_fmt(v)}" for s, v in points))
+    gate = digest["gate"]
+    if gate["current"]:
+        g = gate["current"]
+        lines.append(
+            f"GATE now {g['state']} at step {g['step']} (threshold {_fmt(g['threshold'])}, "
+            f"{g['above']}/{g['window']} recent steps above, multiplier {_fmt(g['multiplier'])}): {g['reason']}"
+        )
+        for t in gate["transitions"]:
+            lines.append(f"  step {t['step']}: {t['state']} — {t['reason']}")
+    else:
+        lines.append("GATE none (no cascade gate in this run)")
+    if digest["events"]:
+        lines.append(
+            "EVENTS "
+            + "; ".join(f"step {e['step']} {e['kind']} {e['detail']}".strip() for e in digest["events"])
+        )
+    if digest["checkpoints"]:
+        lines.append(f"CHECKPOINTS at steps {', '.join(map(str, digest['checkpoints']))}")
+    if digest["commands"]:
+        lines.append("COMMANDS (newest first)")
+        for c in digest["commands"]:
+            lines.append(f"  {c['verb']} {c['args']} → {c['state']}: {c['result'] or ''}")
+    if digest["samples"]:
+        lines.append("SAMPLES (newest)")
+        for s in digest["samples"]:
+            lines.append(
+                f"  #{s['id']} step {s['step']} {s['kind']}: rewards {json.dumps(s['rewards'])}, "
+                f"Φ mean {_fmt(s['phi_mean'])} min {_fmt(s['phi_min'])}, {s['tokens']} tokens: "
+                f"{json.dumps(s['completion'])}"
+            )
+    if digest["eval"]:
+        e = digest["eval"]
+        lines.append(
+            f"EVAL {'passed' if e['passed'] else 'failed'}: {'; '.join(e['reasons'])} {json.dumps(e['metrics'])}"
+        )
+    counts = digest["counts"]
+    lines.append(f"STORE {counts['trajectories']} trajectories, {counts['agent_events']} agent events")
+    return redact("\n".join(lines))
