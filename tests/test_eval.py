@@ -170,3 +170,22 @@ def test_bad_runs_are_one_line(tmp_path: Path, store: Store) -> None:
         assert done.returncode == 2, (ref, done.stdout)
         assert done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
         assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_the_offline_analyst_diagnoses_the_real_run(trained: Path) -> None:
+    done = carl(trained, "diagnose", "ev", "why is the task reward where it is?", "--offline", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["offline"] and result["answer"].startswith("**Offline analyst**")
+    # Its numbers are the store's: the eval it reports is the stored one.
+    reader = StoreReader(trained / "carl.db")
+    try:
+        run = next(r for r in reader.runs() if r.name == "ev")
+        stored = reader.latest_eval(run.id)
+        last_task = reader.latest_values(run.id, ["rewards/task/mean"])["rewards/task/mean"][1]
+    finally:
+        reader.close()
+    eval_finding = next(f for f in result["findings"] if f["topic"] == "eval")
+    assert f"task {stored['metrics']['task']:.3g}" in eval_finding["detail"]
+    assert f"→{last_task:.3g}" in result["answer"]

@@ -35,9 +35,22 @@ def test_engine_never_imports_the_tui() -> None:
 def test_the_tui_imports_nothing_heavy() -> None:
     code = (
         "import json, sys\n"
-        "import carl_tui, carl_tui.app, carl_tui.cli, widgets, widgets.chart, themes\n"
+        "import carl_tui, carl_tui.app, carl_tui.cli, carl_tui.chat, widgets, widgets.chart, themes\n"
         "from engine.daemon import engine_status\n"
         f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert json.loads(out.stdout) == []
+
+
+def test_every_package_is_in_the_distribution() -> None:
+    """pyproject lists its packages by name: a new engine/ folder must be added there too."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for top in ("carl_tui", "widgets", "themes", "engine")
+        for init in (ROOT / top).rglob("__init__.py")
+    }
+    assert found - listed == set()

@@ -99,12 +99,14 @@ class Diagnoser:
 
     @property
     def offline(self) -> bool:
-        return self.force_offline or not self.has_key
+        return self.force_offline or not self.has_key or not _sdk_installed()
 
     def offline_reason(self) -> str:
         if self.force_offline:
             return "offline mode (/offline)"
-        return "no ANTHROPIC_API_KEY"
+        if not self.has_key:
+            return "no ANTHROPIC_API_KEY"
+        return "the anthropic package is not installed: pip install 'carl-tui[claude]'"
 
     # -- what is sent ----------------------------------------------------------------------------
 
@@ -243,6 +245,12 @@ class Diagnoser:
     def _error(self, result: TurnResult, line: str) -> ChatEvent:
         result.error = line
         return ChatEvent("error", line, result.__dict__)
+
+
+def _sdk_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("anthropic") is not None
 
 
 def _retry_after(exc: Any) -> float:
