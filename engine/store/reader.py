@@ -85,7 +85,7 @@ class StoreReader:
             self.conn.execute("PRAGMA query_only=1")
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: cannot open read-only ({exc})") from None
-        check_schema(self.conn, self.path)
+        self.version = check_schema(self.conn, self.path)
 
     def close(self) -> None:
         self.conn.close()
@@ -379,6 +379,45 @@ class StoreReader:
         )
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    def trajectories_signature(self) -> tuple[int, float]:
+        """Changes when a trajectory is added, re-scored or its advantage moves (cheap: two index reads)."""
+        if self.version < 3:  # the engine migrates the store on its next start
+            return int(self.conn.execute("SELECT count(*) FROM trajectories").fetchone()[0]), 0.0
+        row = self.conn.execute("SELECT count(*), coalesce(max(updated_at), 0) FROM trajectories").fetchone()
+        return int(row[0]), float(row[1])
+
+    def trajectory(self, trajectory_id: int) -> dict[str, Any] | None:
+        cur = self.conn.execute("SELECT * FROM trajectories WHERE id=?", (trajectory_id,))
+        row = cur.fetchone()
+        if row is None:
+            return None
+        out = dict(zip([d[0] for d in cur.description], row, strict=True))
+        for key in ("signals", "components", "outcome", "fingerprint"):
+            out[key] = json.loads(out[key]) if out.get(key) else {}
+        cur = self.conn.execute(
+            "SELECT seq, tool, ok, params, ts, exit_code, duration_ms FROM trajectory_events"
+            " WHERE trajectory_id=? ORDER BY seq",
+            (trajectory_id,),
+        )
+        cols = [d[0] for d in cur.description]
+        out["events"] = [dict(zip(cols, r, strict=True)) | {"params": json.loads(r[3] or "{}")} for r in cur]
+        return out
+
+    def domain_baselines(self) -> list[dict[str, Any]]:
+        if self.version < 3:
+            return []
+        cur = self.conn.execute(
+            "SELECT domain, n, mean, baseline, sigma FROM trajectory_domains ORDER BY n DESC"
+        )
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    def kv(self, key: str) -> Any:
+        if self.version < 3:
+            return None
+        row = self.conn.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
 
     def agent_events_after(self, after_id: int, limit: int = 500) -> list[dict[str, Any]]:
         cur = self.conn.execute(

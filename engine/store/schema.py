@@ -291,5 +291,29 @@ def _v2(db: sqlite_utils.Database) -> None:
     db["evals"].create_index(["run_id", "id"])
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2]
+def _v3(db: sqlite_utils.Database) -> None:
+    """Trajectory intelligence: what a scored turn needs beyond v1's columns, raw hook payloads
+    (durable before they are assembled into turns), per-domain baselines, and small engine state."""
+    for column, kind in (("cwd", str), ("repo", str), ("skill", str), ("turn_index", int), ("duration_s", float),
+                         ("total_tools", int), ("failures", int), ("components", str), ("outcome", str),
+                         ("fingerprint", str), ("grade", str), ("holdout", int), ("updated_at", float)):  # fmt: skip
+        db["trajectories"].add_column(column, kind)
+    db["trajectories"].create_index(["domain"])
+    db["trajectories"].create_index(["session_id", "started_at"])
+    for column, kind in (("exit_code", int), ("duration_ms", float)):
+        db["trajectory_events"].add_column(column, kind)
+    db["hook_events"].create(
+        {"id": int, "session_id": str, "event": str, "received_at": float, "payload": str, "assembled": int},
+        pk="id",
+    )
+    db["hook_events"].create_index(["session_id", "id"])
+    db["hook_events"].create_index(["assembled"])
+    db["trajectory_domains"].create(
+        {"domain": str, "n": int, "mean": float, "baseline": float, "sigma": float, "updated_at": float},
+        pk="domain",
+    )
+    db["kv"].create({"key": str, "value": str, "updated_at": float}, pk="key")
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,1 @@
+"""Trajectory intelligence: agent session traces, the 5-signal reward, domain advantages, training data."""
