@@ -84,8 +84,8 @@ class ControlRoom(App[None]):
         Binding("w", "set_weight", "Reward weight", show=False),
         Binding("r", "resume_run", "Resume a stopped or crashed run", show=False),
         Binding("v", "samples", "Samples (per-token Φ)", show=False),
-        Binding("d", "diagnose", "Diagnose (ask Claude)"),
-        Binding("e", "show_eval", "Held-out eval of the run", show=False),
+        Binding("d", "diagnose", "Diagnose"),
+        Binding("e", "show_eval", "Held-out eval: show it, or run it when there is none", show=False),
         Binding("t", "next_theme", "Theme", show=False),
         Binding("b", "toggle_chart_mode", "Braille or block charts", show=False),
         Binding("1", "maximize('phi')", "Maximize the Φ pane (again: restore)", show=False),
@@ -132,6 +132,8 @@ class ControlRoom(App[None]):
         self._last_key: dict[str, float] = {}
         self._select_next_new_run = False
         self._engine_asked = False  # the user asked for the engine from the palette
+        self.domains: list[dict] = []  # trajectory domain baselines, with the trajectories
+        self.plasticity: dict | None = None
         self._in_flight: dict[int, tuple[int, str]] = {}  # run id -> (command id, verb) sent from here
         for theme in THEMES:
             self.register_theme(theme)
@@ -261,6 +263,10 @@ class ControlRoom(App[None]):
                     self.refresh_bindings()  # run controls depend on the run's state
             if snap.trajectories is not None:
                 self.query_one(TrajectoriesPane).set_rows(snap.trajectories, snap.trajectory_count or 0)
+                self.domains, self.plasticity = snap.domains or [], snap.plasticity
+                self.query_one("#trajectories-pane").border_subtitle = _trajectory_summary(
+                    self.domains, self.plasticity
+                )
             if snap.agent_events is not None:
                 self.query_one(AgentsPane).set_rows(snap.agent_events, snap.agent_count or 0)
             for command in snap.commands:
@@ -643,17 +649,52 @@ class ControlRoom(App[None]):
         self.push_screen(ChatScreen(db, run.id, run.name, api_key=self._api_key, model=self.config.claude_model,
                                     base_url=self.claude_base_url))  # fmt: skip
 
+    @on(TrajectoriesPane.Selected)
+    def _open_trajectory(self, event: TrajectoriesPane.Selected) -> None:
+        from engine.store import StoreReader
+
+        from .trajectories import TrajectoryScreen
+
+        reader = StoreReader(paths.db_path(self.home))  # a short read of its own
+        try:
+            trajectory = reader.trajectory(int(event.row["id"]))
+        finally:
+            reader.close()
+        if trajectory is None:
+            self.notify("that trajectory is gone from the store", severity="warning")
+            return
+        self.push_screen(TrajectoryScreen(trajectory, self.domains, self.plasticity))
+
     def action_show_eval(self) -> None:
         if self.view is None:
             return
         run = self.view.run
         if self.view.eval is None:
-            self.notify(f"no eval of {run.name} yet: run `carl eval {run.name}` (or set eval.at_end)",
-                        title="eval")  # fmt: skip
+            self._run_eval(True)
             return
         from .screens import EvalScreen
 
-        self.push_screen(EvalScreen(run.name, self.view.eval))
+        self.push_screen(EvalScreen(run.name, self.view.eval), self._run_eval)
+
+    def _run_eval(self, again: bool | None) -> None:
+        """Ask the engine to evaluate the selected run on its held-out prompts (`e`, or `r` in the eval)."""
+        if not again or self.view is None:
+            return
+        run = self.view.run
+        if run.source_kind != "carl":
+            self.notify(f"{run.name} was not trained by carl: there is no held-out split to evaluate on",
+                        title="eval", severity="warning")  # fmt: skip
+            return
+        if self.readonly:
+            self.notify(f"read-only session: run `carl eval {run.name}` from a shell", title="eval")
+            return
+        if run.status in ("running", "paused"):
+            self.notify(
+                f"{run.name} is still training: evaluate it once it has finished or stopped", title="eval"
+            )
+            return
+        if self._send("eval", {"run": run.name}, target="engine"):
+            self.notify(f"evaluating {run.name} on its held-out prompts…", title="eval")
 
     def action_observe(self) -> None:
         if self.readonly:
@@ -746,3 +787,13 @@ def _observe_problem(path: str) -> str | None:
     except ObserveError as exc:
         return str(exc)
     return None
+
+
+def _trajectory_summary(domains: list[dict], plasticity: dict | None) -> str:
+    """The Trajectories pane's subtitle: domains and any retraining trigger that fired."""
+    if not domains:
+        return ""
+    fired = [t["kind"] for t in (plasticity or {}).get("triggers") or []]
+    return f"{len(domains)} domain{'s' if len(domains) != 1 else ''}" + (
+        f" · ⚑ {', '.join(fired)}" if fired else ""
+    )

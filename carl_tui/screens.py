@@ -73,9 +73,12 @@ def eval_table(evaluation: dict[str, Any]) -> Table:
 
 
 class EvalScreen(HelpScreen):
-    """The run's newest held-out evaluation."""
+    """The run's newest held-out evaluation; `r` runs it again (the screen returns True)."""
 
-    BINDINGS = [Binding("escape,q,e", "dismiss", "Close")]
+    BINDINGS = [Binding("escape,q,e", "dismiss", "Close"), Binding("r", "again", "Evaluate again")]
+
+    def action_again(self) -> None:
+        self.dismiss(True)
 
     def __init__(self, run_name: str, evaluation: dict[str, Any]) -> None:
         super().__init__([])
@@ -89,7 +92,7 @@ class EvalScreen(HelpScreen):
             scroll.border_title = f"Eval of {self.run_name}"
             yield Static(eval_table(self.evaluation))
             when = datetime.datetime.fromtimestamp(self.evaluation["created_at"]).strftime("%Y-%m-%d %H:%M")
-            yield Static(Text(f"evaluated {when}; again: carl eval {self.run_name}", style="dim"))
+            yield Static(Text(f"evaluated {when} · r evaluates again · esc closes", style="dim"))
 
 
 class TextScreen(HelpScreen):

@@ -221,8 +221,8 @@ async def test_a_held_out_eval_shows_in_the_status_line_and_on_e(home: Path) -> 
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: app.view is not None and app.view.run.name == "graded")
         assert "eval" not in status_text(app)
-        await pilot.press("e")  # no eval yet: says how to make one
-        await until(pilot, lambda: any("carl eval graded" in n.message for n in app._notifications))
+        await pilot.press("e")  # no eval yet, and an observed run has no held-out split to make one
+        await until(pilot, lambda: any("not trained by carl" in n.message for n in app._notifications))
         with Store(home / "carl.db") as store:  # an eval lands while the room is open
             store.add_eval(run_id, False, {"task": 0.31, "format": 0.9, "phi": 0.95, "prompts": 39},
                            ["mean task reward 0.310 < 0.5", "format-compliant answers 0.900 >= 0.8"])  # fmt: skip

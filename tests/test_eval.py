@@ -189,3 +189,36 @@ def test_the_offline_analyst_diagnoses_the_real_run(trained: Path) -> None:
     eval_finding = next(f for f in result["findings"] if f["topic"] == "eval")
     assert f"task {stored['metrics']['task']:.3g}" in eval_finding["detail"]
     assert f"→{last_task:.3g}" in result["answer"]
+
+
+@pytest.mark.slow
+def test_the_engine_runs_an_eval_command_for_the_control_room(
+    trained: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from engine.daemon import start_engine, stop_engine
+
+    monkeypatch.setenv("CARL_HOME", str(trained))
+    start_engine(trained)
+    try:
+        with Store(trained / "carl.db") as store:
+            before = store.conn.execute("SELECT count(*) FROM evals").fetchone()[0]
+            good = store.enqueue_command("eval", {"run": "ev"})
+            bad = store.enqueue_command("eval", {"run": "nosuch"})
+            deadline = time.monotonic() + 120
+            states: dict[int, tuple[str, str]] = {}
+            while time.monotonic() < deadline and len(states) < 2:
+                for command in (good, bad):
+                    row = store.conn.execute(
+                        "SELECT state, result FROM commands WHERE id=?", (command,)
+                    ).fetchone()
+                    if row[0] in ("done", "failed"):
+                        states[command] = (row[0], row[1])
+                time.sleep(0.2)
+            after = store.conn.execute("SELECT count(*) FROM evals").fetchone()[0]
+    finally:
+        stop_engine(trained, timeout=10.0)
+    assert states[good][0] == "done" and states[good][1].startswith(("eval passed: ", "eval failed: "))
+    assert states[bad] == ("failed", "nosuch: no such run")
+    assert after == before + 1

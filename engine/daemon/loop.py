@@ -102,7 +102,7 @@ class Observe:
     bad_lines: int = 0
 
 
-RESUMABLE_VERBS = {"observe"}  # safe to run again after an engine died mid-way
+RESUMABLE_VERBS = {"observe", "eval"}  # safe to run again after an engine died mid-way
 
 
 def orphaned_commands(store: Store) -> list[dict[str, Any]]:
@@ -114,6 +114,21 @@ def orphaned_commands(store: Store) -> list[dict[str, Any]]:
 
 
 # -- the loop ------------------------------------------------------------------------------
+
+
+def eval_outcome(code: int, log_path: Path) -> tuple[bool, str]:
+    """The command's outcome from an eval process: its verdict, or its one-line error."""
+    lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("{"):
+            try:
+                result = json.loads(line)
+            except ValueError:
+                break
+            verdict = "passed" if result.get("passed") else "failed"
+            return True, f"eval {verdict}: " + "; ".join(result.get("reasons") or [])
+    last = lines[-1] if lines else f"exit status {code}"
+    return False, last.removeprefix("carl eval: ")
 
 
 class Engine:
@@ -131,6 +146,7 @@ class Engine:
         self.next_analysis = 0.0
         self.next_recheck = 0.0
         self.children: list[subprocess.Popen[bytes]] = []  # training processes this engine started
+        self.evals: list[tuple[subprocess.Popen[bytes], int, Path]] = []  # (process, command id, log)
 
     @property
     def stopping(self) -> bool:
@@ -215,8 +231,12 @@ class Engine:
                 self.start_observe(command["id"], command["args"])
             elif verb == "train":
                 self.start_training(command["id"], command["args"])
+            elif verb == "eval":
+                self.start_eval(command["id"], command["args"])
             else:
-                self.finish(command["id"], False, f"unknown engine command {verb!r} (known: observe, train)")
+                self.finish(
+                    command["id"], False, f"unknown engine command {verb!r} (known: observe, train, eval)"
+                )
         except Exception as exc:  # malformed arguments and the like fail the command, not the engine
             self.finish(command["id"], False, one_line(exc))
 
@@ -241,7 +261,7 @@ class Engine:
             argv += ["--name", str(name)]
         if args.get("max_steps"):
             argv += ["--max-steps", str(int(args["max_steps"]))]
-        log_path = paths.logs_dir(self.home) / time.strftime("train-%Y%m%d-%H%M%S.log")
+        log_path = paths.logs_dir(self.home) / time.strftime(f"train-%Y%m%d-%H%M%S-{command_id}.log")
         with log_path.open("ab") as out:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, close_fds=True,
                                     start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
@@ -249,9 +269,39 @@ class Engine:
         what = f"resuming {resume}" if resume else f"training with {config}"
         self.finish(command_id, True, f"{what} (pid {proc.pid}); log {log_path}")
 
+    def start_eval(self, command_id: int, args: dict[str, Any]) -> None:
+        """Evaluate a run on its held-out prompts in a process of its own; the command finishes
+        with the verdict when that process does."""
+        run = args.get("run")
+        if not run:
+            self.finish(command_id, False, "eval needs a 'run' (name or id)")
+            return
+        argv = [
+            sys.executable,
+            "-m",
+            "engine.training.evaluate",
+            str(run),
+            "--home",
+            str(self.home),
+            "--json",
+        ]
+        eval_log = paths.logs_dir(self.home) / time.strftime(f"eval-%Y%m%d-%H%M%S-{command_id}.log")
+        with eval_log.open("ab") as out:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, close_fds=True,
+                                    start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+        self.evals.append((proc, command_id, eval_log))
+
     def reap_children(self) -> None:
-        """Collect finished training processes so none lingers as a zombie."""
+        """Collect finished training processes so none lingers as a zombie; finish eval commands."""
         self.children = [p for p in self.children if p.poll() is None]
+        running = []
+        for proc, command_id, eval_log in self.evals:
+            if proc.poll() is None:
+                running.append((proc, command_id, eval_log))
+                continue
+            ok, result = eval_outcome(proc.returncode, eval_log)
+            self.finish(command_id, ok, result)
+        self.evals = running
 
     def start_observe(self, command_id: int, args: dict[str, Any]) -> None:
         path, name = args.get("path"), args.get("name")

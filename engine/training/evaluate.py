@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,3 +266,27 @@ def eval_from_args(home: Path, ref: str, max_prompts: int | None, as_json: bool)
     else:
         print_result(result)
     return 0 if result.passed else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m engine.training.evaluate RUN` (what the engine runs for the control room's eval)."""
+    import argparse
+
+    from engine import paths
+    from engine.errors import CarlError
+
+    parser = argparse.ArgumentParser(prog="python -m engine.training.evaluate")
+    parser.add_argument("run")
+    parser.add_argument("--home", type=Path, default=None)
+    parser.add_argument("--max-prompts", type=int, default=None)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        return eval_from_args(args.home or paths.carl_home(), args.run, args.max_prompts, args.json)
+    except CarlError as exc:
+        print(f"carl eval: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
