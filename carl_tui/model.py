@@ -55,6 +55,8 @@ class Snapshot:
     view: RunView | None = None
     trajectories: list[dict[str, Any]] | None = None
     trajectory_count: int | None = None
+    domains: list[dict[str, Any]] | None = None  # per-domain reward baselines (with trajectories)
+    plasticity: dict[str, Any] | None = None  # the retraining triggers the engine computed
     agent_events: list[dict[str, Any]] | None = None
     agent_count: int | None = None
     commands: list[dict[str, Any]] = field(default_factory=list)  # commands that finished
@@ -73,7 +75,7 @@ class StoreWatcher:
         self._version = -1
         self._runs: list[RunRow] = []
         self._view: RunView | None = None
-        self._traj_count = -1
+        self._traj_count: tuple[int, float] | None = None
         self._agent_count = -1
         self._watched_commands: set[int] = set()
         self._source_errors: dict[str, str] = {}
@@ -121,11 +123,13 @@ class StoreWatcher:
             view = self._read_view(reader, run)
             if view is not None:
                 snap.view = view
-        traj_count = reader.table_count("trajectories")
-        if traj_count != self._traj_count:
-            self._traj_count = traj_count
-            snap.trajectory_count = traj_count
+        traj_signature = reader.trajectories_signature()
+        if traj_signature != self._traj_count:
+            self._traj_count = traj_signature
+            snap.trajectory_count = traj_signature[0]
             snap.trajectories = reader.trajectories_after(0, limit=200)
+            snap.domains = reader.domain_baselines()
+            snap.plasticity = reader.kv("plasticity")
         agent_count = reader.table_count("agent_events")
         if agent_count != self._agent_count:
             self._agent_count = agent_count

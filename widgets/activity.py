@@ -7,6 +7,8 @@ import time
 from typing import Any
 
 from rich.text import Text
+from textual.binding import Binding
+from textual.message import Message
 from textual.widgets import Static
 
 TRAJECTORIES_EMPTY = (
@@ -68,8 +70,68 @@ class ActivityPane(Static):
 
 
 class TrajectoriesPane(ActivityPane):
+    """Newest first; focus it (tab) and move with up/down, `enter` opens the highlighted one."""
+
+    can_focus = True
+    BINDINGS = [
+        Binding("up,k", "move(-1)", "Previous", show=False),
+        Binding("down,j", "move(1)", "Next", show=False),
+        Binding("enter", "open", "Open trajectory"),
+    ]
+    DEFAULT_CSS = """
+    TrajectoriesPane { height: 1fr; }
+    """
+
+    class Selected(Message):
+        def __init__(self, row: dict[str, Any]) -> None:
+            super().__init__()
+            self.row = row
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(TRAJECTORIES_EMPTY, id=id)
+        self.cursor = 0
+        self.top = 0  # first row shown
+        self.total = 0
+
+    def set_rows(self, rows: list[dict[str, Any]], total: int) -> None:
+        self.total = total
+        selected = self.rows[self.cursor]["id"] if self.rows and self.cursor < len(self.rows) else None
+        super().set_rows(rows, total)
+        ids = [r.get("id") for r in self.rows]
+        self.cursor = ids.index(selected) if selected in ids else 0  # the cursor stays on its row
+        self._draw()
+
+    def _draw(self) -> None:
+        if not self.rows:
+            return
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(f"{self.total:,} total, newest first · enter opens\n", style="dim")
+        visible = max(1, self.size.height - 1) if self.size.height else len(self.rows)
+        self.top = min(max(self.top, self.cursor - visible + 1), self.cursor)  # keep the cursor in view
+        for i in range(self.top, min(len(self.rows), self.top + visible)):
+            if i > self.top:
+                text.append("\n")
+            style = "reverse" if i == self.cursor and self.has_focus else ""
+            text.append(self.format_row(self.rows[i]), style=style)
+        self.update(text)
+
+    def on_resize(self) -> None:
+        self._draw()
+
+    def on_focus(self) -> None:
+        self._draw()
+
+    def on_blur(self) -> None:
+        self._draw()
+
+    def action_move(self, delta: int) -> None:
+        if self.rows:
+            self.cursor = max(0, min(len(self.rows) - 1, self.cursor + delta))
+            self._draw()
+
+    def action_open(self) -> None:
+        if self.rows:
+            self.post_message(self.Selected(self.rows[self.cursor]))
 
     def format_row(self, row: dict[str, Any]) -> str:
         session = (row.get("session_id") or "")[:8]

@@ -1,0 +1,147 @@
+"""One trajectory up close (enter on the Trajectories pane): its tool sequence with ok/fail marks,
+the five signals as bars with the reward, the advantage and its domain's baseline; beside it the
+domain baselines of the whole store and the retraining (plasticity) triggers."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from widgets.reward_bars import bar
+
+SIGNALS = ("outcome", "process", "efficiency", "verification", "consistency")
+WEIGHTS = {"outcome": 0.30, "process": 0.25, "efficiency": 0.15, "verification": 0.15, "consistency": 0.15}
+MARKS = {1: ("✓", "green"), 0: ("✕", "red"), None: ("?", "yellow")}
+
+
+def _f(value: float | None, spec: str = ".3f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def _event_text(event: dict[str, Any]) -> str:
+    params = event.get("params") or {}
+    detail = (
+        params.get("file_path") or params.get("command") or params.get("pattern") or params.get("query") or ""
+    )
+    detail = params.get("url") or params.get("description") or detail
+    code = event.get("exit_code")
+    tail = f"  (exit {code})" if code not in (None, 0) else ""
+    return f"{event['tool']} {detail}"[:90] + tail
+
+
+def trajectory_view(t: dict[str, Any], baselines: dict[str, dict[str, Any]]) -> Table:
+    table = Table.grid(padding=(0, 1))
+    table.add_column(no_wrap=True, style="bold")
+    table.add_column()
+    started = time.strftime("%Y-%m-%d %H:%M", time.localtime(t["started_at"])) if t.get("started_at") else "—"
+    duration = f"{t['duration_s']:.0f}s" if t.get("duration_s") is not None else "—"
+    table.add_row("session", f"{t['session_id']} ({t['agent']}, turn {t.get('turn_index') or 0})")
+    table.add_row(
+        "domain", f"{t.get('domain') or '_global'}" + (f" · skill {t['skill']}" if t.get("skill") else "")
+    )
+    table.add_row("when", f"{started}, {duration}" + (" · holdout" if t.get("holdout") else ""))
+    table.add_row("prompt", Text(t.get("prompt") or "", overflow="fold"))
+    outcome = t.get("outcome") or {}
+    flags = ", ".join(
+        f"{k.replace('_detected', '').replace('_', ' ')} {v}" for k, v in outcome.items() if v is not None
+    )
+    table.add_row("next prompt", flags or "none yet (correction, redo and continuation come from it)")
+    table.add_row("", "")
+    domain = baselines.get(t.get("domain") or "_global")
+    adv = t.get("advantage")
+    signals = t.get("signals") or {}
+    for name in SIGNALS:
+        value = signals.get(name)
+        line = Text(bar(value or 0.0, 24), style="cyan")
+        line.append(f" {_f(value)}  ×{WEIGHTS[name]:.2f}")
+        table.add_row(name, line)
+    reward = Text(bar(t.get("reward") or 0.0, 24), style="bold")
+    reward.append(f" {_f(t.get('reward'))}")
+    table.add_row("reward", reward)
+    if domain:
+        base = (f"baseline {_f(domain['baseline'])} (mean {_f(domain['mean'])}, σ {_f(domain['sigma'])}, "
+                f"n {domain['n']})")  # fmt: skip
+    else:
+        base = "baseline not computed yet"
+    style = "green" if (adv or 0) > 0 else "red"
+    table.add_row(
+        "advantage", Text.assemble((_f(adv, "+.2f") + " σ", f"bold {style}"), f"  vs domain {base}")
+    )
+    fingerprint = t.get("fingerprint") or {}
+    if fingerprint.get("signature"):
+        table.add_row(
+            "process", f"{fingerprint['signature']} · flow {' '.join(fingerprint.get('tool_flow') or [])}"
+        )
+    table.add_row("", "")
+    events = t.get("events") or []
+    total = t.get("total_tools") or len(events)
+    table.add_row(
+        "tools",
+        f"{total} calls, {t.get('failures') or 0} failed" + (" (first 50 shown)" if total > 50 else ""),
+    )
+    for event in events:
+        mark, color = MARKS.get(event.get("ok"), MARKS[None])
+        table.add_row(
+            Text(f"{event['seq'] + 1:>3} {mark}", style=color), Text(_event_text(event), overflow="ellipsis")
+        )
+    return table
+
+
+def domains_view(domains: list[dict[str, Any]], plasticity: dict[str, Any] | None) -> Table:
+    table = Table(title="Domain baselines", title_justify="left", box=None, padding=(0, 1), show_edge=False)
+    for column in ("domain", "n", "mean", "baseline", "σ"):
+        table.add_column(column, justify="left" if column == "domain" else "right", no_wrap=True)
+    for d in domains[:20]:
+        table.add_row(d["domain"][:16], str(d["n"]), _f(d["mean"]), _f(d["baseline"]), _f(d["sigma"]))
+    if not domains:
+        table.add_row("no trajectories", "", "", "", "")
+    triggers = (plasticity or {}).get("triggers") or []
+    table.add_row("", "", "", "", "")
+    table.add_row(Text("Retraining triggers", style="bold underline"), "", "", "", "")
+    if plasticity is None:
+        table.add_row(Text("not computed yet (the engine does it)", style="dim"), "", "", "", "")
+    elif not triggers:
+        table.add_row(Text("none fired", style="green"), "", "", "", "")
+    for trigger in triggers:
+        table.add_row(Text(f"⚑ {trigger['kind']}", style="yellow"), "", "", "", "")
+        table.add_row(Text(trigger["detail"], style="dim", overflow="fold"), "", "", "", "")
+    return table
+
+
+class TrajectoryScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,enter", "dismiss", "Close")]
+    DEFAULT_CSS = """
+    TrajectoryScreen { align: center middle; }
+    TrajectoryScreen > Horizontal {
+        width: 95%; height: 90%; border: round $primary; background: $surface; padding: 0 1;
+    }
+    TrajectoryScreen #trajectory-detail { width: 2fr; }
+    TrajectoryScreen #trajectory-domains { width: 1fr; min-width: 34; border-left: solid $panel-lighten-2; padding-left: 1; }
+    """
+
+    def __init__(self, trajectory: dict[str, Any], domains: list[dict[str, Any]],
+                 plasticity: dict[str, Any] | None) -> None:  # fmt: skip
+        super().__init__()
+        self.trajectory = trajectory
+        self.domains = domains
+        self.plasticity = plasticity
+
+    def compose(self) -> ComposeResult:
+        baselines = {d["domain"]: d for d in self.domains}
+        with Horizontal() as box:
+            box.border_title = f"Trajectory #{self.trajectory['id']}"
+            with VerticalScroll(id="trajectory-detail"):
+                yield Static(trajectory_view(self.trajectory, baselines))
+            with VerticalScroll(id="trajectory-domains"):
+                yield Static(domains_view(self.domains, self.plasticity))
+
+    async def action_dismiss(self, result: None = None) -> None:
+        self.dismiss(result)
