@@ -28,7 +28,7 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
 # `password = hunter2`, "api_key": "abc...", SECRET_TOKEN=..., --token abc...
 _ASSIGNMENT = re.compile(
     r"""(?ix)
-    (?P<name>(?P<flag>--)?["']?[\w\-]*(?:password|passwd|secret|api[_\-]?key|access[_\-]?key|auth[_\-]?token|
+    (?<![\w\-])(?P<name>(?P<flag>--)?["']?[\w\-]*(?:password|passwd|secret|api[_\-]?key|access[_\-]?key|auth[_\-]?token|
         token|credential)s?["']?)  # a flag (--token X) may use a space instead of = or :
     (?P<sep>\s*[:=]\s*|(?(flag)\s+|(?!)))
     (?P<quote>["']?)(?P<value>[^\s"',;}]{6,})(?P=quote)
