@@ -82,6 +82,11 @@ def _run_tui(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["hook"]:  # an agent's hook: no parser, no imports, no output, always 0
+        from engine.trajectories.hook import main as record_hook
+
+        return record_hook(argv[1:])
     parser = argparse.ArgumentParser(prog="carl", description="carl headless commands.")
     parser.add_argument("--home", dest="top_home", help="state directory (default $CARL_HOME or ~/.carl)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -132,6 +137,23 @@ def main(argv: list[str] | None = None) -> int:
     diagnose.add_argument("--api-key", default=None, help="Anthropic API key (default: $ANTHROPIC_API_KEY)")
     diagnose.set_defaults(fn=_diagnose)
 
+    hook = sub.add_parser(
+        "hook", help="record one Claude Code hook payload from stdin (what installed hooks run)"
+    )
+    hook.set_defaults(fn=_hook)
+    hooks = sub.add_parser("hooks", help="install or remove the Claude Code hooks that record trajectories")
+    hooks.add_argument(
+        "rest", nargs=argparse.REMAINDER, help="install|uninstall|status [--user|--project|--local]"
+    )
+    hooks.set_defaults(fn=_hooks)
+
+    trajectories = sub.add_parser("trajectories", help="agent trajectories: import, list, status, ablate, "
+                                  "export, train, eval")  # fmt: skip
+    from engine.trajectories.cli import add_arguments as add_trajectory_arguments
+
+    add_trajectory_arguments(trajectories)
+    trajectories.set_defaults(fn=_trajectories)
+
     demo = sub.add_parser("demo", help="start the built-in demo training run (through the engine)")
     demo.add_argument("--steps", type=int, default=None)
     demo.set_defaults(fn=lambda a: _start_demo(_home(a), a.steps) or 0)
@@ -156,6 +178,25 @@ def _train(args: argparse.Namespace) -> int:
 
     args.home = _home(args)  # `carl --home H train` and `carl train --home H` both work
     return train_from_args(args)
+
+
+def _hook(args: argparse.Namespace) -> int:
+    from engine.trajectories.hook import main as record_hook
+
+    _home(args)  # `carl --home H hook` sets CARL_HOME for the recorder
+    return record_hook([])
+
+
+def _hooks(args: argparse.Namespace) -> int:
+    from engine.trajectories.hooks import hooks_cli_main
+
+    return hooks_cli_main(args.rest)
+
+
+def _trajectories(args: argparse.Namespace) -> int:
+    from engine.trajectories.cli import run
+
+    return run(args, _home(args))
 
 
 def _diagnose(args: argparse.Namespace) -> int:

@@ -1,0 +1,92 @@
+"""Leave-one-out signal ablation (karl.md §11): how much each signal moves the ranking.
+
+For each signal s: drop it, renormalize the other weights to sum to 1, re-score, and compare the
+ranking with the full one: ρ = Spearman correlation (average ranks for ties), overlap = size of
+the intersection of the two top-20 sets, impact = (1 − ρ) + (20 − overlap) / 20.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.trajectories.model import Scored
+from engine.trajectories.scoring import SIGNALS, WEIGHTS
+
+TOP_K = 20
+
+
+@dataclass(frozen=True)
+class AblationRow:
+    signal: str
+    rho: float
+    overlap: int
+    impact: float
+
+
+def signal_matrix(scored: Sequence[Scored]) -> np.ndarray:
+    """N×5 matrix of the five signals, columns in `SIGNALS` order."""
+    return np.array([[getattr(s, name) for name in SIGNALS] for s in scored], dtype=float).reshape(
+        -1, len(SIGNALS)
+    )
+
+
+def average_ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks 1..n, tied values sharing the mean of their positions (as Spearman needs)."""
+    x = np.asarray(x, dtype=float)
+    order = np.argsort(x, kind="stable")
+    xs = x[order]
+    new_group = np.r_[True, xs[1:] != xs[:-1]]
+    firsts = np.flatnonzero(new_group)
+    sizes = np.diff(np.r_[firsts, len(x)])
+    avg = firsts + (sizes + 1) / 2.0  # mean of positions firsts+1 .. firsts+size
+    ranks = np.empty(len(x))
+    ranks[order] = np.repeat(avg, sizes)
+    return ranks
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Pearson correlation of average ranks. Undefined when a ranking is constant: 1.0 if both are, else 0.0."""
+    ra, rb = average_ranks(a), average_ranks(b)
+    da, db = ra - ra.mean(), rb - rb.mean()
+    denom = float(np.sqrt((da * da).sum() * (db * db).sum()))
+    if denom == 0.0:
+        return 1.0 if not da.any() and not db.any() else 0.0
+    return float((da * db).sum() / denom)
+
+
+def top_k(scores: np.ndarray, k: int) -> set[int]:
+    """Indices of the k highest scores; ties go to the earlier trajectory."""
+    return set(np.argsort(-scores, kind="stable")[:k].tolist())
+
+
+def ablate(matrix: np.ndarray, weights: Sequence[float] | None = None,
+           signals: Sequence[str] = SIGNALS, k: int = TOP_K) -> list[AblationRow]:  # fmt: skip
+    """§11 leave-one-out rows, sorted by impact (largest first). With fewer than k trajectories the
+    top set is all of them and the overlap term is (n − overlap) / n."""
+    m = np.asarray(matrix, dtype=float)
+    w = np.asarray([WEIGHTS[s] for s in signals] if weights is None else weights, dtype=float)
+    if m.ndim != 2 or m.shape[1] != len(w) or len(w) != len(signals):
+        raise ValueError(f"signal matrix {m.shape} does not match {len(w)} weights / {len(signals)} signals")
+    full = m @ w
+    k = min(k, len(full))
+    full_top = top_k(full, k)
+    rows = []
+    for j, name in enumerate(signals):
+        rest = w.copy()
+        rest[j] = 0.0
+        ablated = m @ (rest / rest.sum())
+        rho = spearman(full, ablated)
+        overlap = len(full_top & top_k(ablated, k))
+        impact = (1.0 - rho) + ((k - overlap) / k if k else 0.0)
+        rows.append(AblationRow(name, rho, overlap, impact))
+    return sorted(rows, key=lambda r: -r.impact)
+
+
+def format_table(rows: Sequence[AblationRow]) -> str:
+    """The rows as the §11 table, in plain text."""
+    lines = [f"{'signal dropped':<16} {'rho':>7} {'top-20 overlap':>15} {'impact':>7}"]
+    lines += [f"{r.signal:<16} {r.rho:>7.3f} {r.overlap:>15d} {r.impact:>7.3f}" for r in rows]
+    return "\n".join(lines)

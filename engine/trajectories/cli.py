@@ -1,0 +1,194 @@
+"""`carl trajectories ...`: import, list, status, ablate, export, train, eval."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from engine import paths
+from engine.errors import CarlError
+
+from .config import load as load_config
+
+
+class TrajectoryCliError(CarlError):
+    """One line for the user."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True)
+    imp = sub.add_parser("import", help="import Claude Code transcripts, Codex rollouts or KARL records")
+    imp.add_argument("paths", nargs="*", type=Path,
+                     help="files or folders (default: ~/.claude/projects and ~/.codex/sessions)")  # fmt: skip
+    lst = sub.add_parser("list", help="the newest scored trajectories")
+    lst.add_argument("--limit", type=int, default=20)
+    lst.add_argument("--domain", default=None)
+    sub.add_parser("status", help="counts, domain baselines and retraining triggers")
+    sub.add_parser("ablate", help="leave-one-out ablation of the five reward signals")
+    exp = sub.add_parser("export", help="ChatML SFT data with advantage-tier oversampling")
+    exp.add_argument("out", type=Path, help="output folder (train.jsonl, valid.jsonl)")
+    exp.add_argument("--min-reward", type=float, default=0.0)
+    exp.add_argument("--quality", choices=("high", "medium", "medium+", "low+"), default=None)
+    trn = sub.add_parser("train", help="advantage-weighted LoRA SFT of a model on the best trajectories")
+    trn.add_argument("--model", default="carl-tiny", help="'carl-tiny', a model directory or a hub id")
+    trn.add_argument("--strategy", choices=("advantage", "uniform"), default="advantage")
+    trn.add_argument("--size", type=int, default=None, help="examples to sample (default: the export's)")
+    trn.add_argument("--steps", type=int, default=60)
+    trn.add_argument("--name", default=None)
+    evl = sub.add_parser("eval", help="compare an adapter's tool plans with the plans that scored high")
+    evl.add_argument("adapter", type=Path, help="the adapter directory (a run's final/)")
+    evl.add_argument("--uniform", type=Path, default=None, help="an adapter trained on a uniform sample")
+    evl.add_argument("--limit", type=int, default=None)
+    evl.add_argument("--no-base", action="store_true", help="skip the base-model comparison")
+
+
+def run(args: argparse.Namespace, home: Path) -> int:
+    handler = {"import": _import, "list": _list, "status": _status, "ablate": _ablate, "export": _export,
+               "train": _train, "eval": _eval}[args.action]  # fmt: skip
+    return handler(args, home)
+
+
+def _store(home: Path) -> Any:
+    from engine.store import Store  # the writer (sqlite-utils) only when a command needs it
+
+    return Store(paths.db_path(home))
+
+
+def default_sources() -> list[Path]:
+    found = [Path.home() / ".claude" / "projects", Path.home() / ".codex" / "sessions"]
+    return [p for p in found if p.exists()]
+
+
+def _import(args: argparse.Namespace, home: Path) -> int:
+    from .importers import import_paths
+    from .live import refresh_plasticity
+    from .store import save
+
+    sources = args.paths or default_sources()
+    if not sources:
+        raise TrajectoryCliError(
+            "nothing to import: give paths (no ~/.claude/projects or ~/.codex/sessions here)"
+        )
+    missing = [p for p in sources if not p.exists()]
+    if missing:
+        raise TrajectoryCliError(f"{missing[0]}: no such file or folder")
+    config = load_config(home)
+    started = time.monotonic()
+    result = import_paths(sources, detector=config.detector)
+    with _store(home) as store:
+        saved = save(store, result.trajectories, table=config.table)
+        if saved.stored:
+            refresh_plasticity(store)
+    print(f"{result.files} files, {result.sessions} sessions ({result.empty_sessions} empty, ignored): "
+          f"{len(result.trajectories)} trajectories — {saved.new} new, {saved.updated} updated, "
+          f"{saved.unchanged} unchanged ({time.monotonic() - started:.1f}s)")  # fmt: skip
+    if result.skipped:
+        print(f"skipped {len(result.skipped)} malformed line(s) or file(s):")
+        for line in result.skipped[:10]:
+            print(f"  {line}")
+        if len(result.skipped) > 10:
+            print(f"  … and {len(result.skipped) - 10} more")
+    return 0
+
+
+def _list(args: argparse.Namespace, home: Path) -> int:
+    with _store(home) as store:
+        where, params = ("WHERE coalesce(domain, '_global')=?", [args.domain]) if args.domain else ("", [])
+        rows = store.conn.execute(
+            "SELECT id, session_id, agent, coalesce(domain, '_global'), tool_count, success_rate, reward, advantage,"
+            f" holdout, prompt FROM trajectories {where} ORDER BY id DESC LIMIT ?",
+            (*params, args.limit),
+        ).fetchall()
+    if not rows:
+        print("no trajectories yet: `carl hooks install`, or `carl trajectories import`")
+        return 0
+    print(
+        f"{'id':>6} {'session':<9} {'agent':<12} {'domain':<14} {'tools':>5} {'ok':>5} {'reward':>7} {'adv':>7}  prompt"
+    )
+    for r in rows:
+        ok = "—" if r[5] is None else f"{r[5]:.0%}"
+        hold = "h" if r[8] else " "
+        prompt = " ".join((r[9] or "").split())[:50]
+        print(
+            f"{r[0]:>6} {r[1][:8]:<9} {r[2][:12]:<12} {r[3][:14]:<14} {r[4]:>5} {ok:>5} {r[6]:>7.3f} {r[7]:>+7.2f}{hold} {prompt}"
+        )
+    return 0
+
+
+def _status(args: argparse.Namespace, home: Path) -> int:
+    from .live import refresh_plasticity
+
+    with _store(home) as store:
+        total, holdout = store.conn.execute(
+            "SELECT count(*), coalesce(sum(holdout), 0) FROM trajectories"
+        ).fetchone()
+        domains = store.conn.execute(
+            "SELECT domain, n, mean, baseline, sigma FROM trajectory_domains ORDER BY n DESC"
+        ).fetchall()
+        waiting = store.conn.execute("SELECT count(*) FROM hook_events").fetchone()[0]
+        plasticity = refresh_plasticity(store) if total else {"triggers": []}
+    print(f"{total} trajectories ({holdout} held out for evaluation), {waiting} hook payloads recorded")
+    if domains:
+        print(f"{'domain':<16} {'n':>6} {'mean':>7} {'baseline':>9} {'sigma':>7}")
+        for d in domains:
+            print(f"{d[0]:<16} {d[1]:>6} {d[2]:>7.3f} {d[3]:>9.3f} {d[4]:>7.3f}")
+    triggers = plasticity.get("triggers") or []
+    print("retraining triggers: " + ("none fired" if not triggers else ""))
+    for t in triggers:
+        print(f"  ⚑ {t['kind']}: {t['detail']}")
+    return 0
+
+
+def _ablate(args: argparse.Namespace, home: Path) -> int:
+    import numpy as np
+
+    from .ablation import ablate, format_table
+
+    with _store(home) as store:
+        rows = store.conn.execute("SELECT signals FROM trajectories").fetchall()
+    if len(rows) < 21:
+        raise TrajectoryCliError(
+            f"ablation needs more than 20 scored trajectories (the store has {len(rows)})"
+        )
+    names = ("outcome", "process", "efficiency", "verification", "consistency")
+    matrix = np.array([[json.loads(r[0] or "{}").get(n, 0.0) for n in names] for r in rows], dtype=np.float64)
+    print(format_table(ablate(matrix)))
+    return 0
+
+
+def _export(args: argparse.Namespace, home: Path) -> int:
+    from .export import export_sft, format_export
+    from .sampler import load_records
+
+    with _store(home) as store:
+        records = load_records(store)
+    result = export_sft(records, args.out, min_reward=args.min_reward, quality=args.quality)
+    print(format_export(result))
+    return 0
+
+
+def _train(args: argparse.Namespace, home: Path) -> int:
+    from .train import format_train, train_adapter
+
+    result = train_adapter(home, strategy=args.strategy, size=args.size, model=args.model, steps=args.steps,
+                           name=args.name)  # fmt: skip
+    print(format_train(result))
+    return 0 if getattr(result, "ok", True) else 1
+
+
+def _eval(args: argparse.Namespace, home: Path) -> int:
+    from .plan_eval import evaluate_adapter, format_report
+
+    if not args.adapter.exists():
+        raise TrajectoryCliError(f"{args.adapter}: no such adapter directory")
+    result = evaluate_adapter(home, args.adapter, compare_base=not args.no_base, compare_uniform=args.uniform,
+                              limit=args.limit)  # fmt: skip
+    print(format_report(result))
+    return 0
+
+
+def _fmt(value: Any) -> str:
+    return "—" if value is None else f"{value:.3f}"
