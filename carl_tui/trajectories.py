@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -19,6 +20,7 @@ from widgets.reward_bars import bar
 
 SIGNALS = ("outcome", "process", "efficiency", "verification", "consistency")
 WEIGHTS = {"outcome": 0.30, "process": 0.25, "efficiency": 0.15, "verification": 0.15, "consistency": 0.15}
+WIDE = 120  # columns from which the domain table sits beside the detail
 MARKS = {1: ("✓", "green"), 0: ("✕", "red"), None: ("?", "yellow")}
 
 
@@ -28,10 +30,8 @@ def _f(value: float | None, spec: str = ".3f") -> str:
 
 def _event_text(event: dict[str, Any]) -> str:
     params = event.get("params") or {}
-    detail = (
-        params.get("file_path") or params.get("command") or params.get("pattern") or params.get("query") or ""
-    )
-    detail = params.get("url") or params.get("description") or detail
+    keys = ("file_path", "command", "pattern", "query", "url", "description")  # the most specific first
+    detail = next((params[k] for k in keys if params.get(k)), "")
     code = event.get("exit_code")
     tail = f"  (exit {code})" if code not in (None, 0) else ""
     return f"{event['tool']} {detail}"[:90] + tail
@@ -90,30 +90,33 @@ def trajectory_view(t: dict[str, Any], baselines: dict[str, dict[str, Any]]) -> 
     for event in events:
         mark, color = MARKS.get(event.get("ok"), MARKS[None])
         table.add_row(
-            Text(f"{event['seq'] + 1:>3} {mark}", style=color), Text(_event_text(event), overflow="ellipsis")
+            Text(f"{event['seq'] + 1:>3} {mark}", style=color),
+            Text(_event_text(event), overflow="ellipsis", no_wrap=True),
         )
     return table
 
 
-def domains_view(domains: list[dict[str, Any]], plasticity: dict[str, Any] | None) -> Table:
+def domains_view(domains: list[dict[str, Any]], plasticity: dict[str, Any] | None) -> Group:
     table = Table(title="Domain baselines", title_justify="left", box=None, padding=(0, 1), show_edge=False)
-    for column in ("domain", "n", "mean", "baseline", "σ"):
-        table.add_column(column, justify="left" if column == "domain" else "right", no_wrap=True)
+    table.add_column("domain", no_wrap=True, max_width=16, overflow="ellipsis")
+    for column in ("n", "mean", "base", "σ"):
+        table.add_column(column, justify="right", no_wrap=True, min_width=4)
     for d in domains[:20]:
-        table.add_row(d["domain"][:16], str(d["n"]), _f(d["mean"]), _f(d["baseline"]), _f(d["sigma"]))
+        table.add_row(
+            d["domain"], str(d["n"]), _f(d["mean"], ".2f"), _f(d["baseline"], ".2f"), _f(d["sigma"], ".2f")
+        )
     if not domains:
         table.add_row("no trajectories", "", "", "", "")
+    text = Text("\nRetraining triggers\n", style="bold")
     triggers = (plasticity or {}).get("triggers") or []
-    table.add_row("", "", "", "", "")
-    table.add_row(Text("Retraining triggers", style="bold underline"), "", "", "", "")
     if plasticity is None:
-        table.add_row(Text("not computed yet (the engine does it)", style="dim"), "", "", "", "")
+        text.append("not computed yet (the engine does it)\n", style="dim")
     elif not triggers:
-        table.add_row(Text("none fired", style="green"), "", "", "", "")
+        text.append("none fired\n", style="green")
     for trigger in triggers:
-        table.add_row(Text(f"⚑ {trigger['kind']}", style="yellow"), "", "", "", "")
-        table.add_row(Text(trigger["detail"], style="dim", overflow="fold"), "", "", "", "")
-    return table
+        text.append(f"⚑ {trigger['kind']}: ", style="yellow")
+        text.append(f"{trigger['detail']}\n")
+    return Group(table, text)
 
 
 class TrajectoryScreen(ModalScreen[None]):
@@ -124,7 +127,8 @@ class TrajectoryScreen(ModalScreen[None]):
         width: 95%; height: 90%; border: round $primary; background: $surface; padding: 0 1;
     }
     TrajectoryScreen #trajectory-detail { width: 2fr; }
-    TrajectoryScreen #trajectory-domains { width: 1fr; min-width: 34; border-left: solid $panel-lighten-2; padding-left: 1; }
+    TrajectoryScreen #domains-below { margin-top: 1; }
+    TrajectoryScreen #trajectory-domains { width: 1fr; min-width: 40; border-left: solid $panel-lighten-2; padding-left: 1; }
     """
 
     def __init__(self, trajectory: dict[str, Any], domains: list[dict[str, Any]],
@@ -140,8 +144,15 @@ class TrajectoryScreen(ModalScreen[None]):
             box.border_title = f"Trajectory #{self.trajectory['id']}"
             with VerticalScroll(id="trajectory-detail"):
                 yield Static(trajectory_view(self.trajectory, baselines))
+                yield Static(domains_view(self.domains, self.plasticity), id="domains-below")
             with VerticalScroll(id="trajectory-domains"):
                 yield Static(domains_view(self.domains, self.plasticity))
+
+    def on_resize(self) -> None:
+        """Side by side when there is room; on a narrow terminal the domains follow the detail."""
+        wide = self.size.width >= WIDE
+        self.query_one("#trajectory-domains").display = wide
+        self.query_one("#domains-below").display = not wide
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(result)

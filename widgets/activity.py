@@ -79,7 +79,7 @@ class TrajectoriesPane(ActivityPane):
         Binding("enter", "open", "Open trajectory"),
     ]
     DEFAULT_CSS = """
-    TrajectoriesPane { height: 1fr; }
+    TrajectoriesPane { height: 1fr; text-wrap: nowrap; text-overflow: ellipsis; }
     """
 
     class Selected(Message):
@@ -105,7 +105,7 @@ class TrajectoriesPane(ActivityPane):
         if not self.rows:
             return
         text = Text(no_wrap=True, overflow="ellipsis")
-        text.append(f"{self.total:,} total, newest first · enter opens\n", style="dim")
+        text.append(f"{self.total:,} · newest first · enter opens\n", style="dim")
         visible = max(1, self.size.height - 1) if self.size.height else len(self.rows)
         self.top = min(max(self.top, self.cursor - visible + 1), self.cursor)  # keep the cursor in view
         for i in range(self.top, min(len(self.rows), self.top + visible)):

@@ -147,6 +147,7 @@ class Engine:
         self.next_recheck = 0.0
         self.children: list[subprocess.Popen[bytes]] = []  # training processes this engine started
         self.evals: list[tuple[subprocess.Popen[bytes], int, Path]] = []  # (process, command id, log)
+        self.next_sweep = 0.0  # re-assembly of recent hook sessions (turns that ended without Stop)
 
     @property
     def stopping(self) -> bool:
@@ -172,6 +173,7 @@ class Engine:
             for command in self.store.claim_commands("engine"):
                 self.start_command(command)
             backlog = self.ingest_due()
+            backlog = self.trajectories_due() or backlog
             self.analyze_due()
             self.reap_children()
             return backlog
@@ -213,6 +215,36 @@ class Engine:
         runs, self.dirty_runs = sorted(self.dirty_runs), set()
         with self.store.transaction():
             analyze_runs(self.store.conn, runs)
+
+    def trajectories_due(self) -> bool:
+        """Hook payloads from the spool into scored turns; now and then, close turns whose Stop never
+        came. True while the spool still holds a backlog."""
+        from engine.trajectories.config import TrajectoryConfigError
+        from engine.trajectories.config import load as load_trajectory_config
+        from engine.trajectories.live import SPOOL_BATCH, SWEEP_EVERY_S, ingest_spool, sweep_open_turns
+
+        if not self.spool_waiting() and time.monotonic() < self.next_sweep:
+            return False
+        try:
+            config = load_trajectory_config(self.home)
+        except TrajectoryConfigError as exc:  # payloads stay in the spool until the file is fixed
+            self.say("trajectories", logging.WARNING, str(exc))
+            return False
+        if time.monotonic() >= self.next_sweep:
+            self.next_sweep = time.monotonic() + SWEEP_EVERY_S
+            sweep_open_turns(self.store, config)
+        result = ingest_spool(self.store, self.home, config)
+        if result.payloads:
+            saved = result.saved
+            log.info("hooks: %d payload(s) from %d session(s)%s", result.payloads, result.sessions,
+                     f"; {saved.new} new, {saved.updated} updated trajectories" if saved else "")  # fmt: skip
+        return result.payloads >= SPOOL_BATCH
+
+    def spool_waiting(self) -> bool:
+        try:
+            return any(name.endswith(".json") for name in os.listdir(self.home / "spool" / "hooks"))
+        except OSError:
+            return False
 
     # -- commands ----------------------------------------------------------------------------
 
