@@ -10,6 +10,7 @@ baseline the advantage weighting has to beat. Neither ever sees a hold-out traje
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,6 +196,8 @@ def train_adapter(
         run_id = store.run_id_by_name(run_name)
         run = store.run(run_id) if run_id is not None else None
         loss = _final_loss(store, run_id) if run_id is not None else None
+        if code == 0 and strategy == "advantage":
+            _record_training(store, run_name, {r.domain_key for r in records})
     final = Path(run["output_dir"]) / FINAL_DIR if run and run.get("output_dir") else None
     return TrainResult(
         run_name=run_name, run_id=run_id, exit_code=code, status=run["status"] if run else None,
@@ -203,6 +206,18 @@ def train_adapter(
         examples=len(train), trajectories=len({e.record_id for e in train}), valid_examples=len(export.valid),
         final_loss=loss, export=export,
     )  # fmt: skip
+
+
+def _record_training(store: Store, run_name: str, domains: set[str]) -> None:
+    """What the retraining triggers compare against: when, how many trajectories, which domains."""
+    from .live import refresh_plasticity
+    from .store import kv_set
+
+    count = store.conn.execute("SELECT count(*) FROM trajectories").fetchone()[0]
+    kv_set(
+        store, "last_train", {"ts": time.time(), "count": count, "domains": sorted(domains), "run": run_name}
+    )
+    refresh_plasticity(store)
 
 
 def format_train(result: TrainResult) -> str:
