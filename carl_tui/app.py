@@ -141,6 +141,12 @@ class ControlRoom(App[None]):
 
     # -- layout ----------------------------------------------------------------------------
 
+    @property
+    def main(self) -> Screen:
+        """The control room's own screen: store updates keep drawing it while a dialog, the chat or a
+        trajectory is open on top (App.query_one would search the screen on top)."""
+        return self.screen_stack[0] if self.screen_stack else self.screen
+
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
         with Horizontal(id="body"):
@@ -166,10 +172,10 @@ class ControlRoom(App[None]):
         yield Footer(show_command_palette=False)  # ctrl+p is listed in the help instead
 
     def on_mount(self) -> None:
-        self.query_one("#phi-chart", Chart).empty_text = "no Φ data yet"
-        self.query_one("#reward-chart", Chart).empty_text = "no reward data yet"
+        self.main.query_one("#phi-chart", Chart).empty_text = "no Φ data yet"
+        self.main.query_one("#reward-chart", Chart).empty_text = "no reward data yet"
         self._apply_chart_mode()
-        self.query_one("#run-list", RunList).focus()
+        self.main.query_one("#run-list", RunList).focus()
         if self.config_error:
             self.notify(self.config_error, title="config", severity="error", timeout=10)
         self._update_status()
@@ -262,13 +268,13 @@ class ControlRoom(App[None]):
                 if status_changed:
                     self.refresh_bindings()  # run controls depend on the run's state
             if snap.trajectories is not None:
-                self.query_one(TrajectoriesPane).set_rows(snap.trajectories, snap.trajectory_count or 0)
+                self.main.query_one(TrajectoriesPane).set_rows(snap.trajectories, snap.trajectory_count or 0)
                 self.domains, self.plasticity = snap.domains or [], snap.plasticity
-                self.query_one("#trajectories-pane").border_subtitle = _trajectory_summary(
+                self.main.query_one("#trajectories-pane").border_subtitle = _trajectory_summary(
                     self.domains, self.plasticity
                 )
             if snap.agent_events is not None:
-                self.query_one(AgentsPane).set_rows(snap.agent_events, snap.agent_count or 0)
+                self.main.query_one(AgentsPane).set_rows(snap.agent_events, snap.agent_count or 0)
             for command in snap.commands:
                 if self._in_flight.get(command.get("run_id") or -1, (None,))[0] == command["id"]:
                     del self._in_flight[command["run_id"]]
@@ -293,7 +299,7 @@ class ControlRoom(App[None]):
         return [r for r in self.runs if pattern.search(r.name)]
 
     def _fill_run_list(self) -> None:
-        run_list = self.query_one("#run-list", RunList)
+        run_list = self.main.query_one("#run-list", RunList)
         runs = self._visible_runs()
         options = [Option(self._run_label(r), id=str(r.id)) for r in reversed(runs)]
         selected = self.watcher.selected
@@ -320,19 +326,19 @@ class ControlRoom(App[None]):
         view = self.view
         if view is None:
             return
-        phi_pane = self.query_one("#phi-pane")
-        phi_pane.border_title = draw_phi(self.query_one("#phi-chart", Chart), view)
-        colors = reward_colors(self.query_one("#reward-chart", Chart), len(view.reward_names))
-        rewards_pane = self.query_one("#rewards-pane")
-        rewards_pane.border_title = draw_rewards(self.query_one("#reward-chart", Chart), view, colors)
+        phi_pane = self.main.query_one("#phi-pane")
+        phi_pane.border_title = draw_phi(self.main.query_one("#phi-chart", Chart), view)
+        colors = reward_colors(self.main.query_one("#reward-chart", Chart), len(view.reward_names))
+        rewards_pane = self.main.query_one("#rewards-pane")
+        rewards_pane.border_title = draw_rewards(self.main.query_one("#reward-chart", Chart), view, colors)
         bars = [(_short(name), view.latest(f"rewards/{name}/mean")) for name in view.reward_names]
         if "reward" in view.series:
             bars.append(("total", view.latest("reward")))
-        self.query_one(RewardBars).set_values(bars, colors + ([""] if "reward" in view.series else []))
+        self.main.query_one(RewardBars).set_values(bars, colors + ([""] if "reward" in view.series else []))
         markers = view.markers("gate_open", "crystallization")
-        self.query_one("#phi-chart", Chart).set_markers(markers)
-        self.query_one("#reward-chart", Chart).set_markers(view.markers("gate_open"))
-        self.query_one(CommandLog).set_commands(view.commands)
+        self.main.query_one("#phi-chart", Chart).set_markers(markers)
+        self.main.query_one("#reward-chart", Chart).set_markers(view.markers("gate_open"))
+        self.main.query_one(CommandLog).set_commands(view.commands)
 
     def _update_status(self) -> None:
         view = self.view
@@ -353,10 +359,10 @@ class ControlRoom(App[None]):
             readonly=self.readonly,
             message=self.message,
         )
-        self.query_one(StatusBar).show(info)
+        self.main.query_one(StatusBar).show(info)
 
     def _apply_chart_mode(self) -> None:
-        for chart in self.query(Chart):
+        for chart in self.main.query(Chart):
             chart.mode = self.config.chart_mode
 
     # -- actions ---------------------------------------------------------------------------
@@ -406,7 +412,7 @@ class ControlRoom(App[None]):
         return " / ".join(names.get(k.strip(), k.strip()) for k in keys.split(","))
 
     def _filter_box(self) -> Input | None:
-        boxes = self.query("#run-filter")
+        boxes = self.main.query("#run-filter")
         return boxes.first() if boxes else None  # type: ignore[return-value]
 
     def action_filter(self) -> None:
@@ -415,7 +421,7 @@ class ControlRoom(App[None]):
             from textual.widgets import Input  # mounted on first use: one widget less at start-up
 
             box = Input(placeholder="filter (regex)", id="run-filter")
-            self.query_one("#runs-pane").mount(box, before=0)
+            self.main.query_one("#runs-pane").mount(box, before=0)
         box.display = True
         box.focus()
 
@@ -426,20 +432,20 @@ class ControlRoom(App[None]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "run-filter":
-            self.query_one("#run-list", RunList).focus()
+            self.main.query_one("#run-list", RunList).focus()
 
     def action_escape(self) -> None:
         box = self._filter_box()
         if box is not None and box.display:
             box.value = ""
             box.display = False
-            self.query_one("#run-list", RunList).focus()
+            self.main.query_one("#run-list", RunList).focus()
         elif self.maximized:
             self.action_maximize(self.maximized)
 
     def action_maximize(self, pane: str) -> None:
         """Toggle one pane filling the main area (LEET's digit keys)."""
-        main = self.query_one("#main")
+        main = self.main.query_one("#main")
         for name in PANES:
             main.remove_class(f"-max-{name}")
         self.maximized = None if self.maximized == pane else pane
@@ -456,7 +462,7 @@ class ControlRoom(App[None]):
             self.config = self.config.replace(theme=theme.name)
             self._save_config()
         self._draw_view()  # reward bar colours come from the theme
-        self.query_one(StatusBar).info = StatusInfo()  # force the status line to recolour
+        self.main.query_one(StatusBar).info = StatusInfo()  # force the status line to recolour
         self._update_status()
 
     def action_toggle_chart_mode(self) -> None:
