@@ -62,6 +62,7 @@ def test_split_ignores_row_order_and_zero_disables_it() -> None:
         ({"eval": {"min_format": -1}}, "eval.min_format: Input should be greater than or equal to 0"),
         ({"eval": {"at_end": "sometimes"}}, "eval.at_end: Input should be a valid boolean"),
         ({"eval": {"threshold": 1}}, "eval.threshold: unknown field"),
+        ({"eval": {"min_solved": 2}}, "eval.min_solved: Input should be less than or equal to 1"),
     ],
 )
 def test_bad_eval_settings_are_one_line(tmp_path: Path, settings: dict[str, Any], message: str) -> None:
@@ -146,11 +147,13 @@ def test_a_failed_check_fails_the_eval_with_its_reason(trained: Path) -> None:
         run_id = store.run_id_by_name("ev")
         config = json.loads(store.run(run_id)["config"])  # type: ignore[index]
         config["eval"]["min_phi"] = 1.5  # Phi never reaches it
+        config["eval"]["min_solved"] = 0.0  # always met: a passing check is a reason too
         store.update_run(run_id, config=config)
     done = carl(trained, "eval", "ev", "--max-prompts", "4")
     assert done.returncode == 1, done.stderr
     assert "FAILED" in done.stdout
     assert "mean Phi of the answers" in done.stdout and "< 1.5" in done.stdout
+    assert "share of held-out prompts solved" in done.stdout and ">= 0" in done.stdout
 
 
 def test_bad_runs_are_one_line(tmp_path: Path, store: Store) -> None:

@@ -98,6 +98,12 @@ class EvalConfig(_Section):
         None, description="pass needs mean Phi of the answers >= this (null: report only)"
     )
     solved_at: float = Field(1.0, description="a held-out prompt counts as solved at this task reward")
+    min_solved: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="pass needs this share of held-out prompts solved (null: report only)",
+    )
 
 
 def _default_rewards() -> list[RewardSpec]:

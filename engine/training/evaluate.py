@@ -213,6 +213,8 @@ def _score(config: TrainConfig, rows: list[dict[str, Any]], answers: list[dict[s
     if "format" in scored:
         metrics["format"] = _round(float(np.mean(scored["format"] >= FORMAT_FULL)))
         checks.append(("format", metrics["format"], e.min_format, "format-compliant answers"))
+    if e.min_solved is not None:
+        checks.append(("solved", metrics["solved"], e.min_solved, "share of held-out prompts solved"))
     if e.min_phi is not None:
         checks.append(("phi", metrics["phi"], e.min_phi, "mean Phi of the answers"))
     failed = [_reason(*c, ok=False) for c in checks if not _meets(c[1], c[2])]
