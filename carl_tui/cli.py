@@ -190,6 +190,8 @@ def _hook(args: argparse.Namespace) -> int:
 def _hooks(args: argparse.Namespace) -> int:
     from engine.trajectories.hooks import hooks_cli_main
 
+    if getattr(args, "top_home", None):
+        _home(args)  # `carl --home H hooks install`: the hooks feed that home's engine
     return hooks_cli_main(args.rest)
 
 
