@@ -42,6 +42,9 @@ def _guard(fn: Callable[[argparse.Namespace], int], args: argparse.Namespace) ->
         return _fail(str(exc))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `carl ... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush does not raise
+        return 0
 
 
 # -- carl-tui -----------------------------------------------------------------------------

@@ -164,7 +164,7 @@ def _export(args: argparse.Namespace, home: Path) -> int:
     from .sampler import load_records
 
     with _store(home) as store:
-        records = load_records(store)
+        records = load_records(store, include_holdout=True)  # the export drops them itself, and counts them
     result = export_sft(records, args.out, min_reward=args.min_reward, quality=args.quality)
     print(format_export(result))
     return 0
