@@ -337,10 +337,8 @@ class ChatScreen(Screen[None]):
 
     def _finished(self) -> None:
         self.busy = False
-        if not str(self.query_one("#chat-status", Static).render()).strip() or "…" in str(
-            self.query_one("#chat-status", Static).render()
-        ):
-            self._set_status("")
+        if "…" in str(self.query_one("#chat-status", Static).render()):
+            self._set_status("")  # a turn that ended in an error leaves no "thinking…" behind
         self._refresh_list()
         self._show_title()
 

@@ -4,27 +4,19 @@ conversation is resumed and deleted. Claude is the real SDK against tests/messag
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from messages_server import MessagesServer
 from support import until
 from test_diagnosis import grpo_run
+from test_diagnosis_claude import KEY
 
 from carl_tui.app import ControlRoom
 from carl_tui.chat import ChatScreen
 from engine.diagnosis.conversations import Conversations
 from engine.store import Store
 from widgets.chat import ChatInput, ChatLog
-
-KEY = "sk-ant-test-key-0123456789abcdef"
-
-
-@pytest.fixture
-def server() -> Iterator[MessagesServer]:
-    with MessagesServer() as s:
-        yield s
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ request, and every error as one line that leaves the chat usable."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,12 +15,6 @@ from engine.diagnosis.chat import ChatEvent, Diagnoser
 from engine.store import Store
 
 KEY = "sk-ant-test-key-0123456789abcdef"
-
-
-@pytest.fixture
-def server() -> Iterator[MessagesServer]:
-    with MessagesServer() as s:
-        yield s
 
 
 @pytest.fixture

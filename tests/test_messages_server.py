@@ -36,12 +36,6 @@ TOOLS: list[ToolParam] = [
 ]
 
 
-@pytest.fixture
-def server() -> Iterator[MessagesServer]:
-    with MessagesServer() as s:
-        yield s
-
-
 def make_client(server: MessagesServer, **kwargs: Any) -> anthropic.Anthropic:
     kwargs.setdefault("max_retries", 0)
     return anthropic.Anthropic(api_key=KEY, base_url=server.base_url, **kwargs)

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 from pathlib import Path
 from typing import Any
 
-from engine.store.base import StoreError, check_schema, connect
+from engine.store.base import StoreError, check_schema, connect, insert_chat_message
 
 HISTORY_ROLES = ("user", "assistant")
 
@@ -31,23 +30,9 @@ class Conversations:
 
     def add(self, conversation_id: int | None, run_id: int | None, role: str, content: str,
             meta: dict[str, Any] | None = None) -> tuple[int, int]:  # fmt: skip
-        """Append a message, starting a conversation (titled by it) when none is given."""
-        now = time.time()
+        """Append a message, starting a conversation (titled by its first line) when none is given."""
         with self._transaction():
-            if conversation_id is None:
-                title = " ".join(content.split())[:80] or "conversation"
-                cur = self.conn.execute(
-                    "INSERT INTO conversations (run_id, title, created_at, updated_at) VALUES (?,?,?,?)",
-                    (run_id, title, now, now),
-                )
-                conversation_id = int(cur.lastrowid)  # type: ignore[arg-type]
-            cur = self.conn.execute(
-                "INSERT INTO chat_messages (conversation_id, run_id, role, content, meta, created_at)"
-                " VALUES (?,?,?,?,?,?)",
-                (conversation_id, run_id, role, content, json.dumps(meta or {}), now),
-            )
-            self.conn.execute("UPDATE conversations SET updated_at=? WHERE id=?", (now, conversation_id))
-            return conversation_id, int(cur.lastrowid)  # type: ignore[arg-type]
+            return insert_chat_message(self.conn, conversation_id, run_id, role, content, meta)
 
     def list(self, run_id: int | None) -> list[dict[str, Any]]:
         """The run's conversations, newest first, with their message counts."""

@@ -158,11 +158,13 @@ def _gate_transitions(reader: StoreReader, run_id: int) -> list[dict[str, Any]]:
     return out[-12:]
 
 
-def _sample_brief(sample: dict[str, Any]) -> dict[str, Any]:
+def sample_brief(sample: dict[str, Any], *, cut: bool = True) -> dict[str, Any]:
+    """A sample without its per-token arrays: rewards, mean and min Phi; text cut for the digest."""
     phi = [p for p in sample.get("phi") or [] if p is not None]
+    prompt, completion = sample.get("prompt") or "", sample.get("completion") or ""
     return {
         "id": sample["id"], "step": sample["step"], "kind": sample["kind"],
-        "prompt": (sample.get("prompt") or "")[-200:], "completion": (sample.get("completion") or "")[:300],
+        "prompt": prompt[-200:] if cut else prompt, "completion": completion[:300] if cut else completion,
         "rewards": sample.get("rewards"), "phi_mean": _round(float(np.mean(phi))) if phi else None,
         "phi_min": _round(float(np.min(phi))) if phi else None, "tokens": len(sample.get("tokens") or []),
     }  # fmt: skip
@@ -210,7 +212,7 @@ def build_digest(reader: StoreReader, run_id: int, *, now: float | None = None) 
             {k: c[k] for k in ("verb", "args", "state", "result", "created_at")}
             for c in reader.run_commands(run_id, limit=10)
         ],
-        "samples": [_sample_brief(s) for s in reader.samples(run_id, limit=3)],
+        "samples": [sample_brief(s) for s in reader.samples(run_id, limit=3)],
         "eval": reader.latest_eval(run_id),
         "counts": {
             "trajectories": reader.table_count("trajectories"),

@@ -14,6 +14,7 @@ import numpy as np
 
 from engine.store.reader import StoreReader
 
+from .digest import sample_brief
 from .redact import redact
 
 MAX_RESULT_CHARS = 12_000
@@ -173,22 +174,13 @@ def _metric(reader: StoreReader, run_id: int, args: dict[str, Any]) -> Any:
     }
 
 
-def _brief(sample: dict[str, Any]) -> dict[str, Any]:
-    phi = [p for p in sample.get("phi") or [] if p is not None]
-    return {
-        "id": sample["id"], "step": sample["step"], "kind": sample["kind"], "prompt": sample["prompt"],
-        "completion": sample["completion"], "rewards": sample["rewards"],
-        "phi_mean": _num(float(np.mean(phi))) if phi else None, "phi_min": _num(float(np.min(phi))) if phi else None,
-    }  # fmt: skip
-
-
 def _samples(reader: StoreReader, run_id: int, args: dict[str, Any]) -> Any:
     step = _int(args, "step", 0)
     limit = min(8, max(1, _int(args, "limit", 4)))
     samples = reader.samples_at(run_id, step, limit)
     if not samples:
         return {"samples": [], "note": "this run keeps no samples"}
-    return {"step": samples[0]["step"], "samples": [_brief(s) for s in samples]}
+    return {"step": samples[0]["step"], "samples": [sample_brief(s, cut=False) for s in samples]}
 
 
 def _tokens(reader: StoreReader, run_id: int, args: dict[str, Any]) -> Any:

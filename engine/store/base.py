@@ -62,3 +62,25 @@ def insert_command(
         (target, run_id, verb, json.dumps(args or {}), origin, time.time()),
     )
     return int(cur.lastrowid)
+
+
+def insert_chat_message(
+    conn: sqlite3.Connection, conversation_id: int | None, run_id: int | None, role: str, content: str,
+    meta: dict[str, Any] | None = None,
+) -> tuple[int, int]:  # fmt: skip
+    """Append a chat message, starting a conversation (titled by its first line) when none is given;
+    returns (conversation, message). The caller owns the transaction."""
+    now = time.time()
+    if conversation_id is None:
+        title = content.strip().splitlines()[0][:80] if content.strip() else "conversation"
+        cur = conn.execute(
+            "INSERT INTO conversations (run_id, title, created_at, updated_at) VALUES (?,?,?,?)",
+            (run_id, title, now, now),
+        )
+        conversation_id = int(cur.lastrowid)  # type: ignore[arg-type]
+    cur = conn.execute(
+        "INSERT INTO chat_messages (conversation_id, run_id, role, content, meta, created_at) VALUES (?,?,?,?,?,?)",
+        (conversation_id, run_id, role, content, json.dumps(meta or {}), now),
+    )
+    conn.execute("UPDATE conversations SET updated_at=? WHERE id=?", (now, conversation_id))
+    return conversation_id, int(cur.lastrowid)  # type: ignore[arg-type]

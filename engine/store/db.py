@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import sqlite_utils
 
-from .base import MetricRow, StoreError, check_schema, connect, insert_command
+from .base import MetricRow, StoreError, check_schema, connect, insert_chat_message, insert_command
 from .schema import APPLICATION_ID, MIGRATIONS, ROLLUP_LEVELS, SCHEMA_VERSION
 
 
@@ -493,22 +493,8 @@ class Store:
         meta: dict[str, Any] | None = None,
     ) -> tuple[int, int]:  # fmt: skip
         """Append a message, creating the conversation when none is given; returns (conv, msg)."""
-        now = time.time()
         with self.transaction():
-            if conversation_id is None:
-                title = content.strip().splitlines()[0][:80] if content.strip() else "conversation"
-                cur = self.conn.execute(
-                    "INSERT INTO conversations (run_id, title, created_at, updated_at) VALUES (?,?,?,?)",
-                    (run_id, title, now, now),
-                )
-                conversation_id = int(cur.lastrowid)
-            cur = self.conn.execute(
-                "INSERT INTO chat_messages (conversation_id, run_id, role, content, meta, created_at)"
-                " VALUES (?,?,?,?,?,?)",
-                (conversation_id, run_id, role, content, json.dumps(meta or {}), now),
-            )
-            self.conn.execute("UPDATE conversations SET updated_at=? WHERE id=?", (now, conversation_id))
-            return conversation_id, int(cur.lastrowid)
+            return insert_chat_message(self.conn, conversation_id, run_id, role, content, meta)
 
     # -- sources ---------------------------------------------------------------------------
 

@@ -283,10 +283,13 @@ class StoreReader:
 
     def samples(self, run_id: int, limit: int = 40) -> list[dict[str, Any]]:
         """The newest samples of a run (per-token Phi and entropy decoded), newest first."""
+        return self._samples_where("run_id=? ORDER BY id DESC LIMIT ?", (run_id, limit))
+
+    def _samples_where(self, where: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
         cur = self.conn.execute(
-            "SELECT id, step, idx, kind, prompt, completion, tokens, phi, entropy, rewards FROM samples"
-            " WHERE run_id=? ORDER BY id DESC LIMIT ?",
-            (run_id, limit),
+            "SELECT id, run_id, step, idx, kind, prompt, completion, tokens, phi, entropy, rewards FROM samples"
+            f" WHERE {where}",
+            params,
         )
         cols = [d[0] for d in cur.description]
         out = []
@@ -328,18 +331,8 @@ class StoreReader:
 
     def sample(self, sample_id: int) -> dict[str, Any] | None:
         """One sample with its per-token Phi and entropy."""
-        cur = self.conn.execute(
-            "SELECT id, run_id, step, idx, kind, prompt, completion, tokens, phi, entropy, rewards FROM samples"
-            " WHERE id=?",
-            (sample_id,),
-        )
-        r = cur.fetchone()
-        if r is None:
-            return None
-        row = dict(zip([d[0] for d in cur.description], r, strict=True))
-        for key in ("tokens", "phi", "entropy", "rewards"):
-            row[key] = json.loads(row[key]) if row[key] else None
-        return row
+        rows = self._samples_where("id=?", (sample_id,))
+        return rows[0] if rows else None
 
     def samples_at(self, run_id: int, step: int, limit: int = 8) -> list[dict[str, Any]]:
         """The samples kept at the step nearest `step` (best, worst, median, random)."""
@@ -348,10 +341,7 @@ class StoreReader:
         ).fetchone()
         if row is None:
             return []
-        ids = self.conn.execute(
-            "SELECT id FROM samples WHERE run_id=? AND step=? ORDER BY idx LIMIT ?", (run_id, row[0], limit)
-        ).fetchall()
-        return [s for (i,) in ids if (s := self.sample(i)) is not None]
+        return self._samples_where("run_id=? AND step=? ORDER BY idx LIMIT ?", (run_id, row[0], limit))
 
     def latest_eval(self, run_id: int) -> dict[str, Any] | None:
         cur = self.conn.execute(

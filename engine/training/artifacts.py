@@ -9,6 +9,7 @@ is there, else the newest checkpoint, and only its model files.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -79,3 +80,36 @@ def base_model_of(path: Path) -> str | None:
         return json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
     except (OSError, ValueError):
         return None
+
+
+def lookup_run(store: Any, ref: str) -> dict[str, Any] | None:
+    """A run by name (the newest of that name), else by id."""
+    run_id = store.run_id_by_name(ref)
+    if run_id is None and ref.isdigit():
+        run_id = int(ref)
+    return store.run(run_id) if run_id is not None else None
+
+
+def carl_run(store: Any, ref: str, *, for_what: str) -> dict[str, Any]:
+    """A run carl trained, by name or id; BadInput naming `for_what` it is not (e.g. 'nothing to evaluate')."""
+    run = lookup_run(store, ref)
+    if run is None:
+        raise BadInput(f"{ref}: no such run")
+    if run["source_kind"] != "carl":
+        raise BadInput(
+            f"run {run['name']!r} was not trained by carl (it is {run['source_kind']}): {for_what}"
+        )
+    return run
+
+
+def process_alive(pid: int | None) -> bool:
+    """Whether a run's process still exists."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, under another user
+    return True

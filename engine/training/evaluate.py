@@ -20,7 +20,7 @@ import numpy as np
 
 from engine.store import Store
 
-from .artifacts import base_model_of, is_adapter, model_dir
+from .artifacts import base_model_of, carl_run, is_adapter, model_dir
 from .backend import BadInput, TrainingFailed, one_line
 from .config import ConfigError, TrainConfig, config_from_data
 from .holdout import split_holdout
@@ -39,17 +39,7 @@ class EvalResult:
 
 
 def find_carl_run(store: Store, ref: str) -> dict[str, Any]:
-    run_id = store.run_id_by_name(ref)
-    if run_id is None and ref.isdigit():
-        run_id = int(ref)
-    run = store.run(run_id) if run_id is not None else None
-    if run is None:
-        raise BadInput(f"{ref}: no such run")
-    if run["source_kind"] != "carl":
-        raise BadInput(
-            f"run {run['name']!r} was not trained by carl (it is {run['source_kind']}): nothing to evaluate"
-        )
-    return run
+    return carl_run(store, ref, for_what="nothing to evaluate")
 
 
 def run_config(run: dict[str, Any]) -> TrainConfig:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.errors import CarlError
 
-from .artifacts import base_model_of, is_adapter, model_dir, model_files
+from .artifacts import base_model_of, carl_run, is_adapter, model_dir, model_files, process_alive
 from .backend import BadInput, one_line
 
 if TYPE_CHECKING:
@@ -143,16 +143,7 @@ def find_pushable_run(home: Path, ref: str) -> dict[str, Any]:
     except StoreError as exc:  # a wrong --home: the user's input, like a wrong run name
         raise BadInput(str(exc)) from None
     with store:
-        run_id = store.run_id_by_name(ref)
-        if run_id is None and ref.isdigit():
-            run_id = int(ref)
-        run = store.run(run_id) if run_id is not None else None
-    if run is None:
-        raise BadInput(f"{ref}: no such run")
-    if run["source_kind"] != "carl":
-        raise BadInput(
-            f"run {run['name']!r} was not trained by carl (it is {run['source_kind']}): no model to push"
-        )
+        run = carl_run(store, ref, for_what="no model to push")
     if run["status"] in ("running", "paused") and not _dead(run.get("pid")):
         pid = f" (pid {run['pid']})" if run.get("pid") else ""
         raise BadInput(
@@ -163,15 +154,7 @@ def find_pushable_run(home: Path, ref: str) -> dict[str, Any]:
 
 def _dead(pid: int | None) -> bool:
     """True only when the run's process is known to be gone (a stale 'running' status)."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        pass  # alive, under another user
-    return False
+    return bool(pid) and not process_alive(pid)
 
 
 def resolve_token(token: str | None) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 from engine import paths
 from engine.store import Store, StoreError
 
+from .artifacts import lookup_run, process_alive
 from .backend import BadInput, CommandPump, Reporter, TrainingBackend, TrainingFailed, one_line
 from .config import ConfigError, TrainConfig
 
@@ -45,33 +46,18 @@ def make_backend(name: str, config: TrainConfig, **kwargs: Any) -> TrainingBacke
 
 def find_run(store: Store, ref: str) -> dict[str, Any]:
     """A carl run by name, or by id."""
-    run_id = store.run_id_by_name(ref)
-    if run_id is None and ref.isdigit():
-        run_id = int(ref)
-    run = store.run(run_id) if run_id is not None else None
+    run = lookup_run(store, ref)
     if run is None:
         raise BadInput(f"--resume {ref}: no such run")
     if run["source_kind"] != "carl":
         raise BadInput(
             f"--resume {ref}: run {run['name']!r} was not trained by carl (it is {run['source_kind']})"
         )
-    if run["status"] in ("running", "paused") and _alive(run["pid"]):
+    if run["status"] in ("running", "paused") and run["pid"] != os.getpid() and process_alive(run["pid"]):
         raise BadInput(f"--resume {ref}: run {run['name']!r} is still running (pid {run['pid']})")
     if not run["output_dir"]:
         raise BadInput(f"--resume {ref}: run {run['name']!r} has no output directory")
     return run
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid or pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def stored_config(store: Store, ref: str) -> dict[str, Any]:

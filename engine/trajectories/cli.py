@@ -188,7 +188,3 @@ def _eval(args: argparse.Namespace, home: Path) -> int:
                               limit=args.limit)  # fmt: skip
     print(format_report(result))
     return 0
-
-
-def _fmt(value: Any) -> str:
-    return "—" if value is None else f"{value:.3f}"
