@@ -21,6 +21,7 @@ OFFLINE_LABEL = "**Offline analyst** (deterministic, from the store; not Claude)
 ENTROPY_COLLAPSE = 0.5  # late entropy below this share of the early entropy
 ZERO_STD_SHARE = 0.5  # groups with one reward for every completion: no advantage, no gradient
 HACK_FORMAT = 0.9
+HACK_GAP = 0.3  # format reward at least this far above the task reward
 SILENT_S, CRASHED_S = 120.0, 600.0
 NON_TASK = {"format", "concise", "coherence", "commitment"}
 
@@ -132,8 +133,9 @@ def _hacking(d: dict[str, Any]) -> list[Finding]:
     if not fmt or not tasks or fmt["late"] is None:
         return []
     task = tasks[0]
-    unsolved = task["late"] is not None and task["late"] < 0.9  # a flat task reward at 1.0 is success
-    if fmt["late"] >= HACK_FORMAT and _is_flat(task) and unsolved:
+    # The shape learned far better than the task; a task reward flat near the top is success, not hacking.
+    behind = task["late"] is not None and fmt["late"] - task["late"] >= HACK_GAP
+    if fmt["late"] >= HACK_FORMAT and _is_flat(task) and behind:
         return [Finding("yellow", "hacking", "Reward hacking: the format is learned, the task is not",
                         f"format reward at {_f(fmt['late'])} (from {_f(fmt['early'])}) while {task['key']} stays flat at "
                         f"{_f(task['late'])} (change {_f(task['change'])}, noise {_f(task['noise'])})",
