@@ -157,6 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     add_trajectory_arguments(trajectories)
     trajectories.set_defaults(fn=_trajectories)
 
+    agents = sub.add_parser("agents", help="the agents plane: manager and workers over NATS (up, down, status, "
+                            "run, worker, events)")  # fmt: skip
+    from engine.agents.cli import add_arguments as add_agents_arguments
+
+    add_agents_arguments(agents)
+    agents.set_defaults(fn=_agents)
+
     demo = sub.add_parser("demo", help="start the built-in demo training run (through the engine)")
     demo.add_argument("--steps", type=int, default=None)
     demo.set_defaults(fn=lambda a: _start_demo(_home(a), a.steps) or 0)
@@ -200,6 +207,14 @@ def _hooks(args: argparse.Namespace) -> int:
 
 def _trajectories(args: argparse.Namespace) -> int:
     from engine.trajectories.cli import run
+
+    return run(args, _home(args))
+
+
+def _agents(args: argparse.Namespace) -> int:
+    if any(importlib.util.find_spec(m) is None for m in ("nats", "yaml")):
+        raise CliError("the agents plane needs the nats extra: pip install 'carl-tui[nats]'")
+    from engine.agents.cli import run
 
     return run(args, _home(args))
 

@@ -192,6 +192,9 @@ def test_tools_answer_from_the_store(store: Store) -> None:
         ('{"password": "hunter2hunter2"}', '{"password": "'),
         ("-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA\n-----END RSA PRIVATE KEY-----", ""),
         ("ghp_abcdefghijklmnopqrstuvwxyz0123456789 and AKIAABCDEFGHIJKLMNOP", " and "),
+        ("connect to nats://abcdefghijklmnopqrst@10.0.0.5:4222 now", "@10.0.0.5:4222 now"),
+        ("NATS_URL=tls://hunter2hunter2@nats.example.com", "@nats.example.com"),
+        ("postgres://abcdefghijklmnopqrstuvwx@db.internal/x", "@db.internal/x"),
     ],
 )
 def test_secrets_are_redacted(text: str, kept: str) -> None:
@@ -199,6 +202,11 @@ def test_secrets_are_redacted(text: str, kept: str) -> None:
     assert "[REDACTED:" in out and kept in out
     for secret in ("abcdefghijklmnopqrst", "hunter2hunter2", "MIIEpAIBAAKCAQEA", "AKIAABCDEFGHIJKLMNOP"):
         assert secret not in out
+
+
+def test_a_short_nats_token_in_a_url_is_redacted_and_a_plain_user_is_not() -> None:
+    assert redact("nats://s3cr3t@127.0.0.1:4222") == "nats://[REDACTED:url-token]@127.0.0.1:4222"
+    assert redact("ssh://git@github.com/org/repo") == "ssh://git@github.com/org/repo"
 
 
 def test_ordinary_text_is_not_redacted() -> None:

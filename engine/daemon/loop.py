@@ -148,6 +148,7 @@ class Engine:
         self.children: list[subprocess.Popen[bytes]] = []  # training processes this engine started
         self.evals: list[tuple[subprocess.Popen[bytes], int, Path]] = []  # (process, command id, log)
         self.next_sweep = 0.0  # re-assembly of recent hook sessions (turns that ended without Stop)
+        self.plane: Any = None  # the agents plane (engine.agents.plane.Plane), made on first use
 
     @property
     def stopping(self) -> bool:
@@ -160,11 +161,16 @@ class Engine:
 
     def run(self) -> None:
         self.resume_orphans()
-        while not self.stopping:
-            backlog = self.tick()
-            time.sleep(BACKLOG_TICK if backlog else TICK)
-        log.info("received %s; stopping", signal.Signals(self.stop_signal).name)
-        self.interrupt_observes()
+        self.restore_plane()
+        try:
+            while not self.stopping:
+                backlog = self.tick()
+                time.sleep(BACKLOG_TICK if backlog else TICK)
+            log.info("received %s; stopping", signal.Signals(self.stop_signal).name)
+            self.interrupt_observes()
+        finally:
+            if self.plane is not None:
+                self.plane.shutdown()  # it comes back up with the next engine
 
     def tick(self) -> bool:
         """One round of work; True when some source still has a backlog."""
@@ -176,6 +182,8 @@ class Engine:
             backlog = self.trajectories_due() or backlog
             self.analyze_due()
             self.reap_children()
+            if self.plane is not None:
+                self.plane.tick()
             return backlog
         except Exception as exc:  # the store itself in trouble (locked, disk full), or a bug: go on
             message = f"engine tick failed: {one_line(exc)}"
@@ -265,9 +273,13 @@ class Engine:
                 self.start_training(command["id"], command["args"])
             elif verb == "eval":
                 self.start_eval(command["id"], command["args"])
+            elif verb.startswith("agents_"):
+                self.agents_command(command["id"], verb, command["args"])
             else:
                 self.finish(
-                    command["id"], False, f"unknown engine command {verb!r} (known: observe, train, eval)"
+                    command["id"],
+                    False,
+                    f"unknown engine command {verb!r} (known: observe, train, eval, agents_*)",
                 )
         except Exception as exc:  # malformed arguments and the like fail the command, not the engine
             self.finish(command["id"], False, one_line(exc))
@@ -276,6 +288,39 @@ class Engine:
         self.store.finish_command(command_id, ok, result)
         log.log(logging.INFO if ok else logging.WARNING, "command %d %s: %s", command_id,
                 "done" if ok else "failed", result)  # fmt: skip
+
+    # -- the agents plane -----------------------------------------------------------------------
+
+    def agents_plane(self) -> Any:
+        """The plane (nats-server, bridge, manager, workers), made on first use: it needs the nats extra."""
+        if self.plane is None:
+            from engine.agents.plane import Plane
+
+            self.plane = Plane(self.store, self.home)
+        return self.plane
+
+    def restore_plane(self) -> None:
+        row = self.store.conn.execute("SELECT value FROM kv WHERE key='agents.plane'").fetchone()
+        if row is None or not json.loads(row[0]).get("wanted"):
+            return
+        try:
+            self.agents_plane().restore()
+        except ImportError as exc:
+            log.warning("agents: the plane should be up but cannot start (%s); install the nats extra", exc)
+
+    def agents_command(self, command_id: int, verb: str, args: dict[str, Any]) -> None:
+        """`agents_up`/`agents_down` are done here; a control waits for the plane's answer (the audit
+        finishes the command when the status event carrying its id arrives)."""
+        try:
+            plane = self.agents_plane()
+        except ImportError as exc:
+            self.finish(command_id, False, f"the agents plane needs the nats extra ({exc})")
+            return
+        result = plane.command(command_id, verb, args)
+        if result is not None:
+            self.finish(command_id, True, result)
+        else:
+            log.info("command %d (%s) sent to the plane", command_id, verb)
 
     def start_training(self, command_id: int, args: dict[str, Any]) -> None:
         """Start a training run as its own process (a crash or an out-of-memory there never takes

@@ -1,7 +1,7 @@
 """Secrets out of text before it leaves the machine (diagnosis) or enters the store (traces).
 
 Known token shapes (Anthropic, OpenAI, Hugging Face, GitHub, AWS, Slack, Google, JWTs, bearer
-headers, private key blocks) and `password=`/`api_key:`-style assignments are replaced by
+headers, private key blocks, credentials in URLs: `user:password@`, and a NATS URL's `TOKEN@`) and `password=`/`api_key:`-style assignments are replaced by
 `[REDACTED:<kind>]`. The shapes are specific enough that metric names and numbers pass intact.
 """
 
@@ -24,6 +24,10 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("jwt", re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}")),
     ("bearer", re.compile(r"(?i)\b(bearer|token)\s+[A-Za-z0-9_\-\.=:/+]{16,}")),
     ("url-password", re.compile(r"(?<=://)[^/\s:@]+:[^/\s@]+(?=@)")),
+    # A NATS URL's user part alone is its token (nats://TOKEN@host); elsewhere a user part is a secret
+    # when it looks like one (16+ token characters).
+    ("url-token", re.compile(r"(?i)(?:(?<=\bnats://)|(?<=\btls://)|(?<=\bws://)|(?<=\bwss://))[^/\s:@\[\]]+(?=@)")),
+    ("url-token", re.compile(r"(?<=://)[A-Za-z0-9_\-.~]{16,}(?=@)")),
 ]
 # `password = hunter2`, "api_key": "abc...", SECRET_TOKEN=..., --token abc...
 _ASSIGNMENT = re.compile(

@@ -410,13 +410,119 @@ class StoreReader:
         return json.loads(row[0]) if row else None
 
     def agent_events_after(self, after_id: int, limit: int = 500) -> list[dict[str, Any]]:
+        """The newest agent events (newest first), without their payloads."""
+        extra = ", status, reason, environment, model_version, received_at" if self.version >= 4 else ""
         cur = self.conn.execute(
-            "SELECT id, subject, kind, task_id, manager_id, worker_id, score, created_at FROM agent_events"
-            " WHERE id>? ORDER BY id DESC LIMIT ?",
+            "SELECT id, subject, kind, task_id, manager_id, worker_id, score, created_at"
+            + extra
+            + " FROM agent_events WHERE id>? ORDER BY id DESC LIMIT ?",
             (after_id, limit),
         )
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    # -- the agents plane --------------------------------------------------------------------
+
+    def agents_signature(self) -> tuple[int, float]:
+        """Changes when an agent event arrives or the plane's state moves (two index reads)."""
+        if self.version < 4:
+            return int(self.conn.execute("SELECT coalesce(max(id), 0) FROM agent_events").fetchone()[0]), 0.0
+        events = self.conn.execute("SELECT coalesce(max(id), 0) FROM agent_events").fetchone()[0]
+        state = self.conn.execute(
+            "SELECT coalesce(max(updated_at), 0) FROM kv WHERE key IN ('agents.server', 'agents.plane')"
+        ).fetchone()[0]
+        return int(events), float(state)
+
+    def agent_workers(self) -> list[dict[str, Any]]:
+        if self.version < 4:
+            return []
+        cur = self.conn.execute(
+            "SELECT worker_id, kind, task_types, model, model_version, state, task_id, tasks_done, failures,"
+            " score_n, score_sum, host, pid, detail, first_seen, last_seen FROM agent_workers ORDER BY worker_id"
+        )
+        cols = [d[0] for d in cur.description]
+        out = []
+        for row in cur.fetchall():
+            worker = dict(zip(cols, row, strict=True))
+            handled = (worker["tasks_done"] or 0) + (worker["failures"] or 0)
+            worker["success_rate"] = worker["tasks_done"] / handled if handled else None
+            worker["mean_score"] = worker["score_sum"] / worker["score_n"] if worker["score_n"] else None
+            worker["task_types"] = json.loads(worker["task_types"]) if worker["task_types"] else []
+            out.append(worker)
+        return out
+
+    def agent_alarms(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The newest alarms, newest first: kind, reason, worker, task."""
+        rows = self.conn.execute(
+            "SELECT id, payload, worker_id, task_id, received_at FROM agent_events WHERE kind='alarm'"
+            " AND coalesce(status, 'ok')='ok' ORDER BY id DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+        out = []
+        for event_id, payload, worker_id, task_id, received in rows:
+            body = json.loads(payload)
+            out.append({"id": event_id, "kind": body.get("kind"), "reason": body.get("reason"), "worker_id": worker_id,
+                        "task_id": task_id, "received_at": received})  # fmt: skip
+        return out
+
+    def agents_overview(self) -> dict[str, Any]:
+        """The plane at a glance: server, processes, manager counts, workers, newest alarms."""
+        return {
+            "server": self.kv("agents.server"), "plane": self.kv("agents.plane"), "manager": self.kv("agents.manager"),
+            "model": self.kv("agents.model"), "workers": self.agent_workers(),
+            "events": int(self.conn.execute("SELECT count(*) FROM agent_events").fetchone()[0]),
+            "alarms": self.agent_alarms(5) if self.version >= 4 else [],
+        }  # fmt: skip
+
+    def agent_task(self, task_id: str) -> dict[str, Any] | None:
+        """One task with its result, step scores, feedback and the rollout it gave (None: unknown)."""
+        if self.version < 4:
+            return None
+        cur = self.conn.execute("SELECT * FROM agent_tasks WHERE task_id=?", (task_id,))
+        row = cur.fetchone()
+        if row is None:
+            return None
+        task = dict(zip([d[0] for d in cur.description], row, strict=True))
+        for key in ("steps", "step_scores"):
+            task[key] = json.loads(task[key]) if task[key] else []
+        rollout = self.conn.execute(
+            "SELECT payload FROM agent_events WHERE task_id=? AND kind='rollout' AND status='ok' ORDER BY id LIMIT 1",
+            (task_id,),
+        ).fetchone()
+        task["rollout"] = json.loads(rollout[0]) if rollout else None
+        cur = self.conn.execute(
+            "SELECT id, kind, subject, worker_id, score, received_at FROM agent_events WHERE task_id=? ORDER BY id",
+            (task_id,),
+        )
+        cols = [d[0] for d in cur.description]
+        task["events"] = [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+        return task
+
+    def agent_audit(self, *, kind: str | None = None, worker: str | None = None, task: str | None = None,
+                    rejected: bool = False, limit: int | None = 50) -> list[dict[str, Any]]:  # fmt: skip
+        """Audit rows (payload included), oldest first, the newest `limit` of those that match."""
+        where, params = ["1=1"], []
+        if kind:
+            where.append("kind=?")
+            params.append(kind)
+        if worker:
+            where.append("worker_id=?")
+            params.append(worker)
+        if task:
+            where.append("task_id LIKE ?")
+            params.append(task.replace("%", "").replace("_", "") + "%")
+        if rejected:
+            where.append("status='rejected'")
+        sql = (
+            "SELECT id, subject, kind, task_id, manager_id, worker_id, score, payload, created_at, environment,"
+            " model_version, stream_seq, received_at, coalesce(status, 'ok') AS status, reason FROM agent_events"
+            f" WHERE {' AND '.join(where)} ORDER BY id DESC"
+        )
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        cur = self.conn.execute(sql, params)
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r, strict=True)) for r in reversed(cur.fetchall())]
 
     def commands_after(self, after_id: int, limit: int = 200) -> list[dict[str, Any]]:
         cur = self.conn.execute(

@@ -315,5 +315,79 @@ def _v3(db: sqlite_utils.Database) -> None:
     db["kv"].create({"key": str, "value": str, "updated_at": float}, pk="key")
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3]
+def _v4(db: sqlite_utils.Database) -> None:
+    """The agents plane: the audit of every event (idempotent per stream sequence, rejected payloads
+    kept with their reason), one row per task with its result and scores, one row per worker."""
+    for column, kind in (("environment", str), ("model_version", str), ("stream_seq", int), ("stream_key", str), ("msg_id", str),
+                         ("received_at", float), ("status", str), ("reason", str)):  # fmt: skip
+        db["agent_events"].add_column(column, kind)
+    # `stream_key` is "<the stream's creation time>:<sequence>": a stream made anew restarts its
+    # sequence at 1, and those events must not pass for ones already stored.
+    db.execute(
+        "CREATE UNIQUE INDEX idx_agent_events_stream_key ON agent_events (stream_key) WHERE stream_key IS NOT NULL"
+    )
+    db["agent_events"].create_index(["kind", "id"])
+    db["agent_events"].create_index(["task_id"])
+    db["agent_events"].create_index(["worker_id", "id"])
+    db["agent_tasks"].create(
+        {
+            "task_id": str,
+            "task_type": str,
+            "environment": str,
+            "prompt": str,
+            "reference": str,
+            "verifier": str,
+            "group_id": str,
+            "manager_id": str,
+            "state": str,  # assigned | done | failed | timed_out
+            "worker_id": str,
+            "assigned_at": float,
+            "done_at": float,
+            "status": str,  # the result's: success | failed
+            "result": str,  # the whole reply (or the failure's reason)
+            "answer": str,
+            "steps": str,  # JSON list
+            "step_scores": str,  # JSON list, PRM per step in [0, 1]
+            "prm_score": float,
+            "outcome_score": float,
+            "verifier_score": float,
+            "reward": float,
+            "feedback_score": float,
+            "feedback_text": str,
+            "feedback_source": str,
+            "model_version": str,
+            "elapsed_s": float,
+            "phi_mean": float,
+            "tokens": int,  # generated tokens the rollout carries (0: it cannot train the local model)
+            "updated_at": float,
+        },
+        pk="task_id",
+    )
+    db["agent_tasks"].create_index(["state"])
+    db["agent_tasks"].create_index(["worker_id"])
+    db["agent_workers"].create(
+        {
+            "worker_id": str,
+            "kind": str,
+            "task_types": str,  # JSON list
+            "model": str,
+            "model_version": str,
+            "state": str,  # starting | idle | busy | stopping | stopped | error
+            "task_id": str,
+            "tasks_done": int,
+            "failures": int,
+            "score_n": int,
+            "score_sum": float,
+            "host": str,
+            "pid": int,
+            "detail": str,
+            "first_seen": float,
+            "last_seen": float,
+        },
+        pk="worker_id",
+        defaults={"tasks_done": 0, "failures": 0, "score_n": 0, "score_sum": 0.0},
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4]
 SCHEMA_VERSION = len(MIGRATIONS)

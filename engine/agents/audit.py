@@ -1,0 +1,342 @@
+"""The audit: every event on the plane, stored in SQLite, and the tables the control room reads.
+
+One durable consumer, `carl-audit`, reads the whole stream in batches. A batch is written in one
+transaction, then acknowledged (ack-all: one ack covers the batch), so an event is stored before
+the stream forgets it was delivered: a crash between the two only redelivers the batch, and the
+unique stream sequence stores each event once. A payload that is not a valid event (invalid JSON,
+a wrong or missing `type`, an unknown field, a score out of range) is stored too, as `rejected`
+with its one-line reason; it never stops the audit.
+
+Besides the event log (`agent_events`), each event keeps two summaries current:
+- `agent_tasks`, one row per task: the prompt, the first result (a redelivered task answered twice
+  is stored once), its step scores, scores, feedback and reward;
+- `agent_workers`, one row per worker: its state and model version from its status events, and
+  tasks done, failures and score from the results and rollouts it earned.
+A status event that answers a control room command (`command_id`) finishes that command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import nats
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from .bus import STREAM, fetch
+from .events import (
+    EventRejected,
+    FeedbackEvent,
+    ManagerStatusEvent,
+    ModelUpdateEvent,
+    PlaneEvent,
+    ResultEvent,
+    TaskEvent,
+    TrainingRolloutEvent,
+    WorkerStatusEvent,
+    event_ids,
+    parse_event,
+)
+
+if TYPE_CHECKING:
+    from engine.store import Store
+
+AUDIT_CONSUMER = "carl-audit"
+MAX_PAYLOAD = 64 * 1024  # a rejected payload is kept up to this many bytes
+log = logging.getLogger("carl.agents")
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """One message as it came off the stream."""
+
+    subject: str
+    data: bytes
+    stream_seq: int | None = None
+    stream_key: str | None = None  # "<stream created>:<sequence>", unique across a re-created stream
+    msg_id: str | None = None
+    received_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class AuditCounts:
+    stored: int = 0
+    rejected: int = 0
+    duplicates: int = 0  # already stored (a redelivered batch)
+    reasons: list[str] = field(default_factory=list)  # the first few rejections, for the log
+
+    def add(self, other: AuditCounts) -> None:
+        self.stored += other.stored
+        self.rejected += other.rejected
+        self.duplicates += other.duplicates
+        self.reasons = (self.reasons + other.reasons)[:5]
+
+
+def _epoch(value: Any) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+class AuditWriter:
+    """Writes batches of plane messages into the store; one transaction per batch."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.conn = store.conn
+
+    def write(self, items: Sequence[Incoming]) -> AuditCounts:
+        counts = AuditCounts()
+        with self.store.transaction():
+            for item in items:
+                self._one(item, counts)
+        return counts
+
+    def _one(self, item: Incoming, counts: AuditCounts) -> None:
+        try:
+            event = parse_event(item.subject, item.data)
+        except EventRejected as exc:
+            if self._insert_rejected(item, exc):
+                counts.rejected += 1
+                if len(counts.reasons) < 5:
+                    counts.reasons.append(f"{item.subject}: {exc}")
+            else:
+                counts.duplicates += 1
+            return
+        if not self._insert_event(item, event):
+            counts.duplicates += 1
+            return
+        counts.stored += 1
+        apply = _APPLY.get(type(event))
+        if apply is not None:
+            apply(self, event, item.received_at)
+
+    # -- the event log -------------------------------------------------------------------------
+
+    def _insert_event(self, item: Incoming, event: PlaneEvent) -> bool:
+        ids = event_ids(event)
+        cur = self.conn.execute(
+            "INSERT OR IGNORE INTO agent_events (subject, kind, task_id, manager_id, worker_id, score, payload,"
+            " created_at, environment, model_version, stream_seq, stream_key, msg_id, received_at, status)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?, 'ok')",
+            (item.subject, ids["type"], ids["task_id"], ids["manager_id"], ids["worker_id"], ids["score"],
+             item.data.decode("utf-8"), _epoch(ids["created_at"]), ids["environment"], ids["model_version"],
+             item.stream_seq, item.stream_key, item.msg_id, item.received_at),
+        )  # fmt: skip
+        return cur.rowcount == 1
+
+    def _insert_rejected(self, item: Incoming, exc: EventRejected) -> bool:
+        payload = item.data[:MAX_PAYLOAD].decode("utf-8", errors="replace")
+        cur = self.conn.execute(
+            "INSERT OR IGNORE INTO agent_events (subject, kind, payload, created_at, stream_seq, stream_key,"
+            " msg_id, received_at, status, reason) VALUES (?,?,?,?,?,?,?,?, 'rejected', ?)",
+            (item.subject, exc.type_name or "?", payload, item.received_at, item.stream_seq, item.stream_key,
+             item.msg_id, item.received_at, str(exc)),
+        )  # fmt: skip
+        return cur.rowcount == 1
+
+    # -- the summaries ---------------------------------------------------------------------------
+
+    def _task(self, event: TaskEvent, received: float) -> None:
+        self.conn.execute(
+            "INSERT INTO agent_tasks (task_id, task_type, environment, prompt, reference, verifier, group_id,"
+            " manager_id, state, assigned_at, updated_at) VALUES (?,?,?,?,?,?,?,?, 'assigned', ?, ?)"
+            " ON CONFLICT (task_id) DO UPDATE SET prompt=excluded.prompt, reference=excluded.reference,"
+            " verifier=excluded.verifier, group_id=excluded.group_id, manager_id=excluded.manager_id,"
+            " assigned_at=excluded.assigned_at",
+            (event.task_id, event.task_type, event.environment, event.prompt, event.reference, event.verifier,
+             event.group_id, event.manager_id, _epoch(event.created_at), received),
+        )  # fmt: skip
+
+    def _result(self, event: ResultEvent, received: float) -> None:
+        values = (
+            event.worker_id, event.status, event.result, event.answer, _json(event.steps), event.model_version,
+            event.elapsed_seconds, event.phi_mean, len(event.response_token_ids),
+            "done" if event.status == "success" else "failed", _epoch(event.created_at), received,
+        )  # fmt: skip
+        cur = self.conn.execute(
+            "UPDATE agent_tasks SET worker_id=?, status=?, result=?, answer=?, steps=?, model_version=?,"
+            " elapsed_s=?, phi_mean=?, tokens=?, state=?, done_at=?, updated_at=?"
+            " WHERE task_id=? AND status IS NULL",
+            (*values, event.task_id),
+        )
+        if cur.rowcount == 0:
+            # A task this store never saw assigned (another manager's, or older than the audit): keep
+            # the result; a second result for a known task is ignored, the first one stands.
+            cur = self.conn.execute(
+                "INSERT OR IGNORE INTO agent_tasks (worker_id, status, result, answer, steps, model_version,"
+                " elapsed_s, phi_mean, tokens, state, done_at, updated_at, task_id, task_type, environment,"
+                " prompt) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (*values, event.task_id, event.task_type, event.environment, event.prompt),
+            )  # fmt: skip
+            if cur.rowcount == 0:
+                return
+        done, failed = (1, 0) if event.status == "success" else (0, 1)
+        self._worker_seen(event.worker_id, received, kind=event.worker_kind or None)
+        self.conn.execute(
+            "UPDATE agent_workers SET tasks_done=tasks_done+?, failures=failures+?, model_version="
+            "coalesce(?, model_version) WHERE worker_id=?",
+            (done, failed, event.model_version, event.worker_id),
+        )
+
+    def _rollout(self, event: TrainingRolloutEvent, received: float) -> None:
+        cur = self.conn.execute(
+            "UPDATE agent_tasks SET step_scores=?, prm_score=?, outcome_score=?, verifier_score=?, reward=?,"
+            " updated_at=? WHERE task_id=? AND reward IS NULL",
+            (_json(event.step_scores), event.prm_score, event.outcome_score, event.verifier_score, event.reward,
+             received, event.task_id),
+        )  # fmt: skip
+        if cur.rowcount:
+            self._worker_seen(event.worker_id, received)
+            self.conn.execute(
+                "UPDATE agent_workers SET score_n=score_n+1, score_sum=score_sum+? WHERE worker_id=?",
+                (event.reward, event.worker_id),
+            )
+
+    def _feedback(self, event: FeedbackEvent, received: float) -> None:
+        self.conn.execute(
+            "UPDATE agent_tasks SET feedback_score=?, feedback_text=?, feedback_source=?, updated_at=?"
+            " WHERE task_id=?",
+            (event.score, event.textual_feedback, event.source, received, event.task_id),
+        )
+
+    def _worker_status(self, event: WorkerStatusEvent, received: float) -> None:
+        self._worker_seen(event.worker_id, received)
+        self.conn.execute(
+            "UPDATE agent_workers SET kind=?, task_types=?, model=?, model_version=coalesce(?, model_version),"
+            " state=?, task_id=?, host=?, pid=?, detail=? WHERE worker_id=?",
+            (event.kind, _json(event.task_types), event.model, event.model_version, event.state, event.task_id,
+             event.host, event.pid, event.detail, event.worker_id),
+        )  # fmt: skip
+        if event.command_id is not None:
+            self._answer(event.command_id, f"worker {event.worker_id} {event.state}" + _detail(event.detail))
+
+    def _manager_status(self, event: ManagerStatusEvent, received: float) -> None:
+        self._kv("agents.manager", {**event.model_dump(mode="json"), "received_at": received})
+        if event.command_id is not None:
+            self._answer(event.command_id, f"manager {event.state}" + _detail(event.detail))
+
+    def _model_update(self, event: ModelUpdateEvent, received: float) -> None:
+        self._kv("agents.model", {"model_version": event.model_version, "checkpoint_path": event.checkpoint_path,
+                                  "base_model": event.base_model, "step": event.step, "received_at": received})  # fmt: skip
+
+    def _worker_seen(self, worker_id: str, received: float, kind: str | None = None) -> None:
+        self.conn.execute(
+            "INSERT INTO agent_workers (worker_id, kind, state, first_seen, last_seen) VALUES (?,?, 'idle', ?, ?)"
+            " ON CONFLICT (worker_id) DO UPDATE SET last_seen=max(coalesce(last_seen, 0), excluded.last_seen)",
+            (worker_id, kind, received, received),
+        )
+
+    def _kv(self, key: str, value: Any) -> None:
+        self.conn.execute(
+            "INSERT OR REPLACE INTO kv (key, value, updated_at) VALUES (?,?,?)",
+            (key, _json(value), time.time()),
+        )
+
+    def _answer(self, command_id: int, result: str) -> None:
+        """A command the plane answered: done, unless it finished already (failed for lack of an answer)."""
+        self.conn.execute(
+            "UPDATE commands SET state='done', result=?, finished_at=? WHERE id=? AND state IN ('pending','running')",
+            (result, time.time(), command_id),
+        )
+
+
+def _detail(detail: str) -> str:
+    return f": {detail}" if detail else ""
+
+
+_APPLY: dict[type, Callable[[AuditWriter, Any, float], None]] = {
+    TaskEvent: AuditWriter._task,
+    ResultEvent: AuditWriter._result,
+    TrainingRolloutEvent: AuditWriter._rollout,
+    FeedbackEvent: AuditWriter._feedback,
+    WorkerStatusEvent: AuditWriter._worker_status,
+    ManagerStatusEvent: AuditWriter._manager_status,
+    ModelUpdateEvent: AuditWriter._model_update,
+}
+
+
+# -- the consumer ---------------------------------------------------------------------------------
+
+
+async def audit_subscription(js: Any) -> Any:
+    """The audit's durable pull consumer over the whole stream (ack-all: one ack per batch)."""
+    config = ConsumerConfig(
+        durable_name=AUDIT_CONSUMER, ack_policy=AckPolicy.ALL, ack_wait=30, deliver_policy=DeliverPolicy.ALL,
+        max_ack_pending=20_000,
+    )  # fmt: skip
+    return await js.pull_subscribe("", durable=AUDIT_CONSUMER, stream=STREAM, config=config)
+
+
+async def stream_epoch(js: Any) -> str:
+    """The stream's creation time, which tells this stream from an earlier one of the same name."""
+    info = await js.stream_info(STREAM)
+    created = info.created
+    return str(int(created.timestamp() * 1e6)) if hasattr(created, "timestamp") else str(created)
+
+
+def incoming(msg: Any, epoch: str) -> Incoming:
+    headers = msg.headers or {}
+    seq: int = msg.metadata.sequence.stream
+    return Incoming(msg.subject, msg.data, seq, f"{epoch}:{seq}", headers.get("Nats-Msg-Id"), time.time())
+
+
+async def run_audit(
+    js: Any, writer: AuditWriter, stop: asyncio.Event, *, batch: int = 2000, wait: float = 0.25,
+    on_batch: Callable[[AuditCounts], None] | None = None,
+) -> AuditCounts:  # fmt: skip
+    """Store the stream's events until `stop` is set; returns what it stored.
+
+    The write runs in a thread so a slow disk never stalls the client's pings. A connection that is
+    away (a server restart) is waited out: the fetch times out and is tried again. A batch that cannot
+    be written is not acknowledged: the stream delivers it again after the ack wait.
+    """
+    total = AuditCounts()
+    sub = None
+    epoch = ""
+    try:
+        while not stop.is_set():
+            try:
+                if sub is None:
+                    epoch = await stream_epoch(js)
+                    sub = await audit_subscription(js)
+                msgs = await fetch(sub, batch, wait)
+            except (nats.errors.ConnectionClosedError, nats.errors.NoRespondersError, nats.errors.TimeoutError,
+                    nats.js.errors.ServiceUnavailableError, TimeoutError, nats.js.errors.APIError) as exc:  # fmt: skip
+                log.debug("audit: %s; retrying", exc)
+                sub = None if isinstance(exc, nats.js.errors.APIError) else sub
+                await asyncio.sleep(0.2)
+                continue
+            if not msgs:
+                continue
+            try:
+                counts = await asyncio.to_thread(writer.write, [incoming(m, epoch) for m in msgs])
+            except Exception:  # the store in trouble (locked, full): the batch comes again
+                log.exception("audit: could not store %d events; they will be delivered again", len(msgs))
+                await asyncio.sleep(1.0)
+                continue
+            await _ack_all(msgs[-1])
+            total.add(counts)
+            if on_batch is not None:
+                on_batch(counts)
+    finally:
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+    return total
+
+
+async def _ack_all(last: Any) -> None:
+    """Acknowledge a batch with its last message (AckPolicy.ALL); a lost ack only redelivers it."""
+    try:
+        await last.ack()
+    except Exception as exc:  # the connection went away: the batch comes again, and is stored once
+        log.debug("audit ack failed: %s", exc)

@@ -1,0 +1,256 @@
+"""Connecting to the plane's NATS server and its JetStream stream (nats-py, asyncio).
+
+One stream, `CARL_AGENTS`, holds every subject of the plane on file storage with age and byte
+limits and a duplicate window: a publish carries a `Nats-Msg-Id`, and a repeat within the window
+is acknowledged as a duplicate and stored once. Consumers are durable pull consumers with explicit
+ack: the workers of a task type share one (their queue group), so each task goes to exactly one
+worker and comes back to another when that worker dies without acknowledging it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, DiscardPolicy, StorageType, StreamConfig
+
+from .config import AgentsSettings, StreamLimits, check_url, env_url
+from .events import STREAM_SUBJECTS, PlaneEvent
+from .server import AgentsError, read_token
+
+STREAM = "CARL_AGENTS"
+log = logging.getLogger("carl.agents")
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where the plane is and how to authenticate; `url` never holds a secret."""
+
+    url: str
+    token_file: str | None = None
+    creds_file: str | None = None
+    tls_ca_file: str | None = None
+    local: bool = False  # the engine's own nats-server
+
+    def argv(self) -> list[str]:
+        """Flags that hand this address to a child process (paths only, never the token)."""
+        out = ["--url", self.url]
+        if self.token_file:
+            out += ["--token-file", self.token_file]
+        if self.creds_file:
+            out += ["--creds", self.creds_file]
+        if self.tls_ca_file:
+            out += ["--tls-ca", self.tls_ca_file]
+        return out
+
+
+def resolve_address(
+    settings: AgentsSettings, *, url: str | None = None, token_file: str | None = None, creds_file: str | None = None,
+    local_port: int | None = None, home: Path | None = None,
+) -> Address:  # fmt: skip
+    """Flag, then environment, then config; else the local server (its port must be known)."""
+    chosen = url or env_url() or settings.url
+    token_file = token_file or _env_token_file() or settings.token_file
+    creds_file = creds_file or settings.creds_file
+    if chosen:
+        try:
+            check_url(chosen)
+        except ValueError as exc:
+            raise AgentsError(f"--url: {exc}") from None
+        return Address(chosen, _abs(token_file), _abs(creds_file), _abs(settings.tls_ca_file))
+    if local_port is None or home is None:
+        raise AgentsError("no NATS server: start the plane (carl agents up) or give --url")
+    from .server import local_url, token_path
+
+    return Address(local_url(local_port), str(token_path(home)), None, None, local=True)
+
+
+def _env_token_file() -> str | None:
+    import os
+
+    return os.environ.get("CARL_NATS_TOKEN_FILE") or None
+
+
+def _abs(path: str | None) -> str | None:
+    return str(Path(path).expanduser().resolve()) if path else None
+
+
+def _tls_context(address: Address) -> ssl.SSLContext | None:
+    if not address.tls_ca_file and not address.url.startswith(("tls://", "wss://")):
+        return None
+    context = ssl.create_default_context(cafile=address.tls_ca_file)
+    return context
+
+
+def explain(exc: BaseException, url: str) -> str:
+    """A connection failure as one line naming the URL."""
+    text = " ".join(str(exc).split()).removeprefix("nats: ").strip("'")
+    lowered = text.lower()
+    if "authorization" in lowered or "authentication" in lowered:
+        return f"{url}: authorization violation (wrong or missing token or credentials)"
+    if (
+        isinstance(exc, nats.errors.NoServersError)
+        or "no servers" in lowered
+        or "connect call failed" in lowered
+    ):
+        return f"{url}: cannot connect (nothing answers there)"
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError):
+        return f"{url}: timed out connecting"
+    return f"{url}: {text or type(exc).__name__}"
+
+
+async def connect(
+    address: Address, name: str, *, reconnect: bool = True, connect_timeout: float = 3.0,
+    on_event: Callable[[str], None] | None = None,
+) -> Client:  # fmt: skip
+    """A client for `address`; a failure to connect raises AgentsError naming the URL.
+
+    With `reconnect` the client retries forever once connected (a restarted server is found again);
+    the first connection is tried once, so a wrong URL or token fails fast.
+    """
+    options: dict[str, Any] = {
+        "servers": [address.url], "name": name, "connect_timeout": connect_timeout,
+        "allow_reconnect": reconnect, "max_reconnect_attempts": -1 if reconnect else 0,
+        "reconnect_time_wait": 0.25, "ping_interval": 10, "max_outstanding_pings": 3, "drain_timeout": 5,
+    }  # fmt: skip
+    if address.token_file:
+        options["token"] = read_token(address.token_file)
+    if address.creds_file:
+        if not Path(address.creds_file).is_file():
+            raise AgentsError(f"{address.creds_file}: no such credentials file")
+        options["user_credentials"] = address.creds_file
+    tls = _tls_context(address)
+    if tls is not None:
+        options["tls"] = tls
+
+    failure: list[BaseException] = []
+
+    async def error_cb(exc: Exception) -> None:
+        failure.append(exc)
+        if on_event is not None:
+            on_event(f"error: {explain(exc, address.url)}")
+
+    async def disconnected_cb() -> None:
+        if on_event is not None:
+            on_event("disconnected")
+
+    async def reconnected_cb() -> None:
+        if on_event is not None:
+            on_event("reconnected")
+
+    options.update(error_cb=error_cb, disconnected_cb=disconnected_cb, reconnected_cb=reconnected_cb)
+    # nats-py retries even the first connection when reconnecting is allowed (a wrong token would hang
+    # forever), so a probe without reconnects comes first: it fails fast, with the server's reason.
+    probe = {**options, "allow_reconnect": False, "max_reconnect_attempts": 0, "disconnected_cb": None,
+             "reconnected_cb": None}  # fmt: skip
+    attempts = [probe]
+    if reconnect:
+        attempts.append(options)
+    client = None
+    for attempt in attempts:
+        try:
+            client = await asyncio.wait_for(nats.connect(**attempt), connect_timeout * 3)
+        except Exception as exc:
+            cause = failure[0] if failure and not isinstance(exc, nats.errors.Error) else exc
+            if failure and "authorization" in str(failure[-1]).lower():
+                cause = failure[-1]
+            raise AgentsError(explain(cause, address.url)) from None
+        if attempt is probe and reconnect:
+            await client.close()
+    assert client is not None
+    return client
+
+
+async def close(client: Client) -> None:
+    """Flush what is buffered and close. (Not `drain()`: draining a pull or ordered-consumer subscription
+    waits out its whole timeout, and every publish of ours has already been acknowledged by the stream.)"""
+    with contextlib.suppress(Exception):
+        await client.flush(timeout=2)
+    with contextlib.suppress(Exception):
+        await client.close()
+
+
+def stream_config(limits: StreamLimits) -> StreamConfig:
+    return StreamConfig(
+        name=STREAM, subjects=list(STREAM_SUBJECTS), storage=StorageType.FILE, max_age=limits.max_age_s,
+        max_bytes=limits.max_bytes, duplicate_window=limits.duplicate_window_s, discard=DiscardPolicy.OLD,
+    )  # fmt: skip
+
+
+async def ensure_stream(js: JetStreamContext, limits: StreamLimits) -> None:
+    """Create the stream, or bring its limits up to date (every service may call it; it is idempotent)."""
+    config = stream_config(limits)
+    try:
+        await js.add_stream(config)
+    except nats.js.errors.BadRequestError:  # it exists with other limits
+        await js.update_stream(config)
+
+
+async def publish(js: JetStreamContext, event: PlaneEvent, *, timeout: float = 5.0) -> Any:
+    """Publish and wait for the stream's acknowledgement (the event is stored once that returns)."""
+    return await js.publish(
+        event.subject(), event.encode(), timeout=timeout, headers={"Nats-Msg-Id": event.dedup_id()}
+    )
+
+
+async def publish_retrying(js: JetStreamContext, event: PlaneEvent, *, attempts: int = 40) -> Any:
+    """`publish`, retried while the server is away (a restart): the msg id keeps retries from doubling."""
+    delay = 0.1
+    for attempt in range(attempts):
+        try:
+            return await publish(js, event)
+        except (TimeoutError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError, nats.js.errors.NoStreamResponseError, nats.errors.NoRespondersError, nats.errors.OutboundBufferLimitError):  # fmt: skip
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+    raise AssertionError("unreachable")
+
+
+def work_queue_config(durable: str, ack_wait: float, max_deliver: int = -1, *, max_ack_pending: int = 1000
+                      ) -> ConsumerConfig:  # fmt: skip
+    return ConsumerConfig(
+        durable_name=durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait, max_deliver=max_deliver,
+        deliver_policy=DeliverPolicy.ALL, max_ack_pending=max_ack_pending,
+    )  # fmt: skip
+
+
+async def pull(js: JetStreamContext, subject: str, durable: str, *, ack_wait: float, max_ack_pending: int = 1000,
+               ack_policy: AckPolicy = AckPolicy.EXPLICIT, deliver_policy: DeliverPolicy = DeliverPolicy.ALL,
+               ) -> Any:  # fmt: skip
+    """A durable pull subscription on `subject` (shared by every process that names the same durable)."""
+    config = ConsumerConfig(
+        durable_name=durable, ack_policy=ack_policy, ack_wait=ack_wait, max_ack_pending=max_ack_pending,
+        deliver_policy=deliver_policy,
+    )  # fmt: skip
+    return await js.pull_subscribe(subject, durable=durable, stream=STREAM, config=config)
+
+
+async def fetch(sub: Any, batch: int, timeout: float) -> list[Any]:
+    """Up to `batch` messages, or none after `timeout` (no exception for an empty wait)."""
+    try:
+        return await sub.fetch(batch, timeout=timeout)
+    except (TimeoutError, nats.errors.TimeoutError):
+        return []
+
+
+async def with_keepalive(msg: Any, work: Awaitable[Any], every: float) -> Any:
+    """Run `work` while telling the server, every `every` seconds, that `msg` is still in progress."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=every)
+        if done:
+            return task.result()
+        try:
+            await msg.in_progress()
+        except Exception:  # the connection is away: the ack wait may lapse, which is what it is for
+            log.debug("in_progress failed", exc_info=True)

@@ -1,0 +1,471 @@
+"""`carl agents ...`: up, down, status, run, worker, events.
+
+`up` and `down` hand the plane to the engine (it supervises the server and the processes);
+`run` is headless: it runs a plane of its own until every task is done and prints a summary;
+`worker` joins a plane from this machine (another machine than the engine's, typically);
+`events` prints the audit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engine import paths
+from engine.errors import CarlError
+
+if TYPE_CHECKING:  # pydantic and yaml load when a command runs, not when `carl` builds its parser
+    from .config import AgentsSettings
+
+EVENT_TYPES = ("task", "result", "feedback", "rollout", "model_update", "alarm", "control", "worker_status",
+               "manager_status")  # fmt: skip
+
+
+class AgentsCliError(CarlError):
+    """One line for the user."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True)
+    up = sub.add_parser("up", help="start the plane under the engine: nats-server, a manager, K workers")
+    _plane_arguments(up)
+    up.add_argument("--limit", type=int, default=None, help="tasks to assign (default: round and round)")
+    sub.add_parser("down", help="stop the plane the engine runs")
+    status = sub.add_parser("status", help="the plane's server, manager, workers and trainer")
+    status.add_argument("--json", action="store_true", help="one JSON object")
+    run = sub.add_parser("run", help="run a plane until every task is done, then print a summary")
+    _plane_arguments(run)
+    run.add_argument("--limit", type=int, default=None, help="tasks to assign (default: every task once)")
+    run.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    worker = sub.add_parser("worker", help="join a plane (on another machine) as one worker")
+    _address_arguments(worker)
+    worker.add_argument("--kind", choices=("model", "http"), default=None, help="default: agents.worker_kind")
+    worker.add_argument("--id", default=None, help="worker id (default: KIND-HOST-PID)")
+    worker.add_argument("--model", default=None, help="model directory or hub id (model workers)")
+    worker.add_argument(
+        "--endpoint", default=None, help="OpenAI-compatible base URL, e.g. http://host:8000/v1"
+    )
+    worker.add_argument("--endpoint-model", default=None, help="the model name to request from the endpoint")
+    worker.add_argument("--task-type", default=None, help="the queue to take tasks from (default: demo)")
+    worker.add_argument("--config", default=None, help="an agents.yaml")
+    events = sub.add_parser("events", help="the audit: every event the plane carried, newest last")
+    events.add_argument("--type", choices=EVENT_TYPES, default=None)
+    events.add_argument("--worker", default=None)
+    events.add_argument("--task", default=None, help="a task id (or its first characters)")
+    events.add_argument("--rejected", action="store_true", help="only payloads that were rejected")
+    events.add_argument("--limit", type=int, default=50, help="the newest N (0: all)")
+    events.add_argument("--json", action="store_true", help="one JSON object a line")
+
+
+def _address_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url", default=None, help="nats:// URL of the plane (default: $CARL_NATS_URL, agents.url)"
+    )
+    parser.add_argument("--token-file", default=None, help="file holding the server's token")
+    parser.add_argument("--creds", default=None, help="NATS .creds file")
+
+
+def _plane_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tasks", default="demo", help="'demo' or a JSONL file of tasks")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="workers to start (default: agents.workers)"
+    )
+    parser.add_argument("--train", action="store_true", help="train the served model from the rollouts")
+    parser.add_argument("--kind", choices=("model", "http"), default=None, help="the workers' kind")
+    parser.add_argument("--config", default=None, help="an agents.yaml (default: $CARL_HOME/agents.yaml)")
+    _address_arguments(parser)
+
+
+def run(args: argparse.Namespace, home: Path) -> int:
+    handler = {"up": _up, "down": _down, "status": _status, "run": _run, "worker": _worker,
+               "events": _events}[args.action]  # fmt: skip
+    return handler(args, home)
+
+
+def _settings(args: argparse.Namespace, home: Path, **extra: Any) -> AgentsSettings:
+    from .config import default_settings_path, load_settings
+
+    overrides = {"workers": getattr(args, "workers", None), "worker_kind": getattr(args, "kind", None),
+                 "url": getattr(args, "url", None), "token_file": getattr(args, "token_file", None),
+                 "creds_file": getattr(args, "creds", None), **extra}  # fmt: skip
+    if getattr(args, "train", False):
+        overrides["train.enabled"] = True
+    return load_settings(args.config or default_settings_path(home), overrides)
+
+
+def _positive(value: int | None, flag: str) -> None:
+    if value is not None and value <= 0:
+        raise AgentsCliError(f"{flag} {value}: must be a positive number")
+
+
+# -- up / down / status -----------------------------------------------------------------------
+
+
+def _engine_command(home: Path, verb: str, args: dict[str, Any], wait: float = 120.0) -> str:
+    from engine.daemon import start_engine
+    from engine.store import Store
+
+    status, _ = start_engine(home)
+    if status.state != "up":
+        raise AgentsCliError(f"engine did not start; see {status.log_path}")
+    with Store(paths.db_path(home)) as store:
+        command_id = store.enqueue_command(verb, args, target="engine", origin="cli")
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            state, result = store.conn.execute(
+                "SELECT state, result FROM commands WHERE id=?", (command_id,)
+            ).fetchone()
+            if state in ("done", "failed"):
+                if state == "failed":
+                    raise AgentsCliError(result or f"{verb} failed")
+                return str(result)
+            time.sleep(0.1)
+    raise AgentsCliError(f"the engine did not answer {verb} in {wait:.0f}s; see {status.log_path}")
+
+
+def _up(args: argparse.Namespace, home: Path) -> int:
+    _positive(args.limit, "--limit")
+    settings = _settings(args, home)  # a bad config fails here, before the engine is asked
+    if args.tasks != "demo":
+        from .tasks import load_tasks
+
+        load_tasks(Path(args.tasks))
+    tasks = args.tasks if args.tasks == "demo" else str(Path(args.tasks).expanduser().resolve())
+    overrides = {k: v for k, v in {"url": args.url, "token_file": args.token_file, "creds_file": args.creds,
+                                   "worker_kind": args.kind}.items() if v is not None}  # fmt: skip
+    spec = {"workers": settings.workers, "tasks": tasks, "train": settings.train.enabled, "limit": args.limit,
+            "config": str(Path(args.config).resolve()) if args.config else None, "overrides": overrides}  # fmt: skip
+    print(_engine_command(home, "agents_up", spec))
+    return 0
+
+
+def _down(args: argparse.Namespace, home: Path) -> int:
+    from engine.daemon import engine_status
+
+    if engine_status(home).state != "up":
+        print("the engine is not running, and with it no agents plane")
+        return 0
+    print(_engine_command(home, "agents_down", {}))
+    return 0
+
+
+def plane_status(home: Path) -> dict[str, Any]:
+    """What `carl agents status` shows, read from the store."""
+    from engine.store import StoreReader
+
+    db = paths.db_path(home)
+    if not db.exists():
+        return {"server": None, "plane": None, "manager": None, "workers": [], "events": 0, "alarms": []}
+    reader = StoreReader(db)
+    try:
+        return reader.agents_overview()
+    finally:
+        reader.close()
+
+
+def _status(args: argparse.Namespace, home: Path) -> int:
+    status = plane_status(home)
+    if args.json:
+        print(json.dumps(status))
+        return 0
+    server = status.get("server") or {}
+    plane = status.get("plane") or {}
+    wanted = "up" if plane.get("wanted") else "down"
+    print(f"plane {wanted}; server {server.get('state', 'down')} {server.get('url') or ''}"
+          f"{' (restarts ' + str(server['restarts']) + ')' if server.get('restarts') else ''}".rstrip())  # fmt: skip
+    manager = status.get("manager")
+    if manager:
+        total = f"/{manager['total']}" if manager.get("total") else ""
+        print(f"manager {manager['state']}: {manager['assigned']}{total} assigned, {manager['in_flight']} in flight, "
+              f"{manager['done']} done, {manager['failed']} failed, {manager['timed_out']} timed out; "
+              f"feedback {manager['feedback']}")  # fmt: skip
+    for proc in plane.get("processes") or []:
+        if proc["role"] != "worker":
+            print(f"{proc['role']} {proc['state']} (pid {proc['pid']}; log {proc['log']})")
+    workers = status.get("workers") or []
+    if workers:
+        print(
+            f"{'worker':<16} {'kind':<6} {'state':<8} {'version':<20} {'done':>5} {'ok':>5} {'score':>6}  last seen"
+        )
+        for w in workers:
+            ok = f"{w['success_rate']:.0%}" if w["success_rate"] is not None else "—"
+            score = f"{w['mean_score']:.3f}" if w["mean_score"] is not None else "—"
+            seen = f"{time.time() - w['last_seen']:.0f}s ago" if w.get("last_seen") else "—"
+            print(f"{w['worker_id']:<16} {w['kind'] or '?':<6} {w['state'] or '?':<8} {(w['model_version'] or '—')[:20]:<20}"
+                  f" {w['tasks_done']:>5} {ok:>5} {score:>6}  {seen}")  # fmt: skip
+    else:
+        print("no workers seen")
+    for alarm in status.get("alarms") or []:
+        print(f"alarm {alarm['kind']}: {alarm['reason']}")
+    print(f"{status.get('events', 0):,} events in the audit")
+    return 0
+
+
+# -- run ------------------------------------------------------------------------------------
+
+
+def _run(args: argparse.Namespace, home: Path) -> int:
+    from .roles import task_specs
+
+    _positive(args.limit, "--limit")
+    if args.workers is not None and args.workers < 0:
+        raise AgentsCliError(f"--workers {args.workers}: must be 0 or more")
+    settings = _settings(args, home)
+    specs = task_specs(args.tasks)
+    summary = asyncio.run(headless(home, settings, specs, limit=args.limit))
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        from .manager import summary_line
+
+        print(summary_line(summary))
+    return 0 if summary["done"] > 0 or summary["assigned"] == 0 else 1
+
+
+async def headless(home: Path, settings: AgentsSettings, specs: list[Any], *, limit: int | None,
+                   api_key: str | None = None, base_url: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """A plane of its own, until every task is done: the server (unless one is given or up), the audit
+    into the store, the manager here, the workers and trainer as processes. Returns the summary."""
+    from engine.store import Store
+
+    from .audit import AuditWriter, run_audit
+    from .bus import close as bus_close
+    from .bus import connect, ensure_stream
+    from .manager import Manager, TaskFeed
+    from .plane import stop_processes, write_settings
+    from .roles import build_feedback, build_scorer, group_size
+
+    store = Store(paths.db_path(home))
+    address, server = _headless_address(home, settings, store)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        nc = await connect(address, "carl-agents-run")
+        js = nc.jetstream()
+        await ensure_stream(js, settings.stream)
+        stop_audit = asyncio.Event()
+        audit = asyncio.create_task(run_audit(js, AuditWriter(store), stop_audit))
+        settings_file = (
+            write_settings(home, settings) if server is not None else _run_settings(home, settings)
+        )
+        prefix = "w" if server is not None else f"run{os.getpid()}-w"
+        for i in range(settings.workers):
+            procs.append(
+                _spawn(
+                    home, "worker", settings_file, address, ["--id", f"{prefix}{i + 1}"], f"{prefix}{i + 1}"
+                )
+            )
+        trainer = None
+        if settings.train.enabled:
+            trainer = _spawn(home, "trainer", settings_file, address, [], "trainer")
+        manager = Manager(address, settings, TaskFeed(specs, limit=limit, cycle=False),
+                          build_scorer(settings, api_key=api_key, base_url=base_url),
+                          build_feedback(settings, api_key=api_key, base_url=base_url),
+                          group_size=group_size(settings), store_path=paths.db_path(home))  # fmt: skip
+        watch = asyncio.create_task(_watch_workers(procs, manager, home))
+        summary = await manager.run()
+        watch.cancel()
+        if trainer is not None:
+            await _drained(js, "trainer")  # every rollout reached the trainer before it is told to stop
+        await asyncio.to_thread(stop_processes, [*procs, trainer])
+        await _drained(js, "carl-audit")
+        stop_audit.set()
+        await audit
+        await bus_close(nc)
+        result = summary.as_dict()
+        if watch.done() and not watch.cancelled() and watch.exception() is None and watch.result():
+            raise AgentsCliError(watch.result())
+        result["stored"] = _stored_counts(store)
+        return result
+    finally:
+        await asyncio.to_thread(stop_processes, list(procs), 5.0)
+        if server is not None:
+            server.stop()
+        store.close()
+
+
+def _headless_address(home: Path, settings: AgentsSettings, store: Any) -> tuple[Any, Any]:
+    """The given URL, else the engine's local server when it is up, else a server of this run's own."""
+    from .bus import Address, resolve_address
+    from .config import env_url
+    from .plane import kv_get
+    from .server import LocalServer, free_port, listening, local_url, token_path
+
+    if settings.url or env_url():
+        return resolve_address(settings), None
+    running = kv_get(store, "agents.server") or {}
+    port = running.get("port")
+    if running.get("local") and running.get("state") == "up" and isinstance(port, int) and listening(port):
+        return Address(local_url(port), str(token_path(home)), local=True), None
+    server = LocalServer(home, free_port())
+    server.start()
+    return Address(server.url, str(token_path(home)), local=True), server
+
+
+def _run_settings(home: Path, settings: AgentsSettings) -> Path:
+    from .plane import plane_dir
+
+    path = plane_dir(home) / f"run-{os.getpid()}.json"
+    path.write_text(settings.model_dump_json() + "\n")
+    os.chmod(path, 0o600)
+    return path
+
+
+def _spawn(home: Path, role: str, settings_file: Path, address: Any, extra: list[str], ident: str
+           ) -> subprocess.Popen[bytes]:  # fmt: skip
+    from .plane import child_argv
+
+    log_path = paths.logs_dir(home) / f"agents-{ident}.log"
+    with log_path.open("ab") as out:
+        return subprocess.Popen(
+            child_argv(role, home, settings_file, address, *extra), stdin=subprocess.DEVNULL, stdout=out,
+            stderr=out, close_fds=True, start_new_session=True,
+            env={**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"},
+        )  # fmt: skip
+
+
+async def _watch_workers(procs: list[subprocess.Popen[bytes]], manager: Any, home: Path) -> str | None:
+    """Stop the run when every worker has died: nothing would ever answer its tasks."""
+    if not procs:
+        return None
+    while True:
+        await asyncio.sleep(0.5)
+        if all(p.poll() not in (None, 0) for p in procs):
+            manager.stop.set()
+            last = _last_line(paths.logs_dir(home) / f"agents-{Path(str(procs[0].args[-1])).name}.log")
+            return f"every worker exited (status {procs[0].returncode}){': ' + last if last else ''}"
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][-300:] if lines else ""
+
+
+async def _drained(js: Any, consumer: str, timeout: float = 60.0) -> None:
+    """Wait until `consumer` has been delivered, and has acknowledged, everything in its filter."""
+    from .bus import STREAM
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            info = await js.consumer_info(STREAM, consumer)
+        except Exception:
+            return  # no such consumer: nothing waits on it
+        if info.num_pending == 0 and info.num_ack_pending == 0:
+            return
+        await asyncio.sleep(0.05)
+
+
+def _stored_counts(store: Any) -> dict[str, int]:
+    rows = store.conn.execute(
+        "SELECT kind, count(*) FROM agent_events WHERE status='ok' GROUP BY kind"
+    ).fetchall()
+    counts = {kind: n for kind, n in rows}
+    counts["rejected"] = store.conn.execute(
+        "SELECT count(*) FROM agent_events WHERE status='rejected'"
+    ).fetchone()[0]
+    return counts
+
+
+# -- worker ---------------------------------------------------------------------------------
+
+
+def _worker(args: argparse.Namespace, home: Path) -> int:
+    import logging
+
+    from .bus import resolve_address
+    from .worker import run_worker
+
+    extra = {"model": args.model, "endpoint": args.endpoint, "endpoint_model": args.endpoint_model,
+             "task_type": args.task_type}  # fmt: skip
+    settings = _settings(args, home, **extra)
+    address = resolve_address(settings, home=home, local_port=_local_port(home))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    print(f"worker joining {address.url} (task type {settings.task_type}, {args.kind or settings.worker_kind})",
+          file=sys.stderr)  # fmt: skip
+    return asyncio.run(run_worker(address, settings, kind=args.kind or settings.worker_kind, home=home,
+                                  worker_id=args.id))  # fmt: skip
+
+
+def _local_port(home: Path) -> int | None:
+    """The engine's local server on this machine, when it is up."""
+    from engine.store import StoreReader
+
+    db = paths.db_path(home)
+    if not db.exists():
+        return None
+    reader = StoreReader(db)
+    try:
+        server = reader.kv("agents.server") or {}
+    finally:
+        reader.close()
+    return server.get("port") if server.get("local") else None
+
+
+# -- events ---------------------------------------------------------------------------------
+
+
+def event_record(row: dict[str, Any]) -> dict[str, Any]:
+    """One audit row as `--json` prints it: the columns, plus what the payload says of steps and scores."""
+    try:
+        payload: Any = json.loads(row["payload"]) if row["status"] == "ok" else row["payload"]
+    except (TypeError, ValueError):
+        payload = row["payload"]
+    body = payload if isinstance(payload, dict) else {}
+    record = {
+        "id": row["id"], "type": row["kind"], "subject": row["subject"], "status": row["status"],
+        "task_id": row["task_id"], "worker_id": row["worker_id"], "manager_id": row["manager_id"],
+        "environment": row["environment"], "model_version": row["model_version"], "score": row["score"],
+        "step_scores": body.get("step_scores"), "received_at": row["received_at"], "created_at": row["created_at"],
+        "stream_seq": row["stream_seq"],
+    }  # fmt: skip
+    for key in ("prm_score", "outcome_score", "verifier_score", "reward", "status", "kind", "reason", "action",
+                "state"):  # fmt: skip
+        if key in body and key not in record:
+            record[key] = body[key]
+    if row["status"] == "rejected":
+        record["reason"] = row["reason"]
+    record["payload"] = payload
+    return record
+
+
+def _events(args: argparse.Namespace, home: Path) -> int:
+    from engine.store import StoreReader
+
+    if args.limit < 0:
+        raise AgentsCliError(f"--limit {args.limit}: must be 0 (all) or more")
+    db = paths.db_path(home)
+    if not db.exists():
+        print(f"no events yet (no store at {db})", file=sys.stderr)
+        return 0
+    reader = StoreReader(db)
+    try:
+        rows = reader.agent_audit(kind=args.type, worker=args.worker, task=args.task, rejected=args.rejected,
+                                  limit=args.limit or None)  # fmt: skip
+    finally:
+        reader.close()
+    for row in rows:
+        if args.json:
+            print(json.dumps(event_record(row)))
+        else:
+            print(_event_line(row))
+    return 0
+
+
+def _event_line(row: dict[str, Any]) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["received_at"] or row["created_at"] or 0))
+    who = row["worker_id"] or row["manager_id"] or "-"
+    task = (row["task_id"] or "-")[:8]
+    tail = f" score {row['score']:.3f}" if row["score"] is not None else ""
+    if row["status"] == "rejected":
+        tail = f" REJECTED: {row['reason']}"
+    return f"{when} {row['kind']:<14} {row['subject']:<24} {who:<14} {task:<8}{tail}"

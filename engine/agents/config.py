@@ -1,0 +1,194 @@
+"""The agents plane's settings: an `agents:` section in a YAML file, flags and environment on top.
+
+Where the plane connects, in order: `--url`, `CARL_NATS_URL` (or `NATS_URL`), `agents.url` in the
+config file, else the local nats-server the engine runs. Credentials for a given URL come from a
+token file (`--token-file`, `CARL_NATS_TOKEN_FILE`, `agents.token_file`) or a NATS creds file
+(`--creds`, `agents.creds_file`); the token itself is never a flag, so it never shows in a process
+list. Errors name the file and field: `agents.yaml: agents.workers: ...`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from engine.errors import CarlError
+
+from .events import TOKEN
+
+
+class AgentsConfigError(CarlError):
+    """A settings problem, as one line naming the file and field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class StreamLimits(_Section):
+    max_age_s: float = Field(7 * 24 * 3600, gt=0, description="events older than this leave the stream")
+    max_bytes: int = Field(1 << 30, gt=0, description="the stream keeps at most this many bytes (oldest go)")
+    duplicate_window_s: float = Field(
+        120, gt=0, description="a publish repeating a message id within this window is stored once"
+    )
+
+
+class AlarmSettings(_Section):
+    window: int = Field(20, ge=3, description="results looked at by each alarm")
+    collusion_gap: float = Field(
+        0.3, gt=0, le=1, description="collusion: mean |feedback - independent score| above this"
+    )
+    hacking_high: float = Field(0.7, gt=0, le=1, description="reward hacking: feedback or PRM at least this")
+    hacking_fail: float = Field(0.5, gt=0, le=1, description="... while the verifier scores below this")
+    hacking_share: float = Field(0.5, gt=0, le=1, description="... in at least this share of the window")
+    divergence: float = Field(
+        0.25, gt=0, le=1, description="worker divergence: a worker's mean this far from the others'"
+    )
+
+
+class TrainerSettings(_Section):
+    enabled: bool = Field(False, description="train the served model from the plane's rollouts")
+    group_size: int = Field(4, ge=2, description="each prompt is asked this many times: one GRPO group")
+    groups_per_update: int = Field(2, ge=1, description="groups in one optimizer step")
+    learning_rate: float = Field(5e-4, gt=0, description="AdamW learning rate of the LoRA adapter")
+    beta: float = Field(0.04, ge=0, description="weight of the KL to the reference (the base model)")
+    clip: float = Field(0.2, gt=0, lt=1, description="the importance ratio is clipped to [1-clip, 1+clip]")
+    publish_every: int = Field(2, ge=1, description="publish a model update every this many optimizer steps")
+    lora_r: int = Field(8, gt=0, description="LoRA rank")
+    lora_alpha: int = Field(16, gt=0, description="LoRA alpha")
+    target_modules: str | list[str] = Field(
+        "all-linear", description="LoRA target modules (as the served model)"
+    )
+    max_updates: int | None = Field(None, gt=0, description="stop training after this many optimizer steps")
+
+
+class AgentsSettings(_Section):
+    url: str | None = Field(None, description="nats:// URL of an existing server or cluster (null: local)")
+    token_file: str | None = Field(None, description="file holding the token for `url`")
+    creds_file: str | None = Field(None, description="NATS .creds file for `url`")
+    tls_ca_file: str | None = Field(None, description="CA certificate for a tls:// server")
+    task_type: str = Field("demo", description="the queue the manager assigns to and workers take from")
+    workers: int = Field(2, ge=0, le=64, description="workers `carl agents up` starts")
+    worker_kind: Literal["model", "http"] = Field("model", description="model (transformers) or http")
+    model: str = Field("carl-tiny", description="the model local workers serve and the trainer trains")
+    endpoint: str | None = Field(None, description="OpenAI-compatible base URL for http workers")
+    endpoint_model: str | None = Field(None, description="the model name http workers request")
+    endpoint_lora: bool = Field(
+        False, description="http workers load each new adapter through vLLM's runtime LoRA API and request it"
+    )
+    system_prompt: str | None = Field(
+        None, description="instruction workers send with every task (null: the default)"
+    )
+    concurrency: int = Field(4, ge=1, le=1024, description="tasks in flight at once")
+    task_timeout_s: float = Field(120, gt=0, description="a task without a result after this is given up")
+    ack_wait_s: float = Field(30, gt=0, description="a task not acknowledged in this time is redelivered")
+    max_new_tokens: int = Field(48, gt=0, le=4096, description="tokens a model worker generates at most")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature of the workers")
+    rate: float | None = Field(None, gt=0, description="tasks assigned per second at most (null: no limit)")
+    judge: Literal["offline", "openai", "claude"] = Field("offline", description="who judges each step")
+    judge_url: str | None = Field(None, description="OpenAI-compatible base URL of the judge")
+    judge_model: str | None = Field(None, description="judge model name")
+    votes: int = Field(1, ge=1, le=9, description="judge calls per step; the step score is their median")
+    feedback: Literal["offline", "claude"] = Field("offline", description="who writes the manager feedback")
+    claude_model: str | None = Field(None, description="model of the Claude manager")
+    stream: StreamLimits = Field(default_factory=StreamLimits, description="the JetStream stream's limits")
+    alarms: AlarmSettings = Field(default_factory=AlarmSettings, description="alarm thresholds")
+    train: TrainerSettings = Field(default_factory=TrainerSettings, description="training from rollouts")
+
+    @field_validator("task_type")
+    @classmethod
+    def _token(cls, value: str) -> str:
+        if not TOKEN.match(value):
+            raise ValueError("must be one subject token (letters, digits, _ or -)")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _nats_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_url(value)
+        return value
+
+
+def check_url(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("nats", "tls", "ws", "wss") or not parts.hostname:
+        raise ValueError(f"{url!r} is not a nats:// (or tls://, ws://) URL with a host")
+    if parts.username or parts.password:
+        raise ValueError("put the token in a token file (token_file), not in the URL")
+    return url
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    out = "agents"
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> AgentsSettings:
+    """The `agents:` section of `path` (or of $CARL_HOME/agents.yaml when it exists), with overrides."""
+    data: dict[str, Any] = {}
+    source = "agents settings"
+    if path is not None:
+        source = str(path)
+        data = _read_section(Path(path))
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            node = data
+            *parents, leaf = key.split(".")
+            for parent in parents:
+                node = node.setdefault(parent, {})
+            node[leaf] = value
+    try:
+        return AgentsSettings.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"]
+        message = message.removeprefix("Value error, ")
+        overridden = any(
+            key.split(".")[0] == str(error["loc"][0]) for key in (overrides or {}) if error["loc"]
+        )
+        where = f"{_field_path(tuple(error['loc']))}" + (" (from the command line)" if overridden else "")
+        raise AgentsConfigError(f"{source}: {where}: {message}") from None
+
+
+def _read_section(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise AgentsConfigError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise AgentsConfigError(f"{path}: cannot read it ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise AgentsConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise AgentsConfigError(f"{path}: expected a mapping with an 'agents' section")
+    section = data.get("agents", {})
+    if set(data) - {"agents"}:
+        extra = sorted(set(data) - {"agents"})[0]
+        raise AgentsConfigError(f"{path}: {extra}: unknown section (expected 'agents')")
+    if not isinstance(section, dict):
+        raise AgentsConfigError(f"{path}: agents: expected a mapping of settings")
+    return section
+
+
+def default_settings_path(home: Path) -> Path | None:
+    path = home / "agents.yaml"
+    return path if path.is_file() else None
+
+
+def env_url() -> str | None:
+    return os.environ.get("CARL_NATS_URL") or os.environ.get("NATS_URL") or None

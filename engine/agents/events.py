@@ -1,0 +1,382 @@
+"""Every event of the agents plane, as pydantic v2 models, and the subjects they travel on.
+
+After Tentalis (reference §2-3), with the project's rules (§12): each payload names itself with a
+fixed `type` and a `schema_version`, unknown fields are refused (`extra="forbid"`), the
+environment travels on the task, the result and the rollout, and scores are checked to lie in
+[0, 1] on the wire (the scorer clamps before it publishes). `parse_event` turns bytes from a
+subject into an event or an `EventRejected` whose message says what was wrong, in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_serializer
+
+SCHEMA_VERSION = 1
+TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # one NATS subject token: no dots, spaces or wildcards
+
+Score = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+def _one_token(value: str) -> str:
+    if not TOKEN.match(value):
+        raise ValueError("must be one subject token (letters, digits, _ or -, at most 64)")
+    return value
+
+
+SubjectToken = Annotated[str, AfterValidator(_one_token)]
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class PlaneEvent(BaseModel):
+    """What every event carries: its type, the schema version and when it was made (UTC, ISO-8601 Z)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    TYPE: ClassVar[str] = ""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    created_at: datetime = Field(default_factory=utc_now)
+
+    @field_serializer("created_at")
+    def _iso_z(self, value: datetime) -> str:
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    def subject(self) -> str:
+        raise NotImplementedError
+
+    def dedup_id(self) -> str:
+        """The `Nats-Msg-Id` of this event: a repeat within the stream's window is stored once."""
+        return f"{self.TYPE}-{uuid.uuid4()}"
+
+    def encode(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
+class TaskEvent(PlaneEvent):
+    TYPE: ClassVar[str] = "task"
+    type: Literal["task"] = "task"
+    task_id: str = Field(default_factory=new_id)
+    manager_id: str
+    task_type: SubjectToken
+    environment: SubjectToken = "chat"
+    prompt: str
+    reference: str | None = None  # what the task's verifier compares the answer with
+    verifier: str | None = None  # the verifier's name ("demo", "reference"); None: the task has none
+    group_id: str | None = None  # tasks of one GRPO group share it (the same prompt, asked several times)
+    group_size: int = Field(1, ge=1)  # how many tasks the group has
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    def subject(self) -> str:
+        return f"tasks.{self.task_type}"
+
+    def dedup_id(self) -> str:
+        return f"task-{self.task_id}"
+
+
+class ResultEvent(PlaneEvent):
+    TYPE: ClassVar[str] = "result"
+    type: Literal["result"] = "result"
+    task_id: str
+    worker_id: str
+    task_type: SubjectToken
+    environment: SubjectToken = "chat"
+    prompt: str = ""
+    status: Literal["success", "failed"]
+    result: str  # the whole reply, in the <step>/<answer> format; on failure the reason
+    steps: list[str] = Field(default_factory=list)
+    answer: str = ""
+    error: str | None = None  # why the work failed (status "failed")
+    elapsed_seconds: float = Field(0.0, ge=0.0)
+    model_version: str | None = None  # the version the worker served when it answered
+    worker_kind: str = ""
+    # The behaviour policy, per generated token: what the trainer's importance ratio is taken against.
+    prompt_token_ids: list[int] = Field(default_factory=list)
+    response_token_ids: list[int] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    temperature: float | None = None
+    phi_mean: Score | None = None  # mean Phi of the answer's tokens, from the distributions that chose them
+    metadata: dict[str, Any] = Field(default_factory=dict)  # environment signals: exit codes, tests, diff
+
+    def subject(self) -> str:
+        return f"results.{self.task_type}"
+
+    def dedup_id(self) -> str:
+        return f"result-{self.task_id}"  # a redelivered task answered twice is stored once
+
+
+class FeedbackEvent(PlaneEvent):
+    """The manager's own judgement of a result, kept apart from the PRM step scores (rule 4)."""
+
+    TYPE: ClassVar[str] = "feedback"
+    type: Literal["feedback"] = "feedback"
+    task_id: str
+    manager_id: str
+    worker_id: str
+    score: Score
+    textual_feedback: str = ""
+    source: Literal["claude", "offline"] = "offline"
+    dimensions: dict[str, Score] = Field(default_factory=dict)  # correctness, completeness, quality
+
+    def subject(self) -> str:
+        return "feedback.scored"
+
+    def dedup_id(self) -> str:
+        return f"feedback-{self.task_id}"
+
+
+class TrainingRolloutEvent(PlaneEvent):
+    TYPE: ClassVar[str] = "rollout"
+    type: Literal["rollout"] = "rollout"
+    task_id: str
+    worker_id: str
+    task_type: SubjectToken
+    environment: SubjectToken = "chat"
+    group_id: str | None = None
+    group_size: int = Field(1, ge=1)
+    prompt: str
+    response: str
+    steps: list[str] = Field(default_factory=list)
+    step_scores: list[Score] = Field(default_factory=list)  # PRM per step, clamped to [0, 1]
+    prm_score: Score  # the PRM's score of the whole result (mean of its steps)
+    outcome_score: Score  # the environment profile's combined score
+    verifier_score: Score | None = None  # the task's own verifier, where it has one
+    reward: Score  # what the trainer optimises (see engine.agents.scoring.reward_of)
+    model_version: str | None = None
+    prompt_token_ids: list[int] = Field(default_factory=list)
+    response_token_ids: list[int] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)  # the behaviour policy's, per response token
+    temperature: float | None = None
+
+    def subject(self) -> str:
+        return "training.rollouts"
+
+    def dedup_id(self) -> str:
+        return f"rollout-{self.task_id}"
+
+
+class ModelUpdateEvent(PlaneEvent):
+    """A new adapter: `model_version` is also the adapter's name, the one the worker loads and reports."""
+
+    TYPE: ClassVar[str] = "model_update"
+    type: Literal["model_update"] = "model_update"
+    model_version: str
+    checkpoint_path: str  # a peft adapter directory
+    base_model: str  # the served model the adapter was trained on (rule 6)
+    base_fingerprint: str = ""  # hash of the base model's config.json; a worker on another base refuses it
+    target_worker_id: str | None = None  # None: every worker
+    step: int = 0
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+    def subject(self) -> str:
+        return "model.updates"
+
+    def dedup_id(self) -> str:
+        return f"model-{self.model_version}"
+
+
+AlarmKind = Literal["collusion", "reward_hacking", "worker_divergence", "stuck_worker"]
+
+
+class AlarmEvent(PlaneEvent):
+    TYPE: ClassVar[str] = "alarm"
+    type: Literal["alarm"] = "alarm"
+    alarm_id: str = Field(default_factory=new_id)
+    kind: AlarmKind
+    reason: str
+    worker_id: str | None = None
+    task_id: str | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+    def subject(self) -> str:
+        return "alignment.alarms"
+
+    def dedup_id(self) -> str:
+        return f"alarm-{self.alarm_id}"
+
+
+ControlAction = Literal["pause_assignment", "resume_assignment", "stop_worker", "shutdown"]
+
+
+class ControlEvent(PlaneEvent):
+    """A control action on the plane; `command_id` ties it to the store's command queue (the audit)."""
+
+    TYPE: ClassVar[str] = "control"
+    type: Literal["control"] = "control"
+    control_id: str = Field(default_factory=new_id)
+    action: ControlAction
+    target: str = "manager"  # "manager", "workers" (all of them) or a worker id
+    origin: str = "cli"
+    command_id: int | None = None
+    reason: str = ""
+
+    def subject(self) -> str:
+        if self.target in ("manager", "workers"):
+            return f"control.{self.target}"
+        return f"control.workers.{self.target}"
+
+    def dedup_id(self) -> str:
+        return f"control-{self.control_id}"
+
+
+class WorkerStatusEvent(PlaneEvent):
+    TYPE: ClassVar[str] = "worker_status"
+    type: Literal["worker_status"] = "worker_status"
+    worker_id: SubjectToken
+    kind: str  # model | http
+    task_types: list[str]
+    model: str = ""
+    model_version: str | None = None
+    state: Literal["starting", "idle", "busy", "stopping", "stopped", "error"]
+    task_id: str | None = None  # the task it is working on (state busy)
+    tasks_done: int = Field(0, ge=0)
+    failures: int = Field(0, ge=0)
+    host: str = ""
+    pid: int | None = None
+    detail: str = ""
+    command_id: int | None = None  # the control room command this status answers
+
+    def subject(self) -> str:
+        return f"status.workers.{self.worker_id}"
+
+
+class ManagerStatusEvent(PlaneEvent):
+    TYPE: ClassVar[str] = "manager_status"
+    type: Literal["manager_status"] = "manager_status"
+    manager_id: str
+    state: Literal["assigning", "paused", "done", "stopped"]
+    total: int | None = None  # tasks it will assign (None: it cycles through them until stopped)
+    assigned: int = 0
+    in_flight: int = 0
+    done: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    feedback: str = "offline"  # who writes the feedback: offline or claude
+    detail: str = ""
+    command_id: int | None = None  # the control room command this status answers
+
+    def subject(self) -> str:
+        return "status.manager"
+
+
+EVENT_TYPES: dict[str, type[PlaneEvent]] = {
+    cls.TYPE: cls
+    for cls in (TaskEvent, ResultEvent, FeedbackEvent, TrainingRolloutEvent, ModelUpdateEvent, AlarmEvent,
+                ControlEvent, WorkerStatusEvent, ManagerStatusEvent)
+}  # fmt: skip
+
+# The first subject token decides which type a message must be (the stream holds exactly these).
+SUBJECT_TYPES: dict[str, tuple[str, ...]] = {
+    "tasks": ("task",),
+    "results": ("result",),
+    "feedback": ("feedback",),
+    "training": ("rollout",),
+    "model": ("model_update",),
+    "alignment": ("alarm",),
+    "control": ("control",),
+    "status": ("worker_status", "manager_status"),
+}
+STREAM_SUBJECTS = [f"{prefix}.>" for prefix in SUBJECT_TYPES]
+
+Event = (
+    TaskEvent | ResultEvent | FeedbackEvent | TrainingRolloutEvent | ModelUpdateEvent | AlarmEvent | ControlEvent
+    | WorkerStatusEvent | ManagerStatusEvent
+)  # fmt: skip
+
+
+class EventRejected(ValueError):
+    """A payload that is not a valid event for its subject; `str()` is the one-line reason."""
+
+    def __init__(self, reason: str, type_name: str | None = None) -> None:
+        super().__init__(reason)
+        self.type_name = type_name
+
+
+def expected_types(subject: str) -> tuple[str, ...]:
+    return SUBJECT_TYPES.get(subject.split(".", 1)[0], ())
+
+
+def parse_event(subject: str, data: bytes | str) -> Event:
+    """The event in `data`, checked against its subject; raises EventRejected with the reason."""
+    try:
+        payload = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise EventRejected(f"invalid JSON: {' '.join(str(exc).split())}") from None
+    if not isinstance(payload, dict):
+        raise EventRejected(f"expected a JSON object, got {type(payload).__name__}")
+    type_name = payload.get("type")
+    expected = expected_types(subject)
+    if not expected:
+        raise EventRejected(
+            f"no event belongs on subject {subject!r}", type_name if isinstance(type_name, str) else None
+        )
+    if type_name is None:
+        raise EventRejected(f"no 'type' field (subject {subject} expects {' or '.join(expected)})")
+    if type_name not in expected:
+        raise EventRejected(
+            f"type {type_name!r} on subject {subject} (expects {' or '.join(expected)})",
+            type_name if isinstance(type_name, str) else None,
+        )
+    model = EVENT_TYPES[type_name]
+    try:
+        event = model.model_validate(payload)
+    except ValidationError as exc:
+        raise EventRejected(validation_reason(exc), type_name) from None
+    if event.subject() != subject and not _subject_fits(event, subject):
+        raise EventRejected(f"{type_name} for {event.subject()} published on {subject}", type_name)
+    return event  # type: ignore[return-value]
+
+
+def _subject_fits(event: PlaneEvent, subject: str) -> bool:
+    """Control events to every worker may also be addressed as control.workers.<id>."""
+    return isinstance(event, ControlEvent) and subject.startswith("control.")
+
+
+def validation_reason(exc: ValidationError) -> str:
+    """pydantic's first error as `field[0].sub: message (got value)`, plus how many more."""
+    error = exc.errors()[0]
+    where = ""
+    for part in error["loc"]:
+        where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
+    message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"]
+    message = message.removeprefix("Value error, ")
+    value = error.get("input")
+    got = "" if error["type"] in ("missing", "extra_forbidden") else f" (got {_short(value)})"
+    more = len(exc.errors()) - 1
+    return f"{where or 'payload'}: {message}{got}" + (f" (and {more} more)" if more else "")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def event_ids(event: PlaneEvent) -> dict[str, Any]:
+    """The columns the audit keeps for any event (None where the event has no such field)."""
+    get = event.__dict__.get
+    score = get("score")
+    if score is None:
+        score = get("reward")
+    return {
+        "type": event.TYPE,
+        "task_id": get("task_id"),
+        "manager_id": get("manager_id"),
+        "worker_id": get("worker_id") or (get("target") if isinstance(event, ControlEvent) else None),
+        "environment": get("environment"),
+        "model_version": get("model_version"),
+        "score": score,
+        "created_at": get("created_at"),
+    }

@@ -1,0 +1,556 @@
+"""The plane as the engine runs it: a nats-server, the audit bridge, a manager, workers, a trainer.
+
+Everything here is supervised like a training run: each part is its own process (the bridge is a
+thread of the engine, since it writes the engine's store), a part that dies is restarted with
+backoff, and what each part is doing goes to the store's `kv` table for the control room:
+`agents.server` (the NATS server: state, URL without secrets, port, restarts) and `agents.plane`
+(whether the plane should be up, and its processes). The engine calls `tick()` every loop.
+
+A plane that should be up comes back up when the engine restarts. Stopping the engine stops the
+plane's processes (workers that are in the middle of a task finish it first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engine import paths
+
+from .bus import Address, connect, ensure_stream, publish
+from .bus import close as bus_close
+from .config import AgentsSettings
+from .events import PlaneEvent
+from .server import AgentsError, LocalServer, free_port, listening, local_url, port_is_free, token_path
+
+if TYPE_CHECKING:
+    from engine.store import Store
+
+log = logging.getLogger("carl.engine")
+
+BACKOFF_START_S = 1.0
+BACKOFF_MAX_S = 60.0
+STABLE_S = 30.0  # a process that lived this long resets its backoff
+GIVE_UP_AFTER = 8  # crashes in a row (each within STABLE_S) before a part is left down
+STOP_WAIT_S = 15.0  # a process asked to stop gets this long to finish its task
+ANSWER_WAIT_S = 30.0  # a command the plane must answer fails after this long without an answer
+
+
+def plane_dir(home: Path) -> Path:
+    path = home / "agents"
+    path.mkdir(parents=True, mode=0o700, exist_ok=True)
+    return path
+
+
+def write_settings(home: Path, settings: AgentsSettings) -> Path:
+    """The settings every child process reads (no secret in them: the token stays in its file)."""
+    path = plane_dir(home) / "plane.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(settings.model_dump_json(indent=2) + "\n")
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+    return path
+
+
+def kv_set(store: Store, key: str, value: Any) -> None:
+    with store.transaction():
+        store.conn.execute(
+            "INSERT OR REPLACE INTO kv (key, value, updated_at) VALUES (?,?,?)",
+            (key, json.dumps(value), time.time()),
+        )
+
+
+def kv_get(store: Store, key: str) -> Any:
+    row = store.conn.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
+    return json.loads(row[0]) if row else None
+
+
+# -- child processes -------------------------------------------------------------------------------
+
+
+@dataclass
+class Child:
+    """One supervised process of the plane: its role, id, argv, and how it has been doing."""
+
+    role: str  # manager | worker | trainer
+    ident: str
+    argv: list[str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    crashes: int = 0
+    restart_at: float | None = None
+    stopping: bool = False
+    state: str = "starting"  # starting | running | restarting | stopped | failed
+    last_exit: int | None = None
+
+    def spawn(self) -> None:
+        with self.log_path.open("ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, close_fds=True, start_new_session=True,
+                env={**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+                     "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+            )  # fmt: skip
+        self.started_at = time.monotonic()
+        self.restart_at = None
+        self.state = "running"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def describe(self) -> dict[str, Any]:
+        return {"role": self.role, "id": self.ident, "state": self.state, "pid": self.proc.pid if self.proc else None,
+                "crashes": self.crashes, "last_exit": self.last_exit, "log": str(self.log_path)}  # fmt: skip
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, wait: float = STOP_WAIT_S) -> None:
+    """SIGTERM (a worker finishes its task first), then SIGKILL after `wait`."""
+    stop_processes([proc], wait)
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes] | None], wait: float = STOP_WAIT_S) -> None:
+    """Stop them all at once: SIGTERM to each, then wait, then SIGKILL what is left after `wait`."""
+    live = [p for p in procs if p is not None and p.poll() is None]
+    for proc in live:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + wait
+    for proc in live:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+# -- the bridge ----------------------------------------------------------------------------------
+
+
+class Bridge:
+    """The audit, in a thread with its own event loop and its own store connection; it also
+    publishes the engine's control events."""
+
+    def __init__(self, home: Path, address: Address, settings: AgentsSettings) -> None:
+        self.home = home
+        self.address = address
+        self.settings = settings
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stop_event: asyncio.Event | None = None
+        self.js: Any = None
+        self.connected = threading.Event()
+        self.error: str | None = None
+        self.stored = 0
+        self.thread = threading.Thread(target=self._thread, name="carl-agents-bridge", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def _thread(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except Exception as exc:  # reported in the store by the engine; it restarts the bridge
+            self.error = " ".join(str(exc).split())[:300]
+            log.exception("agents bridge stopped")
+
+    async def _main(self) -> None:
+        from engine.store import Store
+
+        from .audit import AuditWriter, run_audit
+
+        self.loop = asyncio.get_running_loop()
+        self.stop_event = asyncio.Event()
+        nc = None
+        delay = 0.5
+        while nc is None and not self.stop_event.is_set():
+            try:
+                nc = await connect(self.address, "carl-engine-bridge")
+            except AgentsError as exc:
+                self.error = str(exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        if nc is None:
+            return
+        self.error = None
+        store = Store(paths.db_path(self.home))
+        try:
+            self.js = nc.jetstream()
+            await ensure_stream(self.js, self.settings.stream)
+            self.connected.set()
+
+            def stored(counts: Any) -> None:
+                self.stored += counts.stored + counts.rejected
+                if counts.reasons:
+                    log.warning(
+                        "agents: %d rejected payload(s); first: %s", counts.rejected, counts.reasons[0]
+                    )
+
+            await run_audit(self.js, AuditWriter(store), self.stop_event, on_batch=stored)
+        finally:
+            store.close()
+            with contextlib.suppress(Exception):
+                await bus_close(nc)
+
+    def publish(self, event: PlaneEvent, timeout: float = 5.0) -> None:
+        """Publish from the engine's thread; raises AgentsError when the plane cannot take it."""
+        if self.loop is None or not self.connected.is_set():
+            raise AgentsError("the agents plane is not connected yet")
+        future = asyncio.run_coroutine_threadsafe(publish(self.js, event, timeout=timeout), self.loop)
+        try:
+            future.result(timeout + 1)
+        except Exception as exc:
+            raise AgentsError(
+                f"cannot publish {event.TYPE}: {' '.join(str(exc).split()) or type(exc).__name__}"
+            ) from None
+
+    def stop(self, wait: float = 10.0) -> None:
+        if self.loop is not None and self.stop_event is not None:
+            with contextlib.suppress(RuntimeError):
+                self.loop.call_soon_threadsafe(self.stop_event.set)
+        self.thread.join(wait)
+
+
+# -- the plane -------------------------------------------------------------------------------------
+
+
+@dataclass
+class PlaneSpec:
+    """What `carl agents up` asked for (kept in the store, so a restarted engine brings it back)."""
+
+    workers: int = 2
+    tasks: str = "demo"  # "demo" or a JSONL path
+    train: bool = False
+    limit: int | None = None
+    config: str | None = None  # an agents.yaml path
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any]) -> PlaneSpec:
+        known = {
+            k: args[k] for k in ("workers", "tasks", "train", "limit", "config", "overrides") if k in args
+        }
+        spec = cls(**known)
+        if not isinstance(spec.workers, int) or isinstance(spec.workers, bool) or not 0 <= spec.workers <= 64:
+            raise AgentsError(f"workers: expected a number from 0 to 64, got {spec.workers!r}")
+        return spec
+
+
+def child_argv(role: str, home: Path, settings_file: Path, address: Address, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "engine.agents", role, "--home", str(home), "--settings", str(settings_file),
+            *address.argv(), *extra]  # fmt: skip
+
+
+class Plane:
+    """The engine's agents plane. Not thread-safe: the engine's loop calls it."""
+
+    def __init__(self, store: Store, home: Path) -> None:
+        self.store = store
+        self.home = home
+        self.spec: PlaneSpec | None = None
+        self.settings: AgentsSettings | None = None
+        self.address: Address | None = None
+        self.server: LocalServer | None = None
+        self.server_restarts = 0
+        self.server_retry_at: float | None = None
+        self.server_state = "down"
+        self.bridge: Bridge | None = None
+        self.children: dict[str, Child] = {}
+        self.awaiting: dict[int, float] = {}  # command id -> when it fails without an answer
+        self.next_worker = 1
+        self.said: dict[str, str] = {}
+
+    @property
+    def up(self) -> bool:
+        return self.spec is not None
+
+    # -- up and down -------------------------------------------------------------------------------
+
+    def restore(self) -> None:
+        """A plane the previous engine had up comes back up."""
+        wanted = kv_get(self.store, "agents.plane") or {}
+        if wanted.get("wanted") and wanted.get("spec"):
+            try:
+                log.info("agents: bringing the plane back up")
+                self.start(PlaneSpec.from_args(wanted["spec"]))
+            except Exception as exc:
+                log.warning("agents: the plane did not come back up: %s", exc)
+
+    def start(self, spec: PlaneSpec) -> str:
+        from .config import default_settings_path, load_settings
+        from .tasks import demo_tasks, load_tasks
+
+        if self.up:
+            raise AgentsError("the agents plane is already up (carl agents down first)")
+        config = spec.config or default_settings_path(self.home)
+        overrides = {
+            **spec.overrides,
+            "workers": spec.workers,
+            **({"train.enabled": True} if spec.train else {}),
+        }
+        settings = load_settings(config, overrides)
+        if spec.tasks != "demo":
+            load_tasks(Path(spec.tasks))  # a bad file fails here, in one line, before anything starts
+        else:
+            demo_tasks()
+        self.settings, self.spec = settings, spec
+        settings_file = write_settings(self.home, settings)
+        self.address = self._address(settings)
+        self.bridge = Bridge(self.home, self.address, settings)
+        self.bridge.start()
+        self._spawn("manager", "manager", *self._manager_args(spec))
+        for _ in range(spec.workers):
+            self._add_worker()
+        if settings.train.enabled:
+            self._spawn("trainer", "trainer")
+        kv_set(
+            self.store,
+            "agents.plane",
+            {"wanted": True, "spec": spec.__dict__, "settings": str(settings_file)},
+        )
+        self.publish_state()
+        what = f"manager, {spec.workers} worker{'s' if spec.workers != 1 else ''}" + (
+            ", trainer" if settings.train.enabled else ""
+        )
+        return f"agents plane up on {self.address.url}: {what} on {spec.tasks} tasks"
+
+    def _address(self, settings: AgentsSettings) -> Address:
+        from .bus import resolve_address
+
+        address = resolve_address(settings)  if (settings.url or _env_url()) else None  # fmt: skip
+        if address is not None:
+            self.server_state = "external"
+            return address
+        port = self._server_port()
+        self.server = LocalServer(self.home, port)
+        self.server.start()
+        self.server_state = "up"
+        return Address(local_url(port), str(token_path(self.home)), local=True)
+
+    def _server_port(self) -> int:
+        """The port of the last local server when it is still free (clients find it again), else a new one."""
+        previous = (kv_get(self.store, "agents.server") or {}).get("port")
+        if isinstance(previous, int) and port_is_free(previous):
+            return previous
+        return free_port()
+
+    def _manager_args(self, spec: PlaneSpec) -> list[str]:
+        args = ["--tasks", spec.tasks]
+        if spec.limit is not None:
+            args += ["--limit", str(spec.limit)]
+        else:
+            args += ["--cycle"]
+        return args
+
+    def stop(self) -> str:
+        if not self.up:
+            kv_set(self.store, "agents.plane", {"wanted": False})
+            return "the agents plane was not up"
+        for child in self.children.values():
+            child.stopping = True
+        stop_processes([c.proc for c in self.children.values()])
+        for child in self.children.values():
+            child.state = "stopped"
+        if self.bridge is not None:
+            self.bridge.stop()
+        if self.server is not None:
+            self.server.stop()
+        self.server_state = "stopped" if self.server is not None else "down"
+        self.publish_state()
+        self.spec, self.settings, self.bridge, self.server = None, None, None, None
+        self.children.clear()
+        kv_set(self.store, "agents.plane", {"wanted": False})
+        return "agents plane stopped"
+
+    def shutdown(self) -> None:
+        """The engine is stopping: stop the processes but remember that the plane should be up."""
+        if not self.up:
+            return
+        wanted = kv_get(self.store, "agents.plane")
+        self.stop()
+        if wanted:
+            kv_set(self.store, "agents.plane", wanted)
+
+    # -- children ------------------------------------------------------------------------------------
+
+    def _spawn(self, role: str, ident: str, *extra: str) -> Child:
+        assert self.address is not None
+        settings_file = plane_dir(self.home) / "plane.json"
+        argv = child_argv(role, self.home, settings_file, self.address, *extra)
+        if role == "worker":
+            argv += ["--id", ident]
+        child = Child(role, ident, argv, paths.logs_dir(self.home) / f"agents-{ident}.log")
+        child.spawn()
+        self.children[ident] = child
+        log.info("agents: started %s %s (pid %s)", role, ident, child.proc.pid if child.proc else "?")
+        return child
+
+    def _add_worker(self, command_id: int | None = None) -> str:
+        assert self.settings is not None
+        while f"w{self.next_worker}" in self.children:
+            self.next_worker += 1
+        ident = f"w{self.next_worker}"
+        extra = ["--kind", self.settings.worker_kind]
+        if command_id is not None:
+            extra += ["--command-id", str(command_id)]
+        self._spawn("worker", ident, *extra)
+        return ident
+
+    def tick(self) -> None:
+        if not self.up:
+            return
+        now = time.monotonic()
+        self._supervise_server(now)
+        self._supervise_bridge()
+        for child in list(self.children.values()):
+            self._supervise(child, now)
+        self._expire_answers()
+        self.publish_state()
+
+    def _supervise(self, child: Child, now: float) -> None:
+        if child.state in ("stopped", "failed"):
+            return
+        if child.proc is not None and child.proc.poll() is not None and child.state == "running":
+            code = child.proc.returncode
+            child.last_exit = code
+            if child.stopping or code == 0:
+                child.state = "stopped"  # it was asked to stop (or finished its work): leave it down
+                log.info("agents: %s %s exited (%s)", child.role, child.ident, code)
+                return
+            child.crashes = 0 if now - child.started_at > STABLE_S else child.crashes + 1
+            if child.crashes >= GIVE_UP_AFTER:
+                child.state = "failed"
+                log.error("agents: %s %s keeps crashing (exit %s); left down, see %s", child.role, child.ident,
+                          code, child.log_path)  # fmt: skip
+                return
+            delay = min(BACKOFF_START_S * 2**child.crashes, BACKOFF_MAX_S)
+            child.restart_at = now + delay
+            child.state = "restarting"
+            log.warning("agents: %s %s exited with status %s; restarting in %.0fs (log %s)", child.role,
+                        child.ident, code, delay, child.log_path)  # fmt: skip
+        if child.state == "restarting" and child.restart_at is not None and now >= child.restart_at:
+            if child.role == "trainer" and "--resume" not in child.argv:
+                child.argv.append("--resume")  # a restarted trainer carries on its run from its checkpoint
+            child.spawn()
+
+    def _supervise_server(self, now: float) -> None:
+        server = self.server
+        if server is None:
+            return
+        if server.proc is not None and server.proc.poll() is None:
+            return
+        if self.server_retry_at is None:
+            self.server_restarts += 1
+            delay = min(BACKOFF_START_S * 2 ** min(self.server_restarts - 1, 6), BACKOFF_MAX_S)
+            self.server_retry_at = now + delay
+            self.server_state = "restarting"
+            log.warning("agents: nats-server exited; restarting in %.0fs", delay)
+            return
+        if now < self.server_retry_at:
+            return
+        self.server_retry_at = None
+        try:
+            if not port_is_free(server.port) and not listening(server.port):
+                raise AgentsError(f"port {server.port} is taken")
+            server.start()
+            self.server_state = "up"
+            log.info("agents: nats-server back on 127.0.0.1:%d", server.port)
+        except AgentsError as exc:
+            self.server_state = "down"
+            self.say("server", str(exc))
+
+    def _supervise_bridge(self) -> None:
+        if self.bridge is None or self.bridge.alive() or self.address is None or self.settings is None:
+            return
+        log.warning("agents: the audit bridge stopped (%s); restarting it", self.bridge.error or "no reason")
+        self.bridge = Bridge(self.home, self.address, self.settings)
+        self.bridge.start()
+
+    def say(self, topic: str, message: str) -> None:
+        if self.said.get(topic) != message:
+            self.said[topic] = message
+            log.warning("agents: %s", message)
+
+    def publish_state(self) -> None:
+        server = {
+            "state": self.server_state, "url": self.address.url if self.address else None,
+            "port": self.server.port if self.server else None,
+            "pid": self.server.proc.pid if self.server and self.server.proc else None,
+            "restarts": self.server_restarts, "local": self.server is not None,
+            "bridge": ("connected" if self.bridge and self.bridge.connected.is_set() else
+                       (self.bridge.error or "connecting") if self.bridge else "down"),
+        }  # fmt: skip
+        processes = [c.describe() for c in self.children.values()]
+        if (kv_get(self.store, "agents.server"), self._last_processes()) != (server, processes):
+            kv_set(self.store, "agents.server", server)
+            wanted = kv_get(self.store, "agents.plane") or {}
+            kv_set(self.store, "agents.plane", {**wanted, "processes": processes})
+
+    def _last_processes(self) -> Any:
+        return (kv_get(self.store, "agents.plane") or {}).get("processes")
+
+    # -- commands from the control room ---------------------------------------------------------------
+
+    def command(self, command_id: int, verb: str, args: dict[str, Any]) -> str | None:
+        """Apply an `agents_*` engine command; returns its result, or None when the plane answers it later
+        (the status event that carries the command id finishes it)."""
+        from .events import ControlEvent
+
+        if verb == "agents_up":
+            return self.start(PlaneSpec.from_args(args))
+        if verb == "agents_down":
+            return self.stop()
+        if not self.up or self.bridge is None:
+            raise AgentsError("the agents plane is not up (carl agents up)")
+        if verb in ("agents_pause", "agents_resume"):
+            action = "pause_assignment" if verb == "agents_pause" else "resume_assignment"
+            manager = self.children.get("manager")
+            if manager is None or not manager.alive():
+                raise AgentsError("no manager is running")
+            self.bridge.publish(ControlEvent(action=action, target="manager", origin=str(args.get("origin", "tui")),
+                                             command_id=command_id))  # fmt: skip
+        elif verb == "agents_add_worker":
+            self._add_worker(command_id)
+        elif verb == "agents_stop_worker":
+            worker = str(args.get("worker_id") or "")
+            if not worker:
+                raise AgentsError("agents_stop_worker needs a 'worker_id'")
+            child = self.children.get(worker)
+            if child is not None:
+                child.stopping = True
+            self.bridge.publish(ControlEvent(action="stop_worker", target=worker, command_id=command_id,
+                                             origin=str(args.get("origin", "tui"))))  # fmt: skip
+        else:
+            raise AgentsError(f"unknown agents command {verb!r}")
+        self.awaiting[command_id] = time.monotonic() + ANSWER_WAIT_S
+        return None
+
+    def _expire_answers(self) -> None:
+        now = time.monotonic()
+        for command_id, deadline in list(self.awaiting.items()):
+            row = self.store.conn.execute("SELECT state FROM commands WHERE id=?", (command_id,)).fetchone()
+            if row is None or row[0] in ("done", "failed"):
+                del self.awaiting[command_id]
+            elif now >= deadline:
+                del self.awaiting[command_id]
+                self.store.finish_command(
+                    command_id, False, f"no answer from the plane in {ANSWER_WAIT_S:.0f}s"
+                )
+
+
+def _env_url() -> str | None:
+    from .config import env_url
+
+    return env_url()

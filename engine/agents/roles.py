@@ -1,0 +1,228 @@
+"""The plane's processes: a manager, a worker, a trainer, each run by `python -m engine.agents ROLE`.
+
+The engine spawns them with `--settings` (the plane's settings as JSON, written by the engine) and
+the plane's address (`--url`, and a token or creds *file*: no secret is ever in argv).
+`carl agents worker` runs the same worker by hand, on another machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from engine import paths
+from engine.errors import CarlError
+
+from .bus import Address, connect, ensure_stream, fetch, publish_retrying, pull, resolve_address
+from .bus import close as bus_close
+from .config import AgentsSettings
+from .events import EventRejected, TrainingRolloutEvent, parse_event
+from .server import AgentsError
+
+log = logging.getLogger("carl.agents")
+
+
+# -- building the parts -----------------------------------------------------------------------
+
+
+def build_scorer(settings: AgentsSettings, *, api_key: str | None = None, base_url: str | None = None) -> Any:
+    """The PRM step scorer with its judge, inside the environment profiles' combined scorer."""
+    from .scoring import ClaudeJudge, CombinedScorer, OfflineJudge, OpenAIJudge, PRMScorer
+
+    if settings.judge == "openai":
+        if not settings.judge_url or not settings.judge_model:
+            raise AgentsError("agents.judge openai needs agents.judge_url and agents.judge_model")
+        judge: Any = OpenAIJudge(
+            settings.judge_url, settings.judge_model, api_key=os.environ.get("CARL_JUDGE_API_KEY")
+        )
+    elif settings.judge == "claude":
+        key = api_key or os.environ.get("ANTHROPIC_API_KEY")
+        if not key:
+            raise AgentsError("agents.judge claude needs ANTHROPIC_API_KEY")
+        judge = ClaudeJudge(key, settings.claude_model or _claude_model(), base_url=base_url)
+    else:
+        judge = OfflineJudge()
+    return CombinedScorer(PRMScorer(judge, votes=settings.votes))
+
+
+def build_feedback(
+    settings: AgentsSettings, *, api_key: str | None = None, base_url: str | None = None
+) -> Any:
+    """Claude writes the manager's feedback when asked for and a key is there; otherwise the offline manager."""
+    from .feedback import ClaudeFeedback, OfflineFeedback
+
+    key = api_key or os.environ.get("ANTHROPIC_API_KEY")
+    if settings.feedback == "claude" and key:
+        return ClaudeFeedback(key, settings.claude_model or _claude_model(), base_url=base_url)
+    if settings.feedback == "claude":
+        log.warning("agents: no ANTHROPIC_API_KEY; the manager writes its feedback offline")
+    return OfflineFeedback()
+
+
+def _claude_model() -> str:
+    from engine.diagnosis.chat import DEFAULT_MODEL, MODEL_ENV
+
+    return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
+
+
+def task_specs(tasks: str) -> list[Any]:
+    from .tasks import demo_tasks, load_tasks
+
+    return demo_tasks() if tasks == "demo" else load_tasks(Path(tasks).expanduser())
+
+
+def group_size(settings: AgentsSettings) -> int:
+    return settings.train.group_size if settings.train.enabled else 1
+
+
+# -- the roles ---------------------------------------------------------------------------------
+
+
+async def run_manager(address: Address, settings: AgentsSettings, home: Path, *, tasks: str, limit: int | None,
+                      cycle: bool) -> int:  # fmt: skip
+    from .manager import Manager, TaskFeed
+
+    feed = TaskFeed(task_specs(tasks), limit=limit, cycle=cycle)
+    manager = Manager(address, settings, feed, build_scorer(settings), build_feedback(settings),
+                      group_size=group_size(settings), store_path=paths.db_path(home))  # fmt: skip
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, manager.stop.set)
+    summary = await manager.run()
+    log.info("manager: %s", summary.as_dict())
+    return 0
+
+
+async def run_trainer(address: Address, settings: AgentsSettings, home: Path, *, resume: bool = False,
+                      run_name: str = "agents-train") -> int:  # fmt: skip
+    """Train the served model from `training.rollouts`; each new adapter goes out on `model.updates`.
+
+    resume: a restarted trainer process carries on its run from the newest checkpoint.
+    """
+    from engine.store import Store
+
+    from .trainer import PlaneTrainer
+
+    store = Store(paths.db_path(home))
+    trainer = PlaneTrainer(settings.train, model=settings.model, home=home, store=store, run_name=run_name,
+                           temperature=settings.temperature)  # fmt: skip
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        stop.set()
+        if trainer.pump is not None:
+            trainer.pump.request_stop("stopped by a signal")
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    status, error = "failed", None
+    try:
+        await asyncio.to_thread(trainer.prepare, reopen=resume)
+        if resume:
+            step = await asyncio.to_thread(trainer.resume)
+            log.info("trainer: resumed %s at step %d", trainer.run_name, step)
+        nc = await connect(address, "carl-trainer", on_event=lambda what: log.info("trainer: %s", what))
+        js = nc.jetstream()
+        await ensure_stream(js, settings.stream)
+        sub = await pull(js, "training.rollouts", "trainer", ack_wait=120)
+        await _train_loop(js, sub, trainer, stop)
+        status = "finished" if trainer.finished else "stopped"
+        await bus_close(nc)
+    except Exception as exc:
+        error = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise
+    finally:
+        if trainer.pump is not None:
+            await asyncio.to_thread(trainer.close, status, error=error)
+        store.close()
+    return 0
+
+
+async def _train_loop(js: Any, sub: Any, trainer: Any, stop: asyncio.Event) -> None:
+    refused = 0
+    while not stop.is_set() and not trainer.done:
+        for msg in await fetch(sub, 32, 0.5):
+            try:
+                event = parse_event(msg.subject, msg.data)
+            except EventRejected:
+                await msg.term()
+                continue
+            if isinstance(event, TrainingRolloutEvent):
+                reason = trainer.add(event)
+                if reason is not None:
+                    refused += 1
+                    if refused <= 5 or refused % 100 == 0:
+                        log.info("trainer: not training on it: %s (%d refused so far)", reason, refused)
+            await msg.ack()
+        # One step when enough groups are ready (commands are applied either way; a paused run waits in it).
+        update = await asyncio.to_thread(trainer.step)
+        if update is not None:
+            await publish_retrying(js, update)
+            log.info("trainer: published %s (step %d)", update.model_version, update.step)
+
+
+# -- `python -m engine.agents ROLE` --------------------------------------------------------------
+
+
+def _address(args: argparse.Namespace, settings: AgentsSettings, home: Path) -> Address:
+    return resolve_address(settings, url=args.url, token_file=args.token_file, creds_file=getattr(args, "creds", None),
+                           home=home)  # fmt: skip
+
+
+def _settings(args: argparse.Namespace) -> AgentsSettings:
+    if args.settings:
+        try:
+            return AgentsSettings.model_validate_json(Path(args.settings).read_text())
+        except (OSError, ValueError) as exc:
+            raise AgentsError(
+                f"{args.settings}: not the plane's settings ({' '.join(str(exc).split())[:200]})"
+            ) from None
+    return AgentsSettings()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m engine.agents", description="one process of the agents plane"
+    )
+    parser.add_argument("role", choices=["manager", "worker", "trainer"])
+    parser.add_argument("--home", type=Path, default=None)
+    parser.add_argument(
+        "--settings", default=None, help="the plane's settings (JSON, as the engine writes them)"
+    )
+    parser.add_argument("--url", default=None)
+    parser.add_argument("--token-file", default=None)
+    parser.add_argument("--creds", default=None)
+    parser.add_argument("--tls-ca", default=None)
+    parser.add_argument("--tasks", default="demo")
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--cycle", action="store_true")
+    parser.add_argument("--kind", default=None)
+    parser.add_argument("--id", default=None)
+    parser.add_argument("--command-id", type=int, default=None)
+    parser.add_argument("--resume", action="store_true", help="trainer: carry on the run from its checkpoint")
+    args = parser.parse_args(argv)
+    home = args.home or paths.carl_home()
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s [{args.role} %(process)d] %(message)s",
+                        stream=sys.stderr)  # fmt: skip
+    try:
+        settings = _settings(args)
+        address = _address(args, settings, home)
+        if args.role == "manager":
+            return asyncio.run(run_manager(address, settings, home, tasks=args.tasks, limit=args.limit,
+                                           cycle=args.cycle))  # fmt: skip
+        if args.role == "trainer":
+            return asyncio.run(run_trainer(address, settings, home, resume=args.resume))
+        from .worker import run_worker
+
+        return asyncio.run(run_worker(address, settings, kind=args.kind or settings.worker_kind, home=home,
+                                      worker_id=args.id, command_id=args.command_id))  # fmt: skip
+    except CarlError as exc:
+        print(f"carl agents {args.role}: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,395 @@
+"""A worker: takes tasks of one type from the plane, answers them with a model, publishes results.
+
+Two kinds, both real:
+- `model`: a transformers model on this machine (the built-in tiny model by default). It samples at
+  the configured temperature and reports, per generated token, the behaviour policy's log-prob, so
+  the trainer's importance ratio is exact; it hot-swaps each new LoRA adapter without restarting.
+- `http`: any OpenAI-compatible server (vLLM, llama.cpp's server, Ollama) over httpx; with
+  `endpoint_lora` it loads each new adapter through vLLM's runtime LoRA API and then requests it.
+
+The workers of a task type share one durable consumer (their queue group): each task goes to one
+worker, which acknowledges it once its result is stored in the stream. A worker that dies before
+that leaves the task unacknowledged, and the stream gives it to another worker after the ack wait.
+Every reply is in the `<step>…</step>` / `<answer>…</answer>` format; work that fails is answered
+with `status=failed` and the reason. Each result names the model version that produced it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import nats
+from nats.js.api import DeliverPolicy
+
+from engine.errors import CarlError
+
+from .bus import Address, connect, ensure_stream, fetch, publish_retrying, pull
+from .bus import close as bus_close
+from .config import AgentsSettings
+from .events import (
+    ControlEvent,
+    EventRejected,
+    ModelUpdateEvent,
+    ResultEvent,
+    TaskEvent,
+    WorkerStatusEvent,
+    parse_event,
+)
+from .scoring import render_reply, split_reply
+
+log = logging.getLogger("carl.agents")
+
+SYSTEM_PROMPT = (
+    "Solve the task step by step. Write each step inside <step>...</step>, "
+    "then the final answer inside <answer>...</answer>."
+)
+HEARTBEAT_S = 10.0  # an idle worker says it is alive this often
+MAX_DELIVER = 5  # a task that made this many workers fail or vanish is not handed out again
+
+
+@dataclass
+class Answer:
+    """What a backend made of one task."""
+
+    reply: str  # the model's raw text
+    prompt_token_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    temperature: float | None = None
+    phi_mean: float | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    kind: str
+    model: str
+    version: str
+
+    def answer(self, task: TaskEvent) -> Answer: ...
+
+    def hot_swap(self, update: ModelUpdateEvent) -> str:
+        """Serve the update's adapter from now on; returns what was done, in one line."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class WorkerError(CarlError):
+    """A worker cannot start (its model or endpoint is unusable); one line."""
+
+
+# -- backends ----------------------------------------------------------------------------------
+
+
+class ModelBackend:
+    """A transformers model on this machine (engine.agents.policy)."""
+
+    kind = "model"
+
+    def __init__(self, settings: AgentsSettings, home: Path, *, seed: int = 0) -> None:
+        from .policy import LocalPolicy
+
+        self.settings = settings
+        self.model = settings.model
+        self.policy = LocalPolicy.load(settings.model, home, seed=seed)
+
+    @property
+    def version(self) -> str:
+        return str(self.policy.version)
+
+    def answer(self, task: TaskEvent) -> Answer:
+        generation = self.policy.generate(
+            task.prompt, system=self.settings.system_prompt or SYSTEM_PROMPT,
+            max_new_tokens=self.settings.max_new_tokens, temperature=self.settings.temperature, seed=None,
+        )  # fmt: skip
+        return Answer(
+            reply=generation.text, prompt_token_ids=list(generation.prompt_token_ids),
+            token_ids=list(generation.token_ids), logprobs=[float(x) for x in generation.logprobs],
+            temperature=self.settings.temperature, phi_mean=_unit(generation.phi_mean),
+        )  # fmt: skip
+
+    def hot_swap(self, update: ModelUpdateEvent) -> str:
+        self.policy.swap_adapter(
+            Path(update.checkpoint_path), update.model_version, update.base_fingerprint or None
+        )
+        return f"serving adapter {update.model_version}"
+
+    def close(self) -> None:
+        pass
+
+
+class HttpBackend:
+    """An OpenAI-compatible chat completions endpoint (vLLM, llama.cpp server, Ollama)."""
+
+    kind = "http"
+
+    def __init__(self, settings: AgentsSettings, *, timeout: float | None = None) -> None:
+        import httpx
+
+        if not settings.endpoint:
+            raise WorkerError("an http worker needs an endpoint (--endpoint or agents.endpoint)")
+        self.settings = settings
+        self.endpoint = settings.endpoint.rstrip("/")
+        self.model = settings.endpoint_model or settings.model
+        self.version = self.model
+        key = os.environ.get("CARL_WORKER_API_KEY") or os.environ.get("OPENAI_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.client = httpx.Client(base_url=self.endpoint, headers=headers,
+                                   timeout=timeout or settings.task_timeout_s)  # fmt: skip
+        self.logprobs = True  # asked for until the server refuses them
+
+    def answer(self, task: TaskEvent) -> Answer:
+        body: dict[str, Any] = {
+            "model": self.version,
+            "messages": [{"role": "system", "content": self.settings.system_prompt or SYSTEM_PROMPT},
+                         {"role": "user", "content": task.prompt}],
+            "temperature": self.settings.temperature,
+            "max_tokens": self.settings.max_new_tokens,
+        }  # fmt: skip
+        if self.logprobs:
+            body["logprobs"] = True
+        response = self.client.post("/chat/completions", json=body)
+        if response.status_code == 400 and self.logprobs and "logprob" in response.text.lower():
+            self.logprobs = False  # a server without log-prob support: ask without them from now on
+            body.pop("logprobs")
+            response = self.client.post("/chat/completions", json=body)
+        if response.status_code != 200:
+            raise WorkerError(f"{self.endpoint}: HTTP {response.status_code}: {_snippet(response.text)}")
+        try:
+            choice = response.json()["choices"][0]
+            reply = choice["message"]["content"] or ""
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise WorkerError(f"{self.endpoint}: not a chat completion: {_snippet(response.text)}") from None
+        content = ((choice.get("logprobs") or {}).get("content")) or []
+        logprobs = [float(t["logprob"]) for t in content if isinstance(t, dict) and "logprob" in t]
+        return Answer(reply=reply, logprobs=logprobs, temperature=self.settings.temperature,
+                      metadata={"finish_reason": choice.get("finish_reason")})  # fmt: skip
+
+    def hot_swap(self, update: ModelUpdateEvent) -> str:
+        if not self.settings.endpoint_lora:
+            return f"keeps serving {self.version}: {self.endpoint} loads no adapters (agents.endpoint_lora is off)"
+        response = self.client.post("/load_lora_adapter",
+                                    json={"lora_name": update.model_version, "lora_path": update.checkpoint_path})  # fmt: skip
+        if response.status_code != 200:
+            raise WorkerError(f"{self.endpoint}: loading adapter {update.model_version} failed: "
+                              f"HTTP {response.status_code}: {_snippet(response.text)}")  # fmt: skip
+        self.version = update.model_version  # the name the server loaded is the name requested
+        return f"serving adapter {update.model_version} from {self.endpoint}"
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _snippet(text: str) -> str:
+    return " ".join(text.split())[:160]
+
+
+def _unit(value: float | None) -> float | None:
+    if value is None or value != value:
+        return None
+    return min(1.0, max(0.0, float(value)))
+
+
+def make_backend(kind: str, settings: AgentsSettings, home: Path) -> Backend:
+    if kind == "model":
+        return ModelBackend(settings, home)
+    if kind == "http":
+        return HttpBackend(settings)
+    raise WorkerError(f"--kind {kind!r}: expected model or http")
+
+
+def default_worker_id(kind: str) -> str:
+    host = "".join(c if c.isalnum() or c in "-_" else "-" for c in socket.gethostname())[:24]
+    return f"{kind}-{host}-{os.getpid()}"
+
+
+# -- the worker --------------------------------------------------------------------------------
+
+
+class Worker:
+    """One worker process's loop: fetch a task, answer it, publish the result, acknowledge."""
+
+    def __init__(self, address: Address, settings: AgentsSettings, backend: Backend, *, worker_id: str,
+                 command_id: int | None = None) -> None:  # fmt: skip
+        self.address = address
+        self.settings = settings
+        self.backend = backend
+        self.worker_id = worker_id
+        self.task_type = settings.task_type
+        self.command_id = command_id  # the "add worker" command this worker answers when it is up
+        self.stop = asyncio.Event()
+        self.stop_command: int | None = None
+        self.state = "starting"
+        self.task_id: str | None = None
+        self.done = 0
+        self.failures = 0
+        self.last_status = 0.0
+        self.lock = asyncio.Lock()  # a hot-swap waits for the task in hand
+        self.js: Any = None
+        self.nc: Any = None
+
+    async def run(self) -> None:
+        self.nc = await connect(self.address, f"carl-worker-{self.worker_id}", on_event=self._connection)
+        self.js = self.nc.jetstream()
+        try:
+            await ensure_stream(self.js, self.settings.stream)
+            tasks = await pull(self.js, f"tasks.{self.task_type}", f"workers-{self.task_type}",
+                               ack_wait=self.settings.ack_wait_s, max_ack_pending=1000)  # fmt: skip
+            await self._subscribe_controls()
+            await self._subscribe_updates()
+            await self.status("idle", command_id=self.command_id, detail=f"serving {self.backend.version}")
+            while not self.stop.is_set():
+                msgs = await self._fetch(tasks)
+                for msg in msgs:
+                    await self.handle(msg)
+                if not msgs and time.monotonic() - self.last_status > HEARTBEAT_S:
+                    await self.status(self.state)
+            await self.status("stopped", command_id=self.stop_command, detail="stopped on request")
+        finally:
+            with contextlib.suppress(Exception):
+                await bus_close(self.nc)
+            self.backend.close()
+
+    async def _fetch(self, sub: Any) -> list[Any]:
+        try:
+            return await fetch(sub, 1, 1.0)
+        except (nats.errors.ConnectionClosedError, nats.errors.NoRespondersError,
+                nats.js.errors.ServiceUnavailableError, nats.js.errors.APIError) as exc:  # fmt: skip
+            log.debug("fetch: %s", exc)
+            await asyncio.sleep(0.25)  # the server is away: the client reconnects on its own
+            return []
+
+    def _connection(self, what: str) -> None:
+        log.info("worker %s: %s", self.worker_id, what)
+
+    async def handle(self, msg: Any) -> None:
+        try:
+            task = parse_event(msg.subject, msg.data)
+        except EventRejected as exc:
+            log.warning("worker %s: rejected a message on %s: %s", self.worker_id, msg.subject, exc)
+            await msg.term()  # never handed to anyone again; the audit keeps it, with the reason
+            return
+        if not isinstance(task, TaskEvent):
+            await msg.term()
+            return
+        if msg.metadata.num_delivered > MAX_DELIVER:
+            await msg.term()
+            return
+        async with self.lock:
+            self.task_id = task.task_id
+            await self.status("busy")
+            started = time.monotonic()
+            try:
+                answer = await asyncio.to_thread(self.backend.answer, task)
+                result = self._result(task, answer, time.monotonic() - started)
+            except Exception as exc:  # the work failed: say so, with the reason, and move on
+                reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+                result = ResultEvent(
+                    task_id=task.task_id, worker_id=self.worker_id, task_type=task.task_type,
+                    environment=task.environment, prompt=task.prompt, status="failed", result=reason,
+                    error=reason, elapsed_seconds=time.monotonic() - started, model_version=self.backend.version,
+                    worker_kind=self.backend.kind,
+                )  # fmt: skip
+            await publish_retrying(self.js, result)
+            await msg.ack()
+            if result.status == "success":
+                self.done += 1
+            else:
+                self.failures += 1
+            self.task_id = None
+            await self.status("idle")
+
+    def _result(self, task: TaskEvent, answer: Answer, elapsed: float) -> ResultEvent:
+        steps, final = split_reply(answer.reply)
+        return ResultEvent(
+            task_id=task.task_id, worker_id=self.worker_id, task_type=task.task_type,
+            environment=task.environment, prompt=task.prompt, status="success", result=render_reply(steps, final),
+            steps=steps, answer=final, elapsed_seconds=elapsed, model_version=self.backend.version,
+            worker_kind=self.backend.kind, prompt_token_ids=answer.prompt_token_ids,
+            response_token_ids=answer.token_ids, token_logprobs=answer.logprobs, temperature=answer.temperature,
+            phi_mean=answer.phi_mean, metadata=answer.metadata,
+        )  # fmt: skip
+
+    async def status(self, state: str, *, command_id: int | None = None, detail: str = "") -> None:
+        self.state = state if state != "stopped" else self.state
+        event = WorkerStatusEvent(
+            worker_id=self.worker_id, kind=self.backend.kind, task_types=[self.task_type], model=self.backend.model,
+            model_version=self.backend.version, state=state, task_id=self.task_id, tasks_done=self.done,
+            failures=self.failures, host=socket.gethostname(), pid=os.getpid(), detail=detail, command_id=command_id,
+        )  # fmt: skip
+        self.last_status = time.monotonic()
+        try:
+            await publish_retrying(self.js, event, attempts=10)
+        except Exception as exc:  # a status is informative; the work goes on without it
+            log.debug("status not published: %s", exc)
+
+    # -- controls and model updates --------------------------------------------------------------
+
+    async def _subscribe_controls(self) -> None:
+        async def on_control(msg: Any) -> None:
+            try:
+                event = parse_event(msg.subject, msg.data)
+            except EventRejected as exc:
+                log.warning("worker %s: rejected control: %s", self.worker_id, exc)
+                return
+            if not isinstance(event, ControlEvent):
+                return
+            if event.target not in ("workers", self.worker_id):
+                return
+            if event.action in ("stop_worker", "shutdown"):
+                self.stop_command = event.command_id
+                self.stop.set()
+
+        # Core subscriptions: a control matters to the workers up when it is sent (the stream keeps it
+        # for the audit); the client renews them itself after a reconnect.
+        await self.nc.subscribe("control.workers", cb=on_control)
+        await self.nc.subscribe(f"control.workers.{self.worker_id}", cb=on_control)
+
+    async def _subscribe_updates(self) -> None:
+        async def on_update(msg: Any) -> None:
+            try:
+                event = parse_event(msg.subject, msg.data)
+            except EventRejected as exc:
+                log.warning("worker %s: rejected model update: %s", self.worker_id, exc)
+                return
+            if not isinstance(event, ModelUpdateEvent):
+                return
+            if (
+                event.target_worker_id not in (None, self.worker_id)
+                or event.model_version == self.backend.version
+            ):
+                return
+            async with self.lock:
+                try:
+                    detail = await asyncio.to_thread(self.backend.hot_swap, event)
+                except Exception as exc:
+                    detail = f"kept {self.backend.version}: {' '.join(str(exc).split())[:200]}"
+                    log.warning("worker %s: %s", self.worker_id, detail)
+                await self.status(self.state, detail=detail)
+
+        # The newest update first (a worker that joins late serves the current adapter), then each new one.
+        await self.js.subscribe("model.updates", cb=on_update, ordered_consumer=True,
+                                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)  # fmt: skip
+
+
+async def run_worker(address: Address, settings: AgentsSettings, *, kind: str, home: Path,
+                     worker_id: str | None = None, command_id: int | None = None) -> int:  # fmt: skip
+    """A worker process until it is told to stop (a control, SIGTERM or SIGINT)."""
+    backend = await asyncio.to_thread(make_backend, kind, settings, home)
+    worker = Worker(
+        address, settings, backend, worker_id=worker_id or default_worker_id(kind), command_id=command_id
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stop.set)
+    await worker.run()
+    return 0
