@@ -235,6 +235,14 @@ async def pull(js: JetStreamContext, subject: str, durable: str, *, ack_wait: fl
     return await js.pull_subscribe(subject, durable=durable, stream=STREAM, config=config)
 
 
+TRAINER_DURABLE = "trainer"  # the trainer's consumer of training.rollouts
+
+
+async def trainer_subscription(js: JetStreamContext) -> Any:
+    """The trainer's durable consumer; made before the trainer starts, rollouts wait for it in the stream."""
+    return await pull(js, "training.rollouts", TRAINER_DURABLE, ack_wait=120)
+
+
 async def fetch(sub: Any, batch: int, timeout: float) -> list[Any]:
     """Up to `batch` messages, or none after `timeout` (no exception for an empty wait)."""
     try:

@@ -237,7 +237,7 @@ async def headless(home: Path, settings: AgentsSettings, specs: list[Any], *, li
 
     from .audit import AuditWriter, run_audit
     from .bus import close as bus_close
-    from .bus import connect, ensure_stream
+    from .bus import connect, ensure_stream, trainer_subscription
     from .manager import Manager, TaskFeed
     from .plane import stop_processes, write_settings
     from .roles import build_feedback, build_scorer, group_size
@@ -263,6 +263,7 @@ async def headless(home: Path, settings: AgentsSettings, specs: list[Any], *, li
             )
         trainer = None
         if settings.train.enabled:
+            await (await trainer_subscription(js)).unsubscribe()  # rollouts wait for the trainer in the stream
             trainer = _spawn(home, "trainer", settings_file, address, [], "trainer")
         manager = Manager(address, settings, TaskFeed(specs, limit=limit, cycle=False),
                           build_scorer(settings, api_key=api_key, base_url=base_url),
@@ -273,7 +274,9 @@ async def headless(home: Path, settings: AgentsSettings, specs: list[Any], *, li
         watch.cancel()
         if trainer is not None:
             await _drained(js, "trainer")  # every rollout reached the trainer before it is told to stop
-        await asyncio.to_thread(stop_processes, [*procs, trainer])
+            await asyncio.to_thread(stop_processes, [trainer], 120.0)  # it finishes the step in hand
+            await _serving_latest(home, procs)
+        await asyncio.to_thread(stop_processes, procs)
         await _drained(js, "carl-audit")
         stop_audit.set()
         await audit
@@ -363,6 +366,27 @@ async def _drained(js: Any, consumer: str, timeout: float = 60.0) -> None:
         if info.num_pending == 0 and info.num_ack_pending == 0:
             return
         await asyncio.sleep(0.05)
+
+
+async def _serving_latest(home: Path, procs: list[subprocess.Popen[bytes]], timeout: float = 30.0) -> None:
+    """Until every live worker says it serves the newest adapter the trainer published (each swaps it in
+    between two tasks), so a run that trained ends with its workers on the trained model."""
+    from engine.store import StoreReader
+
+    deadline = time.monotonic() + timeout
+    reader = StoreReader(paths.db_path(home))
+    try:
+        while time.monotonic() < deadline:
+            latest = (reader.kv("agents.model") or {}).get("model_version")
+            if latest is None:
+                return
+            pids = {p.pid for p in procs if p.poll() is None}
+            behind = [w for w in reader.agent_workers() if w["pid"] in pids and w["model_version"] != latest]
+            if not behind:
+                return
+            await asyncio.sleep(0.1)
+    finally:
+        reader.close()
 
 
 def _stored_counts(store: Any) -> dict[str, int]:

@@ -19,7 +19,15 @@ from typing import Any
 from engine import paths
 from engine.errors import CarlError
 
-from .bus import Address, connect, ensure_stream, fetch, publish_retrying, pull, resolve_address
+from .bus import (
+    Address,
+    connect,
+    ensure_stream,
+    fetch,
+    publish_retrying,
+    resolve_address,
+    trainer_subscription,
+)
 from .bus import close as bus_close
 from .config import AgentsSettings
 from .events import EventRejected, TrainingRolloutEvent, parse_event
@@ -116,9 +124,7 @@ async def run_trainer(address: Address, settings: AgentsSettings, home: Path, *,
     loop = asyncio.get_running_loop()
 
     def on_signal() -> None:
-        stop.set()
-        if trainer.pump is not None:
-            trainer.pump.request_stop("stopped by a signal")
+        stop.set()  # the groups already in are trained first; then the run stops with a checkpoint
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
@@ -131,8 +137,9 @@ async def run_trainer(address: Address, settings: AgentsSettings, home: Path, *,
         nc = await connect(address, "carl-trainer", on_event=lambda what: log.info("trainer: %s", what))
         js = nc.jetstream()
         await ensure_stream(js, settings.stream)
-        sub = await pull(js, "training.rollouts", "trainer", ack_wait=120)
+        sub = await trainer_subscription(js)
         await _train_loop(js, sub, trainer, stop)
+        await _train_what_is_ready(js, trainer)
         status = "finished" if trainer.finished else "stopped"
         await bus_close(nc)
     except Exception as exc:
@@ -143,6 +150,17 @@ async def run_trainer(address: Address, settings: AgentsSettings, home: Path, *,
             await asyncio.to_thread(trainer.close, status, error=error)
         store.close()
     return 0
+
+
+async def _train_what_is_ready(js: Any, trainer: Any) -> None:
+    """Asked to stop: train the complete groups already received, then stop with a checkpoint."""
+    while not trainer.done and trainer.ready() >= trainer.settings.groups_per_update:
+        update = await asyncio.to_thread(trainer.step)
+        if update is not None:
+            await publish_retrying(js, update)
+    if not trainer.done:
+        trainer.pump.request_stop("the plane stopped")
+        await asyncio.to_thread(trainer.step)  # applies the stop: the checkpoint is saved
 
 
 async def _train_loop(js: Any, sub: Any, trainer: Any, stop: asyncio.Event) -> None:

@@ -32,7 +32,7 @@ from nats.js.api import DeliverPolicy
 
 from engine.errors import CarlError
 
-from .bus import Address, connect, ensure_stream, fetch, publish_retrying, pull
+from .bus import STREAM, Address, connect, ensure_stream, fetch, publish_retrying, pull
 from .bus import close as bus_close
 from .config import AgentsSettings
 from .events import (
@@ -355,30 +355,41 @@ class Worker:
         await self.nc.subscribe(f"control.workers.{self.worker_id}", cb=on_control)
 
     async def _subscribe_updates(self) -> None:
-        async def on_update(msg: Any) -> None:
-            try:
-                event = parse_event(msg.subject, msg.data)
-            except EventRejected as exc:
-                log.warning("worker %s: rejected model update: %s", self.worker_id, exc)
-                return
-            if not isinstance(event, ModelUpdateEvent):
-                return
-            if (
-                event.target_worker_id not in (None, self.worker_id)
-                or event.model_version == self.backend.version
-            ):
-                return
-            async with self.lock:
-                try:
-                    detail = await asyncio.to_thread(self.backend.hot_swap, event)
-                except Exception as exc:
-                    detail = f"kept {self.backend.version}: {' '.join(str(exc).split())[:200]}"
-                    log.warning("worker %s: %s", self.worker_id, detail)
-                await self.status(self.state, detail=detail)
+        """Serve the newest adapter before the first task (a worker that joins late is not behind),
+        then swap in each new one between two tasks."""
+        try:
+            last = await self.js.get_last_msg(STREAM, "model.updates")
+        except nats.js.errors.NotFoundError:
+            last = None
+        if last is not None and last.data:
+            await self._apply_update(str(last.subject), last.data)
 
-        # The newest update first (a worker that joins late serves the current adapter), then each new one.
+        async def on_update(msg: Any) -> None:
+            await self._apply_update(msg.subject, msg.data)
+
+        # From the last update on (the one just applied is skipped: its version is already served).
         await self.js.subscribe("model.updates", cb=on_update, ordered_consumer=True,
                                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)  # fmt: skip
+
+    async def _apply_update(self, subject: str, data: bytes) -> None:
+        try:
+            event = parse_event(subject, data)
+        except EventRejected as exc:
+            log.warning("worker %s: rejected a model update: %s", self.worker_id, exc)
+            return
+        if not isinstance(event, ModelUpdateEvent):
+            return
+        if event.target_worker_id not in (None, self.worker_id) or event.model_version == self.backend.version:
+            return
+        async with self.lock:
+            try:
+                detail = await asyncio.to_thread(self.backend.hot_swap, event)
+            except Exception as exc:
+                detail = f"kept {self.backend.version}: {' '.join(str(exc).split())[:200]}"
+                log.warning("worker %s: %s", self.worker_id, detail)
+            else:
+                log.info("worker %s: %s", self.worker_id, detail)
+            await self.status(self.state, detail=detail)
 
 
 async def run_worker(address: Address, settings: AgentsSettings, *, kind: str, home: Path,
