@@ -16,7 +16,8 @@ from support import status_text, until
 from carl_tui.app import ControlRoom, RunList
 from carl_tui.config import load_config
 from engine.store import SCHEMA_VERSION, Store
-from widgets.activity import AGENTS_EMPTY, TRAJECTORIES_EMPTY
+from widgets.activity import TRAJECTORIES_EMPTY
+from widgets.agents import AGENTS_EMPTY
 from widgets.chart import Chart
 from widgets.reward_bars import RewardBars
 

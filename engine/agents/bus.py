@@ -148,10 +148,14 @@ async def connect(
             on_event("reconnected")
 
     options.update(error_cb=error_cb, disconnected_cb=disconnected_cb, reconnected_cb=reconnected_cb)
+
     # nats-py retries even the first connection when reconnecting is allowed (a wrong token would hang
     # forever), so a probe without reconnects comes first: it fails fast, with the server's reason.
-    probe = {**options, "allow_reconnect": False, "max_reconnect_attempts": 0, "disconnected_cb": None,
-             "reconnected_cb": None}  # fmt: skip
+    async def probe_error(exc: Exception) -> None:
+        failure.append(exc)  # reported once, by the AgentsError below
+
+    probe = {**options, "allow_reconnect": False, "max_reconnect_attempts": 0, "error_cb": probe_error,
+             "disconnected_cb": None, "reconnected_cb": None}  # fmt: skip
     attempts = [probe]
     if reconnect:
         attempts.append(options)

@@ -263,7 +263,9 @@ async def headless(home: Path, settings: AgentsSettings, specs: list[Any], *, li
             )
         trainer = None
         if settings.train.enabled:
-            await (await trainer_subscription(js)).unsubscribe()  # rollouts wait for the trainer in the stream
+            await (
+                await trainer_subscription(js)
+            ).unsubscribe()  # rollouts wait for the trainer in the stream
             trainer = _spawn(home, "trainer", settings_file, address, [], "trainer")
         manager = Manager(address, settings, TaskFeed(specs, limit=limit, cycle=False),
                           build_scorer(settings, api_key=api_key, base_url=base_url),
@@ -414,8 +416,6 @@ def _worker(args: argparse.Namespace, home: Path) -> int:
     settings = _settings(args, home, **extra)
     address = resolve_address(settings, home=home, local_port=_local_port(home))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    print(f"worker joining {address.url} (task type {settings.task_type}, {args.kind or settings.worker_kind})",
-          file=sys.stderr)  # fmt: skip
     return asyncio.run(run_worker(address, settings, kind=args.kind or settings.worker_kind, home=home,
                                   worker_id=args.id))  # fmt: skip
 

@@ -150,13 +150,39 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
         return AgentsSettings.model_validate(data)
     except ValidationError as exc:
         error = exc.errors()[0]
+        loc = tuple(error["loc"])
         message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"]
         message = message.removeprefix("Value error, ")
-        overridden = any(
-            key.split(".")[0] == str(error["loc"][0]) for key in (overrides or {}) if error["loc"]
-        )
-        where = f"{_field_path(tuple(error['loc']))}" + (" (from the command line)" if overridden else "")
-        raise AgentsConfigError(f"{source}: {where}: {message}") from None
+        given = [key for key, value in (overrides or {}).items() if value is not None]
+        overridden = bool(loc) and any(tuple(key.split(".")) == tuple(map(str, loc[: key.count(".") + 1]))
+                                       for key in given)  # fmt: skip
+        if overridden:
+            raise AgentsConfigError(f"{_field_path(loc)} (from the command line): {message}") from None
+        line = _line_of(Path(path), loc) if path is not None else None
+        raise AgentsConfigError(
+            f"{source}{f':{line}' if line else ''}: {_field_path(loc)}: {message}"
+        ) from None
+
+
+def _line_of(path: Path, loc: tuple[Any, ...]) -> int | None:
+    """The line of `agents.<loc>` in the YAML file (1-based), for the error message; None if not found."""
+    try:
+        node = yaml.compose(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    line = None
+    for part in ("agents", *loc):
+        if isinstance(node, yaml.MappingNode):
+            match = next(((k, v) for k, v in node.value if k.value == str(part)), None)
+            if match is None:
+                return line
+            line, node = match[0].start_mark.line + 1, match[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
 
 
 def _read_section(path: Path) -> dict[str, Any]:

@@ -11,6 +11,7 @@ judgement and says so.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -99,19 +100,22 @@ class OfflineFeedback:
     def assess(self, prompt: str, steps: Sequence[str], answer: str) -> Feedback:
         if not answer.strip():
             return Feedback.of(dict.fromkeys(DIMENSIONS, 0.0), "There is no answer to judge.", "offline")
-        correctness, why_correct = self.correctness(prompt, answer)
-        completeness, why_complete = self.completeness(prompt, answer)
+        work = "\n".join([*steps, answer])  # the answer is judged with the steps that lead to it
+        correctness, why_correct = self.correctness(prompt, answer, work)
+        completeness, why_complete = self.completeness(prompt, work)
         quality, why_quality = self.quality(steps, answer)
         dimensions = {"correctness": correctness, "completeness": completeness, "quality": quality}
         reasons = {"correctness": why_correct, "completeness": why_complete, "quality": why_quality}
         return Feedback.of(dimensions, _advice(dimensions, reasons), "offline")
 
     @staticmethod
-    def correctness(prompt: str, answer: str) -> tuple[float, str]:
+    def correctness(prompt: str, answer: str, work: str | None = None) -> tuple[float, str]:
+        """The answer's claims against the prompt; a number the steps worked out (checked
+        arithmetic in `work`) counts as grounded."""
         source = Source.of(prompt)
         verdicts = [claim_verdict(claim, source) for claim in claims(answer)]
         answer_numbers, names = facts(answer)
-        derived, wrong = equations(answer)
+        derived, wrong = equations(work if work is not None else answer)
         checked = answer_numbers | names
         loose = sorted(f for f in checked if f not in derived and not source.grounds(f))
         verdict = mean(verdicts, NEUTRAL)
@@ -132,26 +136,48 @@ class OfflineFeedback:
     def completeness(prompt: str, answer: str) -> tuple[float, str]:
         wanted = salient_terms(prompt)
         if not wanted:
-            return 0.4 + 0.6 * NEUTRAL, "the task names nothing to look for"
+            return NEUTRAL, "the task names nothing to look for"
         terms, lowered = salient_terms(answer), answer.lower()
         missing = sorted(term for term in wanted if not covers(term, terms, lowered))
         share = 1 - len(missing) / len(wanted)
         why = f"it leaves out {', '.join(repr(t) for t in missing[:3])}" if missing else "it covers the task"
-        return clamp01(0.4 + 0.6 * share), why
+        return clamp01(share), why
 
     def quality(self, steps: Sequence[str], answer: str) -> tuple[float, str]:
         concision = self.answer_band.score(answer)
         ratio = distinct_ratio(answer)
         variety = min(1.0, ratio / 0.5) if len(answer.split()) >= 6 else 1.0
         form, form_why = _form(steps, answer)
-        if concision < 1.0:
+        readable = readability(answer)
+        if readable < 0.8:
+            why = f"it is mostly unreadable ({readable:.0%} of it reads as words)"
+        elif concision < 1.0:
             count = len(answer.split())
             why = f"it is {'too long' if count > self.answer_band.max_words else 'too short'} ({count} words)"
         elif variety < 1.0:
             why = f"it repeats itself ({ratio:.0%} distinct words)"
         else:
             why = form_why
-        return clamp01(mean([concision, variety, form])), why
+        return clamp01(mean([concision, variety, form]) * readable), why
+
+
+_WORDLIKE = re.compile(r"^[\w\"'{}\[\]:;,.!?()\-+*/=<>@#$%&|~^`]+$")
+_LETTERS = re.compile(r"[^\W\d_]{4,}")
+
+
+def readability(text: str) -> float:
+    """The share of the text's whitespace-separated words that read as words (1.0 for no words)."""
+    words = text.split()
+    if not words:
+        return 1.0
+    return sum(1 for word in words if _reads(word)) / len(words)
+
+
+def _reads(word: str) -> bool:
+    if "\ufffd" in word or not _WORDLIKE.match(word) or len(word) > 40:
+        return False
+    runs = _LETTERS.findall(word)
+    return all(len(run) < 20 and any(c in "aeiouyAEIOUY" for c in run) for run in runs)
 
 
 def _form(steps: Sequence[str], answer: str) -> tuple[float, str]:

@@ -240,6 +240,8 @@ class Worker:
     async def run(self) -> None:
         self.nc = await connect(self.address, f"carl-worker-{self.worker_id}", on_event=self._connection)
         self.js = self.nc.jetstream()
+        log.info("worker %s (%s, %s) on %s, taking %s tasks", self.worker_id, self.backend.kind, self.backend.model,
+                 self.address.url, self.task_type)  # fmt: skip
         try:
             await ensure_stream(self.js, self.settings.stream)
             tasks = await pull(self.js, f"tasks.{self.task_type}", f"workers-{self.task_type}",
@@ -379,7 +381,10 @@ class Worker:
             return
         if not isinstance(event, ModelUpdateEvent):
             return
-        if event.target_worker_id not in (None, self.worker_id) or event.model_version == self.backend.version:
+        if (
+            event.target_worker_id not in (None, self.worker_id)
+            or event.model_version == self.backend.version
+        ):
             return
         async with self.lock:
             try:
