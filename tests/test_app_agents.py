@@ -123,6 +123,11 @@ def pane_title(app: ControlRoom) -> str:
     return Content.from_markup(app.query_one("#agents-pane").border_title).plain
 
 
+def pane_subtitle(app: ControlRoom) -> str:
+    subtitle = app.query_one("#agents-pane").border_subtitle
+    return Content.from_markup(subtitle).plain if subtitle else ""
+
+
 def commands(home: Path) -> list[tuple[str, dict, str]]:
     with Store(home / "carl.db") as store:
         rows = store.conn.execute("SELECT verb, args, target FROM commands ORDER BY id").fetchall()
@@ -148,15 +153,20 @@ async def test_the_pane_shows_workers_and_events_newest_first(home: Path, size: 
         text = shown(app)
         assert "collusion" in text  # the newest event is on top, even in the small pane
         assert "w1" in text and "w2" in text  # the workers, folded or as a table
-        title = pane_title(app)
-        assert title.startswith("Agents · nats ● up · ⚠ 1 alarm · 2 workers · 1/∞ tasks")
+        full = "Agents · nats ● up · ⚠ 1 alarm · 2 workers · 1/∞ tasks · model agents-v0004"
+        if size == (80, 24):  # a small pane: what needs attention in its title, the counts below
+            assert pane_title(app) == "Agents · ⚠ 1 alarm"
+            assert pane_subtitle(app) == "1/∞ tasks · model agents-v0004"
+        else:
+            assert pane_title(app) == full and pane_subtitle(app) == ""
         assert "nats ● up" in status_text(app)
         await pilot.press("4")  # maximized: the workers table and the whole stream
         await pilot.pause()
+        assert pane_title(app) == full
         lines = pane_lines(app)
         header = next(i for i, line in enumerate(lines) if line.startswith("worker"))
         assert lines[header + 1].startswith("w1") and lines[header + 2].startswith("w2")
-        assert "v0003" in lines[header + 1]  # its model version (the end of it, in a narrow pane)
+        assert "v0003" in lines[header + 1]  # its model version (agents-v0003: its step, when narrow)
         assert " 1 " in lines[header + 1] and "100%" in lines[header + 1]  # one task done, all succeeded
         assert "0.83" in lines[header + 1]  # its mean score: the reward the manager gave
         assert lines[header + 3].startswith("events · newest first")
@@ -248,10 +258,12 @@ async def test_keys_queue_engine_commands_and_report_the_outcome(home: Path, siz
         assert len(commands(home)) == 3
         await pilot.pause(0.35)  # destructive keys are debounced
         await pilot.press("x")
-        await pilot.press("tab", "enter")
-        await until(
-            pilot, lambda: commands(home)[-1] == ("agents_stop_worker", {"worker_id": "w2"}, "engine")
-        )
+        await pilot.pause(0.35)
+        await pilot.press("x")  # the same key again confirms, and asks nothing more
+        stop = ("agents_stop_worker", {"worker_id": "w2"}, "engine")
+        await until(pilot, lambda: commands(home)[-1] == stop)
+        await pilot.pause(0.1)
+        assert app.screen.__class__.__name__ == "Screen" and len(commands(home)) == 4
 
 
 async def test_keys_say_so_when_the_plane_is_down(home: Path) -> None:
@@ -277,7 +289,7 @@ async def test_readonly_hides_the_control_keys(home: Path) -> None:
         assert commands(home) == [] and app.screen.__class__.__name__ == "Screen"
         await pilot.press("question_mark")
         descriptions = " ".join(description for _, description in app.screen.rows)
-        assert "Open the task" in descriptions and "Add a worker" not in descriptions
+        assert "Open the highlighted row's task" in descriptions and "Add a worker" not in descriptions
 
 
 async def test_help_lists_the_pane_keys(home: Path) -> None:
@@ -287,7 +299,7 @@ async def test_help_lists_the_pane_keys(home: Path) -> None:
         await focus_agents(app, pilot, maximize=False)
         await pilot.press("question_mark")
         rows = {description: key for key, description in app.screen.rows}
-        assert rows["Open the task of the highlighted row (an alarm: its reason)"] == "⏎"
+        assert rows["Open the highlighted row's task (an alarm: its whole reason)"] == "⏎"
         assert rows["Pause or resume task assignment"] == "p" and rows["Add a worker"] == "+"
         assert rows["Stop the highlighted worker (asks first)"] == "x"
 

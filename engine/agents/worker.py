@@ -54,6 +54,7 @@ SYSTEM_PROMPT = (
 )
 HEARTBEAT_S = 10.0  # an idle worker says it is alive this often
 MAX_DELIVER = 5  # a task that made this many workers fail or vanish is not handed out again
+MAX_SETTLING = 4  # results waiting for the stream's acknowledgement before the worker waits too
 
 
 @dataclass
@@ -236,6 +237,7 @@ class Worker:
         self.lock = asyncio.Lock()  # a hot-swap waits for the task in hand
         self.js: Any = None
         self.nc: Any = None
+        self.settling: set[asyncio.Task[None]] = set()  # results handed in, waiting for the stream's ack
 
     async def run(self) -> None:
         self.nc = await connect(self.address, f"carl-worker-{self.worker_id}", on_event=self._connection)
@@ -253,10 +255,12 @@ class Worker:
                 msgs = await self._fetch(tasks)
                 for msg in msgs:
                     await self.handle(msg)
-                if not msgs and time.monotonic() - self.last_status > HEARTBEAT_S:
-                    await self.status(self.state)
+                if not msgs and (self.state != "idle" or time.monotonic() - self.last_status > HEARTBEAT_S):
+                    await self.status("idle", wait=False)  # no task came: idle (or still alive)
             await self.status("stopped", command_id=self.stop_command, detail="stopped on request")
         finally:
+            if self.settling:  # every result handed in is stored, and its task acknowledged, before we go
+                await asyncio.wait(self.settling, timeout=30)
             with contextlib.suppress(Exception):
                 await bus_close(self.nc)
             self.backend.close()
@@ -288,7 +292,7 @@ class Worker:
             return
         async with self.lock:
             self.task_id = task.task_id
-            await self.status("busy")
+            await self.status("busy", wait=False)
             started = time.monotonic()
             try:
                 answer = await asyncio.to_thread(self.backend.answer, task)
@@ -301,14 +305,36 @@ class Worker:
                     error=reason, elapsed_seconds=time.monotonic() - started, model_version=self.backend.version,
                     worker_kind=self.backend.kind,
                 )  # fmt: skip
-            await publish_retrying(self.js, result)
-            await msg.ack()
+            await self._hand_in(msg, result)
             if result.status == "success":
                 self.done += 1
             else:
                 self.failures += 1
             self.task_id = None
-            await self.status("idle")
+
+    async def _hand_in(self, msg: Any, result: ResultEvent) -> None:
+        """Publish the result and acknowledge the task once the stream has stored the result; meanwhile
+        this worker already takes its next task (the acknowledgement comes back while it works)."""
+        while len(self.settling) >= MAX_SETTLING:
+            await asyncio.wait(self.settling, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            stored = await self.js.publish_async(result.subject(), result.encode(),
+                                                 headers={"Nats-Msg-Id": result.dedup_id()})  # fmt: skip
+        except Exception:  # the connection is away: publish the slow way, retrying until the server is back
+            stored = None
+        settle = asyncio.create_task(self._settle(msg, result, stored))
+        self.settling.add(settle)
+        settle.add_done_callback(self.settling.discard)
+
+    async def _settle(self, msg: Any, result: ResultEvent, stored: asyncio.Future[Any] | None) -> None:
+        try:
+            if stored is None:
+                raise ConnectionError("not sent")
+            await asyncio.wait_for(stored, 5.0)
+        except Exception:  # lost with a reconnect, or timed out: again (the message id keeps it single)
+            await publish_retrying(self.js, result)
+        with contextlib.suppress(Exception):  # a lost ack redelivers the task; its result is a duplicate
+            await msg.ack()
 
     def _result(self, task: TaskEvent, answer: Answer, elapsed: float) -> ResultEvent:
         steps, final = split_reply(answer.reply)
@@ -321,7 +347,11 @@ class Worker:
             phi_mean=answer.phi_mean, metadata=answer.metadata,
         )  # fmt: skip
 
-    async def status(self, state: str, *, command_id: int | None = None, detail: str = "") -> None:
+    async def status(self, state: str, *, command_id: int | None = None, detail: str = "", wait: bool = True
+                     ) -> None:  # fmt: skip
+        """Say what this worker is doing. `wait=False` (busy and idle around each task, heartbeats): sent
+        without waiting for the stream's acknowledgement, so it costs the task nothing; a status that
+        answers a command, or a swap, waits for it."""
         self.state = state if state != "stopped" else self.state
         event = WorkerStatusEvent(
             worker_id=self.worker_id, kind=self.backend.kind, task_types=[self.task_type], model=self.backend.model,
@@ -330,7 +360,10 @@ class Worker:
         )  # fmt: skip
         self.last_status = time.monotonic()
         try:
-            await publish_retrying(self.js, event, attempts=10)
+            if wait or command_id is not None:
+                await publish_retrying(self.js, event, attempts=10)
+            else:
+                await self.nc.publish(event.subject(), event.encode())
         except Exception as exc:  # a status is informative; the work goes on without it
             log.debug("status not published: %s", exc)
 

@@ -1,0 +1,286 @@
+"""The agents plane's speed, against baselines measured in the same run. Goals (2 cores):
+
+1. Events from publish to stored row: >= 20,000/s. A publisher process sends a realistic mix of plane
+   events (results and rollouts with their token ids and log-probs, feedback, tasks) to the JetStream
+   stream as fast as the server acknowledges them, while the audit (the engine's bridge code, in a
+   process of its own) stores them in a fresh carl.db. Rate = events / (last row committed - first
+   publish). Baseline: the same events written straight into a store by the same AuditWriter, with no
+   bus at all (the ratio says what the bus costs).
+2. Bus hop latency on loopback: p99 <= 5 ms. One task at a time goes from a publish (acknowledged by
+   the stream) to a worker's pull consumer waiting in `fetch`, as the manager hands a task to a worker.
+   Baseline: a core NATS publish to a plain subscriber on the same server.
+3. The plane's overhead per task: <= 5%. One model worker (the built-in tiny model) answers N demo
+   tasks through the plane (manager, bus, worker process, scoring, audit), against the same worker
+   code answering the same tasks in a loop with no plane. Both draw the same samples (same seed, same
+   order), so they do the same generation work.
+
+    python bench/bench_agents.py [--events 60000] [--hops 2000] [--tasks 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.agents.audit import AuditWriter, Incoming  # noqa: E402
+from engine.agents.bus import Address, close, connect, ensure_stream, fetch, pull  # noqa: E402
+from engine.agents.config import AgentsSettings  # noqa: E402
+from engine.agents.events import (  # noqa: E402
+    FeedbackEvent,
+    PlaneEvent,
+    ResultEvent,
+    TaskEvent,
+    TrainingRolloutEvent,
+)
+from engine.agents.server import LocalServer, free_port, token_path  # noqa: E402
+from engine.store import Store  # noqa: E402
+
+GOAL_EVENTS_PER_S = 20_000
+GOAL_HOP_P99_MS = 5.0
+GOAL_OVERHEAD = 0.05
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+def event_mix(n: int) -> list[PlaneEvent]:
+    """n events in the proportions a running plane produces them: task, result, rollout, feedback."""
+    out: list[PlaneEvent] = []
+    tokens = list(range(100, 148))
+    logprobs = [-0.5 - (i % 7) / 10 for i in range(48)]
+    steps = ["Find the tool for the weather.", "Call it for Sydney."]
+    for i in range(n // 4 + 1):
+        task = TaskEvent(manager_id="manager", task_type="demo", prompt=f"What is the weather in Sydney? ({i})",
+                         reference='{"tool": "weather", "args": {"city": "Sydney"}}', verifier="demo")  # fmt: skip
+        worker = f"w{i % 4 + 1}"
+        answer = '{"tool": "weather", "args": {"city": "Sydney"}}'
+        result = ResultEvent(
+            task_id=task.task_id, worker_id=worker, task_type="demo", prompt=task.prompt, status="success",
+            result=f"<step>{steps[0]}</step><step>{steps[1]}</step><answer>{answer}</answer>", steps=steps,
+            answer=answer, elapsed_seconds=0.08, model_version="base", worker_kind="model",
+            prompt_token_ids=tokens[:20], response_token_ids=tokens, token_logprobs=logprobs, temperature=1.0,
+            phi_mean=0.93,
+        )  # fmt: skip
+        rollout = TrainingRolloutEvent(
+            task_id=task.task_id, worker_id=worker, task_type="demo", prompt=task.prompt, response=answer,
+            steps=steps, step_scores=[0.7, 0.9], prm_score=0.8, outcome_score=0.78, verifier_score=1.0, reward=0.89,
+            model_version="base", prompt_token_ids=tokens[:20], response_token_ids=tokens, token_logprobs=logprobs,
+            temperature=1.0,
+        )  # fmt: skip
+        feedback = FeedbackEvent(task_id=task.task_id, manager_id="manager", worker_id=worker, score=0.85,
+                                 textual_feedback="A sound, complete and clean answer.")  # fmt: skip
+        out += [task, result, rollout, feedback]
+    return out[:n]
+
+
+# -- 1. throughput --------------------------------------------------------------------------------
+
+
+AUDITOR = """
+import asyncio, json, sys, time
+sys.path.insert(0, {root!r})
+from engine.agents.audit import AuditWriter, run_audit
+from engine.agents.bus import Address, close, connect, ensure_stream
+from engine.agents.config import AgentsSettings
+from engine.store import Store
+
+async def main():
+    expected = {expected}
+    store = Store({db!r})
+    nc = await connect(Address({url!r}, {token!r}), "bench-audit")
+    js = nc.jetstream()
+    await ensure_stream(js, AgentsSettings().stream)
+    stop = asyncio.Event()
+    stored = 0
+    def on_batch(counts):
+        nonlocal stored
+        stored += counts.stored + counts.rejected + counts.duplicates
+        if stored >= expected:
+            print(json.dumps({{"done_at": time.time(), "stored": stored}}), flush=True)
+            stop.set()
+    print("ready", flush=True)
+    await run_audit(js, AuditWriter(store), stop, on_batch=on_batch)
+    await close(nc)
+
+asyncio.run(main())
+"""
+
+
+async def publish_all(address: Address, events: list[PlaneEvent]) -> float:
+    """Publish every event (each with its message id), waiting for the stream's acknowledgements in
+    windows; returns the wall time of the first publish."""
+    nc = await connect(address, "bench-publisher")
+    js = nc.jetstream(publish_async_max_pending=4000)
+    await ensure_stream(js, AgentsSettings().stream)
+    payloads = [(e.subject(), e.encode(), {"Nats-Msg-Id": e.dedup_id()}) for e in events]
+    started = time.time()
+    futures = []
+    for subject, data, headers in payloads:
+        futures.append(await js.publish_async(subject, data, headers=headers))
+        if len(futures) >= 4000:
+            await asyncio.gather(*futures)
+            futures.clear()
+    await asyncio.gather(*futures)
+    await close(nc)
+    return started
+
+
+def bench_throughput(n: int) -> dict[str, float]:
+    events = event_mix(n)
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        # Baseline: the same events, written by the same AuditWriter, with no bus.
+        items = [Incoming(e.subject(), e.encode(), i + 1, f"0:{i + 1}") for i, e in enumerate(events)]
+        with Store(home / "direct.db") as store:
+            writer = AuditWriter(store)
+            began = time.perf_counter()
+            for start in range(0, len(items), 2000):
+                writer.write(items[start : start + 2000])
+            direct_s = time.perf_counter() - began
+        server = LocalServer(home, free_port())
+        server.start()
+        try:
+            code = AUDITOR.format(root=str(Path(__file__).resolve().parent.parent), expected=n,
+                                  db=str(home / "carl.db"), url=server.url, token=str(token_path(home)))  # fmt: skip
+            auditor = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+            assert auditor.stdout is not None
+            assert auditor.stdout.readline().strip() == "ready"
+            started = asyncio.run(publish_all(Address(server.url, str(token_path(home))), events))
+            report = json.loads(auditor.stdout.readline())
+            auditor.wait(30)
+        finally:
+            server.stop()
+        with Store(home / "carl.db") as store:
+            stored = store.conn.execute("SELECT count(*) FROM agent_events").fetchone()[0]
+    plane_rate = n / (report["done_at"] - started)
+    direct_rate = n / direct_s
+    return {"events": n, "stored": stored, "plane_per_s": plane_rate, "direct_per_s": direct_rate}
+
+
+# -- 2. hop latency ---------------------------------------------------------------------------------
+
+
+async def hops(address: Address, n: int) -> dict[str, list[float]]:
+    nc = await connect(address, "bench-hops")
+    js = nc.jetstream()
+    await ensure_stream(js, AgentsSettings().stream)
+    sub = await pull(js, "tasks.hop", "workers-hop", ack_wait=30)
+    received: asyncio.Queue[float] = asyncio.Queue()
+
+    async def worker() -> None:
+        while True:
+            for msg in await fetch(sub, 1, 5.0):
+                received.put_nowait(time.perf_counter())
+                await msg.ack()
+
+    consumer = asyncio.create_task(worker())
+    jetstream_ms = []
+    for i in range(n):
+        event = TaskEvent(manager_id="manager", task_type="hop", prompt=f"hop {i}")
+        sent = time.perf_counter()
+        await js.publish(event.subject(), event.encode(), headers={"Nats-Msg-Id": event.dedup_id()})
+        jetstream_ms.append((await received.get() - sent) * 1000)
+    consumer.cancel()
+
+    core_received: asyncio.Queue[float] = asyncio.Queue()
+
+    async def on_core(msg: object) -> None:
+        core_received.put_nowait(time.perf_counter())
+
+    await nc.subscribe("bench.core", cb=on_core)
+    core_ms = []
+    for i in range(n):
+        sent = time.perf_counter()
+        await nc.publish("bench.core", f"hop {i}".encode())
+        await nc.flush()
+        core_ms.append((await core_received.get() - sent) * 1000)
+    await close(nc)
+    return {"jetstream": jetstream_ms, "core": core_ms}
+
+
+def bench_hops(n: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        server = LocalServer(home, free_port())
+        server.start()
+        try:
+            got = asyncio.run(hops(Address(server.url, str(token_path(home))), n))
+        finally:
+            server.stop()
+    return {f"{kind}_{q}": percentile(values[20:], q) for kind, values in got.items() for q in (50, 99)}
+
+
+# -- 3. plane overhead per task ------------------------------------------------------------------------
+
+
+def bench_overhead(n: int) -> dict[str, float]:
+    """Steady state, per task: the time between two results, first result excluded (start-up is not
+    per-task cost). Through the plane, the worker always has its next task waiting (concurrency 4)."""
+    from engine.agents.cli import headless
+    from engine.agents.tasks import demo_tasks
+    from engine.agents.worker import ModelBackend
+    from engine.models.tiny import build_tiny_model, default_model_dir
+
+    settings = AgentsSettings(workers=1, worker_kind="model", max_new_tokens=32, concurrency=4, ack_wait_s=120)
+    specs = demo_tasks()[:n]
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        build_tiny_model(default_model_dir(home))
+        # Direct: the worker's own backend, the same tasks in the same order, the same sampling seeds.
+        backend = ModelBackend(settings, home)
+        tokens = len(backend.answer(specs[0].event("manager")).token_ids)
+        began = time.perf_counter()
+        for spec in specs[1:]:
+            tokens += len(backend.answer(spec.event("manager")).token_ids)
+        direct_s = (time.perf_counter() - began) / (n - 1)
+        summary = asyncio.run(headless(home, settings, specs, limit=None))
+        with Store(home / "carl.db") as store:
+            done = [r[0] for r in store.conn.execute("SELECT done_at FROM agent_tasks ORDER BY done_at")]
+            plane_tokens = store.conn.execute("SELECT sum(tokens) FROM agent_tasks").fetchone()[0]
+    plane_s = (done[-1] - done[0]) / (len(done) - 1)
+    return {"tasks": n, "direct_s_per_task": direct_s, "plane_s_per_task": plane_s, "tokens": tokens,
+            "plane_tokens": plane_tokens, "done": summary["done"]}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=60_000)
+    parser.add_argument("--hops", type=int, default=2_000)
+    parser.add_argument("--tasks", type=int, default=60)
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    t = bench_throughput(args.events)
+    print(f"1. publish -> stored row: {t['plane_per_s']:,.0f} events/s over {t['events']:,} events "
+          f"({t['stored']:,} stored); baseline, the same writer with no bus: {t['direct_per_s']:,.0f}/s; "
+          f"ratio {t['plane_per_s'] / t['direct_per_s']:.2f}; goal >= {GOAL_EVENTS_PER_S:,}/s "
+          f"{'met' if t['plane_per_s'] >= GOAL_EVENTS_PER_S else 'NOT met'}")  # fmt: skip
+    h = bench_hops(args.hops)
+    print(f"2. bus hop (publish -> worker's fetch): p50 {h['jetstream_50']:.2f} ms, p99 {h['jetstream_99']:.2f} ms; "
+          f"baseline core NATS pub/sub: p50 {h['core_50']:.2f} ms, p99 {h['core_99']:.2f} ms; "
+          f"ratio p99 {h['jetstream_99'] / h['core_99']:.1f}x; goal p99 <= {GOAL_HOP_P99_MS} ms "
+          f"{'met' if h['jetstream_99'] <= GOAL_HOP_P99_MS else 'NOT met'}")  # fmt: skip
+    o = bench_overhead(args.tasks)
+    overhead = o["plane_s_per_task"] / o["direct_s_per_task"] - 1
+    print(f"3. per task: through the plane {o['plane_s_per_task'] * 1000:.1f} ms, the worker called directly "
+          f"{o['direct_s_per_task'] * 1000:.1f} ms ({o['tasks']} demo tasks, tiny model; tokens generated "
+          f"{o['plane_tokens']:,} and {o['tokens']:,}: the same samples); "
+          f"ratio {o['plane_s_per_task'] / o['direct_s_per_task']:.3f}, overhead {overhead:+.1%}; "
+          f"goal <= {GOAL_OVERHEAD:.0%} {'met' if overhead <= GOAL_OVERHEAD else 'NOT met'}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
