@@ -431,4 +431,25 @@ def _start_demo(home: Path, steps: int | None) -> None:
             return
         args = {"config": "demo", "name": "demo", **({"max_steps": steps} if steps else {})}
         store.enqueue_command("train", args, target="engine", origin="cli")
+        plane = _demo_plane(store)
     print("demo training queued: the engine starts it (logs in ~/.carl/logs/train-*.log)")
+    if plane:
+        print(plane)
+
+
+DEMO_PLANE = {"workers": 2, "tasks": "demo", "overrides": {"rate": 1.0}}  # a task a second: light beside training
+
+
+def _demo_plane(store: object) -> str | None:
+    """A small agents plane on the demo task beside the demo run, so the Agents pane is live too
+    (only with the nats extra, and only when no plane is up)."""
+    import json
+
+    if any(importlib.util.find_spec(m) is None for m in ("nats", "yaml")):
+        return "(the Agents pane stays empty: install the nats extra for a live agents plane)"
+    conn = store.conn  # type: ignore[attr-defined]
+    row = conn.execute("SELECT value FROM kv WHERE key='agents.plane'").fetchone()
+    if row is not None and json.loads(row[0]).get("wanted"):
+        return None
+    store.enqueue_command("agents_up", DEMO_PLANE, target="engine", origin="cli")  # type: ignore[attr-defined]
+    return "agents plane queued: a manager and 2 workers on the demo task (carl agents down stops it)"
