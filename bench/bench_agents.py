@@ -233,7 +233,9 @@ def bench_overhead(n: int) -> dict[str, float]:
     from engine.agents.worker import ModelBackend
     from engine.models.tiny import build_tiny_model, default_model_dir
 
-    settings = AgentsSettings(workers=1, worker_kind="model", max_new_tokens=32, concurrency=4, ack_wait_s=120)
+    settings = AgentsSettings(
+        workers=1, worker_kind="model", max_new_tokens=32, concurrency=4, ack_wait_s=120
+    )
     specs = demo_tasks()[:n]
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 from engine import paths
 from engine.store import RunRow
 from themes import STYLESHEET, THEME_NAMES, THEMES
-from widgets.activity import AgentsPane, TrajectoriesPane
+from widgets.activity import TrajectoriesPane
+from widgets.agents import AgentsPane
 from widgets.chart import Chart
 from widgets.command_log import CommandLog
 from widgets.reward_bars import RewardBars
@@ -135,6 +136,8 @@ class ControlRoom(App[None]):
         self.domains: list[dict] = []  # trajectory domain baselines, with the trajectories
         self.plasticity: dict | None = None
         self._in_flight: dict[int, tuple[int, str]] = {}  # run id -> (command id, verb) sent from here
+        self.agents_overview: dict = {}  # the agents plane: server, plane, manager, model (see the reader)
+        self._agents_in_flight: dict[int, str] = {}  # agents command id -> verb, sent from here
         for theme in THEMES:
             self.register_theme(theme)
         self.theme = self.config.theme
@@ -146,6 +149,10 @@ class ControlRoom(App[None]):
         """The control room's own screen: store updates keep drawing it while a dialog, the chat or a
         trajectory is open on top (App.query_one would search the screen on top)."""
         return self.screen_stack[0] if self.screen_stack else self.screen
+
+    def _widgets_gone(self) -> bool:
+        """A message that arrives while the app shuts down finds its screen or widgets gone."""
+        return not self.screen_stack or not self.screen_stack[0].query(StatusBar)
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
@@ -168,7 +175,7 @@ class ControlRoom(App[None]):
                         yield TrajectoriesPane(id="trajectories")
                     with Vertical(id="agents-pane", classes="pane") as agents:
                         agents.border_title = "Agents"
-                        yield AgentsPane(id="agents")
+                        yield AgentsPane(readonly=self.readonly, id="agents")
         yield Footer(show_command_palette=False)  # ctrl+p is listed in the help instead
 
     def on_mount(self) -> None:
@@ -242,6 +249,8 @@ class ControlRoom(App[None]):
 
     @on(EngineState)
     def _engine_state(self, event: EngineState) -> None:
+        if self._widgets_gone():
+            return
         if event.detail and event.detail != self.message:
             self.notify(event.detail, title="engine", severity="error", timeout=8)
         self.engine_state = event.state
@@ -249,6 +258,8 @@ class ControlRoom(App[None]):
 
     @on(StoreUpdated)
     def _store_updated(self, event: StoreUpdated) -> None:
+        if self._widgets_gone():
+            return
         snap = event.snapshot
         if snap.error:
             self.message = snap.error
@@ -274,10 +285,11 @@ class ControlRoom(App[None]):
                     self.domains, self.plasticity
                 )
             if snap.agent_events is not None:
-                self.main.query_one(AgentsPane).set_rows(snap.agent_events, snap.agent_count or 0)
+                self._agents_updated(snap)
             for command in snap.commands:
                 if self._in_flight.get(command.get("run_id") or -1, (None,))[0] == command["id"]:
                     del self._in_flight[command["run_id"]]
+                self._agents_in_flight.pop(command["id"], None)
                 ok = command["state"] == "done"
                 self.notify(command.get("result") or command["state"], title=command["verb"],
                             severity="information" if ok else "error", timeout=8)  # fmt: skip
@@ -286,6 +298,13 @@ class ControlRoom(App[None]):
                 path = self.view.run.source_path if self.view else None
                 self.message = errors.get(path) if path else (next(iter(errors.values())) if errors else None)
             self._update_status()
+
+    def _agents_updated(self, snap: Snapshot) -> None:
+        self.agents_overview = snap.agent_overview or {}
+        pane = self.main.query_one(AgentsPane)
+        pane.set_data(
+            snap.agent_events or [], snap.agent_workers or [], self.agents_overview, snap.agent_count
+        )
 
     # -- drawing ---------------------------------------------------------------------------
 
@@ -356,10 +375,17 @@ class ControlRoom(App[None]):
             eval_passed=view.eval["passed"] if view and view.eval else None,
             eval_task=view.eval["metrics"].get("task") if view and view.eval else None,
             engine=self.engine_state,
+            nats=self._nats_state(),
             readonly=self.readonly,
             message=self.message,
         )
         self.main.query_one(StatusBar).show(info)
+
+    def _nats_state(self) -> str | None:
+        """The plane's NATS server state, while the plane is wanted; None when there is no plane."""
+        server = self.agents_overview.get("server") or {}
+        wanted = (self.agents_overview.get("plane") or {}).get("wanted")
+        return (server.get("state") or "?") if server and wanted else None
 
     def _apply_chart_mode(self) -> None:
         for chart in self.main.query(Chart):
@@ -381,7 +407,7 @@ class ControlRoom(App[None]):
             b = entry.binding
             if b.description and b.description not in seen and b.action not in own and entry.node is not self:
                 seen.add(b.description)
-                rows.append((self.get_key_display(b), b.description))
+                rows.append((self.get_key_display(b), b.tooltip or b.description))  # the longer one
         rows.append(("", "Everywhere"))
         rows += [
             ("ctrl+p", "Command palette: themes, chart mode, observe, engine, panes"),
@@ -451,6 +477,9 @@ class ControlRoom(App[None]):
         self.maximized = None if self.maximized == pane else pane
         if self.maximized:
             main.add_class(f"-max-{pane}")
+            lists = {"trajectories": TrajectoriesPane, "agents": AgentsPane}
+            if pane in lists:  # its keys work at once (the pane that had focus may be hidden now)
+                self.main.query_one(lists[pane]).focus()
 
     def action_next_theme(self) -> None:
         names = list(THEME_NAMES)
@@ -462,6 +491,7 @@ class ControlRoom(App[None]):
             self.config = self.config.replace(theme=theme.name)
             self._save_config()
         self._draw_view()  # reward bar colours come from the theme
+        self.main.query_one(AgentsPane).redraw()
         self.main.query_one(StatusBar).info = StatusInfo()  # force the status line to recolour
         self._update_status()
 
@@ -484,7 +514,7 @@ class ControlRoom(App[None]):
     CONTROL_ACTIONS = frozenset({"new_run", "pause_resume", "checkpoint", "stop_run", "set_lr", "set_weight",
                                  "resume_run", "observe", "diagnose"})  # fmt: skip
     RUN_ACTIONS = frozenset({"pause_resume", "checkpoint", "stop_run", "set_lr", "set_weight"})
-    DESTRUCTIVE = frozenset({"stop_run"})
+    DESTRUCTIVE = frozenset({"stop_run", "agents_stop_worker"})
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Read-only sessions hide every key that writes; run controls are dimmed for runs that
@@ -654,6 +684,102 @@ class ControlRoom(App[None]):
         run = self.view.run
         self.push_screen(ChatScreen(db, run.id, run.name, api_key=self._api_key, model=self.config.claude_model,
                                     base_url=self.claude_base_url))  # fmt: skip
+
+    # -- the agents plane -------------------------------------------------------------------
+
+    @on(AgentsPane.TitleChanged)
+    def _agents_title(self, event: AgentsPane.TitleChanged) -> None:
+        if self._widgets_gone():
+            return
+        pane = self.main.query_one("#agents-pane")
+        pane.border_title, pane.border_subtitle = event.title, event.subtitle or None
+
+    @on(AgentsPane.OpenTask)
+    def _open_agent_task(self, event: AgentsPane.OpenTask) -> None:
+        from engine.store import StoreReader
+
+        from .agents import AgentTaskScreen
+
+        reader = StoreReader(paths.db_path(self.home))  # a short read of its own
+        try:
+            task = reader.agent_task(event.task_id)
+        finally:
+            reader.close()
+        if task is None:
+            self.notify(
+                f"task {event.task_id[:8]} is not in the store (yet)", title="agents", severity="warning"
+            )
+            return
+        self.push_screen(AgentTaskScreen(task))
+
+    @on(AgentsPane.Control)
+    def _agents_control(self, event: AgentsPane.Control) -> None:
+        """`p`, `+` and `x` on the Agents pane: engine commands, answered by the plane itself."""
+        if self.readonly or self._debounced(f"agents_{event.verb}"):
+            return
+        plane = self.agents_overview.get("plane") or {}
+        if not plane.get("wanted"):
+            self.notify("the agents plane is not up: start it with `carl agents up`", title="agents",
+                        severity="warning")  # fmt: skip
+            return
+        if event.verb == "pause_resume":
+            self._agents_pause_resume()
+        elif event.verb == "add_worker":
+            if self._send_agents("agents_add_worker"):
+                self.notify("adding a worker" + self._queued(), title="agents")
+        elif event.verb == "stop_worker":
+            self._agents_stop_worker(event.worker_id)
+
+    def _agents_pause_resume(self) -> None:
+        manager = self.agents_overview.get("manager") or {}
+        state = manager.get("state")
+        if state in ("done", "stopped"):
+            self.notify(f"the manager is {state}: there is no assignment to pause", title="agents",
+                        severity="warning")  # fmt: skip
+            return
+        pending = next(
+            (v for v in self._agents_in_flight.values() if v in ("agents_pause", "agents_resume")), None
+        )
+        if pending:
+            self.notify(f"a command is already running: {pending}; wait for it", severity="warning")
+            return
+        verb = "agents_resume" if state == "paused" else "agents_pause"
+        if self._send_agents(verb):
+            what = "resuming task assignment" if verb == "agents_resume" else "pausing task assignment"
+            self.notify(what + self._queued(), title="agents")
+
+    def _agents_stop_worker(self, worker_id: str | None) -> None:
+        if worker_id is None:
+            self.notify(
+                "highlight a worker (or one of its events) to stop it", title="agents", severity="warning"
+            )
+            return
+        worker = next(
+            (w for w in self.main.query_one(AgentsPane).agent_workers if w["worker_id"] == worker_id), {}
+        )
+        if worker.get("state") in ("stopped", "stopping"):
+            self.notify(f"worker {worker_id} is {worker['state']} already", title="agents")
+            return
+        from .screens import ConfirmScreen
+
+        busy = " It finishes the task in hand first." if worker.get("state") == "busy" else ""
+        message = (f"Stop worker {worker_id!r}?{busy}\nThe + key adds a new one.\n\n"
+                   "tab then enter (or x again) to stop, esc to cancel.")  # fmt: skip
+        self.push_screen(ConfirmScreen("Stop worker", message, "Stop", "x"),
+                         lambda ok: self._stop_worker_confirmed(ok, worker_id))  # fmt: skip
+
+    def _stop_worker_confirmed(self, confirmed: bool | None, worker_id: str) -> None:
+        if confirmed and self._send_agents("agents_stop_worker", {"worker_id": worker_id}):
+            self.notify(f"stopping worker {worker_id}" + self._queued(), title="agents")
+
+    def _send_agents(self, verb: str, args: dict | None = None) -> int | None:
+        command_id = self._send(verb, args, target="engine")
+        if command_id is not None:
+            self._agents_in_flight[command_id] = verb
+        return command_id
+
+    def _queued(self) -> str:
+        return "" if self.engine_state == "up" else " (queued until the engine is up)"
 
     @on(TrajectoriesPane.Selected)
     def _open_trajectory(self, event: TrajectoriesPane.Selected) -> None:

@@ -437,7 +437,11 @@ def _start_demo(home: Path, steps: int | None) -> None:
         print(plane)
 
 
-DEMO_PLANE = {"workers": 2, "tasks": "demo", "overrides": {"rate": 1.0}}  # a task a second: light beside training
+DEMO_PLANE = {
+    "workers": 2,
+    "tasks": "demo",
+    "overrides": {"rate": 1.0},
+}  # a task a second: light beside training
 
 
 def _demo_plane(store: object) -> str | None:

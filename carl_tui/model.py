@@ -8,6 +8,7 @@ that arrived since the last poll.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,12 @@ from engine.store import RunRow, Series, StoreError, StoreReader
 PHI_KEYS = ("phi/mean", "phi/p10", "phi/p90", "phi/entropy", "entropy")
 REWARD_KEY = re.compile(r"^rewards/(?P<name>.+)/mean$")
 TOTAL_REWARD_KEYS = ("reward",)
+# What the Agents pane shows of an event beyond its row: payload field -> key in the event dict.
+PAYLOAD_FIELDS = {
+    "alarm": {"kind": "alarm_kind", "reason": "alarm_reason"},
+    "worker_status": {"state": "state", "detail": "detail"},
+    "manager_status": {"state": "state", "done": "done", "total": "total"},
+}
 
 
 @dataclass
@@ -57,8 +64,13 @@ class Snapshot:
     trajectory_count: int | None = None
     domains: list[dict[str, Any]] | None = None  # per-domain reward baselines (with trajectories)
     plasticity: dict[str, Any] | None = None  # the retraining triggers the engine computed
+    # The agents plane, read together when its signature moved: the newest events (newest first; an
+    # alarm carries its kind and reason), how many there are, the workers, and the plane's state
+    # (server, plane, manager, model: the kv rows engine/agents writes).
     agent_events: list[dict[str, Any]] | None = None
     agent_count: int | None = None
+    agent_workers: list[dict[str, Any]] | None = None
+    agent_overview: dict[str, Any] | None = None
     commands: list[dict[str, Any]] = field(default_factory=list)  # commands that finished
     source_errors: dict[str, str] | None = None  # path -> last error
     error: str | None = None  # the store itself could not be read
@@ -76,7 +88,7 @@ class StoreWatcher:
         self._runs: list[RunRow] = []
         self._view: RunView | None = None
         self._traj_count: tuple[int, float] | None = None
-        self._agent_count = -1
+        self._agents_signature: tuple[int, float] | None = None
         self._watched_commands: set[int] = set()
         self._source_errors: dict[str, str] = {}
 
@@ -130,11 +142,10 @@ class StoreWatcher:
             snap.trajectories = reader.trajectories_after(0, limit=200)
             snap.domains = reader.domain_baselines()
             snap.plasticity = reader.kv("plasticity")
-        agent_count = reader.table_count("agent_events")
-        if agent_count != self._agent_count:
-            self._agent_count = agent_count
-            snap.agent_count = agent_count
-            snap.agent_events = reader.agent_events_after(0, limit=200)
+        agents_signature = reader.agents_signature()
+        if agents_signature != self._agents_signature:
+            self._agents_signature = agents_signature
+            self._read_agents(reader, snap)
         if self._watched_commands:
             done = [c for c in reader.commands_after(min(self._watched_commands) - 1)
                     if c["id"] in self._watched_commands and c["state"] in ("done", "failed")]  # fmt: skip
@@ -145,6 +156,29 @@ class StoreWatcher:
             self._source_errors = errors
             snap.source_errors = errors
         return snap
+
+    @staticmethod
+    def _read_agents(reader: StoreReader, snap: Snapshot) -> None:
+        """The plane's newest events, its workers and its state; read only when an event arrived or the
+        plane's state moved. The event rows come without payloads: an alarm's kind and reason and a
+        status event's state are lifted from the payloads of just those rows."""
+        overview = reader.agents_overview()
+        events = reader.agent_events_after(0, limit=200)
+        if reader.version >= 4:
+            by_id = {e["id"]: e for e in events}
+            for kind, fields in PAYLOAD_FIELDS.items():
+                count = sum(1 for e in events if e["kind"] == kind)
+                for row in reader.agent_audit(kind=kind, limit=count) if count else []:
+                    event = by_id.get(row["id"])
+                    if event is None or row["status"] != "ok":
+                        continue
+                    payload = json.loads(row["payload"])
+                    event.update({name: payload.get(field) for field, name in fields.items()})
+        snap.agent_events = events
+        snap.agent_count = overview.pop("events")
+        snap.agent_workers = overview.pop("workers")
+        overview.pop("alarms", None)
+        snap.agent_overview = overview
 
     def _read_view(self, reader: StoreReader, run: RunRow) -> RunView | None:
         previous = self._view if self._view is not None and self._view.run.id == run.id else None

@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.table import Table
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -220,8 +221,10 @@ class ConfirmScreen(Dialog):
     def on_mount(self) -> None:
         self.query_one("#confirm-cancel", Button).focus()
 
-    def on_key(self, event: object) -> None:
-        if getattr(event, "key", None) == self.confirm_key:
+    def on_key(self, event: events.Key) -> None:
+        if event.key == self.confirm_key:
+            event.stop()  # the key is spent here: under the dialog it would ask again
+            event.prevent_default()
             self.dismiss(True)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:

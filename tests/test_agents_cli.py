@@ -255,3 +255,43 @@ def _address(home: Path) -> Any:
     from engine.agents.bus import Address
 
     return Address("nats://127.0.0.1:4222", str(token_path(home)), local=True)
+
+
+def test_a_killed_engine_comes_back_with_one_plane_not_two(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    with OpenAIServer(responder=solve) as llm:
+        tasks = arithmetic_tasks(tmp_path / "tasks.jsonl", 10)
+        (home / "agents.yaml").write_text(
+            f"agents:\n  worker_kind: http\n  endpoint: {llm.base_url}\n  endpoint_model: {llm.model}\n"
+            "  task_type: math\n  rate: 5\n"
+        )
+        try:
+            assert carl(home, "agents", "up", "--workers", "1", "--tasks", str(tasks)).returncode == 0
+            before = overview(home)
+            old = {p["pid"] for p in before["plane"]["processes"]} | {before["server"]["pid"]}
+            wait_for(lambda: len([p for p in overview(home)["plane"]["processes"] if p["state"] == "running"]) == 2,
+                     what="manager and worker running")  # fmt: skip
+            os.kill(engine_status(home).pid, signal.SIGKILL)
+            from engine.daemon import start_engine
+
+            start_engine(home)
+            wait_for(lambda: overview(home)["server"]["pid"] not in old and overview(home)["server"]["state"] == "up",
+                     what="the plane back up")  # fmt: skip
+            after = overview(home)
+            assert after["server"]["port"] == before["server"]["port"]  # clients find it where it was
+            for pid in old:
+                assert not _alive(pid), f"a process of the killed engine's plane is still running: {pid}"
+            roles = sorted(p["role"] for p in after["plane"]["processes"])
+            assert roles == ["manager", "worker"]
+        finally:
+            carl(home, "agents", "down")
+            stop_engine(home)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return "State:\tZ" not in status.read()
+    except FileNotFoundError:
+        return False

@@ -195,6 +195,10 @@ async def test_an_alarm_is_drawn_in_the_themes_error_colour(home: Path) -> None:
             if seg.text.strip() and isinstance(seg.style, Style)
         }
         assert error in colours
+        await pilot.press("enter")  # the cursor is on the newest event, the alarm: its whole reason
+        await until(
+            pilot, lambda: any("identical answers to 5 tasks" in n.message for n in app._notifications)
+        )
         y = next(y for y, line in enumerate(pane_lines(app)) if "model" in line and "→" in line)
         colours = {
             seg.style.color
@@ -325,3 +329,21 @@ async def test_an_empty_store_says_how_to_start_the_plane(home: Path) -> None:
         await pilot.pause(0.3)
         assert "carl agents up" in shown(app)
         assert "nats" not in status_text(app)
+
+
+def test_the_watcher_reads_the_plane_only_when_it_moved(home: Path) -> None:
+    from carl_tui.model import StoreWatcher
+
+    fill(home)
+    watcher = StoreWatcher(home / "carl.db")
+    first = watcher.poll()
+    assert first is not None and first.agent_workers is not None and first.agent_overview is not None
+    assert first.agent_events[0]["alarm_kind"] == "collusion" and first.agent_count == 12
+    assert watcher.poll() is None  # nothing moved: one data_version read
+    with Store(home / "carl.db") as store:  # a change elsewhere in the store: the plane is not read again
+        store.create_run("other", source_kind="jsonl")
+    later = watcher.poll()
+    assert later is not None and later.agent_events is None
+    plane_up(home, state="restarting")  # only the plane's state moved
+    moved = watcher.poll()
+    assert moved is not None and moved.agent_overview["server"]["state"] == "restarting"

@@ -1,5 +1,5 @@
-"""The Trajectories and Agents panes: newest first, bounded, with an empty state that says how
-data gets there."""
+"""The Trajectories pane (newest first, bounded, with an empty state that says how data gets there)
+and the plain activity list it is built on. The Agents pane is in widgets/agents.py."""
 
 from __future__ import annotations
 
@@ -16,11 +16,6 @@ TRAJECTORIES_EMPTY = (
     "Agent sessions (Claude Code hooks and transcripts, Codex rollouts) are scored with the "
     "5-signal trajectory reward and land in the store's `trajectories` table; they stream "
     "in here, newest first."
-)
-AGENTS_EMPTY = (
-    "No agent events yet.\n"
-    "Manager/worker agents publish tasks, results and feedback over NATS; the engine bridges "
-    "them into the store's `agent_events` table and they stream in here."
 )
 MAX_ROWS = 200
 
@@ -141,14 +136,3 @@ class TrajectoriesPane(ActivityPane):
             f" tools {row.get('tool_count') or 0:>3} ok {_num(rate, '.0%') if rate is not None else '  — '}"
             f" R {_num(row.get('reward'))} A {_num(row.get('advantage'))}"
         )
-
-
-class AgentsPane(ActivityPane):
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(AGENTS_EMPTY, id=id)
-
-    def format_row(self, row: dict[str, Any]) -> str:
-        who = row.get("worker_id") or row.get("manager_id") or "-"
-        score = row.get("score")
-        tail = f" score {score:.2f}" if score is not None else ""
-        return f"{_clock(row.get('created_at'))} {row.get('subject') or row.get('kind') or '?':<18} {who[:14]}{tail}"

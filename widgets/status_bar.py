@@ -1,4 +1,4 @@
-"""One line at the top: run, state, step / max with ETA, phase, health, engine."""
+"""One line at the top: run, state, step / max with ETA, phase, health, engine, the agents plane's NATS."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 HEALTH_MARK = {"green": "●", "yellow": "▲", "red": "✕"}
-ENGINE_MARK = {"up": "●", "starting": "◌", "restarting": "◌", "down": "✕", "stopped": "○"}
+ENGINE_MARK = {"up": "●", "starting": "◌", "restarting": "◌", "down": "✕", "stopped": "○", "external": "●"}
 
 
 def compact_duration(seconds: float) -> str:
@@ -33,6 +33,7 @@ class StatusInfo:
     eval_passed: bool | None = None  # the newest held-out eval: None when there is none
     eval_task: float | None = None
     engine: str = "down"
+    nats: str | None = None  # the agents plane's NATS server (up, restarting, down, external); None: no plane
     readonly: bool = False
     message: str | None = None  # a one-line error to show, e.g. an unreadable source
 
@@ -80,6 +81,10 @@ class StatusBar(Static):
         engine_color = theme.success if info.engine == "up" else theme.warning
         text.append(" │ engine ")
         text.append(f"{ENGINE_MARK.get(info.engine, '?')} {info.engine}", style=engine_color)
+        if info.nats:
+            text.append(" │ nats ")
+            nats_color = theme.success if info.nats in ("up", "external") else theme.warning
+            text.append(f"{ENGINE_MARK.get(info.nats, '?')} {info.nats}", style=nats_color)
         if info.run is not None and info.health:
             text.append(" │ ")
             text.append(

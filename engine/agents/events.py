@@ -328,7 +328,9 @@ def parse_event(subject: str, data: bytes | str) -> Event:
         event = _ANY_EVENT.validate_json(data)
     except ValidationError:
         return _parse_checked(subject, data)
-    if event.TYPE in expected_types(subject) and (event.subject() == subject or _subject_fits(event, subject)):
+    if event.TYPE in expected_types(subject) and (
+        event.subject() == subject or _subject_fits(event, subject)
+    ):
         return event
     return _parse_checked(subject, data)
 

@@ -405,7 +405,7 @@ class Manager:
             feedback=self.feedback_writer.source, detail=detail, command_id=command_id,
         )  # fmt: skip
         try:
-            await publish_retrying(self.js, event, attempts=10)
+            await publish_retrying(self.js, event, attempts=10 if state not in ("done", "stopped") else 3)
         except Exception as exc:
             log.debug("manager status not published: %s", exc)
         if self.on_summary is not None:

@@ -294,6 +294,7 @@ class Plane:
 
         if self.up:
             raise AgentsError("the agents plane is already up (carl agents down first)")
+        self._reap_leftovers()
         config = spec.config or default_settings_path(self.home)
         overrides = {
             **spec.overrides,
@@ -325,6 +326,16 @@ class Plane:
             ", trainer" if settings.train.enabled else ""
         )
         return f"agents plane up on {self.address.url}: {what} on {spec.tasks} tasks"
+
+    def _reap_leftovers(self) -> None:
+        """Stop what an engine that was killed left running (its manager, workers, trainer, then its
+        server): the plane starts anew rather than beside them."""
+        server = kv_get(self.store, "agents.server") or {}
+        plane = kv_get(self.store, "agents.plane") or {}
+        children = [p.get("pid") for p in plane.get("processes") or []]
+        stopped = _stop_pids(children, self.home) + _stop_pids([server.get("pid")], self.home)
+        if stopped:
+            log.info("agents: stopped %d process(es) the previous engine left running", stopped)
 
     def _address(self, settings: AgentsSettings) -> Address:
         from .bus import resolve_address
@@ -548,6 +559,41 @@ class Plane:
                 self.store.finish_command(
                     command_id, False, f"no answer from the plane in {ANSWER_WAIT_S:.0f}s"
                 )
+
+
+def _stop_pids(pids: list[Any], home: Path, wait: float = STOP_WAIT_S) -> int:
+    """SIGTERM those of `pids` that are this home's plane processes, SIGKILL after `wait`; how many."""
+    found = [pid for pid in pids if isinstance(pid, int) and _plane_process(pid, home)]
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    left, deadline = found, time.monotonic() + wait
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [pid for pid in left if _plane_process(pid, home)]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return len(found)
+
+
+def _plane_process(pid: int, home: Path) -> bool:
+    """Whether `pid` is alive and one of this home's plane processes (never someone else's reused pid)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            argv = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc (macOS): ask ps
+        out = subprocess.run(
+            ["ps", "-o", "command=", "-p", str(pid)], capture_output=True, text=True, check=False
+        )
+        argv = out.stdout
+    if not argv.strip():
+        return False  # a zombie, or gone
+    ours_server = "nats-server" in argv and str(home / "nats" / "server.conf") in argv
+    ours_child = "engine.agents" in argv and f"--home {home} " in argv + " "
+    return ours_server or ours_child
 
 
 def _env_url() -> str | None:

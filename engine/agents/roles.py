@@ -53,7 +53,7 @@ def build_scorer(settings: AgentsSettings, *, api_key: str | None = None, base_u
         key = api_key or os.environ.get("ANTHROPIC_API_KEY")
         if not key:
             raise AgentsError("agents.judge claude needs ANTHROPIC_API_KEY")
-        judge = ClaudeJudge(key, settings.claude_model or _claude_model(), base_url=base_url)
+        judge = ClaudeJudge(key, settings.claude_model, base_url=base_url)
     else:
         judge = OfflineJudge()
     return CombinedScorer(PRMScorer(judge, votes=settings.votes))
@@ -67,16 +67,10 @@ def build_feedback(
 
     key = api_key or os.environ.get("ANTHROPIC_API_KEY")
     if settings.feedback == "claude" and key:
-        return ClaudeFeedback(key, settings.claude_model or _claude_model(), base_url=base_url)
+        return ClaudeFeedback(key, settings.claude_model, base_url=base_url)
     if settings.feedback == "claude":
         log.warning("agents: no ANTHROPIC_API_KEY; the manager writes its feedback offline")
     return OfflineFeedback()
-
-
-def _claude_model() -> str:
-    from engine.diagnosis.chat import DEFAULT_MODEL, MODEL_ENV
-
-    return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
 
 
 def task_specs(tasks: str) -> list[Any]:

@@ -26,7 +26,10 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("url-password", re.compile(r"(?<=://)[^/\s:@]+:[^/\s@]+(?=@)")),
     # A NATS URL's user part alone is its token (nats://TOKEN@host); elsewhere a user part is a secret
     # when it looks like one (16+ token characters).
-    ("url-token", re.compile(r"(?i)(?:(?<=\bnats://)|(?<=\btls://)|(?<=\bws://)|(?<=\bwss://))[^/\s:@\[\]]+(?=@)")),
+    (
+        "url-token",
+        re.compile(r"(?i)(?:(?<=\bnats://)|(?<=\btls://)|(?<=\bws://)|(?<=\bwss://))[^/\s:@\[\]]+(?=@)"),
+    ),
     ("url-token", re.compile(r"(?<=://)[A-Za-z0-9_\-.~]{16,}(?=@)")),
 ]
 # `password = hunter2`, "api_key": "abc...", SECRET_TOKEN=..., --token abc...

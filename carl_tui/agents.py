@@ -1,0 +1,173 @@
+"""One task of the agents plane up close (enter on the Agents pane): its prompt, each step with the
+PRM's score for it, the answer, the verifier, outcome, PRM and reward scores, the manager's own
+feedback, the rollout the trainer gets from it, and the task's events in order."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from widgets.agents import KIND_NAMES, clock, printable
+from widgets.reward_bars import bar
+
+from .screens import phi_colour
+
+BAR = 10  # cells of a score bar
+
+
+def score_line(
+    value: float | None, colours: tuple[str, str, str], note: str = "", *, bold: bool = False
+) -> Text:
+    """A small bar and the number, coloured from low (the theme's error) to high (its success)."""
+    if value is None:
+        return Text("—" + (f"  {note}" if note else ""), style="dim")
+    colour = phi_colour(value, *colours)
+    filled = bar(value, BAR).rstrip()
+    line = Text(filled, style=colour)
+    line.append("░" * (BAR - len(filled)), style="dim")  # the track: a short bar still reads as short
+    line.append(f" {value:.2f}", style=f"bold {colour}" if bold else colour)
+    if note:
+        line.append(f"  {note}", style="dim")
+    return line
+
+
+def task_view(task: dict[str, Any], colours: tuple[str, str, str]) -> Table:
+    table = Table.grid(padding=(0, 1))
+    table.add_column(no_wrap=True, style="bold")
+    table.add_column(overflow="fold")
+    kind = f"{task.get('task_type') or '?'} · {task.get('environment') or 'chat'}"
+    state = task.get("state") or "?"
+    table.add_row(
+        "task",
+        Text.assemble(f"{task['task_id']}  ", (kind, "dim"), "  ", (state, _state_colour(state, colours))),
+    )
+    who = [f"worker {task['worker_id']}" if task.get("worker_id") else "no worker yet"]
+    if task.get("model_version"):
+        who.append(f"model {task['model_version']}")
+    if task.get("elapsed_s") is not None:
+        who.append(f"{task['elapsed_s']:.1f}s")
+    if task.get("tokens"):
+        who.append(f"{task['tokens']} tokens")
+    if task.get("phi_mean") is not None:
+        who.append(f"Φ mean {task['phi_mean']:.3f}")
+    table.add_row("by", " · ".join(who))
+    if task.get("group_id"):
+        table.add_row("group", task["group_id"])
+    table.add_row("prompt", Text(printable(task.get("prompt")), overflow="fold"))
+    table.add_row("", "")
+
+    steps, scores = task.get("steps") or [], task.get("step_scores") or []
+    if not steps:
+        table.add_row("steps", Text("none yet" if task.get("status") is None else "none", style="dim"))
+    for i, step in enumerate(steps):
+        score = scores[i] if i < len(scores) else None
+        line = score_line(score, colours)
+        line.append(f"  {printable(step)}")
+        table.add_row(f"step {i + 1}", line)
+    if steps and not scores:
+        table.add_row("", Text("the PRM has not scored these steps yet", style="dim"))
+    if task.get("status") == "failed":
+        table.add_row("failed", Text(printable(task.get("result")), style=colours[0]))
+    else:
+        table.add_row("answer", Text(printable(task.get("answer")) or "—", style="bold"))
+    table.add_row("", "")
+
+    verifier = task.get("verifier")
+    reference = (
+        f"{verifier} vs {printable(task['reference'])!r}"
+        if verifier and task.get("reference")
+        else (verifier or "")
+    )
+    table.add_row(
+        "verifier", score_line(task.get("verifier_score"), colours, reference or "the task has none")
+    )
+    table.add_row("outcome", score_line(task.get("outcome_score"), colours, "the environment's profile"))
+    table.add_row("PRM", score_line(task.get("prm_score"), colours, "mean of the step scores"))
+    table.add_row("reward", score_line(task.get("reward"), colours, "what the trainer optimises", bold=True))
+    table.add_row("", "")
+
+    source = task.get("feedback_source")
+    table.add_row(
+        "feedback",
+        score_line(task.get("feedback_score"), colours, f"from {source}" if source else "none yet"),
+    )
+    if task.get("feedback_text"):
+        table.add_row("", Text(printable(task["feedback_text"]), overflow="fold"))
+    table.add_row("", "")
+
+    rollout = task.get("rollout")
+    if rollout is None:
+        table.add_row("rollout", Text("none (the manager publishes one per scored result)", style="dim"))
+    else:
+        tokens = len(rollout.get("response_token_ids") or [])
+        temperature = rollout.get("temperature")
+        parts = [f"worker {rollout.get('worker_id') or '?'}", f"model {rollout.get('model_version') or '—'}",
+                 f"{tokens} tokens" + ("" if tokens else " (cannot train the local model)"),
+                 f"temperature {temperature:g}" if temperature is not None else "temperature —"]  # fmt: skip
+        group = rollout.get("group_id")
+        parts.append(f"group {group[:8]} of {rollout.get('group_size') or 1}" if group else "no group")
+        table.add_row("rollout", " · ".join(parts))
+        if rollout.get("token_logprobs"):
+            logprobs = rollout["token_logprobs"]
+            table.add_row(
+                "", Text(f"behaviour log-prob mean {sum(logprobs) / len(logprobs):.3f}", style="dim")
+            )
+    events = task.get("events") or []
+    if events:
+        table.add_row("", "")
+        for i, event in enumerate(events):
+            line = Text(f"{clock(event.get('received_at'))} ", style="dim")
+            line.append(f"{KIND_NAMES.get(event['kind'], event['kind']):<8} ")
+            line.append(event.get("worker_id") or "")
+            if event.get("score") is not None:
+                line.append(f"  {event['score']:.2f}")
+            table.add_row("events" if i == 0 else "", line)
+    return table
+
+
+def _state_colour(state: str, colours: tuple[str, str, str]) -> str:
+    low, middle, high = colours
+    return {"done": high, "failed": low, "timed_out": low}.get(state, middle)
+
+
+class AgentTaskScreen(ModalScreen[None]):
+    """Scrolls with the arrows, page up/down and home/end; escape closes."""
+
+    BINDINGS = [Binding("escape,q,enter", "dismiss", "Close")]
+    DEFAULT_CSS = """
+    AgentTaskScreen { align: center middle; }
+    AgentTaskScreen > VerticalScroll {
+        width: 100; max-width: 95%; height: auto; max-height: 90%;
+        border: round $primary; background: $surface; padding: 0 1;
+    }
+    """
+
+    def __init__(self, task: dict[str, Any]) -> None:
+        super().__init__()
+        self.agent_task = task
+
+    def compose(self) -> ComposeResult:
+        theme = self.app.current_theme
+        colours = (theme.error or "red", theme.warning or "yellow", theme.success or "green")
+        with VerticalScroll(id="task-detail") as scroll:
+            scroll.border_title = f"Task {self.agent_task['task_id'][:8]}"
+            when = self.agent_task.get("done_at") or self.agent_task.get("assigned_at")
+            if when:
+                scroll.border_subtitle = (
+                    time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) + " · esc closes"
+                )
+            yield Static(task_view(self.agent_task, colours), id="task-body")
+
+    def on_mount(self) -> None:
+        self.query_one("#task-detail").focus()
+
+    async def action_dismiss(self, result: None = None) -> None:
+        self.dismiss(result)
