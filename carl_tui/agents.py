@@ -53,7 +53,8 @@ def task_view(task: dict[str, Any], colours: tuple[str, str, str]) -> Table:
     if task.get("model_version"):
         who.append(f"model {task['model_version']}")
     if task.get("elapsed_s") is not None:
-        who.append(f"{task['elapsed_s']:.1f}s")
+        elapsed = task["elapsed_s"]
+        who.append(f"{elapsed * 1000:.0f} ms" if elapsed < 1 else f"{elapsed:.1f}s")
     if task.get("tokens"):
         who.append(f"{task['tokens']} tokens")
     if task.get("phi_mean") is not None:

@@ -4,6 +4,7 @@ leak to; the Claude manager over the real SDK against the local Messages API ser
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -266,6 +267,7 @@ def test_a_killed_engine_comes_back_with_one_plane_not_two(tmp_path: Path) -> No
             f"agents:\n  worker_kind: http\n  endpoint: {llm.base_url}\n  endpoint_model: {llm.model}\n"
             "  task_type: math\n  rate: 5\n"
         )
+        old: set[int] = set()
         try:
             assert carl(home, "agents", "up", "--workers", "1", "--tasks", str(tasks)).returncode == 0
             before = overview(home)
@@ -287,6 +289,9 @@ def test_a_killed_engine_comes_back_with_one_plane_not_two(tmp_path: Path) -> No
         finally:
             carl(home, "agents", "down")
             stop_engine(home)
+            for pid in old:  # never leave the killed engine's plane behind
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:

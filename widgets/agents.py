@@ -250,7 +250,10 @@ class AgentsPane(Static):
             head.append((Text(self._worker_header(width), style="dim"), None))
             for worker in self.agent_workers:
                 head.append((self._worker_line(worker, width, now, theme), ("worker", worker["worker_id"])))
-        events = [e for e in self.agent_events if not (folded and e.get("kind") in STATUS_KINDS)]
+        # A folded pane has room for a few lines: the results and their scores, not the bookkeeping
+        # (statuses, which the folded line sums up, and assignments, which every result implies).
+        hidden = (*STATUS_KINDS, "task") if folded else ()
+        events = [e for e in self.agent_events if e.get("kind") not in hidden]
         for event in events:
             body.append((self._event_line(event, width, theme), ("event", event["id"])))
         return head, body

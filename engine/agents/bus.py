@@ -154,7 +154,8 @@ async def connect(
     async def probe_error(exc: Exception) -> None:
         failure.append(exc)  # reported once, by the AgentsError below
 
-    probe = {**options, "allow_reconnect": False, "max_reconnect_attempts": 0, "error_cb": probe_error,
+    # (max_reconnect_attempts 0 means "forever" to nats-py; 1 means one try.)
+    probe = {**options, "allow_reconnect": False, "max_reconnect_attempts": 1, "reconnect_time_wait": 0.05, "error_cb": probe_error,
              "disconnected_cb": None, "reconnected_cb": None}  # fmt: skip
     attempts = [probe]
     if reconnect:

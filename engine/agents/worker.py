@@ -53,6 +53,7 @@ SYSTEM_PROMPT = (
     "then the final answer inside <answer>...</answer>."
 )
 HEARTBEAT_S = 10.0  # an idle worker says it is alive this often
+FETCH_WAIT_S = 5.0  # how long one wait for a task lasts
 MAX_DELIVER = 5  # a task that made this many workers fail or vanish is not handed out again
 MAX_SETTLING = 4  # results waiting for the stream's acknowledgement before the worker waits too
 
@@ -252,7 +253,8 @@ class Worker:
             await self._subscribe_updates()
             await self.status("idle", command_id=self.command_id, detail=f"serving {self.backend.version}")
             while not self.stop.is_set():
-                msgs = await self._fetch(tasks)
+                # Right after a task, a short wait: with no next task the worker says it is idle at once.
+                msgs = await self._fetch(tasks, 0.2 if self.state == "busy" else FETCH_WAIT_S)
                 for msg in msgs:
                     await self.handle(msg)
                 if not msgs and (self.state != "idle" or time.monotonic() - self.last_status > HEARTBEAT_S):
@@ -265,9 +267,23 @@ class Worker:
                 await bus_close(self.nc)
             self.backend.close()
 
-    async def _fetch(self, sub: Any) -> list[Any]:
+    async def _fetch(self, sub: Any, wait: float) -> list[Any]:
+        """The next task, waiting up to `wait` seconds, or nothing (also as soon as the worker is told to stop).
+
+        The wait is long on purpose: idle workers whose pull requests expire and are renewed in step with
+        the arrival of tasks starve each other (measured: at one task a second with 1 s waits, one of two
+        workers got all 20); with 5 s waits they take turns."""
+        fetching = asyncio.ensure_future(fetch(sub, 1, wait))
+        stopping = asyncio.ensure_future(self.stop.wait())
         try:
-            return await fetch(sub, 1, 1.0)
+            await asyncio.wait({fetching, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not fetching.done():
+            fetching.cancel()  # a task it would still have got is redelivered after the ack wait
+            return []
+        try:
+            return fetching.result()
         except (nats.errors.ConnectionClosedError, nats.errors.NoRespondersError,
                 nats.js.errors.ServiceUnavailableError, nats.js.errors.APIError) as exc:  # fmt: skip
             log.debug("fetch: %s", exc)

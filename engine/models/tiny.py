@@ -9,10 +9,13 @@ stay cheap.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -87,19 +90,36 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0, force: bool = False) -> Pa
     if not force and is_built(out_dir, seed):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and swap it in, so a reader never sees a half-written model.
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        tokenizer = _train_tokenizer()
-        _save_tokenizer(tokenizer, staging)
-        _build_model(tokenizer, seed).save_pretrained(staging)
-        (staging / BUILD_FILE).write_text(
-            json.dumps(build_fingerprint(seed), indent=2, sort_keys=True) + "\n"
-        )
-        _swap_into_place(staging, out_dir, seed)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    # One builder at a time: processes starting together (the demo run and the agents plane's workers)
+    # would otherwise each build and swap in a copy while another is already loading the first one.
+    with _build_lock(out_dir):
+        if not force and is_built(out_dir, seed):
+            return out_dir  # built while we waited
+        # Build beside the target and swap it in, so a reader never sees a half-written model.
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+        try:
+            tokenizer = _train_tokenizer()
+            _save_tokenizer(tokenizer, staging)
+            _build_model(tokenizer, seed).save_pretrained(staging)
+            (staging / BUILD_FILE).write_text(
+                json.dumps(build_fingerprint(seed), indent=2, sort_keys=True) + "\n"
+            )
+            _swap_into_place(staging, out_dir, seed)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return out_dir
+
+
+@contextmanager
+def _build_lock(out_dir: Path) -> Iterator[None]:
+    """An exclusive flock beside the model directory, held while it is built (released if we die)."""
+    lock_path = out_dir.parent / f".{out_dir.name}-build.lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _train_tokenizer() -> Any:
