@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import time
@@ -329,8 +330,19 @@ async def stream_epoch(js: Any) -> str:
 
 def incoming(msg: Any, epoch: str) -> Incoming:
     headers = msg.headers or {}
-    seq: int = msg.metadata.sequence.stream
+    seq = _stream_seq(msg.reply)
     return Incoming(msg.subject, msg.data, seq, f"{epoch}:{seq}", headers.get("Nats-Msg-Id"), time.time())
+
+
+def _stream_seq(reply: str) -> int:
+    """The stream sequence from a JetStream ack subject, `$JS.ACK.<stream>.<consumer>.<delivered>.<stream
+    seq>...` (the short form; the long one, with domain and account, goes through nats-py's parser)."""
+    tokens = reply.split(".")
+    if len(tokens) == 9:
+        return int(tokens[5])
+    from nats.aio.msg import Msg
+
+    return Msg.Metadata._from_reply(reply).sequence.stream
 
 
 async def _subscribe(js: Any, cb: Callable[[Any], Awaitable[None]]) -> Any:
@@ -362,6 +374,7 @@ async def run_audit(
     total = AuditCounts()
     arrived: list[Any] = []
     enough = asyncio.Event()
+    tune_gc()
 
     async def on_message(msg: Any) -> None:
         arrived.append(msg)
@@ -385,7 +398,7 @@ async def run_audit(
             while arrived:
                 msgs = arrived[:batch]
                 del arrived[:batch]
-                counts = await _write_until_stored(writer, [incoming(m, epoch) for m in msgs], stop)
+                counts = await _write_until_stored(writer, msgs, epoch, stop)
                 if counts is None:
                     return total  # stopped while the store was failing: unacknowledged, they come again
                 await _ack_all(msgs[-1])
@@ -399,14 +412,28 @@ async def run_audit(
     return total
 
 
-async def _write_until_stored(writer: AuditWriter, items: list[Incoming], stop: asyncio.Event
+def tune_gc() -> None:
+    """Fewer, cheaper garbage collections while events stream in: the objects alive by now (imports,
+    the process's state) are set aside from collection, and a collection waits for 50,000 allocations
+    instead of 700. Measured on the audit: about 10% more events a second (bench/bench_agents.py)."""
+    gc.freeze()
+    if gc.get_threshold()[0] < 50_000:
+        gc.set_threshold(50_000, 20, 20)
+
+
+async def _write_until_stored(writer: AuditWriter, msgs: list[Any], epoch: str, stop: asyncio.Event
                               ) -> AuditCounts | None:  # fmt: skip
+    """Write in the thread, reading the messages there too: the event loop's own time goes to receiving."""
+
+    def write() -> AuditCounts:
+        return writer.write([incoming(m, epoch) for m in msgs])
+
     delay = 0.5
     while True:
         try:
-            return await asyncio.to_thread(writer.write, items)
+            return await asyncio.to_thread(write)
         except Exception:  # the store in trouble (locked, full): try again; nothing after it is acknowledged
-            log.exception("audit: could not store %d events; trying again", len(items))
+            log.exception("audit: could not store %d events; trying again", len(msgs))
             if stop.is_set():
                 return None
             await asyncio.sleep(delay)

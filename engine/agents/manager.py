@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import nats
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from .alarms import AlarmMonitor
-from .bus import Address, connect, ensure_stream, fetch, publish_retrying, pull
+from .bus import STREAM, Address, connect, ensure_stream, publish_retrying
 from .bus import close as bus_close
 from .config import AgentsSettings
 from .events import (
@@ -154,6 +155,8 @@ class Manager:
         self.done = asyncio.Event()
         self.last_status = 0.0
         self.scoring = asyncio.Semaphore(SCORING_AT_ONCE)
+        self.scoring_tasks: set[asyncio.Task[None]] = set()
+        self.room = asyncio.Event()  # assignment may go on (a task ended, or it was resumed)
         self.nc: Any = None
         self.js: Any = None
 
@@ -164,12 +167,11 @@ class Manager:
         self.js = self.nc.jetstream()
         try:
             await ensure_stream(self.js, self.settings.stream)
-            results = await pull(self.js, "results.>", f"manager-{self.manager_id}", ack_wait=60)
+            results = await self._subscribe_results()
             await self.nc.subscribe("control.manager", cb=self._on_control)
             await self.nc.subscribe("status.workers.*", cb=self._on_worker_status)
             await self.report("assigning")
-            background = [asyncio.create_task(self._assign_loop()), asyncio.create_task(self._results_loop(results)),
-                          asyncio.create_task(self._watch_loop())]  # fmt: skip
+            background = [asyncio.create_task(self._assign_loop()), asyncio.create_task(self._watch_loop())]
             stopper = asyncio.create_task(self.stop.wait())
             await asyncio.wait(
                 [stopper, asyncio.create_task(self.done.wait())], return_when=asyncio.FIRST_COMPLETED
@@ -177,6 +179,8 @@ class Manager:
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await results.unsubscribe()
             self.summary.finished = time.monotonic()
             await self.report("done" if self.done.is_set() else "stopped", force=True)
         finally:
@@ -193,7 +197,8 @@ class Manager:
             while self.paused or len(self.pending) + self.group_size > max(
                 self.settings.concurrency, self.group_size
             ):
-                await asyncio.sleep(0.02)
+                self.room.clear()
+                await self.room.wait()  # set when a task ends or assignment resumes
             spec, size = self.feed.next_group(self.group_size)
             group_id = str(uuid.uuid4()) if size > 1 or self.group_size > 1 else None
             for _ in range(size):
@@ -209,21 +214,30 @@ class Manager:
             if interval:
                 await asyncio.sleep(interval)
 
-    async def _results_loop(self, sub: Any) -> None:
-        running: set[asyncio.Task[None]] = set()
-        while True:
-            try:
-                msgs = await fetch(sub, 64, 0.5)
-            except (nats.errors.ConnectionClosedError, nats.errors.NoRespondersError,
-                    nats.js.errors.ServiceUnavailableError, nats.js.errors.APIError) as exc:  # fmt: skip
-                log.debug("results fetch: %s", exc)
-                await asyncio.sleep(0.25)
-                continue
-            for msg in msgs:
-                await self.scoring.acquire()
-                task = asyncio.create_task(self._handle_result(msg))
-                running.add(task)
-                task.add_done_callback(running.discard)
+    async def _subscribe_results(self) -> Any:
+        """Results are pushed to the manager (a durable consumer, so none is missed while it restarts):
+        no request per result, as a pull would cost. Each is scored in a task of its own, at most
+        SCORING_AT_ONCE at a time; the callback waits for room, which holds further deliveries back."""
+        durable = f"manager-{self.manager_id}"
+        try:
+            info = await self.js.consumer_info(STREAM, durable)
+            if not info.config.deliver_subject:  # a pull consumer of an older manager: made anew
+                await self.js.delete_consumer(STREAM, durable)
+        except nats.js.errors.NotFoundError:
+            pass
+        config = ConsumerConfig(
+            durable_name=durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=60, deliver_policy=DeliverPolicy.ALL,
+            max_ack_pending=1000, flow_control=True, idle_heartbeat=5,
+        )  # fmt: skip
+
+        async def on_result(msg: Any) -> None:
+            await self.scoring.acquire()
+            task = asyncio.create_task(self._handle_result(msg))
+            self.scoring_tasks.add(task)
+            task.add_done_callback(self.scoring_tasks.discard)
+
+        return await self.js.subscribe("results.>", durable=durable, stream=STREAM, cb=on_result, manual_ack=True,
+                                       config=config)  # fmt: skip
 
     async def _watch_loop(self) -> None:
         """Give up tasks past their timeout, raise stuck-worker alarms, and notice when all is done."""
@@ -303,6 +317,7 @@ class Manager:
             await self._alarm(alarm)
         self._count(result, scored, feedback)
         self.pending.pop(result.task_id, None)
+        self.room.set()
 
     def _rollout(self, task: TaskEvent, result: ResultEvent, scored: ScoredResult) -> TrainingRolloutEvent:
         return TrainingRolloutEvent(
@@ -386,6 +401,7 @@ class Manager:
             )
         elif event.action == "resume_assignment":
             self.paused = False
+            self.room.set()
             await self.report("assigning", command_id=event.command_id, detail="assigning again", force=True)
         elif event.action == "shutdown":
             self.stop.set()
