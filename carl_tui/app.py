@@ -652,7 +652,7 @@ class ControlRoom(App[None]):
         run = self.view.run if self.view else None
         if run is None or self._debounced("resume_run"):
             return
-        if run.source_kind not in CONTROLLABLE or run.status in ("running", "paused", "finished"):
+        if run.source_kind not in RESUMABLE or run.status in ("running", "paused", "finished"):
             self.notify("resume is for a stopped, failed or crashed carl run", severity="warning")
             return
         if self._send("train", {"resume": run.name}, target="engine"):
@@ -881,7 +881,8 @@ class ControlRoom(App[None]):
         self.supervise_engine()
 
 
-CONTROLLABLE = ("carl", "callback")  # runs a carl runner or CarlCallback listens to
+CONTROLLABLE = ("carl", "callback", "agents")  # runs a carl runner, CarlCallback or the plane's trainer listens to
+RESUMABLE = ("carl", "callback")  # runs `carl train --resume` carries on (the plane's trainer resumes itself)
 
 
 def _positive_number(text: str) -> str | None:

@@ -140,3 +140,20 @@ async def test_samples_view_colours_tokens_by_phi(home: Path) -> None:
         assert "get_weather" in text and "Φ min 0.100" in text and "5 tokens" in text
         styles = {str(span.style) for span in getattr(body, "spans", [])}
         assert len(styles) >= 3  # low, middle and high Phi get different colours
+
+
+async def test_the_planes_trainer_run_obeys_the_run_keys_but_is_not_resumed_by_carl_train(home: Path) -> None:
+    with Store(home / "carl.db") as store:
+        run_id = store.create_run("agents-train", source_kind="agents", status="running", max_steps=10)
+        store.add_metrics(run_id, [(s, "loss", 1.0, time.time()) for s in range(3)])
+    app = ControlRoom(home, start_engine=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.view is not None and app.view.run.id == run_id)
+        await pilot.press("space")
+        assert commands(home) == [("pause", {}, "run")]
+        with Store(home / "carl.db") as store:
+            store.update_run(run_id, status="stopped")
+        finish_all(home)
+        await until(pilot, lambda: app.view is not None and app.view.run.status == "stopped")
+        await pilot.press("r")
+        assert commands(home) == [("pause", {}, "run")]  # nothing more: the trainer resumes itself
