@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -21,25 +20,14 @@ from engine.agents.policy import (
     response_logprobs,
 )
 from engine.coherence.phi import completion_token_stats, phi_from_entropy
-from engine.models.tiny import build_tiny_model, default_model_dir
+from engine.models.tiny import default_model_dir
 
 PROMPT = "What is the capital of France?"
 
 
-@pytest.fixture(autouse=True)
-def offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(default_model_dir(tmp_path_factory.mktemp("built")))
-
-
 @pytest.fixture
-def home(tmp_path: Path, built: Path) -> Path:
-    shutil.copytree(built, default_model_dir(tmp_path))
-    return tmp_path
+def home(tiny_home: Path) -> Path:
+    return tiny_home
 
 
 def recomputed(policy: LocalPolicy, gen: Generation, temperature: float) -> tuple[np.ndarray, np.ndarray]:

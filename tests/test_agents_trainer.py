@@ -3,7 +3,6 @@ the run lands in a real store, and a served policy hot-swaps the published adapt
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +16,6 @@ from engine.agents.config import TrainerSettings
 from engine.agents.events import TrainingRolloutEvent
 from engine.agents.policy import Generation, LocalPolicy, PolicyError
 from engine.agents.trainer import PlaneTrainer, adapters_dir, group_advantages
-from engine.models.tiny import build_tiny_model, default_model_dir
 from engine.store import Store
 from engine.training.backend import TrainingFailed
 
@@ -25,20 +23,9 @@ PROMPTS = ["What is the capital of France?", "Name a city in Peru.", "Say hello.
 SETTINGS = {"group_size": 4, "groups_per_update": 2, "learning_rate": 5e-3, "publish_every": 2}
 
 
-@pytest.fixture(autouse=True)
-def offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(default_model_dir(tmp_path_factory.mktemp("built")))
-
-
 @pytest.fixture
-def home(tmp_path: Path, built: Path) -> Path:
-    shutil.copytree(built, default_model_dir(tmp_path))
-    return tmp_path
+def home(tiny_home: Path) -> Path:
+    return tiny_home
 
 
 def make_trainer(home: Path, store: Store, *, temperature: float = 1.0, **settings: Any) -> PlaneTrainer:

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engine.errors import CarlError
+from engine.yamlfile import read_mapping
 
 from .events import TOKEN
 
@@ -186,22 +187,7 @@ def _line_of(path: Path, loc: tuple[Any, ...]) -> int | None:
 
 
 def _read_section(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise AgentsConfigError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise AgentsConfigError(f"{path}: cannot read it ({exc.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise AgentsConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise AgentsConfigError(f"{path}: expected a mapping with an 'agents' section")
+    data = read_mapping(path, AgentsConfigError, what="settings with an 'agents' section")
     section = data.get("agents", {})
     if set(data) - {"agents"}:
         extra = sorted(set(data) - {"agents"})[0]

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine.errors import CarlError
+from engine.yamlfile import read_mapping
 
 BUILTIN_REWARDS = ("task", "format", "coherence", "commitment", "concise")
 COHERENCE_REWARDS = ("coherence", "commitment")  # gated by the cascade, capped below the task reward
@@ -233,24 +234,7 @@ def _apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> set[str
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file (write one with `carl init`)") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of settings, found {type(data).__name__}")
-    return data
+    return read_mapping(path, ConfigError, missing="no such file (write one with `carl init`)")
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
