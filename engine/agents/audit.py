@@ -216,7 +216,9 @@ class AuditWriter:
             self._answer(event.command_id, f"worker {event.worker_id} {event.state}" + _detail(event.detail))
 
     def _manager_status(self, event: ManagerStatusEvent, received: float) -> None:
-        self._kv("agents.manager", {**event.model_dump(mode="json"), "received_at": received})
+        # The plane's own manager is "manager"; one that joined for a `carl agents run` keeps a row of its own.
+        key = "agents.manager" if event.manager_id == "manager" else f"agents.manager.{event.manager_id}"
+        self._kv(key, {**event.model_dump(mode="json"), "received_at": received})
         if event.command_id is not None:
             self._answer(event.command_id, f"manager {event.state}" + _detail(event.detail))
 

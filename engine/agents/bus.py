@@ -2,9 +2,10 @@
 
 One stream, `CARL_AGENTS`, holds every subject of the plane on file storage with age and byte
 limits and a duplicate window: a publish carries a `Nats-Msg-Id`, and a repeat within the window
-is acknowledged as a duplicate and stored once. Consumers are durable pull consumers with explicit
-ack: the workers of a task type share one (their queue group), so each task goes to exactly one
-worker and comes back to another when that worker dies without acknowledging it.
+is acknowledged as a duplicate and stored once. The workers of a task type share one durable pull
+consumer (their queue group), with explicit ack: each task goes to exactly one worker, and comes
+back to another when that worker dies without acknowledging it. (The audit and the manager take
+their messages pushed, with durable consumers of their own: see audit.py and manager.py.)
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,14 +222,6 @@ async def publish_retrying(js: JetStreamContext, event: PlaneEvent, *, attempts:
     raise AssertionError("unreachable")
 
 
-def work_queue_config(durable: str, ack_wait: float, max_deliver: int = -1, *, max_ack_pending: int = 1000
-                      ) -> ConsumerConfig:  # fmt: skip
-    return ConsumerConfig(
-        durable_name=durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait, max_deliver=max_deliver,
-        deliver_policy=DeliverPolicy.ALL, max_ack_pending=max_ack_pending,
-    )  # fmt: skip
-
-
 async def pull(js: JetStreamContext, subject: str, durable: str, *, ack_wait: float, max_ack_pending: int = 1000,
                ack_policy: AckPolicy = AckPolicy.EXPLICIT, deliver_policy: DeliverPolicy = DeliverPolicy.ALL,
                ) -> Any:  # fmt: skip
@@ -254,16 +247,3 @@ async def fetch(sub: Any, batch: int, timeout: float) -> list[Any]:
         return await sub.fetch(batch, timeout=timeout)
     except (TimeoutError, nats.errors.TimeoutError):
         return []
-
-
-async def with_keepalive(msg: Any, work: Awaitable[Any], every: float) -> Any:
-    """Run `work` while telling the server, every `every` seconds, that `msg` is still in progress."""
-    task = asyncio.ensure_future(work)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=every)
-        if done:
-            return task.result()
-        try:
-            await msg.in_progress()
-        except Exception:  # the connection is away: the ack wait may lapse, which is what it is for
-            log.debug("in_progress failed", exc_info=True)

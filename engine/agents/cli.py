@@ -235,9 +235,9 @@ async def headless(home: Path, settings: AgentsSettings, specs: list[Any], *, li
     into the store, the manager here, the workers and trainer as processes. Returns the summary."""
     from engine.store import Store
 
-    from .audit import AuditWriter, run_audit
+    from .audit import AUDIT_CONSUMER, AuditWriter, audit_bound, run_audit
+    from .bus import TRAINER_DURABLE, connect, ensure_stream, trainer_subscription
     from .bus import close as bus_close
-    from .bus import connect, ensure_stream, trainer_subscription
     from .manager import Manager, TaskFeed
     from .plane import stop_processes, write_settings
     from .roles import build_feedback, build_scorer, group_size
@@ -250,7 +250,12 @@ async def headless(home: Path, settings: AgentsSettings, specs: list[Any], *, li
         js = nc.jetstream()
         await ensure_stream(js, settings.stream)
         stop_audit = asyncio.Event()
-        audit = asyncio.create_task(run_audit(js, AuditWriter(store), stop_audit))
+        # The engine's bridge may be storing this plane's events already (the same store): then it does.
+        audit = (
+            None
+            if await audit_bound(js)
+            else asyncio.create_task(run_audit(js, AuditWriter(store), stop_audit))
+        )
         settings_file = (
             write_settings(home, settings) if server is not None else _run_settings(home, settings)
         )
@@ -270,18 +275,21 @@ async def headless(home: Path, settings: AgentsSettings, specs: list[Any], *, li
         manager = Manager(address, settings, TaskFeed(specs, limit=limit, cycle=False),
                           build_scorer(settings, api_key=api_key, base_url=base_url),
                           build_feedback(settings, api_key=api_key, base_url=base_url),
-                          group_size=group_size(settings), store_path=paths.db_path(home))  # fmt: skip
+                          group_size=group_size(settings), store_path=paths.db_path(home),
+                          manager_id="manager" if server is not None else f"run-{os.getpid()}",
+                          transient=server is None)  # fmt: skip
         watch = asyncio.create_task(_watch_workers(procs, manager, home))
         summary = await manager.run()
         watch.cancel()
         if trainer is not None:
-            await _drained(js, "trainer")  # every rollout reached the trainer before it is told to stop
+            await _drained(js, TRAINER_DURABLE)  # every rollout reached the trainer before it is told to stop
             await asyncio.to_thread(stop_processes, [trainer], 120.0)  # it finishes the step in hand
             await _serving_latest(home, procs)
         await asyncio.to_thread(stop_processes, procs)
-        await _drained(js, "carl-audit")
+        await _drained(js, AUDIT_CONSUMER)
         stop_audit.set()
-        await audit
+        if audit is not None:
+            await audit
         await bus_close(nc)
         result = summary.as_dict()
         if watch.done() and not watch.cancelled() and watch.exception() is None and watch.result():

@@ -53,6 +53,7 @@ class PlaneEvent(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     TYPE: ClassVar[str] = ""
+    SUBJECT: ClassVar[str] = ""  # e.g. "tasks.{task_type}"
 
     schema_version: Literal[1] = SCHEMA_VERSION
     created_at: datetime = Field(default_factory=utc_now)
@@ -64,7 +65,8 @@ class PlaneEvent(BaseModel):
         return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
     def subject(self) -> str:
-        raise NotImplementedError
+        """The subject this event travels on: its SUBJECT, filled in from its fields."""
+        return self.SUBJECT.format_map(self.__dict__)
 
     def dedup_id(self) -> str:
         """The `Nats-Msg-Id` of this event: a repeat within the stream's window is stored once."""
@@ -76,6 +78,7 @@ class PlaneEvent(BaseModel):
 
 class TaskEvent(PlaneEvent):
     TYPE: ClassVar[str] = "task"
+    SUBJECT: ClassVar[str] = "tasks.{task_type}"
     type: Literal["task"] = "task"
     task_id: str = Field(default_factory=new_id)
     manager_id: str
@@ -88,15 +91,13 @@ class TaskEvent(PlaneEvent):
     group_size: int = Field(1, ge=1)  # how many tasks the group has
     metadata: dict[str, Any] = Field(default_factory=dict)
 
-    def subject(self) -> str:
-        return f"tasks.{self.task_type}"
-
     def dedup_id(self) -> str:
         return f"task-{self.task_id}"
 
 
 class ResultEvent(PlaneEvent):
     TYPE: ClassVar[str] = "result"
+    SUBJECT: ClassVar[str] = "results.{task_type}"
     type: Literal["result"] = "result"
     task_id: str
     worker_id: str
@@ -119,9 +120,6 @@ class ResultEvent(PlaneEvent):
     phi_mean: Score | None = None  # mean Phi of the answer's tokens, from the distributions that chose them
     metadata: dict[str, Any] = Field(default_factory=dict)  # environment signals: exit codes, tests, diff
 
-    def subject(self) -> str:
-        return f"results.{self.task_type}"
-
     def dedup_id(self) -> str:
         return f"result-{self.task_id}"  # a redelivered task answered twice is stored once
 
@@ -130,6 +128,7 @@ class FeedbackEvent(PlaneEvent):
     """The manager's own judgement of a result, kept apart from the PRM step scores (rule 4)."""
 
     TYPE: ClassVar[str] = "feedback"
+    SUBJECT: ClassVar[str] = "feedback.scored"
     type: Literal["feedback"] = "feedback"
     task_id: str
     manager_id: str
@@ -139,15 +138,13 @@ class FeedbackEvent(PlaneEvent):
     source: Literal["claude", "offline"] = "offline"
     dimensions: dict[str, Score] = Field(default_factory=dict)  # correctness, completeness, quality
 
-    def subject(self) -> str:
-        return "feedback.scored"
-
     def dedup_id(self) -> str:
         return f"feedback-{self.task_id}"
 
 
 class TrainingRolloutEvent(PlaneEvent):
     TYPE: ClassVar[str] = "rollout"
+    SUBJECT: ClassVar[str] = "training.rollouts"
     type: Literal["rollout"] = "rollout"
     task_id: str
     worker_id: str
@@ -169,9 +166,6 @@ class TrainingRolloutEvent(PlaneEvent):
     token_logprobs: list[float] = Field(default_factory=list)  # the behaviour policy's, per response token
     temperature: float | None = None
 
-    def subject(self) -> str:
-        return "training.rollouts"
-
     def dedup_id(self) -> str:
         return f"rollout-{self.task_id}"
 
@@ -180,6 +174,7 @@ class ModelUpdateEvent(PlaneEvent):
     """A new adapter: `model_version` is also the adapter's name, the one the worker loads and reports."""
 
     TYPE: ClassVar[str] = "model_update"
+    SUBJECT: ClassVar[str] = "model.updates"
     type: Literal["model_update"] = "model_update"
     model_version: str
     checkpoint_path: str  # a peft adapter directory
@@ -188,9 +183,6 @@ class ModelUpdateEvent(PlaneEvent):
     target_worker_id: str | None = None  # None: every worker
     step: int = 0
     metrics: dict[str, float] = Field(default_factory=dict)
-
-    def subject(self) -> str:
-        return "model.updates"
 
     def dedup_id(self) -> str:
         return f"model-{self.model_version}"
@@ -201,6 +193,7 @@ AlarmKind = Literal["collusion", "reward_hacking", "worker_divergence", "stuck_w
 
 class AlarmEvent(PlaneEvent):
     TYPE: ClassVar[str] = "alarm"
+    SUBJECT: ClassVar[str] = "alignment.alarms"
     type: Literal["alarm"] = "alarm"
     alarm_id: str = Field(default_factory=new_id)
     kind: AlarmKind
@@ -208,9 +201,6 @@ class AlarmEvent(PlaneEvent):
     worker_id: str | None = None
     task_id: str | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
-
-    def subject(self) -> str:
-        return "alignment.alarms"
 
     def dedup_id(self) -> str:
         return f"alarm-{self.alarm_id}"
@@ -242,6 +232,7 @@ class ControlEvent(PlaneEvent):
 
 class WorkerStatusEvent(PlaneEvent):
     TYPE: ClassVar[str] = "worker_status"
+    SUBJECT: ClassVar[str] = "status.workers.{worker_id}"
     type: Literal["worker_status"] = "worker_status"
     worker_id: SubjectToken
     kind: str  # model | http
@@ -257,12 +248,10 @@ class WorkerStatusEvent(PlaneEvent):
     detail: str = ""
     command_id: int | None = None  # the control room command this status answers
 
-    def subject(self) -> str:
-        return f"status.workers.{self.worker_id}"
-
 
 class ManagerStatusEvent(PlaneEvent):
     TYPE: ClassVar[str] = "manager_status"
+    SUBJECT: ClassVar[str] = "status.manager"
     type: Literal["manager_status"] = "manager_status"
     manager_id: str
     state: Literal["assigning", "paused", "done", "stopped"]
@@ -275,9 +264,6 @@ class ManagerStatusEvent(PlaneEvent):
     feedback: str = "offline"  # who writes the feedback: offline or claude
     detail: str = ""
     command_id: int | None = None  # the control room command this status answers
-
-    def subject(self) -> str:
-        return "status.manager"
 
 
 EVENT_TYPES: dict[str, type[PlaneEvent]] = {

@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -49,6 +49,7 @@ from .events import (
 )
 from .feedback import Feedback
 from .scoring import CombinedScorer, ScoredResult
+from .server import AgentsError
 from .tasks import TaskSpec, verify
 
 log = logging.getLogger("carl.agents")
@@ -56,13 +57,12 @@ STATUS_EVERY_S = 2.0  # a running manager reports its counts at most this often
 SCORING_AT_ONCE = 8  # results scored concurrently (a remote judge is slow, the bus is not)
 
 
-class FeedbackWriter:
+class FeedbackWriter(Protocol):
     """What writes the manager's feedback (feedback.OfflineFeedback or feedback.ClaudeFeedback)."""
 
     source: str
 
-    async def feedback(self, task: TaskEvent, result: ResultEvent) -> Feedback:  # pragma: no cover - protocol
-        raise NotImplementedError
+    async def feedback(self, task: TaskEvent, result: ResultEvent) -> Feedback: ...
 
 
 @dataclass
@@ -136,6 +136,7 @@ class Manager:
         self, address: Address, settings: AgentsSettings, feed: TaskFeed, scorer: CombinedScorer,
         feedback: FeedbackWriter, *, manager_id: str = "manager", group_size: int = 1,
         store_path: Path | None = None, on_summary: Callable[[ManagerSummary], None] | None = None,
+        transient: bool = False,
     ) -> None:  # fmt: skip
         self.address = address
         self.settings = settings
@@ -145,6 +146,7 @@ class Manager:
         self.manager_id = manager_id
         self.group_size = group_size
         self.store_path = store_path  # where to look up a task a previous manager process assigned
+        self.transient = transient
         self.on_summary = on_summary
         self.alarms = AlarmMonitor(settings.alarms, settings.ack_wait_s)
         self.summary = ManagerSummary()
@@ -181,6 +183,9 @@ class Manager:
             await asyncio.gather(*background, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await results.unsubscribe()
+            if self.transient:  # a manager of one `carl agents run` leaves no consumer behind
+                with contextlib.suppress(Exception):
+                    await self.js.delete_consumer(STREAM, f"manager-{self.manager_id}")
             self.summary.finished = time.monotonic()
             await self.report("done" if self.done.is_set() else "stopped", force=True)
         finally:
@@ -236,8 +241,15 @@ class Manager:
             self.scoring_tasks.add(task)
             task.add_done_callback(self.scoring_tasks.discard)
 
-        return await self.js.subscribe("results.>", durable=durable, stream=STREAM, cb=on_result, manual_ack=True,
-                                       config=config)  # fmt: skip
+        try:
+            return await self.js.subscribe("results.>", durable=durable, stream=STREAM, cb=on_result,
+                                           manual_ack=True, config=config)  # fmt: skip
+        except nats.js.errors.Error as exc:
+            if "already bound" in str(exc):
+                raise AgentsError(
+                    f"a manager named {self.manager_id!r} is already running on this plane"
+                ) from None
+            raise
 
     async def _watch_loop(self) -> None:
         """Give up tasks past their timeout, raise stuck-worker alarms, and notice when all is done."""
@@ -346,7 +358,7 @@ class Manager:
         summary.model_versions[version] = summary.model_versions.get(version, 0) + 1
 
     def _lookup(self, task_id: str) -> TaskEvent | None:
-        """A task an earlier manager process assigned, as the audit stored it (None: unknown)."""
+        """A task an earlier process of this manager assigned, as the audit stored it (None: unknown)."""
         if self.store_path is None or not self.store_path.exists():
             return None
         try:
@@ -354,8 +366,8 @@ class Manager:
             try:
                 row = conn.execute(
                     "SELECT task_type, environment, prompt, reference, verifier, group_id, manager_id FROM agent_tasks"
-                    " WHERE task_id=? AND prompt IS NOT NULL AND manager_id IS NOT NULL",
-                    (task_id,),
+                    " WHERE task_id=? AND prompt IS NOT NULL AND manager_id=?",
+                    (task_id, self.manager_id),  # another manager's results are its own to score
                 ).fetchone()
             finally:
                 conn.close()

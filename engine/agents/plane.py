@@ -114,11 +114,6 @@ class Child:
                 "crashes": self.crashes, "last_exit": self.last_exit, "log": str(self.log_path)}  # fmt: skip
 
 
-def stop_process(proc: subprocess.Popen[bytes] | None, wait: float = STOP_WAIT_S) -> None:
-    """SIGTERM (a worker finishes its task first), then SIGKILL after `wait`."""
-    stop_processes([proc], wait)
-
-
 def stop_processes(procs: list[subprocess.Popen[bytes] | None], wait: float = STOP_WAIT_S) -> None:
     """Stop them all at once: SIGTERM to each, then wait, then SIGKILL what is left after `wait`."""
     live = [p for p in procs if p is not None and p.poll() is None]
