@@ -237,8 +237,12 @@ TRAINER_DURABLE = "trainer"  # the trainer's consumer of training.rollouts
 
 
 async def trainer_subscription(js: JetStreamContext) -> Any:
-    """The trainer's durable consumer; made before the trainer starts, rollouts wait for it in the stream."""
-    return await pull(js, "training.rollouts", TRAINER_DURABLE, ack_wait=120)
+    """The trainer's durable consumer of rollouts. The manager makes it before it assigns the first task
+    of a training plane, so no rollout of that plane is missed while the trainer starts; made new, it
+    begins with new rollouts only (not those of planes long gone, for other models)."""
+    return await pull(
+        js, "training.rollouts", TRAINER_DURABLE, ack_wait=120, deliver_policy=DeliverPolicy.NEW
+    )
 
 
 async def fetch(sub: Any, batch: int, timeout: float) -> list[Any]:

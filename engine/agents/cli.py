@@ -497,7 +497,26 @@ def _event_line(row: dict[str, Any]) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["received_at"] or row["created_at"] or 0))
     who = row["worker_id"] or row["manager_id"] or "-"
     task = (row["task_id"] or "-")[:8]
-    tail = f" score {row['score']:.3f}" if row["score"] is not None else ""
+    return f"{when} {row['kind']:<14} {row['subject']:<24} {who:<14} {task:<8} {_event_says(row)}".rstrip()
+
+
+def _event_says(row: dict[str, Any]) -> str:
+    """What an event says, in a few words: its score, a status, an alarm's reason, an adapter's name."""
     if row["status"] == "rejected":
-        tail = f" REJECTED: {row['reason']}"
-    return f"{when} {row['kind']:<14} {row['subject']:<24} {who:<14} {task:<8}{tail}"
+        return f"REJECTED: {row['reason']}"
+    try:
+        body = json.loads(row["payload"])
+    except (TypeError, ValueError):
+        body = {}
+    kind = row["kind"]
+    if kind == "alarm":
+        return f"{body.get('kind')}: {body.get('reason')}"
+    if kind == "model_update":
+        return f"{body.get('model_version')} (step {body.get('step')})"
+    if kind == "control":
+        return f"{body.get('action')} -> {body.get('target')}"
+    if kind in ("worker_status", "manager_status"):
+        return " ".join(str(part) for part in (body.get("state"), body.get("detail")) if part)
+    if kind == "result" and body.get("status") == "failed":
+        return f"failed: {body.get('error') or body.get('result')}"
+    return f"score {row['score']:.3f}" if row["score"] is not None else ""

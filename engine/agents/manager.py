@@ -33,7 +33,7 @@ import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from .alarms import AlarmMonitor
-from .bus import STREAM, Address, connect, ensure_stream, publish_retrying
+from .bus import STREAM, Address, connect, ensure_stream, publish_retrying, trainer_subscription
 from .bus import close as bus_close
 from .config import AgentsSettings
 from .events import (
@@ -170,6 +170,8 @@ class Manager:
         try:
             await ensure_stream(self.js, self.settings.stream)
             results = await self._subscribe_results()
+            if self.group_size > 1:  # training: the trainer's consumer exists before the first rollout
+                await (await trainer_subscription(self.js)).unsubscribe()
             await self.nc.subscribe("control.manager", cb=self._on_control)
             await self.nc.subscribe("status.workers.*", cb=self._on_worker_status)
             await self.report("assigning")

@@ -301,9 +301,9 @@ class Plane:
             load_tasks(Path(spec.tasks))  # a bad file fails here, in one line, before anything starts
         else:
             demo_tasks()
-        self.settings, self.spec = settings, spec
         settings_file = write_settings(self.home, settings)
-        self.address = self._address(settings)
+        self.address = self._address(settings)  # the server is up (or the URL given) before the plane is
+        self.settings, self.spec = settings, spec
         self.bridge = Bridge(self.home, self.address, settings)
         self.bridge.start()
         self._spawn("manager", "manager", *self._manager_args(spec))
