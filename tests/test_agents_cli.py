@@ -300,3 +300,30 @@ def _alive(pid: int) -> bool:
             return "State:\tZ" not in status.read()
     except FileNotFoundError:
         return False
+
+
+def test_the_engine_joins_an_existing_server_from_the_environment_and_starts_none(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    with nats_server(tmp_path / "shared") as shared, OpenAIServer(responder=solve) as llm:
+        token = tmp_path / "plane.token"
+        token.write_text((tmp_path / "shared" / "nats" / "token").read_text())
+        tasks = arithmetic_tasks(tmp_path / "tasks.jsonl", 4)
+        (home / "agents.yaml").write_text(
+            f"agents:\n  worker_kind: http\n  endpoint: {llm.base_url}\n  endpoint_model: {llm.model}\n"
+            f"  task_type: math\n  token_file: {token}\n"
+        )
+        env = {**os.environ, "CARL_HOME": str(home), "CARL_NATS_URL": shared.url}
+        try:
+            up = subprocess.run([sys.executable, "-m", "carl_tui.cli_carl", "agents", "up", "--workers", "1",
+                                 "--tasks", str(tasks), "--limit", "4"], capture_output=True, text=True, env=env,
+                                timeout=120)  # fmt: skip
+            assert up.returncode == 0, up.stderr
+            assert f"agents plane up on {shared.url}" in up.stdout
+            wait_for(lambda: (overview(home)["manager"] or {}).get("state") == "done", what="the tasks done")
+            server = overview(home)["server"]
+            assert server["state"] == "external" and server["local"] is False and server["pid"] is None
+            assert not (home / "nats" / "server.conf").exists()  # no server of its own
+        finally:
+            carl(home, "agents", "down")
+            stop_engine(home)
