@@ -21,9 +21,9 @@ def store(tmp_path: Path) -> Iterator[Store]:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The built-in tiny model, built once for the session (tests copy it, never change it)."""
-    from engine.models.tiny import build_tiny_model, default_model_dir
+    from engine.models.tiny import build_tiny_model
 
-    return build_tiny_model(default_model_dir(tmp_path_factory.mktemp("tiny")))
+    return build_tiny_model(tmp_path_factory.getbasetemp() / "carl-tiny")
 
 
 @pytest.fixture

@@ -30,7 +30,6 @@ import pytest
 import yaml
 from hub_server import HubServer
 
-from engine.models.tiny import build_tiny_model
 from engine.store import Store, StoreReader
 from engine.training.push import add_push_arguments, model_card, push_from_args
 
@@ -78,12 +77,6 @@ def hub_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def hub() -> Iterator[HubServer]:
     with HubServer({TOKEN: USER, "hf_other_user_token_987": "bob"}) as server:
         yield server
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # The same directory as the training tests': built once per session.
-    return build_tiny_model(tmp_path_factory.getbasetemp() / "carl-tiny")
 
 
 @pytest.fixture(scope="module")

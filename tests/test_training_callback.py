@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from engine.models.tiny import build_tiny_model
 from engine.store import Store
 
 pytestmark = pytest.mark.slow
@@ -82,11 +81,6 @@ Trainer(
     callbacks=[Boom(), CarlCallback(run_name="broken", home=home)],
 ).train()
 """
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.getbasetemp() / "carl-tiny")
 
 
 def run_script(tmp_path: Path, source: str, model: Path) -> subprocess.CompletedProcess[str]:

@@ -16,19 +16,12 @@ from typing import Any
 
 import pytest
 
-from engine.models.tiny import build_tiny_model
 from engine.store import ROLLUP_LEVELS, Store
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 os.environ.update(OFFLINE)  # nothing here may reach the Hugging Face hub
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # Shared by every training test file: built once per session, reused when already built.
-    return build_tiny_model(tmp_path_factory.getbasetemp() / "carl-tiny")
 
 
 def write_config(path: Path, tiny: Path, **settings: Any) -> Path:
@@ -227,18 +220,34 @@ def test_commands_pause_resume_checkpoint_set_lr_set_weight_stop(
 # -- crash safety ----------------------------------------------------------------------------------
 
 
+def paused_at(store: Store, run_id: int, proc: subprocess.Popen[str], after_step: int) -> int:
+    """Drive a run to a known point: once it is past `after_step`, pause it through the command queue and
+    return the step boundary it holds at (a kill then lands there, not wherever the run had got to)."""
+    wait_for(lambda: (store.run(run_id)["last_step"] or 0) >= after_step, proc)
+    command = store.enqueue_command("pause", target="run", run_id=run_id, origin="test")
+    result = wait_for(lambda: store.conn.execute(
+        "SELECT result FROM commands WHERE id=? AND state='done'", (command,)).fetchone(), proc)  # fmt: skip
+    return int(result[0].removeprefix("paused at step "))
+
+
+def last_checkpoint_before(store: Store, run_id: int, step: int) -> int:
+    rows = store.conn.execute(
+        "SELECT step FROM events WHERE run_id=? AND kind='checkpoint' AND step<=?", (run_id, step)
+    ).fetchall()
+    return max(r[0] for r in rows)
+
+
 def test_kill_9_then_resume_leaves_every_step_exactly_once(
     tmp_path: Path, tiny_model: Path, store: Store
 ) -> None:
     config = write_config(tmp_path / "carl.yaml", tiny_model, max_steps=16, save_steps=4, sft_warmup_steps=2)
     proc = start(tmp_path / "home", "--config", str(config), "--name", "crash")
     run_id = wait_for(lambda: store.run_id_by_name("crash"), proc)
-    wait_for(
-        lambda: (store.run(run_id)["last_step"] or 0) >= 13, proc
-    )  # checkpoints at 4 and 8 (steps 6, 10)
+    held = paused_at(store, run_id, proc, after_step=11)  # past the checkpoints at store steps 6 and 10
+    expected = last_checkpoint_before(store, run_id, held)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert store.run(run_id)["status"] == "running"  # what a crash leaves
+    assert store.run(run_id)["status"] == "paused"  # what a crash leaves
 
     code, out, err = finish(start(tmp_path / "home", "--resume", "crash"))
     assert code == 0, err
@@ -270,8 +279,8 @@ def test_kill_9_then_resume_leaves_every_step_exactly_once(
     resumed = store.conn.execute(
         "SELECT step FROM events WHERE run_id=? AND kind='resume'", (run_id,)
     ).fetchone()
-    assert resumed == (10,)  # from checkpoint-8 of the GRPO phase: store step 2 + 8
-    assert "grpo step 11/18" in out and "sft" not in out  # the warm-up is not repeated
+    assert resumed == (expected,)  # the last checkpoint before the kill, nothing after it
+    assert f"grpo step {expected + 1}/18" in out and "sft" not in out  # the warm-up is not repeated
 
 
 # -- bad input ---------------------------------------------------------------------------------------
