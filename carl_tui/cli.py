@@ -60,6 +60,8 @@ def tui_main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--demo-steps", type=int, default=None, help="GRPO steps of the demo run (default: demo.yaml's)"
     )
+    parser.add_argument("--backend", choices=("auto", "torch", "mlx"), default=None,
+                        help="what the demo trains on (default: auto, MLX on Apple silicon)")  # fmt: skip
     parser.add_argument(
         "--api-key", default=None, help="Anthropic API key for `d` (default: $ANTHROPIC_API_KEY)"
     )
@@ -70,7 +72,7 @@ def tui_main(argv: list[str] | None = None) -> int:
 def _run_tui(args: argparse.Namespace) -> int:
     home = _home(args)
     if args.demo:
-        _start_demo(home, args.demo_steps)
+        _start_demo(home, args.demo_steps, args.backend)
     os.environ.setdefault("TEXTUAL_ANIMATIONS", "none")  # nothing moves unless data does
     # The control room never multiplies matrices; without this, OpenBLAS starts a thread per
     # core while numpy imports, which doubles numpy's share of the start-up time.
@@ -166,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
 
     demo = sub.add_parser("demo", help="start the built-in demo training run (through the engine)")
     demo.add_argument("--steps", type=int, default=None)
-    demo.set_defaults(fn=lambda a: _start_demo(_home(a), a.steps) or 0)
+    demo.add_argument("--backend", choices=("auto", "torch", "mlx"), default=None, help="default: auto")
+    demo.set_defaults(fn=lambda a: _start_demo(_home(a), a.steps, a.backend) or 0)
 
     args = parser.parse_args(argv)
     return _guard(args.fn, args)
@@ -411,11 +414,13 @@ class _LazyProgress:
 # -- the demo -----------------------------------------------------------------------------
 
 
-def _start_demo(home: Path, steps: int | None) -> None:
+def _start_demo(home: Path, steps: int | None, backend: str | None = None) -> None:
     """Have the engine start the built-in demo (SFT warm-up, then GRPO with the reward cascade
     on the tiny model) unless a demo run is already live; the control room then watches it."""
     if any(importlib.util.find_spec(m) is None for m in ("torch", "trl", "transformers")):
         raise CliError("the demo trains a model: install the train extra (pip install 'carl-tui[train]')")
+    if backend == "mlx" and any(importlib.util.find_spec(m) is None for m in ("mlx", "mlx_lm")):
+        raise CliError("--backend mlx: install the mlx extra (pip install 'carl-tui[mlx]')")
     from engine.daemon import start_engine
     from engine.store import Store
 
@@ -429,7 +434,8 @@ def _start_demo(home: Path, steps: int | None) -> None:
         if live:
             print(f"demo run {live[0]!r} is live; opening the control room on it")
             return
-        args = {"config": "demo", "name": "demo", **({"max_steps": steps} if steps else {})}
+        args = {"config": "demo", "name": "demo", **({"max_steps": steps} if steps else {}),
+                **({"backend": backend} if backend else {})}  # fmt: skip
         store.enqueue_command("train", args, target="engine", origin="cli")
         plane = _demo_plane(store)
     print("demo training queued: the engine starts it (logs in ~/.carl/logs/train-*.log)")

@@ -24,6 +24,7 @@ import numpy as np
 
 from engine.coherence.phi import phi_from_entropy, token_entropy
 from engine.errors import CarlError
+from engine.training import data as training_data
 from engine.training import torch_backend
 from engine.training.backend import one_line
 from engine.training.config import TINY_MODEL
@@ -58,8 +59,8 @@ class Generation:
 
 def resolve_model(model: str, home: Path) -> Path | str:
     """A local model directory (the built-in tiny model is built on first use), or a hub id as given."""
-    where = torch_backend.resolve_model(model, home, seed=0)
-    return Path(where) if model == TINY_MODEL or torch_backend.is_local_model(model) else where
+    where = training_data.resolve_model(model, home, seed=0)
+    return Path(where) if model == TINY_MODEL or training_data.is_local_model(model) else where
 
 
 def base_fingerprint(model_dir: Path | str) -> str:
@@ -95,7 +96,7 @@ def load_model(where: Path | str, name: str, device: str) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    torch_backend._offline_if_local(name)
+    training_data._offline_if_local(name)
     hf_logging.disable_progress_bar()  # a worker's log is read as lines
     if device == "cpu":
         torch.set_num_threads(torch_backend.CPU_THREADS)  # tiny matrices: more threads only synchronise

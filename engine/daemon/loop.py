@@ -338,6 +338,13 @@ class Engine:
             argv += ["--name", str(name)]
         if args.get("max_steps"):
             argv += ["--max-steps", str(int(args["max_steps"]))]
+        if args.get("backend"):
+            if args["backend"] not in ("auto", "torch", "mlx"):
+                self.finish(
+                    command_id, False, f"train: backend {args['backend']!r} (expected auto, torch or mlx)"
+                )
+                return
+            argv += ["--backend", str(args["backend"])]
         log_path = paths.logs_dir(self.home) / time.strftime(f"train-%Y%m%d-%H%M%S-{command_id}.log")
         with log_path.open("ab") as out:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, close_fds=True,

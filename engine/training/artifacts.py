@@ -16,9 +16,9 @@ from typing import Any
 from .backend import BadInput
 
 FINAL_DIR = "final"
-# Files a checkpoint holds for resuming training, not for using the model.
+# Files a checkpoint holds for resuming training, not for using the model (the last two: the MLX backend's).
 TRAINING_STATE = ("optimizer.pt", "scheduler.pt", "training_args.bin", "trainer_state.json", "carl_gate.json",
-                  "scaler.pt")  # fmt: skip
+                  "scaler.pt", "optimizer.safetensors", "carl_state.json")  # fmt: skip
 TRAINING_STATE_PREFIXES = ("rng_state",)
 
 
@@ -27,7 +27,8 @@ def is_model_dir(path: Path) -> bool:
     if not path.is_dir():
         return False
     has_config = (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
-    has_weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
+    weights = [*path.glob("*.safetensors"), *path.glob("*.bin")]
+    has_weights = any(f.name not in TRAINING_STATE for f in weights)
     return has_config and has_weights
 
 
@@ -73,13 +74,20 @@ def model_files(path: Path) -> list[Path]:
 
 
 def base_model_of(path: Path) -> str | None:
-    """For an adapter: the base model it was trained on, as recorded by peft."""
+    """For an adapter: the base model it was trained on, as recorded by peft or by carl's MLX backend
+    (`base_model_name_or_path`), or by mlx-lm's own trainer (`model`)."""
     if not is_adapter(path):
         return None
     try:
-        return json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+        data = json.loads((path / "adapter_config.json").read_text())
     except (OSError, ValueError):
         return None
+    if not isinstance(data, dict):
+        return None
+    base = data.get("base_model_name_or_path")
+    if not base and "fine_tune_type" in data:  # mlx-lm's trainer records its base as `model`
+        base = data.get("model")
+    return str(base) if base else None
 
 
 def lookup_run(store: Any, ref: str) -> dict[str, Any] | None:

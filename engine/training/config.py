@@ -126,7 +126,10 @@ class TrainConfig(_Section):
         DEMO_DATASET, min_length=1, description="'demo' or a .jsonl/.json file with a prompt column"
     )
     method: Literal["grpo", "sft"] = Field("grpo", description="grpo (reinforcement) or sft (supervised)")
-    backend: Literal["auto", "torch", "mlx"] = Field("auto", description="auto picks torch here")
+    backend: Literal["auto", "torch", "mlx"] = Field(
+        "auto",
+        description="auto: mlx on Apple silicon with mlx installed, else torch (CUDA when there is one)",
+    )
     max_steps: int = Field(100, gt=0, description="optimizer steps of the main phase (after any warm-up)")
     learning_rate: float = Field(
         1e-3, gt=0.0, description="1e-3 suits carl-tiny; ~1e-5 for LoRA on a real model"
@@ -137,6 +140,12 @@ class TrainConfig(_Section):
     )
     max_completion_length: int = Field(24, gt=0, description="tokens generated per completion at most")
     temperature: float = Field(1.0, gt=0.0, description="sampling temperature (Phi is measured at it)")
+    beta: float = Field(
+        0.0, ge=0.0, description="GRPO: weight of the KL to the reference (the starting model); 0 skips it"
+    )
+    epsilon: float = Field(
+        0.2, gt=0.0, lt=1.0, description="GRPO: the importance ratio is clipped to [1 - epsilon, 1 + epsilon]"
+    )
     seed: int = Field(0, ge=0, description="random seed")
     save_steps: int = Field(20, gt=0, description="checkpoint every this many steps")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter")

@@ -4,10 +4,14 @@ Greedy answers (what a user would deploy) to at most `eval.max_prompts` held-out
 by the run's own task rewards and its format reward, with the Phi of each answer measured at the
 run's sampling temperature from the distributions that chose its tokens. The verdict, every
 figure and the reasons go into the store's `evals` table, which the control room shows.
+
+A run the MLX backend trained is answered by MLX (mlx-lm loads its model, or its base and
+adapter), a torch run by transformers: the same prompts, lengths, figures and rows either way.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import sys
@@ -18,14 +22,17 @@ from typing import Any
 
 import numpy as np
 
+from engine.coherence.phi import phi_from_entropy
 from engine.store import Store
 
 from .artifacts import base_model_of, carl_run, is_adapter, model_dir
 from .backend import BadInput, TrainingFailed, one_line
 from .config import ConfigError, TrainConfig, config_from_data
 from .holdout import split_holdout
+from .mlx_artifacts import is_mlx_adapter
 
 FORMAT_FULL = 0.999  # a format reward this high is full compliance (float32 rewards: 1.0 - eps)
+MLX_BATCH = 16  # prompts of one length answered together on MLX
 
 
 @dataclass
@@ -51,7 +58,7 @@ def run_config(run: dict[str, Any]) -> TrainConfig:
 
 def evaluate_run(store: Store, ref: str, *, home: Path, max_prompts: int | None = None) -> EvalResult:
     """Evaluate run `ref` (name or id) and store the result; BadInput when it cannot be evaluated."""
-    from .torch_backend import load_rows
+    from .data import load_rows
 
     run = find_carl_run(store, ref)
     config = run_config(run)
@@ -64,8 +71,9 @@ def evaluate_run(store: Store, ref: str, *, home: Path, max_prompts: int | None 
         )
     held = held[: max_prompts or config.eval.max_prompts]
     path = model_dir(run)
+    answer = _answer_mlx if _with_mlx(run, path) else _answer
     started = time.monotonic()
-    answers, phi, entropy = _answer(config, path, held, home)
+    answers, phi, entropy = answer(config, path, held, home)
     metrics, passed, reasons = _score(config, held, answers, phi, entropy)
     metrics.update(
         model_dir=str(path),
@@ -92,7 +100,7 @@ def _load(config: TrainConfig, path: Path, home: Path) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from .torch_backend import _offline_if_local, resolve_model
+    from .data import _offline_if_local, resolve_model
 
     _offline_if_local(config.model)
     hf_logging.disable_progress_bar()
@@ -158,6 +166,97 @@ def _answer(config: TrainConfig, path: Path, rows: list[dict[str, Any]], home: P
     phi = [float(np.mean(p)) if len(p) else math.nan for p in stats.phi]
     entropy = [float(np.mean(h)) if len(h) else math.nan for h in stats.entropy]
     return answers, phi, entropy
+
+
+# -- answering with MLX ------------------------------------------------------------------------
+
+
+def _with_mlx(run: dict[str, Any], path: Path) -> bool:
+    """MLX answers for an MLX run; without mlx installed, its full weights (Hugging Face's layout)
+    are answered by transformers, but its adapter cannot be."""
+    if run.get("backend") != "mlx" and not is_mlx_adapter(path):
+        return False
+    if importlib.util.find_spec("mlx") is not None and importlib.util.find_spec("mlx_lm") is not None:
+        return True
+    if is_mlx_adapter(path):
+        raise BadInput(f"run {run['name']!r} holds an MLX adapter: evaluating it needs mlx and mlx-lm "
+                       "(pip install 'carl-tui[mlx]')")  # fmt: skip
+    return False
+
+
+def _load_mlx(config: TrainConfig, path: Path, home: Path) -> tuple[Any, Any]:
+    """mlx-lm's model (the base with the adapter, for an adapter) and the Hugging Face tokenizer."""
+    from mlx_lm import load
+
+    from .data import _offline_if_local, is_local_model, resolve_model
+
+    _offline_if_local(config.model)
+    where, adapter = str(path), None
+    if is_mlx_adapter(path):
+        where, adapter = base_model_of(path) or "", str(path)
+        if not where or (is_local_model(where) and not Path(where).expanduser().is_dir()):
+            where = resolve_model(config.model, home, config.seed)  # the recorded base moved: the run's model
+    try:
+        model, wrapper = load(str(where), adapter_path=adapter)
+    except Exception as exc:  # mlx-lm raises many kinds for a directory it cannot read
+        raise BadInput(f"{path}: cannot load the model with mlx-lm ({' '.join(str(exc).split())[:200]})"
+                       ) from None  # fmt: skip
+    model.eval()
+    return model, getattr(wrapper, "_tokenizer", wrapper)  # the tokenizer the torch path uses, unwrapped
+
+
+def _answer_mlx(config: TrainConfig, path: Path, rows: list[dict[str, Any]], home: Path
+                ) -> tuple[list[dict[str, Any]], list[float], list[float]]:  # fmt: skip
+    """As `_answer`, on MLX: greedy tokens, each scored by the distribution that chose it (at the
+    run's temperature). Prompts of one length are answered together (no padding, a KV cache)."""
+    model, tokenizer = _load_mlx(config, path, home)
+    prompts = [tokenizer(_as_model_input(tokenizer, row["prompt"]), add_special_tokens=False)["input_ids"]
+               for row in rows]  # fmt: skip
+    by_length: dict[int, list[int]] = {}
+    for index, ids in enumerate(prompts):
+        by_length.setdefault(len(ids), []).append(index)
+    answers: list[dict[str, Any]] = [{} for _ in rows]
+    phi, entropy = [math.nan] * len(rows), [math.nan] * len(rows)
+    for indices in by_length.values():
+        for start in range(0, len(indices), MLX_BATCH):
+            group = indices[start : start + MLX_BATCH]
+            generated = _greedy_mlx(model, [prompts[i] for i in group], config, tokenizer.eos_token_id)
+            for index, (ids, entropies, width) in zip(group, generated, strict=True):
+                answers[index] = {"ids": ids, "text": tokenizer.decode(ids, skip_special_tokens=True)}
+                if ids:
+                    entropy[index] = float(np.mean(entropies))
+                    phi[index] = float(np.mean(phi_from_entropy(np.asarray(entropies), width)))
+    return answers, phi, entropy
+
+
+def _greedy_mlx(model: Any, prompts: list[list[int]], config: TrainConfig, eos: int | None
+                ) -> list[tuple[list[int], list[float], int]]:  # fmt: skip
+    """Greedy completions of equal-length prompts: per row (token ids up to and with eos, the
+    entropy in nats of each token's distribution at the temperature, |V|)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    logits = model(mx.array(prompts), cache=cache)[:, -1, :]
+    tokens: list[list[int]] = [[] for _ in prompts]
+    entropies: list[list[float]] = [[] for _ in prompts]
+    done = [False] * len(prompts)
+    for _ in range(config.max_completion_length):
+        chosen = mx.argmax(logits, axis=-1)
+        z = logits.astype(mx.float32) / config.temperature
+        lse = mx.logsumexp(z, axis=-1)
+        h = lse - (mx.exp(z - lse[:, None]) * z).sum(axis=-1)  # H = lse - sum p z: no stored softmax
+        mx.eval(chosen, h)
+        for row, (token, value) in enumerate(zip(chosen.tolist(), h.tolist(), strict=True)):
+            if not done[row]:
+                tokens[row].append(token)
+                entropies[row].append(value)
+                done[row] = token == eos
+        if all(done):
+            break
+        logits = model(chosen[:, None], cache=cache)[:, -1, :]
+    width = int(logits.shape[-1])
+    return [(tokens[r], entropies[r], width) for r in range(len(prompts))]
 
 
 # -- scoring -----------------------------------------------------------------------------------

@@ -4,6 +4,10 @@ One commit holds the model files of the run's `final/` (else its newest checkpoi
 optimizer or trainer state a checkpoint also keeps, and README.md: a card written from the store
 (method, rewards, the last metrics, the latest eval) with a snippet that loads the model.
 
+An MLX run's LoRA adapter goes up in mlx-lm's format, plus its exact peft copy in `peft/` where
+one exists (engine.training.mlx_artifacts; the card says why when none does). An MLX run's full
+weights are in the Hugging Face layout already and go up as they are.
+
 huggingface_hub is imported inside the functions that talk to the Hub (it is slow to import), and
 every failure is one line: a refused token, a missing repo or an unreachable Hub never shows a
 traceback. The token is passed to huggingface_hub only: never printed, logged or stored.
@@ -18,6 +22,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Iterator
 from http import HTTPStatus
 from pathlib import Path
@@ -27,12 +32,14 @@ from engine.errors import CarlError
 
 from .artifacts import base_model_of, carl_run, is_adapter, model_dir, model_files, process_alive
 from .backend import BadInput, one_line
+from .mlx_artifacts import MLX_ADAPTER_FILE, NotExact, convert_to_peft, is_mlx_adapter, mlx_adapter_config
 
 if TYPE_CHECKING:
     from engine.store import StoreReader
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 CARD = "README.md"
+PEFT_DIR = "peft"  # where an MLX adapter's peft copy goes in the repo
 TINY_MODEL = "carl-tiny"
 # What the card reports of the run's curves: (store key, label).
 CARD_METRICS = (
@@ -42,6 +49,7 @@ CARD_METRICS = (
     ("phi/entropy", "mean entropy"),
 )
 GATED_REWARDS = ("coherence", "commitment")
+BACKENDS = {"torch": "torch (TRL)", "mlx": "MLX (mlx-lm)"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 # The Hub's rule for one half of `namespace/name`: letters, digits, - _ . ; not starting or ending in - or .
 _PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
@@ -101,18 +109,35 @@ def push_run(home: Path, ref: str, repo: str, *, token: str | None, endpoint: st
         raise BadInput("push needs huggingface_hub: pip install 'carl-tui[train]'")
     run = find_pushable_run(home, ref)
     path = model_dir(run)
-    files = [f for f in model_files(path) if f.name != CARD]  # peft writes its own README.md: ours wins
-    reader = StoreReader(paths.db_path(home))
+    # (path in the repo, file); peft writes its own README.md: ours wins
+    files = [(f.name, f) for f in model_files(path) if f.name != CARD]
+    with tempfile.TemporaryDirectory(prefix="carl-push-") as scratch:
+        peft_problem, note = None, ""
+        if is_mlx_adapter(path):
+            peft_problem = _peft_copy(path, Path(scratch) / PEFT_DIR)
+            if peft_problem is None:
+                files += [(f"{PEFT_DIR}/{f.name}", f) for f in sorted((Path(scratch) / PEFT_DIR).iterdir())]
+            note = f" (with its peft copy in {PEFT_DIR}/)" if peft_problem is None else " (no peft copy)"
+        reader = StoreReader(paths.db_path(home))
+        try:
+            card = model_card(run, reader, path, repo=repo, peft_problem=peft_problem)
+        finally:
+            reader.close()
+        token = resolve_token(token)
+        size = sum(f.stat().st_size for _, f in files) / 1e6
+        print(f"carl push: {len(files)} files ({size:.1f} MB) from {path} to {repo}{note}", file=sys.stderr)
+        message = message or f"carl: run {run['name']} ({path.name}, step {run.get('last_step') or 0})"
+        return _commit(repo, files, card, token=token, endpoint=endpoint, private=private, revision=revision,
+                       message=message)  # fmt: skip
+
+
+def _peft_copy(path: Path, out: Path) -> str | None:
+    """Write the MLX adapter's peft copy into `out`; None when written, else why there is none."""
     try:
-        card = model_card(run, reader, path, repo=repo)
-    finally:
-        reader.close()
-    token = resolve_token(token)
-    size = sum(f.stat().st_size for f in files)
-    print(f"carl push: {len(files)} files ({size / 1e6:.1f} MB) from {path} to {repo}", file=sys.stderr)
-    message = message or f"carl: run {run['name']} ({path.name}, step {run.get('last_step') or 0})"
-    return _commit(repo, files, card, token=token, endpoint=endpoint, private=private, revision=revision,
-                   message=message)  # fmt: skip
+        convert_to_peft(path, out)
+    except NotExact as exc:
+        return str(exc)
+    return None
 
 
 def check_repo_id(repo: str) -> None:
@@ -175,13 +200,13 @@ def resolve_token(token: str | None) -> str:
     return found
 
 
-def _commit(repo: str, files: list[Path], card: str, *, token: str, endpoint: str | None, private: bool,
-            revision: str | None, message: str) -> str:  # fmt: skip
+def _commit(repo: str, files: list[tuple[str, Path]], card: str, *, token: str, endpoint: str | None,
+            private: bool, revision: str | None, message: str) -> str:  # fmt: skip
     """Create the repo (and branch) when missing, then one commit of the files and the card."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
     api = HfApi(endpoint=endpoint, token=token, library_name="carl-tui")
-    operations = [CommitOperationAdd(path_in_repo=f.name, path_or_fileobj=str(f)) for f in files]
+    operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(f)) for name, f in files]
     operations.append(CommitOperationAdd(path_in_repo=CARD, path_or_fileobj=card.encode()))
     with hub_errors(repo, revision, api.endpoint, token):
         # private=None, not False: a public default must not override an org's private-by-default.
@@ -287,19 +312,28 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 # -- the model card --------------------------------------------------------------------------
 
 
-def model_card(run: dict[str, Any], reader: StoreReader, model_path: Path, *, repo: str = "REPO") -> str:
-    """README.md for the pushed model: YAML metadata the Hub indexes, then what the run did."""
+def model_card(run: dict[str, Any], reader: StoreReader, model_path: Path, *, repo: str = "REPO",
+               peft_problem: str | None = None) -> str:  # fmt: skip
+    """README.md for the pushed model: YAML metadata the Hub indexes, then what the run did.
+
+    For an MLX adapter the card says how to load it with mlx-lm and, unless `peft_problem` says why
+    there is none, with peft from its copy in peft/."""
     config = _config(run)
     adapter = is_adapter(model_path)
+    mlx = is_mlx_adapter(model_path)
     base = base_model_of(model_path) if adapter else (run.get("model") or config.get("model"))
+    if mlx:
+        load = _how_to_load_mlx_adapter(repo, base, peft_problem)
+    else:
+        load = _how_to_load(repo, adapter, base, model_path, mlx_run=run.get("backend") == "mlx")
     sections = [
-        _front_matter(config, adapter, base),
-        _intro(run, adapter),
+        _front_matter(config, adapter, base, mlx=mlx, mlx_run=run.get("backend") == "mlx"),
+        _intro(run, adapter, mlx=mlx),
         _training(run, config, model_path, base),
         _rewards(config),
         _metrics(reader, int(run["id"])),
         _evaluation(reader, int(run["id"]), model_path),
-        _how_to_load(repo, adapter, base, model_path),
+        load,
     ]
     return "\n".join(s for s in sections if s)
 
@@ -319,9 +353,12 @@ def hub_id(value: str | None) -> str | None:
     return value
 
 
-def _front_matter(config: dict[str, Any], adapter: bool, base: str | None) -> str:
-    tags = ["carl", config.get("method") or "grpo", "coherence", *(["lora"] if adapter else [])]
-    lines = ["---", f"library_name: {'peft' if adapter else 'transformers'}"]
+def _front_matter(config: dict[str, Any], adapter: bool, base: str | None, *, mlx: bool = False,
+                  mlx_run: bool = False) -> str:  # fmt: skip
+    tags = ["carl", config.get("method") or "grpo", "coherence", *(["lora"] if adapter else []),
+            *(["mlx"] if mlx_run or mlx else [])]  # fmt: skip
+    library = "mlx" if mlx else "peft" if adapter else "transformers"
+    lines = ["---", f"library_name: {library}"]
     if hub_id(base):
         lines.append(f"base_model: {_yaml(str(base))}")
     lines += ["pipeline_tag: text-generation", "tags:", *(f"- {_yaml(t)}" for t in tags), "---", ""]
@@ -333,8 +370,8 @@ def _yaml(value: str) -> str:
     return value if re.fullmatch(r"[A-Za-z0-9][\w./-]*", value) else json.dumps(value)
 
 
-def _intro(run: dict[str, Any], adapter: bool) -> str:
-    what = "A LoRA adapter" if adapter else "A causal language model"
+def _intro(run: dict[str, Any], adapter: bool, *, mlx: bool = False) -> str:
+    what = "A LoRA adapter for mlx-lm" if mlx else "A LoRA adapter" if adapter else "A causal language model"
     return (
         f"# {run['name']}\n\n{what} trained with carl (coherence-aware reinforcement learning) in run"
         f" `{run['name']}`. carl rewards the task and, once the task reward is learned, the coherence of"
@@ -356,6 +393,8 @@ def _training(run: dict[str, Any], config: dict[str, Any], model_path: Path, bas
         ("base model", _base_label(base)),
         ("weights", f"`{model_path.name}/`"),
     ]
+    if run.get("backend") in BACKENDS:
+        rows.insert(2, ("backend", BACKENDS[run["backend"]]))
     if config.get("learning_rate") is not None:
         rows.append(("learning rate", _number(config["learning_rate"])))
     lora = _adapter_settings(model_path)
@@ -373,6 +412,14 @@ def _base_label(base: str | None) -> str:
 
 
 def _adapter_settings(model_path: Path) -> str | None:
+    if is_mlx_adapter(model_path):
+        data = mlx_adapter_config(model_path)
+        lora = data.get("lora_parameters") or {}
+        rank, scale = lora.get("rank"), lora.get("scale")
+        alpha = _number(scale * rank) if isinstance(scale, (int, float)) and isinstance(rank, int) else "?"
+        targets = lora.get("keys") or "every linear layer"
+        return (f"r={rank}, alpha={alpha} (mlx-lm scale {_number(scale)}), targets {targets}, in the last"
+                f" {data.get('num_layers')} blocks")  # fmt: skip
     try:
         data = json.loads((model_path / "adapter_config.json").read_text())
     except (OSError, ValueError):
@@ -424,7 +471,8 @@ def _evaluation(reader: StoreReader, run_id: int, model_path: Path) -> str:
     return text + ("\n" + "".join(f"- {_cell(r)}\n" for r in reasons) if reasons else "")
 
 
-def _how_to_load(repo: str, adapter: bool, base: str | None, model_path: Path) -> str:
+def _how_to_load(repo: str, adapter: bool, base: str | None, model_path: Path, *, mlx_run: bool = False
+                 ) -> str:  # fmt: skip
     has_tokenizer = any((model_path / name).is_file() for name in TOKENIZER_FILES)
     tokenizer_from = repo if has_tokenizer or not hub_id(base) else str(base)
     if adapter:
@@ -438,6 +486,33 @@ def _how_to_load(repo: str, adapter: bool, base: str | None, model_path: Path) -
     if adapter and not hub_id(base):
         text += ("\nThe adapter's base model is not on the Hub: load it yourself and apply the adapter with"
                  f' `PeftModel.from_pretrained(base_model, "{repo}")`.\n')  # fmt: skip
+    if mlx_run and not adapter:
+        text += ("\nmlx-lm, which trained it, loads it too:\n\n```python\nfrom mlx_lm import load\n\n"
+                 f'model, tokenizer = load("{repo}")\n```\n')  # fmt: skip
+    return text
+
+
+def _how_to_load_mlx_adapter(repo: str, base: str | None, peft_problem: str | None) -> str:
+    """mlx-lm's way (the adapter over its base), then peft's from the copy in peft/, or why there is none."""
+    on_hub = hub_id(base)
+    name = str(base) if on_hub else f"path/to/{Path(base or 'base-model').name}"
+    files = f'["{MLX_ADAPTER_FILE}", "adapter_config.json"]'
+    text = ("## How to load\n\nWith mlx-lm, which trained it:\n\n```python\n"
+            "from huggingface_hub import snapshot_download\nfrom mlx_lm import load\n\n"
+            f'adapter = snapshot_download("{repo}", allow_patterns={files})\n'
+            f'model, tokenizer = load("{name}", adapter_path=adapter)\n```\n')  # fmt: skip
+    if peft_problem is None:
+        text += (f"\nWith transformers and peft, from the exact peft copy of the adapter in `{PEFT_DIR}/`:\n\n"
+                 "```python\nfrom peft import PeftModel\n"
+                 "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+                 f'base = AutoModelForCausalLM.from_pretrained("{name}")\n'
+                 f'model = PeftModel.from_pretrained(base, "{repo}", subfolder="{PEFT_DIR}")\n'
+                 f'tokenizer = AutoTokenizer.from_pretrained("{repo}")\n```\n')  # fmt: skip
+    else:
+        text += (f"\nThis repo holds the adapter in mlx-lm's format only: it has no exact peft equivalent, as"
+                 f" {_cell(peft_problem)}.\n")  # fmt: skip
+    if not on_hub:
+        text += f"\nThe adapter's base model is not on the Hub: put its directory in place of `{name}`.\n"
     return text
 
 

@@ -33,13 +33,29 @@ def say_error(message: str) -> None:
 
 
 def select_backend(config: TrainConfig) -> str:
+    """`auto`: MLX on Apple silicon when mlx is installed, else torch (on CUDA when there is one)."""
+    import importlib.util
+    import platform
+
+    has_mlx = importlib.util.find_spec("mlx") is not None and importlib.util.find_spec("mlx_lm") is not None
     if config.backend == "mlx":
-        raise BadInput("the MLX backend is not built yet (use --backend torch)")
-    return "torch"  # auto: torch is the backend this machine has
+        if not has_mlx:
+            raise BadInput("backend mlx: mlx and mlx-lm are not installed (pip install 'carl-tui[mlx]')")
+        return "mlx"
+    if config.backend == "auto" and has_mlx and platform.system() == "Darwin" and platform.machine() == "arm64":
+        return "mlx"
+    if importlib.util.find_spec("torch") is None:
+        raise BadInput(f"backend {config.backend}: torch is not installed (pip install 'carl-tui[train]')")
+    return "torch"
 
 
 def make_backend(name: str, config: TrainConfig, **kwargs: Any) -> TrainingBackend:
-    from .torch_backend import TorchBackend  # torch is imported only when training starts
+    # The framework is imported only when training starts.
+    if name == "mlx":
+        from .mlx_backend import MLXBackend
+
+        return MLXBackend(config, **kwargs)
+    from .torch_backend import TorchBackend
 
     return TorchBackend(config, **kwargs)
 

@@ -27,12 +27,12 @@ from engine.coherence.phi import phi_from_entropy, phi_from_model
 from engine.coherence.summary import pick_traces, step_phi_stats
 from engine.demo.task import completion_text
 from engine.errors import CarlError
-from engine.models.tiny import build_tiny_model, default_model_dir
 
 from .artifacts import FINAL_DIR
 from .backend import BadInput, CommandPump, Reporter, StepRecord, TrainingFailed, numeric_logs
 from .cascade import RewardSet, build_rewards
-from .config import DEMO_DATASET, TINY_MODEL, TrainConfig
+from .config import TrainConfig
+from .data import _offline_if_local, dataset_columns, load_rows, prompt_text, resolve_model
 from .hf import CommandCallback, entropy_to_phi
 from .holdout import split_holdout
 
@@ -41,79 +41,6 @@ WARMUP_DIR = "sft-warmup"  # the model after the SFT warm-up, the base of the GR
 WARMUP_DONE = "carl_warmup.json"
 CPU_THREADS = 1  # tiny matrices: extra intra-op threads only add synchronisation (measured 2-10x slower)
 SAVE_TOTAL_LIMIT = 2
-
-
-# -- inputs ------------------------------------------------------------------------------------
-
-
-def is_local_model(model: str) -> bool:
-    """A path (absolute, relative with ./ or ../, ~, or existing) rather than a hub id."""
-    return (
-        model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or Path(model).expanduser().exists()
-    )
-
-
-def resolve_model(model: str, home: Path, seed: int) -> str:
-    """The directory or hub id to load; builds the tiny model on first use."""
-    if model == TINY_MODEL:
-        return str(build_tiny_model(default_model_dir(home), seed=0))
-    if is_local_model(model):
-        path = Path(model).expanduser()
-        if not path.is_dir():
-            raise BadInput(f"model {model}: no such directory")
-        if not (path / "config.json").is_file():
-            raise BadInput(f"model {model}: not a model directory (no config.json)")
-        return str(path.resolve())
-    return model
-
-
-def load_rows(dataset: str, seed: int) -> list[dict[str, Any]]:
-    """The dataset's rows: the demo task, or a .jsonl / .json file of objects."""
-    if dataset == DEMO_DATASET:
-        from engine.demo.task import task_rows
-
-        return task_rows(seed)
-    path = Path(dataset).expanduser()
-    if not path.is_file():
-        raise BadInput(f"dataset {dataset}: no such file")
-    try:
-        text = path.read_text(encoding="utf-8")
-        if path.suffix == ".jsonl":
-            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-        else:
-            rows = json.loads(text)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise BadInput(f"dataset {dataset}: not readable JSON ({' '.join(str(exc).split())})") from None
-    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
-        raise BadInput(f"dataset {dataset}: expected a non-empty list of JSON objects")
-    return rows
-
-
-def dataset_columns(rows: list[dict[str, Any]]) -> set[str]:
-    """Columns every row has (a column missing from some rows is not usable)."""
-    columns = set(rows[0])
-    for row in rows[1:]:
-        columns &= set(row)
-    return columns
-
-
-def prompt_text(prompt: Any) -> str:
-    """A prompt for display: plain text, or a conversation as 'role: content' lines."""
-    if isinstance(prompt, str):
-        return prompt
-    return "\n".join(f"{m.get('role', '?')}: {m.get('content', '')}" for m in prompt)
-
-
-def _offline_if_local(model: str) -> None:
-    """Nothing to download for a local model: make sure nothing is even asked of the hub."""
-    if model == TINY_MODEL or is_local_model(model):
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 
 # -- what one GRPO step produced -------------------------------------------------------------------
@@ -410,7 +337,8 @@ class TorchBackend:
             num_generations=config.num_generations,
             max_completion_length=config.max_completion_length,
             temperature=config.temperature,
-            beta=0.0,
+            beta=config.beta,
+            epsilon=config.epsilon,
             save_steps=config.save_steps,
             save_total_limit=SAVE_TOTAL_LIMIT,
             reward_weights=rewards.current_weights(),

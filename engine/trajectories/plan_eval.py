@@ -160,7 +160,7 @@ def eval_records(records: Sequence[Record], limit: int | None = None) -> tuple[l
 def _base_path(adapter_dir: Path | None, base_model: str | None, home: Path) -> str:
     from engine.training.artifacts import base_model_of
     from engine.training.config import TINY_MODEL
-    from engine.training.torch_backend import resolve_model
+    from engine.training.data import resolve_model
 
     if base_model is None and adapter_dir is not None:
         recorded = base_model_of(adapter_dir)  # what peft saved: the resolved directory, or a hub id
@@ -176,7 +176,8 @@ def load_model(adapter_dir: Path | None, *, base: str) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from engine.training.torch_backend import CPU_THREADS, _offline_if_local
+    from engine.training.data import _offline_if_local
+    from engine.training.torch_backend import CPU_THREADS
 
     _offline_if_local(base)
     hf_logging.disable_progress_bar()

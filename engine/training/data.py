@@ -1,0 +1,86 @@
+"""The inputs of a training run, for every backend: the model to load and the dataset's rows.
+
+Nothing here imports torch or mlx; building the tiny model (on first use) imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from engine.models.tiny import build_tiny_model, default_model_dir
+
+from .backend import BadInput
+from .config import DEMO_DATASET, TINY_MODEL
+
+
+def is_local_model(model: str) -> bool:
+    """A path (absolute, relative with ./ or ../, ~, or existing) rather than a hub id."""
+    return (
+        model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or Path(model).expanduser().exists()
+    )
+
+
+def resolve_model(model: str, home: Path, seed: int) -> str:
+    """The directory or hub id to load; builds the tiny model on first use."""
+    if model == TINY_MODEL:
+        return str(build_tiny_model(default_model_dir(home), seed=0))
+    if is_local_model(model):
+        path = Path(model).expanduser()
+        if not path.is_dir():
+            raise BadInput(f"model {model}: no such directory")
+        if not (path / "config.json").is_file():
+            raise BadInput(f"model {model}: not a model directory (no config.json)")
+        return str(path.resolve())
+    return model
+
+
+def load_rows(dataset: str, seed: int) -> list[dict[str, Any]]:
+    """The dataset's rows: the demo task, or a .jsonl / .json file of objects."""
+    if dataset == DEMO_DATASET:
+        from engine.demo.task import task_rows
+
+        return task_rows(seed)
+    path = Path(dataset).expanduser()
+    if not path.is_file():
+        raise BadInput(f"dataset {dataset}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".jsonl":
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        else:
+            rows = json.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise BadInput(f"dataset {dataset}: not readable JSON ({' '.join(str(exc).split())})") from None
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise BadInput(f"dataset {dataset}: expected a non-empty list of JSON objects")
+    return rows
+
+
+def dataset_columns(rows: list[dict[str, Any]]) -> set[str]:
+    """Columns every row has (a column missing from some rows is not usable)."""
+    columns = set(rows[0])
+    for row in rows[1:]:
+        columns &= set(row)
+    return columns
+
+
+def prompt_text(prompt: Any) -> str:
+    """A prompt for display: plain text, or a conversation as 'role: content' lines."""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(f"{m.get('role', '?')}: {m.get('content', '')}" for m in prompt)
+
+
+def _offline_if_local(model: str) -> None:
+    """Nothing to download for a local model: make sure nothing is even asked of the hub."""
+    if model == TINY_MODEL or is_local_model(model):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")

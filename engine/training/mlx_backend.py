@@ -1,0 +1,706 @@
+"""The MLX backend: SFT (LoRA or every weight) and GRPO on mlx-lm, reporting every step like torch.
+
+mlx-lm loads the model and tokenizer, makes the LoRA layers and holds the KV cache; the training
+loop is our own (mlx-lm-lora's GRPO takes its ratio against the policy being updated, gives no
+hook per step for our commands and hides the logits, so it cannot give the Φ or the cascade this
+project needs). One loop, both phases, on the store's step numbering: the SFT warm-up's steps
+first, then GRPO's.
+
+GRPO, as the torch backend's TRL does it: each step samples `num_generations` completions for each
+of its prompts at the run's temperature (with no other warping), keeping the log-prob and the
+entropy of every sampled token (the behaviour policy); the rewards are the run's own functions,
+called as TRL calls them; advantages are normalised within each group (`aggregation` as in TRL);
+the loss is the clipped surrogate of the per-token ratio against the behaviour policy, plus
+`beta` times the k3 KL to the starting model, over every completion token of the batch (TRL's
+default "dapo" normalisation). Φ per token comes from the logits of that same training forward,
+in one fused pass (log-sum-exp and Σp·z at the temperature).
+
+Each step's randomness (which prompts, which samples) derives from the seed and the step number,
+so a run resumed from a checkpoint replays the lost steps exactly as they would have gone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from engine.coherence.phi import phi_from_entropy
+from engine.coherence.summary import pick_traces, step_phi_stats
+from engine.demo.task import completion_text
+from engine.errors import CarlError
+
+from .artifacts import FINAL_DIR
+from .backend import BadInput, CommandPump, Reporter, StepRecord, TrainingFailed
+from .cascade import RewardSet, build_rewards
+from .config import TrainConfig
+from .data import _offline_if_local, dataset_columns, load_rows, prompt_text, resolve_model
+from .holdout import split_holdout
+
+CARL_STATE = "carl_state.json"  # written last into a checkpoint: one without it is incomplete
+OPTIMIZER_FILE = "optimizer.safetensors"
+ADAPTER_FILE = "adapters.safetensors"  # mlx-lm's adapter layout (adapter_config.json beside it)
+MODEL_FILE = "model.safetensors"
+SAVE_TOTAL_LIMIT = 2
+MAX_GRAD_NORM = 1.0  # as transformers' Trainer clips
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "generation_config.json")  # fmt: skip
+LLAMA_LINEAR = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                "mlp.up_proj", "mlp.down_proj")  # fmt: skip
+
+
+def local_model_dir(where: str) -> Path:
+    """The directory holding the model: as given, or the Hugging Face hub's cached snapshot of it."""
+    if Path(where).is_dir():
+        return Path(where)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(where, allow_patterns=["*.json", "*.safetensors", "*.py", "tokenizer.model",
+                                                             "*.tiktoken", "*.txt", "*.jinja"]))  # fmt: skip
+    except Exception as exc:
+        raise BadInput(f"model {where}: cannot get it from the Hugging Face hub ({' '.join(str(exc).split())[:200]})"
+                       ) from None  # fmt: skip
+
+
+def _say(message: str) -> None:
+    print(f"[carl] {message}", flush=True)
+
+
+@dataclass
+class Sample:
+    """One sampled completion: its tokens, and per token the behaviour policy's log-prob and entropy."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    entropies: list[float]
+
+
+@dataclass
+class Batch:
+    """Prompt + completion rows, right-padded, and which positions are completion tokens."""
+
+    inputs: mx.array  # [B, L]
+    targets: mx.array  # [B, L-1]: the next token of each position
+    mask: mx.array  # [B, L-1]: 1 where the target is a completion token
+    lengths: list[int] = field(default_factory=list)  # completion tokens per row
+
+
+def pack(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad: int) -> Batch:
+    width = max(len(p) + len(c) for p, c in pairs)
+    inputs = np.full((len(pairs), width), pad, dtype=np.int32)
+    mask = np.zeros((len(pairs), width - 1), dtype=np.float32)
+    for row, (prompt, completion) in enumerate(pairs):
+        sequence = [*prompt, *completion]
+        inputs[row, : len(sequence)] = sequence
+        mask[row, len(prompt) - 1 : len(sequence) - 1] = 1.0  # position t predicts token t + 1
+    array = mx.array(inputs)
+    return Batch(array, array[:, 1:], mx.array(mask), [len(c) for _, c in pairs])
+
+
+def token_stats(logits: mx.array, targets: mx.array, temperature: float) -> tuple[mx.array, mx.array]:
+    """Log-prob of each target token and the entropy (nats) of its distribution, at `temperature`: one
+    fused pass over the logits (log-sum-exp, then Σp·z), never a stored log-softmax."""
+    z = logits.astype(mx.float32) / temperature
+    lse = mx.logsumexp(z, axis=-1)
+    logp = mx.take_along_axis(z, targets[..., None], axis=-1)[..., 0] - lse
+    entropy = lse - (mx.exp(z - lse[..., None]) * z).sum(axis=-1)
+    return logp, entropy
+
+
+def per_row(values: mx.array, batch: Batch) -> list[np.ndarray]:
+    """A [B, L-1] array's completion positions, one numpy array per row."""
+    array, mask = np.array(values), np.array(batch.mask).astype(bool)
+    return [array[row][mask[row]].astype(np.float64) for row in range(array.shape[0])]
+
+
+class MLXControls:
+    """What the command pump asks of this loop, at a step boundary."""
+
+    def __init__(self, backend: MLXBackend) -> None:
+        self.backend = backend
+
+    def request_save(self) -> None:
+        self.backend.save_requested = True
+
+    def request_stop(self) -> None:
+        self.backend.stop_requested = True
+
+    def set_lr(self, lr: float) -> None:
+        self.backend.optimizer.learning_rate = lr
+
+    def set_weight(self, reward: str, weight: float) -> str:
+        if self.backend.rewards is None:
+            raise CarlError("set_weight: an SFT run has no reward weights")
+        return self.backend.rewards.set_weight(reward, weight)
+
+
+class MLXBackend:
+    name = "mlx"
+
+    def __init__(self, config: TrainConfig, *, home: Path, output_dir: Path, reporter: Reporter,
+                 pump: CommandPump, resuming: bool = False) -> None:  # fmt: skip
+        self.config = config
+        self.home = home
+        self.output_dir = output_dir
+        self.reporter = reporter
+        self.pump = pump
+        self.resuming = resuming
+        self.controls = MLXControls(self)
+        self.rewards: RewardSet | None = None
+        self.rows: list[dict[str, Any]] = []
+        self.model_path = ""
+        self.model: Any = None
+        self.reference: Any = None  # the starting model, for the KL (beta > 0)
+        self.tokenizer: Any = None
+        self.vocab_size = 0
+        self.optimizer: Any = None
+        self.phase = ""
+        self.save_requested = False
+        self.stop_requested = False
+        self.last_step = 0
+        self.has_completions = False
+        self.sft_data: list[tuple[list[int], list[int]]] = []
+
+    # -- prepare -------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        config = self.config
+        _offline_if_local(config.model)
+        mx.random.seed(config.seed)
+        self.rows, held = split_holdout(load_rows(config.dataset, config.seed), config.eval.holdout)
+        if held:
+            _say(f"held out {len(held)} of {len(self.rows) + len(held)} prompts for `carl eval`")
+        columns = dataset_columns(self.rows)
+        if "prompt" not in columns:
+            raise BadInput(f"dataset {config.dataset}: no 'prompt' column (columns: {', '.join(sorted(columns))})")
+        if config.method == "sft" and "completion" not in columns:
+            raise BadInput(f"dataset {config.dataset}: SFT needs a 'completion' column "
+                           f"(columns: {', '.join(sorted(columns))})")  # fmt: skip
+        self.has_completions = "completion" in columns
+        if config.method == "grpo":
+            self.rewards = build_rewards(config)
+            self.rewards.check_columns(columns, config.dataset)
+        self.model_path = str(local_model_dir(resolve_model(config.model, self.home, config.seed)))
+        self.model, self.tokenizer, model_config = self._load(self.model_path)
+        text_config = model_config.get("text_config") or model_config
+        self.vocab_size = int(text_config.get("vocab_size") or len(self.tokenizer.vocab))
+        if config.lora.enabled:
+            self._add_lora()
+        if config.method == "grpo" and config.beta > 0:
+            self.reference = self._reference()
+
+    def _load(self, where: str) -> tuple[Any, Any, dict[str, Any]]:
+        from mlx_lm import load
+
+        try:
+            model, tokenizer, model_config = load(where, return_config=True)
+        except Exception as exc:  # mlx-lm raises many kinds for a directory it cannot read
+            raise BadInput(f"model {self.config.model}: cannot load it with mlx-lm "
+                           f"({' '.join(str(exc).split())[:200]})") from None  # fmt: skip
+        return model, tokenizer, model_config
+
+    def _lora_keys(self) -> list[str] | None:
+        """mlx-lm's LoRA keys for `lora.target_modules`: None means every linear layer of the blocks."""
+        targets = self.config.lora.target_modules
+        if targets == "all-linear":
+            return None
+        wanted = [targets] if isinstance(targets, str) else list(targets)
+        present = {name for name, module in self.model.layers[0].named_modules() if isinstance(module, nn.Linear)}
+        keys = sorted(name for name in present if name.rsplit(".", 1)[-1] in wanted or name in wanted)
+        missing = [w for w in wanted if not any(k == w or k.endswith("." + w) for k in keys)]
+        if missing:
+            raise BadInput(f"lora.target_modules: {', '.join(missing)} is not a linear layer of this model's blocks "
+                           f"(they have: {', '.join(sorted(present))})")  # fmt: skip
+        return keys
+
+    def lora_parameters(self) -> dict[str, Any]:
+        lora = self.config.lora
+        return {"rank": lora.r, "scale": lora.alpha / lora.r, "dropout": lora.dropout, "keys": self._lora_keys()}
+
+    def _add_lora(self) -> None:
+        from mlx_lm.tuner.utils import linear_to_lora_layers
+
+        self.model.freeze()
+        linear_to_lora_layers(self.model, len(self.model.layers), self.lora_parameters())
+
+    def _reference(self) -> Any:
+        """The model the run starts from, frozen: the KL term's reference."""
+        reference, _, _ = self._load(self.model_path)
+        reference.freeze()
+        return reference
+
+    # -- steps, resume -------------------------------------------------------------------------
+
+    def warmup_steps(self) -> int:
+        return self.config.sft_warmup_steps if self.config.method == "grpo" else 0
+
+    def resume_point(self) -> tuple[Path | None, int]:
+        """The newest complete checkpoint and the store step it stands for."""
+        found = []
+        for path in self.output_dir.glob("checkpoint-*"):
+            number = path.name.removeprefix("checkpoint-")
+            if number.isdigit() and (path / CARL_STATE).is_file():
+                found.append((int(number), path))
+        if not found:
+            return None, 0
+        _, path = max(found)
+        return path, int(json.loads((path / CARL_STATE).read_text())["store_step"])
+
+    # -- train ---------------------------------------------------------------------------------
+
+    def train(self, resume_from: Path | None) -> str:
+        config = self.config
+        self.reporter.store.update_run(self.reporter.run_id, vocab_size=self.vocab_size, backend="mlx",
+                                       temperature=config.temperature, model=config.model)  # fmt: skip
+        self.sft_data = self._tokenized_sft() if self.has_completions else []
+        first = 1
+        if resume_from is not None:
+            first = self._restore(resume_from) + 1
+        if self.warmup_steps() and not self.has_completions and first <= self.warmup_steps():
+            _say(f"no 'completion' column in {config.dataset}: skipping the SFT warm-up")
+            first = self.warmup_steps() + 1
+        total = config.total_steps
+        started = time.monotonic()
+        for step in range(first, total + 1):
+            phase = "sft warm-up" if step <= self.warmup_steps() else ("sft" if config.method == "sft" else "grpo")
+            if phase != self.phase:
+                self._begin_phase(phase)
+            record = self._sft_step(step) if phase.startswith("sft") else self._grpo_step(step)
+            self.pump.poll(step, self.controls)
+            self.reporter.write(record)
+            self.last_step = step
+            if record.metrics.get("loss") is None or not math.isfinite(record.metrics["loss"]):
+                raise TrainingFailed(f"the loss became NaN at step {step}")
+            self._say_step(phase, step, record)
+            due = step % config.save_steps == 0 or step == total or step == self.warmup_steps()
+            self._boundary(step, save=due)
+            if self.stop_requested:
+                break
+        _say(f"{self.phase}: steps {first}-{self.last_step} in {time.monotonic() - started:.1f}s")
+        return "stopped" if self.pump.stopping else "finished"
+
+    def _boundary(self, step: int, *, save: bool) -> None:
+        """The end of a step: a checkpoint when due or asked for; a paused run holds here."""
+        while True:
+            saved = save or self.save_requested
+            if saved:
+                self._save(step)
+            self.pump.hold("save" if saved else "log", step, self.controls)
+            save = False
+            if not self.save_requested:
+                return  # (a checkpoint asked for while paused: saved on the next turn, then held again)
+
+    def _begin_phase(self, phase: str) -> None:
+        """A new optimizer for each phase (as the torch backend's two trainers have); the warm-up runs
+        at 5x the learning rate and 4x the batch."""
+        self.phase = phase
+        lr = self.config.learning_rate * (5 if phase == "sft warm-up" else 1)
+        # As torch's AdamW, which the torch backend's trainers use: with bias correction (MLX's default is
+        # without, which makes the first steps of a fresh optimizer ~3x larger and threw GRPO off its
+        # warm-up), and no weight decay.
+        self.optimizer = optim.AdamW(learning_rate=lr, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.0,
+                                     bias_correction=True)  # fmt: skip
+
+    def _say_step(self, phase: str, step: int, record: StepRecord) -> None:
+        shown = ("loss", "reward", "rewards/task/mean", "entropy", "mean_token_accuracy")
+        numbers = " ".join(f"{k.split('/')[-2] if '/' in k else k}={record.metrics[k]:.4g}" for k in shown
+                           if isinstance(record.metrics.get(k), float))  # fmt: skip
+        phi = f" phi={record.phi['phi_mean']:.4f}" if record.phi and record.phi.get("phi_mean") is not None else ""
+        gate = f" gate={record.gate['state']}" if record.gate else ""
+        _say(f"{phase} step {step}/{self.config.total_steps} {numbers}{phi}{gate}")
+
+    def _update(self, loss_fn: Any, *args: Any) -> tuple[Any, float]:
+        """One optimizer step: gradients of the loss, clipped at norm 1, applied; (aux, grad norm)."""
+        self.model.train()
+        (loss, aux), grads = nn.value_and_grad(self.model, loss_fn)(self.model, *args)
+        grads, norm = optim.clip_grad_norm(grads, MAX_GRAD_NORM)
+        self.optimizer.update(self.model, grads)
+        mx.eval(self.model.parameters(), self.optimizer.state, loss, aux)
+        return (loss, *aux), float(norm)
+
+    # -- SFT -----------------------------------------------------------------------------------
+
+    def _tokenized_sft(self) -> list[tuple[list[int], list[int]]]:
+        """(prompt ids, completion ids) per row, as TRL's SFTTrainer tokenizes a prompt-completion
+        dataset: the chat template for conversations (completion = what the template adds after the
+        prompt's generation prompt), else the texts with eos after the completion."""
+        out = []
+        for row in self.rows:
+            prompt, completion = row["prompt"], row.get("completion")
+            if completion is None:
+                continue
+            prompt_ids = self._prompt_ids(prompt)
+            if isinstance(prompt, list):
+                full = self.tokenizer.apply_chat_template([*prompt, *completion], tokenize=True)
+                completion_ids = list(full[len(prompt_ids) :])
+            else:
+                completion_ids = [*self.tokenizer.encode(str(completion)), self.tokenizer.eos_token_id]
+            out.append((prompt_ids, completion_ids))
+        return out
+
+    def _prompt_ids(self, prompt: Any) -> list[int]:
+        if isinstance(prompt, list):
+            return list(self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True))
+        return list(self.tokenizer.encode(str(prompt)))
+
+    def _order(self, n: int, index: int) -> int:
+        """The row used at position `index` of the run's data stream: a permutation per epoch, from the seed."""
+        epoch, within = divmod(index, n)
+        return int(np.random.default_rng([self.config.seed, epoch]).permutation(n)[within])
+
+    def _sft_step(self, step: int) -> StepRecord:
+        warmup = step <= self.warmup_steps()
+        size = self.config.per_device_train_batch_size * (4 if warmup else 1)
+        phase_step = step - (0 if warmup else self.warmup_steps())
+        n = len(self.sft_data)
+        pairs = [self.sft_data[self._order(n, (phase_step - 1) * size + i)] for i in range(size)]
+        batch = pack(pairs, self.tokenizer.pad_token_id or 0)
+        started = time.perf_counter()
+        (loss, entropy, correct), norm = self._update(sft_loss, batch)
+        tokens = float(batch.mask.sum())
+        metrics = {
+            "loss": float(loss), "entropy": float(entropy), "mean_token_accuracy": float(correct),
+            "num_tokens": tokens, "grad_norm": norm, "learning_rate": float(self.optimizer.learning_rate),
+            "timing/step_s": time.perf_counter() - started,
+        }  # fmt: skip
+        record = StepRecord(step, metrics)
+        vocab = self.vocab_size
+        record.phi = {"phi_mean": 1.0 - float(entropy) / math.log(vocab), "entropy_mean": float(entropy),
+                      "weighting": "token", "vocab_size": vocab}  # fmt: skip
+        return record
+
+    # -- GRPO ----------------------------------------------------------------------------------
+
+    def _grpo_step(self, step: int) -> StepRecord:
+        config, rewards = self.config, self.rewards
+        assert rewards is not None
+        g = config.num_generations
+        per_step = config.per_device_train_batch_size // g
+        grpo_step = step - self.warmup_steps()
+        rows = [self.rows[self._order(len(self.rows), (grpo_step - 1) * per_step + i)] for i in range(per_step)]
+        started = time.perf_counter()
+        key = mx.random.key(config.seed * 1_000_003 + step)  # this step's samples, the same after a resume
+        samples: list[Sample] = []
+        for i, row in enumerate(rows):
+            samples += self._sample(self._prompt_ids(row["prompt"]), g, mx.random.split(key, len(rows))[i])
+        sampled = time.perf_counter()
+        texts = [self.tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in samples]
+        prompts = [row["prompt"] for row in rows for _ in range(g)]
+        completions = [[{"role": "assistant", "content": t}] if isinstance(p, list) else t
+                       for p, t in zip(prompts, texts, strict=True)]  # fmt: skip
+        rewards.set_phi_provider(lambda **_: [phi_from_entropy(np.asarray(s.entropies), self.vocab_size)
+                                              for s in samples])  # fmt: skip
+        values = self._rewards(rows, prompts, completions, samples)
+        weights = np.asarray(rewards.current_weights())
+        advantages, totals, zero_std = group_advantages(values, weights, g, config.aggregation)
+        batch = pack([(s.prompt_ids, s.token_ids) for s in samples], self.tokenizer.pad_token_id or 0)
+        behaviour = np.zeros(np.array(batch.mask).shape, dtype=np.float32)
+        mask = np.array(batch.mask).astype(bool)
+        for row, sample in enumerate(samples):
+            behaviour[row][mask[row]] = sample.logprobs
+        reference = self._reference_logps(batch) if self.reference is not None else None
+        (loss, entropy, logp, clipped, kl), norm = self._update(
+            grpo_loss, batch, mx.array(behaviour), reference, mx.array(advantages.astype(np.float32)),
+            config.temperature, config.epsilon, config.beta,
+        )  # fmt: skip
+        entropies = per_row(entropy, batch)
+        record = StepRecord(step)
+        record.metrics = self._grpo_metrics(values, totals, zero_std, samples, loss, clipped, kl, norm, entropies)
+        record.metrics["timing/sampling_s"] = sampled - started
+        record.metrics["timing/step_s"] = time.perf_counter() - started
+        phis = [phi_from_entropy(h, self.vocab_size) for h in entropies]
+        record.phi, phi_metrics = step_phi_stats(step, phis, entropies, self.vocab_size)
+        record.metrics.update(phi_metrics)
+        record.samples = self._traces(step, prompts, texts, samples, values, totals, entropies, phis)
+        self._gate(step, values, record)
+        return record
+
+    def _sample(self, prompt_ids: list[int], n: int, key: mx.array) -> list[Sample]:
+        """`n` completions of one prompt at the run's temperature, sampled together with a KV cache."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        self.model.eval()
+        config, eos = self.config, self._eos_ids()
+        cache = make_prompt_cache(self.model)
+        logits = self.model(mx.array([prompt_ids] * n), cache=cache)[:, -1, :]
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logps: list[list[float]] = [[] for _ in range(n)]
+        ents: list[list[float]] = [[] for _ in range(n)]
+        done = [False] * n
+        keys = mx.random.split(key, config.max_completion_length)
+        for t in range(config.max_completion_length):
+            z = logits.astype(mx.float32) / config.temperature
+            lse = mx.logsumexp(z, axis=-1, keepdims=True)
+            logp = z - lse
+            entropy = -(mx.exp(logp) * logp).sum(axis=-1)
+            token = mx.random.categorical(z, key=keys[t])
+            chosen = mx.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+            mx.eval(token, chosen, entropy)
+            for row, (tok, lp, h) in enumerate(zip(token.tolist(), chosen.tolist(), entropy.tolist(), strict=True)):
+                if not done[row]:
+                    tokens[row].append(tok)
+                    logps[row].append(lp)
+                    ents[row].append(h)
+                    done[row] = tok in eos
+            if all(done):
+                break
+            logits = self.model(token[:, None], cache=cache)[:, -1, :]
+        return [Sample(list(prompt_ids), tokens[r], logps[r], ents[r]) for r in range(n)]
+
+    def _eos_ids(self) -> set[int]:
+        ids = self.tokenizer.eos_token_ids if hasattr(self.tokenizer, "eos_token_ids") else None
+        return set(ids) if ids else {self.tokenizer.eos_token_id}
+
+    def _rewards(self, rows: list[dict[str, Any]], prompts: list[Any], completions: list[Any],
+                 samples: list[Sample]) -> np.ndarray:  # fmt: skip
+        """(completions, functions) rewards as TRL computes them: each function called once, dataset
+        columns as keyword lists; None (not applicable) becomes NaN."""
+        assert self.rewards is not None
+        g = self.config.num_generations
+        columns = {key: [row[key] for row in rows for _ in range(g)] for key in rows[0] if key not in ("prompt",
+                                                                                                       "completion")}  # fmt: skip
+        ids = [s.token_ids for s in samples]
+        out = np.full((len(samples), len(self.rewards.funcs)), np.nan)
+        for j, fn in enumerate(self.rewards.funcs):
+            values = fn(prompts=prompts, completions=completions, completion_ids=ids, **columns)
+            out[:, j] = [np.nan if v is None else float(v) for v in values]
+        return out
+
+    def _reference_logps(self, batch: Batch) -> mx.array:
+        logits = self.reference(batch.inputs)[:, :-1, :]
+        logp, _ = token_stats(logits, batch.targets, self.config.temperature)
+        return mx.stop_gradient(logp)
+
+    def _grpo_metrics(self, values: np.ndarray, totals: np.ndarray, zero_std: float, samples: list[Sample],
+                      loss: Any, clipped: Any, kl: Any, norm: float, entropies: list[np.ndarray]
+                      ) -> dict[str, float | None]:  # fmt: skip
+        assert self.rewards is not None
+        lengths = np.array([len(s.token_ids) for s in samples], dtype=np.float64)
+        tokens = np.concatenate(entropies) if entropies else np.zeros(0)
+        metrics: dict[str, float | None] = {
+            "loss": float(loss), "reward": _mean(totals), "reward_std": _std(totals), "frac_reward_zero_std": zero_std,
+            "entropy": float(tokens.mean()) if tokens.size else None, "grad_norm": norm,
+            "learning_rate": float(self.optimizer.learning_rate), "clip_ratio/region_mean": float(clipped),
+            "completions/mean_length": float(lengths.mean()), "completions/max_length": float(lengths.max()),
+            "completions/clipped_ratio": float((lengths >= self.config.max_completion_length).mean()),
+            "num_tokens": float(lengths.sum()),
+        }  # fmt: skip
+        if self.config.beta > 0:
+            metrics["kl"] = float(kl)
+        for j, name in enumerate(self.rewards.names):
+            metrics[f"rewards/{name}/mean"] = _mean(values[:, j])
+            metrics[f"rewards/{name}/std"] = _std(values[:, j])
+        return metrics
+
+    def _traces(self, step: int, prompts: list[Any], texts: list[str], samples: list[Sample], values: np.ndarray,
+                totals: np.ndarray, entropies: list[np.ndarray], phis: list[np.ndarray]) -> list[dict[str, Any]]:  # fmt: skip
+        assert self.rewards is not None
+        rng = np.random.default_rng([self.config.seed, step, 7])  # which completion is the step's "random" one
+        out = []
+        for kind, index in pick_traces(totals, rng).items():
+            sample = samples[index]
+            out.append({
+                "idx": int(index), "kind": kind, "prompt": prompt_text(prompts[index]),
+                "completion": completion_text(texts[index]),
+                "tokens": [self.tokenizer.decode([t]) for t in sample.token_ids],
+                "entropy": [round(float(h), 5) for h in entropies[index]],
+                "phi": [round(float(p), 6) for p in phis[index]],
+                "rewards": {**{n: _finite(values[index, j]) for j, n in enumerate(self.rewards.names)},
+                            "total": _finite(totals[index])},
+            })  # fmt: skip
+        return out
+
+    def _gate(self, step: int, values: np.ndarray, record: StepRecord) -> None:
+        rewards = self.rewards
+        assert rewards is not None
+        gate = rewards.gate
+        if gate is None:
+            return
+        columns = [rewards.names.index(n) for n in rewards.task_names]
+        task = values[:, columns]
+        task_mean = round(float(np.nanmean(task)), 6) if np.isfinite(task).any() else math.nan
+        was_open = gate.opened_at is not None
+        state = gate.update(step, task_mean)
+        record.gate = {
+            "step": state.step, "state": state.state, "threshold": state.threshold, "history": state.history_len,
+            "above": state.above, "window": state.window, "multiplier": state.multiplier, "reason": state.reason,
+        }  # fmt: skip
+        if not was_open and state.opened_at is not None:
+            record.events.append(("gate_open", state.reason))
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def _save(self, step: int) -> None:
+        """checkpoint-<step>/: the weights (the adapter, or every weight), the optimizer, the rewards' gate
+        and calibration, and the step; written beside and renamed, with carl_state.json last."""
+        path = self.output_dir / f"checkpoint-{step}"
+        tmp = self.output_dir / f"checkpoint-{step}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self._save_weights(tmp)
+        mx.save_safetensors(str(tmp / OPTIMIZER_FILE), dict(tree_flatten(self.optimizer.state)))
+        state = {
+            "store_step": step, "phase": self.phase, "seed": self.config.seed,
+            "rng": "per step: mx.random.key(seed * 1000003 + step), numpy default_rng([seed, ...])",
+            "rewards": self.rewards.state_dict() if self.rewards is not None else None,
+        }  # fmt: skip
+        (tmp / CARL_STATE).write_text(json.dumps(state) + "\n")
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+        self.save_requested = False
+        for old in sorted(self._checkpoints())[:-SAVE_TOTAL_LIMIT]:
+            shutil.rmtree(old[1], ignore_errors=True)
+        self.pump.saved(step, path)
+
+    def _checkpoints(self) -> list[tuple[int, Path]]:
+        return [(int(p.name.removeprefix("checkpoint-")), p) for p in self.output_dir.glob("checkpoint-*")
+                if p.name.removeprefix("checkpoint-").isdigit()]  # fmt: skip
+
+    def _save_weights(self, directory: Path) -> None:
+        """mlx-lm's layouts: a LoRA adapter (adapters.safetensors + adapter_config.json), or the whole
+        model in the Hugging Face layout (model.safetensors + config.json), which transformers loads too."""
+        if self.config.lora.enabled:
+            weights = dict(tree_flatten(self.model.trainable_parameters()))
+            mx.save_safetensors(str(directory / ADAPTER_FILE), weights)
+            adapter = {"fine_tune_type": "lora", "num_layers": len(self.model.layers),
+                       "lora_parameters": self.lora_parameters(), "base_model_name_or_path": self.model_path}  # fmt: skip
+            (directory / "adapter_config.json").write_text(json.dumps(adapter, indent=2) + "\n")
+        else:
+            weights = dict(tree_flatten(self.model.parameters()))
+            mx.save_safetensors(str(directory / MODEL_FILE), weights, metadata={"format": "pt"})
+            shutil.copy2(Path(self.model_path) / "config.json", directory / "config.json")
+        for name in TOKENIZER_FILES:
+            source = Path(self.model_path) / name
+            if source.is_file():
+                shutil.copy2(source, directory / name)
+
+    def _restore(self, path: Path) -> int:
+        """Weights, optimizer and the rewards' state of a checkpoint; returns its store step."""
+        state = json.loads((path / CARL_STATE).read_text())
+        if self.config.lora.enabled:
+            self.model.load_weights(str(path / ADAPTER_FILE), strict=False)
+        else:
+            self.model.load_weights(str(path / MODEL_FILE))
+        self._begin_phase(state["phase"])
+        self.optimizer.state = tree_unflatten(list(mx.load(str(path / OPTIMIZER_FILE)).items()))
+        if self.rewards is not None and state.get("rewards"):
+            self.rewards.load_state_dict(state["rewards"])
+        mx.eval(self.model.parameters(), self.optimizer.state)
+        step = int(state["store_step"])
+        _say(f"resumed from {path.name} (step {step})")
+        return step
+
+    def save_final(self) -> Path | None:
+        """The trained model (or adapter) and its tokenizer in final/, for eval and push."""
+        if not self.last_step:
+            return None
+        path = self.output_dir / FINAL_DIR
+        tmp = self.output_dir / (FINAL_DIR + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self._save_weights(tmp)
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+        return path
+
+
+# -- the two losses (functions of the model, for nn.value_and_grad) ------------------------------------
+
+
+def sft_loss(model: Any, batch: Batch) -> tuple[mx.array, tuple[mx.array, mx.array]]:
+    """Mean cross-entropy over the completion tokens (TRL's completion-only loss); aux: their mean
+    entropy and the share of them the model would have picked."""
+    logits = model(batch.inputs)[:, :-1, :]
+    logp, entropy = token_stats(logits, batch.targets, 1.0)
+    n = mx.maximum(batch.mask.sum(), 1.0)
+    loss = -(logp * batch.mask).sum() / n
+    correct = (mx.argmax(logits, axis=-1) == batch.targets).astype(mx.float32)
+    return loss, (mx.stop_gradient((entropy * batch.mask).sum() / n), mx.stop_gradient((correct * batch.mask).sum() / n))
+
+
+def grpo_loss(model: Any, batch: Batch, behaviour: mx.array, reference: mx.array | None, advantages: mx.array,
+              temperature: float, epsilon: float, beta: float) -> tuple[mx.array, tuple[mx.array, ...]]:  # fmt: skip
+    """The clipped surrogate of the per-token ratio to the behaviour policy, plus beta * k3 KL to the
+    reference, over every completion token of the batch; aux: per-token entropy and log-prob, the
+    share of tokens the clip held, the mean KL."""
+    logits = model(batch.inputs)[:, :-1, :]
+    logp, entropy = token_stats(logits, batch.targets, temperature)
+    ratio = mx.exp(logp - behaviour)
+    advantage = advantages[:, None]
+    surrogate = mx.minimum(ratio * advantage, mx.clip(ratio, 1 - epsilon, 1 + epsilon) * advantage)
+    per_token = -surrogate
+    kl = mx.zeros_like(logp)
+    if reference is not None and beta > 0:
+        delta = reference - logp
+        kl = mx.exp(delta) - delta - 1
+        per_token = per_token + beta * kl
+    n = mx.maximum(batch.mask.sum(), 1.0)
+    loss = (per_token * batch.mask).sum() / n
+    held = ((ratio * advantage) > (mx.clip(ratio, 1 - epsilon, 1 + epsilon) * advantage)).astype(mx.float32)
+    return loss, (mx.stop_gradient(entropy), mx.stop_gradient(logp), mx.stop_gradient((held * batch.mask).sum() / n),
+                  mx.stop_gradient((kl * batch.mask).sum() / n))  # fmt: skip
+
+
+def group_advantages(values: np.ndarray, weights: np.ndarray, group: int, aggregation: str
+                     ) -> tuple[np.ndarray, np.ndarray, float]:  # fmt: skip
+    """TRL's advantages: (advantages, weighted totals, share of groups with zero reward spread).
+
+    sum_then_normalize: weighted sum per completion, then (r - group mean) / (group std + 1e-4).
+    normalize_then_sum: each reward normalised in its group first, then weighted and summed, then
+    normalised over the batch. A completion no reward scored gets advantage 0.
+    """
+    unscorable = np.isnan(values).all(axis=1)
+    totals = np.nansum(values * weights[None, :], axis=1)
+    totals[unscorable] = np.nan
+    grouped = values.reshape(-1, group, values.shape[1])
+    if aggregation == "sum_then_normalize":
+        by_group = totals.reshape(-1, group)
+        mean = np.nanmean(by_group, axis=1, keepdims=True)
+        std = _nanstd(by_group, axis=1, keepdims=True)
+        advantages = ((by_group - mean) / (std + 1e-4)).reshape(-1)
+        zero = np.repeat(np.isclose(std[:, 0], 0.0), group)
+    else:
+        mean_k = np.nanmean(grouped, axis=1, keepdims=True)
+        std_k = _nanstd(grouped, axis=1, keepdims=True)
+        normalised = ((grouped - mean_k) / (std_k + 1e-4)).reshape(-1, values.shape[1])
+        summed = np.nansum(normalised * weights[None, :], axis=1)
+        summed[unscorable] = np.nan
+        std = _nanstd(summed) if summed.size > 1 else 0.0
+        advantages = (summed - np.nanmean(summed)) / (std + 1e-4)
+        zero = np.full(len(summed), bool(np.isclose(std, 0.0)))
+    return np.nan_to_num(advantages, nan=0.0), totals, float(np.mean(zero))
+
+
+def _nanstd(values: np.ndarray, **kwargs: Any) -> Any:
+    """The sample standard deviation (n - 1), ignoring NaN, as TRL's nanstd."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.nan_to_num(np.nanstd(values, ddof=1, **kwargs), nan=0.0)
+
+
+def _mean(values: np.ndarray) -> float | None:
+    finite = values[np.isfinite(values)]
+    return float(finite.mean()) if finite.size else None
+
+
+def _std(values: np.ndarray) -> float | None:
+    finite = values[np.isfinite(values)]
+    return float(finite.std(ddof=1)) if finite.size > 1 else 0.0 if finite.size else None
+
+
+def _finite(value: Any) -> float | None:
+    value = float(value)
+    return round(value, 6) if math.isfinite(value) else None
