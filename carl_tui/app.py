@@ -366,6 +366,7 @@ class ControlRoom(App[None]):
         info = StatusInfo(
             run=run.name if run else None,
             state=run_state(run) if run else None,
+            backend=run.backend if run and run.backend in ("torch", "mlx") else None,
             step=run.last_step if run else None,
             max_steps=run.max_steps if run else None,
             eta_s=view.eta_s if view and run_state(view.run) == "live" else None,

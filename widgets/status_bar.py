@@ -24,6 +24,7 @@ def compact_duration(seconds: float) -> str:
 class StatusInfo:
     run: str | None = None
     state: str | None = None
+    backend: str | None = None  # what a carl run trains on: torch or mlx
     step: int | None = None
     max_steps: int | None = None
     eta_s: float | None = None
@@ -64,6 +65,8 @@ class StatusBar(Static):
             text.append(info.run, style="bold")
             if info.state:
                 text.append(f" {info.state}", style=theme.success if info.state == "live" else "")
+            if info.backend:
+                text.append(f" · {info.backend}", style="dim")
             if info.step is not None:
                 total = f"/{info.max_steps:,}" if info.max_steps else ""
                 text.append(f" │ step {info.step:,}{total}")

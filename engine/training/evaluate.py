@@ -236,6 +236,8 @@ def _greedy_mlx(model: Any, prompts: list[list[int]], config: TrainConfig, eos: 
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
+    from engine.coherence.phi_mlx import token_entropy
+
     cache = make_prompt_cache(model)
     logits = model(mx.array(prompts), cache=cache)[:, -1, :]
     tokens: list[list[int]] = [[] for _ in prompts]
@@ -243,10 +245,8 @@ def _greedy_mlx(model: Any, prompts: list[list[int]], config: TrainConfig, eos: 
     done = [False] * len(prompts)
     for _ in range(config.max_completion_length):
         chosen = mx.argmax(logits, axis=-1)
-        z = logits.astype(mx.float32) / config.temperature
-        lse = mx.logsumexp(z, axis=-1)
-        h = lse - (mx.exp(z - lse[:, None]) * z).sum(axis=-1)  # H = lse - sum p z: no stored softmax
-        mx.eval(chosen, h)
+        h = token_entropy(logits, temperature=config.temperature)[0]
+        mx.eval(chosen)
         for row, (token, value) in enumerate(zip(chosen.tolist(), h.tolist(), strict=True)):
             if not done[row]:
                 tokens[row].append(token)

@@ -140,6 +140,7 @@ class MLXControls:
         self.backend.stop_requested = True
 
     def set_lr(self, lr: float) -> None:
+        self.backend.lr = lr
         self.backend.optimizer.learning_rate = lr
 
     def set_weight(self, reward: str, weight: float) -> str:
@@ -172,7 +173,9 @@ class MLXBackend:
         self.save_requested = False
         self.stop_requested = False
         self.last_step = 0
+        self.lr = config.learning_rate
         self.has_completions = False
+        self.lora_parameters: dict[str, Any] = {}
         self.sft_data: list[tuple[list[int], list[int]]] = []
 
     # -- prepare -------------------------------------------------------------------------------
@@ -186,7 +189,9 @@ class MLXBackend:
             _say(f"held out {len(held)} of {len(self.rows) + len(held)} prompts for `carl eval`")
         columns = dataset_columns(self.rows)
         if "prompt" not in columns:
-            raise BadInput(f"dataset {config.dataset}: no 'prompt' column (columns: {', '.join(sorted(columns))})")
+            raise BadInput(
+                f"dataset {config.dataset}: no 'prompt' column (columns: {', '.join(sorted(columns))})"
+            )
         if config.method == "sft" and "completion" not in columns:
             raise BadInput(f"dataset {config.dataset}: SFT needs a 'completion' column "
                            f"(columns: {', '.join(sorted(columns))})")  # fmt: skip
@@ -219,7 +224,9 @@ class MLXBackend:
         if targets == "all-linear":
             return None
         wanted = [targets] if isinstance(targets, str) else list(targets)
-        present = {name for name, module in self.model.layers[0].named_modules() if isinstance(module, nn.Linear)}
+        present = {
+            name for name, module in self.model.layers[0].named_modules() if isinstance(module, nn.Linear)
+        }
         keys = sorted(name for name in present if name.rsplit(".", 1)[-1] in wanted or name in wanted)
         missing = [w for w in wanted if not any(k == w or k.endswith("." + w) for k in keys)]
         if missing:
@@ -227,15 +234,15 @@ class MLXBackend:
                            f"(they have: {', '.join(sorted(present))})")  # fmt: skip
         return keys
 
-    def lora_parameters(self) -> dict[str, Any]:
-        lora = self.config.lora
-        return {"rank": lora.r, "scale": lora.alpha / lora.r, "dropout": lora.dropout, "keys": self._lora_keys()}
-
     def _add_lora(self) -> None:
         from mlx_lm.tuner.utils import linear_to_lora_layers
 
+        lora = self.config.lora
+        # mlx-lm's scale multiplies the low-rank product as peft's alpha / r does.
+        self.lora_parameters = {"rank": lora.r, "scale": lora.alpha / lora.r, "dropout": lora.dropout,
+                                "keys": self._lora_keys()}  # fmt: skip
         self.model.freeze()
-        linear_to_lora_layers(self.model, len(self.model.layers), self.lora_parameters())
+        linear_to_lora_layers(self.model, len(self.model.layers), self.lora_parameters)
 
     def _reference(self) -> Any:
         """The model the run starts from, frozen: the KL term's reference."""
@@ -276,7 +283,11 @@ class MLXBackend:
         total = config.total_steps
         started = time.monotonic()
         for step in range(first, total + 1):
-            phase = "sft warm-up" if step <= self.warmup_steps() else ("sft" if config.method == "sft" else "grpo")
+            phase = (
+                "sft warm-up"
+                if step <= self.warmup_steps()
+                else ("sft" if config.method == "sft" else "grpo")
+            )
             if phase != self.phase:
                 self._begin_phase(phase)
             record = self._sft_step(step) if phase.startswith("sft") else self._grpo_step(step)
@@ -308,7 +319,7 @@ class MLXBackend:
         """A new optimizer for each phase (as the torch backend's two trainers have); the warm-up runs
         at 5x the learning rate and 4x the batch."""
         self.phase = phase
-        lr = self.config.learning_rate * (5 if phase == "sft warm-up" else 1)
+        lr = self.lr = self.config.learning_rate * (5 if phase == "sft warm-up" else 1)
         # As torch's AdamW, which the torch backend's trainers use: with bias correction (MLX's default is
         # without, which makes the first steps of a fresh optimizer ~3x larger and threw GRPO off its
         # warm-up), and no weight decay.
@@ -319,7 +330,11 @@ class MLXBackend:
         shown = ("loss", "reward", "rewards/task/mean", "entropy", "mean_token_accuracy")
         numbers = " ".join(f"{k.split('/')[-2] if '/' in k else k}={record.metrics[k]:.4g}" for k in shown
                            if isinstance(record.metrics.get(k), float))  # fmt: skip
-        phi = f" phi={record.phi['phi_mean']:.4f}" if record.phi and record.phi.get("phi_mean") is not None else ""
+        phi = (
+            f" phi={record.phi['phi_mean']:.4f}"
+            if record.phi and record.phi.get("phi_mean") is not None
+            else ""
+        )
         gate = f" gate={record.gate['state']}" if record.gate else ""
         _say(f"{phase} step {step}/{self.config.total_steps} {numbers}{phi}{gate}")
 
@@ -374,7 +389,7 @@ class MLXBackend:
         tokens = float(batch.mask.sum())
         metrics = {
             "loss": float(loss), "entropy": float(entropy), "mean_token_accuracy": float(correct),
-            "num_tokens": tokens, "grad_norm": norm, "learning_rate": float(self.optimizer.learning_rate),
+            "num_tokens": tokens, "grad_norm": norm, "learning_rate": self.lr,
             "timing/step_s": time.perf_counter() - started,
         }  # fmt: skip
         record = StepRecord(step, metrics)
@@ -391,7 +406,9 @@ class MLXBackend:
         g = config.num_generations
         per_step = config.per_device_train_batch_size // g
         grpo_step = step - self.warmup_steps()
-        rows = [self.rows[self._order(len(self.rows), (grpo_step - 1) * per_step + i)] for i in range(per_step)]
+        rows = [
+            self.rows[self._order(len(self.rows), (grpo_step - 1) * per_step + i)] for i in range(per_step)
+        ]
         started = time.perf_counter()
         key = mx.random.key(config.seed * 1_000_003 + step)  # this step's samples, the same after a resume
         samples: list[Sample] = []
@@ -419,7 +436,9 @@ class MLXBackend:
         )  # fmt: skip
         entropies = per_row(entropy, batch)
         record = StepRecord(step)
-        record.metrics = self._grpo_metrics(values, totals, zero_std, samples, loss, clipped, kl, norm, entropies)
+        record.metrics = self._grpo_metrics(
+            values, totals, zero_std, samples, loss, clipped, kl, norm, entropies
+        )
         record.metrics["timing/sampling_s"] = sampled - started
         record.metrics["timing/step_s"] = time.perf_counter() - started
         phis = [phi_from_entropy(h, self.vocab_size) for h in entropies]
@@ -450,7 +469,9 @@ class MLXBackend:
             token = mx.random.categorical(z, key=keys[t])
             chosen = mx.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
             mx.eval(token, chosen, entropy)
-            for row, (tok, lp, h) in enumerate(zip(token.tolist(), chosen.tolist(), entropy.tolist(), strict=True)):
+            for row, (tok, lp, h) in enumerate(
+                zip(token.tolist(), chosen.tolist(), entropy.tolist(), strict=True)
+            ):
                 if not done[row]:
                     tokens[row].append(tok)
                     logps[row].append(lp)
@@ -494,7 +515,7 @@ class MLXBackend:
         metrics: dict[str, float | None] = {
             "loss": float(loss), "reward": _mean(totals), "reward_std": _std(totals), "frac_reward_zero_std": zero_std,
             "entropy": float(tokens.mean()) if tokens.size else None, "grad_norm": norm,
-            "learning_rate": float(self.optimizer.learning_rate), "clip_ratio/region_mean": float(clipped),
+            "learning_rate": self.lr, "clip_ratio/region_mean": float(clipped),
             "completions/mean_length": float(lengths.mean()), "completions/max_length": float(lengths.max()),
             "completions/clipped_ratio": float((lengths >= self.config.max_completion_length).mean()),
             "num_tokens": float(lengths.sum()),
@@ -509,7 +530,9 @@ class MLXBackend:
     def _traces(self, step: int, prompts: list[Any], texts: list[str], samples: list[Sample], values: np.ndarray,
                 totals: np.ndarray, entropies: list[np.ndarray], phis: list[np.ndarray]) -> list[dict[str, Any]]:  # fmt: skip
         assert self.rewards is not None
-        rng = np.random.default_rng([self.config.seed, step, 7])  # which completion is the step's "random" one
+        rng = np.random.default_rng(
+            [self.config.seed, step, 7]
+        )  # which completion is the step's "random" one
         out = []
         for kind, index in pick_traces(totals, rng).items():
             sample = samples[index]
@@ -577,7 +600,7 @@ class MLXBackend:
             weights = dict(tree_flatten(self.model.trainable_parameters()))
             mx.save_safetensors(str(directory / ADAPTER_FILE), weights)
             adapter = {"fine_tune_type": "lora", "num_layers": len(self.model.layers),
-                       "lora_parameters": self.lora_parameters(), "base_model_name_or_path": self.model_path}  # fmt: skip
+                       "lora_parameters": self.lora_parameters, "base_model_name_or_path": self.model_path}  # fmt: skip
             (directory / "adapter_config.json").write_text(json.dumps(adapter, indent=2) + "\n")
         else:
             weights = dict(tree_flatten(self.model.parameters()))
@@ -597,6 +620,7 @@ class MLXBackend:
             self.model.load_weights(str(path / MODEL_FILE))
         self._begin_phase(state["phase"])
         self.optimizer.state = tree_unflatten(list(mx.load(str(path / OPTIMIZER_FILE)).items()))
+        self.lr = float(self.optimizer.learning_rate.item())  # a set_lr before the checkpoint still holds
         if self.rewards is not None and state.get("rewards"):
             self.rewards.load_state_dict(state["rewards"])
         mx.eval(self.model.parameters(), self.optimizer.state)
@@ -629,7 +653,10 @@ def sft_loss(model: Any, batch: Batch) -> tuple[mx.array, tuple[mx.array, mx.arr
     n = mx.maximum(batch.mask.sum(), 1.0)
     loss = -(logp * batch.mask).sum() / n
     correct = (mx.argmax(logits, axis=-1) == batch.targets).astype(mx.float32)
-    return loss, (mx.stop_gradient((entropy * batch.mask).sum() / n), mx.stop_gradient((correct * batch.mask).sum() / n))
+    return loss, (
+        mx.stop_gradient((entropy * batch.mask).sum() / n),
+        mx.stop_gradient((correct * batch.mask).sum() / n),
+    )
 
 
 def grpo_loss(model: Any, batch: Batch, behaviour: mx.array, reference: mx.array | None, advantages: mx.array,

@@ -502,7 +502,7 @@ def _how_to_load_mlx_adapter(repo: str, base: str | None, peft_problem: str | No
             f'adapter = snapshot_download("{repo}", allow_patterns={files})\n'
             f'model, tokenizer = load("{name}", adapter_path=adapter)\n```\n')  # fmt: skip
     if peft_problem is None:
-        text += (f"\nWith transformers and peft, from the exact peft copy of the adapter in `{PEFT_DIR}/`:\n\n"
+        text += (f"\nWith transformers and peft, from the exact peft copy in `{PEFT_DIR}/`:\n\n"
                  "```python\nfrom peft import PeftModel\n"
                  "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
                  f'base = AutoModelForCausalLM.from_pretrained("{name}")\n'
