@@ -882,7 +882,11 @@ class ControlRoom(App[None]):
         self.supervise_engine()
 
 
-CONTROLLABLE = ("carl", "callback", "agents")  # runs a carl runner, CarlCallback or the plane's trainer listens to
+CONTROLLABLE = (
+    "carl",
+    "callback",
+    "agents",
+)  # runs a carl runner, CarlCallback or the plane's trainer listens to
 RESUMABLE = ("carl", "callback")  # runs `carl train --resume` carries on (the plane's trainer resumes itself)
 
 

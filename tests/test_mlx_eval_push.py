@@ -27,7 +27,7 @@ import yaml
 from hub_server import HubServer
 from test_push import TOKEN, USER, one_error
 
-from engine.store import Store
+from engine.store import Store, StoreReader
 from engine.training.artifacts import base_model_of, model_files
 from engine.training.mlx_artifacts import (
     NotExact,
@@ -36,7 +36,7 @@ from engine.training.mlx_artifacts import (
     read_safetensors,
     write_safetensors,
 )
-from engine.training.push import add_push_arguments, push_from_args
+from engine.training.push import add_push_arguments, model_card, push_from_args
 
 pytest.importorskip("mlx_lm")
 
@@ -64,6 +64,8 @@ def mlx_home(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
         "full": {"max_steps": 2, "save_steps": 100, "sft_warmup_steps": 30, "learning_rate": 0.002,
                  "max_completion_length": 24, "eval": {"holdout": 0.1, "max_prompts": 16}},
     }  # fmt: skip
+    with Store(home / "carl.db"):  # made (migrated) before the two runs open it side by side
+        pass
     processes = []
     try:
         for name, settings in runs.items():
@@ -138,7 +140,8 @@ def peft_logits(base: Path, adapter: Path, subfolder: str | None = None) -> np.n
 
 def handmade_adapter(base: Path, out: Path, *, keys: list[str] | None, num_layers: int, rank: int, scale: float,
                      dora: bool = False, dtype: str = "float32") -> Path:  # fmt: skip
-    """An adapter as mlx-lm makes one, with lora_b set by hand (nonzero, so the adapter counts)."""
+    """An adapter as mlx-lm makes one, with its matrices set by hand from a fixed key (lora_b nonzero,
+    so the adapter counts; DoRA's magnitudes as mlx-lm initialises them)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm import load
@@ -151,9 +154,9 @@ def handmade_adapter(base: Path, out: Path, *, keys: list[str] | None, num_layer
     key = mx.random.key(11)
     weights = {}
     for name, value in tree_flatten(model.trainable_parameters()):
-        if name.endswith("lora_b"):
+        if name.endswith(("lora_a", "lora_b")):
             key, sub = mx.random.split(key)
-            value = 0.05 * mx.random.normal(value.shape, key=sub)
+            value = 0.2 * mx.random.normal(value.shape, key=sub)
         weights[name] = value.astype(getattr(mx, dtype))
     out.mkdir(parents=True)
     mx.save_safetensors(str(out / "adapters.safetensors"), weights)
@@ -330,6 +333,33 @@ def test_an_adapter_without_an_exact_peft_form_is_not_converted(
         convert_to_peft(dora, tmp_path / "out")
 
 
+def test_a_base_from_the_hub_cache_is_named_by_its_repo_id(tiny_model: Path, tmp_path: Path) -> None:
+    """The MLX backend loads a Hub model from the Hugging Face cache and records that directory: the
+    peft copy and the card name the repo instead, as its base_model."""
+    snapshot = tmp_path / "hf" / "hub" / "models--carl-org--tiny-base" / "snapshots" / "0123abcd"
+    shutil.copytree(tiny_model, snapshot)
+    adapter = handmade_adapter(
+        snapshot, tmp_path / "run" / "final", keys=None, num_layers=2, rank=4, scale=2.0
+    )
+    convert_to_peft(adapter, tmp_path / "peft")
+    peft_config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert peft_config["base_model_name_or_path"] == "carl-org/tiny-base"
+    with Store(tmp_path / "carl.db") as store:
+        run_id = store.create_run("hubbed", source_kind="carl", status="finished", backend="mlx",
+                                  config={"method": "grpo", "model": "carl-org/tiny-base"})  # fmt: skip
+        run = store.run(run_id)
+    reader = StoreReader(tmp_path / "carl.db")
+    try:
+        card = model_card(run or {}, reader, adapter, repo="alice/hubbed")
+    finally:
+        reader.close()
+    meta = yaml.safe_load(card.split("---\n")[1])
+    assert meta["base_model"] == "carl-org/tiny-base" and meta["library_name"] == "mlx"
+    assert 'model, tokenizer = load("carl-org/tiny-base", adapter_path=adapter)' in card
+    assert 'base = AutoModelForCausalLM.from_pretrained("carl-org/tiny-base")' in card
+    assert "not on the Hub" not in card and str(tmp_path) not in card
+
+
 def test_training_state_is_not_a_model_file(mlx_home: Path) -> None:
     output_dir = Path(stored_run(mlx_home, "lora")["output_dir"])
     checkpoint = max(output_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
@@ -343,26 +373,10 @@ def test_training_state_is_not_a_model_file(mlx_home: Path) -> None:
 
 
 @pytest.fixture
-def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
-    """The local Hub stand-in, with huggingface_hub kept off huggingface.co and this machine's
-    login, xet off (as tests/test_push.py's hub_env does, which says why)."""
-    from huggingface_hub import constants
-    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
-
-    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE", "HF_ENDPOINT", "HF_HUB_OFFLINE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
-    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
-    disable_progress_bars()
-    try:
-        with HubServer({TOKEN: USER}) as server:
-            yield server
-    finally:
-        enable_progress_bars()
+def hub(hub_env: None) -> Iterator[HubServer]:
+    """The local Hub stand-in, with huggingface_hub kept off the network (conftest's hub_env)."""
+    with HubServer({TOKEN: USER}) as server:
+        yield server
 
 
 def push(capsys: pytest.CaptureFixture[str], home: Path, hub: HubServer, run: str, repo: str,

@@ -149,9 +149,11 @@ def test_mlx_commands_pause_resume_checkpoint_set_lr_set_weight_stop(
         saved = Path(result.split(": ", 1)[1])
         assert (saved / "carl_state.json").is_file() and (saved / "optimizer.safetensors").is_file()
 
-        assert send("pause")[0] == "done"
+        state, result = send("pause")
+        assert state == "done", result
         assert store.run(run_id)["status"] == "paused"
-        held = last_step()
+        held = int(result.removeprefix("paused at step "))
+        wait_for(lambda: last_step() == held, proc)  # the step the pause came at is stored
         time.sleep(1.0)
         assert last_step() == held  # nothing trains while paused
         state, result = send("checkpoint")  # a checkpoint while paused is still saved

@@ -50,27 +50,8 @@ CONFIG = {
 
 
 @pytest.fixture(autouse=True)
-def hub_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Nothing reaches huggingface.co, no login of this machine is used, xet is off.
-
-    huggingface_hub reads its settings from the environment when first imported (maybe by an
-    earlier test file, with HF_HUB_OFFLINE=1), so its constants are patched as well."""
-    from huggingface_hub import constants
-    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
-
-    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE", "HF_ENDPOINT", "HF_HUB_OFFLINE",
-                 "TRANSFORMERS_OFFLINE"):  # fmt: skip
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
-    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # a fallback would fail, not leak
-    disable_progress_bars()  # stderr holds carl's lines only
-    yield
-    enable_progress_bars()
+def _isolated_hub(hub_env: None) -> None:
+    """Every test here runs with huggingface_hub kept off the network (conftest's hub_env)."""
 
 
 @pytest.fixture

@@ -276,3 +276,18 @@ def test_truncate_after_a_checkpoint_rebuilds_rollups(store: Store) -> None:
     rollup_n = store.conn.execute("SELECT sum(n) FROM rollups WHERE key='loss' AND level=4096").fetchone()[0]
     assert rollup_n == 80 and store.run(rid)["last_step"] == 79
     reader.close()
+
+
+def test_two_processes_opening_a_fresh_store_at_once_both_get_it(tmp_path: Path) -> None:
+    """The second one finds the schema made by the first under the write lock, and migrates nothing twice."""
+    import subprocess
+    import sys
+
+    code = "import sys; from engine.store import Store; Store(sys.argv[1]).close()"
+    db = tmp_path / "carl.db"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(db)], stderr=subprocess.PIPE, text=True)
+             for _ in range(4)]  # fmt: skip
+    errors = [p.communicate(timeout=60)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], errors
+    with Store(db) as store:
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION

@@ -192,9 +192,11 @@ def test_commands_pause_resume_checkpoint_set_lr_set_weight_stop(
         events = store.conn.execute("SELECT kind, detail FROM events WHERE run_id=?", (run_id,)).fetchall()
         assert ("checkpoint", str(saved)) in events
 
-        assert send("pause")[0] == "done"
+        state, result = send("pause")
+        assert state == "done", result
         assert store.run(run_id)["status"] == "paused"
-        held = last_step()
+        held = int(result.removeprefix("paused at step "))
+        wait_for(lambda: last_step() == held, proc)  # the step the pause came at is stored
         time.sleep(1.0)
         assert last_step() == held  # nothing trains while paused
         state, result = send("checkpoint")  # a checkpoint while paused is still saved

@@ -1,46 +1,52 @@
-"""Phi per token on MLX: the same quantities as `engine.coherence.phi`, from mx.array logits.
+"""Phi per token on MLX: the quantities of `engine.coherence.phi`, from mx.array logits.
 
     H   = -sum_v p_v ln p_v   (nats)        Phi = 1 - H / ln|V|
 
-`token_entropy` reduces [N, V] logits row chunk by row chunk in float32; `completion_entropies` and
-`completion_token_stats` apply the alignment rule (completion token t is scored by the logits at
-t-1, prompt included as context) to a right-padded [B, T, V] batch; `phi_from_mlx_model` runs the
-forward that produces those logits. Only MLX code imports this module (`engine.coherence` does
-not import mlx), and it imports no torch.
+`token_entropy` reduces [N, V] logits row chunk by row chunk in float32; `completion_entropies`
+and `completion_token_stats` apply the alignment rule (completion token t is scored by the logits
+at t-1, prompt included as context) to a right-padded [B, T, V] batch; `phi_from_mlx_model` runs
+the forward that produces those logits. Only MLX code imports this module (`engine.coherence`
+does not import mlx), and it imports no torch.
 
-How a chunk is reduced. With m the row maximum (taken in the logits' own dtype, exact) and
-d = (z - m) / temperature in float32 (so d <= 0, and -inf at masked columns):
+How a chunk is reduced. With m the row maximum (taken in the logits' own dtype, so exact) and
+d = (z - m) / temperature in float32 (d <= 0, and -inf at masked columns):
     e = exp(d),   S = sum e,   D = sum e * d,   H = ln S - D / S,   lse = m / temperature + ln S.
-That is the textbook lse = logsumexp(z), p = exp(z - lse), H = lse - sum p * z, rearranged so
-each logit costs one exp instead of two (logsumexp takes one, p another): on MLX's CPU backend
-exp is most of the kernel's time. The shift by m keeps every term of D small, so float32 holds
-H to ~1e-6 nats at any offset of the logits (the textbook form loses it to cancellation: at an
-offset of 1e4 float32 resolves lse only to ~1e-3).
+This is the textbook lse = logsumexp(z), p = exp(z - lse), H = lse - sum p * z, rearranged so
+each logit costs one exp instead of two (logsumexp takes one and p another); exp is most of the
+kernel's time on MLX's CPU backend. The shift by m keeps every term of D small, so float32
+holds H to ~1e-6 nats at any offset of the logits. Without the shift, an offset of 1e4 leaves
+lse and sum p * z each with ~1e-3 of rounding, and their difference keeps it.
 
-Two more choices are measured, not taken on faith (bench/bench_backends.py, tests/test_phi_mlx.py):
-- exp is a Cephes-style polynomial (range reduction by ln 2 in two parts, degree-6 polynomial,
-  2^n built from exponent bits), relative error ~1e-7, fused with the shift, the product e * d
-  and the masking into one `mx.compile`d elementwise kernel. On x86 MLX's CPU `mx.exp` is both
-  slower (scalar) and less accurate (~2e-6 relative). Where d < -87 the term is set to exactly
-  0: exp(-87) is near float32's smallest normal, and next to the row's largest term (1) no
-  such term can change S in float32. The same rule gives -inf (masked) columns zero
-  probability without a 0 * -inf NaN.
-- S and D are summed in two levels, over blocks of at most sqrt(V) columns in float32 and then
-  over the block sums, in float64 where the default device is the CPU (MLX has no float64 on
-  the GPU; its GPU reductions are trees). MLX's CPU reduction accumulates sequentially: at
-  V = 151,936 and logits of scale 3, one float32 level gives H errors of ~3e-4 nats, two
-  float32 levels ~6e-6, and float64 block sums ~6e-7. A width with no divisor near sqrt(V) (a
-  prime, say) is padded with -inf columns first (zero probability, so the result is unchanged).
+Two more choices were measured before they were made (bench/bench_backends.py,
+tests/test_phi_mlx.py):
+- exp is a Cephes-style polynomial: range reduction by ln 2 split in two parts, a degree-6
+  polynomial, and 2^n built from exponent bits. Its relative error is ~1e-7, and it is fused
+  with the shift, the product e * d and the masking by `mx.compile`. MLX's CPU `mx.exp` is
+  several times slower here (x86) and ~2e-6 relative. Where d < -87 the term is set to
+  exactly 0: exp(-87) is near float32's smallest normal, and next to the row's largest term
+  (1) no such term can change S. The same rule gives -inf (masked) columns zero probability
+  without a 0 * -inf NaN.
+- S and D are summed in two levels: float32 sums over blocks of at most sqrt(V) columns, then
+  the sum of the block sums. That second sum is float64 where the default device is the CPU
+  (MLX has no float64 on the GPU, where reductions are trees anyway). MLX's CPU reduction
+  accumulates sequentially. At V = 151,936 with logits of scale 3, one float32 level gives H
+  errors of ~3e-4 nats, two float32 levels ~6e-6, and a float64 outer level ~1e-6 (float32's
+  own rounding of H near 12 nats is 5e-7). A width with no divisor near sqrt(V), a prime for
+  example, is first padded with -inf columns, which have zero probability and change nothing.
 
 A row with no finite logit has no distribution: its entropy and lse are NaN.
-Extra memory per chunk: two [chunk_rows, V] float32 buffers (e and e * d), whatever N is; each
-chunk is evaluated (mx.eval) before the next is built, so call these functions outside mx.grad
-and mx.compile transforms (on logits from a training forward, pass them out as an auxiliary
-output, e.g. through mx.stop_gradient).
+
+Memory: each chunk is evaluated (mx.eval) before the next is built, so the working set is a
+handful of [chunk_rows, V] float32 buffers whatever N is: tests/test_phi_mlx.py measures about
+8, under 10 MiB at the default CPU chunk (MLX splits an elementwise graph this deep into a few
+kernels, and each intermediate is a buffer). Because of the mx.eval, call these functions
+outside mx.grad and mx.compile transforms; logits from a training forward come out of the loss
+as an auxiliary output, through mx.stop_gradient.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -50,10 +56,15 @@ import numpy as np
 
 from engine.coherence.phi import CompletionTokenStats, phi_from_entropy
 
-# A chunk holds about this many logits (4 MiB per float32 buffer; 6 rows at |V| = 151,936), the
-# torch kernel's size. bench/bench_backends.py sweeps chunk_rows: on CPU 4-16 rows at that width
-# are within noise of each other, and 64+ rows fall out of cache.
-CHUNK_ELEMENTS = 1 << 20
+# A chunk holds about this many logits. On the CPU that is 1 MiB per float32 buffer, one row at
+# |V| = 151,936. bench/bench_backends.py sweeps chunk_rows on Linux/x86: buffers of 2 MiB and more
+# now and then run 3-5x slower, because the allocator maps them afresh for each chunk and pays a
+# page fault per 4 KiB (seen as ~100k-200k minor faults per call, depending on the allocator's
+# history). At 1 MiB or less no faults were seen, and 1-3 rows at that width are within noise of
+# each other. On Apple's GPU each chunk's mx.eval is a round trip, so chunks are larger there.
+# That GPU size is a guess: there is no Apple GPU here to measure it.
+CHUNK_ELEMENTS_CPU = 1 << 18
+CHUNK_ELEMENTS_GPU = 1 << 22
 
 # Below this shifted logit a term is exactly 0 (exp(-87) = 1.6e-38, just above float32's smallest
 # normal, so 2^n stays a normal number for every kept term).
@@ -61,14 +72,23 @@ EXP_FLOOR = -87.0
 # Cephes expf: x = n ln2 + r with |r| <= ln2 / 2, ln2 split in two so n * ln2 is exact.
 _LOG2E = 1.4426950408889634
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
-_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
+_EXP_POLY = (
+    1.9875691500e-4,
+    1.3981999507e-3,
+    8.3334519073e-3,
+    4.1665795894e-2,
+    1.6666665459e-1,
+    5.0000001201e-1,
+)
+_ROUND = 12582912.0  # 1.5 * 2^23: adding and subtracting it rounds a float32 to the nearest integer
 # The two-level sum: the outer level adds at most this many block sums.
 MAX_BLOCKS = 4096
 PAD_MULTIPLE = 256
 
 
 def default_chunk_rows(vocab_size: int) -> int:
-    return max(1, CHUNK_ELEMENTS // max(1, vocab_size))
+    elements = CHUNK_ELEMENTS_CPU if mx.default_device() == mx.cpu else CHUNK_ELEMENTS_GPU
+    return max(1, elements // max(1, vocab_size))
 
 
 # -- the kernel -------------------------------------------------------------------------------
@@ -81,8 +101,8 @@ def token_entropy(
 
     logits: [N, V] mx.array of any floating dtype (float32, bfloat16, float16), reduced in
     float32. Returns two evaluated float32 [N] arrays. Masked columns (-inf) carry zero
-    probability; a row with no finite logit gives NaN. Extra memory: two [chunk_rows, V]
-    float32 buffers, whatever N is.
+    probability; a row with no finite logit gives NaN. Extra memory: a handful of
+    [chunk_rows, V] float32 buffers (about 8, measured), whatever N is.
     """
     if logits.ndim != 2:
         raise ValueError(f"logits must be [N, V], got shape {tuple(logits.shape)}")
@@ -111,6 +131,7 @@ def token_entropy(
     return entropy, lse
 
 
+@functools.lru_cache(maxsize=64)
 def _sum_layout(v: int) -> tuple[int, int]:
     """(padding columns, block width) for the two-level row sums of a width-v row.
 
@@ -135,38 +156,32 @@ def _outer_sum_dtype() -> mx.Dtype:
 def _exp_terms_ops(chunk: mx.array, m: mx.array, t: mx.array) -> tuple[mx.array, mx.array]:
     """(e, e * d) with d = (chunk - m) / t in float32; both exactly 0 where d < EXP_FLOOR or d = -inf."""
     d = (chunk.astype(mx.float32) - m) / t
-    n = mx.floor(d * _LOG2E + 0.5)
-    r = d - n * _LN2_HI - n * _LN2_LO
+    keep = d >= EXP_FLOOR  # False at -inf and NaN too: no 0 * -inf below, no NaN cast to int
+    kept = mx.where(keep, d, 0.0)
+    n = (kept * _LOG2E + _ROUND) - _ROUND  # nearest integer to d / ln2; faster here than mx.floor
+    r = (kept - n * _LN2_HI) - n * _LN2_LO  # |r| <= ln2 / 2
     poly = _EXP_POLY[0] * r + _EXP_POLY[1]
     for c in _EXP_POLY[2:]:
         poly = poly * r + c
     two_n = mx.view(mx.left_shift(n.astype(mx.int32) + 127, 23), mx.float32)  # 2^n from its exponent bits
-    keep = d >= EXP_FLOOR  # False at -inf and NaN too, so no 0 * -inf below
     e = mx.where(keep, (poly * (r * r) + r + 1.0) * two_n, 0.0)
     return e, mx.where(keep, e * d, 0.0)
 
 
-# One fused elementwise kernel (JIT-compiled C++ on CPU, Metal on Apple silicon). Traced once per
-# shape and dtype, which is cheap; the first compile in a fresh MLX cache takes ~2 s.
-_exp_terms_compiled = mx.compile(_exp_terms_ops)
-_exp_terms = _exp_terms_compiled
+# Fused into a few elementwise kernels (JIT-compiled C++ on CPU, Metal on Apple silicon; mlx.nn's
+# activations are compiled the same way, so an mlx-lm box already has what this needs). MLX
+# splits a graph this deep into a few kernels, each intermediate a [chunk_rows, V] buffer.
+# Traced once per shape and dtype (cheap); the first C++ compile in a fresh MLX cache takes ~2 s.
+_exp_terms = mx.compile(_exp_terms_ops)
 
 
 def _reduce_chunk(
     chunk: mx.array, t: mx.array, temperature: float, pad: int, block: int, outer: mx.Dtype
 ) -> tuple[mx.array, mx.array]:
-    global _exp_terms
     if pad:
         chunk = mx.pad(chunk, [(0, 0), (0, pad)], constant_values=-math.inf)
     m = mx.max(chunk, axis=-1, keepdims=True).astype(mx.float32)  # exact in the input dtype
-    try:
-        e, ed = _exp_terms(chunk, m, t)
-    except RuntimeError:
-        if _exp_terms is not _exp_terms_compiled:
-            raise
-        # No C++ compiler for MLX's CPU JIT on this box: the same ops unfused (slower, same values).
-        _exp_terms = _exp_terms_ops
-        e, ed = _exp_terms(chunk, m, t)
+    e, ed = _exp_terms(chunk, m, t)
     total = _row_sum(e, block, outer)  # S in [1, V]
     dot = _row_sum(ed, block, outer)  # D <= 0
     entropy = (mx.log(total) - dot / total).astype(mx.float32)
@@ -180,7 +195,7 @@ def _reduce_chunk(
 
 
 def _row_sum(x: mx.array, block: int, outer: mx.Dtype) -> mx.array:
-    """Row sums of a [rows, width] float32 array: float32 sums of `block` columns, then their sum in `outer`."""
+    """Row sums of [rows, width] float32: float32 sums of `block` columns, then their sum in `outer`."""
     rows, width = x.shape
     blocks = mx.sum(x.reshape(rows, width // block, block), axis=-1) if block > 1 else x
     return mx.sum(blocks.astype(outer), axis=-1)
@@ -238,7 +253,9 @@ def completion_entropies(
     """
     return [
         _to_numpy(entropy).astype(np.float32, copy=False)
-        for entropy, _ in _completion_spans(logits, prompt_lengths, completion_lengths, temperature, chunk_rows)
+        for entropy, _ in _completion_spans(
+            logits, prompt_lengths, completion_lengths, temperature, chunk_rows
+        )
     ]
 
 
@@ -269,7 +286,9 @@ def completion_token_stats(
             raise ValueError(f"row {row} has {ids.shape[0]} ids, fewer than its {p} + {c} tokens")
         if c:
             span = logits[row, p - 1 : p + c - 1]
-            prob, surprisal = selected_token_stats(span, mx.array(ids[p : p + c]), lse, temperature=temperature)
+            prob, surprisal = selected_token_stats(
+                span, mx.array(ids[p : p + c]), lse, temperature=temperature
+            )
         else:
             prob = surprisal = mx.zeros((0,), dtype=mx.float32)
         h = _to_numpy(entropy).astype(np.float32, copy=False)
@@ -310,7 +329,9 @@ def _completion_spans(
         if p + c - 1 > positions:
             raise ValueError(f"row {row}: {p} + {c} tokens need {p + c - 1} logit positions, got {positions}")
         # A contiguous view of the scoring rows; no copy of the logits.
-        out.append(token_entropy(logits[row, p - 1 : p + c - 1], temperature=temperature, chunk_rows=chunk_rows))
+        out.append(
+            token_entropy(logits[row, p - 1 : p + c - 1], temperature=temperature, chunk_rows=chunk_rows)
+        )
     return out
 
 
@@ -422,7 +443,8 @@ def _logits_width(model: Any) -> int:
 
 
 __all__ = [
-    "CHUNK_ELEMENTS",
+    "CHUNK_ELEMENTS_CPU",
+    "CHUNK_ELEMENTS_GPU",
     "completion_entropies",
     "completion_token_stats",
     "default_chunk_rows",

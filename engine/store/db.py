@@ -60,6 +60,10 @@ class Store:
         version = check_schema(self.conn, self.path)
         for number in range(version, SCHEMA_VERSION):
             with self.transaction():
+                # Another process opening a fresh store at the same moment may have migrated it since we
+                # looked: under the write lock, the version read now is the one that counts.
+                if self.conn.execute("PRAGMA user_version").fetchone()[0] > number:
+                    continue
                 MIGRATIONS[number](self.db)
                 self.conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
                 self.conn.execute(f"PRAGMA user_version={number + 1}")

@@ -46,6 +46,15 @@ def is_mlx_adapter(path: Path) -> bool:
     return (path / MLX_ADAPTER_FILE).is_file() and (path / ADAPTER_CONFIG).is_file()
 
 
+def hub_repo_of(base: str) -> str:
+    """A base model recorded as its Hugging Face cache snapshot (…/models--org--name/snapshots/<sha>,
+    where the MLX backend loads a Hub model from) as the repo id org/name; anything else as it is."""
+    parts = Path(base).parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3].removeprefix("models--").replace("--", "/")
+    return base
+
+
 def mlx_adapter_config(path: Path) -> dict[str, Any]:
     try:
         data = json.loads((path / ADAPTER_CONFIG).read_text())
@@ -200,7 +209,7 @@ def convert_to_peft(src_dir: Path, dst_dir: Path) -> None:
     if float(lora_alpha).is_integer():
         lora_alpha = int(lora_alpha)
     peft_config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base, "r": rank,
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": hub_repo_of(base), "r": rank,
         "lora_alpha": lora_alpha, "lora_dropout": float(params.get("dropout") or 0.0),
         "target_modules": _targets(modules, shapes, set(adapted)), "bias": "none", "fan_in_fan_out": False,
         "use_rslora": False, "use_dora": False, "inference_mode": True, "modules_to_save": None,

@@ -262,6 +262,14 @@ class MLXBackend:
         self.model.freeze()
         linear_to_lora_layers(self.model, len(self.model.layers), self.lora_parameters)
 
+    def base_model(self) -> str:
+        """What the run trained on, as a user names it: the directory, or the hub id (not the hub's cache)."""
+        return (
+            self.model_path
+            if Path(self.config.model).expanduser().is_dir() or self.config.model == "carl-tiny"
+            else self.config.model
+        )
+
     def _reference(self) -> Any:
         """The model the run starts from, frozen: the KL term's reference."""
         reference, _, _ = self._load(self.model_path)
@@ -309,9 +317,9 @@ class MLXBackend:
             if phase != self.phase:
                 self._begin_phase(phase)
             record = self._sft_step(step) if phase.startswith("sft") else self._grpo_step(step)
-            self.pump.poll(step, self.controls)
-            self.reporter.write(record)
+            self.reporter.write(record)  # before the commands: a pause answered at step N finds N stored
             self.last_step = step
+            self.pump.poll(step, self.controls)
             if record.metrics.get("loss") is None or not math.isfinite(record.metrics["loss"]):
                 raise TrainingFailed(f"the loss became NaN at step {step}")
             self._say_step(phase, step, record)
@@ -614,7 +622,7 @@ class MLXBackend:
             weights = dict(tree_flatten(self.model.trainable_parameters()))
             mx.save_safetensors(str(directory / ADAPTER_FILE), weights)
             adapter = {"fine_tune_type": "lora", "num_layers": len(self.model.layers),
-                       "lora_parameters": self.lora_parameters, "base_model_name_or_path": self.model_path}  # fmt: skip
+                       "lora_parameters": self.lora_parameters, "base_model_name_or_path": self.base_model()}  # fmt: skip
             (directory / "adapter_config.json").write_text(json.dumps(adapter, indent=2) + "\n")
         else:
             weights = dict(tree_flatten(self.model.parameters()))

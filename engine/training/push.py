@@ -32,7 +32,14 @@ from engine.errors import CarlError
 
 from .artifacts import base_model_of, carl_run, is_adapter, model_dir, model_files, process_alive
 from .backend import BadInput, one_line
-from .mlx_artifacts import MLX_ADAPTER_FILE, NotExact, convert_to_peft, is_mlx_adapter, mlx_adapter_config
+from .mlx_artifacts import (
+    MLX_ADAPTER_FILE,
+    NotExact,
+    convert_to_peft,
+    hub_repo_of,
+    is_mlx_adapter,
+    mlx_adapter_config,
+)
 
 if TYPE_CHECKING:
     from engine.store import StoreReader
@@ -322,6 +329,7 @@ def model_card(run: dict[str, Any], reader: StoreReader, model_path: Path, *, re
     adapter = is_adapter(model_path)
     mlx = is_mlx_adapter(model_path)
     base = base_model_of(model_path) if adapter else (run.get("model") or config.get("model"))
+    base = hub_repo_of(base) if base else base
     if mlx:
         load = _how_to_load_mlx_adapter(repo, base, peft_problem)
     else:

@@ -42,7 +42,12 @@ def select_backend(config: TrainConfig) -> str:
         if not has_mlx:
             raise BadInput("backend mlx: mlx and mlx-lm are not installed (pip install 'carl-tui[mlx]')")
         return "mlx"
-    if config.backend == "auto" and has_mlx and platform.system() == "Darwin" and platform.machine() == "arm64":
+    if (
+        config.backend == "auto"
+        and has_mlx
+        and platform.system() == "Darwin"
+        and platform.machine() == "arm64"
+    ):
         return "mlx"
     if importlib.util.find_spec("torch") is None:
         raise BadInput(f"backend {config.backend}: torch is not installed (pip install 'carl-tui[train]')")
