@@ -1,4 +1,9 @@
-"""The two training backends side by side on this machine's CPU. For now, the Phi kernel.
+"""The two training backends side by side on this machine's CPU: a GRPO step, and the Phi kernel.
+
+GRPO step: the same config (the demo task, the tiny model, 8 completions of one prompt per step, 24 tokens at
+most, the five rewards) trained by `python -m engine.training --backend torch` and `--backend mlx` in one run,
+one after the other. Seconds per step from the store's own timestamps of each step's metrics, the first
+5 steps left out (start-up), the median of the per-step gaps. Reported as MLX / torch; no goal.
 
 Phi kernel: `engine.coherence.phi_mlx.token_entropy` (MLX) against `engine.coherence.phi.token_entropy`
 (torch) on the same logits, each against baselines measured in the same run:
@@ -171,7 +176,42 @@ def format_phi_kernel(figures: dict[str, Any]) -> list[str]:
     return lines
 
 
+def bench_grpo_step(steps: int = 40) -> dict[str, float]:
+    """Seconds per GRPO step on each backend, the same config, trained one after the other."""
+    import json
+    import sqlite3
+    import subprocess
+    import tempfile
+
+    config = {"name": "bench", "model": "carl-tiny", "dataset": "demo", "method": "grpo", "max_steps": steps,
+              "save_steps": 10_000, "num_generations": 8, "per_device_train_batch_size": 8,
+              "max_completion_length": 24, "learning_rate": 5e-4, "eval": {"holdout": 0.1}}  # fmt: skip
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        path = home / "bench.json"
+        path.write_text(json.dumps(config))
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        for backend in ("torch", "mlx"):
+            subprocess.run([sys.executable, "-m", "engine.training", "--home", str(home), "--config", str(path),
+                            "--backend", backend, "--name", backend], check=True, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+            with sqlite3.connect(home / "carl.db") as conn:
+                (run_id,) = conn.execute("SELECT id FROM runs WHERE name=?", (backend,)).fetchone()
+                times = [t for (t,) in conn.execute(
+                    "SELECT max(wall_time) FROM metrics WHERE run_id=? GROUP BY step ORDER BY step", (run_id,))]  # fmt: skip
+            gaps = np.diff(times[5:])
+            out[backend] = float(np.median(gaps))
+    return out
+
+
 def main() -> None:
+    grpo = bench_grpo_step()
+    print(
+        f"GRPO step (tiny model, 8 completions of one prompt, 24 tokens): torch CPU {grpo['torch']:.3f} s, "
+        f"MLX CPU {grpo['mlx']:.3f} s; MLX / torch {grpo['mlx'] / grpo['torch']:.2f}",
+        flush=True,
+    )
     for line in format_phi_kernel(bench_phi_kernel(sweep=os.environ.get("BENCH_SWEEP") == "1")):
         print(line, flush=True)
 
