@@ -12,12 +12,11 @@ from engine.agents.tasks import (
     TaskFileError,
     TaskSpec,
     demo_tasks,
-    last_number,
     load_tasks,
-    normalise,
     verify,
 )
 from engine.demo.task import task_rows
+from engine.tasks.checks import last_number, normalise
 
 
 def write(tmp_path: Path, *lines: str | dict[str, object]) -> Path:

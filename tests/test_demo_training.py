@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.demo.task import concise_reward, format_reward, parse_call, task_reward, task_rows
+from engine.demo.task import REWARD_FUNCS, TASK, task_rows
+
+format_reward, task_reward, concise_reward = REWARD_FUNCS
+parse_call = TASK.parse
 
 GOLD = '{"tool": "get_weather", "args": {"city": "Paris"}}'
 
@@ -130,16 +133,16 @@ def test_demo_leaves_trainer_state_with_grpo_metrics(demo_run: tuple[Path, str])
         "reward",
         "reward_std",
         "loss",
-        "rewards/format_reward/mean",
-        "rewards/task_reward/mean",
-        "rewards/concise_reward/std",
+        "rewards/format/mean",
+        "rewards/task/mean",
+        "rewards/concise/std",
         "completions/mean_length",
         "frac_reward_zero_std",
     ):
         assert name in steps[0], name
     # A random model generates near-uniform tokens: entropy close to ln(512) = 6.24 nats.
     assert 0.0 < steps[0]["entropy"] <= 6.24 + 1e-3
-    assert any(entry["rewards/format_reward/std"] > 0 for entry in steps), "rewards never varied"
+    assert any(entry["rewards/format/std"] > 0 for entry in steps), "rewards never varied"
     # The final step is checkpointed, with its own trainer_state.json.
     assert (run_dir / "grpo" / "checkpoint-4" / "trainer_state.json").is_file()
 
@@ -155,8 +158,8 @@ def test_demo_leaves_a_local_trackio_project(demo_run: tuple[Path, str]) -> None
     for name in (
         "train/entropy",
         "train/loss",
-        "train/rewards/format_reward/mean",
-        "train/rewards/task_reward/mean",
+        "train/rewards/format/mean",
+        "train/rewards/task/mean",
     ):
         assert all(name in row for row in train_rows), name
     # TRL's profiler rows land in the same table, without the train/ prefix.

@@ -1,4 +1,5 @@
-"""The five reward functions on hand-made completions, and loading a user's reward by import path."""
+"""The five reward functions on hand-made completions, for the tool-call and the reference task, and
+loading a user's reward by import path."""
 
 from __future__ import annotations
 
@@ -16,11 +17,15 @@ from engine.rewards import (
     CommitmentReward,
     RewardError,
     concise_reward,
-    format_reward,
     load_reward,
     make_concise_reward,
-    task_reward,
+    make_format_reward,
+    make_task_reward,
 )
+from engine.tasks import ReferenceTask, ToolCallTask, task_for
+
+task_reward = make_task_reward(ToolCallTask())
+format_reward = make_format_reward(ToolCallTask())
 
 CALL = '{"tool": "get_weather", "args": {"city": "Paris"}}'
 
@@ -55,7 +60,7 @@ def test_task_reward_scores_tool_and_argument() -> None:
     assert got == [1.0, 0.5, 0.5, 0.0, 0.4, 0.0]
 
 
-def test_task_reward_matches_the_demo_on_chat_completions() -> None:
+def test_task_reward_on_the_demo_rows_and_chat_completions() -> None:
     rows = demo.task_rows()[:24]
     completions = [chat(CALL), chat("x"), chat('{"tool": "get_news", "args": {"city": "Oslo"}}')] * 8
     kwargs = {
@@ -63,7 +68,20 @@ def test_task_reward_matches_the_demo_on_chat_completions() -> None:
         "answer_city": [r["answer_city"] for r in rows],
     }
     prompts = [r["prompt"] for r in rows]
-    assert task_reward(prompts, completions, **kwargs) == demo.task_reward(prompts, completions, **kwargs)
+    want = []
+    for row, text in zip(
+        rows, [CALL, "x", '{"tool": "get_news", "args": {"city": "Oslo"}}'] * 8, strict=True
+    ):
+        call = demo.TASK.parse(text)
+        if call is None:
+            want.append(0.0)
+        else:
+            want.append(
+                0.5 * (call["tool"] == row["answer_tool"])
+                + 0.5 * (call["args"]["city"] == row["answer_city"])
+            )
+    assert task_reward(prompts, completions, **kwargs) == want
+    assert demo.REWARD_FUNCS[1](prompts, completions, **kwargs) == want
 
 
 def test_task_reward_generalizes_to_any_answer_columns() -> None:
@@ -81,8 +99,58 @@ def test_task_reward_generalizes_to_any_answer_columns() -> None:
 
 
 def test_task_reward_without_the_answer_column_says_so() -> None:
-    with pytest.raises(RewardError, match="answer_tool.*answer_city"):
+    with pytest.raises(
+        RewardError, match="'answer_tool' dataset column .*toolcall task; columns: answer_city"
+    ):
         task_reward([""], [CALL], answer_city=["Paris"])
+
+
+# --- the reference task -----------------------------------------------------------------------
+
+
+def test_the_reference_task_checks_the_answer_block_with_the_rows_verifier() -> None:
+    reward = make_task_reward(ReferenceTask())
+    texts = [
+        "<step>6 x 7</step><answer>42</answer>",
+        "<answer> The answer is 42. </answer>",  # exact: only the normalised reference
+        "the answer is 42",  # no tags: the whole text is the answer
+        "<answer>41</answer>",
+        "<answer>[1, 2]</answer>",
+        "<answer></answer>",
+    ]
+    got = reward(
+        [""] * 6,
+        texts,
+        reference=["42", "42", "42", "42", "[1,2]", "x"],
+        verifier=["exact", "exact", "number", "number", "json", "exact"],
+    )
+    assert got == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    assert make_task_reward(ReferenceTask("contains"))(
+        [""], ["<answer>it is Paris!</answer>"], reference=["paris"]
+    ) == [1.0]
+    with pytest.raises(RewardError, match="'reference' dataset column .*reference task"):
+        reward([""], ["x"], answer=["42"])
+
+
+def test_the_reference_task_format_needs_one_non_empty_answer_block() -> None:
+    reward = make_format_reward(ReferenceTask())
+    texts = [
+        "<answer>42</answer>",
+        "<answer>1</answer><answer>2</answer>",
+        "<answer> </answer>",
+        "<answer>42",
+        "42",
+    ]
+    assert reward([""] * 5, texts) == [1.0, 0.7, 0.7, 0.35, 0.0]
+
+
+def test_a_task_is_read_off_the_columns() -> None:
+    assert task_for("auto", {"prompt", "answer_tool"}).name == "toolcall"
+    assert task_for("auto", {"prompt", "reference"}).name == "reference"
+    assert task_for("auto", {"prompt", "answer"}).name == "toolcall"  # its error names answer_tool
+    assert task_for("reference", {"prompt", "answer_tool"}).name == "reference"
+    with pytest.raises(ValueError, match="task: must be one of auto, toolcall, reference"):
+        task_for("maths", {"prompt"})
 
 
 # --- format -----------------------------------------------------------------------------------
@@ -224,7 +292,7 @@ def test_commitment_penalizes_noise() -> None:
 
 
 def test_load_reward_finds_functions() -> None:
-    assert load_reward("engine.rewards.functions:task_reward") is task_reward
+    assert load_reward("engine.rewards.functions:concise_reward") is concise_reward
     assert load_reward("engine.rewards:CoherenceReward.answer_phi") is CoherenceReward.answer_phi
 
 

@@ -155,6 +155,39 @@ def json_entropy(store: Store, run_id: int, step: int) -> float:
 # -- commands ------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_a_reference_answer_dataset_trains_on_either_backend_with_its_own_checks(
+    tmp_path: Path, tiny_model: Path, store: Store, backend: str
+) -> None:
+    """The rewards know no task: a dataset with a `reference` column is checked by the reference task."""
+    from engine.tasks import ReferenceTask
+
+    rows = [
+        {"prompt": f"What is {a} + {b}?", "reference": str(a + b), "verifier": "number",
+         "completion": f"<answer>{a + b}</answer>"}
+        for a in range(6) for b in range(4)
+    ]  # fmt: skip
+    dataset = tmp_path / "sums.jsonl"
+    dataset.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = write_config(tmp_path / "carl.yaml", tiny_model, dataset=str(dataset), max_steps=2, backend=backend,
+                          rewards=[{"name": "task"}, {"name": "format", "weight": 0.5}])  # fmt: skip
+    code, _, err = finish(start(tmp_path / "home", "--config", str(config), "--name", "sums"))
+    assert code == 0, err
+    run_id = run_row(store, "sums")["id"]
+    assert sorted(steps_of(store, run_id, "rewards/task/mean")) == [1, 2]
+    reference = {row["prompt"]: row["reference"] for row in rows}
+    samples = store.conn.execute("SELECT prompt, completion, rewards FROM samples WHERE run_id=?", (run_id,))
+    checked = 0
+    task = ReferenceTask()
+    for prompt, completion, rewards in samples.fetchall():
+        want = reference[prompt.removeprefix("user: ")]
+        scores = json.loads(rewards)
+        assert scores["task"] == task.score(completion, {"reference": want, "verifier": "number"})
+        assert scores["format"] == pytest.approx(task.format_score(completion))
+        checked += 1
+    assert checked > 0
+
+
 def test_commands_pause_resume_checkpoint_set_lr_set_weight_stop(
     tmp_path: Path, tiny_model: Path, store: Store
 ) -> None:
@@ -294,7 +327,7 @@ def test_bad_input_fails_with_one_line(tmp_path: Path, tiny_model: Path, store: 
         ("badfield", {"cascade": {"ramp_steps": 0}}, 2, "cascade.ramp_steps: Input should be greater than 0"),
         ("nomodel", {"model": str(tmp_path / "missing-model")}, 2, f"model {tmp_path / 'missing-model'}: no such directory"),
         ("nocols", {"dataset": str(write_rows(tmp_path / "rows.jsonl"))}, 2, "no 'answer_tool' column, which the task reward needs"),
-        ("mlx", {"backend": "mlx"}, 2, "the MLX backend is not built yet"),
+        ("nobackend", {"backend": "cuda"}, 2, "backend: Input should be 'auto', 'torch' or 'mlx'"),
         ("badimport", {"rewards": [{"name": "no_such_module_x:fn"}]}, 2, "reward module 'no_such_module_x' not found"),
         ("raises", {"rewards": [{"name": "carl_user_rewards:explode"}]}, 1, "reward 'explode' raised ZeroDivisionError"),
         ("diverges", {"learning_rate": 1e12}, 1, "the model's probabilities became NaN or inf"),

@@ -12,29 +12,25 @@ checked with "exact". A mistake is one line naming the file, the line and the fi
 
 Verifiers (`verify`), each giving a score in [0, 1]:
 - demo: the demo task's own check, 0.5 for the right tool and 0.5 for the right city;
-- exact: the answer equals the reference, ignoring case, surrounding and repeated whitespace, and
-  trailing punctuation;
-- contains: the (so normalised) reference appears in the answer;
-- json: the answer parses as JSON equal to the reference's;
-- number: the last number in the answer equals the reference's within 1e-6 (relative).
+- exact, contains, json, number: the reference checks training shares (`engine.tasks.checks`).
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from engine.demo.task import parse_call, task_reward, task_rows
+from engine.demo.task import TASK as DEMO_TASK
+from engine.demo.task import task_rows
 from engine.errors import CarlError
+from engine.tasks.checks import CHECKS, check, expected
 
 from .events import TOKEN, TaskEvent
 
-VERIFIERS = ("demo", "exact", "contains", "json", "number")
-NEEDS_REFERENCE = ("exact", "contains", "json", "number")
+VERIFIERS = ("demo", *CHECKS)
+NEEDS_REFERENCE = CHECKS
 FIELDS = ("prompt", "task_type", "environment", "reference", "verifier", "metadata")
 
 
@@ -200,18 +196,11 @@ def verify(task: Checkable, answer: str) -> float | None:
     have either)."""
     if task.verifier is None:
         return None
-    expected = _expected(task)
+    want = _expected(task)
     if task.verifier == "demo":
-        tool, city = expected
-        return task_reward([None], [answer], answer_tool=[tool], answer_city=[city])[0]
-    if task.verifier == "exact":
-        return 1.0 if normalise(answer) == expected else 0.0
-    if task.verifier == "contains":
-        return 1.0 if expected in normalise(answer) else 0.0
-    if task.verifier == "json":
-        return 1.0 if _json_equal(_json_answer(answer), expected) else 0.0
-    found = last_number(answer)
-    return 1.0 if found is not None and math.isclose(found, expected, rel_tol=1e-6, abs_tol=1e-12) else 0.0
+        tool, city = want
+        return DEMO_TASK.score(answer, {"answer_tool": tool, "answer_city": city})
+    return check(task.verifier, answer, want)
 
 
 def _expected(task: Checkable) -> Any:
@@ -223,17 +212,7 @@ def _expected(task: Checkable) -> Any:
         raise ValueError(f"verifier: must be one of {', '.join(VERIFIERS)} (got {name!r})")
     if reference is None:
         raise ValueError(f"verifier: {name!r} needs a reference")
-    if name in ("exact", "contains"):
-        return normalise(reference)
-    if name == "json":
-        try:
-            return json.loads(reference)
-        except ValueError:
-            raise ValueError("reference: is not JSON (the 'json' verifier compares JSON)") from None
-    number = last_number(reference)
-    if number is None:
-        raise ValueError("reference: has no number (the 'number' verifier compares numbers)")
-    return number
+    return expected(name, reference)
 
 
 def _demo_answer(task: Checkable) -> tuple[str, str]:
@@ -241,50 +220,7 @@ def _demo_answer(task: Checkable) -> tuple[str, str]:
     tool, city = task.metadata.get("answer_tool"), task.metadata.get("answer_city")
     if isinstance(tool, str) and isinstance(city, str):
         return tool, city
-    call = parse_call(task.reference or "")
+    call = DEMO_TASK.parse(task.reference or "")
     if call is not None and isinstance(call["args"].get("city"), str):
         return call["tool"], call["args"]["city"]
     raise ValueError("metadata: the 'demo' verifier needs answer_tool and answer_city (or a reference call)")
-
-
-_TRAILING_PUNCTUATION = ".,;:!?"
-
-
-def normalise(text: str) -> str:
-    """Case folded, whitespace runs made one space, trimmed, trailing punctuation dropped."""
-    return " ".join(text.casefold().split()).rstrip(_TRAILING_PUNCTUATION).rstrip()
-
-
-_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+")
-
-
-def last_number(text: str) -> float | None:
-    """The last number written in `text` (`1,234.5` is one number), or None."""
-    found = _NUMBER.findall(text)
-    return float(found[-1].replace(",", "")) if found else None
-
-
-_FENCE = re.compile(r"^```[A-Za-z]*\s*(.*?)\s*```$", re.DOTALL)
-_NOT_JSON = object()  # an answer that does not parse equals no reference
-
-
-def _json_answer(answer: str) -> Any:
-    text = answer.strip()
-    fenced = _FENCE.match(text)
-    try:
-        return json.loads(fenced.group(1) if fenced else text)
-    except ValueError:
-        return _NOT_JSON
-
-
-def _json_equal(a: Any, b: Any) -> bool:
-    """JSON equality: true is not 1, and 1 is 1.0 (JSON has one number type)."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return a == b
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
-    return type(a) is type(b) and a == b

@@ -1,7 +1,7 @@
 """Reward functions in TRL's form, and the cascade that gates the coherence ones behind the task reward.
 
-Wiring, for a runner: build one `CascadeGate` and pass TRL the functions `task_reward`,
-`format_reward`, `concise_reward`, `gated(CoherenceReward(provider), lambda: gate.multiplier)` and
+Wiring, for a runner: build one `CascadeGate` and pass TRL the functions `make_task_reward(task)`,
+`make_format_reward(task)`, `concise_reward`, `gated(CoherenceReward(provider), lambda: gate.multiplier)` and
 `gated(CommitmentReward(provider), lambda: gate.multiplier)`; `provider` supplies per-token Phi (see
 `functions.py`; share one `CachedPhiProvider`). Once per optimizer step call
 `gate.update(step, mean of the task reward)` and record the returned `GateState`; set TRL's
@@ -16,10 +16,10 @@ from .functions import (
     PhiReward,
     RewardError,
     concise_reward,
-    format_reward,
     load_reward,
     make_concise_reward,
-    task_reward,
+    make_format_reward,
+    make_task_reward,
 )
 
 __all__ = [
@@ -33,9 +33,9 @@ __all__ = [
     "PhiReward",
     "RewardError",
     "concise_reward",
-    "format_reward",
     "gated",
     "load_reward",
     "make_concise_reward",
-    "task_reward",
+    "make_format_reward",
+    "make_task_reward",
 ]

@@ -2,13 +2,15 @@
 
 | `__name__`   | what it scores                                              | needs                        |
 |--------------|-------------------------------------------------------------|------------------------------|
-| `task`       | the parsed tool call against the dataset's answer columns   | `answer_tool`, `answer_<arg>` |
-| `format`     | a well-formed `{"tool": str, "args": dict}` call            | -                            |
+| `task`       | the task's verifier against the row's answer columns        | the task's columns            |
+| `format`     | the task's answer format (a JSON call, an `<answer>` block) | -                            |
 | `coherence`  | high Phi at the answer tokens, relative to the run's baseline | per-token Phi               |
 | `commitment` | upward Phi jumps that hold; melting after them is penalised | per-token Phi                |
 | `concise`    | length against a target (characters or tokens)              | (`completion_ids` for tokens) |
 
-Completions may be strings (standard datasets) or message lists (conversational ones).
+Completions may be strings (standard datasets) or message lists (conversational ones). `task` and
+`format` are made for a task (`make_task_reward(task)`, `make_format_reward(task)`, see `engine.tasks`):
+the rewards themselves know no particular task.
 
 **Per-token Phi for `coherence` and `commitment`.** TRL gives reward functions no logits, so the
 runner supplies Phi in one of two ways, looked up in this order for every call:
@@ -36,12 +38,16 @@ from typing import Any
 
 import numpy as np
 
-from engine.demo.task import completion_text, parse_call
 from engine.errors import CarlError
+from engine.tasks import Task, completion_text
 
 RewardFn = Callable[..., list[float | None]]
 PhiProvider = Callable[..., Sequence[Any]]
 
+# Keywords TRL passes to every reward function besides the dataset's columns.
+TRL_KEYWORDS = frozenset(
+    {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments"}
+)
 JUMP = 0.03  # carl.md §5: a per-token |dPhi| above this is a crystallization / melting event
 
 
@@ -60,78 +66,36 @@ def _named(name: str) -> Callable[[RewardFn], RewardFn]:
     return rename
 
 
-# --- task ---------------------------------------------------------------------------------------
+# --- task and format: the run's task checks the answer ------------------------------------------
 
 
-def _arg_columns(kwargs: dict[str, Any]) -> dict[str, list[Any]]:
-    """The `answer_<arg>` dataset columns (every `answer_*` but `answer_tool`), by argument name."""
-    return {
-        key.removeprefix("answer_"): list(values)
-        for key, values in sorted(kwargs.items())
-        if key.startswith("answer_") and key != "answer_tool" and isinstance(values, (list, tuple))
-    }
+def make_task_reward(task: Task) -> RewardFn:
+    """The `task` reward: the task's verifier on each completion against its row's answer columns."""
+
+    @_named("task")
+    def task_reward(prompts: list, completions: list, **kwargs: Any) -> list[float | None]:
+        missing = task.missing(set(kwargs))
+        if missing:
+            columns = ", ".join(sorted(k for k in kwargs if k not in TRL_KEYWORDS)) or "none"
+            raise RewardError(
+                f"the task reward needs a {missing[0]!r} dataset column ({task.name} task; columns: {columns})"
+            )
+        answers = task.answers(kwargs, len(completions))
+        return [task.score(completion_text(c), a) for c, a in zip(completions, answers, strict=True)]
+
+    task_reward.__doc__ = f"Verifiable correctness: the {task.name} task's check, in [0, 1]."
+    return task_reward
 
 
-def task_score(text: str, tool: str, args: dict[str, Any]) -> float:
-    """Half for the right tool and half shared by the expected args (all of it for the tool when none).
+def make_format_reward(task: Task) -> RewardFn:
+    """The `format` reward: how well each completion follows the task's answer format."""
 
-    Expected args whose value is None are not required for this row. An unparsed completion earns 0.2
-    for naming the tool and up to 0.2 for mentioning the expected values, so near-misses rank above
-    noise (with one `city` argument this is exactly the demo's `task_reward`).
-    """
-    wanted = {name: value for name, value in args.items() if value is not None}
-    call = parse_call(text)
-    if call is not None:
-        tool_part = (0.5 if wanted else 1.0) if call["tool"] == tool else 0.0
-        if not wanted:
-            return tool_part
-        hits = sum(call["args"].get(name) == value for name, value in wanted.items())
-        return tool_part + 0.5 * hits / len(wanted)
-    named = 0.2 if tool and tool in text else 0.0
-    if not wanted:
-        return named
-    mentioned = sum(str(value) in text for value in wanted.values())
-    return named + 0.2 * mentioned / len(wanted)
+    @_named("format")
+    def format_reward(prompts: list, completions: list, **kwargs: Any) -> list[float | None]:
+        return [task.format_score(completion_text(c)) for c in completions]
 
-
-@_named("task")
-def task_reward(prompts: list, completions: list, **kwargs: Any) -> list[float | None]:
-    """Verifiable correctness of the tool call: see `task_score`. Needs the `answer_tool` column."""
-    tools = kwargs.get("answer_tool")
-    if tools is None:
-        columns = ", ".join(sorted(k for k in kwargs if k.startswith("answer_"))) or "none"
-        raise RewardError(
-            f"the task reward needs an 'answer_tool' dataset column (answer columns: {columns})"
-        )
-    columns = _arg_columns(kwargs)
-    scores: list[float | None] = []
-    for i, completion in enumerate(completions):
-        args = {name: values[i] for name, values in columns.items()}
-        scores.append(task_score(completion_text(completion), str(tools[i]), args))
-    return scores
-
-
-# --- format -------------------------------------------------------------------------------------
-
-
-def format_score(text: str) -> float:
-    """1.0 for a well-formed `{"tool": str, "args": dict}` object anywhere in the text.
-
-    Otherwise partial credit, so near-misses rank above noise: 0.15 for each of `{`, `"tool"`, `"args"`,
-    `}` present, plus 0.1 when the braces balance (at most 0.7). Same scale as the demo's format reward.
-    """
-    if parse_call(text) is not None:
-        return 1.0
-    score = sum(0.15 for piece in ("{", '"tool"', '"args"', "}") if piece in text)
-    if text.count("{") == text.count("}") > 0:
-        score += 0.1
-    return round(score, 4)
-
-
-@_named("format")
-def format_reward(prompts: list, completions: list, **kwargs: Any) -> list[float | None]:
-    """Structure compliance of the tool call: see `format_score`."""
-    return [format_score(completion_text(c)) for c in completions]
+    format_reward.__doc__ = f"Structure compliance: the {task.name} task's format check, in [0, 1]."
+    return format_reward
 
 
 # --- concise ------------------------------------------------------------------------------------

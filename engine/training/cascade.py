@@ -21,20 +21,16 @@ from engine.rewards import (
     PhiReward,
     RewardError,
     concise_reward,
-    format_reward,
     gated,
     load_reward,
-    task_reward,
+    make_format_reward,
+    make_task_reward,
 )
+from engine.rewards.functions import TRL_KEYWORDS
+from engine.tasks import Task
 
 from .backend import BadInput, TrainingFailed, one_line
 from .config import COHERENCE_REWARDS, TrainConfig
-
-# Keywords TRL passes to every reward function; anything else a function names is a dataset column.
-TRL_KWARGS = frozenset(
-    {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments"}
-)
-BUILTIN_COLUMNS = {"task": {"answer_tool"}}
 
 
 class GuardedReward:
@@ -60,7 +56,7 @@ def required_columns(fn: Callable[..., Any]) -> set[str]:
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return {
         p.name for p in params
-        if p.kind in kinds and p.default is inspect.Parameter.empty and p.name not in TRL_KWARGS
+        if p.kind in kinds and p.default is inspect.Parameter.empty and p.name not in TRL_KEYWORDS
     }  # fmt: skip
 
 
@@ -74,6 +70,7 @@ class RewardSet:
     weights: CascadeWeights | None = None
     base: dict[str, float] = field(default_factory=dict)
     phi_rewards: list[PhiReward] = field(default_factory=list)
+    task: Task | None = None  # what `task` and `format` check
 
     @property
     def multiplier(self) -> float:
@@ -110,9 +107,12 @@ class RewardSet:
             missing = sorted(self.columns[name] - columns)
             if missing:
                 have = ", ".join(sorted(columns))
+                hint = ""
+                if name == "task" and self.task is not None:
+                    hint = f"; {self.task.name} task, set `task:` for another"
                 raise BadInput(
                     f"dataset {dataset}: no {', '.join(map(repr, missing))} column, which the {name} reward"
-                    f" needs (columns: {have})"
+                    f" needs (columns: {have}{hint})"
                 )
 
     def state_dict(self) -> dict[str, Any]:
@@ -135,12 +135,16 @@ class RewardSet:
                 reward.load_state_dict(calibration)
 
 
-def _builtin(name: str) -> Callable[..., list[float | None]]:
-    return {"task": task_reward, "format": format_reward, "concise": concise_reward}[name]
+def _builtin(name: str, task: Task) -> Callable[..., list[float | None]]:
+    if name == "task":
+        return make_task_reward(task)
+    if name == "format":
+        return make_format_reward(task)
+    return concise_reward
 
 
-def build_rewards(config: TrainConfig) -> RewardSet:
-    """The reward functions of `config.rewards`; an import that fails is BadInput."""
+def build_rewards(config: TrainConfig, task: Task) -> RewardSet:
+    """The reward functions of `config.rewards` for `task`; an import that fails is BadInput."""
     built: list[RewardSet] = []  # the gated wrappers read the live gate (a resume replaces it)
 
     def multiplier() -> float:
@@ -162,8 +166,8 @@ def build_rewards(config: TrainConfig) -> RewardSet:
             name, needs = getattr(fn, "__name__", spec.name.rpartition(":")[2]), required_columns(fn)
             task_names.append(name)  # a user's reward is a task reward: it drives the gate
         else:
-            fn, name = _builtin(spec.name), spec.name
-            needs = set(BUILTIN_COLUMNS.get(name, set()))
+            fn, name = _builtin(spec.name, task), spec.name
+            needs = set(task.required_columns) if name == "task" else set()
             if name == "task":
                 task_names.append(name)
         if name in names:
@@ -172,7 +176,7 @@ def build_rewards(config: TrainConfig) -> RewardSet:
         names.append(name)
         columns[name] = needs
     base = {name: spec.weight for name, spec in zip(names, config.rewards, strict=True)}
-    rewards = RewardSet(funcs, names, task_names, columns, base=base, phi_rewards=phi_rewards)
+    rewards = RewardSet(funcs, names, task_names, columns, base=base, phi_rewards=phi_rewards, task=task)
     if task_names:
         c = config.cascade
         try:

@@ -125,6 +125,11 @@ class TrainConfig(_Section):
     dataset: str = Field(
         DEMO_DATASET, min_length=1, description="'demo' or a .jsonl/.json file with a prompt column"
     )
+    task: Literal["auto", "toolcall", "reference"] = Field(
+        "auto",
+        description="how `task` and `format` check answers: toolcall (answer_tool, answer_<arg> columns),"
+        " reference (a reference column); auto reads it off the dataset",
+    )
     method: Literal["grpo", "sft"] = Field("grpo", description="grpo (reinforcement) or sft (supervised)")
     backend: Literal["auto", "torch", "mlx"] = Field(
         "auto",

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.models.tiny import build_tiny_model, default_model_dir
+from engine.tasks import Task, task_for
 
 from .backend import BadInput
-from .config import DEMO_DATASET, TINY_MODEL
+from .config import DEMO_DATASET, TINY_MODEL, TrainConfig
 
 
 def is_local_model(model: str) -> bool:
@@ -65,6 +66,11 @@ def dataset_columns(rows: list[dict[str, Any]]) -> set[str]:
     for row in rows[1:]:
         columns &= set(row)
     return columns
+
+
+def run_task(config: TrainConfig, columns: set[str]) -> Task:
+    """The task whose checks the run's `task` and `format` rewards apply (the demo's: tool calls)."""
+    return task_for("toolcall" if config.dataset == DEMO_DATASET else config.task, columns)
 
 
 def prompt_text(prompt: Any) -> str:

@@ -263,15 +263,18 @@ def _greedy_mlx(model: Any, prompts: list[list[int]], config: TrainConfig, eos: 
 
 
 def _reward_columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    columns = set(rows[0]).intersection(*rows[1:]) - {"prompt", "completion"}
+    from .data import dataset_columns
+
+    columns = dataset_columns(rows) - {"prompt", "completion"}
     return {name: [row[name] for row in rows] for name in sorted(columns)}
 
 
 def _score(config: TrainConfig, rows: list[dict[str, Any]], answers: list[dict[str, Any]], phi: list[float],
            entropy: list[float]) -> tuple[dict[str, Any], bool, list[str]]:  # fmt: skip
     from .cascade import build_rewards
+    from .data import dataset_columns, run_task
 
-    rewards = build_rewards(config)
+    rewards = build_rewards(config, run_task(config, dataset_columns(rows)))
     prompts = [row["prompt"] for row in rows]
     completions: list[Any] = [
         a["text"] if isinstance(p, str) else [{"role": "assistant", "content": a["text"]}]

@@ -39,14 +39,14 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from engine.coherence.phi import phi_from_entropy
 from engine.coherence.summary import pick_traces, step_phi_stats
-from engine.demo.task import completion_text
 from engine.errors import CarlError
+from engine.tasks import completion_text
 
 from .artifacts import FINAL_DIR
 from .backend import BadInput, CommandPump, Reporter, StepRecord, TrainingFailed
 from .cascade import RewardSet, build_rewards
 from .config import TrainConfig
-from .data import _offline_if_local, dataset_columns, load_rows, prompt_text, resolve_model
+from .data import _offline_if_local, dataset_columns, load_rows, prompt_text, resolve_model, run_task
 from .holdout import split_holdout
 
 CARL_STATE = "carl_state.json"  # written last into a checkpoint: one without it is incomplete
@@ -215,7 +215,7 @@ class MLXBackend:
                            f"(columns: {', '.join(sorted(columns))})")  # fmt: skip
         self.has_completions = "completion" in columns
         if config.method == "grpo":
-            self.rewards = build_rewards(config)
+            self.rewards = build_rewards(config, run_task(config, columns))
             self.rewards.check_columns(columns, config.dataset)
         self.model_path = str(local_model_dir(resolve_model(config.model, self.home, config.seed)))
         self.model, self.tokenizer, model_config = self._load(self.model_path)

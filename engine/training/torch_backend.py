@@ -25,14 +25,14 @@ from transformers import PrinterCallback, TrainerCallback
 
 from engine.coherence.phi import phi_from_entropy, phi_from_model
 from engine.coherence.summary import pick_traces, step_phi_stats
-from engine.demo.task import completion_text
 from engine.errors import CarlError
+from engine.tasks import completion_text
 
 from .artifacts import FINAL_DIR
 from .backend import BadInput, CommandPump, Reporter, StepRecord, TrainingFailed, numeric_logs
 from .cascade import RewardSet, build_rewards
 from .config import TrainConfig
-from .data import _offline_if_local, dataset_columns, load_rows, prompt_text, resolve_model
+from .data import _offline_if_local, dataset_columns, load_rows, prompt_text, resolve_model, run_task
 from .hf import CommandCallback, entropy_to_phi
 from .holdout import split_holdout
 
@@ -170,7 +170,7 @@ class TorchBackend:
                 f"dataset {config.dataset}: SFT needs a 'completion' column (columns: {', '.join(sorted(columns))})"
             )
         if config.method == "grpo":
-            self.rewards = build_rewards(config)
+            self.rewards = build_rewards(config, run_task(config, columns))
             self.rewards.check_columns(columns, config.dataset)
         self.model_path = resolve_model(config.model, self.home, config.seed)
         self.tokenizer, self.model = self._load(self.model_path)
