@@ -431,6 +431,64 @@ class Store:
             )
             return int(cur.lastrowid)
 
+    # -- experiments ---------------------------------------------------------------------------
+
+    def create_experiment(self, name: str, config: dict[str, Any], arms: Sequence[str], seeds: Sequence[int],
+                          steps: int, warmup_steps: int) -> int:  # fmt: skip
+        """A new experiment with one pending cell per arm and seed."""
+        now = time.time()
+        with self.transaction():
+            cur = self.conn.execute(
+                "INSERT INTO experiments (name, config, arms, seeds, steps, warmup_steps, status, created_at,"
+                " updated_at) VALUES (?,?,?,?,?,?,'running',?,?)",
+                (name, json.dumps(config), json.dumps(list(arms)), json.dumps(list(seeds)), steps, warmup_steps,
+                 now, now),
+            )  # fmt: skip
+            experiment_id = int(cur.lastrowid)
+            self.conn.executemany(
+                "INSERT INTO experiment_runs (experiment_id, arm, seed, status, updated_at) VALUES (?,?,?,?,?)",
+                [(experiment_id, arm, seed, "pending", now) for arm in arms for seed in seeds],
+            )
+        return experiment_id
+
+    def experiment(self, ref: str | int) -> dict[str, Any] | None:
+        """An experiment by name or id, its JSON columns decoded."""
+        column = "id" if isinstance(ref, int) else "name"
+        cur = self.conn.execute(f"SELECT * FROM experiments WHERE {column}=?", (ref,))
+        row = cur.fetchone()
+        if row is None:
+            return None
+        record = dict(zip([d[0] for d in cur.description], row, strict=True))
+        for key in ("config", "arms", "seeds"):
+            record[key] = json.loads(record[key])
+        return record
+
+    def experiments(self) -> list[dict[str, Any]]:
+        ids = [r[0] for r in self.conn.execute("SELECT id FROM experiments ORDER BY id")]
+        return [e for i in ids if (e := self.experiment(i)) is not None]
+
+    def experiment_runs(self, experiment_id: int) -> list[dict[str, Any]]:
+        """The experiment's cells, in arm then seed order of insertion."""
+        cur = self.conn.execute(
+            "SELECT * FROM experiment_runs WHERE experiment_id=? ORDER BY rowid", (experiment_id,)
+        )
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    def update_experiment(self, experiment_id: int, **fields: Any) -> None:
+        self._update("experiments", "id=?", (experiment_id,), fields)
+
+    def update_experiment_run(self, experiment_id: int, arm: str, seed: int, **fields: Any) -> None:
+        self._update(
+            "experiment_runs", "experiment_id=? AND arm=? AND seed=?", (experiment_id, arm, seed), fields
+        )
+
+    def _update(self, table: str, where: str, key: tuple[Any, ...], fields: dict[str, Any]) -> None:
+        fields = {**fields, "updated_at": time.time()}
+        assignments = ", ".join(f"{name}=?" for name in fields)
+        with self.transaction():
+            self.conn.execute(f"UPDATE {table} SET {assignments} WHERE {where}", (*fields.values(), *key))
+
     def truncate_run_after(self, run_id: int, step: int) -> int:
         """Forget what a run logged after `step` (a resume from the checkpoint at `step` replays
         those steps); rollups of the touched buckets are rebuilt. Returns metric rows removed."""

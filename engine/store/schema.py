@@ -389,5 +389,45 @@ def _v4(db: sqlite_utils.Database) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4]
+def _v5(db: sqlite_utils.Database) -> None:
+    """Experiments: arms x seeds of real runs, each arm-seed cell with its run and its held-out result."""
+    db["experiments"].create(
+        {
+            "id": int,
+            "name": str,
+            "config": str,  # JSON: the base TrainConfig every arm derives from
+            "arms": str,  # JSON list, in the order given
+            "seeds": str,  # JSON list of ints
+            "steps": int,  # GRPO steps of each GRPO arm
+            "warmup_steps": int,  # SFT steps of the shared warm-up (the sft-only arm)
+            "status": str,  # running | finished | partial (some cell failed, crashed or was stopped)
+            "created_at": float,
+            "updated_at": float,
+        },
+        pk="id",
+        not_null={"name", "config", "arms", "seeds", "status"},
+    )
+    db["experiments"].create_index(["name"], unique=True)
+    db["experiment_runs"].create(
+        {
+            "experiment_id": int,
+            "arm": str,  # sft-only | task-only | cascade | always-on
+            "seed": int,
+            "run_id": int,  # the run of this cell's newest attempt (NULL until it starts)
+            "status": str,  # pending | running | finished | failed | stopped | crashed
+            "error": str,
+            "eval_id": int,  # the held-out eval of the run, once done
+            "task": float,  # held-out mean task reward
+            "solved": float,  # held-out share solved
+            "gate_step": int,  # the step the cascade gate opened (NULL: never, or no gate)
+            "final_phi": float,  # mean Phi of the run's last step
+            "updated_at": float,
+        },
+        pk=("experiment_id", "arm", "seed"),
+        foreign_keys=[("experiment_id", "experiments", "id")],
+        defaults={"status": "pending"},
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5]
 SCHEMA_VERSION = len(MIGRATIONS)
