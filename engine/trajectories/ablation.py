@@ -3,6 +3,10 @@
 For each signal s: drop it, renormalize the other weights to sum to 1, re-score, and compare the
 ranking with the full one: ρ = Spearman correlation (average ranks for ties), overlap = size of
 the intersection of the two top-20 sets, impact = (1 − ρ) + (20 − overlap) / 20.
+
+Scores that are equal in exact arithmetic can differ in their last bits in floating point (0.15·0.7 +
+0.15·0.4 against 0.15·0.3 + 0.15·0.8), so scores within 1e-9 of each other are taken as tied before
+ranking. Signals are stored to 4 decimals, so distinct sums differ by far more than that.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from engine.trajectories.model import Scored
 from engine.trajectories.scoring import SIGNALS, WEIGHTS
 
 TOP_K = 20
+TIE_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,31 @@ def signal_matrix(scored: Sequence[Scored]) -> np.ndarray:
     return np.array([[getattr(s, name) for name in SIGNALS] for s in scored], dtype=float).reshape(
         -1, len(SIGNALS)
     )
+
+
+def renormalised(weights: Sequence[float], drop: int) -> np.ndarray:
+    """The weights without the one at index `drop`, rescaled to sum to 1 (that one set to 0)."""
+    rest = np.asarray(weights, dtype=float).copy()
+    rest[drop] = 0.0
+    total = rest.sum()
+    if total <= 0.0:
+        raise ValueError("the remaining weights sum to 0: nothing left to score with")
+    return rest / total
+
+
+def merge_ties(x: np.ndarray, tolerance: float = TIE_TOLERANCE) -> np.ndarray:
+    """Scores within `tolerance` of their neighbour in sorted order replaced by one value (the
+    smallest of their group), so that rounding noise never breaks a tie."""
+    x = np.asarray(x, dtype=float)
+    if not len(x):
+        return x
+    order = np.argsort(x, kind="stable")
+    xs = x[order]
+    new_group = np.r_[True, np.diff(xs) > tolerance]
+    firsts = np.flatnonzero(new_group)
+    out = np.empty(len(x))
+    out[order] = np.repeat(xs[firsts], np.diff(np.r_[firsts, len(x)]))
+    return out
 
 
 def average_ranks(x: np.ndarray) -> np.ndarray:
@@ -70,14 +100,12 @@ def ablate(matrix: np.ndarray, weights: Sequence[float] | None = None,
     w = np.asarray([WEIGHTS[s] for s in signals] if weights is None else weights, dtype=float)
     if m.ndim != 2 or m.shape[1] != len(w) or len(w) != len(signals):
         raise ValueError(f"signal matrix {m.shape} does not match {len(w)} weights / {len(signals)} signals")
-    full = m @ w
+    full = merge_ties(m @ w)
     k = min(k, len(full))
     full_top = top_k(full, k)
     rows = []
     for j, name in enumerate(signals):
-        rest = w.copy()
-        rest[j] = 0.0
-        ablated = m @ (rest / rest.sum())
+        ablated = merge_ties(m @ renormalised(w, j))
         rho = spearman(full, ablated)
         overlap = len(full_top & top_k(ablated, k))
         impact = (1.0 - rho) + ((k - overlap) / k if k else 0.0)

@@ -26,8 +26,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lst = sub.add_parser("list", help="the newest scored trajectories")
     lst.add_argument("--limit", type=int, default=20)
     lst.add_argument("--domain", default=None)
-    sub.add_parser("status", help="counts, domain baselines and retraining triggers")
-    sub.add_parser("ablate", help="leave-one-out ablation of the five reward signals")
+    lst.add_argument("--json", action="store_true", help="one JSON object a line")
+    sts = sub.add_parser("status", help="counts, domain baselines and retraining triggers")
+    sts.add_argument("--json", action="store_true", help="print one JSON object")
+    abl = sub.add_parser("ablate", help="leave-one-out ablation of the five reward signals")
+    abl.add_argument("--paper", type=Path, default=None, metavar="FILE",
+                     help="rebuild KARL's published table from a KARL record file's stored signals, "
+                          "beside the same records re-scored by ours")  # fmt: skip
+    abl.add_argument("--json", action="store_true", help="print one JSON object")
     exp = sub.add_parser("export", help="ChatML SFT data with advantage-tier oversampling")
     exp.add_argument("out", type=Path, help="output folder (train.jsonl, valid.jsonl)")
     exp.add_argument("--min-reward", type=float, default=0.0)
@@ -102,6 +108,11 @@ def _list(args: argparse.Namespace, home: Path) -> int:
             f" holdout, prompt FROM trajectories {where} ORDER BY id DESC LIMIT ?",
             (*params, args.limit),
         ).fetchall()
+    if args.json:  # newest first, as the table
+        names = ("id", "session_id", "agent", "domain", "tool_count", "success_rate", "reward", "advantage")
+        for r in rows:
+            print(json.dumps({**dict(zip(names, r[:8], strict=True)), "holdout": bool(r[8]), "prompt": r[9]}))
+        return 0
     if not rows:
         print("no trajectories yet: `carl hooks install`, or `carl trajectories import`")
         return 0
@@ -130,6 +141,12 @@ def _status(args: argparse.Namespace, home: Path) -> int:
         ).fetchall()
         waiting = store.conn.execute("SELECT count(*) FROM hook_events").fetchone()[0]
         plasticity = refresh_plasticity(store) if total else {"triggers": []}
+    if args.json:
+        print(json.dumps({"trajectories": total, "holdout": holdout, "hook_payloads": waiting,
+                          "domains": [dict(zip(("domain", "n", "mean", "baseline", "sigma"), d, strict=True))
+                                      for d in domains],
+                          "triggers": plasticity.get("triggers") or []}))  # fmt: skip
+        return 0
     print(f"{total} trajectories ({holdout} held out for evaluation), {waiting} hook payloads recorded")
     if domains:
         print(f"{'domain':<16} {'n':>6} {'mean':>7} {'baseline':>9} {'sigma':>7}")
@@ -147,6 +164,8 @@ def _ablate(args: argparse.Namespace, home: Path) -> int:
 
     from .ablation import ablate, format_table
 
+    if args.paper is not None:
+        return _ablate_paper(args.paper, args.json)
     with _store(home) as store:
         rows = store.conn.execute("SELECT signals FROM trajectories").fetchall()
     if len(rows) < 21:
@@ -155,7 +174,19 @@ def _ablate(args: argparse.Namespace, home: Path) -> int:
         )
     names = ("outcome", "process", "efficiency", "verification", "consistency")
     matrix = np.array([[json.loads(r[0] or "{}").get(n, 0.0) for n in names] for r in rows], dtype=np.float64)
-    print(format_table(ablate(matrix)))
+    table = ablate(matrix)
+    if args.json:
+        print(json.dumps({"trajectories": len(rows), "rows": [vars(r) for r in table]}))
+    else:
+        print(format_table(table))
+    return 0
+
+
+def _ablate_paper(path: Path, as_json: bool) -> int:
+    from .karl_ablation import format_paper_ablation, paper_ablation
+
+    result = paper_ablation(path)
+    print(json.dumps(result.to_json()) if as_json else format_paper_ablation(result))
     return 0
 
 

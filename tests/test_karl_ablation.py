@@ -1,0 +1,507 @@
+"""`carl trajectories ablate --paper FILE`: KARL's published ablation table (karl.md §11) rebuilt from the
+signals stored in a record file of the paper's format (karl.md §2, §13 item 8), beside our scorer's.
+
+The expected numbers are computed here independently, in exact rational arithmetic: exact scores, ranks
+by counting (ties share the mean of their positions), Pearson of the ranks, top-20 by sorting
+(score descending, earlier record first), impact = (1 − ρ) + (20 − overlap) / 20.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from carl_tui.cli import main as carl_main
+from engine.trajectories.ablation import renormalised
+from engine.trajectories.karl_ablation import paper_ablation
+
+SIGNALS = ("outcome", "process", "efficiency", "verification", "consistency")
+PAPER_WEIGHTS = {"outcome": "0.30", "process": "0.25", "efficiency": "0.15", "verification": "0.15",
+                 "consistency": "0.15"}  # fmt: skip
+
+
+# --- an independent oracle -------------------------------------------------------------------------------
+
+
+def exact_weights(drop: str | None = None) -> list[Fraction]:
+    w = [Fraction(PAPER_WEIGHTS[s]) if s != drop else Fraction(0) for s in SIGNALS]
+    return [x / sum(w) for x in w]
+
+
+def exact_scores(rows: list[list[float]], weights: list[Fraction]) -> list[Fraction]:
+    return [
+        sum((Fraction(str(v)) * w for v, w in zip(row, weights, strict=True)), Fraction(0)) for row in rows
+    ]
+
+
+def mean_ranks(xs: list[Fraction]) -> list[float]:
+    """Rank 1 = smallest; k tied values at positions p+1..p+k all get p + (k + 1) / 2."""
+    out = []
+    for x in xs:
+        below = sum(1 for y in xs if y < x)
+        equal = sum(1 for y in xs if y == x)
+        out.append(below + (equal + 1) / 2)
+    return out
+
+
+def ordinal_ranks(xs: list[Fraction]) -> list[float]:
+    """Ties broken by position: what a naive argsort-of-argsort gives."""
+    order = sorted(range(len(xs)), key=lambda i: (xs[i], i))
+    out = [0.0] * len(xs)
+    for rank, i in enumerate(order, start=1):
+        out[i] = float(rank)
+    return out
+
+
+def pearson(a: list[float], b: list[float]) -> float:
+    return float(np.corrcoef(np.array(a), np.array(b))[0, 1])
+
+
+def top(xs: list[Fraction], k: int) -> set[int]:
+    return set(sorted(range(len(xs)), key=lambda i: (-xs[i], i))[:k])
+
+
+def expected_table(rows: list[list[float]], k: int = 20) -> dict[str, tuple[float, int, float]]:
+    full = exact_scores(rows, exact_weights())
+    k = min(k, len(rows))
+    table = {}
+    for s in SIGNALS:
+        ablated = exact_scores(rows, exact_weights(drop=s))
+        rho = pearson(mean_ranks(full), mean_ranks(ablated))
+        overlap = len(top(full, k) & top(ablated, k))
+        table[s] = (rho, overlap, (1 - rho) + (k - overlap) / k)
+    return table
+
+
+# --- records in the paper's format (karl.md §2) ------------------------------------------------------------
+
+
+def event(tool: str, ok: bool | None = True, exit_code: int | None = None, **params: str) -> dict[str, Any]:
+    return {"tool_name": tool, "key_params": params, "success": ok, "exit_code": exit_code,
+            "duration_ms": 40.0, "ts": "2026-01-10T09:00:05Z"}  # fmt: skip
+
+
+# Three sessions whose signals under OUR scorer are worked out by hand below.
+CLEAN_FIX = {
+    "events": [event("Read", file_path="src/a.py"), event("Edit", file_path="src/a.py"),
+               event("Bash", exit_code=0, command="pytest -q"), event("Read", file_path="src/a.py")],
+    "flags": {"correction_detected": False, "redo_detected": False, "build_success": None,
+              "session_continued": True},
+    "duration": 120,
+}  # fmt: skip
+LOOK_AROUND = {  # Bash calls without exit codes: errors under the published rule, not under 12(b)
+    "events": [event("Bash", command="ls"), event("Bash", command="git status"), event("Grep", pattern="TODO")],
+    "flags": {"correction_detected": None, "redo_detected": None, "build_success": None, "session_continued": None},
+    "duration": 60,
+}  # fmt: skip
+FAILING = {
+    "events": [event("Edit", False, file_path="src/b.py"), *[event("Bash", False, 2, command="make build")] * 3],
+    "flags": {"correction_detected": True, "redo_detected": False, "build_success": False,
+              "session_continued": True},
+    "duration": None,
+}  # fmt: skip
+
+
+SESSIONS = {
+    "clean": CLEAN_FIX,
+    "clean_slow": {**CLEAN_FIX, "duration": 600},  # 4 tools in 10 minutes
+    "look": LOOK_AROUND,
+    "look_on": {**LOOK_AROUND, "flags": {**LOOK_AROUND["flags"], "correction_detected": False,
+                                          "session_continued": True}},
+    "failing": FAILING,
+}  # fmt: skip
+KINDS = tuple(SESSIONS)
+
+
+def ours_by_hand() -> dict[str, list[float]]:
+    """Our scorer's five signals (karl.md §3 + rules 12(a), 12(b)) for each session, rounded as stored."""
+    h = lambda *p: -sum(x * math.log2(x) for x in p)  # noqa: E731  (Shannon entropy, bits)
+    clean = [
+        1.0,  # O: 0.5 + 0.35 + 0.25 + 0.20, clipped
+        1.0,  # P: nothing failed
+        0.35 * h(0.5, 0.25, 0.25) / math.log2(3) + 0.35 * 1.0 + 0.30 * (1 / 1.2),  # E: 4 tools in 2 min
+        0.4 + 0.3,  # V: a test, and a Read of the edited file at full weight (12(a); published 0.49)
+        0.6 * 1.0 + 0.4 * 1.0,  # C: the edit came after a read
+    ]
+    slow_pace = max(0.2, 0.5 - 0.3 * (1 - 0.4))  # 0.4 tools a minute
+    clean_slow = [
+        1.0,
+        1.0,
+        0.35 * h(0.5, 0.25, 0.25) / math.log2(3) + 0.35 * slow_pace + 0.30 / 1.2,
+        0.7,
+        1.0,
+    ]
+    look = [0.5, 1.0, 0.35 * h(2 / 3, 1 / 3) + 0.35 * 1.0 + 0.0, 0.6, 0.6 * 0.5 + 0.4]  # P 1.0: rule 12(b)
+    look_on = [1.0, *look[1:]]  # 0.5 + 0.35 + 0.20, clipped
+    failing = [
+        0.5 - 0.35 + 0.25 - 0.10 + 0.20,
+        0.20 * (1 - 0.15 * 2) + 0.15 * (1 - 0.15),  # all 4 failed (a run of 4), the last one too
+        0.35 * h(0.25, 0.75) + 0.35 * 0.5 + 0.30 * (1 / 1.2),  # no duration: pace 0.5
+        0.3,  # "make build" is a build
+        0.6 * 0.0 + 0.4 * 1.0,  # an edit with no read before it
+    ]
+    raw = {"clean": clean, "clean_slow": clean_slow, "look": look, "look_on": look_on, "failing": failing}
+    return {kind: [round(x, 4) for x in signals] for kind, signals in raw.items()}
+
+
+def kinds_for(n: int, seed: int = 24) -> list[str]:
+    return [str(k) for k in np.random.default_rng(seed).choice(KINDS, n)]
+
+
+def weighted_reward(signals: list[float]) -> float:
+    exact = sum(Fraction(str(v)) * Fraction(PAPER_WEIGHTS[s]) for s, v in zip(SIGNALS, signals, strict=True))
+    return round(float(exact), 4)
+
+
+def record(i: int, signals: list[float], kind: str = "clean", *, reward: float | None = None,
+           omit: str | None = None) -> dict[str, Any]:  # fmt: skip
+    session = SESSIONS[kind]
+    events = session["events"]
+    counts: dict[str, int] = {}
+    for e in events:
+        counts[e["tool_name"]] = counts.get(e["tool_name"], 0) + 1
+    scores = {f"{s}_score": v for s, v in zip(SIGNALS, signals, strict=True)}
+    if reward is None:
+        reward = weighted_reward(signals)
+    outcome = {"annotation_status": "scored", **session["flags"], "reward_score": reward, "reward_components": {},
+               **scores, "advantage": round((reward - 0.63495) / 0.09530, 4)}  # fmt: skip
+    if omit:
+        del outcome[omit]
+    timing = {"started_at": "2026-01-10T09:00:00Z"}
+    if session["duration"] is not None:
+        timing |= {"ended_at": f"2026-01-10T09:{session['duration'] // 60:02d}:{session['duration'] % 60:02d}Z",
+                   "duration_s": float(session["duration"])}  # fmt: skip
+    return {
+        "id": f"traj_{i:08x}_1768035600", "session_id": f"{i:08x}-0000-4000-8000-000000000000", "channel": "live",
+        "recorded_at": timing.get("ended_at", "2026-01-10T09:00:00Z"),
+        "skill": {"name": None, "domain": "unknown"},
+        "context": {"prompt_text": f"session {i}", "cwd": "/home/dev/proj", "git_repo": "proj"},
+        "trajectory": {"tool_sequence": [e["tool_name"] for e in events], "tool_counts": counts,
+                       "total_tools": len(events), "successes": sum(e["success"] is True for e in events),
+                       "failures": sum(e["success"] is False for e in events), "bash_errors": 0, "events": events},
+        "outcome": outcome, "timing": timing,
+        "quality": {"success_rate": 1.0, "error_rate": 0.0, "correction_count": 0, "tool_diversity": len(counts),
+                    "grade": "high"},
+    }  # fmt: skip
+
+
+def records_of(rows: list[list[float]]) -> list[dict[str, Any]]:
+    """One record per signal row, its session drawn from the hand-scored kinds."""
+    return [record(i, r, k) for i, (r, k) in enumerate(zip(rows, kinds_for(len(rows)), strict=True))]
+
+
+def write_records(path: Path, records: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def simplified_signals(rng: np.random.Generator, n: int) -> list[list[float]]:
+    """Signals as the paper's simplified scorer produced them (karl.md §13 item 8)."""
+    return [[float(rng.choice([0.4, 0.7])), round(float(rng.uniform(0.6, 1.0)), 4),
+             round(float(rng.uniform(0.2, 1.0)), 4), float(rng.choice([0.3, 0.7])), float(rng.choice([0.4, 0.8]))]
+            for _ in range(n)]  # fmt: skip
+
+
+# --- (1) the ablation arithmetic ---------------------------------------------------------------------------
+
+
+def test_paper_table_matches_hand_computation(tmp_path: Path) -> None:
+    rows = simplified_signals(np.random.default_rng(12), 25)
+    kinds = kinds_for(25)
+    path = write_records(tmp_path / "ablation.jsonl", [record(i, r, kinds[i]) for i, r in enumerate(rows)])
+    result = paper_ablation(path)
+    assert result.records == 25 and result.top_k == 20
+    assert result.tool_calls == sum(len(SESSIONS[k]["events"]) for k in kinds)
+
+    want = expected_table(rows)
+    for s, (rho, overlap, impact) in want.items():
+        got = result.paper.row(s)
+        assert got.rho == pytest.approx(rho, abs=1e-12), s
+        assert got.overlap == overlap, s
+        assert got.impact == pytest.approx(impact, abs=1e-12), s
+    assert [r.signal for r in result.paper.rows] == sorted(SIGNALS, key=lambda s: -want[s][2])
+    assert any(o < 20 for _, o, _ in want.values())  # the case exercises the overlap term
+    assert min(r for r, _, _ in want.values()) < 0.99  # and the correlation term
+
+    # Our side: the same records re-scored by our scorer, whose signals are known by hand.
+    by_hand = ours_by_hand()
+    ours_rows = [by_hand[k] for k in kinds]
+    ours_want = expected_table(ours_rows)
+    assert min(o for _, o, _ in ours_want.values()) < 20 and min(r for r, _, _ in ours_want.values()) < 0.99
+    for s, (rho, overlap, impact) in ours_want.items():
+        got = result.ours.row(s)
+        assert (got.rho, got.overlap) == (pytest.approx(rho, abs=1e-12), overlap), s
+        assert got.impact == pytest.approx(impact, abs=1e-12), s
+    for j, s in enumerate(SIGNALS):
+        assert result.ours.signal_means[s] == pytest.approx(np.mean([r[j] for r in ours_rows]), abs=1e-12)
+        assert result.paper.signal_means[s] == pytest.approx(np.mean([r[j] for r in rows]), abs=1e-12)
+
+    stored = np.array([weighted_reward(r) for r in rows])
+    assert result.paper.reward["mean"] == pytest.approx(stored.mean())
+    assert result.paper.reward["sd"] == pytest.approx(np.sqrt(((stored - stored.mean()) ** 2).mean()))
+    assert (result.paper.reward["min"], result.paper.reward["max"]) == (stored.min(), stored.max())
+    assert result.paper.reward_source == "outcome.reward_score" and result.reward_gap < 1e-4
+
+
+def test_small_case_by_hand(tmp_path: Path) -> None:
+    """Five records and top-2 sets, small enough to check on paper.
+    Full scores: r0 0.535, r1 0.745, r2 0.705, r3 0.660, r4 0.555 -> top-2 {r1, r2}.
+    Without outcome (×0.70): r0 0.235, r1 0.625, r2 0.405, r3 0.540, r4 0.345 -> top-2 {r1, r3}."""
+    rows = [[1.0, 0.4, 0.2, 0.3, 0.4], [0.4, 1.0, 1.0, 0.7, 0.8], [1.0, 0.9, 0.5, 0.3, 0.4],
+            [0.4, 0.9, 0.6, 0.7, 0.8], [0.7, 0.6, 0.6, 0.3, 0.4]]  # fmt: skip
+    path = write_records(tmp_path / "five.jsonl", [record(i, r) for i, r in enumerate(rows)])
+    result = paper_ablation(path, k=2)
+    assert result.top_k == 2
+    outcome = result.paper.row("outcome")
+    # ranks (1 = lowest), full: r0 1, r4 2, r3 3, r2 4, r1 5; without outcome: r0 1, r4 2, r2 3, r3 4, r1 5
+    d2 = (3 - 4) ** 2 + (4 - 3) ** 2  # no ties: ρ = 1 − 6·Σd² / (n(n² − 1))
+    assert outcome.rho == pytest.approx(1 - 6 * d2 / (5 * 24))  # 0.9
+    assert outcome.overlap == 1
+    assert outcome.impact == pytest.approx(0.1 + 0.5)
+
+
+# --- (2) renormalised weights ------------------------------------------------------------------------------
+
+
+def test_renormalised_weights() -> None:
+    w = [0.30, 0.25, 0.15, 0.15, 0.15]
+    without_outcome = renormalised(w, 0)
+    assert without_outcome.tolist() == pytest.approx(
+        [0.0, 0.25 / 0.70, 0.15 / 0.70, 0.15 / 0.70, 0.15 / 0.70]
+    )
+    for j in range(5):
+        r = renormalised(w, j)
+        assert r.sum() == pytest.approx(1.0) and r[j] == 0.0
+        kept = [i for i in range(5) if i != j]
+        assert (r[kept] / np.array(w)[kept]) == pytest.approx(np.full(4, 1 / (1 - w[j])))
+    assert w == [0.30, 0.25, 0.15, 0.15, 0.15]  # the caller's list is left alone
+
+
+def test_json_reports_the_renormalised_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv("CARL_HOME", str(tmp_path / "home"))
+    rows = simplified_signals(np.random.default_rng(5), 22)
+    path = write_records(
+        tmp_path / "a.jsonl",
+        records_of(rows),
+    )
+    assert carl_main(["trajectories", "ablate", "--paper", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    for row in data["rows"]:
+        exact = exact_weights(drop=row["signal"])
+        assert [row["weights_without"][s] for s in SIGNALS] == pytest.approx(
+            [float(x) for x in exact], abs=1e-15
+        )
+
+
+# --- (3) ties -------------------------------------------------------------------------------------------
+
+
+def test_ties_take_average_ranks(tmp_path: Path) -> None:
+    """Identical signal rows, and rows equal only in exact arithmetic (verification and consistency share
+    the weight 0.15, so V 0.7 / C 0.4 ties with V 0.3 / C 0.8), are tied in both rankings."""
+    base = [[0.7, 0.9, 0.5, 0.7, 0.4], [0.7, 0.9, 0.5, 0.3, 0.8], [0.4, 0.9, 0.5, 0.7, 0.4],
+            [0.7, 0.6, 0.8, 0.3, 0.4], [0.4, 0.6, 0.8, 0.3, 0.4], [0.7, 0.9, 0.5, 0.7, 0.4]]  # fmt: skip
+    rows = [base[i % len(base)] for i in range(24)]
+    path = write_records(tmp_path / "ties.jsonl", [record(i, r) for i, r in enumerate(rows)])
+    result = paper_ablation(path)
+    full = exact_scores(rows, exact_weights())
+    assert len(set(full)) < len(full)
+    for s in SIGNALS:
+        ablated = exact_scores(rows, exact_weights(drop=s))
+        want = pearson(mean_ranks(full), mean_ranks(ablated))
+        assert result.paper.row(s).rho == pytest.approx(want, abs=1e-12), s
+        assert result.paper.row(s).overlap == len(top(full, 20) & top(ablated, 20)), s
+    # Ordinal ranks (ties broken by position) would give another ρ: the test can tell them apart.
+    ablated = exact_scores(rows, exact_weights(drop="verification"))
+    assert (
+        abs(pearson(ordinal_ranks(full), ordinal_ranks(ablated)) - result.paper.row("verification").rho)
+        > 1e-3
+    )
+
+
+def test_tied_scores_enter_the_top_set_in_file_order(tmp_path: Path) -> None:
+    """With top-2 and three records tied for first, the first two in the file are the top set; dropping
+    process breaks the tie in favour of the third."""
+    rows = [[0.7, 0.9, 0.5, 0.3, 0.4], [0.7, 0.9, 0.5, 0.3, 0.4], [0.7, 0.6, 0.5, 0.3, 0.9],
+            [0.4, 0.6, 0.5, 0.3, 0.4]]  # fmt: skip
+    assert exact_scores(rows, exact_weights())[:3] == [Fraction("0.615")] * 3
+    result = paper_ablation(
+        write_records(tmp_path / "t.jsonl", [record(i, r) for i, r in enumerate(rows)]), k=2
+    )
+    assert result.paper.row("outcome").overlap == 2
+    assert result.paper.row("process").overlap == 1  # {0, 1} against {2, 0}
+
+
+# --- (4) the command ------------------------------------------------------------------------------------
+
+
+def test_cli_side_by_side_table(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv("CARL_HOME", str(tmp_path / "home"))
+    rows = simplified_signals(np.random.default_rng(12), 25)
+    path = write_records(
+        tmp_path / "ablation.jsonl",
+        records_of(rows),
+    )
+    assert carl_main(["trajectories", "ablate", "--paper", str(path)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith(f"{path}: 25 records, ") and "top-20" in lines[0]
+    assert "0.30" in lines[1] and "0.25" in lines[1]
+    header = next(i for i, line in enumerate(lines) if line.startswith("signal dropped"))
+    assert "paper file" in lines[header - 1] and "ours" in lines[header - 1]
+    table = [line.split() for line in lines[header + 1 : header + 6]]
+    want = expected_table(rows)
+    ours = expected_table([ours_by_hand()[k] for k in kinds_for(25)])
+    assert [t[0] for t in table] == sorted(SIGNALS, key=lambda s: -want[s][2])
+    for t in table:
+        rho, overlap, impact = want[t[0]]
+        assert t[1:4] == [f"{rho:.3f}", str(overlap), f"{impact:.3f}"]
+        rho, overlap, impact = ours[t[0]]
+        assert t[4:7] == [f"{rho:.3f}", str(overlap), f"{impact:.3f}"]
+    means = {line.split()[0]: line.split()[2:] for line in lines if line.split()[1:2] == ["mean"]}
+    assert set(means) == {*SIGNALS, "reward"}
+    assert means["verification"][1] == f"{np.mean([ours_by_hand()[k][3] for k in kinds_for(25)]):.3f}"
+    assert any(line.startswith("reward sd") for line in lines)
+    assert not (tmp_path / "home" / "carl.db").exists()  # the file mode never opens the store
+
+
+def test_cli_json_shape(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CARL_HOME", str(tmp_path / "home"))
+    rows = simplified_signals(np.random.default_rng(12), 25)
+    path = write_records(
+        tmp_path / "ablation.jsonl",
+        records_of(rows),
+    )
+    assert carl_main(["trajectories", "ablate", "--paper", str(path), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1  # one JSON object on one line
+    data = json.loads(out)
+    assert set(data) == {"file", "records", "tool_calls", "top_k", "weights", "rows", "paper", "ours"}
+    assert data["records"] == 25 and data["top_k"] == 20 and data["file"] == str(path)
+    assert data["weights"] == {"outcome": 0.30, "process": 0.25, "efficiency": 0.15, "verification": 0.15,
+                               "consistency": 0.15}  # fmt: skip
+    assert sorted(r["signal"] for r in data["rows"]) == sorted(SIGNALS)
+    want = expected_table(rows)
+    for row in data["rows"]:
+        assert set(row) == {"signal", "weights_without", "paper", "ours"}
+        assert set(row["paper"]) == set(row["ours"]) == {"rho", "overlap", "impact"}
+        assert row["paper"]["overlap"] == want[row["signal"]][1]
+        assert row["paper"]["rho"] == pytest.approx(want[row["signal"]][0], abs=1e-12)
+    for side in ("paper", "ours"):
+        assert set(data[side]["signal_means"]) == set(SIGNALS)
+        assert set(data[side]["reward"]) == {"mean", "sd", "min", "max", "source"}
+    assert data["paper"]["reward"]["source"] == "outcome.reward_score"
+    assert data["paper"]["reward_gap"] < 1e-4
+
+
+def test_rewards_scored_with_other_weights_are_flagged(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv("CARL_HOME", str(tmp_path / "home"))
+    rows = simplified_signals(np.random.default_rng(7), 21)
+    three_signal = [round(0.40 * r[0] + 0.35 * r[1] + 0.25 * r[2], 4) for r in rows]  # the paper's §4 formula
+    records = [record(i, r, reward=three_signal[i]) for i, r in enumerate(rows)]
+    assert (
+        carl_main(["trajectories", "ablate", "--paper", str(write_records(tmp_path / "w.jsonl", records))])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "not scored with these weights" in out
+    assert f"{np.mean(three_signal):.3f}" in next(
+        line for line in out.splitlines() if line.startswith("reward mean")
+    )
+
+
+# --- (5) bad input ----------------------------------------------------------------------------------------
+
+
+def fails(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert carl_main(["trajectories", "ablate", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv("CARL_HOME", str(tmp_path / "home"))
+    good = [record(i, r) for i, r in enumerate(simplified_signals(np.random.default_rng(1), 4))]
+    lines = [json.dumps(r) for r in good]
+
+    assert (
+        fails(capsys, "--paper", str(tmp_path / "nope.jsonl"))
+        == f"carl: {tmp_path / 'nope.jsonl'}: no such file"
+    )
+    assert fails(capsys, "--paper", str(tmp_path)) == f"carl: {tmp_path}: not a file"
+
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text("\n".join([lines[0], lines[1], "{not json", lines[2]]) + "\n")
+    assert fails(capsys, "--paper", str(bad_json)) == f"carl: {bad_json}:3: invalid JSON"
+
+    not_object = tmp_path / "list.jsonl"
+    not_object.write_text("\n".join([lines[0], "[1, 2]"]) + "\n")
+    assert fails(capsys, "--paper", str(not_object), "--json") == f"carl: {not_object}:2: not a JSON object"
+
+    missing = tmp_path / "missing.jsonl"
+    write_records(missing, [*good[:3], record(9, [0.7, 0.9, 0.5, 0.3, 0.4], omit="efficiency_score")])
+    assert fails(capsys, "--paper", str(missing)) == f"carl: {missing}:4: outcome.efficiency_score missing"
+
+    wrong = dict(good[1], outcome={**good[1]["outcome"], "verification_score": "high"})
+    write_records(tmp_path / "wrong.jsonl", [good[0], wrong])
+    assert fails(capsys, "--paper", str(tmp_path / "wrong.jsonl")) == (
+        f"carl: {tmp_path / 'wrong.jsonl'}:2: outcome.verification_score is not a number ('high')"
+    )
+    out_of_range = dict(good[0], outcome={**good[0]["outcome"], "process_score": 1.5})
+    write_records(tmp_path / "range.jsonl", [out_of_range, good[1]])
+    assert fails(capsys, "--paper", str(tmp_path / "range.jsonl")).endswith(
+        "range.jsonl:1: outcome.process_score = 1.5 is outside [0, 1]"
+    )
+
+    no_outcome = {k: v for k, v in good[2].items() if k != "outcome"}
+    write_records(tmp_path / "no_outcome.jsonl", [good[0], good[1], no_outcome])
+    err = fails(capsys, "--paper", str(tmp_path / "no_outcome.jsonl"))
+    assert err.startswith(f"carl: {tmp_path / 'no_outcome.jsonl'}:3: no outcome object")
+
+    no_body = {k: v for k, v in good[2].items() if k != "trajectory"}
+    write_records(tmp_path / "no_body.jsonl", [good[0], no_body])
+    assert fails(capsys, "--paper", str(tmp_path / "no_body.jsonl")).startswith(
+        f"carl: {tmp_path / 'no_body.jsonl'}:2: no trajectory object"
+    )
+
+    write_records(tmp_path / "one.jsonl", good[:1])
+    assert "1 record(s)" in fails(capsys, "--paper", str(tmp_path / "one.jsonl"))
+
+
+def test_store_mode_is_unchanged_and_has_json(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Without --paper the command still ablates the store's own scores."""
+    monkeypatch.setenv("CARL_HOME", str(tmp_path / "home"))
+    rows = simplified_signals(np.random.default_rng(3), 24)
+    path = write_records(tmp_path / "records.jsonl", records_of(rows))
+    assert carl_main(["trajectories", "import", str(path)]) == 0
+    capsys.readouterr()
+    assert carl_main(["trajectories", "ablate"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["signal", "dropped", "rho", "top-20", "overlap", "impact"] and len(lines) == 6
+    assert carl_main(["trajectories", "ablate", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["trajectories"] == 24
+    assert sorted(r["signal"] for r in data["rows"]) == sorted(SIGNALS)
+    # The store holds our scores: the same table as the file mode's "ours" side.
+    ours = paper_ablation(path).ours
+    for row in data["rows"]:
+        assert (row["rho"], row["overlap"]) == (
+            pytest.approx(ours.row(row["signal"]).rho),
+            ours.row(row["signal"]).overlap,
+        )
