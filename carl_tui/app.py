@@ -11,16 +11,21 @@ import re
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich.style import Style
+from rich.text import Text
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.content import Content
 from textual.message import Message
 from textual.screen import Screen
 from textual.theme import Theme
+from textual.widget import Widget
 from textual.widgets import Footer, OptionList
 from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
@@ -35,16 +40,25 @@ from engine.store import RunRow
 from themes import STYLESHEET, THEME_NAMES, THEMES
 from widgets.activity import TrajectoriesPane
 from widgets.agents import AgentsPane
-from widgets.chart import Chart
+from widgets.chart import LINE_COLOURS, Chart
 from widgets.command_log import CommandLog
+from widgets.legend import Legend, LegendRow
 from widgets.reward_bars import RewardBars
 from widgets.status_bar import StatusBar, StatusInfo
 
 from .config import ConfigError, TuiConfig, load_config, save_config
-from .model import RunView, Snapshot, StoreWatcher, run_state
-from .panes import draw_phi, draw_rewards, reward_colors
+from .model import CompareRun, ExperimentView, RunView, Snapshot, StoreWatcher, find_experiment, run_state
+from .panes import (
+    COMPARE_REWARDS,
+    draw_compare_phi,
+    draw_compare_rewards,
+    draw_phi,
+    draw_rewards,
+    reward_colors,
+)
 
 PANES = ("phi", "rewards", "trajectories", "agents")
+MARK = "▌"  # a run marked for comparison, in the Runs list
 
 
 class StoreUpdated(Message):
@@ -66,7 +80,18 @@ class RunList(OptionList):
     BINDINGS = [
         Binding("j", "cursor_down", "Next run", show=False),
         Binding("k", "cursor_up", "Previous run", show=False),
+        Binding("x", "app.toggle_mark", "Mark / unmark the run for comparison", show=False),
     ]
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A run marked for comparison: its legend label and its chart colour (an index into the
+    chart's line colours); the runs of one experiment arm share the arm's colour."""
+
+    label: str
+    color: int
+    arm: str | None = None
 
 
 class ControlRoom(App[None]):
@@ -93,6 +118,9 @@ class ControlRoom(App[None]):
         Binding("2", "maximize('rewards')", "Maximize the Rewards pane", show=False),
         Binding("3", "maximize('trajectories')", "Maximize the Trajectories pane", show=False),
         Binding("4", "maximize('agents')", "Maximize the Agents pane", show=False),
+        Binding("X", "clear_marks", "Clear the comparison (unmark every run)", show=False),
+        Binding("E", "open_experiment", "Open an experiment as a comparison", show=False),
+        Binding("T", "toggle_compare_reward", "Comparison: total or task reward", show=False),
         Binding("escape", "escape", "Close the filter / restore panes", show=False),
         Binding("q", "quit", "Quit"),
     ]
@@ -106,6 +134,7 @@ class ControlRoom(App[None]):
         refresh_hz: float | None = None,
         api_key: str | None = None,
         claude_base_url: str | None = None,
+        experiment: str | None = None,
     ) -> None:
         super().__init__()
         self.home = home or paths.carl_home()
@@ -138,6 +167,13 @@ class ControlRoom(App[None]):
         self._in_flight: dict[int, tuple[int, str]] = {}  # run id -> (command id, verb) sent from here
         self.agents_overview: dict = {}  # the agents plane: server, plane, manager, model (see the reader)
         self._agents_in_flight: dict[int, str] = {}  # agents command id -> verb, sent from here
+        # Comparing runs: UI state only, never stored. Two or more marks overlay the Φ and reward charts.
+        self.marks: dict[int, Mark] = {}  # run id -> mark, in the order marked (the legend's order)
+        self.compared: dict[int, CompareRun] = {}  # the marked runs' series, from the watcher
+        self.compare_reward = "reward"  # or "rewards/task/mean" (`T`)
+        self.experiment: ExperimentView | None = None  # the experiment opened as the comparison
+        self._experiment_cells: dict[tuple[str, int], int] = {}  # (arm, seed) -> run id marked for it
+        self._open_experiment_ref = experiment  # `carl-tui --experiment NAME`, opened at mount
         for theme in THEMES:
             self.register_theme(theme)
         self.theme = self.config.theme
@@ -169,6 +205,7 @@ class ControlRoom(App[None]):
                     rewards.border_title = "Rewards"
                     yield Chart(id="reward-chart")
                     yield RewardBars(id="reward-bars")
+                    yield Legend(id="compare-legend")
                 with Horizontal(id="activity"):
                     with Vertical(id="trajectories-pane", classes="pane") as traj:
                         traj.border_title = "Trajectories"
@@ -192,6 +229,8 @@ class ControlRoom(App[None]):
         if self._first_poll is not None:
             self._store_updated(StoreUpdated(self._first_poll))
             self._first_poll = None
+        if self._open_experiment_ref is not None:
+            self.open_experiment(self._open_experiment_ref)
         self.watch_store()
         self.call_after_refresh(self.supervise_engine)  # after the first paint: it is not urgent
 
@@ -272,6 +311,11 @@ class ControlRoom(App[None]):
                     self.view = None
                 self.runs = snap.runs
                 self._fill_run_list()
+            if snap.compare is not None:
+                self.compared = snap.compare
+                self._draw_compare()
+            if snap.experiment is not None and self.experiment and snap.experiment.id == self.experiment.id:
+                self._apply_experiment(snap.experiment)  # a cell started: its run joins the comparison
             if snap.view is not None and snap.view.run.id == self.watcher.selected:
                 status_changed = self.view is None or self.view.run.status != snap.view.run.status
                 self.view = snap.view
@@ -330,9 +374,15 @@ class ControlRoom(App[None]):
                     run_list.highlighted = index
                     break
 
-    def _run_label(self, run: RunRow) -> str:
+    def _run_label(self, run: RunRow) -> str | Text:
         mark = {"live": "●", "silent": "◌", "presumed crashed": "✕", "finished": "✓", "failed": "✕"}
-        return f"{mark.get(run_state(run), '·')} {run.name}"
+        label = f"{mark.get(run_state(run), '·')} {run.name}"
+        marked = self.marks.get(run.id)
+        if marked is None:
+            return " " + label
+        # Marked for comparison: a stripe in the run's colour in the first column (the list has no
+        # left padding for it), so the list doubles as a legend.
+        return Text.assemble((MARK, self._line_style(marked.color)), label)
 
     @on(OptionList.OptionHighlighted, "#run-list")
     def _run_highlighted(self, event: OptionList.OptionHighlighted) -> None:
@@ -340,11 +390,16 @@ class ControlRoom(App[None]):
         if run_id is not None and run_id != self.watcher.selected:
             self.watcher.select(run_id)
             self.view = None
+            if self.comparing:
+                self._draw_compare()  # the highlighted run's lines go on top
 
     def _draw_view(self) -> None:
         view = self.view
         if view is None:
             return
+        self.main.query_one(CommandLog).set_commands(view.commands)
+        if self.comparing:
+            return  # the Φ and Rewards panes show the comparison
         phi_pane = self.main.query_one("#phi-pane")
         phi_pane.border_title = draw_phi(self.main.query_one("#phi-chart", Chart), view)
         colors = reward_colors(self.main.query_one("#reward-chart", Chart), len(view.reward_names))
@@ -357,7 +412,191 @@ class ControlRoom(App[None]):
         markers = view.markers("gate_open", "crystallization")
         self.main.query_one("#phi-chart", Chart).set_markers(markers)
         self.main.query_one("#reward-chart", Chart).set_markers(view.markers("gate_open"))
-        self.main.query_one(CommandLog).set_commands(view.commands)
+        _set_subtitle(phi_pane, None)
+
+    # -- comparing runs ------------------------------------------------------------------------
+
+    @property
+    def comparing(self) -> bool:
+        return len(self.marks) >= 2
+
+    def _line_style(self, color: int) -> Style:
+        return self.main.query_one("#phi-chart", Chart).line_style(color)
+
+    def _draw_compare(self) -> None:
+        """Overlay the marked runs on the Φ and reward charts: one colour per run (per arm for an
+        experiment), the highlighted run on top, a legend with each run's latest values."""
+        if not self.comparing:
+            return
+        phi_chart = self.main.query_one("#phi-chart", Chart)
+        reward_chart = self.main.query_one("#reward-chart", Chart)
+        marked = [run_id for run_id in self.marks if run_id in self.compared]
+        if self.watcher.selected in marked:  # drawn last, so on top
+            marked.remove(self.watcher.selected)
+            marked.insert(0, self.watcher.selected)
+        runs = [self.compared[run_id] for run_id in marked]
+        colors = [self.marks[run_id].color for run_id in marked]
+        draw_compare_phi(phi_chart, runs, colors)
+        draw_compare_rewards(reward_chart, runs, colors, self.compare_reward)
+        phi_chart.set_markers(())
+        reward_chart.set_markers(())
+        reading = COMPARE_REWARDS[self.compare_reward]
+        other = next(name for key, name in COMPARE_REWARDS.items() if key != self.compare_reward)
+        what = f"experiment {self.experiment.name} · " if self.experiment else ""
+        phi_pane = self.main.query_one("#phi-pane")
+        _set_title(phi_pane, f"Φ coherence · {what}{len(self.marks)} runs compared")
+        _set_subtitle(phi_pane, self._compact_legend())
+        _set_title(self.main.query_one("#rewards-pane"), f"Rewards · {reading} reward per run · T: {other}")
+        rows = []
+        for run_id, mark in self.marks.items():
+            run = self.compared.get(run_id)
+            phi = run.latest("phi/mean") if run else None
+            reward = run.latest(self.compare_reward) if run else None
+            values = ("—" if phi is None else f"{phi:.4f}", "—" if reward is None else f"{reward:+.3f}")
+            rows.append(LegendRow(mark.label, self._line_style(mark.color), values))
+        self.main.query_one(Legend).set_rows(rows, header=("Φ", reading))
+
+    def _compact_legend(self) -> Text:
+        """The Φ pane's legend, in its bottom border: one entry per arm of an experiment (its seeds
+        share the colour), else one per run."""
+        out = Text()
+        seen: set[str] = set()
+        for mark in self.marks.values():
+            name = mark.arm or mark.label
+            if name in seen:
+                continue
+            seen.add(name)
+            out.append(" ━ " + name, self._line_style(mark.color))
+        out.append(" ")
+        return out
+
+    def _marks_changed(self) -> None:
+        """Marks moved: the watcher reads the marked runs (only while two or more are marked), the
+        list shows the marks, and the panes switch between one run and the comparison."""
+        self.watcher.compare(list(self.marks) if self.comparing else [])
+        if not self.comparing:
+            self.compared = {}
+        self.main.query_one("#rewards-pane").set_class(self.comparing, "-compare")
+        self._fill_run_list()
+        if self.comparing:
+            self._draw_compare()
+        else:
+            self._draw_view()
+
+    def action_toggle_mark(self) -> None:
+        option = self.main.query_one("#run-list", RunList).highlighted_option
+        if option is None or option.id is None:
+            return
+        run_id = int(option.id)
+        if run_id in self.marks:
+            del self.marks[run_id]
+            if not self.marks:
+                self._forget_experiment()
+        else:
+            cell = next((k for k, v in self._experiment_cells.items() if v == run_id), None)
+            if cell is not None and self.experiment is not None:
+                self.marks[run_id] = Mark(f"{cell[0]} s{cell[1]}", self._arm_color(cell[0]), cell[0])
+            else:
+                run = next((r for r in self.runs if r.id == run_id), None)
+                self.marks[run_id] = Mark(run.name if run else str(run_id), self._free_color())
+        self._marks_changed()
+
+    def _free_color(self) -> int:
+        used = {m.color for m in self.marks.values()}
+        return next((i for i in range(LINE_COLOURS) if i not in used), len(self.marks) % LINE_COLOURS)
+
+    def _arm_color(self, arm: str) -> int:
+        arms = self.experiment.arms if self.experiment else []
+        return (arms.index(arm) if arm in arms else len(arms)) % LINE_COLOURS
+
+    def action_clear_marks(self) -> None:
+        if not self.marks:
+            return
+        self.marks = {}
+        self._forget_experiment()
+        self._marks_changed()
+
+    def _forget_experiment(self) -> None:
+        self.experiment = None
+        self._experiment_cells = {}
+        self.watcher.follow_experiment(None)
+
+    def action_toggle_compare_reward(self) -> None:
+        if not self.comparing:
+            self.notify("mark two or more runs with x (in the Runs list) to compare them", title="compare")
+            return
+        self.compare_reward = "rewards/task/mean" if self.compare_reward == "reward" else "reward"
+        self._draw_compare()
+
+    def action_open_experiment(self) -> None:
+        from engine.store import StoreReader
+
+        from .screens import ChoiceScreen
+
+        db = paths.db_path(self.home)
+        experiments = []
+        if db.exists():
+            reader = StoreReader(db)  # a short read of its own; the watcher is busy
+            try:
+                experiments = reader.experiments()
+            finally:
+                reader.close()
+        if not experiments:
+            self.notify("no experiments in the store yet", title="experiments")
+            return
+        choices = [(str(e["id"]), f"{e['name']} · {', '.join(e['arms'])} × seeds "
+                    f"{', '.join(map(str, e['seeds']))} · {e['status']}") for e in reversed(experiments)]  # fmt: skip
+        self.push_screen(ChoiceScreen("Experiments", "Compare the runs of which experiment?", choices),
+                         lambda chosen: self.open_experiment(int(chosen)) if chosen else None)  # fmt: skip
+
+    def open_experiment(self, ref: str | int) -> bool:
+        """Mark exactly the runs of an experiment (by name, or id), labelled `arm s<seed>` and
+        coloured by arm, and follow it: cells that start later join the comparison."""
+        from engine.store import StoreError, StoreReader
+
+        db = paths.db_path(self.home)
+        experiment = None
+        try:
+            reader = StoreReader(db)  # a short read of its own; the watcher is busy
+            try:
+                experiment = find_experiment(reader, ref)
+            finally:
+                reader.close()
+        except StoreError as exc:
+            self.notify(str(exc), title="experiment", severity="error", timeout=10)
+            return False
+        if experiment is None:
+            self.notify(
+                f"no experiment named {ref!r} in {db}", title="experiment", severity="error", timeout=10
+            )
+            return False
+        self.marks = {}
+        self._experiment_cells = {}
+        self.experiment = experiment
+        self.watcher.follow_experiment(experiment.id)
+        self._apply_experiment(experiment)
+        if not self.marks:
+            self.notify(f"experiment {experiment.name}: no run has started yet", title="experiment")
+        return True
+
+    def _apply_experiment(self, experiment: ExperimentView) -> None:
+        """Mark the runs of cells that started since last seen; a cell's retry replaces its old run."""
+        self.experiment = experiment
+        changed = False
+        for cell in experiment.cells:
+            run_id, key = cell["run_id"], (cell["arm"], int(cell["seed"]))
+            if run_id is None or self._experiment_cells.get(key) == run_id:
+                continue
+            old = self._experiment_cells.get(key)
+            if old is not None:
+                self.marks.pop(old, None)
+            self._experiment_cells[key] = run_id
+            self.marks[run_id] = Mark(f"{key[0]} s{key[1]}", self._arm_color(key[0]), key[0])
+            changed = True
+        if changed:
+            self._marks_changed()
+        elif self.comparing:
+            self._draw_compare()  # the experiment's name may show in the title
 
     def _update_status(self) -> None:
         view = self.view
@@ -492,6 +731,9 @@ class ControlRoom(App[None]):
             self.config = self.config.replace(theme=theme.name)
             self._save_config()
         self._draw_view()  # reward bar colours come from the theme
+        if self.marks:
+            self._fill_run_list()  # so do the marks' colours
+            self._draw_compare()
         self.main.query_one(AgentsPane).redraw()
         self.main.query_one(StatusBar).info = StatusInfo()  # force the status line to recolour
         self._update_status()
@@ -909,6 +1151,22 @@ def _weight_problem(text: str) -> str | None:
     except ValueError:
         return f"{weight!r} is not a number"
     return None if value >= 0 else "a weight cannot be negative"
+
+
+def _set_title(pane: Widget, title: str) -> None:
+    _set_border(pane, "title", title)
+
+
+def _set_subtitle(pane: Widget, subtitle: Text | None) -> None:
+    _set_border(pane, "subtitle", subtitle)
+
+
+def _set_border(pane: Widget, which: str, text: str | Text | None) -> None:
+    """Set a border title as plain text (a run name is not markup), and only when it changed:
+    setting one repaints the pane even when it is the same."""
+    new = None if text is None else Content.from_rich_text(text if isinstance(text, Text) else Text(text))
+    if getattr(pane, f"_border_{which}", None) != new:
+        setattr(pane, f"border_{which}", new)
 
 
 def _short(reward_name: str) -> str:

@@ -7,7 +7,9 @@ Heavy modules are imported inside the commands that need them, so `carl engine s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
+import json
 import os
 import sys
 import time
@@ -65,12 +67,16 @@ def tui_main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--api-key", default=None, help="Anthropic API key for `d` (default: $ANTHROPIC_API_KEY)"
     )
+    parser.add_argument("--experiment", metavar="NAME", default=None,
+                        help="open with the experiment's runs marked: Φ and rewards overlaid, one colour per arm")  # fmt: skip
     args = parser.parse_args(argv)
     return _guard(_run_tui, args)
 
 
 def _run_tui(args: argparse.Namespace) -> int:
     home = _home(args)
+    if args.experiment is not None:
+        _check_experiment(home, args.experiment)
     if args.demo:
         _start_demo(home, args.demo_steps, args.backend)
     os.environ.setdefault("TEXTUAL_ANIMATIONS", "none")  # nothing moves unless data does
@@ -79,8 +85,29 @@ def _run_tui(args: argparse.Namespace) -> int:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from .app import ControlRoom
 
-    ControlRoom(home, readonly=args.readonly, start_engine=not args.no_engine, api_key=args.api_key).run()
+    ControlRoom(home, readonly=args.readonly, start_engine=not args.no_engine, api_key=args.api_key,
+                experiment=args.experiment).run()  # fmt: skip
     return 0
+
+
+def _check_experiment(home: Path, name: str) -> None:
+    """`--experiment NAME` names one the store holds; else one line, before the screen opens."""
+    from engine.store import StoreReader
+
+    from .model import find_experiment
+
+    db = paths.db_path(home)
+    if not db.exists():
+        raise CliError(f"no store at {db}, so no experiment {name!r}")
+    reader = StoreReader(db)
+    try:
+        if find_experiment(reader, name) is not None:
+            return
+        known = [e["name"] for e in reader.experiments()]
+    finally:
+        reader.close()
+    there = f" (there are: {', '.join(known)})" if known else ""
+    raise CliError(f"no experiment named {name!r} in {db}{there}")
 
 
 # -- carl ---------------------------------------------------------------------------------
@@ -98,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = sub.add_parser("engine", help="the engine daemon")
     engine.add_argument("action", choices=["start", "stop", "status", "run"])
+    engine.add_argument("--json", action="store_true", help="status: print one JSON object")
     engine.set_defaults(fn=_engine)
 
     observe = sub.add_parser("observe", help="import a run from a Trackio db, trainer_state.json or JSONL")
@@ -115,7 +143,21 @@ def main(argv: list[str] | None = None) -> int:
     init.set_defaults(fn=_init)
 
     runs = sub.add_parser("runs", help="list runs in the store")
+    runs.add_argument("--json", action="store_true", help="one JSON object a line")
     runs.set_defaults(fn=_runs)
+
+    experiments = sub.add_parser("experiments", help="list experiments in the store (arms x seeds, results)")
+    experiments.add_argument("--json", action="store_true", help="one JSON object a line")
+    experiments.set_defaults(fn=_experiments)
+
+    report = sub.add_parser("report", help="write one self-contained HTML report of a run, several runs or an "
+                            "experiment (charts and tables)")  # fmt: skip
+    report.add_argument(
+        "refs", nargs="+", metavar="RUN|EXPERIMENT", help="run names or ids, or one experiment"
+    )
+    report.add_argument("-o", "--output", type=Path, default=None,
+                        help="the HTML file, or a folder for it (default: ./carl-report-<name>.html)")  # fmt: skip
+    report.set_defaults(fn=_report)
 
     evaluate = sub.add_parser("eval", help="evaluate a run's model on the prompts it held out of training")
     evaluate.add_argument("run", help="run name or id")
@@ -166,6 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     add_agents_arguments(agents)
     agents.set_defaults(fn=_agents)
 
+    experiment = sub.add_parser("experiment", help="run arms x seeds (sft-only, task-only, cascade, always-on) "
+                                "through the engine, evaluate each run, print the table")  # fmt: skip
+    from engine.experiments.cli import add_arguments as add_experiment_arguments
+
+    add_experiment_arguments(experiment)
+    experiment.set_defaults(fn=_experiment)
+
     demo = sub.add_parser("demo", help="start the built-in demo training run (through the engine)")
     demo.add_argument("--steps", type=int, default=None)
     demo.add_argument("--backend", choices=("auto", "torch", "mlx"), default=None, help="default: auto")
@@ -210,6 +259,16 @@ def _hooks(args: argparse.Namespace) -> int:
 
 def _trajectories(args: argparse.Namespace) -> int:
     from engine.trajectories.cli import run
+
+    return run(args, _home(args))
+
+
+def _experiment(args: argparse.Namespace) -> int:
+    if not args.show and any(
+        importlib.util.find_spec(m) is None for m in ("torch", "trl", "transformers", "scipy")
+    ):
+        raise CliError("experiments train models: install the train extra (pip install 'carl-tui[train]')")
+    from engine.experiments.cli import run
 
     return run(args, _home(args))
 
@@ -295,6 +354,9 @@ def _engine(args: argparse.Namespace) -> int:
         print("engine stopped" if stop_engine(home) else "engine was not running")
         return 0
     status = engine_status(home)
+    if args.json:
+        print(json.dumps({**dataclasses.asdict(status), "log_path": str(status.log_path)}))
+        return 0 if status.state == "up" else 3
     if status.state == "up":
         beat = f", heartbeat {time.time() - status.heartbeat_at:.0f}s ago" if status.heartbeat_at else ""
         print(f"engine up (pid {status.pid}{beat}); log {status.log_path}")
@@ -365,13 +427,70 @@ def _runs(args: argparse.Namespace) -> int:
 
     db = paths.db_path(_home(args))
     if not db.exists():
-        print(f"no runs yet (no store at {db})")
+        print(f"no runs yet (no store at {db})", file=sys.stderr if args.json else sys.stdout)
         return 0
     reader = StoreReader(db)
-    for run in reader.runs():
-        steps = f"{run.last_step:,}" if run.last_step is not None else "-"
-        print(f"{run.id:>4}  {run.name:<28} {run.status:<9} step {steps:>9}  {run.source_kind:<13}"
-              f" {run.health or '-':<6} {run.phase or '-'}")  # fmt: skip
+    try:
+        if args.json:  # one object a line: `jq`, `pandas.read_json(..., lines=True)`
+            from engine.report import run_record
+
+            for run in reader.runs():
+                print(json.dumps(run_record(reader, run)))
+            return 0
+        for run in reader.runs():
+            steps = f"{run.last_step:,}" if run.last_step is not None else "-"
+            print(f"{run.id:>4}  {run.name:<28} {run.status:<9} step {steps:>9}  {run.source_kind:<13}"
+                  f" {run.health or '-':<6} {run.phase or '-'}")  # fmt: skip
+    finally:
+        reader.close()
+    return 0
+
+
+def _experiments(args: argparse.Namespace) -> int:
+    from engine.report import experiment_record
+    from engine.store import StoreReader
+
+    db = paths.db_path(_home(args))
+    if not db.exists():
+        print(f"no experiments yet (no store at {db})", file=sys.stderr if args.json else sys.stdout)
+        return 0
+    reader = StoreReader(db)
+    try:
+        records = [experiment_record(reader, e) for e in reader.experiments()]
+    finally:
+        reader.close()
+    if args.json:
+        for record in records:
+            print(json.dumps(record))
+        return 0
+    if not records:
+        print("no experiments yet: `carl experiment` runs one")
+        return 0
+    for e in records:
+        done = e["cell_status"].get("finished", 0)
+        print(f"{e['id']:>4}  {e['name']:<28} {e['status']:<9} {len(e['arms'])} arms x {len(e['seeds'])} seeds, "
+              f"{e['steps']} steps; {done}/{len(e['cells'])} cells finished")  # fmt: skip
+        for arm in e["summary"]:
+            print(f"        {arm['arm']:<12} task {_mean_ci(arm['task'])}  solved {_mean_ci(arm['solved'])}"
+                  f"  ({arm['finished']}/{arm['seeds']} seeds)")  # fmt: skip
+    return 0
+
+
+def _mean_ci(figure: dict[str, object]) -> str:
+    mean, ci = figure["mean"], figure["ci95"]
+    if mean is None:
+        return f"{'—':<22}"
+    text = f"{mean:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")  # type: ignore[index]
+    return f"{text:<22}"
+
+
+def _report(args: argparse.Namespace) -> int:
+    from engine.report import write_report
+
+    db = paths.db_path(_home(args))
+    if not db.exists():
+        raise CliError(f"no store at {db}: nothing to report")
+    print(write_report(db, args.refs, args.output))
     return 0
 
 

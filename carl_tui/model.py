@@ -20,6 +20,8 @@ from engine.store import RunRow, Series, StoreError, StoreReader
 PHI_KEYS = ("phi/mean", "phi/p10", "phi/p90", "phi/entropy", "entropy")
 REWARD_KEY = re.compile(r"^rewards/(?P<name>.+)/mean$")
 TOTAL_REWARD_KEYS = ("reward",)
+# What a comparison of runs draws of each run: its Φ mean, its total reward and its task reward.
+COMPARE_KEYS = ("phi/mean", "reward", "rewards/task/mean")
 # What the Agents pane shows of an event beyond its row: payload field -> key in the event dict.
 PAYLOAD_FIELDS = {
     "alarm": {"kind": "alarm_kind", "reason": "alarm_reason"},
@@ -54,6 +56,30 @@ class RunView:
 
 
 @dataclass
+class CompareRun:
+    """One run of a comparison: the few series the overlaid charts draw (see COMPARE_KEYS)."""
+
+    run: RunRow
+    series: dict[str, Series] = field(default_factory=dict)
+
+    def latest(self, key: str) -> float | None:
+        s = self.series.get(key)
+        return None if s is None else s.latest
+
+
+@dataclass
+class ExperimentView:
+    """An experiment followed by the control room: its arms, seeds and the cells started so far."""
+
+    id: int
+    name: str
+    arms: list[str]
+    seeds: list[int]
+    status: str
+    cells: list[dict[str, Any]]  # arm, seed, run_id (None until the cell starts), status
+
+
+@dataclass
 class Snapshot:
     """One poll's news. `None` fields did not change since the previous snapshot."""
 
@@ -71,6 +97,9 @@ class Snapshot:
     agent_count: int | None = None
     agent_workers: list[dict[str, Any]] | None = None
     agent_overview: dict[str, Any] | None = None
+    # The compared runs by id, in the order asked for (None: unchanged), and the followed experiment.
+    compare: dict[int, CompareRun] | None = None
+    experiment: ExperimentView | None = None
     commands: list[dict[str, Any]] = field(default_factory=list)  # commands that finished
     source_errors: dict[str, str] | None = None  # path -> last error
     error: str | None = None  # the store itself could not be read
@@ -91,6 +120,14 @@ class StoreWatcher:
         self._agents_signature: tuple[int, float] | None = None
         self._watched_commands: set[int] = set()
         self._source_errors: dict[str, str] = {}
+        # Asked for by the UI thread (one tuple assignment each), read by the polling thread; a poll
+        # reads the store again while what was asked differs from what it last read.
+        self._compare_wanted: tuple[int, ...] = ()
+        self._compare_have: tuple[int, ...] = ()
+        self._compared: dict[int, CompareRun] = {}
+        self._experiment_wanted: int | None = None
+        self._experiment_have: int | None = None
+        self._experiment: ExperimentView | None = None
 
     def watch_command(self, command_id: int) -> None:
         self._watched_commands.add(command_id)
@@ -100,6 +137,14 @@ class StoreWatcher:
             self.selected = run_id
             self._view = None
             self._version = -1  # force a full read of the new run on the next poll
+
+    def compare(self, run_ids: list[int]) -> None:
+        """Read these runs' COMPARE_KEYS series too (an empty list: none)."""
+        self._compare_wanted = tuple(run_ids)
+
+    def follow_experiment(self, experiment_id: int | None) -> None:
+        """Report the experiment's cells whenever they change (a cell starting gets its run)."""
+        self._experiment_wanted = experiment_id
 
     def _open(self) -> StoreReader | None:
         if self.reader is None and self.db_path.exists():
@@ -113,7 +158,8 @@ class StoreWatcher:
             if reader is None:
                 return None
             version = reader.data_version()
-            if version == self._version:
+            asked = (self._compare_wanted, self._experiment_wanted)
+            if version == self._version and asked == (self._compare_have, self._experiment_have):
                 return None
             self._version = version
             return self._read(reader, version)
@@ -146,6 +192,7 @@ class StoreWatcher:
         if agents_signature != self._agents_signature:
             self._agents_signature = agents_signature
             self._read_agents(reader, snap)
+        self._read_comparison(reader, runs, snap)
         if self._watched_commands:
             done = [c for c in reader.commands_after(min(self._watched_commands) - 1)
                     if c["id"] in self._watched_commands and c["state"] in ("done", "failed")]  # fmt: skip
@@ -156,6 +203,50 @@ class StoreWatcher:
             self._source_errors = errors
             snap.source_errors = errors
         return snap
+
+    def _read_comparison(self, reader: StoreReader, runs: list[RunRow], snap: Snapshot) -> None:
+        """The compared runs' series (a run whose row did not move keeps its object, so its chart
+        lines are not redrawn) and the followed experiment's cells, each posted only when changed."""
+        wanted, experiment_id = self._compare_wanted, self._experiment_wanted  # read once
+        by_id = {r.id: r for r in runs}
+        fresh: dict[int, CompareRun] = {}
+        for run_id in wanted:
+            run = by_id.get(run_id)
+            if run is None:
+                continue
+            previous = self._compared.get(run_id)
+            if previous is not None and previous.run == run:
+                fresh[run_id] = previous
+                continue
+            # A run that went back (a resume truncates what came after its checkpoint) is read anew.
+            grown = previous is not None and (run.last_step or 0) >= (previous.run.last_step or 0)
+            series = {}
+            for key in COMPARE_KEYS:
+                old = previous.series.get(key) if grown and previous is not None else None
+                if old is None:
+                    new = reader.series(run_id, key, max_points=self.max_points)
+                else:
+                    new = reader.extend_series(run_id, key, old, max_points=self.max_points)
+                if len(new):
+                    series[key] = new
+            fresh[run_id] = CompareRun(run, series)
+        if list(fresh) != list(self._compared) or any(fresh[i] is not self._compared[i] for i in fresh):
+            snap.compare = dict(fresh)
+        self._compared = fresh
+        self._compare_have = wanted
+        experiment = self._read_experiment(reader, experiment_id) if experiment_id is not None else None
+        if experiment != self._experiment or experiment_id != self._experiment_have:
+            snap.experiment = experiment
+        self._experiment, self._experiment_have = experiment, experiment_id
+
+    @staticmethod
+    def _read_experiment(reader: StoreReader, experiment_id: int) -> ExperimentView | None:
+        record = reader.experiment(experiment_id)
+        if record is None:
+            return None
+        cells = reader.experiment_runs(experiment_id)
+        return ExperimentView(record["id"], record["name"], list(record["arms"]), list(record["seeds"]),
+                              record["status"], cells)  # fmt: skip
 
     @staticmethod
     def _read_agents(reader: StoreReader, snap: Snapshot) -> None:
@@ -208,6 +299,16 @@ class StoreWatcher:
         view.eval = latest_eval
         self._view = view
         return view
+
+
+def find_experiment(reader: StoreReader, ref: str | int) -> ExperimentView | None:
+    """An experiment by name, or by id when `ref` is a number no experiment is named; None: unknown."""
+    record = reader.experiment(ref)
+    if record is None and isinstance(ref, str) and ref.isdigit():
+        record = reader.experiment(int(ref))
+    if record is None:
+        return None
+    return StoreWatcher._read_experiment(reader, int(record["id"]))
 
 
 def _progress(reader: StoreReader, run: RunRow) -> tuple[float | None, float | None]:

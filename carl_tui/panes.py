@@ -6,7 +6,7 @@ import math
 
 from widgets.chart import LINE_COLOURS, Chart, entropy_axis
 
-from .model import RunView
+from .model import CompareRun, RunView
 
 
 def _num(value: float | None, digits: int = 4) -> str:
@@ -17,10 +17,20 @@ def _num(value: float | None, digits: int = 4) -> str:
     return f"{value:.{digits}f}"
 
 
+def _key(value: object) -> object:
+    """Series by identity (the watcher returns the same object for a series that received no
+    rows), tuples element by element, plain values (colour indices) by value."""
+    if isinstance(value, tuple):
+        return tuple(_key(v) for v in value)
+    if value is None or isinstance(value, (int, float, str)):
+        return value
+    return id(value)
+
+
 def _feed(chart: Chart, *series: object, **kwargs: object) -> None:
-    """Hand the chart new data only when some series object changed (the watcher returns the
-    same object for a series that received no rows), so an unchanged pane is not redrawn."""
-    key = (tuple(id(s) for s in series), tuple((k, id(v)) for k, v in sorted(kwargs.items())))
+    """Hand the chart new data only when some series object changed, so an unchanged pane is not
+    redrawn."""
+    key = (_key(series), tuple((k, _key(v)) for k, v in sorted(kwargs.items())))
     if getattr(chart, "_carl_feed_key", None) == key:
         return
     chart._carl_feed_key = key  # type: ignore[attr-defined]
@@ -86,3 +96,22 @@ def reward_colors(chart: Chart, count: int) -> list[str]:
         style = chart.line_style(index % LINE_COLOURS)
         colors.append(str(style.color.name) if style.color else "")
     return colors
+
+
+# -- comparing runs ------------------------------------------------------------------------------
+
+COMPARE_REWARDS = {"reward": "total", "rewards/task/mean": "task"}  # the Rewards pane's two readings
+
+
+def draw_compare_phi(chart: Chart, runs: list[CompareRun], colors: list[int]) -> None:
+    """Each run's Φ mean in its colour, the first drawn on top; entropy on the right axis when
+    the runs share one vocabulary size."""
+    vocabs = {c.run.vocab_size for c in runs}
+    vocab = next(iter(vocabs)) if len(vocabs) == 1 else None
+    chart.set_right_transform(entropy_axis(vocab) if vocab and vocab > 1 else None)
+    _feed(chart, *(c.series.get("phi/mean") for c in runs), colors=tuple(colors))
+
+
+def draw_compare_rewards(chart: Chart, runs: list[CompareRun], colors: list[int], key: str) -> None:
+    """Each run's total (or task) reward in its colour, aligned by step."""
+    _feed(chart, *(c.series.get(key) for c in runs), colors=tuple(colors))

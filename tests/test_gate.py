@@ -223,3 +223,14 @@ def test_gated_follows_a_live_gate() -> None:
     wrapped(prompts=["p"], completions=["a"])
     assert inner.calls == 1
     assert gated(CoherenceReward(), lambda: 1.0).__name__ == "coherence"
+
+
+def test_always_open_is_open_at_full_strength_from_the_first_step_and_survives_a_resume() -> None:
+    gate = CascadeGate(min_points=5, ramp_steps=10, always_open=True)
+    first = gate.update(7, 0.0)  # no evidence the task works: the ablation opens all the same
+    assert (first.state, first.multiplier, first.opened_at) == ("open", 1.0, 7)
+    assert "always on" in first.reason
+    restored = CascadeGate.from_dict(json.loads(json.dumps(gate.to_dict())))
+    assert restored.always_open and restored.update(8, 0.5).multiplier == 1.0
+    gated = CascadeGate(min_points=5, ramp_steps=10)
+    assert gated.update(7, 0.0).multiplier == 0.0

@@ -22,7 +22,7 @@ alone decides how charts look while themes without those variables fall back to 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -89,7 +89,7 @@ class _Axes:
 class Chart(Widget):
     """A line chart of bucketed series: primary line, band, extra lines, optional right axis.
 
-    - `set_series(primary, *extra, band=(lo, hi), secondary=s)` sets the data;
+    - `set_series(primary, *extra, band=(lo, hi), secondary=s, colors=...)` sets the data;
     - `set_markers(steps)` draws vertical lines (gate opened, crystallization);
     - `set_right_transform(fn)` labels a right axis with fn(left tick) (see `entropy_axis`);
       a `secondary` series instead gets an independent right scale.
@@ -144,6 +144,7 @@ class Chart(Widget):
         disabled: bool = False,
     ) -> None:
         self._lines: tuple[Series | None, ...] = ()
+        self._colors: tuple[int, ...] = ()
         self._band: tuple[Series, Series] | None = None
         self._secondary: Series | None = None
         self._markers: tuple[float, ...] = ()
@@ -166,13 +167,27 @@ class Chart(Widget):
         *extra: Series,
         band: tuple[Series, Series] | None = None,
         secondary: Series | None = None,
+        colors: Sequence[int] | None = None,
     ) -> None:
         """Replace the data: `primary` (colour line-0, drawn on top), `extra` lines (line-1, ...),
-        a `band` (lo, hi) under them, and a `secondary` series on its own right-hand scale."""
+        a `band` (lo, hi) under them, and a `secondary` series on its own right-hand scale.
+        `colors` gives each line its colour index instead (lines may share one: the seeds of an arm)."""
         self._lines = (primary, *extra)
+        given = tuple(colors or ())[: len(self._lines)]
+        self._colors = given + tuple(range(len(given), len(self._lines)))  # the rest: by position
         self._band = band
         self._secondary = secondary
         self.invalidate()
+
+    @property
+    def lines(self) -> tuple[Series | None, ...]:
+        """The line series drawn, primary first (what `set_series` was given)."""
+        return self._lines
+
+    @property
+    def line_colors(self) -> tuple[int, ...]:
+        """The colour index of each line (`line_style(index)` is its style)."""
+        return self._colors
 
     def set_markers(self, steps: Iterable[float]) -> None:
         """Vertical lines at these steps (e.g. gate opened, crystallization); the same steps again
@@ -253,7 +268,7 @@ class Chart(Widget):
         for index in reversed(range(len(self._lines))):  # the primary last, so it stays on top
             series = self._lines[index]
             if series is not None:
-                layers.append((LineLayer(series), f"chart--line-{index % LINE_COLOURS}"))
+                layers.append((LineLayer(series), f"chart--line-{self._colors[index] % LINE_COLOURS}"))
         return [layer for layer, _ in layers], [name for _, name in layers]
 
     def _build(self, width: int, height: int) -> list[Strip]:

@@ -62,6 +62,7 @@ class CascadeGate:
     latched, and the multiplier is coherence_cap * min(1, (step - S + 1) / ramp_steps). `coherence_cap`
     (default 1.0) is the multiplier the ramp ends at, for a run that wants coherence at part strength.
     The decision depends only on the values fed; the step numbers only time the ramp and the record.
+    `always_open` is the ablation without a gate: open at the first step, at `coherence_cap`, no ramp.
     """
 
     def __init__(
@@ -72,6 +73,7 @@ class CascadeGate:
         min_above: int = 3,
         ramp_steps: int = 10,
         coherence_cap: float = 1.0,
+        always_open: bool = False,
     ) -> None:
         if min_points < 1 or window < 1 or ramp_steps < 1:
             raise RewardError("cascade gate needs min_points, window and ramp_steps >= 1")
@@ -87,6 +89,9 @@ class CascadeGate:
         self.min_above = min_above
         self.ramp_steps = ramp_steps
         self.coherence_cap = coherence_cap
+        self.always_open = (
+            always_open  # the always-on ablation: no gate, coherence at full weight from step one
+        )
         self.history: list[float] = []
         self._sorted: list[float] = []  # kept sorted on insert: the percentile is one index away
         self.opened_at: int | None = None
@@ -117,7 +122,11 @@ class CascadeGate:
         above = sum(1 for v in recent if v >= threshold and v > 0)
         if self.opened_at is None and n >= self.min_points and threshold > 0 and above >= self.min_above:
             self.opened_at = step
-        if self.opened_at is None:
+        if self.always_open:
+            if self.opened_at is None:
+                self.opened_at = step
+            state, multiplier, reason = "open", self.coherence_cap, "open: always on (cascade.mode always)"
+        elif self.opened_at is None:
             if n < self.min_points:
                 reason = f"closed: {n}/{self.min_points} points"
             else:
@@ -152,6 +161,7 @@ class CascadeGate:
             "min_above": self.min_above,
             "ramp_steps": self.ramp_steps,
             "coherence_cap": self.coherence_cap,
+            "always_open": self.always_open,
         }
 
     def to_dict(self) -> dict[str, Any]:

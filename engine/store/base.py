@@ -84,3 +84,32 @@ def insert_chat_message(
     )
     conn.execute("UPDATE conversations SET updated_at=? WHERE id=?", (now, conversation_id))
     return conversation_id, int(cur.lastrowid)  # type: ignore[arg-type]
+
+
+# -- experiments (schema v5): read by the writer and by read-only readers alike ---------------
+
+
+def read_experiment(conn: sqlite3.Connection, ref: str | int) -> dict[str, Any] | None:
+    """An experiment by id (int) or name (str), its JSON columns decoded; None when there is none."""
+    column = "id" if isinstance(ref, int) else "name"
+    cur = conn.execute(f"SELECT * FROM experiments WHERE {column}=?", (ref,))
+    row = cur.fetchone()
+    if row is None:
+        return None
+    record = dict(zip([d[0] for d in cur.description], row, strict=True))
+    for key in ("config", "arms", "seeds"):
+        record[key] = json.loads(record[key])
+    return record
+
+
+def read_experiments(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    """Every experiment, oldest first."""
+    ids = [r[0] for r in conn.execute("SELECT id FROM experiments ORDER BY id")]
+    return [e for i in ids if (e := read_experiment(conn, i)) is not None]
+
+
+def read_experiment_runs(conn: sqlite3.Connection, experiment_id: int) -> list[dict[str, Any]]:
+    """An experiment's arm x seed cells, in insertion order; `run_id` is NULL until a cell starts."""
+    cur = conn.execute("SELECT * FROM experiment_runs WHERE experiment_id=? ORDER BY rowid", (experiment_id,))
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]

@@ -21,7 +21,17 @@ from typing import Any
 import numpy as np
 import sqlite_utils
 
-from .base import MetricRow, StoreError, check_schema, connect, insert_chat_message, insert_command
+from .base import (
+    MetricRow,
+    StoreError,
+    check_schema,
+    connect,
+    insert_chat_message,
+    insert_command,
+    read_experiment,
+    read_experiment_runs,
+    read_experiments,
+)
 from .schema import APPLICATION_ID, MIGRATIONS, ROLLUP_LEVELS, SCHEMA_VERSION
 
 
@@ -452,28 +462,15 @@ class Store:
         return experiment_id
 
     def experiment(self, ref: str | int) -> dict[str, Any] | None:
-        """An experiment by name or id, its JSON columns decoded."""
-        column = "id" if isinstance(ref, int) else "name"
-        cur = self.conn.execute(f"SELECT * FROM experiments WHERE {column}=?", (ref,))
-        row = cur.fetchone()
-        if row is None:
-            return None
-        record = dict(zip([d[0] for d in cur.description], row, strict=True))
-        for key in ("config", "arms", "seeds"):
-            record[key] = json.loads(record[key])
-        return record
+        """An experiment by id (int) or name (str), its JSON columns decoded."""
+        return read_experiment(self.conn, ref)
 
     def experiments(self) -> list[dict[str, Any]]:
-        ids = [r[0] for r in self.conn.execute("SELECT id FROM experiments ORDER BY id")]
-        return [e for i in ids if (e := self.experiment(i)) is not None]
+        return read_experiments(self.conn)
 
     def experiment_runs(self, experiment_id: int) -> list[dict[str, Any]]:
         """The experiment's cells, in arm then seed order of insertion."""
-        cur = self.conn.execute(
-            "SELECT * FROM experiment_runs WHERE experiment_id=? ORDER BY rowid", (experiment_id,)
-        )
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        return read_experiment_runs(self.conn, experiment_id)
 
     def update_experiment(self, experiment_id: int, **fields: Any) -> None:
         self._update("experiments", "id=?", (experiment_id,), fields)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import StoreError, check_schema, connect
+from .base import StoreError, check_schema, connect, read_experiment, read_experiment_runs, read_experiments
 from .schema import ROLLUP_LEVELS
 
 
@@ -353,6 +353,20 @@ class StoreReader:
             return None
         return {"id": row[0], "passed": bool(row[1]), "metrics": json.loads(row[2]),
                 "reasons": json.loads(row[3]), "created_at": row[4]}  # fmt: skip
+
+    # -- experiments -------------------------------------------------------------------------
+
+    def experiment(self, ref: str | int) -> dict[str, Any] | None:
+        """An experiment by id (int) or name (str), its JSON columns decoded (None: no such experiment)."""
+        return read_experiment(self.conn, ref) if self.version >= 5 else None
+
+    def experiments(self) -> list[dict[str, Any]]:
+        """Every experiment, oldest first (none on a store older than schema v5)."""
+        return read_experiments(self.conn) if self.version >= 5 else []
+
+    def experiment_runs(self, experiment_id: int) -> list[dict[str, Any]]:
+        """An experiment's arm x seed cells, in insertion order; `run_id` is NULL until a cell starts."""
+        return read_experiment_runs(self.conn, experiment_id) if self.version >= 5 else []
 
     # -- other tables ----------------------------------------------------------------------
 

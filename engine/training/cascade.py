@@ -180,7 +180,8 @@ def build_rewards(config: TrainConfig, task: Task) -> RewardSet:
     if task_names:
         c = config.cascade
         try:
-            rewards.gate = CascadeGate(c.min_points, c.percentile, c.window, c.min_above, c.ramp_steps)
+            rewards.gate = CascadeGate(c.min_points, c.percentile, c.window, c.min_above, c.ramp_steps,
+                                       always_open=c.mode == "always")  # fmt: skip
             rewards.weights = CascadeWeights(base, COHERENCE_REWARDS, c.cap_ratio, task_names)
         except RewardError as exc:
             raise BadInput(f"cascade: {exc}") from None

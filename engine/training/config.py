@@ -66,6 +66,10 @@ class RewardSpec(_Section):
 
 
 class CascadeConfig(_Section):
+    mode: Literal["gated", "always"] = Field(
+        "gated",
+        description="gated: coherence waits for the task reward (the CARL cascade); always: on from step one",
+    )
     min_points: int = Field(5, gt=0, description="task-reward history (steps) before the gate may open")
     percentile: float = Field(0.6, gt=0.0, lt=1.0, description="threshold = this percentile of the history")
     window: int = Field(5, gt=0, description="recent steps looked at")
@@ -157,7 +161,15 @@ class TrainConfig(_Section):
     sft_warmup_steps: int = Field(
         0,
         ge=0,
-        description="SFT steps on the gold completions before GRPO, at 5x the lr and 4x the batch (0: none)",
+        description="SFT steps on the gold completions before GRPO (0: none); see warmup_learning_rate and warmup_batch_size",
+    )
+    warmup_learning_rate: float | None = Field(
+        None, gt=0.0, description="learning rate of the SFT warm-up (null: 5x learning_rate)"
+    )
+    warmup_batch_size: int | None = Field(
+        None,
+        gt=0,
+        description="completions per step of the SFT warm-up (null: 4x per_device_train_batch_size)",
     )
     rewards: list[RewardSpec] = Field(
         default_factory=_default_rewards, min_length=1, description="reward functions and their weights"
@@ -192,6 +204,15 @@ class TrainConfig(_Section):
     @property
     def reward_names(self) -> list[str]:
         return [r.name for r in self.rewards]
+
+    @property
+    def warmup_lr(self) -> float:
+        """The SFT warm-up's learning rate: a short warm-up on gold answers moves fast."""
+        return self.warmup_learning_rate or self.learning_rate * 5
+
+    @property
+    def warmup_batch(self) -> int:
+        return self.warmup_batch_size or self.per_device_train_batch_size * 4
 
     @property
     def total_steps(self) -> int:

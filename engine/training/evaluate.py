@@ -62,8 +62,10 @@ def evaluate_run(store: Store, ref: str, *, home: Path, max_prompts: int | None 
 
     run = find_carl_run(store, ref)
     config = run_config(run)
-    if config.method != "grpo":
-        raise BadInput(f"run {run['name']!r} is an SFT run: it has no rewards to evaluate with")
+    if not any(spec.name == "task" or ":" in spec.name for spec in config.rewards):
+        raise BadInput(
+            f"run {run['name']!r} has no task reward to evaluate with (rewards: {config.reward_names})"
+        )
     _, held = split_holdout(load_rows(config.dataset, config.seed), config.eval.holdout)
     if not held:
         raise BadInput(

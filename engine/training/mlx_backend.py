@@ -343,9 +343,9 @@ class MLXBackend:
 
     def _begin_phase(self, phase: str) -> None:
         """A new optimizer for each phase (as the torch backend's two trainers have); the warm-up runs
-        at 5x the learning rate and 4x the batch."""
+        at the warm-up's learning rate and batch (config.warmup_lr, config.warmup_batch)."""
         self.phase = phase
-        lr = self.lr = self.config.learning_rate * (5 if phase == "sft warm-up" else 1)
+        lr = self.lr = self.config.warmup_lr if phase == "sft warm-up" else self.config.learning_rate
         # As torch's AdamW, which the torch backend's trainers use: with bias correction (MLX's default is
         # without, which makes the first steps of a fresh optimizer ~3x larger and threw GRPO off its
         # warm-up), and no weight decay.
@@ -405,7 +405,7 @@ class MLXBackend:
 
     def _sft_step(self, step: int) -> StepRecord:
         warmup = step <= self.warmup_steps()
-        size = self.config.per_device_train_batch_size * (4 if warmup else 1)
+        size = self.config.warmup_batch if warmup else self.config.per_device_train_batch_size
         phase_step = step - (0 if warmup else self.warmup_steps())
         n = len(self.sft_data)
         pairs = [self.sft_data[self._order(n, (phase_step - 1) * size + i)] for i in range(size)]

@@ -288,14 +288,16 @@ class TorchBackend:
         args = SFTConfig(
             output_dir=str(out),
             max_steps=steps,
-            per_device_train_batch_size=self.config.per_device_train_batch_size * (4 if warmup else 1),
+            per_device_train_batch_size=self.config.warmup_batch
+            if warmup
+            else self.config.per_device_train_batch_size,
             save_strategy="no" if warmup else "steps",
             save_steps=self.config.save_steps,
             save_total_limit=SAVE_TOTAL_LIMIT,
             **self._common_args(),
         )
         if warmup:
-            args.learning_rate = self.config.learning_rate * 5  # a short warm-up on gold answers: move fast
+            args.learning_rate = self.config.warmup_lr
         reporter = SFTReporter(self, offset, "sft warm-up" if warmup else "sft")
         trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
                              processing_class=self.tokenizer, peft_config=self._peft_config())  # fmt: skip

@@ -631,6 +631,7 @@ def hooks_cli_main(argv: Sequence[str] | None = None) -> int:
     for scope in ("user", "project", "local"):
         where.add_argument(f"--{scope}", dest="scope", action="store_const", const=scope)
     parser.add_argument("--project-dir", type=Path, default=None)
+    parser.add_argument("--json", action="store_true", help="status: print one JSON object")
     args = parser.parse_args(list(argv) if argv is not None else None)
     scope: Scope = args.scope or "user"
     where_kw = {"project_dir": args.project_dir}
@@ -643,5 +644,10 @@ def hooks_cli_main(argv: Sequence[str] | None = None) -> int:
     else:
         events = installed_events(scope, **where_kw)
         path = settings_path(scope, **where_kw)
-        print(f"{path}: {', '.join(events) if events else 'no carl hooks'}")
+        if args.json:
+            print(
+                json.dumps({"scope": scope, "path": str(path), "installed": bool(events), "events": events})
+            )
+        else:
+            print(f"{path}: {', '.join(events) if events else 'no carl hooks'}")
     return 0

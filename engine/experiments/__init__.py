@@ -1,0 +1,9 @@
+"""Experiments: arms x seeds of real training runs, evaluated on held-out prompts and compared.
+
+`carl experiment` (cli.py) runs them through the engine (runner.py); arms.py derives each cell's
+config from one base config; summary.py and stats.py turn the stored cells into the table.
+"""
+
+from .arms import ARMS, ExperimentError
+
+__all__ = ["ARMS", "ExperimentError"]
