@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine import paths
+from engine.processes import alive
 
 
 def ensure_home(home: Path | None) -> Path:
@@ -112,13 +113,7 @@ def remove_pidfile_if(home: Path, record: PidRecord | None) -> bool:
 
 
 def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return False  # someone else's process: our engine runs as us
-    return True
+    return alive(pid, others_count=False)  # someone else's process: our engine runs as us
 
 
 def is_our_engine(record: PidRecord, heartbeat_at: float | None, heartbeat_pid: int | None) -> bool:

@@ -9,9 +9,10 @@ is there, else the newest checkpoint, and only its model files.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from engine.processes import alive
 
 from .backend import BadInput
 
@@ -112,12 +113,4 @@ def carl_run(store: Any, ref: str, *, for_what: str) -> dict[str, Any]:
 
 def process_alive(pid: int | None) -> bool:
     """Whether a run's process still exists."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, under another user
-    return True
+    return bool(pid) and alive(pid, others_count=True)
