@@ -33,3 +33,14 @@ def status_text(app: Any) -> str:
 
     bar = app.query_one(StatusBar)
     return bar.render_info(bar.info).plain
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
+    """Poll `predicate` (a read of the store or of a process: a known point, not a sleep) until it is truthy."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not met in {timeout:.0f}s")

@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 from agents_support import nats_server
 from messages_server import MessagesServer
 from openai_server import OpenAIServer
+from support import wait_for
 from test_agents_plane import arithmetic_tasks, http_settings, solve
 
 from engine.agents.cli import headless
@@ -128,16 +128,6 @@ def test_a_worker_with_a_wrong_token_or_url_stops_with_one_line(tmp_path: Path) 
     line = one_line_error(carl(home, "agents", "worker", "--kind", "http", "--endpoint", "http://127.0.0.1:9/v1",
                                "--url", f"nats://127.0.0.1:{port}"))  # fmt: skip
     assert line == f"carl: nats://127.0.0.1:{port}: cannot connect (nothing answers there)"
-
-
-def wait_for(predicate: Any, timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not met in {timeout:.0f}s")
 
 
 def command(home: Path, verb: str, args: dict[str, Any] | None = None) -> tuple[str, str]:

@@ -9,12 +9,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+from support import wait_for
 
 from engine.daemon import stop_engine
 from engine.experiments.arms import ExperimentError, cell_config, check_base, parse_arms, parse_seeds
@@ -23,7 +23,6 @@ from engine.store import Store
 from engine.training.config import config_from_data
 
 ROOT = Path(__file__).resolve().parent.parent
-T = TypeVar("T")
 
 BASE = {
     "name": "tinyexp", "model": "carl-tiny", "dataset": "demo", "method": "grpo", "max_steps": 30,
@@ -130,16 +129,6 @@ def finish(proc: subprocess.Popen[str], timeout: float = 280) -> tuple[int, str,
     return proc.returncode, out, err
 
 
-def wait_for(check: Callable[[], T], timeout: float = 120) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
 def write_base(tmp_path: Path, **change: Any) -> Path:
     path = tmp_path / "base.json"
     path.write_text(json.dumps({**BASE, **change}))
@@ -232,7 +221,9 @@ def test_an_interrupted_experiment_adopts_its_running_run_and_a_stopped_arm_is_r
         wait_for(
             lambda: (
                 cells(home).get(("task-only", 0), {}).get("run_id") if (home / "carl.db").exists() else None
-            )
+            ),
+            timeout=240,
+            what="the task-only run started",
         )
         first.send_signal(signal.SIGINT)
         code, _, err = finish(first)
@@ -256,7 +247,9 @@ def test_an_interrupted_experiment_adopts_its_running_run_and_a_stopped_arm_is_r
         )
     rerun = carl(home, *args, "--json")
     try:
-        run_id = wait_for(lambda: (runs(home).get("e2-task-only-s0-r2") or {}).get("id"))
+        run_id = wait_for(
+            lambda: (runs(home).get("e2-task-only-s0-r2") or {}).get("id"), timeout=240, what="the rerun"
+        )
         with Store(home / "carl.db") as store:
             store.enqueue_command("stop", {}, target="run", run_id=run_id, origin="test")
         code, out, err = finish(rerun)
