@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # the CLI reads ARMS on a base install, which has no training
 
 ARMS = ("sft-only", "task-only", "cascade", "always-on")
 GRPO_ARMS = ARMS[1:]
+GATED_ARMS = ("cascade", "always-on")  # the arms with coherence rewards: their gate step means something
 
 
 class ExperimentError(CarlError):

@@ -22,7 +22,7 @@ from engine.store import Store
 from engine.training.artifacts import process_alive
 from engine.training.config import ConfigError, TrainConfig, config_from_data
 
-from .arms import GRPO_ARMS, ExperimentError, cell_config, check_base
+from .arms import GATED_ARMS, GRPO_ARMS, ExperimentError, cell_config, check_base
 
 POLL_S = 0.5  # how often the store is read while a cell's run trains
 START_TIMEOUT_S = 300.0  # the engine must have started the run by then
@@ -173,9 +173,11 @@ class Runner:
             self.say(f"{arm} s{seed}: eval failed: {exc}")
             return
         eval_id = self.store.conn.execute("SELECT max(id) FROM evals WHERE run_id=?", (run_id,)).fetchone()[0]
-        gate = self.store.conn.execute(
-            "SELECT min(step) FROM gate_states WHERE run_id=? AND state!='closed'", (run_id,)
-        ).fetchone()[0]
+        gate = None  # a task-only run keeps a gate too, but it gates nothing
+        if arm in GATED_ARMS:
+            gate = self.store.conn.execute(
+                "SELECT min(step) FROM gate_states WHERE run_id=? AND state!='closed'", (run_id,)
+            ).fetchone()[0]
         phi = self.store.conn.execute(
             "SELECT phi_mean FROM phi_stats WHERE run_id=? ORDER BY step DESC LIMIT 1", (run_id,)
         ).fetchone()

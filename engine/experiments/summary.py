@@ -7,11 +7,11 @@ from typing import Any
 
 from engine.store import Store
 
+from .arms import GATED_ARMS
 from .runner import Experiment
 from .stats import mean_ci, paired_delta
 
 BASELINE = "task-only"
-GATED_ARMS = ("cascade", "always-on")  # the arms whose gate step means something
 
 
 def summarize(store: Store, exp: Experiment) -> dict[str, Any]:
