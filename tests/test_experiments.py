@@ -278,3 +278,21 @@ def test_bad_input_is_one_line_before_anything_trains(tmp_path: Path, home: Path
     code, _, err = finish(carl(home, "experiment", "--name", "ghost", "--show"))
     assert code == 2 and "no experiment 'ghost'" in err
     assert not (home / "runs").exists() or not any((home / "runs").iterdir())
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_training_is_reported_as_crashed(tmp_path: Path, home: Path) -> None:
+    base = write_base(tmp_path, sft_warmup_steps=400)  # long enough to be killed while it trains
+    proc = carl(home, "experiment", "--name", "e3", "--config", str(base), "--seeds", "1", "--arms", "sft-only",
+                "--json")  # fmt: skip
+    try:
+        run = wait_for(lambda: (runs(home).get("e3-sft-only-s0") or {}).get("last_step") and runs(home)["e3-sft-only-s0"],
+                       timeout=240, what="the warm-up training")  # fmt: skip
+        os.kill(run["pid"], signal.SIGKILL)
+        code, out, err = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 1, err
+    (cell,) = json.loads(out)["arms"]["sft-only"]["runs"]
+    assert cell["status"] == "crashed" and f"the run's process ({run['pid']}) died at step" in cell["error"]
+    assert "sft-only s0: run 'e3-sft-only-s0' crashed: the run's process" in err
