@@ -1,0 +1,271 @@
+"""`carl-tui --serve`: the control room in a real headless Chromium, through textual-serve.
+
+The server runs as its own process on a free port with a temp home; Chromium (Debian's, driven
+by playwright through `executable_path`) opens the printed URL; the terminal's text is read
+from xterm.js's own buffer in the page. Without a Chromium executable the browser test skips.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from carl_tui.cli import tui_main
+from engine.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM_NAMES = (
+    "chromium-headless-shell",
+    "chromium",
+    "chromium-browser",
+    "google-chrome",
+    "google-chrome-stable",
+)
+
+# xterm.js keeps its Terminal in textual.js's closure. Its public Terminal object is the one that
+# sets `_core` and has `loadAddon`: catch it as it is built, so the test can read its buffer.
+CATCH_TERMINAL = """
+Object.defineProperty(Object.prototype, "_core", {
+  configurable: true,
+  set(value) {
+    Object.defineProperty(this, "_core", {value, writable: true, configurable: true, enumerable: true});
+    if (typeof this.loadAddon === "function") window.__carlTerminal = this;
+  },
+});
+"""
+SCREEN_TEXT = """() => {
+  const terminal = window.__carlTerminal;
+  if (!terminal) return "";
+  const buffer = terminal.buffer.active, lines = [];
+  for (let y = 0; y < buffer.length; y++) lines.push(buffer.getLine(y).translateToString(true));
+  return lines.join("\\n");
+}"""
+
+
+def find_chromium() -> str | None:
+    if path := os.environ.get("CARL_CHROMIUM"):
+        return path
+    return next((path for name in CHROMIUM_NAMES if (path := shutil.which(name))), None)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def status_of(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A home whose store holds one run with Φ rising from 0.1 to 0.9 over 50 steps."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    with Store(home / "carl.db") as store:
+        run_id = store.create_run(
+            "served-run", source_kind="jsonl", status="running", max_steps=100, vocab_size=512
+        )
+        now = time.time()
+        rows = []
+        for step in range(50):
+            phi = 0.1 + 0.8 * step / 49
+            rows += [(step, "phi/mean", phi, now), (step, "phi/entropy", (1 - phi) * 6.24, now),
+                     (step, "rewards/task/mean", 0.5, now), (step, "reward", 0.5, now)]  # fmt: skip
+        store.add_metrics(run_id, rows)
+    return home
+
+
+class Served:
+    """`carl-tui --serve` as a process: its printed lines arrive on a queue, read by a thread."""
+
+    def __init__(self, home: Path, port: int, extra: list[str]) -> None:
+        self.argv = argv = [
+            sys.executable,
+            "-m",
+            "carl_tui",
+            "--serve",
+            "--port",
+            str(port),
+            "--home",
+            str(home),
+            "--no-engine",
+            *extra,
+        ]
+        self.proc = subprocess.Popen(
+            argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+
+    def url(self, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.2)
+            except queue.Empty:
+                assert self.proc.poll() is None, f"the server exited: {''.join(self.seen)}"
+                continue
+            self.seen.append(line)
+            if match := re.search(r"http://\S+", line):
+                return match.group(0)
+        raise AssertionError(f"no URL printed in {timeout:.0f}s: {''.join(self.seen)}")
+
+    def output(self) -> str:
+        """Everything it printed, once it has exited."""
+        self.reader.join(timeout=10)
+        while not self.lines.empty():
+            self.seen.append(self.lines.get())
+        return "".join(self.seen)
+
+    def stop(self) -> list[psutil.Process]:
+        """SIGTERM, as a user's Ctrl+C would; returns the session processes still alive 15 s later."""
+        try:
+            sessions = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            sessions = []
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        _, alive = psutil.wait_procs(sessions, timeout=15)
+        for process in alive:  # the test reports them; they must not outlive it
+            process.kill()
+        return alive
+
+
+@pytest.fixture
+def served(home: Path, request: pytest.FixtureRequest) -> Iterator[Served]:
+    server = Served(home, free_port(), getattr(request, "param", []))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def screen_text(page: object) -> str:
+    return page.evaluate(SCREEN_TEXT)  # type: ignore[attr-defined]
+
+
+def wait_for_screen(page: object, *needles: str, timeout: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        text = screen_text(page)
+        if all(needle in text for needle in needles):
+            return text
+        time.sleep(0.1)
+    shows = text or "nothing: no xterm.js Terminal was caught (has textual-serve's textual.js changed?)"
+    raise AssertionError(f"{needles} not on the browser's terminal in {timeout:.0f}s; it shows:\n{shows}")
+
+
+@pytest.fixture
+def chromium() -> str:
+    path = find_chromium()
+    if path is None:
+        pytest.skip(
+            f"no Chromium executable found (looked for {', '.join(CHROMIUM_NAMES)} and $CARL_CHROMIUM)"
+        )
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "served", [[], ["--allow-control"]], ids=["read-only", "allow-control"], indirect=True
+)
+def test_the_control_room_in_a_browser(chromium: str, served: Served) -> None:
+    from playwright.sync_api import sync_playwright
+
+    control = "--allow-control" in served.argv
+
+    url = served.url()
+    base, token = re.fullmatch(r"(http://127\.0\.0\.1:\d+)/\?token=([\w-]+)", url).groups()  # type: ignore[union-attr]
+    # Without the token, or with a wrong one: 403 and nothing of the app.
+    for path in ("/", "/?token=wrong", "/static/js/textual.js", "/static/", "/ws?width=80&height=24"):
+        code, body = status_of(base + path)
+        assert code == 403 and "xterm" not in body and "<html" not in body, path
+    # The page's URLs follow the address the browser used (a tunnel's port, another name).
+    code, body = status_of(url.replace("127.0.0.1", "localhost"))
+    assert code == 200 and f"ws://localhost:{base.rsplit(':', 1)[1]}/ws" in body
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium)
+        try:
+            page = browser.new_page()
+            page.route(
+                re.compile(r"^https?://(?!127\.0\.0\.1)"), lambda route: route.abort()
+            )  # offline: no web fonts
+            page.add_init_script(CATCH_TERMINAL)
+            page.goto(url, wait_until="domcontentloaded")
+            # The Φ pane of the stored run, and the footer: the training keys only with --allow-control.
+            text = wait_for_screen(
+                page, "Φ coherence 0.9000", "served-run", "Observe" if control else "q Quit"
+            )
+            assert "Rewards" in text
+            assert ("read-only" in text, "Pause" in text) == (not control, control)
+            page.focus("textarea.xterm-helper-textarea")  # the keyboard goes to the terminal
+            page.keyboard.press("?")
+            wait_for_screen(page, "Keys", "Control room", "Held-out eval")
+        finally:
+            browser.close()
+    assert served.stop() == [], "a session's control room outlived the server"
+    assert served.proc.returncode == 0 and served.output().count(token) == 1, "the token is printed once"
+
+
+def test_serve_on_a_busy_port_is_one_line(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        argv = [sys.executable, "-m", "carl_tui", "--serve", "--port", str(port), "--home", str(tmp_path)]
+        out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and str(port) in out.stderr and "in use" in out.stderr
+
+
+def test_serve_without_textual_serve_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CARL_HOME", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "textual_serve", None)  # what find_spec sees when it is not installed
+    assert tui_main(["--serve", "--home", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "carl-tui[serve]" in err
+
+
+def test_host_and_port_go_with_serve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CARL_HOME", str(tmp_path))
+    assert tui_main(["--port", "8000", "--home", str(tmp_path)]) == 2
+    assert "--serve" in capsys.readouterr().err
