@@ -52,7 +52,7 @@ class RewardBars(Widget):
 
     def render(self) -> Text:
         if not self._values:
-            return Text("no reward data yet", style=self.get_component_rich_style("reward-bars--dim"))
+            return Text("")  # the reward chart beside the bars already says there is no data yet
         width = self.size.width
         name_w = min(max(len(n) for n, _ in self._values), max(6, width // 3))
         bar_w = max(1, width - name_w - 9)
