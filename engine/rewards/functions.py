@@ -262,6 +262,9 @@ class CoherenceReward(PhiReward):
         self.scale_floor = scale_floor
         self.calibration: list[float] = []
         self.batches_seen = 0
+        # Data-parallel training: gathers every rank's answer values (each rank calls it at the same
+        # batch), so all ranks calibrate on the whole batch and score alike.
+        self.pool: Callable[[list[float]], list[float]] | None = None
 
     def answer_phi(self, phi: np.ndarray, mask: Any) -> float | None:
         """Mean Phi of the answer tokens (non-finite ones skipped); None when none is finite."""
@@ -289,9 +292,12 @@ class CoherenceReward(PhiReward):
             for phi, mask in zip(traces, masks, strict=True)
         ]
         seen = [a for a in answer if a is not None]
-        if seen and self.batches_seen < self.calibration_batches:
-            self.calibration.extend(seen)
-            self.batches_seen += 1
+        if self.batches_seen < self.calibration_batches:
+            if self.pool is not None:
+                seen = self.pool(seen)
+            if seen:
+                self.calibration.extend(seen)
+                self.batches_seen += 1
         base = self.baseline
         if base is None:
             return [None] * len(answer)

@@ -4,6 +4,7 @@ Importing this package imports no torch: the config and the runner's entry point
 and the backends (torch, transformers, trl) load only when training starts.
 
     carl train --config carl.yaml      ->  engine.training.cli.train_from_args
+    carl train --processes N           ->  engine.training.distributed: N ranks through accelerate
     carl init                          ->  engine.training.cli.init_config
     python -m engine.training ...      ->  the same, as its own process
     CarlCallback                       ->  stream your own TRL/transformers script into carl

@@ -100,14 +100,20 @@ class StepRecord:
 
 
 class Reporter:
-    """Writes a run's steps, status and checkpoints to the store."""
+    """Writes a run's steps, status and checkpoints to the store.
 
-    def __init__(self, store: Store, run_id: int) -> None:
+    Without a store it writes nothing: that is a data-parallel rank other than 0, which trains and
+    decides exactly as rank 0 does while rank 0 alone records (engine/training/distributed.py).
+    """
+
+    def __init__(self, store: Store | None, run_id: int) -> None:
         self.store = store
         self.run_id = run_id
         self.status = "running"
 
     def write(self, record: StepRecord) -> None:
+        if self.store is None:
+            return
         now = time.time()
         with self.store.transaction():
             rows = [(record.step, key, value, now) for key, value in record.metrics.items()]
@@ -123,11 +129,27 @@ class Reporter:
                 self.store.add_event(self.run_id, record.step, kind, detail)
 
     def event(self, step: int | None, kind: str, detail: str = "") -> None:
-        self.store.add_event(self.run_id, step, kind, detail)
+        if self.store is not None:
+            self.store.add_event(self.run_id, step, kind, detail)
+
+    def update_run(self, **fields: Any) -> None:
+        if self.store is not None:
+            self.store.update_run(self.run_id, **fields)
+
+    def truncate_after(self, step: int) -> None:
+        """Forget what was logged after `step` (a resumed run replays those steps)."""
+        if self.store is not None:
+            self.store.truncate_run_after(self.run_id, step)
+
+    def last_step(self) -> int | None:
+        run = self.store.run(self.run_id) if self.store is not None else None
+        return None if run is None else run["last_step"]
 
     def set_status(self, status: str, *, error: str | None = None) -> None:
         """running | paused | finished | stopped | failed; the last three end the run."""
         self.status = status
+        if self.store is None:
+            return
         fields: dict[str, Any] = {"status": status}
         if status in ("finished", "stopped", "failed"):
             fields["ended_at"] = time.time()
@@ -136,6 +158,8 @@ class Reporter:
         self.store.update_run(self.run_id, **fields)
 
     def checkpoint_saved(self, step: int, path: Path) -> None:
+        if self.store is None:
+            return
         with self.store.transaction():
             self.store.update_run(self.run_id, last_checkpoint=str(path), last_checkpoint_step=step)
             self.store.add_event(self.run_id, step, "checkpoint", str(path))
@@ -151,8 +175,8 @@ class CommandPump:
     save it, and it holds again at the save point.
     """
 
-    def __init__(self, store: Store, run_id: int, reporter: Reporter, *, sleep: Callable[[float], None] = time.sleep
-                 ) -> None:  # fmt: skip
+    def __init__(self, store: Store | None, run_id: int, reporter: Reporter, *,
+                 sleep: Callable[[float], None] = time.sleep) -> None:  # fmt: skip
         self.store = store
         self.run_id = run_id
         self.reporter = reporter
@@ -166,10 +190,16 @@ class CommandPump:
     # -- at every step boundary ----------------------------------------------------------------
 
     def poll(self, step: int, controls: Controls) -> None:
-        if self.stop_reason is not None and not self.stopping:
+        stop_reason, commands = self._take()
+        if stop_reason is not None and not self.stopping:
             self._stop(controls)
-        for command in self.store.claim_commands("run", self.run_id):
+        for command in commands:
             self._apply(command, step, controls)
+
+    def _take(self) -> tuple[str | None, list[dict[str, Any]]]:
+        """What this step boundary brings: a stop asked for from outside the queue, and the commands."""
+        assert self.store is not None
+        return self.stop_reason, self.store.claim_commands("run", self.run_id)
 
     def request_stop(self, reason: str) -> None:
         """Stop at the next step boundary, as the stop command does (safe from a signal handler)."""
@@ -196,7 +226,8 @@ class CommandPump:
             self._finish(command_id, True, result)
 
     def _finish(self, command_id: int, ok: bool, result: str) -> None:
-        self.store.finish_command(command_id, ok, result)
+        if self.store is not None:
+            self.store.finish_command(command_id, ok, result)
 
     def _do_pause(self, command_id: int, args: dict[str, Any], step: int, controls: Controls) -> str:
         if self.paused:

@@ -102,6 +102,12 @@ class RewardSet:
         for reward in self.phi_rewards:
             reward.phi_provider = shared
 
+    def set_calibration_pool(self, pool: Callable[[list[float]], list[float]]) -> None:
+        """Several ranks: the coherence reward calibrates on every rank's answers, not its own share."""
+        for reward in self.phi_rewards:
+            if isinstance(reward, CoherenceReward):
+                reward.pool = pool
+
     def check_columns(self, columns: set[str], dataset: str) -> None:
         for name in self.names:
             missing = sorted(self.columns[name] - columns)

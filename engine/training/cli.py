@@ -9,7 +9,7 @@ from typing import Any
 from .config import ConfigError, load_config, write_default_config
 
 # Flags that override a carl.yaml field of the same name.
-OVERRIDES = ("model", "dataset", "method", "backend", "max_steps")
+OVERRIDES = ("model", "dataset", "method", "backend", "max_steps", "processes")
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,21 +25,34 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("auto", "torch", "mlx"), default=None)
     parser.add_argument("--max-steps", type=int, default=None, help="steps of the main phase")
     parser.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="train data-parallel in N processes through accelerate (torch; at most the GPUs, or the CPU cores)",
+    )
+    parser.add_argument(
         "--resume", default=None, metavar="RUN", help="continue RUN (name or id) from its last checkpoint"
     )
     parser.add_argument("--home", type=Path, default=None, help="carl home (default: $CARL_HOME or ~/.carl)")
+    # Internal: a rank started by `carl train --processes N` joins the run that process opened.
+    parser.add_argument("--attach", type=int, default=None, help=argparse.SUPPRESS)
 
 
 def train_from_args(args: argparse.Namespace) -> int:
     """Run `carl train` with parsed arguments; returns the exit code."""
     from engine import paths
 
+    from .distributed import launched_rank, launched_world
     from .runner import EXIT_BAD_INPUT, BadInput, record_failed_run, run_training, say_error
 
-    overrides: dict[str, Any] = {key: getattr(args, key) for key in OVERRIDES}
+    overrides: dict[str, Any] = {key: getattr(args, key, None) for key in OVERRIDES}
     home = args.home.expanduser() if args.home else paths.carl_home()
+    attach = getattr(args, "attach", None)
     try:
-        if args.resume and args.config is None:
+        if attach is not None:  # a rank: the config the launching carl train stored with the run
+            config = _attached_config(home, attach)
+        elif args.resume and args.config is None:
             config = _resumed_config(home, args.resume, overrides)
         else:
             config = load_config(args.config, overrides)
@@ -49,10 +62,14 @@ def train_from_args(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         say_error(str(exc))
         name = args.name or (args.config.stem if args.config else "run")
-        if not args.resume:
+        if not args.resume and attach is None and launched_rank() == 0:
             record_failed_run(home, name, str(exc))
         return EXIT_BAD_INPUT
-    return run_training(config, home=home, run_name=args.name, resume=args.resume)
+    if config.processes > 1 and launched_world() == 1:
+        from .distributed import launch
+
+        return launch(config, home=home, run_name=args.name, resume=args.resume)
+    return run_training(config, home=home, run_name=args.name, resume=args.resume, attach=attach)
 
 
 def _resumed_config(home: Path, ref: str, overrides: dict[str, Any]) -> Any:
@@ -66,6 +83,22 @@ def _resumed_config(home: Path, ref: str, overrides: dict[str, Any]) -> Any:
     with Store(paths.db_path(home)) as store:
         data = stored_config(store, ref)
     return config_from_data(data, f"run {ref}", overrides)
+
+
+def _attached_config(home: Path, run_id: int) -> Any:
+    import json
+
+    from engine import paths
+    from engine.store import Store
+
+    from .config import config_from_data
+    from .runner import BadInput
+
+    with Store(paths.db_path(home)) as store:
+        run = store.run(run_id)
+    if run is None:
+        raise BadInput(f"--attach {run_id}: no such run")
+    return config_from_data(json.loads(run["config"] or "{}"), f"run {run_id}")
 
 
 def init_config(path: str | Path) -> None:

@@ -139,6 +139,12 @@ class TrainConfig(_Section):
         "auto",
         description="auto: mlx on Apple silicon with mlx installed, else torch (CUDA when there is one)",
     )
+    processes: int = Field(
+        1,
+        gt=0,
+        description="data-parallel training processes (torch, through accelerate): at most the GPUs,"
+        " or the CPU cores without one",
+    )
     max_steps: int = Field(100, gt=0, description="optimizer steps of the main phase (after any warm-up)")
     learning_rate: float = Field(
         1e-3, gt=0.0, description="1e-3 suits carl-tiny; ~1e-5 for LoRA on a real model"

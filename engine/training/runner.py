@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine import paths
 from engine.store import Store, StoreError
@@ -24,6 +24,9 @@ from engine.store import Store, StoreError
 from .artifacts import lookup_run, process_alive
 from .backend import BadInput, CommandPump, Reporter, TrainingBackend, TrainingFailed, one_line
 from .config import ConfigError, TrainConfig
+
+if TYPE_CHECKING:
+    from .distributed import Ranks
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -125,10 +128,24 @@ def graceful_signals(pump: CommandPump) -> Iterator[None]:
 
 
 def run_training(
-    config: TrainConfig, *, home: Path | None = None, run_name: str | None = None, resume: str | None = None
+    config: TrainConfig,
+    *,
+    home: Path | None = None,
+    run_name: str | None = None,
+    resume: str | None = None,
+    attach: int | None = None,
 ) -> int:
-    """Train `config` as a run in the store at `home` (or resume run `resume`); returns the exit code."""
+    """Train `config` as a run in the store at `home` (or resume run `resume`); returns the exit code.
+
+    Started by a launcher (accelerate / torchrun: several ranks), this process is one rank of the run;
+    `attach` is then the run the launching `carl train` opened (engine/training/distributed.py)."""
     home = paths.carl_home() if home is None else Path(home)
+    from .distributed import launched_world
+
+    if launched_world() > 1:
+        from .distributed import run_rank
+
+        return run_rank(config, home=home, run_name=run_name, resume=resume, attach=attach)
     try:
         store = Store(paths.db_path(home))
     except StoreError as exc:
@@ -163,46 +180,68 @@ def _open_run(store: Store, config: TrainConfig, home: Path, run_name: str | Non
 
 
 def _train(
-    store: Store, run_id: int, config: TrainConfig, home: Path, output_dir: Path, *, resuming: bool
-) -> int:
+    store: Store | None, run_id: int, config: TrainConfig, home: Path, output_dir: Path, *, resuming: bool,
+    ranks: Ranks | None = None,
+) -> int:  # fmt: skip
+    """Train the opened run. With `ranks` (several processes) every rank runs this; only rank 0 has
+    the store, and the ranks prepare, decide and stop together."""
     reporter = Reporter(store, run_id)
-    pump = CommandPump(store, run_id, reporter)
+    if ranks is None:
+        pump = CommandPump(store, run_id, reporter)
+    else:
+        from .distributed import RankedCommandPump
+
+        pump = RankedCommandPump(store, run_id, reporter, ranks)
     try:
-        backend_name = select_backend(config)
-        store.update_run(run_id, backend=backend_name)
+        if ranks is None:
+            backend_name = select_backend(config)
+        else:
+            from .distributed import training_backend
+
+            backend_name = training_backend(config)
+        reporter.update_run(backend=backend_name)
         output_dir.mkdir(parents=True, exist_ok=True)
         backend = make_backend(backend_name, config, home=home, output_dir=output_dir, reporter=reporter,
-                               pump=pump, resuming=resuming)  # fmt: skip
-        backend.prepare()
+                               pump=pump, resuming=resuming, **({} if ranks is None else {"ranks": ranks}))  # fmt: skip
+        if ranks is None:
+            backend.prepare()
+        else:
+            ranks.together(backend.prepare)
         resume_from = None
         if resuming:
             resume_from, keep_step = backend.resume_point()
-            store.truncate_run_after(run_id, keep_step)  # those steps are replayed from the checkpoint
+            reporter.truncate_after(keep_step)  # those steps are replayed from the checkpoint
             reporter.event(keep_step, "resume", str(resume_from or "from the start"))
         with graceful_signals(pump):
             status = backend.train(resume_from)
             final = backend.save_final()
         if final is not None:
-            reporter.event(store.run(run_id)["last_step"], "final", str(final))  # type: ignore[index]
+            reporter.event(reporter.last_step(), "final", str(final))
     except BadInput as exc:
-        return _failed(reporter, pump, str(exc), EXIT_BAD_INPUT)
+        return _failed(reporter, pump, str(exc), EXIT_BAD_INPUT, ranks)
     except (TrainingFailed, ConfigError) as exc:
-        return _failed(reporter, pump, str(exc), EXIT_FAILED)
+        return _failed(reporter, pump, str(exc), EXIT_FAILED, ranks)
     except KeyboardInterrupt:
-        return _failed(reporter, pump, "interrupted", EXIT_FAILED)
+        return _failed(reporter, pump, "interrupted", EXIT_FAILED, ranks)
     except Exception as exc:
         cause = _training_failure(exc)
         if cause is not None:
-            return _failed(reporter, pump, str(cause), EXIT_FAILED)
+            return _failed(reporter, pump, str(cause), EXIT_FAILED, ranks)
         if _diverged(exc):
-            step = (store.run(run_id) or {}).get("last_step") or 0
+            step = reporter.last_step() or 0
             reason = f"training diverged at step {step + 1}: the model's probabilities became NaN or inf"
-            return _failed(reporter, pump, reason + " (is the learning rate too high?)", EXIT_FAILED)
+            return _failed(reporter, pump, reason + " (is the learning rate too high?)", EXIT_FAILED, ranks)
+        if ranks is not None:
+            from .distributed import rank_lost
+
+            lost = rank_lost(exc, reporter.last_step())
+            if lost is not None:
+                return _failed(reporter, pump, lost, EXIT_FAILED, ranks)
         traceback.print_exc()  # a bug: the log keeps the traceback, the run keeps one line
-        return _failed(reporter, pump, one_line(exc), EXIT_FAILED)
+        return _failed(reporter, pump, one_line(exc), EXIT_FAILED, ranks)
     pump.abandon(f"the run was {status} before this command could be applied")
     reporter.set_status(status)
-    if status == "finished" and config.eval.at_end and final is not None:
+    if status == "finished" and config.eval.at_end and final is not None and store is not None:
         _evaluate_at_end(store, run_id, home)
     return EXIT_OK
 
@@ -233,9 +272,12 @@ def _diverged(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "probability tensor contains either" in str(exc)
 
 
-def _failed(reporter: Reporter, pump: CommandPump, reason: str, code: int) -> int:
+def _failed(reporter: Reporter, pump: CommandPump, reason: str, code: int, ranks: Ranks | None = None) -> int:
     reason = " ".join(reason.split())
     pump.abandon(f"the run failed: {reason}")
     reporter.set_status("failed", error=reason)
-    say_error(reason)
+    if ranks is None or ranks.is_main:
+        say_error(reason)
+    elif code != EXIT_BAD_INPUT:  # bad input is every rank's, and rank 0 says it
+        say_error(f"rank {ranks.rank}: {reason}")
     return code

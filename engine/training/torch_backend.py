@@ -33,6 +33,7 @@ from .backend import BadInput, CommandPump, Reporter, StepRecord, TrainingFailed
 from .cascade import RewardSet, build_rewards
 from .config import TrainConfig
 from .data import _offline_if_local, dataset_columns, load_rows, prompt_text, resolve_model, run_task
+from .distributed import Ranks, collective_timeout
 from .hf import CommandCallback, entropy_to_phi
 from .holdout import split_holdout
 
@@ -72,6 +73,23 @@ class StepCapture:
         return [
             self.entropy.get(tuple(p + c)) for p, c in zip(self.prompt_ids, self.completion_ids, strict=True)
         ]
+
+    def pooled(self, ranks: Ranks) -> StepCapture:
+        """Every rank's completions, in rank order: the order of `rewards`, which TRL gathered so."""
+        if ranks.world == 1:
+            return self
+        parts = ranks.all_gather((self.prompts, self.completions, self.prompt_ids, self.completion_ids,
+                                  self.entropies(), self.phi_seconds))  # fmt: skip
+        out = StepCapture(rewards=self.rewards, weights=self.weights, phi_seconds=max(p[5] for p in parts))
+        for prompts, completions, prompt_ids, completion_ids, entropies, _ in parts:
+            out.prompts += prompts
+            out.completions += completions
+            out.prompt_ids += prompt_ids
+            out.completion_ids += completion_ids
+            for prompt, completion, entropy in zip(prompt_ids, completion_ids, entropies, strict=True):
+                if entropy is not None:
+                    out.entropy[tuple(prompt + completion)] = entropy
+        return out
 
     def task_mean(self, names: list[str], task_names: list[str]) -> float:
         if self.rewards is None or not task_names:
@@ -130,8 +148,9 @@ class TorchBackend:
     name = "torch"
 
     def __init__(self, config: TrainConfig, *, home: Path, output_dir: Path, reporter: Reporter,
-                 pump: CommandPump, resuming: bool = False) -> None:  # fmt: skip
+                 pump: CommandPump, resuming: bool = False, ranks: Ranks | None = None) -> None:  # fmt: skip
         self.config = config
+        self.ranks = ranks or Ranks()  # several processes: rank 0 alone writes and prints
         self.home = home
         self.output_dir = output_dir
         self.reporter = reporter
@@ -159,7 +178,7 @@ class TorchBackend:
         torch.manual_seed(config.seed)
         self.rows, held = split_holdout(load_rows(config.dataset, config.seed), config.eval.holdout)
         if held:
-            _say(f"held out {len(held)} of {len(self.rows) + len(held)} prompts for `carl eval`")
+            self.say(f"held out {len(held)} of {len(self.rows) + len(held)} prompts for `carl eval`")
         columns = dataset_columns(self.rows)
         if "prompt" not in columns:
             raise BadInput(
@@ -175,6 +194,10 @@ class TorchBackend:
         self.model_path = resolve_model(config.model, self.home, config.seed)
         self.tokenizer, self.model = self._load(self.model_path)
         self.vocab_size = int(self.model.config.get_text_config().vocab_size)
+
+    def say(self, message: str) -> None:
+        if self.ranks.is_main:
+            _say(message)
 
     def _load(self, where: str) -> tuple[Any, Any]:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -216,8 +239,9 @@ class TorchBackend:
 
     def train(self, resume_from: Path | None) -> str:
         config = self.config
-        self.reporter.store.update_run(self.reporter.run_id, vocab_size=self.vocab_size,
-                                       temperature=config.temperature, model=config.model)  # fmt: skip
+        self.reporter.update_run(
+            vocab_size=self.vocab_size, temperature=config.temperature, model=config.model
+        )
         if config.method == "sft":
             return self._sft(self.model, steps=config.max_steps, offset=0, out=self.output_dir,
                              resume_from=resume_from, warmup=False)  # fmt: skip
@@ -226,7 +250,7 @@ class TorchBackend:
             if self.resuming and self.warmup_done():
                 _, model = self._load(str(self.output_dir / WARMUP_DIR))
             elif "completion" not in dataset_columns(self.rows):
-                _say(f"no 'completion' column in {config.dataset}: skipping the SFT warm-up")
+                self.say(f"no 'completion' column in {config.dataset}: skipping the SFT warm-up")
             else:
                 status = self._sft(model, steps=self.warmup_steps(), offset=0, out=self.output_dir / WARMUP_DIR,
                                    resume_from=None, warmup=True)  # fmt: skip
@@ -243,11 +267,17 @@ class TorchBackend:
             return None
         path = self.output_dir / FINAL_DIR
         tmp = self.output_dir / (FINAL_DIR + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        trainer.save_model(str(tmp))
-        self.tokenizer.save_pretrained(tmp)
-        shutil.rmtree(path, ignore_errors=True)
-        os.replace(tmp, path)  # never a half-written final/
+        ranks = self.ranks
+        if ranks.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        ranks.barrier()
+        trainer.save_model(str(tmp))  # every rank calls it; the main process writes
+        ranks.barrier()
+        if ranks.is_main:
+            self.tokenizer.save_pretrained(tmp)
+            shutil.rmtree(path, ignore_errors=True)
+            os.replace(tmp, path)  # never a half-written final/
+        ranks.barrier()
         return path
 
     def _common_args(self) -> dict[str, Any]:
@@ -267,6 +297,7 @@ class TorchBackend:
             "disable_tqdm": True,
             "push_to_hub": False,
             **({"activation_checkpointing": False} if cpu else {}),  # recomputation only costs time on CPU
+            **({"ddp_timeout": int(collective_timeout())} if self.ranks.world > 1 else {}),
         }
 
     def _peft_config(self) -> Any:
@@ -306,7 +337,7 @@ class TorchBackend:
         self._install(trainer, reporter, offset, set_weight=set_weight)
         started = time.monotonic()
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-        _say(f"{reporter.phase}: {trainer.state.global_step} steps in {time.monotonic() - started:.1f}s")
+        self.say(f"{reporter.phase}: {trainer.state.global_step} steps in {time.monotonic() - started:.1f}s")
         self.trainer = trainer
         return "stopped" if self.pump.stopping else "finished"
 
@@ -316,9 +347,11 @@ class TorchBackend:
         if hasattr(trained, "merge_and_unload"):
             trained = trained.merge_and_unload()
         path = self.output_dir / WARMUP_DIR
-        trained.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
-        (path / WARMUP_DONE).write_text(json.dumps({"steps": self.warmup_steps()}) + "\n")
+        if self.ranks.is_main:
+            trained.save_pretrained(path)
+            self.tokenizer.save_pretrained(path)
+            (path / WARMUP_DONE).write_text(json.dumps({"steps": self.warmup_steps()}) + "\n")
+        self.ranks.barrier()
         return trained
 
     def _grpo(self, model: Any, offset: int, resume_from: Path | None) -> str:
@@ -357,21 +390,40 @@ class TorchBackend:
         self.trainer = trainer
         if rewards.phi_rewards:
             rewards.set_phi_provider(RewardPhi(trainer, config.temperature))
+            if self.ranks.world > 1:
+                rewards.set_calibration_pool(self._pool)
         reporter = GRPOReporter(self, rewards, offset)
         self._install(trainer, reporter, offset, set_weight=reporter.set_weight)
         started = time.monotonic()
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         steps = trainer.state.global_step
-        _say(f"grpo: {steps} steps in {time.monotonic() - started:.1f}s")
+        self.say(f"grpo: {steps} steps in {time.monotonic() - started:.1f}s")
         return "stopped" if self.pump.stopping else "finished"
+
+    def _pool(self, values: list[float]) -> list[float]:
+        """Every rank's values, in rank order (the coherence reward calibrates on all of them)."""
+        return [value for part in self.ranks.all_gather(values) for value in part]
 
     def _install(self, trainer: Any, reporter: TrainerCallback, offset: int, set_weight: Any) -> None:
         trainer.remove_callback(PrinterCallback)  # it prints every log as a dict; we print one line a step
         trainer.add_callback(reporter)
+        save_state = getattr(reporter, "save_state", None)
+        if save_state is not None and self.ranks.world > 1:
+            save_state = self._ranked_save_state(save_state)
         trainer.add_callback(
-            CommandCallback(self.pump, step_offset=offset, set_weight=set_weight,
-                            on_checkpoint=getattr(reporter, "save_state", None))
-        )  # fmt: skip
+            CommandCallback(self.pump, step_offset=offset, set_weight=set_weight, on_checkpoint=save_state)
+        )
+
+    def _ranked_save_state(self, save_state: Any) -> Any:
+        """carl's state goes into a checkpoint last, marking it complete: once every rank has written
+        its part (each rank its RNG state), by rank 0 alone."""
+
+        def write(path: Path, step: int) -> None:
+            self.ranks.barrier()
+            if self.ranks.is_main:
+                save_state(path, step)
+
+        return write
 
 
 def _no_rewards(reward: str, weight: float) -> str:
@@ -444,7 +496,7 @@ class SFTReporter(TrainerCallback):
         self.backend.reporter.write(record)
         _check_loss(record)
         total = self.backend.config.total_steps
-        _say(f"{self.phase} step {step}/{total} " + _fmt(logs, (("loss", "loss"), ("entropy", "entropy"),
+        self.backend.say(f"{self.phase} step {step}/{total} " + _fmt(logs, (("loss", "loss"), ("entropy", "entropy"),
                                                                ("mean_token_accuracy", "acc"))))  # fmt: skip
 
     def save_state(self, path: Path, step: int) -> None:
@@ -491,7 +543,9 @@ class GRPOReporter(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         step = self.offset + state.global_step
-        capture: StepCapture = self.trainer.capture
+        # Several ranks: every rank's completions (TRL gathered the rewards already), so the gate, Phi
+        # and the samples are the same on every rank; rank 0 writes them.
+        capture: StepCapture = self.trainer.capture.pooled(self.backend.ranks)
         record = StepRecord(step)
         gate = self.rewards.gate
         if gate is not None:
@@ -546,7 +600,9 @@ class GRPOReporter(TrainerCallback):
         _check_loss(record)
         gate = f" gate={record.gate['state']}" if record.gate else ""
         phi = f" phi={record.phi['phi_mean']:.4f}" if record.phi else ""
-        _say(f"grpo step {step}/{self.backend.config.total_steps} {_fmt(logs, self.SHOWN)}{phi}{gate}")
+        self.backend.say(
+            f"grpo step {step}/{self.backend.config.total_steps} {_fmt(logs, self.SHOWN)}{phi}{gate}"
+        )
 
     def save_state(self, path: Path, step: int) -> None:
         _write_state(

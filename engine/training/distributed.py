@@ -1,0 +1,414 @@
+"""Data-parallel training: `carl train --processes N` runs N ranks through accelerate's launcher.
+
+The `carl train` you start opens the run (or reopens it for `--resume`), then starts
+`accelerate launch --multi_gpu --num_processes N -m engine.training --attach RUN` (torchrun under
+it: gloo on CPU, NCCL on GPUs) and waits. `accelerate launch ... -m engine.training --config
+carl.yaml` started by hand (several machines) gets the same ranks; rank 0 then opens the run itself.
+TRL's trainers already run data-parallel and gather the rewards for the advantages. What carl adds:
+
+- Rank 0 alone writes to the store; the other ranks get a `Reporter` without one.
+- The per-step Phi statistics and the samples pool every rank's completions (one all_gather at the
+  step's end), so the step's token count is the global batch's.
+- The cascade gate reads the task reward TRL gathered over every rank, so every rank computes the
+  same gate and weights; the coherence reward calibrates on every rank's answers.
+- Commands: rank 0 claims them at the step boundary and every rank applies the same list (one
+  all_gather per boundary, which also carries any rank's signal-stop). A pause holds every rank:
+  rank 0 polls the queue, the others wait in that exchange.
+- A rank that dies: the survivors' next collective fails (gloo sees the closed connection; the
+  collective timeout backs it up) and rank 0 marks the run failed. If rank 0 itself dies, the
+  launching `carl train` does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from datetime import timedelta
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+from engine import paths
+from engine.store import Store, StoreError
+
+from .backend import BadInput, CommandPump, Reporter, TrainingFailed, one_line
+from .config import TrainConfig
+
+T = TypeVar("T")
+
+# A collective that waits longer than this fails (the run with it) instead of hanging: a rank that
+# stopped answering. Rank 0's longest lone work (loading or saving a large model) must fit in it.
+COLLECTIVE_TIMEOUT_S = 1800.0
+TIMEOUT_ENV = "CARL_COLLECTIVE_TIMEOUT"
+EXIT_FILE_ENV = "CARL_EXIT_FILE"  # where rank 0 leaves its exit code for the launching carl train
+POLL_SECONDS = 0.2
+_noted: list[str] = []  # a stop signal that reached this rank outside the training loop
+
+
+def launched_world() -> int:
+    """How many ranks the launcher (accelerate / torchrun) started; 1 outside a launch."""
+    return int(os.environ.get("WORLD_SIZE") or 1)
+
+
+def launched_rank() -> int:
+    return int(os.environ.get("RANK") or 0)
+
+
+def collective_timeout() -> float:
+    value = os.environ.get(TIMEOUT_ENV)
+    return float(value) if value else COLLECTIVE_TIMEOUT_S
+
+
+# -- inside a rank -----------------------------------------------------------------------------------
+
+
+class Ranks:
+    """This process's place in a data-parallel run (rank 0 of 1 when there is no launch)."""
+
+    def __init__(self, rank: int = 0, world: int = 1) -> None:
+        self.rank = rank
+        self.world = world
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def all_gather(self, obj: T) -> list[T]:
+        """Every rank's `obj`, in rank order, on every rank."""
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast(self, obj: T) -> T:
+        """Rank 0's `obj` on every rank."""
+        if self.world == 1:
+            return obj
+        import torch.distributed as dist
+
+        box: list[Any] = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def together(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on every rank; a failure on any rank is raised on every rank (none goes on alone
+        into a collective the failed one will never join)."""
+        if self.world == 1:
+            return fn()
+        failure: tuple[str, str] | None = None
+        result: Any = None
+        try:
+            result = fn()
+        except BadInput as exc:
+            failure = ("bad input", str(exc))
+        except Exception as exc:
+            failure = ("failed", f"rank {self.rank}: {one_line(exc)}")
+        failures = [f for f in self.all_gather(failure) if f is not None]
+        if failures:
+            kind, message = failures[0]
+            raise BadInput(message) if kind == "bad input" else TrainingFailed(message)
+        return result
+
+
+def start_ranks() -> Ranks:
+    """Join the process group the launcher set up (accelerate picks gloo on CPU, NCCL on CUDA), with
+    a timeout on every collective."""
+    import torch
+    from accelerate import PartialState
+
+    state = PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(seconds=collective_timeout()))
+    return Ranks(state.process_index, state.num_processes)
+
+
+class RankedCommandPump(CommandPump):
+    """The command pump of one rank: rank 0 claims the commands, every rank applies the same ones at
+    the same step boundary, and only rank 0 records their outcomes (its reporter has the store)."""
+
+    def __init__(self, store: Store | None, run_id: int, reporter: Reporter, ranks: Ranks) -> None:
+        # While paused only rank 0 waits between polls; the others wait for it in the exchange.
+        super().__init__(store, run_id, reporter, sleep=time.sleep if ranks.is_main else _no_sleep)
+        self.ranks = ranks
+
+    def _take(self) -> tuple[str | None, list[dict[str, Any]]]:
+        claimed = self.store.claim_commands("run", self.run_id) if self.store is not None else []
+        own = self.stop_reason or (_noted[0] if _noted else None)
+        shared = self.ranks.all_gather((own, claimed))
+        stop = next((reason for reason, _ in shared if reason is not None), None)
+        return stop, shared[0][1]
+
+
+def _no_sleep(seconds: float) -> None:
+    return None
+
+
+# How a collective fails when its peer died (gloo reports the closed socket) or hung (the timeout).
+LOST_RANK_MARKS = ("Connection closed by peer", "Connection reset by peer", "Connection refused", "Broken pipe",
+                   "Timed out waiting", "gloo/transport", "NCCL communicator")  # fmt: skip
+LOST_RANK_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError")
+
+
+def rank_lost(exc: BaseException, step: int | None) -> str | None:
+    """The reason, when `exc` is a collective that failed because another rank died or hung."""
+    seen = 0
+    while exc is not None and seen < 10:
+        text = str(exc)
+        if type(exc).__name__ in LOST_RANK_ERRORS or any(mark in text for mark in LOST_RANK_MARKS):
+            detail = " ".join(text.split("] ", 1)[-1].split()).split(". ")[0][:160]  # gloo's first sentence
+            after = f" after step {step}" if step else ""
+            return f"another training process died or stopped answering{after} ({detail})"
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        seen += 1
+    return None
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Outside the training loop a first SIGTERM/SIGINT is noted: a stop at the first step boundary
+    when it comes before training, and no interruption when rank 0 is recording how the run ended.
+    A second one ends the process."""
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        _noted.append(f"stopped by {signal.Signals(signum).name}")
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+
+    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def training_backend(config: TrainConfig) -> str:
+    """Several processes train on torch: `auto` means torch here, `mlx` is refused."""
+    if config.backend == "mlx":
+        raise BadInput(f"--processes {config.processes}: several processes train on the torch backend only")
+    return "torch"
+
+
+def run_rank(
+    config: TrainConfig, *, home: Path, run_name: str | None, resume: str | None, attach: int | None
+) -> int:
+    """One rank of a launched run: join the group, open (or attach to) the run on rank 0, train."""
+    from .runner import EXIT_BAD_INPUT, _open_run, _train, say_error
+
+    ranks = start_ranks()
+    store: Store | None = None
+    code = EXIT_BAD_INPUT
+    with signals_deferred():
+        opened: tuple[int, str] | None = None
+        error: str | None = None
+        if ranks.is_main:
+            try:
+                store = Store(paths.db_path(home))
+                if attach is not None:
+                    opened = _attach_run(store, attach)
+                else:  # started by `accelerate launch` by hand: the stored config says how many ranks
+                    config = config.model_copy(update={"processes": ranks.world})
+                    run_id, output_dir = _open_run(store, config, home, run_name, resume)
+                    opened = (run_id, str(output_dir))
+            except (StoreError, BadInput) as exc:
+                error = str(exc)
+        opened, error = ranks.broadcast((opened, error))
+        try:
+            if opened is None:
+                if ranks.is_main:
+                    say_error(error or "the run could not be opened")
+            else:
+                run_id, output_dir = opened
+                code = _train(store, run_id, config, home, Path(output_dir), resuming=resume is not None,
+                              ranks=ranks)  # fmt: skip
+        finally:
+            if ranks.is_main:
+                _leave_exit_code(code)
+                if store is not None:
+                    store.close()
+        _leave_group()
+    return code
+
+
+def _attach_run(store: Store, run_id: int) -> tuple[int, str]:
+    """The run the launching carl train opened; rank 0's pid stands for it from now on (the process
+    that writes it, and that a stop signal should reach)."""
+    run = store.run(run_id)
+    if run is None or not run["output_dir"]:
+        raise BadInput(f"--attach {run_id}: no such run")
+    store.update_run(run_id, pid=os.getpid())
+    return run_id, str(run["output_dir"])
+
+
+def _leave_exit_code(code: int) -> None:
+    path = os.environ.get(EXIT_FILE_ENV)
+    if path:
+        with suppress(OSError):
+            Path(path).write_text(f"{code}\n")
+
+
+def _leave_group() -> None:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # leaving is best effort: the process ends next
+        pass
+
+
+# -- the launching carl train ------------------------------------------------------------------------
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def check_processes(processes: int) -> None:
+    """One process per GPU, or per CPU core without one; more is refused before anything starts."""
+    if processes <= 1:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        gpus = torch.cuda.device_count()
+        if processes > gpus:
+            raise BadInput(f"--processes {processes}: this machine has {gpus} GPU(s), one process per GPU")
+        return
+    cores = available_cores()
+    if processes > cores:
+        raise BadInput(
+            f"--processes {processes}: no GPU, and this machine has {cores} CPU cores (one process per core)"
+        )
+
+
+def launch_argv(processes: int, home: Path, run_id: int, *, resume: bool) -> list[str]:
+    """accelerate's launcher (torchrun under it; `--multi_gpu` is its name for that, on CPU too),
+    on a free port, starting `python -m engine.training` attached to the run."""
+    argv = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--multi_gpu", "--num_processes", str(processes), "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+        "-m", "engine.training", "--home", str(home), "--attach", str(run_id),
+    ]  # fmt: skip
+    return argv + (["--resume", str(run_id)] if resume else [])
+
+
+def launch(config: TrainConfig, *, home: Path, run_name: str | None, resume: str | None) -> int:
+    """`carl train --processes N`: open the run, launch the ranks, wait; record a failure no rank did."""
+    from .runner import EXIT_BAD_INPUT, EXIT_FAILED, _open_run, say_error
+
+    try:
+        training_backend(config)
+        check_processes(config.processes)
+        with Store(paths.db_path(home)) as store:
+            run_id, _ = _open_run(store, config, home, run_name, resume)
+            store.update_run(run_id, backend="torch")
+    except (BadInput, StoreError) as exc:
+        say_error(str(exc))
+        return EXIT_BAD_INPUT
+    fd, exit_file = tempfile.mkstemp(prefix="carl-exit-")
+    os.close(fd)
+    try:
+        argv = launch_argv(config.processes, home, run_id, resume=resume is not None)
+        env = {**os.environ, EXIT_FILE_ENV: exit_file}
+        # Its own session: a Ctrl-C in the terminal reaches this process alone, which turns it into a
+        # stop at the next step boundary (torchrun's agent would tear the ranks down at once).
+        proc = subprocess.Popen(argv, env=env, start_new_session=True)
+        returncode = _wait(proc, home, run_id)
+        code = _read_exit_code(Path(exit_file))
+    finally:
+        Path(exit_file).unlink(missing_ok=True)
+    with Store(paths.db_path(home)) as store:
+        run = store.run(run_id) or {}
+        if code is None:  # rank 0 never settled the run: it died, or never started
+            code = EXIT_FAILED
+            if run.get("status") in ("running", "paused"):
+                Reporter(store, run_id).set_status("failed", error=_launch_failure(run, returncode))
+                run = store.run(run_id) or {}
+        elif returncode != 0 and code == 0:
+            say_error(f"a training process other than rank 0 failed (the launcher exited with {returncode})")
+            code = EXIT_FAILED
+        if run.get("status") == "failed" and run.get("error"):
+            say_error(str(run["error"]))  # the last line, after the launcher's own report
+    return code
+
+
+def _launch_failure(run: dict[str, Any], returncode: int) -> str:
+    pid = run.get("pid")
+    if pid and pid != os.getpid():
+        return (
+            f"training process rank 0 (pid {pid}) died at step {run.get('last_step') or 0}; the others were"
+            f" stopped (launcher exit code {returncode})"
+        )
+    return f"the training processes did not start (accelerate launch exited with code {returncode})"
+
+
+def _wait(proc: subprocess.Popen[bytes], home: Path, run_id: int) -> int:
+    """Wait for the launcher. A first SIGTERM/SIGINT asks rank 0 to stop at the next step boundary (it
+    tells the others), once rank 0 has joined the run; a second one ends the launcher and every rank."""
+    received: list[int] = []
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+
+    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGTERM, signal.SIGINT)}
+    asked = ended = False
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=POLL_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
+            if received and not asked and (rank0 := _rank0_pid(home, run_id)) is not None:
+                _signal(rank0, signal.SIGTERM)
+                asked = True
+            if len(received) > 1 and not ended:
+                _signal_group(proc.pid, signal.SIGTERM)
+                ended = True
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _rank0_pid(home: Path, run_id: int) -> int | None:
+    try:
+        with Store(paths.db_path(home)) as store:
+            pid = (store.run(run_id) or {}).get("pid")
+    except StoreError:
+        return None
+    return pid if pid and pid != os.getpid() else None
+
+
+def _signal(pid: int, sig: int) -> None:
+    with suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _read_exit_code(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.lstrip("-").isdigit() else None
