@@ -69,12 +69,23 @@ def tui_main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--experiment", metavar="NAME", default=None,
                         help="open with the experiment's runs marked: Φ and rewards overlaid, one colour per arm")  # fmt: skip
+    web = parser.add_argument_group("in a browser (the serve extra)")
+    web.add_argument("--serve", action="store_true",
+                     help="serve the control room to a browser (textual-serve), behind a token printed once")  # fmt: skip
+    web.add_argument("--host", default=None, help="address to listen on with --serve (default: 127.0.0.1)")
+    web.add_argument("--port", type=int, default=None, help="port for --serve (default, or 0: a free one)")
+    web.add_argument("--allow-control", action="store_true",
+                     help="with --serve: keys that write to the store (training control); read-only without it")  # fmt: skip
     args = parser.parse_args(argv)
     return _guard(_run_tui, args)
 
 
 def _run_tui(args: argparse.Namespace) -> int:
     home = _home(args)
+    if not args.serve and (args.host is not None or args.port is not None or args.allow_control):
+        raise CliError("--host, --port and --allow-control go with --serve")
+    if args.serve and importlib.util.find_spec("textual_serve") is None:
+        raise CliError("--serve needs textual-serve: pip install 'carl-tui[serve]'")
     if args.experiment is not None:
         _check_experiment(home, args.experiment)
     if args.demo:
@@ -83,11 +94,24 @@ def _run_tui(args: argparse.Namespace) -> int:
     # The control room never multiplies matrices; without this, OpenBLAS starts a thread per
     # core while numpy imports, which doubles numpy's share of the start-up time.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if args.serve:
+        return _serve(home, args)
     from .app import ControlRoom
 
     ControlRoom(home, readonly=args.readonly, start_engine=not args.no_engine, api_key=args.api_key,
                 experiment=args.experiment).run()  # fmt: skip
     return 0
+
+
+def _serve(home: Path, args: argparse.Namespace) -> int:
+    """The same control room, one process per browser session, read-only unless --allow-control."""
+    from .serve import serve
+
+    if args.api_key:  # the sessions inherit it; a command line would show it in `ps`
+        os.environ["ANTHROPIC_API_KEY"] = args.api_key
+    return serve(home, host=args.host or "127.0.0.1", port=args.port or 0,
+                 readonly=args.readonly or not args.allow_control, start_engine=not args.no_engine,
+                 experiment=args.experiment)  # fmt: skip
 
 
 def _check_experiment(home: Path, name: str) -> None:
