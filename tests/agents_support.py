@@ -1,19 +1,22 @@
 """Helpers for the agents plane's tests (imported as `agents_support`): a real nats-server in a temp
-home on a free port, stopped even when the test fails, and a way to wait until the audit has stored
-everything on the stream."""
+home on a free port, stopped even when the test fails; a cluster of them on loopback; and a way to
+wait until the audit has stored everything on the stream."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from engine.agents.bus import STREAM, Address, connect, ensure_stream
+from engine.agents.bus import STREAM, Address, close, connect, ensure_stream
 from engine.agents.config import AgentsSettings
-from engine.agents.server import LocalServer, free_port, token_path
+from engine.agents.server import Cluster, LocalServer, ensure_token, free_port, token_path
 
 
 @contextmanager
@@ -24,6 +27,56 @@ def nats_server(home: Path, port: int | None = None) -> Iterator[LocalServer]:
         yield server
     finally:
         server.stop()
+
+
+@contextmanager
+def nats_cluster(root: Path, size: int = 3, name: str = "carl") -> Iterator[list[LocalServer]]:
+    """`size` nats-servers on loopback, routed to each other as one cluster with JetStream clustered: each
+    node has its own home (its store), free ports for clients and routes, and the same token. Every node
+    is stopped when the block ends, even when the test fails; a node the test killed is already gone."""
+    ports: set[int] = set()
+    while len(ports) < 2 * size:  # distinct: a port handed out twice would leave a node unable to listen
+        ports.add(free_port())
+    client_ports, route_ports = sorted(ports)[:size], sorted(ports)[size:]
+    homes = [root / f"node{i}" for i in range(size)]
+    token = ensure_token(homes[0])
+    nodes = []
+    for home, port, route_port in zip(homes, client_ports, route_ports, strict=True):
+        if home != homes[0]:
+            shutil.copyfile(token, token_path(home))  # (token_path makes the node's nats/, 0700)
+            os.chmod(token_path(home), 0o600)
+        routes = [f"nats-route://127.0.0.1:{p}" for p in route_ports if p != route_port]
+        nodes.append(LocalServer(home, port, Cluster(name, route_port, routes)))
+    try:
+        for node in nodes:
+            node.start()
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def cluster_url(*nodes: LocalServer) -> str:
+    """The nodes' client URLs as one comma-separated list, in the order given (the first is tried first)."""
+    return ",".join(node.url for node in nodes)
+
+
+async def meta_leader(address: Address, timeout: float = 30.0) -> None:
+    """Until the cluster has a JetStream meta leader: only then does `$JS.API.INFO` get an answer."""
+    nc = await connect(address, "cluster-probe")
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                reply = await nc.request("$JS.API.INFO", b"", timeout=0.25)
+                if "error" not in json.loads(reply.data):
+                    return
+            except Exception:  # no answer yet: the cluster is still electing its meta leader
+                pass
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"the cluster elected no JetStream meta leader in {timeout:.0f}s")
+    finally:
+        await close(nc)
 
 
 def address_of(server: LocalServer) -> Address:

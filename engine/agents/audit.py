@@ -3,9 +3,11 @@
 One durable consumer, `carl-audit`, reads the whole stream in batches. A batch is written in one
 transaction, then acknowledged (ack-all: one ack covers the batch), so an event is stored before
 the stream forgets it was delivered: a crash between the two only redelivers the batch, and the
-unique stream sequence stores each event once. A payload that is not a valid event (invalid JSON,
-a wrong or missing `type`, an unknown field, a score out of range) is stored too, as `rejected`
-with its one-line reason; it never stops the audit.
+unique stream sequence stores each event once. Events a dying cluster node pushed and never
+delivered show as a gap in the sequences; they are read from the stream before the ack that would
+cover them. A payload that is not a valid event (invalid JSON, a wrong or missing `type`, an
+unknown field, a score out of range) is stored too, as `rejected` with its one-line reason; it
+never stops the audit.
 
 Besides the event log (`agent_events`), each event keeps two summaries current:
 - `agent_tasks`, one row per task: the prompt, the first result (a redelivered task answered twice
@@ -371,10 +373,12 @@ async def run_audit(
     messages) what arrived is written in one transaction, in a thread (the client keeps receiving
     meanwhile), then acknowledged with its last message. A write that fails is tried again, never
     skipped: one ack covers every earlier message. A server restart is waited out; what it had pushed
-    and we had not acknowledged comes again after the ack wait, and is stored once.
+    and we had not acknowledged comes again after the ack wait, and is stored once. What it counted as
+    pushed and never delivered (a cluster node killed mid-push) is read back by sequence (`fill_gaps`).
     """
     total = AuditCounts()
     arrived: list[Any] = []
+    last_seq: int | None = None  # the highest stream sequence delivered to this audit
     enough = asyncio.Event()
     tune_gc()
 
@@ -400,7 +404,11 @@ async def run_audit(
             while arrived:
                 msgs = arrived[:batch]
                 del arrived[:batch]
-                counts = await _write_until_stored(writer, msgs, epoch, stop)
+                filled = await fill_gaps(js, msgs, last_seq, epoch, stop)
+                if filled is None:
+                    return total  # stopped before a gap was filled: unacknowledged, they come again
+                items, last_seq = filled
+                counts = await _write_until_stored(writer, items, epoch, stop)
                 if counts is None:
                     return total  # stopped while the store was failing: unacknowledged, they come again
                 await _ack_all(msgs[-1])
@@ -412,6 +420,64 @@ async def run_audit(
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
     return total
+
+
+async def fill_gaps(js: Any, msgs: list[Any], last_seq: int | None, epoch: str, stop: asyncio.Event
+                    ) -> tuple[list[Any], int | None] | None:  # fmt: skip
+    """`msgs`, with the events they skip over read from the stream and put in their place, and the highest
+    sequence delivered so far; None when stopped before a gap was filled.
+
+    The audit reads the whole stream, so its deliveries run 1, 2, 3, ... (a redelivery goes back). A
+    gap is events the server counted as delivered that never arrived: pushed by a consumer leader that
+    died (a cluster node killed) before they left it. The ack-all after this batch would acknowledge
+    them unseen, so they are read by sequence first. Events the stream no longer holds (aged out, or
+    beyond its byte limit) are skipped."""
+    out: list[Any] = []
+    for msg in msgs:
+        seq = _stream_seq(msg.reply)
+        if last_seq is not None and seq > last_seq + 1:
+            missing = await _read_missing(js, last_seq + 1, seq, epoch, stop)
+            if missing is None:
+                return None
+            out += missing
+        last_seq = seq if last_seq is None else max(last_seq, seq)
+        out.append(msg)
+    return out, last_seq
+
+
+async def _read_missing(
+    js: Any, first: int, end: int, epoch: str, stop: asyncio.Event
+) -> list[Incoming] | None:
+    """Stream sequences first..end-1 as Incoming, those the stream still holds; retried while the cluster
+    elects a new stream leader."""
+    found: list[Incoming] = []
+    oldest: int | None = None
+    seq, delay = first, 0.1
+    while seq < end and not stop.is_set():
+        try:
+            if oldest is None:
+                oldest = (await js.stream_info(STREAM)).state.first_seq
+                seq = max(seq, oldest)
+                continue
+            raw = await js.get_msg(STREAM, seq)
+        except nats.js.errors.NotFoundError:  # gone (aged out, or deleted): nothing to keep
+            seq += 1
+            continue
+        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:  # no leader yet: wait
+            log.debug("audit: reading back event %d: %s; retrying", seq, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            continue
+        headers = raw.headers or {}
+        found.append(
+            Incoming(raw.subject, raw.data or b"", seq, f"{epoch}:{seq}", headers.get("Nats-Msg-Id"))
+        )
+        seq += 1
+    if seq < end:
+        return None
+    log.info("audit: %d event(s) pushed but never delivered (%d-%d) read back from the stream", len(found),
+             first, end - 1)  # fmt: skip
+    return found
 
 
 def tune_gc() -> None:
@@ -428,7 +494,7 @@ async def _write_until_stored(writer: AuditWriter, msgs: list[Any], epoch: str, 
     """Write in the thread, reading the messages there too: the event loop's own time goes to receiving."""
 
     def write() -> AuditCounts:
-        return writer.write([incoming(m, epoch) for m in msgs])
+        return writer.write([m if isinstance(m, Incoming) else incoming(m, epoch) for m in msgs])
 
     delay = 0.5
     while True:

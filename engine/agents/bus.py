@@ -6,6 +6,10 @@ is acknowledged as a duplicate and stored once. The workers of a task type share
 consumer (their queue group), with explicit ack: each task goes to exactly one worker, and comes
 back to another when that worker dies without acknowledging it. (The audit and the manager take
 their messages pushed, with durable consumers of their own: see audit.py and manager.py.)
+
+On a NATS cluster the stream keeps `agents.replicas` copies, on as many nodes, and its consumers
+inherit them: with 3, a node may die and the plane carries on. The address may list several
+servers; a client connects to the first that answers and fails over to the others.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, DiscardPolicy, StorageType, StreamConfig
 
-from .config import AgentsSettings, StreamLimits, check_url, env_url
+from .config import AgentsSettings, StreamLimits, check_url, env_url, server_urls
 from .events import STREAM_SUBJECTS, PlaneEvent
 from .server import AgentsError, read_token
 
@@ -86,7 +90,9 @@ def _abs(path: str | None) -> str | None:
 
 
 def _tls_context(address: Address) -> ssl.SSLContext | None:
-    if not address.tls_ca_file and not address.url.startswith(("tls://", "wss://")):
+    if not address.tls_ca_file and not any(
+        u.startswith(("tls://", "wss://")) for u in server_urls(address.url)
+    ):
         return None
     context = ssl.create_default_context(cafile=address.tls_ca_file)
     return context
@@ -116,11 +122,13 @@ async def connect(
     """A client for `address`; a failure to connect raises AgentsError naming the URL.
 
     With `reconnect` the client retries forever once connected (a restarted server is found again);
-    the first connection is tried once, so a wrong URL or token fails fast.
+    the first connection is tried once, so a wrong URL or token fails fast. The servers of a list are
+    tried in its order (so a machine can name its nearest node first); when the one in use goes away,
+    the client goes on to the next, and to the nodes the cluster announced.
     """
     options: dict[str, Any] = {
-        "servers": [address.url], "name": name, "connect_timeout": connect_timeout,
-        "allow_reconnect": reconnect, "max_reconnect_attempts": -1 if reconnect else 0,
+        "servers": server_urls(address.url), "dont_randomize": True, "name": name,
+        "connect_timeout": connect_timeout, "allow_reconnect": reconnect, "max_reconnect_attempts": -1 if reconnect else 0,
         "reconnect_time_wait": 0.25, "ping_interval": 10, "max_outstanding_pings": 3, "drain_timeout": 5,
     }  # fmt: skip
     if address.token_file:
@@ -185,20 +193,47 @@ async def close(client: Client) -> None:
         await client.close()
 
 
-def stream_config(limits: StreamLimits) -> StreamConfig:
+def stream_config(limits: StreamLimits, replicas: int = 1) -> StreamConfig:
     return StreamConfig(
         name=STREAM, subjects=list(STREAM_SUBJECTS), storage=StorageType.FILE, max_age=limits.max_age_s,
         max_bytes=limits.max_bytes, duplicate_window=limits.duplicate_window_s, discard=DiscardPolicy.OLD,
+        num_replicas=replicas,
     )  # fmt: skip
 
 
-async def ensure_stream(js: JetStreamContext, limits: StreamLimits) -> None:
-    """Create the stream, or bring its limits up to date (every service may call it; it is idempotent)."""
-    config = stream_config(limits)
+async def ensure_stream(js: JetStreamContext, limits: StreamLimits, replicas: int = 1) -> None:
+    """Create the stream, or bring its limits up to date (every service may call it; it is idempotent).
+
+    Replicas only go up here: a worker that joins a cluster with the default settings must not strip the
+    plane's stream of its copies (lowering them is an operator's act: `nats stream edit`). A server or
+    cluster that cannot keep `replicas` copies is one line naming `agents.replicas`."""
+    config = stream_config(limits, replicas)
     try:
-        await js.add_stream(config)
-    except nats.js.errors.BadRequestError:  # it exists with other limits
-        await js.update_stream(config)
+        try:
+            info = await js.add_stream(config)
+        except nats.js.errors.BadRequestError as exc:  # it exists with other limits (or replicas)
+            if exc.err_code != STREAM_NAME_IN_USE:
+                raise
+            current = await js.stream_info(STREAM)
+            config.num_replicas = max(replicas, current.config.num_replicas or 1)
+            info = await js.update_stream(config)
+    except nats.js.errors.APIError as exc:
+        if replicas > 1 and exc.err_code in REPLICA_ERRORS:
+            raise AgentsError(_replicas_error(replicas, exc.description or str(exc))) from None
+        raise
+    kept = info.config.num_replicas or 1
+    if kept < replicas:  # a server that is no cluster keeps one copy, and says so only in its log
+        raise AgentsError(
+            _replicas_error(replicas, f"the server keeps {kept} (it is not a cluster of {replicas})")
+        )
+
+
+STREAM_NAME_IN_USE = 10058  # JetStream: "stream name already in use with a different configuration"
+REPLICA_ERRORS = {10005, 10023, 10074}  # no suitable peers; insufficient resources; not a cluster
+
+
+def _replicas_error(replicas: int, why: str) -> str:
+    return f"agents.replicas {replicas}: the NATS server cannot keep {replicas} copies of {STREAM}: {why}"
 
 
 async def publish(js: JetStreamContext, event: PlaneEvent, *, timeout: float = 5.0) -> Any:

@@ -248,7 +248,7 @@ async def headless(home: Path, settings: AgentsSettings, specs: list[Any], *, li
     try:
         nc = await connect(address, "carl-agents-run")
         js = nc.jetstream()
-        await ensure_stream(js, settings.stream)
+        await ensure_stream(js, settings.stream, settings.replicas)
         stop_audit = asyncio.Event()
         # The engine's bridge may be storing this plane's events already (the same store): then it does.
         audit = (

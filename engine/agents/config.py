@@ -1,10 +1,11 @@
 """The agents plane's settings: an `agents:` section in a YAML file, flags and environment on top.
 
 Where the plane connects, in order: `--url`, `CARL_NATS_URL` (or `NATS_URL`), `agents.url` in the
-config file, else the local nats-server the engine runs. Credentials for a given URL come from a
-token file (`--token-file`, `CARL_NATS_TOKEN_FILE`, `agents.token_file`) or a NATS creds file
-(`--creds`, `agents.creds_file`); the token itself is never a flag, so it never shows in a process
-list. Errors name the file and field: `agents.yaml: agents.workers: ...`.
+config file, else the local nats-server the engine runs. A URL may be a comma-separated list (a
+cluster's nodes): a client connects to the first that answers and fails over to the others.
+Credentials for a given URL come from a token file (`--token-file`, `CARL_NATS_TOKEN_FILE`,
+`agents.token_file`) or a NATS creds file (`--creds`, `agents.creds_file`); the token itself is
+never a flag, so it never shows in a process list. Errors name the file and field: `agents.yaml: agents.workers: ...`.
 """
 
 from __future__ import annotations
@@ -68,10 +69,19 @@ class TrainerSettings(_Section):
 
 
 class AgentsSettings(_Section):
-    url: str | None = Field(None, description="nats:// URL of an existing server or cluster (null: local)")
+    url: str | None = Field(
+        None,
+        description="nats:// URL of an existing server, or a comma-separated list of a cluster's (null: local)",
+    )
     token_file: str | None = Field(None, description="file holding the token for `url`")
     creds_file: str | None = Field(None, description="NATS .creds file for `url`")
     tls_ca_file: str | None = Field(None, description="CA certificate for a tls:// server")
+    replicas: int = Field(
+        1,
+        ge=1,
+        le=5,
+        description="copies a NATS cluster keeps of the stream and its consumers (3: one node may die)",
+    )
     task_type: str = Field("demo", description="the queue the manager assigns to and workers take from")
     workers: int = Field(2, ge=0, le=64, description="workers `carl agents up` starts")
     worker_kind: Literal["model", "http"] = Field("model", description="model (transformers) or http")
@@ -115,14 +125,23 @@ class AgentsSettings(_Section):
         return value
 
 
+def server_urls(url: str) -> list[str]:
+    """The servers of `url`: one URL, or a comma-separated list of a cluster's nodes (the NATS convention)."""
+    return [part.strip() for part in url.split(",") if part.strip()]
+
+
 def check_url(url: str) -> str:
     from urllib.parse import urlsplit
 
-    parts = urlsplit(url)
-    if parts.scheme not in ("nats", "tls", "ws", "wss") or not parts.hostname:
-        raise ValueError(f"{url!r} is not a nats:// (or tls://, ws://) URL with a host")
-    if parts.username or parts.password:
-        raise ValueError("put the token in a token file (token_file), not in the URL")
+    urls = server_urls(url)
+    if not urls:
+        raise ValueError(f"{url!r} names no server")
+    for one in urls:
+        parts = urlsplit(one)
+        if parts.scheme not in ("nats", "tls", "ws", "wss") or not parts.hostname:
+            raise ValueError(f"{one!r} is not a nats:// (or tls://, ws://) URL with a host")
+        if parts.username or parts.password:
+            raise ValueError("put the token in a token file (token_file), not in the URL")
     return url
 
 

@@ -168,7 +168,7 @@ class Manager:
         self.nc = await connect(self.address, f"carl-manager-{self.manager_id}", on_event=self._connection)
         self.js = self.nc.jetstream()
         try:
-            await ensure_stream(self.js, self.settings.stream)
+            await ensure_stream(self.js, self.settings.stream, self.settings.replicas)
             results = await self._subscribe_results()
             if self.group_size > 1:  # training: the trainer's consumer exists before the first rollout
                 await (await trainer_subscription(self.js)).unsubscribe()

@@ -183,7 +183,7 @@ class Bridge:
         store = Store(paths.db_path(self.home))
         try:
             self.js = nc.jetstream()
-            await ensure_stream(self.js, self.settings.stream)
+            await ensure_stream(self.js, self.settings.stream, self.settings.replicas)
             self.connected.set()
 
             def stored(counts: Any) -> None:

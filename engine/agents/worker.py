@@ -23,6 +23,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -56,6 +57,7 @@ HEARTBEAT_S = 10.0  # an idle worker says it is alive this often
 FETCH_WAIT_S = 5.0  # how long one wait for a task lasts
 MAX_DELIVER = 5  # a task that made this many workers fail or vanish is not handed out again
 MAX_SETTLING = 4  # results waiting for the stream's acknowledgement before the worker waits too
+JOIN_WAIT_S = 60.0  # a worker that starts while a cluster elects its leaders waits this long for them
 
 
 @dataclass
@@ -246,11 +248,13 @@ class Worker:
         log.info("worker %s (%s, %s) on %s, taking %s tasks", self.worker_id, self.backend.kind, self.backend.model,
                  self.address.url, self.task_type)  # fmt: skip
         try:
-            await ensure_stream(self.js, self.settings.stream)
-            tasks = await pull(self.js, f"tasks.{self.task_type}", f"workers-{self.task_type}",
-                               ack_wait=self.settings.ack_wait_s, max_ack_pending=1000)  # fmt: skip
+            await self._joining("the stream", lambda: ensure_stream(self.js, self.settings.stream,
+                                                                    self.settings.replicas))  # fmt: skip
+            tasks = await self._joining("the workers' consumer", lambda: pull(
+                self.js, f"tasks.{self.task_type}", f"workers-{self.task_type}", ack_wait=self.settings.ack_wait_s,
+                max_ack_pending=1000))  # fmt: skip
             await self._subscribe_controls()
-            await self._subscribe_updates()
+            await self._joining("model updates", self._subscribe_updates)
             await self.status("idle", command_id=self.command_id, detail=f"serving {self.backend.version}")
             while not self.stop.is_set():
                 # Right after a task, a short wait: with no next task the worker says it is idle at once.
@@ -266,6 +270,24 @@ class Worker:
             with contextlib.suppress(Exception):
                 await bus_close(self.nc)
             self.backend.close()
+
+    async def _joining(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
+        """`call`, a JetStream request of the worker's start, again while nobody answers it: a cluster
+        that lost a node times requests out or answers 503 until it has elected new leaders. After
+        JOIN_WAIT_S, one line naming the URL."""
+        deadline, delay = time.monotonic() + JOIN_WAIT_S, 0.25
+        while True:
+            try:
+                return await call()
+            except (TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as exc:  # fmt: skip
+                reason = " ".join(str(exc).split()).removeprefix("nats: ") or type(exc).__name__
+                if time.monotonic() >= deadline:
+                    raise WorkerError(
+                        f"{self.address.url}: JetStream did not answer for {what} in {JOIN_WAIT_S:.0f}s ({reason})"
+                    ) from None
+                log.info("worker %s: waiting for JetStream (%s): %s", self.worker_id, what, reason)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def _fetch(self, sub: Any, wait: float) -> list[Any]:
         """The next task, waiting up to `wait` seconds, or nothing (also as soon as the worker is told to stop).
