@@ -9,7 +9,18 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAVY = ("torch", "transformers", "trl", "peft", "mlx", "anthropic", "sqlite_utils", "pandas", "plotly")
+HEAVY = (
+    "torch",
+    "transformers",
+    "trl",
+    "peft",
+    "mlx",
+    "numba",
+    "anthropic",
+    "sqlite_utils",
+    "pandas",
+    "plotly",
+)
 
 
 def imported_modules(path: Path) -> set[str]:
