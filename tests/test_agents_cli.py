@@ -264,9 +264,14 @@ def test_a_killed_engine_comes_back_with_one_plane_not_two(tmp_path: Path) -> No
             old = {p["pid"] for p in before["plane"]["processes"]} | {before["server"]["pid"]}
             wait_for(lambda: len([p for p in overview(home)["plane"]["processes"] if p["state"] == "running"]) == 2,
                      what="manager and worker running")  # fmt: skip
-            os.kill(engine_status(home).pid, signal.SIGKILL)
+            killed = engine_status(home).pid
+            os.kill(killed, signal.SIGKILL)
             from engine.daemon import start_engine
+            from engine.daemon.pidfile import pid_alive
 
+            # SIGKILL is delivered asynchronously: until the process is gone it still reads as the engine,
+            # and a start then (rightly) starts none. The known point is its death, not a sleep.
+            wait_for(lambda: not pid_alive(killed), what="the killed engine gone")
             start_engine(home)
             wait_for(lambda: overview(home)["server"]["pid"] not in old and overview(home)["server"]["state"] == "up",
                      what="the plane back up")  # fmt: skip
