@@ -278,3 +278,19 @@ def test_more_processes_than_cores_or_on_mlx_is_one_line(
     assert code == 2
     assert err.strip() == "carl train: --processes 2: several processes train on the torch backend only"
     assert store.conn.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+
+
+def test_bad_input_a_rank_would_meet_is_one_line_before_the_launch(
+    tmp_path: Path, tiny_model: Path, store: Store
+) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(8)))
+    for settings, reason in [
+        ({"dataset": str(rows)}, f"dataset {rows}: no 'answer_tool' column, which the task reward needs"),
+        ({"model": str(tmp_path / "nowhere")}, f"model {tmp_path / 'nowhere'}: no such directory"),
+    ]:
+        config = write_config(tmp_path / "carl.yaml", tiny_model, **settings)
+        code, _, err = finish(start(tmp_path / "home", "--config", str(config), "--processes", "2"))
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.strip().startswith(f"carl train: {reason}"), err
+    assert store.conn.execute("SELECT count(*) FROM runs").fetchone() == (0,)  # nothing was launched

@@ -73,6 +73,29 @@ def run_task(config: TrainConfig, columns: set[str]) -> Task:
     return task_for("toolcall" if config.dataset == DEMO_DATASET else config.task, columns)
 
 
+def checked_inputs(
+    config: TrainConfig, home: Path
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any, str]:
+    """The run's training rows, held-out rows, rewards (None for SFT) and model to load, each checked:
+    BadInput names what is wrong. Every backend calls this first, and so does `--processes` before it
+    launches any rank, so bad input is one line there too."""
+    from .cascade import build_rewards
+    from .holdout import split_holdout
+
+    rows, held = split_holdout(load_rows(config.dataset, config.seed), config.eval.holdout)
+    columns = dataset_columns(rows)
+    have = ", ".join(sorted(columns))
+    if "prompt" not in columns:
+        raise BadInput(f"dataset {config.dataset}: no 'prompt' column (columns: {have})")
+    if config.method == "sft" and "completion" not in columns:
+        raise BadInput(f"dataset {config.dataset}: SFT needs a 'completion' column (columns: {have})")
+    rewards = None
+    if config.method == "grpo":
+        rewards = build_rewards(config, run_task(config, columns))
+        rewards.check_columns(columns, config.dataset)
+    return rows, held, rewards, resolve_model(config.model, home, config.seed)
+
+
 def prompt_text(prompt: Any) -> str:
     """A prompt for display: plain text, or a conversation as 'role: content' lines."""
     if isinstance(prompt, str):

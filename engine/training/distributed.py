@@ -39,6 +39,7 @@ from engine.store import Store, StoreError
 
 from .backend import BadInput, CommandPump, Reporter, TrainingFailed, one_line
 from .config import TrainConfig
+from .data import checked_inputs
 
 T = TypeVar("T")
 
@@ -317,6 +318,7 @@ def launch(config: TrainConfig, *, home: Path, run_name: str | None, resume: str
     try:
         training_backend(config)
         check_processes(config.processes)
+        checked_inputs(config, home)  # what a rank would find while preparing: one line, before the launch
         with Store(paths.db_path(home)) as store:
             run_id, _ = _open_run(store, config, home, run_name, resume)
             store.update_run(run_id, backend="torch")

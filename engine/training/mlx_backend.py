@@ -44,10 +44,9 @@ from engine.tasks import completion_text
 
 from .artifacts import FINAL_DIR
 from .backend import BadInput, CommandPump, Reporter, StepRecord, TrainingFailed
-from .cascade import RewardSet, build_rewards
+from .cascade import RewardSet
 from .config import TrainConfig
-from .data import _offline_if_local, dataset_columns, load_rows, prompt_text, resolve_model, run_task
-from .holdout import split_holdout
+from .data import _offline_if_local, checked_inputs, dataset_columns, prompt_text
 
 CARL_STATE = "carl_state.json"  # written last into a checkpoint: one without it is incomplete
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -202,22 +201,11 @@ class MLXBackend:
         config = self.config
         _offline_if_local(config.model)
         mx.random.seed(config.seed)
-        self.rows, held = split_holdout(load_rows(config.dataset, config.seed), config.eval.holdout)
+        self.rows, held, self.rewards, model = checked_inputs(config, self.home)
         if held:
             _say(f"held out {len(held)} of {len(self.rows) + len(held)} prompts for `carl eval`")
-        columns = dataset_columns(self.rows)
-        if "prompt" not in columns:
-            raise BadInput(
-                f"dataset {config.dataset}: no 'prompt' column (columns: {', '.join(sorted(columns))})"
-            )
-        if config.method == "sft" and "completion" not in columns:
-            raise BadInput(f"dataset {config.dataset}: SFT needs a 'completion' column "
-                           f"(columns: {', '.join(sorted(columns))})")  # fmt: skip
-        self.has_completions = "completion" in columns
-        if config.method == "grpo":
-            self.rewards = build_rewards(config, run_task(config, columns))
-            self.rewards.check_columns(columns, config.dataset)
-        self.model_path = str(local_model_dir(resolve_model(config.model, self.home, config.seed)))
+        self.has_completions = "completion" in dataset_columns(self.rows)
+        self.model_path = str(local_model_dir(model))
         self.model, self.tokenizer, model_config = self._load(self.model_path)
         text_config = model_config.get("text_config") or model_config
         self.vocab_size = int(text_config.get("vocab_size") or len(self.tokenizer.vocab))

@@ -30,12 +30,11 @@ from engine.tasks import completion_text
 
 from .artifacts import FINAL_DIR
 from .backend import BadInput, CommandPump, Reporter, StepRecord, TrainingFailed, numeric_logs
-from .cascade import RewardSet, build_rewards
+from .cascade import RewardSet
 from .config import TrainConfig
-from .data import _offline_if_local, dataset_columns, load_rows, prompt_text, resolve_model, run_task
+from .data import _offline_if_local, checked_inputs, dataset_columns, prompt_text
 from .distributed import Ranks, collective_timeout
 from .hf import CommandCallback, entropy_to_phi
-from .holdout import split_holdout
 
 CARL_STATE = "carl_gate.json"  # gate, weights and calibration, saved into every checkpoint
 WARMUP_DIR = "sft-warmup"  # the model after the SFT warm-up, the base of the GRPO phase
@@ -176,22 +175,9 @@ class TorchBackend:
         if self.device == "cpu":
             torch.set_num_threads(CPU_THREADS)
         torch.manual_seed(config.seed)
-        self.rows, held = split_holdout(load_rows(config.dataset, config.seed), config.eval.holdout)
+        self.rows, held, self.rewards, self.model_path = checked_inputs(config, self.home)
         if held:
             self.say(f"held out {len(held)} of {len(self.rows) + len(held)} prompts for `carl eval`")
-        columns = dataset_columns(self.rows)
-        if "prompt" not in columns:
-            raise BadInput(
-                f"dataset {config.dataset}: no 'prompt' column (columns: {', '.join(sorted(columns))})"
-            )
-        if config.method == "sft" and "completion" not in columns:
-            raise BadInput(
-                f"dataset {config.dataset}: SFT needs a 'completion' column (columns: {', '.join(sorted(columns))})"
-            )
-        if config.method == "grpo":
-            self.rewards = build_rewards(config, run_task(config, columns))
-            self.rewards.check_columns(columns, config.dataset)
-        self.model_path = resolve_model(config.model, self.home, config.seed)
         self.tokenizer, self.model = self._load(self.model_path)
         self.vocab_size = int(self.model.config.get_text_config().vocab_size)
 
