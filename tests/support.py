@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from engine.store import Store
@@ -35,12 +39,38 @@ def status_text(app: Any) -> str:
     return bar.render_info(bar.info).plain
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    """Poll `predicate` (a read of the store or of a process: a known point, not a sleep) until it is truthy."""
+def wait_for(
+    predicate: Callable[[], Any],
+    proc: subprocess.Popen[str] | None = None,
+    timeout: float = 120.0,
+    what: str = "condition",
+) -> Any:
+    """Poll `predicate` (a read of the store or of a process: a known point, not a sleep) until it is truthy;
+    fail at once, with its stderr, when `proc` exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(
+                f"the process exited ({proc.returncode}): {proc.stderr.read() if proc.stderr else ''}"
+            )
         time.sleep(0.05)
     raise AssertionError(f"{what} not met in {timeout:.0f}s")
+
+
+ROOT = Path(__file__).resolve().parent.parent
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def start_training(home: Path, *args: str) -> subprocess.Popen[str]:
+    """`python -m engine.training --home HOME ARGS` as the engine starts it, offline, its output piped."""
+    argv = [sys.executable, "-m", "engine.training", "--home", str(home), *args]
+    return subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **OFFLINE}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err

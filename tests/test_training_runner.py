@@ -10,17 +10,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import OFFLINE, ROOT, finish, wait_for
+from support import start_training as start
 
 from engine.store import ROLLUP_LEVELS, Store
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
-OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 os.environ.update(OFFLINE)  # nothing here may reach the Hugging Face hub
 
 
@@ -41,33 +41,6 @@ def write_config(path: Path, tiny: Path, **settings: Any) -> Path:
     }
     path.write_text(json.dumps(config))  # JSON is YAML
     return path
-
-
-def start(home: Path, *args: str) -> subprocess.Popen[str]:
-    argv = [sys.executable, "-m", "engine.training", "--home", str(home), *args]
-    return subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **OFFLINE}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-
-
-def finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
-
-
-def wait_for(
-    predicate: Callable[[], Any], proc: subprocess.Popen[str] | None = None, timeout: float = 90
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(
-                f"the runner exited ({proc.returncode}): {proc.stderr.read() if proc.stderr else ''}"
-            )
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 @pytest.fixture

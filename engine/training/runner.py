@@ -220,10 +220,14 @@ def _train(
     except BadInput as exc:
         return _failed(reporter, pump, str(exc), EXIT_BAD_INPUT, ranks)
     except (TrainingFailed, ConfigError) as exc:
-        return _failed(reporter, pump, str(exc), EXIT_FAILED, ranks)
+        # A collective inside a reward (the pooled calibration) meets a dead rank first: say that, not the reward.
+        return _failed(reporter, pump, _rank_lost(exc, reporter, ranks) or str(exc), EXIT_FAILED, ranks)
     except KeyboardInterrupt:
         return _failed(reporter, pump, "interrupted", EXIT_FAILED, ranks)
     except Exception as exc:
+        lost = _rank_lost(exc, reporter, ranks)
+        if lost is not None:
+            return _failed(reporter, pump, lost, EXIT_FAILED, ranks)
         cause = _training_failure(exc)
         if cause is not None:
             return _failed(reporter, pump, str(cause), EXIT_FAILED, ranks)
@@ -231,12 +235,6 @@ def _train(
             step = reporter.last_step() or 0
             reason = f"training diverged at step {step + 1}: the model's probabilities became NaN or inf"
             return _failed(reporter, pump, reason + " (is the learning rate too high?)", EXIT_FAILED, ranks)
-        if ranks is not None:
-            from .distributed import rank_lost
-
-            lost = rank_lost(exc, reporter.last_step())
-            if lost is not None:
-                return _failed(reporter, pump, lost, EXIT_FAILED, ranks)
         traceback.print_exc()  # a bug: the log keeps the traceback, the run keeps one line
         return _failed(reporter, pump, one_line(exc), EXIT_FAILED, ranks)
     pump.abandon(f"the run was {status} before this command could be applied")
@@ -244,6 +242,15 @@ def _train(
     if status == "finished" and config.eval.at_end and final is not None and store is not None:
         _evaluate_at_end(store, run_id, home)
     return EXIT_OK
+
+
+def _rank_lost(exc: BaseException, reporter: Reporter, ranks: Ranks | None) -> str | None:
+    """With several processes: the reason when `exc` is a collective that another rank's death broke."""
+    if ranks is None:
+        return None
+    from .distributed import rank_lost
+
+    return rank_lost(exc, reporter.last_step())
 
 
 def _evaluate_at_end(store: Store, run_id: int, home: Path) -> None:
