@@ -41,9 +41,10 @@ def status_text(app: Any) -> str:
 
 def wait_for(
     predicate: Callable[[], Any],
-    proc: subprocess.Popen[str] | None = None,
     timeout: float = 120.0,
     what: str = "condition",
+    *,
+    proc: subprocess.Popen[str] | None = None,
 ) -> Any:
     """Poll `predicate` (a read of the store or of a process: a known point, not a sleep) until it is truthy;
     fail at once, with its stderr, when `proc` exits first."""

@@ -128,18 +128,18 @@ def test_mlx_commands_pause_resume_checkpoint_set_lr_set_weight_stop(
     config = mlx_config(tmp_path / "carl.yaml", tiny_model, max_steps=5000, save_steps=1000)
     proc = start(tmp_path / "home", "--config", str(config), "--name", "ctl")
     try:
-        run_id = wait_for(lambda: store.run_id_by_name("ctl"), proc)
+        run_id = wait_for(lambda: store.run_id_by_name("ctl"), proc=proc)
         last_step = lambda: store.run(run_id)["last_step"] or 0  # noqa: E731
-        wait_for(lambda: last_step() >= 2, proc)
+        wait_for(lambda: last_step() >= 2, proc=proc)
 
         def send(verb: str, args: dict | None = None) -> tuple[str, str]:
             command_id = store.enqueue_command(verb, args, target="run", run_id=run_id)
-            return wait_for(lambda: done(store, command_id), proc)
+            return wait_for(lambda: done(store, command_id), proc=proc)
 
         state, result = send("set_lr", {"lr": 0.000123})
         assert state == "done", result
         applied = int(result.rsplit(" ", 1)[1])
-        wait_for(lambda: applied in steps_of(store, run_id, "learning_rate"), proc)
+        wait_for(lambda: applied in steps_of(store, run_id, "learning_rate"), proc=proc)
         assert steps_of(store, run_id, "learning_rate")[applied] == pytest.approx(0.000123)
         assert send("set_weight", {"reward": "format", "weight": 2.0}) == ("done", "weight of format = 2")
         assert send("set_weight", {"reward": "nope", "weight": 1.0})[0] == "failed"
@@ -153,14 +153,14 @@ def test_mlx_commands_pause_resume_checkpoint_set_lr_set_weight_stop(
         assert state == "done", result
         assert store.run(run_id)["status"] == "paused"
         held = int(result.removeprefix("paused at step "))
-        wait_for(lambda: last_step() == held, proc)  # the step the pause came at is stored
+        wait_for(lambda: last_step() == held, proc=proc)  # the step the pause came at is stored
         time.sleep(1.0)
         assert last_step() == held  # nothing trains while paused
         state, result = send("checkpoint")  # a checkpoint while paused is still saved
         assert state == "done" and f"checkpoint-{held}" in result
         assert send("resume")[0] == "done"
         assert store.run(run_id)["status"] == "running"
-        wait_for(lambda: last_step() > held + 1, proc)
+        wait_for(lambda: last_step() > held + 1, proc=proc)
 
         assert send("stop")[0] == "done"
         code, _, err = finish(proc)
@@ -185,7 +185,7 @@ def test_kill_9_then_resume_replays_the_lost_steps_exactly(
     unbroken = steps_of(store, run_row(store, "unbroken")["id"], "loss")
 
     proc = start(tmp_path / "home", "--config", str(config), "--name", "crash")
-    run_id = wait_for(lambda: store.run_id_by_name("crash"), proc)
+    run_id = wait_for(lambda: store.run_id_by_name("crash"), proc=proc)
     held = paused_at(store, run_id, proc, after_step=9)  # past the checkpoint at step 8
     expected = last_checkpoint_before(store, run_id, held)
     os.kill(proc.pid, signal.SIGKILL)

@@ -140,20 +140,20 @@ def test_pause_checkpoint_and_stop_reach_both_ranks_at_one_step(
     config = write_config(tmp_path / "carl.yaml", tiny_model, max_steps=2000, save_steps=1000)
     proc = start(tmp_path / "home", "--config", str(config), "--processes", "2")
     try:
-        run_id = wait_for(lambda: store.run_id_by_name("dp"), proc)
+        run_id = wait_for(lambda: store.run_id_by_name("dp"), proc=proc)
         last_step = lambda: store.run(run_id)["last_step"] or 0  # noqa: E731
-        wait_for(lambda: last_step() >= 2, proc)
+        wait_for(lambda: last_step() >= 2, proc=proc)
 
         def send(verb: str, args: dict | None = None) -> tuple[str, str]:
             command_id = store.enqueue_command(verb, args, target="run", run_id=run_id)
             return wait_for(lambda: store.conn.execute(
                 "SELECT state, result FROM commands WHERE id=? AND state IN ('done', 'failed')", (command_id,)
-            ).fetchone(), proc)  # fmt: skip
+            ).fetchone(), proc=proc)  # fmt: skip
 
         state, result = send("pause")
         assert state == "done", result
         held = int(result.removeprefix("paused at step "))
-        wait_for(lambda: last_step() == held, proc)
+        wait_for(lambda: last_step() == held, proc=proc)
         time.sleep(1.0)
         assert last_step() == held and store.run(run_id)["status"] == "paused"  # both ranks hold
         state, result = send("checkpoint")  # saved while paused: both ranks write their part at `held`
@@ -162,7 +162,7 @@ def test_pause_checkpoint_and_stop_reach_both_ranks_at_one_step(
             p.name for p in Path(result.split(": ", 1)[1]).iterdir()
         }
         assert send("resume")[0] == "done"
-        wait_for(lambda: last_step() > held, proc)
+        wait_for(lambda: last_step() > held, proc=proc)
         state, result = send("stop")
         assert state == "done", result
         code, _, err = finish(proc)
@@ -185,8 +185,8 @@ def test_sigterm_to_carl_train_stops_both_ranks_with_a_checkpoint(
     config = write_config(tmp_path / "carl.yaml", tiny_model, max_steps=2000, save_steps=1000)
     proc = start(tmp_path / "home", "--config", str(config), "--processes", "2")
     try:
-        run_id = wait_for(lambda: store.run_id_by_name("dp"), proc)
-        wait_for(lambda: (store.run(run_id)["last_step"] or 0) >= 1, proc)
+        run_id = wait_for(lambda: store.run_id_by_name("dp"), proc=proc)
+        wait_for(lambda: (store.run(run_id)["last_step"] or 0) >= 1, proc=proc)
         proc.send_signal(signal.SIGTERM)  # carl train passes it to rank 0, which tells rank 1
         code, _, err = finish(proc)
     finally:
@@ -207,8 +207,8 @@ def test_a_rank_that_dies_fails_the_run_and_stops_the_others(
     config = write_config(tmp_path / "carl.yaml", tiny_model, max_steps=2000, save_steps=1000)
     proc = start(tmp_path / "home", "--config", str(config), "--processes", "2")
     try:
-        run_id = wait_for(lambda: store.run_id_by_name("dp"), proc)
-        wait_for(lambda: (store.run(run_id)["last_step"] or 0) >= 2, proc)
+        run_id = wait_for(lambda: store.run_id_by_name("dp"), proc=proc)
+        wait_for(lambda: (store.run(run_id)["last_step"] or 0) >= 2, proc=proc)
         ranks = ranks_of(proc)
         assert len(ranks) == 2
         rank0 = store.run(run_id)["pid"]

@@ -167,18 +167,18 @@ def test_commands_pause_resume_checkpoint_set_lr_set_weight_stop(
     config = write_config(tmp_path / "carl.yaml", tiny_model, max_steps=2000, save_steps=1000)
     proc = start(tmp_path / "home", "--config", str(config), "--name", "ctl")
     try:
-        run_id = wait_for(lambda: store.run_id_by_name("ctl"), proc)
+        run_id = wait_for(lambda: store.run_id_by_name("ctl"), proc=proc)
         last_step = lambda: store.run(run_id)["last_step"] or 0  # noqa: E731
-        wait_for(lambda: last_step() >= 2, proc)
+        wait_for(lambda: last_step() >= 2, proc=proc)
 
         def send(verb: str, args: dict | None = None) -> tuple[str, str]:
             command_id = store.enqueue_command(verb, args, target="run", run_id=run_id)
-            return wait_for(lambda: done(store, command_id), proc)
+            return wait_for(lambda: done(store, command_id), proc=proc)
 
         state, result = send("set_lr", {"lr": 0.000123})
         assert state == "done", result
         applied = int(result.rsplit(" ", 1)[1])
-        wait_for(lambda: applied in steps_of(store, run_id, "learning_rate"), proc)
+        wait_for(lambda: applied in steps_of(store, run_id, "learning_rate"), proc=proc)
         assert steps_of(store, run_id, "learning_rate")[applied] == pytest.approx(0.000123)
 
         assert send("set_weight", {"reward": "format", "weight": 2.0}) == ("done", "weight of format = 2")
@@ -202,7 +202,7 @@ def test_commands_pause_resume_checkpoint_set_lr_set_weight_stop(
         assert state == "done", result
         assert store.run(run_id)["status"] == "paused"
         held = int(result.removeprefix("paused at step "))
-        wait_for(lambda: last_step() == held, proc)  # the step the pause came at is stored
+        wait_for(lambda: last_step() == held, proc=proc)  # the step the pause came at is stored
         time.sleep(1.0)
         assert last_step() == held  # nothing trains while paused
         state, result = send("checkpoint")  # a checkpoint while paused is still saved
@@ -210,7 +210,7 @@ def test_commands_pause_resume_checkpoint_set_lr_set_weight_stop(
         assert store.run(run_id)["status"] == "paused" and last_step() == held
         assert send("resume")[0] == "done"
         assert store.run(run_id)["status"] == "running"
-        wait_for(lambda: last_step() > held + 1, proc)
+        wait_for(lambda: last_step() > held + 1, proc=proc)
 
         state, result = send("stop")
         assert state == "done", result
@@ -231,10 +231,10 @@ def test_commands_pause_resume_checkpoint_set_lr_set_weight_stop(
 def paused_at(store: Store, run_id: int, proc: subprocess.Popen[str], after_step: int) -> int:
     """Drive a run to a known point: once it is past `after_step`, pause it through the command queue and
     return the step boundary it holds at (a kill then lands there, not wherever the run had got to)."""
-    wait_for(lambda: (store.run(run_id)["last_step"] or 0) >= after_step, proc)
+    wait_for(lambda: (store.run(run_id)["last_step"] or 0) >= after_step, proc=proc)
     command = store.enqueue_command("pause", target="run", run_id=run_id, origin="test")
     result = wait_for(lambda: store.conn.execute(
-        "SELECT result FROM commands WHERE id=? AND state='done'", (command,)).fetchone(), proc)  # fmt: skip
+        "SELECT result FROM commands WHERE id=? AND state='done'", (command,)).fetchone(), proc=proc)  # fmt: skip
     return int(result[0].removeprefix("paused at step "))
 
 
@@ -250,7 +250,7 @@ def test_kill_9_then_resume_leaves_every_step_exactly_once(
 ) -> None:
     config = write_config(tmp_path / "carl.yaml", tiny_model, max_steps=16, save_steps=4, sft_warmup_steps=2)
     proc = start(tmp_path / "home", "--config", str(config), "--name", "crash")
-    run_id = wait_for(lambda: store.run_id_by_name("crash"), proc)
+    run_id = wait_for(lambda: store.run_id_by_name("crash"), proc=proc)
     held = paused_at(store, run_id, proc, after_step=11)  # past the checkpoints at store steps 6 and 10
     expected = last_checkpoint_before(store, run_id, held)
     os.kill(proc.pid, signal.SIGKILL)
