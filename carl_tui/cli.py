@@ -15,9 +15,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine import paths
 from engine.errors import CarlError
+
+if TYPE_CHECKING:
+    from engine.store import StoreReader
 
 
 class CliError(CarlError):
@@ -446,14 +450,22 @@ def _observe_via_engine(home: Path, path: Path, name: str | None) -> int:
     return 0
 
 
-def _runs(args: argparse.Namespace) -> int:
+def _listing_reader(args: argparse.Namespace, what: str) -> StoreReader | None:
+    """The store, read-only, for a listing; None (and a line saying so: on stderr with --json, whose
+    stdout stays JSON Lines) when there is no store yet."""
     from engine.store import StoreReader
 
     db = paths.db_path(_home(args))
     if not db.exists():
-        print(f"no runs yet (no store at {db})", file=sys.stderr if args.json else sys.stdout)
+        print(f"no {what} yet (no store at {db})", file=sys.stderr if args.json else sys.stdout)
+        return None
+    return StoreReader(db)
+
+
+def _runs(args: argparse.Namespace) -> int:
+    reader = _listing_reader(args, "runs")
+    if reader is None:
         return 0
-    reader = StoreReader(db)
     try:
         if args.json:  # one object a line: `jq`, `pandas.read_json(..., lines=True)`
             from engine.report import run_record
@@ -472,13 +484,10 @@ def _runs(args: argparse.Namespace) -> int:
 
 def _experiments(args: argparse.Namespace) -> int:
     from engine.report import experiment_record
-    from engine.store import StoreReader
 
-    db = paths.db_path(_home(args))
-    if not db.exists():
-        print(f"no experiments yet (no store at {db})", file=sys.stderr if args.json else sys.stdout)
+    reader = _listing_reader(args, "experiments")
+    if reader is None:
         return 0
-    reader = StoreReader(db)
     try:
         records = [experiment_record(reader, e) for e in reader.experiments()]
     finally:

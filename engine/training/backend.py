@@ -9,10 +9,13 @@ class knows about torch or transformers: a backend adapts its own loop to them w
 from __future__ import annotations
 
 import math
+import signal
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.errors import CarlError
@@ -311,3 +314,21 @@ def unique(names: Iterable[str]) -> list[str]:
     for name in names:
         seen.setdefault(name, None)
     return list(seen)
+
+
+@contextmanager
+def first_signal(on_first: Callable[[str], None]) -> Iterator[None]:
+    """A first SIGTERM/SIGINT calls `on_first` with "stopped by SIGTERM" (or SIGINT); a second one ends the
+    process at once. The previous handlers come back on exit."""
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        on_first(f"stopped by {signal.Signals(signum).name}")
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -27,8 +27,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import AbstractContextManager, suppress
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 from engine import paths
 from engine.store import Store, StoreError
 
-from .backend import BadInput, CommandPump, Reporter, TrainingFailed, one_line
+from .backend import BadInput, CommandPump, Reporter, TrainingFailed, first_signal, one_line
 from .config import TrainConfig
 from .data import checked_inputs
 
@@ -177,23 +177,11 @@ def rank_lost(exc: BaseException, step: int | None) -> str | None:
     return None
 
 
-@contextmanager
-def signals_deferred() -> Iterator[None]:
+def signals_deferred() -> AbstractContextManager[None]:
     """Outside the training loop a first SIGTERM/SIGINT is noted: a stop at the first step boundary
     when it comes before training, and no interruption when rank 0 is recording how the run ended.
     A second one ends the process."""
-
-    def note(signum: int, frame: FrameType | None) -> None:
-        _noted.append(f"stopped by {signal.Signals(signum).name}")
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_DFL)
-
-    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return first_signal(_noted.append)
 
 
 def training_backend(config: TrainConfig) -> str:

@@ -9,20 +9,17 @@ else in the store is touched.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from engine import paths
 from engine.store import Store, StoreError
 
 from .artifacts import lookup_run, process_alive
-from .backend import BadInput, CommandPump, Reporter, TrainingBackend, TrainingFailed, one_line
+from .backend import BadInput, CommandPump, Reporter, TrainingBackend, TrainingFailed, first_signal, one_line
 from .config import ConfigError, TrainConfig
 
 if TYPE_CHECKING:
@@ -109,22 +106,10 @@ def _now() -> float:
     return time.time()
 
 
-@contextmanager
-def graceful_signals(pump: CommandPump) -> Iterator[None]:
+def graceful_signals(pump: CommandPump) -> AbstractContextManager[None]:
     """SIGTERM / SIGINT stop at the next step boundary, with a checkpoint (like the stop command);
     a second one ends the process at once."""
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        pump.request_stop(f"stopped by {signal.Signals(signum).name}")
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_DFL)
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return first_signal(pump.request_stop)
 
 
 def run_training(
