@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import math
 
-from widgets.chart import LINE_COLOURS, Chart, entropy_axis
+from widgets.chart import LINE_COLOURS, AxisScale, Chart, entropy_axis
 
 from .model import CompareRun, RunView
+
+# Each axis' smallest span, so a flat series' noise reads as the wiggle it is. Φ lives in [0, 1]:
+# a window widened near either end is shifted to stay inside.
+PHI_SCALE = AxisScale(min_span=0.05, limits=(0.0, 1.0))
+ENTROPY_SCALE = AxisScale(min_span=0.1, limits=(0.0, math.inf))  # nats
+# Rewards are mostly scores in [0, 1] or [-1, 1] per function: a swing smaller than 0.1 is noise
+# at that scale. Reward functions may return any value, so no limits.
+REWARD_SCALE = AxisScale(min_span=0.1)
 
 
 def _num(value: float | None, digits: int = 4) -> str:
@@ -41,7 +49,9 @@ def draw_phi(chart: Chart, view: RunView) -> str:
     """Phi mean with its p10-p90 band; entropy (nats) on the right axis. Returns the pane title."""
     phi = view.series.get("phi/mean")
     vocab = view.run.vocab_size
+    chart.right_scale = ENTROPY_SCALE  # the entropy series' own scale, or the labels H(Φ)
     if phi is not None and len(phi):
+        chart.left_scale = PHI_SCALE
         band = None
         if "phi/p10" in view.series and "phi/p90" in view.series:
             band = (view.series["phi/p10"], view.series["phi/p90"])
@@ -64,6 +74,7 @@ def draw_phi(chart: Chart, view: RunView) -> str:
         return title
     entropy = view.series.get("entropy")
     if entropy is not None and len(entropy):
+        chart.left_scale = ENTROPY_SCALE
         chart.set_right_transform(None)
         _feed(chart, entropy)
         return f"entropy {_num(entropy.latest, 3)} nats · Φ needs the vocabulary size |V|"
@@ -76,6 +87,7 @@ def draw_rewards(chart: Chart, view: RunView, colors: list[str]) -> str:
     series = [view.series[f"rewards/{name}/mean"] for name in view.reward_names]
     if not series and "reward" in view.series:
         series = [view.series["reward"]]
+    chart.left_scale = REWARD_SCALE
     _feed(chart, *series)
     total = view.latest("reward")
     title = "Rewards"
@@ -108,10 +120,12 @@ def draw_compare_phi(chart: Chart, runs: list[CompareRun], colors: list[int]) ->
     the runs share one vocabulary size."""
     vocabs = {c.run.vocab_size for c in runs}
     vocab = next(iter(vocabs)) if len(vocabs) == 1 else None
+    chart.left_scale, chart.right_scale = PHI_SCALE, ENTROPY_SCALE
     chart.set_right_transform(entropy_axis(vocab) if vocab and vocab > 1 else None)
     _feed(chart, *(c.series.get("phi/mean") for c in runs), colors=tuple(colors))
 
 
 def draw_compare_rewards(chart: Chart, runs: list[CompareRun], colors: list[int], key: str) -> None:
     """Each run's total (or task) reward in its colour, aligned by step."""
+    chart.left_scale = REWARD_SCALE
     _feed(chart, *(c.series.get(key) for c in runs), colors=tuple(colors))

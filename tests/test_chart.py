@@ -11,18 +11,20 @@ from textual.app import App, ComposeResult
 from textual.theme import Theme
 
 from engine.store.reader import Series
-from widgets.chart import LINE_COLOURS, Chart, entropy_axis
+from widgets.chart import LINE_COLOURS, AxisScale, Chart, entropy_axis
 from widgets.raster import (
     BLOCK_CHARS,
     BandLayer,
     LineLayer,
     MarkerLayer,
+    at_least,
     cell_col,
     envelopes,
     extent,
     format_tick,
     nice_ticks,
     rasterize,
+    significant_digits,
 )
 
 
@@ -151,6 +153,30 @@ def test_tick_labels_are_compact() -> None:
     rng = np.random.default_rng(1)
     for value, step in zip(rng.normal(0, 1e9, 200), 10.0 ** rng.integers(-9, 9, 200), strict=True):
         assert len(format_tick(float(value), float(step))) <= 7, (value, step)
+
+
+def test_a_minimum_span_widens_about_the_centre_and_shifts_inside_the_limits() -> None:
+    phi = (0.0, 1.0)
+    assert at_least((0.0022, 0.0024), 0.05, phi) == (0.0, 0.05)  # shifted up, not cut at 0
+    assert at_least((0.9990, 0.9992), 0.05, phi) == (0.95, 1.0)  # shifted down, not cut at 1
+    lo, hi = at_least((0.49, 0.51), 0.05, phi)
+    assert math.isclose(lo, 0.475) and math.isclose(hi, 0.525)  # about the centre
+    assert at_least((0.2, 0.6), 0.05, phi) == (0.2, 0.6)  # wide enough already
+    assert at_least((0.0, 0.01), 2.0, phi) == phi  # wider than the limits: the limits
+    lo, hi = at_least((-0.001, 0.001), 0.05, phi)  # values outside their limits stay visible
+    assert math.isclose(lo, -0.025) and math.isclose(hi, 0.025)
+    assert at_least((6.22, 6.23), 0.1) == pytest.approx((6.175, 6.275))  # no limits: centred
+
+
+def test_value_labels_keep_at_most_the_digits_asked_for() -> None:
+    assert format_tick(6.22366, 1e-5) == "6.22366"  # the step alone asks for five decimals
+    assert format_tick(6.22366, 1e-5, digits=4) == "6.224"
+    assert format_tick(12_345, 1, digits=4) == "12.35k"
+    assert format_tick(0.0023456, 1e-8, digits=4) == "2.35e-3"  # 4 digits do not fit 7 cells
+    assert format_tick(0.0, 0.02, digits=4) == "0.00"
+    assert [significant_digits(t) for t in ("6.224", "0.0023", "2.3e-3", "1.5k", "0.00", "-0.05")] == [
+        4, 2, 2, 2, 1, 1,
+    ]  # fmt: skip
 
 
 # -- the widget ------------------------------------------------------------------------------
@@ -295,3 +321,53 @@ async def test_markers_are_full_height_in_their_own_colour() -> None:
         await pilot.pause()
         rows(chart)
         assert chart.build_count == builds
+
+
+def axis_labels(chart: Chart) -> tuple[list[str], list[str]]:
+    """The tick labels at the left (before ┤) and right (after ├) axes, top to bottom."""
+    lines = rows(chart)
+    left = [line.split("┤")[0].strip() for line in lines if "┤" in line]
+    right = [line.split("├")[1].strip() for line in lines if "├" in line]
+    return left, right
+
+
+@pytest.mark.asyncio
+async def test_each_axis_has_its_own_minimum_span() -> None:
+    app = ChartApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        chart = app.query_one(Chart)
+        noise = np.random.default_rng(3).normal(0, 6e-6, 500)
+        chart.set_series(raw(0.00233 + noise))
+        await pilot.pause()
+        lo, hi = chart.drawn_range or (0.0, 0.0)
+        assert hi - lo < 1e-3  # no scale given: the noise fills the chart
+        left, _ = axis_labels(chart)
+        assert len(left) >= 2 and all(significant_digits(label) <= 4 for label in left), left
+
+        chart.left_scale = AxisScale(min_span=0.05, limits=(0.0, 1.0))
+        await pilot.pause()
+        assert chart.drawn_range == (0.0, 0.05)
+        left, _ = axis_labels(chart)
+        assert left[0] == "0.05" and left[-1] == "0.00", left
+        chart.set_series(raw(0.9991 + noise))
+        await pilot.pause()
+        assert chart.drawn_range == (0.95, 1.0)
+
+        # the labels a right transform prints get the right scale's minimum span: with |V| = 2
+        # (ln 2 = 0.693) a Φ window of 0.05 spans 0.035 nats, so it widens to 0.1 / ln 2 of Φ
+        chart.set_right_transform(entropy_axis(2))
+        chart.right_scale = AxisScale(min_span=0.1)
+        await pilot.pause()
+        lo, hi = chart.drawn_range or (0.0, 0.0)
+        assert math.isclose(hi - lo, 0.1 / math.log(2)) and hi == 1.0
+        _, right = axis_labels(chart)
+        assert len(right) >= 2 and all(significant_digits(label) <= 4 for label in right), right
+
+        # a secondary series on its own right scale: entropy flat near 6.2237 nats
+        chart.set_right_transform(None)
+        chart.set_series(raw(0.0023 + noise), secondary=raw(6.2237 - 6.2 * noise))
+        await pilot.pause()
+        lo, hi = chart.drawn_right_range or (0.0, 0.0)
+        assert math.isclose(hi - lo, 0.1) and math.isclose((lo + hi) / 2, 6.2237, abs_tol=1e-3)
+        _, right = axis_labels(chart)
+        assert len(right) >= 2 and all(significant_digits(label) <= 4 for label in right), right

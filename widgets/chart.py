@@ -43,6 +43,7 @@ from .raster import (
     MarkerLayer,
     Range,
     Raster,
+    at_least,
     cell_col,
     cell_row,
     draw,
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
     from engine.store.reader import Series
 
 LINE_COLOURS = 6  # chart--line-0 .. chart--line-5, cycled for more series
+LABEL_DIGITS = 4  # significant digits of a value-axis label at most: 6.224, not 6.22366
 Transform = Callable[[float], float]
 
 
@@ -78,6 +80,27 @@ def entropy_axis(vocab_size: int) -> EntropyAxis:
     return EntropyAxis(vocab_size)
 
 
+@dataclass(frozen=True)
+class AxisScale:
+    """How a value axis fits its data when no fixed range is given.
+
+    `min_span`: the window is never narrower, so a flat series' noise is drawn as the small
+    wiggle it is, not blown up to fill the chart. `limits`: where the values live (Φ in [0, 1]);
+    a window widened to `min_span` is shifted to stay inside them rather than cut."""
+
+    min_span: float = 0.0
+    limits: Range | None = None
+
+    def fit(self, extent: Range, min_span: float | None = None) -> Range:
+        """The window for data spanning `extent`: padded off the frame, widened to `min_span`
+        (this scale's by default) about the data's centre, kept inside `limits`."""
+        span = self.min_span if min_span is None else max(min_span, self.min_span)
+        lo, hi = extent
+        # a single value is widened by `span` alone, not first by `padded`'s guess (±0.5 at 0)
+        window = padded(extent) if hi > lo or span <= 0 else extent
+        return at_least(window, span, self.limits, extent)
+
+
 @dataclass
 class _Axes:
     left: dict[int, str]  # tick label by cell row
@@ -92,7 +115,8 @@ class Chart(Widget):
     - `set_series(primary, *extra, band=(lo, hi), secondary=s, colors=...)` sets the data;
     - `set_markers(steps)` draws vertical lines (gate opened, crystallization);
     - `set_right_transform(fn)` labels a right axis with fn(left tick) (see `entropy_axis`);
-      a `secondary` series instead gets an independent right scale.
+      a `secondary` series instead gets an independent right scale;
+    - `left_scale` and `right_scale` (`AxisScale`) give each axis a minimum span and limits.
     """
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
@@ -128,6 +152,11 @@ class Chart(Widget):
     """Fixed right scale for the secondary series; None fits it."""
     x_range: reactive[Range | None] = reactive(None)
     """Steps shown; None spans all series."""
+    left_scale: reactive[AxisScale] = reactive(AxisScale())
+    """How the left axis fits its data when `y_range` is None: its minimum span and limits."""
+    right_scale: reactive[AxisScale] = reactive(AxisScale())
+    """The right axis': for the secondary series' own scale, and the minimum span of the labels
+    a right transform prints (the left window widens until they span that much)."""
     empty_text: reactive[str] = reactive("no data yet")
     """Shown centred when no series has a finite value."""
 
@@ -138,6 +167,8 @@ class Chart(Widget):
         empty_text: str = "no data yet",
         y_range: Range | None = None,
         right_transform: Transform | None = None,
+        left_scale: AxisScale | None = None,
+        right_scale: AxisScale | None = None,
         name: str | None = None,
         id: str | None = None,
         classes: str | None = None,
@@ -152,12 +183,15 @@ class Chart(Widget):
         self._strips: list[Strip] = []
         self._built_size: tuple[int, int] | None = None
         self._gutters = (6, 0)  # widths of the left and right axes at the last build
+        self._drawn: tuple[Range | None, Range | None] = (None, None)
         self._dirty = True
         self.build_count = 0  # strips rebuilt so far; lets tests and benches see the cache work
         super().__init__(name=name, id=id, classes=classes, disabled=disabled)
         self.set_reactive(Chart.mode, self.validate_mode(mode))
         self.set_reactive(Chart.empty_text, empty_text)
         self.set_reactive(Chart.y_range, y_range)
+        self.set_reactive(Chart.left_scale, left_scale or AxisScale())
+        self.set_reactive(Chart.right_scale, right_scale or AxisScale())
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -204,6 +238,16 @@ class Chart(Widget):
             self._right_transform = transform
             self.invalidate()
 
+    @property
+    def drawn_range(self) -> Range | None:
+        """The left axis' value range at the last build; None while there is nothing to draw."""
+        return self._drawn[0]
+
+    @property
+    def drawn_right_range(self) -> Range | None:
+        """The secondary series' own value range at the last build; None without one."""
+        return self._drawn[1]
+
     def line_style(self, index: int) -> Style:
         """The style of line `index` (0 = primary), e.g. to colour a legend or bars to match."""
         return self.component_style(f"chart--line-{index % LINE_COLOURS}")
@@ -246,6 +290,12 @@ class Chart(Widget):
     def watch_x_range(self) -> None:
         self.invalidate()
 
+    def watch_left_scale(self) -> None:
+        self.invalidate()
+
+    def watch_right_scale(self) -> None:
+        self.invalidate()
+
     def watch_empty_text(self) -> None:
         self.invalidate()
 
@@ -272,6 +322,7 @@ class Chart(Widget):
         return [layer for layer, _ in layers], [name for _, name in layers]
 
     def _build(self, width: int, height: int) -> list[Strip]:
+        self._drawn = (None, None)
         layers, names = self._layers()
         x_range = self.x_range or x_extent(layers)
         if x_range is None:
@@ -288,8 +339,9 @@ class Chart(Widget):
         left, right = extent(envs, 0), extent(envs, 1)
         if left is None and right is None:
             return self._message_strips(width, height)
-        left_range = self.y_range or padded(left or right)  # type: ignore[arg-type]
-        right_range = (self.secondary_y_range or padded(right)) if right is not None else None
+        left_range = self.y_range or self._fit_left(left, right)
+        right_range = (self.secondary_y_range or self.right_scale.fit(right)) if right is not None else None
+        self._drawn = (left_range, right_range)
         axes = self._axes(left_range, right_range, plot_h)
         if axes.gutters != gutters:
             self._gutters = gutters = axes.gutters
@@ -299,10 +351,26 @@ class Chart(Widget):
         raster = draw(envs, plot_h, left_range, self.mode, right_range)
         return self._chart_strips(width, raster, names, axes, x_range)
 
+    def _fit_left(self, left: Range | None, right: Range | None) -> Range:
+        """The left window for the data: the left scale's fit, widened further when a right
+        transform's labels would span less than the right scale's minimum (entropy in nats)."""
+        if left is None:  # only the secondary series has data: the left axis follows it
+            return self.right_scale.fit(right)  # type: ignore[arg-type]
+        window = self.left_scale.fit(left)
+        wanted = self.right_scale.min_span
+        if self._right_transform is None or right is not None or wanted <= 0:
+            return window
+        lo, hi = window
+        labels_span = abs(self._right_transform(hi) - self._right_transform(lo))
+        if not 0 < labels_span < wanted:
+            return window
+        # transforms are affine here (entropy is): the label span grows with the window's
+        return self.left_scale.fit(left, (hi - lo) * wanted / labels_span)
+
     def _axes(self, left_range: Range, right_range: Range | None, plot_h: int) -> _Axes:
         """Tick labels by row for both axes, and the gutter widths they need (axis line included)."""
         left_ticks, left_step = self._y_ticks(left_range, plot_h)
-        left = {row: format_tick(v, left_step) for row, v in left_ticks}
+        left = {row: format_tick(v, left_step, digits=LABEL_DIGITS) for row, v in left_ticks}
         right, right_is_series = self._right_labels(left_ticks, right_range, plot_h)
         left_w = max(map(len, left.values()), default=0) + 1
         right_w = max(map(len, right.values()), default=0) + 1 if right else 0
@@ -349,14 +417,17 @@ class Chart(Widget):
         """Right-axis labels by row, and whether they belong to the secondary series' own scale."""
         if right_range is not None:
             ticks, step = self._y_ticks(right_range, plot_h)
-            return {row: format_tick(v, step) for row, v in ticks}, True
+            return {row: format_tick(v, step, digits=LABEL_DIGITS) for row, v in ticks}, True
         if self._right_transform is None or not left_ticks:
             return {}, False
         values = [self._right_transform(v) for _, v in left_ticks]
         # one digit more than the spacing of the transformed ticks needs: 4.16 rather than 4.2
         spacing = abs(values[1] - values[0]) if len(values) > 1 else abs(values[0])
         step = spacing / 10 if spacing > 0 else 0.01
-        return {row: format_tick(v, step) for (row, _), v in zip(left_ticks, values, strict=True)}, False
+        rows = [row for row, _ in left_ticks]
+        return {
+            row: format_tick(v, step, digits=LABEL_DIGITS) for row, v in zip(rows, values, strict=True)
+        }, False
 
     def _x_labels(self, x_range: Range, plot_w: int) -> str:
         """The step-axis row: compact labels (1.2k, 3.4M) centred under their columns, never overlapping."""

@@ -127,6 +127,30 @@ def padded(r: Range, fraction: float = 0.05) -> Range:
     return lo - pad, hi + pad
 
 
+def at_least(r: Range, span: float, limits: Range | None = None, data: Range | None = None) -> Range:
+    """`r` widened about its centre to at least `span`, so a flat noisy series is not blown up
+    to fill the chart. With `limits` (Φ lives in [0, 1]) the widened window is shifted to stay
+    inside them, never cut, as long as `data` (default `r`) itself lies inside them."""
+    lo, hi = r
+    if not hi - lo < span:
+        return r
+    centre = (lo + hi) / 2
+    lo, hi = centre - span / 2, centre + span / 2
+    if limits is None:
+        return lo, hi
+    floor, ceiling = limits
+    data_lo, data_hi = data or r
+    if not floor <= data_lo <= data_hi <= ceiling:
+        return lo, hi  # values outside their limits stay visible
+    if span >= ceiling - floor:
+        return floor, ceiling
+    if lo < floor:
+        return floor, floor + span
+    if hi > ceiling:
+        return ceiling - span, ceiling
+    return lo, hi
+
+
 # -- scale helpers shared with the axes ------------------------------------------------------
 
 
@@ -379,11 +403,14 @@ def nice_ticks(r: Range, target: int, *, integer: bool = False) -> tuple[list[fl
 _SUFFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 
-def format_tick(value: float, step: float, *, width: int = 7, trim: bool = False) -> str:
+def format_tick(
+    value: float, step: float, *, width: int = 7, trim: bool = False, digits: int | None = None
+) -> str:
     """A compact label at most `width` wide: decimals from the step, k/M/G/T from a thousand.
 
     `trim` drops trailing zeros (1.50 -> 1.5), which reads better on the step axis; labels
-    with a suffix are always trimmed (1k, 1.5k).
+    with a suffix are always trimmed (1k, 1.5k). `digits` caps the significant digits
+    (6.224, not 6.22366), whatever the step asks for.
     """
     if not math.isfinite(value):
         return str(value)[:width]
@@ -391,7 +418,7 @@ def format_tick(value: float, step: float, *, width: int = 7, trim: bool = False
         value = 0.0
     scale, suffix = next(((s, x) for s, x in _SUFFIXES if abs(value) >= s), (1.0, ""))
     if abs(value) >= 1e15 or (value and step < 1e-4 and abs(value) < 1e-2):
-        return _scientific(value, step, width)
+        return _scientific(value, step, width, digits)
     decimals = max(0, math.ceil(-math.log10(step / scale) - 1e-9)) if step > 0 else 0
     while True:
         text = f"{value / scale:.{decimals}f}"
@@ -400,17 +427,27 @@ def format_tick(value: float, step: float, *, width: int = 7, trim: bool = False
         if text.lstrip("-").strip("0.") == "":
             text = text.lstrip("-")  # no "-0.0"
         text += suffix
-        if len(text) <= width or decimals == 0:
-            return text if len(text) <= width else _scientific(value, step, width)
+        fits = len(text) <= width and (digits is None or significant_digits(text) <= digits)
+        if fits or decimals == 0:
+            return text if len(text) <= width else _scientific(value, step, width, digits)
         decimals -= 1
 
 
-def _scientific(value: float, step: float, width: int) -> str:
-    """1.2e-5 style, with as many mantissa digits as the step needs and the width allows."""
+def significant_digits(label: str) -> int:
+    """Significant digits of a tick label: 6.224 -> 4, 0.0023 -> 2, 2.3e-3 -> 2, 1.5k -> 2, 0.00 -> 1."""
+    mantissa = label.lower().split("e")[0].rstrip("kmgt").lstrip("-").replace(".", "")
+    return len(mantissa.lstrip("0")) or 1
+
+
+def _scientific(value: float, step: float, width: int, max_digits: int | None = None) -> str:
+    """1.2e-5 style, with as many mantissa digits as the step needs and the width (and
+    `max_digits` significant digits) allow."""
     if value == 0:
         return "0"
     exponent = math.floor(math.log10(abs(value)))
     digits = max(0, exponent - math.floor(math.log10(step))) if step > 0 else 1
+    if max_digits is not None:
+        digits = min(digits, max(0, max_digits - 1))
     for d in range(digits, -1, -1):
         mantissa, exp = f"{value:.{d}e}".split("e")
         text = f"{mantissa}e{int(exp)}"

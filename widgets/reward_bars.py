@@ -27,15 +27,19 @@ def fmt(value: float | None) -> str:
 
 
 class RewardBars(Widget):
-    """Bars scaled to the largest magnitude shown; negative values draw in the error colour."""
+    """Bars scaled to the largest magnitude shown; negative values draw in the error colour.
+
+    With no values it takes no room (class `-empty`): the chart beside it then spans the pane,
+    and its "no data yet" is the pane's one empty state, centred in the whole pane."""
 
     DEFAULT_CSS = """
     RewardBars { height: auto; }
+    RewardBars.-empty { display: none; }
     """
     COMPONENT_CLASSES = {"reward-bars--name", "reward-bars--bar", "reward-bars--negative", "reward-bars--dim"}
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id)
+        super().__init__(id=id, classes="-empty")
         self._values: list[tuple[str, float | None]] = []
         self._colors: list[str] = []
 
@@ -45,6 +49,7 @@ class RewardBars(Widget):
         relayout = len(values) != len(self._values)  # only a new row count changes the height
         self._values = values
         self._colors = colors or []
+        self.set_class(not values, "-empty")
         self.refresh(layout=relayout)
 
     def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001
@@ -52,7 +57,7 @@ class RewardBars(Widget):
 
     def render(self) -> Text:
         if not self._values:
-            return Text("")  # the reward chart beside the bars already says there is no data yet
+            return Text("")  # hidden (see -empty): the chart beside says there is no data yet
         width = self.size.width
         name_w = min(max(len(n) for n, _ in self._values), max(6, width // 3))
         bar_w = max(1, width - name_w - 9)
