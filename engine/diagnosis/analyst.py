@@ -2,9 +2,17 @@
 
 It looks for the failures RL practitioners actually hit — a plateau, reward hacking (format up,
 task flat), a cascade gate that never opens, the coherence trap (Phi up, task flat), entropy
-collapse, groups with no reward variance, a NaN loss, a stalled or failed run — and answers with
-the numbers behind each finding. A question that names a step ("since step 40") also gets the
-before/after figures around that step.
+collapse, groups with no reward variance, a NaN loss, a stalled or failed run — each with the
+numbers behind it.
+
+`answer` answers the question asked: the router (router.py) finds the topics it names (the gate,
+Φ, entropy, the rewards, the eval, the loss, the run's status, trajectories, agents), and each
+topic's answer leads with the direct answer from the digest's numbers ("the gate opened at step 42:
+3 of the last 5 task-reward means were at or above the threshold…"), then the findings follow,
+those on the question's topics first. Where the digest cannot answer (trajectories and agents
+beyond their counts, an eval that never ran) it says so and names what can. A question with no
+topic it knows is told so, with the topics it knows, then the general picture. A question that
+names a step ("since step 40") also gets the before/after figures around that step.
 """
 
 from __future__ import annotations
@@ -14,7 +22,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .digest import task_keys
 from .redact import redact
+from .router import TOPICS, route
 
 SEVERITY_ORDER = {"red": 0, "yellow": 1, "info": 2}
 OFFLINE_LABEL = "**Offline analyst** (deterministic, from the store; not Claude)"
@@ -23,7 +33,6 @@ ZERO_STD_SHARE = 0.5  # groups with one reward for every completion: no advantag
 HACK_FORMAT = 0.9
 HACK_GAP = 0.3  # format reward at least this far above the task reward
 SILENT_S, CRASHED_S = 120.0, 600.0
-NON_TASK = {"format", "concise", "coherence", "commitment"}
 
 
 @dataclass
@@ -39,16 +48,6 @@ def _f(value: float | None) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "—"
     return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
-
-
-def task_keys(digest: dict[str, Any]) -> list[str]:
-    """The run's task reward series: rewards/<name>/mean of every reward that is not format,
-    concise or coherence; the total reward when there are none."""
-    trends = digest["trends"]
-    keys = [k for k in trends if k.startswith("rewards/") and k.split("/")[1] not in NON_TASK]
-    if keys:
-        return keys
-    return [k for k in ("reward", "train/reward") if k in trends]
 
 
 def _is_flat(t: dict[str, Any]) -> bool:
@@ -249,24 +248,46 @@ def analyze(digest: dict[str, Any]) -> list[Finding]:
     return sorted(found, key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
 
 
-# -- answering -------------------------------------------------------------------------------
+# -- answering: the topics the question asks about, each led by its direct answer ---------------
 
-TOPIC_WORDS = {
-    "plateau": ("flat", "plateau", "stuck", "stall", "not improv", "not learn", "reward"),
-    "hacking": ("hack", "format", "cheat", "gaming"),
-    "gate": ("gate", "cascade", "coherence reward", "open"),
-    "trap": ("phi", "φ", "coheren", "certain", "trap"),
-    "entropy": ("entropy", "collapse", "explor"),
-    "variance": ("variance", "zero", "std", "advantage", "gradient"),
-    "nan": ("nan", "loss", "diverg", "inf"),
-    "stalled": ("stall", "hang", "stuck", "dead", "crash"),
-    "eval": ("eval", "held", "generaliz", "generalis"),
-}
+# The findings that support each topic's answer: listed first among all the findings.
+FINDINGS_OF = {
+    "gate": {"gate"}, "phi": {"trap"}, "entropy": {"entropy"}, "rewards": {"plateau", "hacking", "variance", "length"},
+    "eval": {"eval"}, "loss": {"nan"}, "status": {"failed", "stalled", "health"}, "trajectories": set(), "agents": set(),
+}  # fmt: skip
+# Within a topic, a finding the question names by its own words comes first ("flat": the plateau).
+FINDING_WORDS = {
+    "plateau": r"flat|plateau|stuck|not (?:improv|learn)", "hacking": r"hack|cheat|gaming|format",
+    "variance": r"variance|zero[- ]std|advantage|gradient", "length": r"length|clipped|truncat",
+}  # fmt: skip
+ASK_CLAUDE = "ask Claude (set ANTHROPIC_API_KEY: it reads the store with its tools)"
 
 
-def _around(d: dict[str, Any], step: int) -> list[str]:
+def _level(t: dict[str, Any], unit: str = "") -> str:
+    """A series' latest value and its mean over the run."""
+    text = f"{_f(t['last'])}{unit} at step {t['last_step']}"
+    if t.get("mean") is not None:
+        text += f" (mean {_f(t['mean'])}{unit} over steps {t['first_step']}–{t['last_step']})"
+    return text
+
+
+def _movement(t: dict[str, Any]) -> str:
+    """How a series moved: flat since a step, flat within its noise, or rising/falling early→late."""
+    if t["flat_since"] is not None:
+        return f"flat at {_f(t['flat_level'])} ± {_f(t['noise'])} since step {t['flat_since']}"
+    if t["change"] is None:
+        return "too short to have a trend"
+    if _is_flat(t):
+        return f"flat: {_f(t['early'])} in the first quarter, {_f(t['late'])} in the last (within its noise)"
+    way = "rising" if t["change"] > 0 else "falling"
+    return f"{way} from {_f(t['early'])} in the first quarter to {_f(t['late'])} in the last ({t['change']:+.3g})"
+
+
+def _around(d: dict[str, Any], step: int, keys: list[str] | None = None) -> list[str]:
+    """Each series' mean before `step` and from it on."""
     lines = []
-    keys = [*task_keys(d)[:2], "reward", "phi/mean", "phi/entropy", "frac_reward_zero_std"]
+    if keys is None:
+        keys = [*task_keys(d)[:2], "reward", "phi/mean", "phi/entropy", "frac_reward_zero_std"]
     for key in dict.fromkeys(keys):
         points = [(s, v) for s, v in d["series"].get(key, []) if v is not None]
         before = [v for s, v in points if s < step]
@@ -279,18 +300,339 @@ def _around(d: dict[str, Any], step: int) -> list[str]:
     return lines
 
 
+def _gate_answer(d: dict[str, Any], question: str) -> list[str]:
+    gate, run = d["gate"], d["run"]
+    now = gate["current"]
+    if not now:
+        return [
+            f"Run {run['name']} has no cascade gate record, so there is no gate to open or close: carl records "
+            f"one every step for the runs it trains with a task reward (this run's source: {run['source']})."
+        ]
+    rule, opened = gate["rule"], gate["opened"]
+    pct = f"p{round(rule['percentile'] * 100)}"
+    fed = ", ".join(f"`{k}`" for k in gate["window_keys"]) or "the task reward"
+    if opened and (rule["mode"] == "always" or "always" in (opened["reason"] or "")):
+        lines = [
+            f"The cascade gate was open from step {opened['step']} because cascade.mode is `always` (the "
+            "ablation without a gate): the coherence rewards never waited for the task reward."
+        ]
+    elif opened:
+        lines = [
+            f"The cascade gate opened at step {opened['step']}: {opened['above']} of the last {opened['window']} "
+            f"task-reward means were at or above the threshold {_f(opened['threshold'])} (the {pct} of the "
+            f"{opened['history']} means so far) and above 0, and the rule needs {rule['min_above']} of "
+            f"{rule['window']} (cascade.min_above of cascade.window)."
+        ]
+        lines += _gate_window(gate, fed)
+        if before := gate["before_open"]:
+            lines.append(
+                f"- At step {before['step']} it was still closed: {_why_closed(before, rule, now=False)}."
+            )
+        lines.append(
+            f"- Now (step {now['step']}): {now['reason']}; coherence weights ×{_f(now['multiplier'])}."
+        )
+        lines += _around(d, opened["step"], [*task_keys(d)[:1], "phi/mean"])
+    else:
+        lines = [
+            f"The cascade gate has not opened (closed at step {now['step']}): {_why_closed(now, rule, now=True)}."
+        ]
+        lines += _gate_window(gate, fed)
+        closest = gate["closest"]
+        if closest and closest["step"] != now["step"] and (closest["above"] or 0) > (now["above"] or 0):
+            lines.append(
+                f"- Closest it came: {closest['above']}/{closest['window']} at step {closest['step']} "
+                f"(threshold {_f(closest['threshold'])} then)."
+            )
+        lines.append("- While it is closed the coherence rewards are not called: their weight is 0.")
+    source = (
+        "the run's config" if rule["source"] == "config" else "carl's defaults: the run's config has none"
+    )
+    lines.append(
+        f"- The rule ({source}): after {rule['min_points']} task-reward means the threshold is the {pct} of "
+        f"all of them; the gate opens when {rule['min_above']} of the last {rule['window']} are at or above "
+        f"it and above 0, ramps the coherence weights in over {rule['ramp_steps']} steps and stays open."
+    )
+    return lines
+
+
+def _why_closed(row: dict[str, Any], rule: dict[str, Any], *, now: bool) -> str:
+    """Why the gate's record `row` is closed, by the rule: too few points, a zero threshold, or
+    too few of the window's task-reward means at or above the threshold."""
+    has, are, is_ = ("has", "are", "is") if now else ("had", "were", "was")
+    n, threshold = row["history"] or 0, row["threshold"] or 0.0
+    pct = f"p{round(rule['percentile'] * 100)}"
+    if n < rule["min_points"]:
+        return f"it {has} {n} task-reward means and needs {rule['min_points']} before it may open (cascade.min_points)"
+    if threshold <= 0:
+        return (
+            f"its threshold, the {pct} of the {n} task-reward means so far, {is_} {_f(threshold)}, and it opens "
+            f"only on a positive threshold: the task reward {has} been 0 or less on more than {rule['percentile']:.0%} "
+            "of the steps"
+        )
+    return (
+        f"{row['above']} of the last {row['window']} task-reward means {are} at or above the threshold "
+        f"{_f(threshold)} (the {pct} of the {n} so far), and it needs {rule['min_above']} (cascade.min_above)"
+    )
+
+
+def _gate_window(gate: dict[str, Any], fed: str) -> list[str]:
+    window = gate["window"]
+    if not window:
+        return []
+    values = ", ".join(_f(v) for _, v in window)
+    return [f"- The task reward the gate looked at ({fed}), steps {window[0][0]}–{window[-1][0]}: {values}."]
+
+
+def _phi_answer(d: dict[str, Any], question: str) -> list[str]:
+    t = d["trends"].get("phi/mean")
+    if not t:
+        return [
+            "This run has no Φ series (`phi/mean`), so the offline analyst cannot answer about its coherence: "
+            "Φ is logged by carl's own training and by CarlCallback, not by every source."
+        ]
+    lines = [f"Φ (`phi/mean`) is {_level(t)}, {_movement(t)}; range {_f(t['vmin'])}–{_f(t['vmax'])}."]
+    p10, p90 = d["trends"].get("phi/p10"), d["trends"].get("phi/p90")
+    if p10 and p90:
+        lines.append(
+            f"- Band at step {p90['last_step']}: p10 {_f(p10['last'])} to p90 {_f(p90['last'])} "
+            f"(mean over the run {_f(p10.get('mean'))} to {_f(p90.get('mean'))})."
+        )
+    if d["run"]["phase"]:
+        lines.append(f"- Phase: {d['run']['phase']} (the engine's reading of the recent Φ trend).")
+    for e in d["events"]:
+        if e["kind"] == "crystallization":
+            lines.append(f"- Crystallization at step {e['step']}: {e['detail']}.")
+    if during := d.get("rewarded_trends", {}).get("phi/mean"):
+        lines.append(
+            f"- Over the rewarded steps only ({during['first_step']}–{during['last_step']}): "
+            f"{_f(during['early'])} → {_f(during['late'])}."
+        )
+    if d["eval"] and d["eval"]["metrics"].get("phi") is not None:
+        lines.append(f"- The held-out eval's answers: Φ {_f(d['eval']['metrics']['phi'])}.")
+    return lines
+
+
+def _entropy_answer(d: dict[str, Any], question: str) -> list[str]:
+    t = d["trends"].get("phi/entropy") or d["trends"].get("entropy")
+    if not t:
+        return [
+            "This run has no entropy series (`phi/entropy` or `entropy`), so the offline analyst cannot "
+            "answer about its entropy."
+        ]
+    lead = f"Entropy (`{t['key']}`) is {_level(t, ' nats')}, {_movement(t)}"
+    if t["early"] and t["late"] is not None:
+        ratio = t["late"] / t["early"]
+        verdict = "that is a collapse" if ratio < ENTROPY_COLLAPSE else "no collapse"
+        lead += (
+            f"; {verdict}: the last quarter is at {ratio:.0%} of the first (the analyst warns below "
+            f"{ENTROPY_COLLAPSE:.0%})"
+        )
+    lines = [lead + "."]
+    lines.append(f"- Lowest: {_f(t['vmin'])} nats; highest: {_f(t['vmax'])} nats.")
+    if during := d.get("rewarded_trends", {}).get("phi/entropy"):
+        lines.append(
+            f"- Over the rewarded steps only ({during['first_step']}–{during['last_step']}): "
+            f"{_f(during['early'])} → {_f(during['late'])} nats."
+        )
+    temperature = d["run"]["temperature"] or (d["config"] or {}).get("temperature")
+    if temperature is not None:
+        lines.append(f"- Sampling temperature: {_f(temperature)}.")
+    if d["eval"] and d["eval"]["metrics"].get("entropy") is not None:
+        lines.append(f"- The held-out eval's answers: {_f(d['eval']['metrics']['entropy'])} nats.")
+    return lines
+
+
+def _reward_keys(d: dict[str, Any], question: str) -> list[str]:
+    """Every reward's mean series, the ones the question names first, then the task rewards, the
+    others and the weighted total."""
+    trends = d["trends"]
+    keys = [k for k in trends if k.startswith("rewards/") and k.endswith("/mean")]
+    named = [k for k in keys if re.search(rf"(?<![a-z0-9_]){re.escape(k.split('/')[1].lower())}", question)]
+    ordered = [*named, *task_keys(d), *keys, *(k for k in ("reward", "train/reward") if k in trends)]
+    return list(dict.fromkeys(k for k in ordered if k in trends))
+
+
+def _hacking_verdict(d: dict[str, Any]) -> str:
+    found = _hacking(d)
+    if found:
+        return f"Yes, this looks like reward hacking: {found[0].detail}."
+    fmt = d["trends"].get("rewards/format/mean")
+    tasks = [d["trends"][k] for k in task_keys(d) if k.startswith("rewards/")]
+    if not fmt or not tasks:
+        return (
+            "The offline analyst cannot check for format hacking: the run has no format and task reward pair."
+        )
+    return (
+        f"No reward hacking in the numbers: the analyst calls it hacking when the format reward is at least "
+        f"{HACK_FORMAT} and at least {HACK_GAP} above a flat task reward; here format {_f(fmt['late'])} and "
+        f"`{tasks[0]['key']}` {_f(tasks[0]['late'])} in the last quarter, the task {_movement(tasks[0])}."
+    )
+
+
+def _rewards_answer(d: dict[str, Any], question: str) -> list[str]:
+    keys = _reward_keys(d, question)
+    if not keys:
+        return ["This run has no reward series, so the offline analyst cannot answer about its rewards."]
+    lines = [f"`{k}` is {_level(d['trends'][k])}, {_movement(d['trends'][k])}." for k in keys]
+    if re.search(r"hack|cheat|gaming", question):
+        lines.insert(0, _hacking_verdict(d))
+    lines[1:] = [f"- {line}" for line in lines[1:]]
+    rewards = (d["config"] or {}).get("rewards")
+    if isinstance(rewards, list) and rewards:
+        weights = ", ".join(
+            f"{r.get('name')} ×{r.get('weight', 1.0)}" for r in rewards if isinstance(r, dict)
+        )
+        lines.append(f"- Weights in the config: {weights}.")
+    zero = d["trends"].get("frac_reward_zero_std")
+    if zero and zero["late"] is not None:
+        lines.append(
+            f"- Groups with no reward variance: {zero['late']:.0%} in the last quarter ({zero['early']:.0%} "
+            "in the first)."
+        )
+    return lines
+
+
+def _eval_answer(d: dict[str, Any], question: str) -> list[str]:
+    e, name = d["eval"], d["run"]["name"]
+    if not e:
+        return [
+            f"No held-out eval has run for run {name}, so the offline analyst has no eval result to report: "
+            f"run `carl eval {name}` (or press e in the control room) to score the model on the prompts the "
+            "run held out of training."
+        ]
+    m = e["metrics"]
+    where = (f" at step {m['step']}" if m.get("step") is not None else "") + (
+        f" on {m['prompts']} held-out prompts" if m.get("prompts") else ""
+    )
+    figures = [
+        f"task reward {_f(m['task'])}" if m.get("task") is not None else "",
+        f"solved {m['solved']:.0%}" if m.get("solved") is not None else "",
+        f"format-compliant {m['format']:.0%}" if m.get("format") is not None else "",
+        f"Φ {_f(m['phi'])}" if m.get("phi") is not None else "",
+    ]
+    lines = [
+        f"The held-out eval {'passed' if e['passed'] else 'failed'}{where}: "
+        + ", ".join(f for f in figures if f)
+        + "."
+    ]
+    lines += [f"- {reason}" for reason in e["reasons"]]
+    if keys := task_keys(d):
+        t = d["trends"][keys[0]]
+        lines.append(f"- In training, `{keys[0]}` was {_f(t['last'])} at step {t['last_step']}.")
+    return lines
+
+
+def _loss_answer(d: dict[str, Any], question: str) -> list[str]:
+    key = next((k for k in ("loss", "train/loss") if k in d["trends"]), None)
+    if key is None:
+        return ["This run has no loss series (`loss`), so the offline analyst cannot answer about its loss."]
+    t = d["trends"][key]
+    if nan := _nan(d):
+        lines = [
+            f"The loss became NaN or inf: {nan[0].detail}.",
+            f"- Its finite values: {_f(t['vmin'])}–{_f(t['vmax'])}, {_movement(t)}.",
+        ]
+    else:
+        lines = [f"The loss (`{key}`) is {_level(t)}, {_movement(t)}; no NaN or inf."]
+    for other in ("grad_norm", "learning_rate", "kl"):
+        if o := d["trends"].get(other):
+            lines.append(f"- `{other}` is {_f(o['last'])} at step {o['last_step']}, {_movement(o)}.")
+    return lines
+
+
+def _status_answer(d: dict[str, Any], question: str) -> list[str]:
+    run = d["run"]
+    problems = [f for f in analyze(d) if f.severity != "info"]
+    verdict = (
+        f"{len(problems)} problem{'s' if len(problems) != 1 else ''}: " + "; ".join(f.title for f in problems)
+        if problems
+        else "nothing looks wrong in its numbers"
+    )
+    lines = [
+        f"Run {run['name']} is {run['status']} at step {_f(run['step'])}"
+        + (f" of {_f(run['max_steps'])}" if run["max_steps"] else "")
+        + f"; {verdict}."
+    ]
+    if run["status"] == "running" and run["last_update"]:
+        lines.append(f"- Last step written {(d['now'] - run['last_update']) / 60:.0f} min ago.")
+    if run["phase"] or run["health"]:
+        lines.append(
+            f"- Phase {run['phase'] or '—'}, health {run['health'] or '—'}"
+            + (f": {'; '.join(run['health_reasons'])}" if run["health_reasons"] else "")
+            + "."
+        )
+    if run["error"]:
+        lines.append(f"- Error: {run['error']}.")
+    return lines
+
+
+def _counts_only(what: str, count: int, where: str, start: str) -> list[str]:
+    if not count:
+        return [f"The store holds no {what}, so there is nothing to say about them: {start}."]
+    return [
+        f"The offline analyst cannot answer questions about {what}: it only knows the store holds {count:,} "
+        f"of them. For more, {ASK_CLAUDE}, or {where}."
+    ]
+
+
+def _trajectories_answer(d: dict[str, Any], question: str) -> list[str]:
+    return _counts_only(
+        "trajectories",
+        d["counts"]["trajectories"],
+        "open the Trajectories pane (3) or run `carl trajectories status` / `carl trajectories list`",
+        "record Claude Code sessions with `carl hooks install` or import them with "
+        "`carl trajectories import`",
+    )
+
+
+def _agents_answer(d: dict[str, Any], question: str) -> list[str]:
+    return _counts_only(
+        "agent events",
+        d["counts"]["agent_events"],
+        "open the Agents pane (4) or run `carl agents status` / `carl agents events`",
+        "start the agents plane with `carl agents up`",
+    )
+
+
+ANSWERS = {
+    "gate": _gate_answer,
+    "phi": _phi_answer,
+    "entropy": _entropy_answer,
+    "rewards": _rewards_answer,
+    "eval": _eval_answer,
+    "loss": _loss_answer,
+    "status": _status_answer,
+    "trajectories": _trajectories_answer,
+    "agents": _agents_answer,
+}
+
+
+def _not_understood() -> list[str]:
+    topics = "; ".join(t.title for t in TOPICS)
+    return [
+        "The offline analyst could not tell what this question asks about, so here is the general picture. "
+        f"It answers questions about: {topics}."
+    ]
+
+
 def answer(digest: dict[str, Any], question: str = "", *, reason: str = "") -> str:
-    """A Markdown answer: what the question asks about first, then every other finding."""
+    """A Markdown answer: the direct answer for each topic the question asks about (or a plain
+    statement that it could not tell), the run in one line, the figures around a step the question
+    names, then the findings, those on the question's topics first."""
     run = digest["run"]
-    q = question.lower()
-    findings = analyze(digest)
-    wanted = {topic for topic, words in TOPIC_WORDS.items() if any(w in q for w in words)}
-    findings.sort(key=lambda f: (f.topic not in wanted, SEVERITY_ORDER.get(f.severity, 3)))
+    q = question.casefold()
+    topics = route(question)
     label = OFFLINE_LABEL + (f" — {reason}" if reason else "")
     lines = [label, ""]
-    headline = [f"Run **{run['name']}**: {run['status']}, step {_f(run['step'])}"
-                + (f" of {_f(run['max_steps'])}" if run["max_steps"] else "")
-                + (f", phase {run['phase']}" if run["phase"] else "")]  # fmt: skip
+    for topic in topics:
+        lines += [*ANSWERS[topic](digest, q), ""]
+    if not topics:
+        lines += [*_not_understood(), ""]
+    headline = [
+        f"Run **{run['name']}**: {run['status']}, step {_f(run['step'])}"
+        + (f" of {_f(run['max_steps'])}" if run["max_steps"] else "")
+        + (f", phase {run['phase']}" if run["phase"] else "")
+    ]
     for key in (*task_keys(digest)[:1], "phi/mean", "phi/entropy"):
         t = digest["trends"].get(key)
         if t:
@@ -300,11 +642,15 @@ def answer(digest: dict[str, Any], question: str = "", *, reason: str = "") -> s
         around = _around(digest, int(match.group(1)))
         if around:
             lines += ["", f"**Around step {match.group(1)}**", *around]
+    findings = analyze(digest)
+    wanted = set().union(*(FINDINGS_OF[t] for t in topics))
+    named = {topic for topic, words in FINDING_WORDS.items() if re.search(words, q)}
+    findings.sort(
+        key=lambda f: (f.topic not in wanted, f.topic not in named, SEVERITY_ORDER.get(f.severity, 3))
+    )
     problems = [f for f in findings if f.severity != "info"]
-    lines += [
-        "",
-        f"**Findings** ({len(problems)} problem{'s' if len(problems) != 1 else ''})" if findings else "",
-    ]
+    if findings:
+        lines += ["", f"**Findings** ({len(problems)} problem{'s' if len(problems) != 1 else ''})"]
     for f in findings:
         mark = {"red": "🔴", "yellow": "🟡"}.get(f.severity, "ℹ️")
         lines.append(

@@ -2,8 +2,10 @@
 
 Everything comes from the store: the run row, its config, a handful of series downsampled to a
 few dozen points, each series' trend (first, last, range, noise, and since when it has been
-flat), the cascade gate's transitions, chart events, recent commands, a few samples and the
-newest eval. `digest_text` renders it as a few kilobytes of plain lines; secrets are redacted.
+flat), the cascade gate (its transitions, the rule it ran under, the step it opened or came
+closest, and the task-reward means of the window that decided it), chart events, recent commands,
+a few samples and the newest eval. `digest_text` renders it as a few kilobytes of plain lines;
+secrets are redacted.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from engine.store.reader import RunRow, Series, StoreReader
+from engine.training.config import CascadeConfig
 
 from .redact import redact
 
@@ -27,6 +31,7 @@ KEYS = ("phi/mean", "phi/entropy", "phi/p10", "phi/p90", "reward", "reward_std",
         "frac_reward_zero_std", "grad_norm", "learning_rate", "kl", "completions/mean_length",
         "completions/clipped_ratio", "train/loss", "train/reward")  # fmt: skip
 MAX_KEYS = 20
+NON_TASK = {"format", "concise", "coherence", "commitment"}  # rewards that do not measure the task
 
 
 @dataclass
@@ -43,6 +48,7 @@ class Trend:
     vmax: float | None
     early: float | None  # mean of the first quarter
     late: float | None  # mean of the last quarter
+    mean: float | None  # mean over the whole run
     noise: float | None  # robust step-to-step spread of the bucket means
     flat_since: int | None  # the step since which it has not moved beyond its noise
     flat_level: float | None
@@ -129,7 +135,7 @@ def trend(reader: StoreReader, run_id: int, key: str, since: int | None = None) 
         key=key, points=reader.count_points(run_id, key), first_step=int(series.first[0]),
         last_step=int(series.last[-1]), first=mean(values[:1]), last=series.latest,
         vmin=float(finite.min()) if len(finite) else None, vmax=float(finite.max()) if len(finite) else None,
-        early=mean(values[:quarter]), late=mean(values[-quarter:]), noise=noise,
+        early=mean(values[:quarter]), late=mean(values[-quarter:]), mean=mean(values), noise=noise,
         flat_since=flat_step, flat_level=flat_level, nan_steps=int((~np.isfinite(values)).sum()),
     )  # fmt: skip
 
@@ -150,12 +156,63 @@ def _run_fields(run: RunRow) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _gate_transitions(reader: StoreReader, run_id: int) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for row in reader.gate_history(run_id):
-        if not out or row["state"] != out[-1]["state"]:
-            out.append(row)
-    return out[-12:]
+def task_keys(digest: dict[str, Any]) -> list[str]:
+    """The run's task reward series: rewards/<name>/mean of every reward that is not format,
+    concise or coherence; the total reward when there are none."""
+    return _task_keys(digest["trends"])
+
+
+def _task_keys(keys: Iterable[str]) -> list[str]:
+    names = list(keys)
+    tasks = [k for k in names if k.startswith("rewards/") and k.split("/")[1] not in NON_TASK]
+    return tasks or [k for k in ("reward", "train/reward") if k in names]
+
+
+def gate_rule(config: dict[str, Any]) -> dict[str, Any]:
+    """The cascade settings the run's gate ran under: the run's config, else carl's defaults."""
+    given = config.get("cascade")
+    given = given if isinstance(given, dict) else {}
+    rule = {key: given.get(key, value) for key, value in CascadeConfig().model_dump().items()}
+    return rule | {"source": "config" if given else "defaults"}
+
+
+def _gate(reader: StoreReader, run_id: int, config: dict[str, Any], tasks: list[str]) -> dict[str, Any]:
+    """The cascade gate from its per-step records: its state now, its transitions, the step it
+    opened (with the record of the step before) or, while closed, the step it came closest, the
+    rule it ran under, and the task-reward means of the window that decided it."""
+    history = reader.gate_history(run_id)
+    if not history:
+        return {"current": None, "transitions": [], "rule": None, "opened": None, "before_open": None,
+                "closest": None, "window": [], "window_keys": []}  # fmt: skip
+    transitions: list[dict[str, Any]] = []
+    for row in history:
+        if not transitions or row["state"] != transitions[-1]["state"]:
+            transitions.append(row)
+    at = next((i for i, row in enumerate(history) if row["state"] != "closed"), None)
+    opened = history[at] if at is not None else None
+    closest = None
+    if opened is None:
+        closest = max(reversed(history), key=lambda row: row["above"] or 0)  # the newest of the best
+    rule = gate_rule(config)
+    decided = opened or history[-1]
+    size = decided["window"] or rule["window"]
+    return {
+        "current": history[-1], "transitions": transitions[-12:], "rule": rule, "opened": opened,
+        "before_open": history[at - 1] if at else None, "closest": closest,
+        "window": _task_window(reader, run_id, tasks, decided["step"] - size + 1, decided["step"]),
+        "window_keys": tasks,
+    }  # fmt: skip
+
+
+def _task_window(reader: StoreReader, run_id: int, keys: list[str], start: int, end: int) -> list[list[Any]]:
+    """[step, task-reward mean] from `start` to `end`: what the gate is fed, the mean of the task
+    rewards' per-step means (NaN counts as 0 there)."""
+    by_step: dict[int, list[float]] = {}
+    for key in keys:
+        s = reader.metric_range(run_id, key, start, end)
+        for step, value in zip(s.last.astype(np.int64), s.mean.astype(np.float64), strict=True):
+            by_step.setdefault(int(step), []).append(float(value) if math.isfinite(value) else 0.0)
+    return [[step, _round(sum(v) / len(v), 4)] for step, v in sorted(by_step.items())]
 
 
 def sample_brief(sample: dict[str, Any], *, cut: bool = True) -> dict[str, Any]:
@@ -205,7 +262,7 @@ def build_digest(reader: StoreReader, run_id: int, *, now: float | None = None) 
         "series": series,
         "trends": {k: t.__dict__ | {"change": t.change} for k, t in trends.items()},
         "rewarded_trends": window,
-        "gate": {"current": reader.gate_state(run_id), "transitions": _gate_transitions(reader, run_id)},
+        "gate": _gate(reader, run_id, config, _task_keys(trends)),
         "events": [e for e in reader.events(run_id) if e["kind"] != "checkpoint"][-20:],
         "checkpoints": [e["step"] for e in reader.events(run_id) if e["kind"] == "checkpoint"][-5:],
         "commands": [
@@ -304,6 +361,18 @@ def digest_text(digest: dict[str, Any]) -> str:
         )
         for t in gate["transitions"]:
             lines.append(f"  step {t['step']}: {t['state']} — {t['reason']}")
+        rule = gate["rule"]
+        lines.append(
+            f"  rule ({rule['source']}): " + ", ".join(f"{k}={v}" for k, v in rule.items() if k != "source")
+        )
+        if o := gate["opened"]:
+            lines.append(f"  opened at step {o['step']}: {o['above']}/{o['window']} above {_fmt(o['threshold'])} "
+                         f"(n={o['history']})")  # fmt: skip
+        if gate["window"]:
+            lines.append(
+                f"  task reward fed to the gate, steps {gate['window'][0][0]}–{gate['window'][-1][0]}: "
+                + " ".join(f"{s}:{_fmt(v)}" for s, v in gate["window"])
+            )
     else:
         lines.append("GATE none (no cascade gate in this run)")
     if digest["events"]:
