@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.demo.task import REWARD_FUNCS, TASK, task_rows
+from engine.demo.task import REWARD_FUNCS, TASK, TEACHER_CONFUSES, TEACHER_SAMPLES, demo_rows, task_rows
+from engine.training.holdout import distinct_prompts, prompt_key, split_holdout
 
 format_reward, task_reward, concise_reward = REWARD_FUNCS
 parse_call = TASK.parse
@@ -35,6 +36,32 @@ def test_task_rows_are_deterministic_and_carry_the_answer_columns() -> None:
         "tool": row["answer_tool"],
         "args": {"city": row["answer_city"]},
     }
+
+
+def test_the_warmup_set_samples_a_weaker_teacher_and_keeps_the_gold_answers() -> None:
+    rows = demo_rows(seed=0)
+    assert rows == demo_rows(seed=0) and rows != demo_rows(seed=1)
+    gold = task_rows(seed=0)
+    assert len(rows) == TEACHER_SAMPLES * len(gold)
+    # Each request's samples sit together and keep its gold answer columns.
+    for i, request in enumerate(gold):
+        for row in rows[i * TEACHER_SAMPLES : (i + 1) * TEACHER_SAMPLES]:
+            assert row["prompt"] == request["prompt"]
+            assert (row["answer_tool"], row["answer_city"]) == (
+                request["answer_tool"],
+                request["answer_city"],
+            )
+    called = [(row["answer_tool"], parse_call(row["completion"][0]["content"])["tool"]) for row in rows]
+    # The teacher always gets weather and news right, and mostly confuses time and hotels.
+    for tool, wrong in TEACHER_CONFUSES.items():
+        answers = [c for t, c in called if t == tool]
+        right = answers.count(tool) / len(answers)
+        assert 0.25 < right < 0.45 and answers.count(wrong) == len(answers) - answers.count(tool)
+    assert all(c == t for t, c in called if t not in TEACHER_CONFUSES)
+    # A request's samples never straddle the held-out split, and eval asks each prompt once.
+    train, held = split_holdout(rows, 0.1)
+    assert not {prompt_key(r) for r in train} & {prompt_key(r) for r in held}
+    assert len(distinct_prompts(held)) == len(held) // TEACHER_SAMPLES
 
 
 def test_format_reward_gives_full_and_partial_credit() -> None:

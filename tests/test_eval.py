@@ -99,7 +99,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 def test_the_end_of_run_eval_is_stored_and_held_out_prompts_never_trained(trained: Path) -> None:
-    from engine.demo.task import task_rows
+    from engine.training.data import load_rows
 
     reader = StoreReader(trained / "carl.db")
     try:
@@ -120,7 +120,7 @@ def test_the_end_of_run_eval_is_stored_and_held_out_prompts_never_trained(traine
     assert evaluation["passed"] == all(">=" in r for r in evaluation["reasons"])
     assert "eval" in events and "final" in events
 
-    _, held = split_holdout(task_rows(0), 0.1)
+    _, held = split_holdout(load_rows("demo", 0), 0.1)
     held_prompts = {r["prompt"][0]["content"] for r in held}
     trained_prompts = {s["prompt"].removeprefix("user: ") for s in samples}
     assert trained_prompts and not trained_prompts & held_prompts

@@ -41,9 +41,9 @@ def resolve_model(model: str, home: Path, seed: int) -> str:
 def load_rows(dataset: str, seed: int) -> list[dict[str, Any]]:
     """The dataset's rows: the demo task, or a .jsonl / .json file of objects."""
     if dataset == DEMO_DATASET:
-        from engine.demo.task import task_rows
+        from engine.demo.task import demo_rows
 
-        return task_rows(seed)
+        return demo_rows(seed)
     path = Path(dataset).expanduser()
     if not path.is_file():
         raise BadInput(f"dataset {dataset}: no such file")

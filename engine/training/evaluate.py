@@ -28,7 +28,7 @@ from engine.store import Store
 from .artifacts import base_model_of, carl_run, is_adapter, model_dir
 from .backend import BadInput, TrainingFailed, one_line
 from .config import ConfigError, TrainConfig, config_from_data
-from .holdout import split_holdout
+from .holdout import distinct_prompts, split_holdout
 from .mlx_artifacts import is_mlx_adapter
 
 FORMAT_FULL = 0.999  # a format reward this high is full compliance (float32 rewards: 1.0 - eps)
@@ -71,7 +71,7 @@ def evaluate_run(store: Store, ref: str, *, home: Path, max_prompts: int | None 
         raise BadInput(
             f"run {run['name']!r} held no prompts out of training (eval.holdout is {config.eval.holdout})"
         )
-    held = held[: max_prompts or config.eval.max_prompts]
+    held = distinct_prompts(held)[: max_prompts or config.eval.max_prompts]
     path = model_dir(run)
     answer = _answer_mlx if _with_mlx(run, path) else _answer
     started = time.monotonic()

@@ -36,3 +36,16 @@ def split_holdout(
     held = set(order[:cut])
     train = [row for i, row in enumerate(rows) if i not in held]
     return train, [row for i, row in enumerate(rows) if i in held]
+
+
+def distinct_prompts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first row of each prompt, in order: a prompt listed several times (several reference
+    completions of one request) is evaluated once, so it weighs as much as any other prompt."""
+    seen: set[str] = set()
+    out = []
+    for row in rows:
+        key = prompt_key(row)
+        if key not in seen:
+            seen.add(key)
+            out.append(row)
+    return out
