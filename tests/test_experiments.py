@@ -18,6 +18,7 @@ from support import wait_for
 
 from engine.daemon import stop_engine
 from engine.experiments.arms import ExperimentError, cell_config, check_base, parse_arms, parse_seeds
+from engine.experiments.runner import open_experiment
 from engine.experiments.stats import mean_ci, paired_delta
 from engine.store import Store
 from engine.training.config import config_from_data
@@ -103,6 +104,25 @@ def test_paired_delta_pairs_by_seed() -> None:
     t = 0.2 / (0.1 / math.sqrt(3))
     assert got["p"] == pytest.approx(1 - t / math.sqrt(2 + t * t), abs=1e-9)  # the t(2) CDF in closed form
     assert paired_delta([0.5, 0.5], [0.5, 0.5])["p"] == 1.0
+
+
+def test_more_seeds_or_arms_extend_a_stored_experiment_and_keep_its_finished_cells(tmp_path: Path) -> None:
+    base = config_from_data(BASE, "base")
+    with Store(tmp_path / "carl.db") as store:
+        first = open_experiment(store, "grow", base, ["sft-only", "task-only"], [0], 3, "base")
+        store.update_experiment_run(first.id, "task-only", 0, status="finished", task=0.9, solved=0.8)
+        grown = open_experiment(store, "grow", base, ["task-only", "cascade", "sft-only"], [0, 1], 3, "base")
+        assert (grown.id, grown.arms, grown.seeds) == (first.id, ["sft-only", "task-only", "cascade"], [0, 1])
+        cells = {(c["arm"], c["seed"]): c for c in store.experiment_runs(first.id)}
+        assert store.experiment("grow")["seeds"] == [0, 1]
+        assert sorted(cells) == sorted((a, s) for a in grown.arms for s in (0, 1))
+        assert cells["task-only", 0]["status"] == "finished" and cells["task-only", 0]["task"] == 0.9
+        assert {c["status"] for key, c in cells.items() if key != ("task-only", 0)} == {"pending"}
+        # Fewer seeds, other seeds or other steps ask another question: refused, nothing changed.
+        for arms, seeds, steps in ((grown.arms, [1], 3), (grown.arms, [0, 1], 4)):
+            with pytest.raises(ExperimentError, match="exists with another"):
+                open_experiment(store, "grow", base, arms, seeds, steps, "base")
+        assert len(store.experiment_runs(first.id)) == 6
 
 
 # -- the real thing ----------------------------------------------------------------------------------
@@ -195,9 +215,9 @@ def test_an_experiment_trains_every_arm_through_the_engine_and_reruns_nothing_fi
     assert "held-out task" in out and "cascade" in out and "(baseline)" in out
     code, shown, _ = finish(carl(home, "experiment", "--name", "e1", "--show", "--json"))
     assert code == 0 and json.loads(shown)["arms"] == summary["arms"]
-    code, _, err = finish(carl(home, "experiment", "--name", "e1", "--config", str(base), "--seeds", "2"))
+    code, _, err = finish(carl(home, "experiment", "--name", "e1", "--config", str(base), "--seeds", "5,6"))
     assert code == 2 and err.strip().endswith("experiment 'e1' exists with another --seeds; run it as it was,"
-                                              " or pick another --name")  # fmt: skip
+                                              " with more seeds or arms, or pick another --name")  # fmt: skip
 
 
 @pytest.mark.slow

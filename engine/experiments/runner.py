@@ -40,7 +40,8 @@ class Experiment:
 
 def open_experiment(store: Store, name: str, base: TrainConfig, arms: list[str], seeds: list[int], steps: int,
                     source: str) -> Experiment:  # fmt: skip
-    """The stored experiment `name`, created if new; an existing one must have been asked the same."""
+    """The stored experiment `name`, created if new. An existing one must have been asked the same,
+    but for more seeds or more arms, which add their cells to it."""
     check_base(base, arms, source)
     wanted = {"config": base.model_dump(), "arms": arms, "seeds": seeds, "steps": steps}
     found = store.experiment(name)
@@ -50,11 +51,18 @@ def open_experiment(store: Store, name: str, base: TrainConfig, arms: list[str],
         )
         return Experiment(experiment_id, name, base, arms, seeds, steps)
     for key, value in wanted.items():
-        if found[key] != value:
+        # More seeds or more arms extend the experiment: its finished cells stay and count.
+        grows = key in ("arms", "seeds") and set(found[key]) <= set(value)
+        if found[key] != value and not grows:
             what = "config" if key == "config" else f"--{key}"
             raise ExperimentError(
-                f"experiment {name!r} exists with another {what}; run it as it was, or pick another --name"
+                f"experiment {name!r} exists with another {what}; run it as it was, with more seeds or arms,"
+                " or pick another --name"
             )
+    arms = [*found["arms"], *(a for a in arms if a not in found["arms"])]
+    seeds = [*found["seeds"], *(s for s in seeds if s not in found["seeds"])]
+    if (arms, seeds) != (found["arms"], found["seeds"]):
+        store.extend_experiment(found["id"], arms, seeds)
     return Experiment(found["id"], name, base, arms, seeds, steps)
 
 

@@ -461,6 +461,20 @@ class Store:
             )
         return experiment_id
 
+    def extend_experiment(self, experiment_id: int, arms: Sequence[str], seeds: Sequence[int]) -> None:
+        """The experiment's arms and seeds become these (a superset); each new cell starts pending."""
+        now = time.time()
+        with self.transaction():
+            self.conn.execute(
+                "UPDATE experiments SET arms=?, seeds=?, status='running', updated_at=? WHERE id=?",
+                (json.dumps(list(arms)), json.dumps(list(seeds)), now, experiment_id),
+            )
+            self.conn.executemany(
+                "INSERT OR IGNORE INTO experiment_runs (experiment_id, arm, seed, status, updated_at)"
+                " VALUES (?,?,?,?,?)",
+                [(experiment_id, arm, seed, "pending", now) for arm in arms for seed in seeds],
+            )
+
     def experiment(self, ref: str | int) -> dict[str, Any] | None:
         """An experiment by id (int) or name (str), its JSON columns decoded."""
         return read_experiment(self.conn, ref)
