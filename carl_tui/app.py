@@ -58,6 +58,11 @@ from .panes import (
 )
 
 PANES = ("phi", "rewards", "trajectories", "agents")
+DOWN = ("down", "stopped")  # engine states in which nothing runs it
+READONLY_ENGINE_HINT = "`carl engine start` starts it"  # after "engine ✕ down" in a read-only status line
+READONLY_ENGINE_DOWN = (
+    "engine down — this session is watch-only and starts nothing; start it with `carl engine start`"
+)
 MARK = "▌"  # a run marked for comparison, in the Runs list
 
 
@@ -68,10 +73,11 @@ class StoreUpdated(Message):
 
 
 class EngineState(Message):
-    def __init__(self, state: str, detail: str = "") -> None:
+    def __init__(self, state: str, detail: str = "", *, started_pid: int | None = None) -> None:
         super().__init__()
         self.state = state
-        self.detail = detail
+        self.detail = detail  # an error to show
+        self.started_pid = started_pid  # this control room has just started the engine, as this process
 
 
 class RunList(OptionList):
@@ -141,7 +147,10 @@ class ControlRoom(App[None]):
         self._api_key = api_key  # for the diagnosis chat only; never stored or shown
         self.claude_base_url = claude_base_url
         self.readonly = readonly
-        self.auto_engine = start_engine
+        # A watch-only session starts nothing that writes: it shows the engine as it finds it.
+        self.auto_engine = start_engine and not readonly
+        self.engine_started_pid: int | None = None  # the engine this control room started, if any
+        self._engine_found_down = False  # the last look found it down (read-only: say how to start it)
         self.config_error: str | None = None
         try:
             self.config = load_config(self.home)
@@ -263,7 +272,8 @@ class ControlRoom(App[None]):
         backoff = 2.0
         seen_up = False
         while not worker.is_cancelled:
-            status = engine_status(self.home)
+            # Read-only: not even a dead engine's pidfile is removed.
+            status = engine_status(self.home, recover=not self.readonly)
             if status.state == "up":
                 self.post_message(EngineState("up"))
                 seen_up, backoff = True, 2.0
@@ -271,8 +281,9 @@ class ControlRoom(App[None]):
                 self.post_message(EngineState("stopped" if status.stopped_by_user else "down"))
             else:
                 self.post_message(EngineState("restarting" if seen_up else "starting"))
+                started = False
                 try:
-                    status, _ = start_engine(self.home, wait=10.0)
+                    status, started = start_engine(self.home, wait=10.0)
                 except Exception as exc:  # report, keep showing what is stored
                     self.post_message(EngineState("down", f"engine failed to start: {exc}"))
                 if status.state != "up":
@@ -280,7 +291,7 @@ class ControlRoom(App[None]):
                     time.sleep(backoff)
                     backoff = min(backoff * 2, 60.0)
                     continue
-                self.post_message(EngineState("up"))
+                self.post_message(EngineState("up", started_pid=status.pid if started else None))
                 seen_up = True
             time.sleep(2.0)
 
@@ -292,6 +303,17 @@ class ControlRoom(App[None]):
             return
         if event.detail and event.detail != self.message:
             self.notify(event.detail, title="engine", severity="error", timeout=8)
+        if event.started_pid is not None:
+            # The engine outlives this control room: say so now, and (cli.py) again after `q`.
+            from engine.daemon import started_line
+
+            self.engine_started_pid = event.started_pid
+            self.notify(started_line(event.started_pid, after="you quit"), title="engine", timeout=12,
+                        markup=False)  # fmt: skip
+        down = event.state in DOWN
+        if self.readonly and down and not self._engine_found_down:  # once, until it has been up again
+            self.notify(READONLY_ENGINE_DOWN, title="engine", severity="warning", timeout=30, markup=False)
+        self._engine_found_down = down
         self.engine_state = event.state
         self._update_status()
 
@@ -615,6 +637,7 @@ class ControlRoom(App[None]):
             eval_passed=view.eval["passed"] if view and view.eval else None,
             eval_task=view.eval["metrics"].get("task") if view and view.eval else None,
             engine=self.engine_state,
+            engine_hint=READONLY_ENGINE_HINT if self.readonly and self._engine_found_down else None,
             nats=self._nats_state(),
             readonly=self.readonly,
             message=self.message,
@@ -747,6 +770,8 @@ class ControlRoom(App[None]):
     def _save_config(self) -> None:
         if self.config_error:
             return  # never overwrite a file the user has to fix by hand
+        if self.readonly:
+            return  # a watch-only session writes nothing: the theme and chart mode hold for this session
         try:
             save_config(self.home, self.config)
         except OSError as exc:
@@ -1109,7 +1134,9 @@ class ControlRoom(App[None]):
             yield SystemCommand(
                 f"Theme: {theme}", "Switch theme (remembered)", lambda t=theme: setattr(self, "theme", t)
             )
-        yield SystemCommand("Start engine", "Start the engine daemon if it is down", self._start_engine_now)
+        if not self.readonly:  # a watch-only session starts nothing (the status line says how to)
+            yield SystemCommand("Start engine", "Start the engine daemon if it is down",
+                                self._start_engine_now)  # fmt: skip
         for pane in PANES:
             yield SystemCommand(
                 f"Maximize {pane}",
@@ -1119,6 +1146,9 @@ class ControlRoom(App[None]):
 
     def _start_engine_now(self) -> None:
         """Asked for by name (the palette): start it even if `carl engine stop` stopped it."""
+        if self.readonly:
+            self.notify(READONLY_ENGINE_DOWN, title="engine", severity="warning", markup=False)
+            return
         self.auto_engine = True
         self._engine_asked = True
         self.supervise_engine()

@@ -7,7 +7,6 @@ Heavy modules are imported inside the commands that need them, so `carl engine s
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import json
 import os
@@ -15,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine import paths
 from engine.errors import CarlError
@@ -28,11 +27,11 @@ class CliError(CarlError):
     """A one-line message for the user."""
 
 
-def _home(args: argparse.Namespace) -> Path:
+def _home(args: argparse.Namespace, *, create: bool = True) -> Path:
     home = getattr(args, "top_home", None) or getattr(args, "home", None)
     if home:
         os.environ["CARL_HOME"] = str(Path(home).expanduser())
-    return paths.carl_home()
+    return paths.carl_home(create=create)
 
 
 def _fail(message: str) -> int:
@@ -59,7 +58,8 @@ def _guard(fn: Callable[[argparse.Namespace], int], args: argparse.Namespace) ->
 def tui_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="carl-tui", description="The carl control room.")
     parser.add_argument("--home", help="state directory (default $CARL_HOME or ~/.carl)")
-    parser.add_argument("--readonly", action="store_true", help="watch only: no keys that write to the store")
+    parser.add_argument("--readonly", action="store_true",
+                        help="watch only: no keys that write to the store, and the engine is not started")  # fmt: skip
     parser.add_argument("--no-engine", action="store_true", help="do not start the engine daemon")
     parser.add_argument("--demo", action="store_true",
                         help="start the built-in demo training run (if none is live) and watch it")  # fmt: skip
@@ -85,9 +85,11 @@ def tui_main(argv: list[str] | None = None) -> int:
 
 
 def _run_tui(args: argparse.Namespace) -> int:
-    home = _home(args)
+    home = _home(args, create=not args.readonly)  # watch-only: writes nothing, not even an empty home
     if not args.serve and (args.host is not None or args.port is not None or args.allow_control):
         raise CliError("--host, --port and --allow-control go with --serve")
+    if args.readonly and args.demo:
+        raise CliError("--demo starts a training run; a --readonly session starts nothing (leave one out)")
     if args.serve and importlib.util.find_spec("textual_serve") is None:
         raise CliError("--serve needs textual-serve: pip install 'carl-tui[serve]'")
     if args.experiment is not None:
@@ -102,9 +104,22 @@ def _run_tui(args: argparse.Namespace) -> int:
         return _serve(home, args)
     from .app import ControlRoom
 
-    ControlRoom(home, readonly=args.readonly, start_engine=not args.no_engine, api_key=args.api_key,
-                experiment=args.experiment).run()  # fmt: skip
+    app = ControlRoom(home, readonly=args.readonly, start_engine=not args.no_engine, api_key=args.api_key,
+                      experiment=args.experiment)  # fmt: skip
+    app.run()
+    _say_engine_left_running(home, app.engine_started_pid)
     return 0
+
+
+def _say_engine_left_running(home: Path, pid: int | None) -> None:
+    """Back at the shell: if this control room started the engine and it is still up, say so in the
+    line the user sees next (the app's own notice went with its screen)."""
+    if pid is None:
+        return
+    from engine.daemon import engine_status, started_line
+
+    if engine_status(home).pid == pid:
+        print(started_line(pid, after="carl-tui"), file=sys.stderr)
 
 
 def _serve(home: Path, args: argparse.Namespace) -> int:
@@ -365,7 +380,7 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _engine(args: argparse.Namespace) -> int:
-    from engine.daemon import engine_status, run_engine, start_engine, stop_engine
+    from engine.daemon import engine_report, run_engine, start_engine, stop_engine
 
     home = _home(args)
     if args.action == "run":
@@ -374,24 +389,92 @@ def _engine(args: argparse.Namespace) -> int:
         status, started = start_engine(home)
         if status.state != "up":
             raise CliError(f"engine did not start; see {status.log_path}")
-        print(
-            f"engine {'started' if started else 'already running'} (pid {status.pid}); log {status.log_path}"
-        )
+        if started:
+            print(f"engine started (pid {status.pid}) in the background; log {status.log_path}; "
+                  "`carl engine stop` stops it")  # fmt: skip
+        else:
+            print(f"engine already running (pid {status.pid}); log {status.log_path}")
         return 0
     if args.action == "stop":
-        print("engine stopped" if stop_engine(home) else "engine was not running")
+        training = engine_report(home)["training"]
+        if not stop_engine(home):
+            print("engine was not running")
+            return 0
+        print("engine stopped")
+        if training:  # what it started and leaves running
+            runs = ", ".join(f"{r['run'] or r['what']} (pid {r['pid']})" for r in training)
+            print(f"still training: {runs} — {CARRY_ON}")
         return 0
-    status = engine_status(home)
+    report = engine_report(home)
     if args.json:
-        print(json.dumps({**dataclasses.asdict(status), "log_path": str(status.log_path)}))
-        return 0 if status.state == "up" else 3
-    if status.state == "up":
-        beat = f", heartbeat {time.time() - status.heartbeat_at:.0f}s ago" if status.heartbeat_at else ""
-        print(f"engine up (pid {status.pid}{beat}); log {status.log_path}")
+        print(json.dumps(report))
     else:
-        note = " (stale pidfile recovered)" if status.stale_pidfile_recovered else ""
-        print(f"engine down{note}; log {status.log_path}")
-    return 0 if status.state == "up" else 3
+        print("\n".join(engine_lines(report)))
+    return 0 if report["state"] == "up" else 3
+
+
+def engine_lines(report: dict[str, Any]) -> list[str]:
+    """`carl engine status` for a person: the engine, then what it is running, then how to stop it."""
+    if report["state"] != "up":
+        why = " (stopped with `carl engine stop`)" if report["stopped_by_user"] else ""
+        why += " (stale pidfile recovered)" if report["stale_pidfile_recovered"] else ""
+        lines = [f"engine down{why}; `carl engine start` starts it",
+                 f"  home      {report['home']}", f"  log       {report['log_path']}"]  # fmt: skip
+        if report["agents"]["wanted"]:
+            lines.append("  agents    the plane was up: it comes back up with the engine")
+        return lines
+    beat = report["heartbeat_at"] and f", heartbeat {_duration(time.time() - report['heartbeat_at'])} ago"
+    uptime = f", up {_duration(report['uptime_s'])}" if report["uptime_s"] is not None else ""
+    lines = [f"engine up (pid {report['pid']}{uptime}{beat or ''})",
+             f"  home      {report['home']}", f"  log       {report['log_path']}"]  # fmt: skip
+    training = report["training"]
+    if not training:
+        lines.append("  training  nothing (n in carl-tui, `carl demo`, `carl experiment` start runs)")
+    for i, run in enumerate(training):
+        head = "  training  " if i == 0 else " " * 12
+        if run["run"] is None:
+            lines.append(f"{head}{run['what']}: starting (pid {run['pid']}; log {run['log']})")
+            continue
+        step = "-" if run["step"] is None else f"{run['step']:,}"
+        total = f"/{run['max_steps']:,}" if run["max_steps"] else ""
+        lines.append(f"{head}{run['run']}: {run['state']}, step {step}{total} (pid {run['pid']})")
+    for i, ev in enumerate(report["evals"]):
+        head = "  evals     " if i == 0 else " " * 12
+        lines.append(f"{head}{ev['run']} (pid {ev['pid']}; log {ev['log']})")
+    lines.append(f"  agents    {_agents_line(report['agents'])}")
+    lines.append(f"`carl engine stop` stops it{' and its agents plane' if report['agents']['up'] else ''}")
+    if training:
+        lines.append(f"({CARRY_ON})")
+    return lines
+
+
+CARRY_ON = "a training run is a process of its own: it carries on to its end; s in carl-tui stops it"
+
+
+def _agents_line(agents: dict[str, Any]) -> str:
+    if not agents["up"]:
+        return "plane not up (`carl agents up` starts one)"
+    server = agents["server"] or {}
+    if server.get("local"):
+        where = f"nats-server {server.get('state') or '?'} at {server.get('url')} (pid {server.get('pid')})"
+    else:
+        where = f"external NATS at {server.get('url') or '?'}"
+    counts: dict[str, int] = {}
+    for proc in agents["processes"]:
+        if proc["state"] in ("running", "starting", "restarting"):
+            counts[proc["role"]] = counts.get(proc["role"], 0) + 1
+    parts = [f"{n} {role}{'s' if n != 1 and role == 'worker' else ''}" for role, n in counts.items()]
+    return f"plane up: {where}; " + (", ".join(parts) if parts else "no process running")
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    days, rest = divmod(seconds, 86400)
+    return (f"{days}d" if days else "") + f"{rest // 3600}h{rest % 3600 // 60:02d}m"
 
 
 def _observe(args: argparse.Namespace) -> int:
@@ -426,12 +509,10 @@ def _print_result(kind: str, path: Path, result: object) -> None:
 
 def _observe_via_engine(home: Path, path: Path, name: str | None) -> int:
     """Hand a followed source to the engine (its one writer) and wait until it has caught up."""
-    from engine.daemon import start_engine
+    from engine.daemon import ensure_engine
     from engine.store import Store
 
-    status, _ = start_engine(home)
-    if status.state != "up":
-        raise CliError(f"engine did not start; see {status.log_path}")
+    ensure_engine(home)  # says so on stderr when it starts one: the engine outlives this command
     with Store(paths.db_path(home)) as store:
         command_id = store.enqueue_command("observe", {"path": str(path), "follow": True, "name": name})
         with _LazyProgress(f"engine importing {path.name}") as progress:
@@ -573,12 +654,10 @@ def _start_demo(home: Path, steps: int | None, backend: str | None = None) -> No
         raise CliError("the demo trains a model: install the train extra (pip install 'carl-tui[train]')")
     if backend == "mlx" and any(importlib.util.find_spec(m) is None for m in ("mlx", "mlx_lm")):
         raise CliError("--backend mlx: install the mlx extra (pip install 'carl-tui[mlx]')")
-    from engine.daemon import start_engine
+    from engine.daemon import ensure_engine
     from engine.store import Store
 
-    status, _ = start_engine(home)
-    if status.state != "up":
-        raise CliError(f"engine did not start; see {status.log_path}")
+    ensure_engine(home)  # says so on stderr when it starts one: the engine outlives this command
     with Store(paths.db_path(home)) as store:
         live = store.conn.execute(
             "SELECT name FROM runs WHERE source_kind='carl' AND name LIKE 'demo%' AND status IN ('running','paused')"

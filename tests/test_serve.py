@@ -99,7 +99,7 @@ def home(tmp_path: Path) -> Path:
 class Served:
     """`carl-tui --serve` as a process: its printed lines arrive on a queue, read by a thread."""
 
-    def __init__(self, home: Path, port: int, extra: list[str]) -> None:
+    def __init__(self, home: Path, port: int, extra: list[str], *, engine: bool = False) -> None:
         self.argv = argv = [
             sys.executable,
             "-m",
@@ -109,7 +109,7 @@ class Served:
             str(port),
             "--home",
             str(home),
-            "--no-engine",
+            *([] if engine else ["--no-engine"]),
             *extra,
         ]
         self.proc = subprocess.Popen(
@@ -240,6 +240,33 @@ def test_the_control_room_in_a_browser(chromium: str, served: Served) -> None:
             browser.close()
     assert served.stop() == [], "a session's control room outlived the server"
     assert served.proc.returncode == 0 and served.output().count(token) == 1, "the token is printed once"
+
+
+@pytest.mark.slow
+def test_a_read_only_browser_session_starts_no_engine(chromium: str, home: Path) -> None:
+    """Served without --no-engine: a read-only session still starts nothing, and says how to."""
+    from playwright.sync_api import sync_playwright
+
+    from engine.daemon import engine_status, stop_engine
+
+    served = Served(home, free_port(), [], engine=True)
+    try:
+        url = served.url()
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=chromium)
+            try:
+                page = browser.new_page()
+                page.route(re.compile(r"^https?://(?!127\.0\.0\.1)"), lambda route: route.abort())
+                page.add_init_script(CATCH_TERMINAL)
+                page.goto(url, wait_until="domcontentloaded")
+                # The session's first look at the engine: down, and the notice says how to start it.
+                wait_for_screen(page, "served-run", "engine ✕ down", "watch-only", "read-only")
+            finally:
+                browser.close()
+        assert engine_status(home).state == "down" and not (home / "engine.pid").exists()
+    finally:
+        assert served.stop() == []
+        stop_engine(home)
 
 
 def test_serve_on_a_busy_port_is_one_line(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 HEALTH_MARK = {"green": "●", "yellow": "▲", "red": "✕"}
+READ_ONLY = " │ read-only"
 ENGINE_MARK = {"up": "●", "starting": "◌", "restarting": "◌", "down": "✕", "stopped": "○", "external": "●"}
 
 
@@ -34,6 +35,7 @@ class StatusInfo:
     eval_passed: bool | None = None  # the newest held-out eval: None when there is none
     eval_task: float | None = None
     engine: str = "down"
+    engine_hint: str | None = None  # how to start an engine this session will not start (read-only)
     nats: str | None = None  # the agents plane's NATS server (up, restarting, down, external); None: no plane
     readonly: bool = False
     message: str | None = None  # a one-line error to show, e.g. an unreadable source
@@ -84,6 +86,9 @@ class StatusBar(Static):
         engine_color = theme.success if info.engine == "up" else theme.warning
         text.append(" │ engine ")
         text.append(f"{ENGINE_MARK.get(info.engine, '?')} {info.engine}", style=engine_color)
+        hint = f": {info.engine_hint}" if info.engine_hint else ""
+        if hint and self._fits(text.cell_len + len(hint) + (len(READ_ONLY) if info.readonly else 0)):
+            text.append(hint)  # whole or not at all (a cut one reads as nonsense); the notice says it too
         if info.nats:
             text.append(" │ nats ")
             nats_color = theme.success if info.nats in ("up", "external") else theme.warning
@@ -96,5 +101,12 @@ class StatusBar(Static):
             if info.health_reason:  # last: the longest part, the one to cut on a narrow screen
                 text.append(f" {info.health_reason}", style="dim")
         if info.readonly:
-            text.append(" │ read-only", style="dim")
+            text.append(READ_ONLY, style="dim")
         return text
+
+    def _fits(self, cells: int) -> bool:
+        width = self.content_size.width
+        return not width or cells <= width  # not laid out yet: the resize that follows draws it again
+
+    def on_resize(self) -> None:
+        self.update(self.render_info(self.info))

@@ -109,12 +109,10 @@ def _positive(value: int | None, flag: str) -> None:
 
 
 def _engine_command(home: Path, verb: str, args: dict[str, Any], wait: float = 120.0) -> str:
-    from engine.daemon import start_engine
+    from engine.daemon import ensure_engine
     from engine.store import Store
 
-    status, _ = start_engine(home)
-    if status.state != "up":
-        raise AgentsCliError(f"engine did not start; see {status.log_path}")
+    status = ensure_engine(home)  # says so on stderr when it starts one: the engine outlives this command
     with Store(paths.db_path(home)) as store:
         command_id = store.enqueue_command(verb, args, target="engine", origin="cli")
         deadline = time.monotonic() + wait

@@ -2,6 +2,9 @@
 
 `engine_status` is cheap enough to call a few times a second: it reads the pidfile, probes
 the pid and reads the engine row read-only; it never writes the store or takes the lock.
+`engine_report` adds what the engine is running (its training runs, evals, agents plane) for
+`carl engine status`. `ensure_engine` is what a headless command that needs the engine calls:
+it starts one if none is up and says so in one line, since the engine outlives the command.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine import paths
+from engine.errors import CarlError
 from engine.store import StoreError, StoreReader
 
 from .pidfile import (
@@ -25,6 +30,7 @@ from .pidfile import (
     ensure_home,
     is_our_engine,
     log_path,
+    parent_pid,
     pid_alive,
     proc_start_time,
     read_pidfile,
@@ -32,6 +38,11 @@ from .pidfile import (
 )
 
 POLL = 0.05  # seconds between checks while waiting for the engine to come up or go away
+# The store's kv row where the engine lists the processes it started and has not reaped yet:
+# {"pid": the engine's pid, "children": [{"kind": "train"|"eval", "pid", "command_id", "what", "log",
+# "started_at"}]}. The engine rewrites it when the list changes (and empties it when it starts).
+CHILDREN_KEY = "engine.children"
+Row = dict[str, Any]
 
 # Engines this process started. Polling them reaps a dead one, so it does not linger as a
 # zombie that still answers os.kill(pid, 0).
@@ -73,7 +84,12 @@ def _engine_row(home: Path) -> dict[str, Any] | None:
         reader.close()
 
 
-def engine_status(home: Path | None = None) -> EngineStatus:
+class EngineError(CarlError):
+    """The engine did not come up (the reason is in its log)."""
+
+
+def engine_status(home: Path | None = None, *, recover: bool = True) -> EngineStatus:
+    """`recover=False` leaves a dead engine's pidfile in place: a read-only session writes nothing."""
     home = _home(home)
     _reap()
     record = read_pidfile(home)
@@ -86,9 +102,86 @@ def engine_status(home: Path | None = None) -> EngineStatus:
         )  # fmt: skip
     return EngineStatus(
         state="down", pid=None, started_at=None, heartbeat_at=heartbeat_at, log_path=log_path(home),
-        stale_pidfile_recovered=remove_pidfile_if(home, record),
+        stale_pidfile_recovered=remove_pidfile_if(home, record) if recover else False,
         stopped_by_user=row.get("state") == "stopped",
     )  # fmt: skip
+
+
+def engine_report(home: Path | None = None) -> dict[str, Any]:
+    """`carl engine status`: the status (as `engine_status`'s fields), the home, the uptime, and while
+    the engine is up what it is running: the runs it is training, the evals it is doing, and the agents
+    plane (the nats-server and processes it started). Read-only, like `engine_status`."""
+    home = _home(home)
+    status = engine_status(home)
+    up = status.state == "up"
+    report: dict[str, Any] = {
+        "state": status.state, "pid": status.pid, "home": str(home), "started_at": status.started_at,
+        "uptime_s": round(time.time() - status.started_at, 1) if up and status.started_at else None,
+        "heartbeat_at": status.heartbeat_at, "version": None, "log_path": str(status.log_path),
+        "stale_pidfile_recovered": status.stale_pidfile_recovered, "stopped_by_user": status.stopped_by_user,
+        "training": [], "evals": [], "agents": {"up": False, "wanted": False, "server": None, "processes": []},
+    }  # fmt: skip
+    db = paths.db_path(home)
+    if not db.exists():
+        return report
+    try:
+        reader = StoreReader(db)
+    except (StoreError, sqlite3.Error):
+        return report
+    try:
+        report["version"] = (reader.engine_row() or {}).get("version")
+        plane, server = reader.kv("agents.plane") or {}, reader.kv("agents.server") or {}
+        report["agents"]["wanted"] = bool(plane.get("wanted"))
+        if up:  # what the kv says about a dead engine's children and plane is history, not "running"
+            if plane.get("wanted"):
+                report["agents"] = {"up": True, "wanted": True, "server": _server(server),
+                                    "processes": [_process(p) for p in plane.get("processes") or []]}  # fmt: skip
+            children = reader.kv(CHILDREN_KEY) or {}
+            if children.get("pid") == status.pid:
+                report["training"], report["evals"] = _running(reader, children.get("children") or [])
+    except sqlite3.Error:
+        pass  # e.g. the first engine is still creating the schema: the status alone
+    finally:
+        reader.close()
+    return report
+
+
+def _server(server: dict[str, Any]) -> dict[str, Any] | None:
+    if not server:
+        return None
+    keys = ("state", "url", "pid", "local", "restarts", "bridge")
+    return {key: server.get(key) for key in keys}
+
+
+def _process(process: dict[str, Any]) -> dict[str, Any]:
+    return {key: process.get(key) for key in ("role", "id", "state", "pid", "log")}
+
+
+def _running(reader: StoreReader, children: list[dict[str, Any]]) -> tuple[list[Row], list[Row]]:
+    """The engine's training children as the runs they train (a run's pid is its runner's, or with
+    several processes rank 0's, whose parent is the runner), and its live eval children."""
+    live = reader.conn.execute(
+        "SELECT id, name, status, last_step, max_steps, pid FROM runs"
+        " WHERE status IN ('running', 'paused') AND pid IS NOT NULL ORDER BY id"
+    ).fetchall()
+    training: list[Row] = []
+    evals: list[Row] = []
+    for child in children:
+        pid = child.get("pid")
+        if not isinstance(pid, int) or not pid_alive(pid):
+            continue  # exited; the engine reaps it at its next tick
+        common = {key: child.get(key) for key in ("command_id", "log", "started_at")}
+        if child.get("kind") == "eval":
+            evals.append({"run": child.get("what"), "pid": pid, **common})
+            continue
+        runs = [r for r in live if r[5] == pid or (pid_alive(r[5]) and parent_pid(r[5]) == pid)]
+        for run_id, name, state, step, max_steps, run_pid in runs:
+            training.append({"run": name, "run_id": run_id, "state": state, "step": step, "max_steps": max_steps,
+                             "pid": run_pid, **common})  # fmt: skip
+        if not runs:  # the process has not opened its run yet (it is loading the model)
+            training.append({"run": None, "run_id": None, "state": "starting", "step": None, "max_steps": None,
+                             "pid": pid, "what": child.get("what"), **common})  # fmt: skip
+    return training, evals
 
 
 def start_engine(home: Path | None = None, *, wait: float = 10.0) -> tuple[EngineStatus, bool]:
@@ -111,6 +204,30 @@ def start_engine(home: Path | None = None, *, wait: float = 10.0) -> tuple[Engin
             break  # it failed (the reason is in the log); an exit 0 lost the lock to a racing start
         time.sleep(POLL)
     return status, False
+
+
+def started_line(pid: int | None, after: str = "this command") -> str:
+    """What a command says when it has started the engine: it keeps running, and how to stop it."""
+    return (f"started the carl engine (pid {pid}) in the background; it keeps running after {after}"
+            " — `carl engine stop` stops it")  # fmt: skip
+
+
+def ensure_engine(home: Path | None = None, *, say: Callable[[str], None] | None = None) -> EngineStatus:
+    """The engine, up, for a headless command that needs it: started unless one is up already.
+
+    When this call started it, `say` (default: one line on stderr, so stdout stays the command's
+    output) is told so: the engine outlives the command. Raises EngineError when it did not come up.
+    """
+    status, started = start_engine(home)
+    if status.state != "up":
+        raise EngineError(f"the engine did not start; see {status.log_path}")
+    if started:
+        (say or _say_on_stderr)(started_line(status.pid))
+    return status
+
+
+def _say_on_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _spawn(home: Path) -> subprocess.Popen[bytes]:

@@ -31,6 +31,7 @@ from engine.coherence.analysis import analyze_runs
 from engine.observe import IngestResult, ObserveError, finish_import, ingest_source, register_source
 from engine.store import Store, StoreError
 
+from .control import CHILDREN_KEY
 from .pidfile import (
     PidRecord,
     ensure_home,
@@ -147,6 +148,8 @@ class Engine:
         self.next_recheck = 0.0
         self.children: list[subprocess.Popen[bytes]] = []  # training processes this engine started
         self.evals: list[tuple[subprocess.Popen[bytes], int, Path]] = []  # (process, command id, log)
+        self.child_info: dict[int, dict[str, Any]] = {}  # pid -> what `carl engine status` shows of it
+        self.published_children: list[dict[str, Any]] | None = None  # as last written to the store
         self.next_sweep = 0.0  # re-assembly of recent hook sessions (turns that ended without Stop)
         self.plane: Any = None  # the agents plane (engine.agents.plane.Plane), made on first use
 
@@ -158,6 +161,7 @@ class Engine:
         """Mark the engine row up; done before the pidfile appears, so a status check finds both."""
         self.store.engine_heartbeat(self.record.pid, self.host, __version__, started=True)
         self.next_heartbeat = time.monotonic() + HEARTBEAT_EVERY
+        self.publish_children()  # none yet: a previous engine's list is not this one's
 
     def run(self) -> None:
         self.resume_orphans()
@@ -182,6 +186,7 @@ class Engine:
             backlog = self.trajectories_due() or backlog
             self.analyze_due()
             self.reap_children()
+            self.publish_children()
             if self.plane is not None:
                 self.plane.tick()
             return backlog
@@ -351,6 +356,8 @@ class Engine:
                                     start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
         self.children.append(proc)
         what = f"resuming {resume}" if resume else f"training with {config}"
+        self.child_info[proc.pid] = {"kind": "train", "pid": proc.pid, "command_id": command_id, "what": what,
+                                     "log": str(log_path), "started_at": time.time()}  # fmt: skip
         self.finish(command_id, True, f"{what} (pid {proc.pid}); log {log_path}")
 
     def start_eval(self, command_id: int, args: dict[str, Any]) -> None:
@@ -374,6 +381,8 @@ class Engine:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, close_fds=True,
                                     start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
         self.evals.append((proc, command_id, eval_log))
+        self.child_info[proc.pid] = {"kind": "eval", "pid": proc.pid, "command_id": command_id, "what": str(run),
+                                     "log": str(eval_log), "started_at": time.time()}  # fmt: skip
 
     def reap_children(self) -> None:
         """Collect finished training processes so none lingers as a zombie; finish eval commands."""
@@ -386,6 +395,21 @@ class Engine:
             ok, result = eval_outcome(proc.returncode, eval_log)
             self.finish(command_id, ok, result)
         self.evals = running
+
+    def publish_children(self) -> None:
+        """Put the training and eval processes still running in the store (`carl engine status`
+        reads them), when that list changed."""
+        live = {p.pid for p in self.children} | {p.pid for p, _, _ in self.evals}
+        self.child_info = {pid: info for pid, info in self.child_info.items() if pid in live}
+        children = list(self.child_info.values())
+        if children == self.published_children:
+            return
+        with self.store.transaction():
+            self.store.conn.execute(
+                "INSERT OR REPLACE INTO kv (key, value, updated_at) VALUES (?,?,?)",
+                (CHILDREN_KEY, json.dumps({"pid": self.record.pid, "children": children}), time.time()),
+            )
+        self.published_children = children
 
     def start_observe(self, command_id: int, args: dict[str, Any]) -> None:
         path, name = args.get("path"), args.get("name")

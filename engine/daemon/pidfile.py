@@ -82,6 +82,23 @@ def proc_start_time(pid: int) -> str | None:
     return "" if state in ("Z", "X") else start
 
 
+def parent_pid(pid: int) -> int | None:
+    """The parent of a live process (None when it is gone or cannot be read): /proc on Linux, ps elsewhere."""
+    if sys.platform.startswith("linux"):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        return int(stat[stat.rindex(")") + 2 :].split()[1])
+    import subprocess
+
+    try:
+        out = subprocess.run(["ps", "-o", "ppid=", "-p", str(pid)], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return int(out.stdout) if out.returncode == 0 and out.stdout.strip().isdigit() else None
+
+
 def write_pidfile(home: Path, record: PidRecord) -> None:
     """Write the pidfile atomically (a reader sees the old file or the new one, never half)."""
     path = pid_path(home)

@@ -77,8 +77,6 @@ def _base_config(args: argparse.Namespace) -> tuple[object, str]:
 
 
 def _engine_up(home: Path) -> None:
-    from engine.daemon import start_engine
+    from engine.daemon import ensure_engine
 
-    status, _ = start_engine(home)
-    if status.state != "up":
-        raise ExperimentError(f"the engine did not start; see {status.log_path}")
+    ensure_engine(home)  # says so on stderr when it starts one: the engine outlives this command
