@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine.demo.task import REWARD_FUNCS, TASK, TEACHER_CONFUSES, TEACHER_SAMPLES, demo_rows, task_rows
-from engine.training.holdout import distinct_prompts, prompt_key, split_holdout
+from engine.training.holdout import distinct_prompts, holdout_line, prompt_key, split_holdout
 
 format_reward, task_reward, concise_reward = REWARD_FUNCS
 parse_call = TASK.parse
@@ -62,6 +62,9 @@ def test_the_warmup_set_samples_a_weaker_teacher_and_keeps_the_gold_answers() ->
     train, held = split_holdout(rows, 0.1)
     assert not {prompt_key(r) for r in train} & {prompt_key(r) for r in held}
     assert len(distinct_prompts(held)) == len(held) // TEACHER_SAMPLES
+    assert holdout_line(train, held) == "held out 38 of 384 prompts (152 of 1536 rows) for `carl eval`"
+    gold_train, gold_held = split_holdout(gold, 0.1)
+    assert holdout_line(gold_train, gold_held) == "held out 39 of 384 prompts for `carl eval`"
 
 
 def test_format_reward_gives_full_and_partial_credit() -> None:

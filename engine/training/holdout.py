@@ -49,3 +49,12 @@ def distinct_prompts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             seen.add(key)
             out.append(row)
     return out
+
+
+def holdout_line(train: list[dict[str, Any]], held: list[dict[str, Any]]) -> str:
+    """What a run says of its split: prompts, and rows too where prompts repeat."""
+    prompts = len(distinct_prompts(held)), len(distinct_prompts(train + held))
+    line = f"held out {prompts[0]} of {prompts[1]} prompts"
+    if (len(held), len(train) + len(held)) != prompts:
+        line += f" ({len(held)} of {len(train) + len(held)} rows)"
+    return line + " for `carl eval`"

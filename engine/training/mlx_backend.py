@@ -47,6 +47,7 @@ from .backend import BadInput, CommandPump, Reporter, StepRecord, TrainingFailed
 from .cascade import RewardSet
 from .config import TrainConfig
 from .data import _offline_if_local, checked_inputs, dataset_columns, prompt_text
+from .holdout import holdout_line
 
 CARL_STATE = "carl_state.json"  # written last into a checkpoint: one without it is incomplete
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -203,7 +204,7 @@ class MLXBackend:
         mx.random.seed(config.seed)
         self.rows, held, self.rewards, model = checked_inputs(config, self.home)
         if held:
-            _say(f"held out {len(held)} of {len(self.rows) + len(held)} prompts for `carl eval`")
+            _say(holdout_line(self.rows, held))
         self.has_completions = "completion" in dataset_columns(self.rows)
         self.model_path = str(local_model_dir(model))
         self.model, self.tokenizer, model_config = self._load(self.model_path)

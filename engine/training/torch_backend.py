@@ -35,6 +35,7 @@ from .config import TrainConfig
 from .data import _offline_if_local, checked_inputs, dataset_columns, prompt_text
 from .distributed import Ranks, collective_timeout
 from .hf import CommandCallback, entropy_to_phi
+from .holdout import holdout_line
 
 CARL_STATE = "carl_gate.json"  # gate, weights and calibration, saved into every checkpoint
 WARMUP_DIR = "sft-warmup"  # the model after the SFT warm-up, the base of the GRPO phase
@@ -177,7 +178,7 @@ class TorchBackend:
         torch.manual_seed(config.seed)
         self.rows, held, self.rewards, self.model_path = checked_inputs(config, self.home)
         if held:
-            self.say(f"held out {len(held)} of {len(self.rows) + len(held)} prompts for `carl eval`")
+            self.say(holdout_line(self.rows, held))
         self.tokenizer, self.model = self._load(self.model_path)
         self.vocab_size = int(self.model.config.get_text_config().vocab_size)
 
