@@ -1,17 +1,22 @@
 """The control room as a person meets it over SSH: a real process on a real pty, its screen read
 through a terminal emulator (pyte). Prints, each with its goal and the same-run baseline:
 
-- first paint with a 1,000,000-step run in the store (goal <= 1.0 s and <= 2x a bare Textual
-  app with one Static, measured here the same way);
+- first paint with a 1,000,000-step run in the store (goal <= 1.0 s and <= 1.5x a bare Textual
+  app with one Static, measured here the same way, in the same run);
 - bytes written to the terminal over 10 s idle (goal < 2 KiB);
 - RSS of the TUI process with that run (goal <= 200 MB; baseline: the bare app);
 - write-to-screen latency of a new step (goal p95 <= 500 ms).
 
     python bench/bench_tui.py            # builds bench/out/store-1m once (about a minute)
+
+The project's modules are byte-compiled first, as pip compiles an installed package's: the bare
+app's Textual is compiled in site-packages, and a checkout run with PYTHONDONTWRITEBYTECODE set
+would otherwise recompile ours on every start, which no installed control room does.
 """
 
 from __future__ import annotations
 
+import compileall
 import statistics
 import sys
 import tempfile
@@ -23,7 +28,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness import OUT, PtyApp, build_big_store, percentile, tui_argv  # noqa: E402
+from harness import OUT, ROOT, PtyApp, build_big_store, percentile, tui_argv  # noqa: E402
 
 BARE_APP = (
     "from textual.app import App\n"
@@ -34,6 +39,8 @@ BARE_APP = (
     "Bare().run()\n"
 )
 RUNS = 7  # the median of several: start-up times on a shared 2-core box are noisy
+RATIO_GOAL = 1.5  # first paint at most this many times the bare app's, measured in the same run
+PACKAGES = ("carl_tui", "engine", "widgets", "themes")
 
 
 def painted(text: str) -> bool:
@@ -50,6 +57,8 @@ def first_paint(argv: list[str], predicate, env: dict[str, str] | None = None) -
 def main() -> None:
     home = OUT / "store-1m"
     build_big_store(home)
+    for package in PACKAGES:  # as installed (see the top); quiet, and only what changed
+        compileall.compile_dir(ROOT / package, quiet=1)
     env = {"TEXTUAL_ANIMATIONS": "none"}
     ours, bare = [], []
     for _ in range(RUNS):
@@ -61,8 +70,9 @@ def main() -> None:
         ours.append(seconds)
         app.stop()
     ours_s, bare_s = statistics.median(ours), statistics.median(bare)
+    ok = ours_s <= 1.0 and ours_s <= RATIO_GOAL * bare_s
     print(f"first_paint_1M_steps_s={ours_s:.3f} goal<=1.0 baseline_bare_textual_s={bare_s:.3f} "
-          f"ratio={ours_s / bare_s:.2f} goal<=2.0 {'OK' if ours_s <= 1.0 and ours_s <= 2 * bare_s else 'MISSED'}")  # fmt: skip
+          f"ratio={ours_s / bare_s:.2f} goal<={RATIO_GOAL} {'OK' if ok else 'MISSED'}")  # fmt: skip
 
     # Idle: after the first paint has settled, nothing changes in the store.
     _, app = first_paint(tui_argv(home), painted, env)

@@ -33,6 +33,8 @@ from textual.worker import get_current_worker
 if TYPE_CHECKING:
     from textual.widgets import Input
 
+    from widgets.legend import Legend
+
     from .screens import ObserveRequest
 
 from engine import paths
@@ -42,7 +44,6 @@ from widgets.activity import TrajectoriesPane
 from widgets.agents import AgentsPane
 from widgets.chart import LINE_COLOURS, Chart
 from widgets.command_log import CommandLog
-from widgets.legend import Legend, LegendRow
 from widgets.reward_bars import RewardBars
 from widgets.status_bar import StatusBar, StatusInfo
 
@@ -214,7 +215,7 @@ class ControlRoom(App[None]):
                     rewards.border_title = "Rewards"
                     yield Chart(id="reward-chart")
                     yield RewardBars(id="reward-bars")
-                    yield Legend(id="compare-legend")
+                    # the comparison's legend (hidden until two runs are marked) is mounted on first use
                 with Horizontal(id="activity"):
                     with Vertical(id="trajectories-pane", classes="pane") as traj:
                         traj.border_title = "Trajectories"
@@ -469,6 +470,8 @@ class ControlRoom(App[None]):
         _set_title(phi_pane, f"Φ coherence · {what}{len(self.marks)} runs compared")
         _set_subtitle(phi_pane, self._compact_legend())
         _set_title(self.main.query_one("#rewards-pane"), f"Rewards · {reading} reward per run · T: {other}")
+        from widgets.legend import LegendRow
+
         rows = []
         for run_id, mark in self.marks.items():
             run = self.compared.get(run_id)
@@ -476,7 +479,19 @@ class ControlRoom(App[None]):
             reward = run.latest(self.compare_reward) if run else None
             values = ("—" if phi is None else f"{phi:.4f}", "—" if reward is None else f"{reward:+.3f}")
             rows.append(LegendRow(mark.label, self._line_style(mark.color), values))
-        self.main.query_one(Legend).set_rows(rows, header=("Φ", reading))
+        self._legend().set_rows(rows, header=("Φ", reading))
+
+    def _legend(self) -> Legend:
+        """The comparison's legend, mounted in the Rewards pane the first time runs are compared:
+        the first frame, which compares nothing, neither imports nor styles it."""
+        from widgets.legend import Legend
+
+        legends = self.main.query(Legend)
+        if legends:
+            return legends.first(Legend)
+        legend = Legend(id="compare-legend")
+        self.main.query_one("#rewards-pane").mount(legend)
+        return legend
 
     def _compact_legend(self) -> Text:
         """The Φ pane's legend, in its bottom border: one entry per arm of an experiment (its seeds

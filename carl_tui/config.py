@@ -1,21 +1,19 @@
 """The user's control-room preferences, kept in $CARL_HOME/tui.toml.
 
-Read with tomllib, written with tomli-w. A bad file gives a one-line error naming the file and
-the line or field; the control room then starts on defaults and leaves the file alone rather
-than overwrite what the user wrote. The fields are checked by hand: importing pydantic here
-would add about 0.1 s to every start of the control room.
+Read with tomllib, written with tomli-w, each imported only when used: a start without a file
+reads no TOML, and only a change of theme or chart mode writes one. A bad file gives a one-line
+error naming the file and the line or field; the control room then starts on defaults and leaves
+the file alone rather than overwrite what the user wrote. The fields are checked by hand:
+importing pydantic here would add about 0.1 s to every start of the control room.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import tomli_w
 
 from engine.errors import CarlError
 from themes import DEFAULT_THEME, THEME_NAMES
@@ -67,6 +65,8 @@ def load_config(home: Path) -> TuiConfig:
     path = config_path(home)
     if not path.exists():
         return TuiConfig()
+    import tomllib  # here, not at the top: a first start without a tui.toml parses no TOML
+
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
@@ -81,6 +81,8 @@ def load_config(home: Path) -> TuiConfig:
 
 def save_config(home: Path, config: TuiConfig) -> None:
     """Write atomically (temp file + rename) so a crash never leaves half a file."""
+    import tomli_w  # only a change of theme or chart mode writes; the start never does
+
     path = config_path(home)
     tmp = path.with_suffix(".toml.tmp")
     values = {k: v for k, v in dataclasses.asdict(config).items() if v is not None}  # TOML has no null

@@ -1,0 +1,80 @@
+"""The first frame loads only what it draws (issue 14 §1): the Φ and Rewards charts of the selected
+run, the run list, the status line and the activity panes. The comparison's legend (hidden until
+two runs are marked), the TOML reader and writer (no tui.toml yet; the start writes nothing), the
+diagnosis chat, the trajectory and agent-task screens and the modal screens are imported when
+first used, not at start-up. Checked in a fresh interpreter, so other tests' imports do not count.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from support import ROOT
+
+DEFERRED = (
+    "widgets.legend",  # the comparison's legend: mounted when two runs are marked
+    "tomllib",  # reading tui.toml: this home has none
+    "tomli_w",  # writing tui.toml: only a change of theme or chart mode writes it
+    "carl_tui.chat",  # `d`: the diagnosis chat, its SDK and its widgets
+    "widgets.chat",
+    "engine.diagnosis",
+    "anthropic",
+    "textual.widgets._markdown",
+    "textual.widgets._text_area",
+    "carl_tui.trajectories",  # enter on a trajectory
+    "carl_tui.agents",  # enter on an agent task
+    "carl_tui.screens",  # help, observe, eval, confirmations and value prompts
+)
+
+FIRST_PAINT = """
+import asyncio, json, sys, time
+from pathlib import Path
+
+from carl_tui.app import ControlRoom
+from engine.store import Store
+from widgets.chart import Chart
+
+home = Path(sys.argv[1])
+deferred = json.loads(sys.argv[2])
+with Store(home / "carl.db") as store:
+    run_id = store.create_run("first-paint", source_kind="jsonl", max_steps=100, vocab_size=512)
+    store.add_metrics(run_id, [(s, key, 0.5 + s / 200, time.time()) for s in range(50)
+                               for key in ("phi/mean", "phi/p10", "phi/p90", "rewards/task/mean", "reward")])
+
+
+def drawn(phi: Chart) -> bool:
+    return any("\\u2801" <= c <= "\\u28ff" for y in range(phi.size.height) for c in phi.render_line(y).text)
+
+
+async def main() -> None:
+    app = ControlRoom(home, start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        phi = app.query_one("#phi-chart", Chart)
+        for _ in range(200):  # the first frame has it unless the store read outlived on_mount's wait
+            await pilot.pause(0.05)
+            if drawn(phi):
+                break
+        print(json.dumps({
+            "drawn": drawn(phi),
+            "loaded": [m for m in deferred if m in sys.modules],
+            "widgets": sorted({type(w).__name__ for w in app.screen.walk_children()}),
+        }))
+
+
+asyncio.run(main())
+"""
+
+
+def test_the_first_frame_imports_and_mounts_only_what_it_draws(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    out = subprocess.run([sys.executable, "-c", FIRST_PAINT, str(home), json.dumps(DEFERRED)],
+                         capture_output=True, text=True, check=True, cwd=ROOT, timeout=120)  # fmt: skip
+    first = json.loads(out.stdout.strip().splitlines()[-1])
+    assert first["drawn"], "the first frame shows the run's Φ chart"
+    assert first["loaded"] == []
+    assert "Legend" not in first["widgets"]
+    assert {"Chart", "RunList", "StatusBar", "TrajectoriesPane", "AgentsPane"} <= set(first["widgets"])
