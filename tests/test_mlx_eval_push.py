@@ -204,8 +204,6 @@ def test_carl_eval_of_an_mlx_lora_run_stores_the_figures(mlx_home: Path, tiny_mo
 @pytest.mark.slow
 def test_the_mlx_eval_answers_as_transformers_does_token_for_token(mlx_home: Path, offline: None) -> None:
     from engine.training import evaluate
-    from engine.training.data import load_rows
-    from engine.training.holdout import split_holdout
 
     done = carl(mlx_home, "eval", "full", "--json")
     result = json.loads(done.stdout)
@@ -215,7 +213,7 @@ def test_the_mlx_eval_answers_as_transformers_does_token_for_token(mlx_home: Pat
     # The same final/, the same held-out prompts: transformers (the torch path) and MLX.
     run = stored_run(mlx_home, "full")
     config = evaluate.run_config(run)
-    _, held = split_holdout(load_rows(config.dataset, config.seed), config.eval.holdout)
+    held = evaluate.held_out_prompts(config)
     final = Path(run["output_dir"]) / "final"
     torch_answers, torch_phi, torch_entropy = evaluate._answer(config, final, held[:16], mlx_home)
     mlx_answers, mlx_phi, mlx_entropy = evaluate._answer_mlx(config, final, held[:16], mlx_home)

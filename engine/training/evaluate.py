@@ -56,9 +56,16 @@ def run_config(run: dict[str, Any]) -> TrainConfig:
         raise BadInput(str(exc)) from None
 
 
+def held_out_prompts(config: TrainConfig) -> list[dict[str, Any]]:
+    """The rows of the prompts the run held out, one per prompt, in order: what `carl eval` asks."""
+    from .data import load_rows
+
+    _, held = split_holdout(load_rows(config.dataset, config.seed), config.eval.holdout)
+    return distinct_prompts(held)
+
+
 def evaluate_run(store: Store, ref: str, *, home: Path, max_prompts: int | None = None) -> EvalResult:
     """Evaluate run `ref` (name or id) and store the result; BadInput when it cannot be evaluated."""
-    from .data import load_rows
 
     run = find_carl_run(store, ref)
     config = run_config(run)
@@ -66,12 +73,12 @@ def evaluate_run(store: Store, ref: str, *, home: Path, max_prompts: int | None 
         raise BadInput(
             f"run {run['name']!r} has no task reward to evaluate with (rewards: {config.reward_names})"
         )
-    _, held = split_holdout(load_rows(config.dataset, config.seed), config.eval.holdout)
+    held = held_out_prompts(config)
     if not held:
         raise BadInput(
             f"run {run['name']!r} held no prompts out of training (eval.holdout is {config.eval.holdout})"
         )
-    held = distinct_prompts(held)[: max_prompts or config.eval.max_prompts]
+    held = held[: max_prompts or config.eval.max_prompts]
     path = model_dir(run)
     answer = _answer_mlx if _with_mlx(run, path) else _answer
     started = time.monotonic()
