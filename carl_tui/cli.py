@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine import paths
+from engine.durations import compact_duration
 from engine.errors import CarlError
 
 if TYPE_CHECKING:
@@ -423,8 +424,10 @@ def engine_lines(report: dict[str, Any]) -> list[str]:
         if report["agents"]["wanted"]:
             lines.append("  agents    the plane was up: it comes back up with the engine")
         return lines
-    beat = report["heartbeat_at"] and f", heartbeat {_duration(time.time() - report['heartbeat_at'])} ago"
-    uptime = f", up {_duration(report['uptime_s'])}" if report["uptime_s"] is not None else ""
+    beat = (
+        report["heartbeat_at"] and f", heartbeat {compact_duration(time.time() - report['heartbeat_at'])} ago"
+    )
+    uptime = f", up {compact_duration(report['uptime_s'])}" if report["uptime_s"] is not None else ""
     lines = [f"engine up (pid {report['pid']}{uptime}{beat or ''})",
              f"  home      {report['home']}", f"  log       {report['log_path']}"]  # fmt: skip
     training = report["training"]
@@ -465,16 +468,6 @@ def _agents_line(agents: dict[str, Any]) -> str:
             counts[proc["role"]] = counts.get(proc["role"], 0) + 1
     parts = [f"{n} {role}{'s' if n != 1 and role == 'worker' else ''}" for role, n in counts.items()]
     return f"plane up: {where}; " + (", ".join(parts) if parts else "no process running")
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    days, rest = divmod(seconds, 86400)
-    return (f"{days}d" if days else "") + f"{rest // 3600}h{rest % 3600 // 60:02d}m"
 
 
 def _observe(args: argparse.Namespace) -> int:

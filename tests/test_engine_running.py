@@ -202,3 +202,11 @@ def importlib_has(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+def test_durations_read_compactly_from_seconds_to_days() -> None:
+    from engine.durations import compact_duration
+
+    assert [compact_duration(s) for s in (-3, 42, 185, 7620, 86400 + 4 * 3600 + 59)] == [
+        "0s", "42s", "3m05s", "2h07m", "1d4h00m",
+    ]  # fmt: skip

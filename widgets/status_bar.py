@@ -7,18 +7,11 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.widgets import Static
 
+from engine.durations import compact_duration
+
 HEALTH_MARK = {"green": "●", "yellow": "▲", "red": "✕"}
 READ_ONLY = " │ read-only"
 ENGINE_MARK = {"up": "●", "starting": "◌", "restarting": "◌", "down": "✕", "stopped": "○", "external": "●"}
-
-
-def compact_duration(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 @dataclass(frozen=True)
