@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from engine import paths
 from engine.errors import CarlError
@@ -43,6 +43,7 @@ POLL = 0.05  # seconds between checks while waiting for the engine to come up or
 # "started_at"}]}. The engine rewrites it when the list changes (and empties it when it starts).
 CHILDREN_KEY = "engine.children"
 Row = dict[str, Any]
+T = TypeVar("T")
 
 # Engines this process started. Polling them reaps a dead one, so it does not linger as a
 # zombie that still answers os.kill(pid, 0).
@@ -68,20 +69,26 @@ def _reap() -> None:
     _children[:] = [child for child in _children if child.poll() is None]
 
 
-def _engine_row(home: Path) -> dict[str, Any] | None:
+def _read_store(home: Path, read: Callable[[StoreReader], T], default: T) -> T:
+    """`read` on a read-only store of `home`; `default` when there is no readable store yet (none,
+    or the first engine is still creating the schema)."""
     db = paths.db_path(home)
     if not db.exists():
-        return None
+        return default
     try:
         reader = StoreReader(db)
     except (StoreError, sqlite3.Error):
-        return None
+        return default
     try:
-        return reader.engine_row()
+        return read(reader)
     except sqlite3.Error:
-        return None  # e.g. the first engine is still creating the schema
+        return default
     finally:
         reader.close()
+
+
+def _engine_row(home: Path) -> dict[str, Any] | None:
+    return _read_store(home, StoreReader.engine_row, None)
 
 
 class EngineError(CarlError):
@@ -121,29 +128,21 @@ def engine_report(home: Path | None = None) -> dict[str, Any]:
         "stale_pidfile_recovered": status.stale_pidfile_recovered, "stopped_by_user": status.stopped_by_user,
         "training": [], "evals": [], "agents": {"up": False, "wanted": False, "server": None, "processes": []},
     }  # fmt: skip
-    db = paths.db_path(home)
-    if not db.exists():
-        return report
-    try:
-        reader = StoreReader(db)
-    except (StoreError, sqlite3.Error):
-        return report
-    try:
-        report["version"] = (reader.engine_row() or {}).get("version")
+
+    def running(reader: StoreReader) -> dict[str, Any]:
+        found: dict[str, Any] = {"version": (reader.engine_row() or {}).get("version")}
         plane, server = reader.kv("agents.plane") or {}, reader.kv("agents.server") or {}
-        report["agents"]["wanted"] = bool(plane.get("wanted"))
+        found["agents"] = {**report["agents"], "wanted": bool(plane.get("wanted"))}
         if up:  # what the kv says about a dead engine's children and plane is history, not "running"
             if plane.get("wanted"):
-                report["agents"] = {"up": True, "wanted": True, "server": _server(server),
-                                    "processes": [_process(p) for p in plane.get("processes") or []]}  # fmt: skip
+                found["agents"] = {"up": True, "wanted": True, "server": _server(server),
+                                   "processes": [_process(p) for p in plane.get("processes") or []]}  # fmt: skip
             children = reader.kv(CHILDREN_KEY) or {}
             if children.get("pid") == status.pid:
-                report["training"], report["evals"] = _running(reader, children.get("children") or [])
-    except sqlite3.Error:
-        pass  # e.g. the first engine is still creating the schema: the status alone
-    finally:
-        reader.close()
-    return report
+                found["training"], found["evals"] = _running(reader, children.get("children") or [])
+        return found
+
+    return {**report, **_read_store(home, running, {})}  # without a readable store: the status alone
 
 
 def _server(server: dict[str, Any]) -> dict[str, Any] | None:
