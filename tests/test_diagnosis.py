@@ -72,13 +72,18 @@ def test_a_healthy_run_has_no_problems(store: Store) -> None:
     assert text.startswith("**Offline analyst**") and "Nothing looks wrong" in text
 
 
-def test_plateau_and_reward_hacking(store: Store) -> None:
+def hacked_run(store: Store) -> int:
+    """200 steps where the format reward climbs to 0.98 while the task reward stays flat near 0.30."""
     rng = np.random.default_rng(1)
-    run_id = grpo_run(
+    return grpo_run(
         store, "hacked", 200,
         **{"rewards/task/mean": lambda s: 0.30 + rng.normal(0, 0.01),
            "rewards/format/mean": lambda s: min(0.98, 0.2 + 0.01 * s)},
     )  # fmt: skip
+
+
+def test_plateau_and_reward_hacking(store: Store) -> None:
+    run_id = hacked_run(store)
     found = findings(store, run_id)
     assert found["hacking"].severity == "yellow"
     assert re.search(r"format reward at 0\.98 .* stays flat at 0\.(29|30)", found["hacking"].detail)

@@ -12,9 +12,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pytest
-from test_diagnosis import grpo_run
+from test_diagnosis import grpo_run, hacked_run
 
 from engine.agents.audit import AuditWriter, Incoming
 from engine.agents.events import WorkerStatusEvent
@@ -263,12 +262,7 @@ def test_reward_questions_lead_with_the_task_reward(store: Store, question: str)
 
 
 def test_reward_hacking_and_a_named_reward(store: Store) -> None:
-    rng = np.random.default_rng(1)
-    hacked = grpo_run(
-        store, "hacked", 200,
-        **{"rewards/task/mean": lambda s: 0.30 + rng.normal(0, 0.01),
-           "rewards/format/mean": lambda s: min(0.98, 0.2 + 0.01 * s)},
-    )  # fmt: skip
+    hacked = hacked_run(store)
     lead, _ = ask(store, hacked, "Is the model reward hacking?")
     assert lead.startswith("Yes, this looks like reward hacking: format reward at 0.98")
     lead, text = ask(store, hacked, "why is the format reward so high?")
