@@ -30,7 +30,6 @@ from engine.agents.events import (
     TrainingRolloutEvent,
     WorkerStatusEvent,
 )
-from engine.agents.plane import kv_set
 from engine.store import Store
 from widgets.agents import AgentsPane
 
@@ -59,9 +58,9 @@ def audit(home: Path, *items: PlaneEvent | tuple[str, bytes]) -> None:
 def plane_up(home: Path, state: str = "up", wanted: bool = True) -> None:
     """The kv rows the engine's plane writes (engine/agents/plane.py)."""
     with Store(home / "carl.db") as store:
-        kv_set(store, "agents.server", {"state": state, "url": "nats://127.0.0.1:4333", "port": 4333,
+        store.set_kv("agents.server", {"state": state, "url": "nats://127.0.0.1:4333", "port": 4333,
                                         "restarts": 0, "local": True, "bridge": "connected"})  # fmt: skip
-        kv_set(store, "agents.plane", {"wanted": wanted, "spec": {"workers": 2, "tasks": "demo"},
+        store.set_kv("agents.plane", {"wanted": wanted, "spec": {"workers": 2, "tasks": "demo"},
                                        "processes": [{"role": "manager", "id": "manager", "state": "running"}]})  # fmt: skip
 
 

@@ -333,10 +333,9 @@ def test_train_an_adapter_as_a_carl_run_then_evaluate_its_plans(home: Path) -> N
         run = store.run(result.run_id)  # type: ignore[arg-type]
         losses = store.conn.execute("SELECT step FROM metrics WHERE run_id=? AND key='loss'",
                                     (result.run_id,)).fetchall()  # fmt: skip
-        from engine.trajectories.store import kv_get
 
-        trained = kv_get(store, "last_train")
-        triggers = {t["kind"] for t in kv_get(store, "plasticity")["triggers"]}
+        trained = store.kv("last_train")
+        triggers = {t["kind"] for t in store.kv("plasticity")["triggers"]}
     # The training is what the retraining triggers now compare against: not stale, no new data.
     assert trained["run"] == "traj-advantage" and trained["count"] > 0 and trained["domains"]
     assert "stale" not in triggers and "volume" not in triggers

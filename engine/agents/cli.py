@@ -305,12 +305,11 @@ def _headless_address(home: Path, settings: AgentsSettings, store: Any) -> tuple
     """The given URL, else the engine's local server when it is up, else a server of this run's own."""
     from .bus import Address, resolve_address
     from .config import env_url
-    from .plane import kv_get
     from .server import LocalServer, free_port, listening, local_url, token_path
 
     if settings.url or env_url():
         return resolve_address(settings), None
-    running = kv_get(store, "agents.server") or {}
+    running = store.kv("agents.server") or {}
     port = running.get("port")
     if running.get("local") and running.get("state") == "up" and isinstance(port, int) and listening(port):
         return Address(local_url(port), str(token_path(home)), local=True), None

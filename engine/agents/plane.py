@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -61,19 +60,6 @@ def write_settings(home: Path, settings: AgentsSettings) -> Path:
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
     return path
-
-
-def kv_set(store: Store, key: str, value: Any) -> None:
-    with store.transaction():
-        store.conn.execute(
-            "INSERT OR REPLACE INTO kv (key, value, updated_at) VALUES (?,?,?)",
-            (key, json.dumps(value), time.time()),
-        )
-
-
-def kv_get(store: Store, key: str) -> Any:
-    row = store.conn.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
-    return json.loads(row[0]) if row else None
 
 
 # -- child processes -------------------------------------------------------------------------------
@@ -275,7 +261,7 @@ class Plane:
 
     def restore(self) -> None:
         """A plane the previous engine had up comes back up."""
-        wanted = kv_get(self.store, "agents.plane") or {}
+        wanted = self.store.kv("agents.plane") or {}
         if wanted.get("wanted") and wanted.get("spec"):
             try:
                 log.info("agents: bringing the plane back up")
@@ -311,8 +297,7 @@ class Plane:
             self._add_worker()
         if settings.train.enabled:
             self._spawn("trainer", "trainer")
-        kv_set(
-            self.store,
+        self.store.set_kv(
             "agents.plane",
             {"wanted": True, "spec": spec.__dict__, "settings": str(settings_file)},
         )
@@ -325,8 +310,8 @@ class Plane:
     def _reap_leftovers(self) -> None:
         """Stop what an engine that was killed left running (its manager, workers, trainer, then its
         server): the plane starts anew rather than beside them."""
-        server = kv_get(self.store, "agents.server") or {}
-        plane = kv_get(self.store, "agents.plane") or {}
+        server = self.store.kv("agents.server") or {}
+        plane = self.store.kv("agents.plane") or {}
         children = [p.get("pid") for p in plane.get("processes") or []]
         stopped = _stop_pids(children, self.home) + _stop_pids([server.get("pid")], self.home)
         if stopped:
@@ -347,7 +332,7 @@ class Plane:
 
     def _server_port(self) -> int:
         """The port of the last local server when it is still free (clients find it again), else a new one."""
-        previous = (kv_get(self.store, "agents.server") or {}).get("port")
+        previous = (self.store.kv("agents.server") or {}).get("port")
         if isinstance(previous, int) and port_is_free(previous):
             return previous
         return free_port()
@@ -362,7 +347,7 @@ class Plane:
 
     def stop(self) -> str:
         if not self.up:
-            kv_set(self.store, "agents.plane", {"wanted": False})
+            self.store.set_kv("agents.plane", {"wanted": False})
             return "the agents plane was not up"
         for child in self.children.values():
             child.stopping = True
@@ -377,17 +362,17 @@ class Plane:
         self.publish_state()
         self.spec, self.settings, self.bridge, self.server = None, None, None, None
         self.children.clear()
-        kv_set(self.store, "agents.plane", {"wanted": False})
+        self.store.set_kv("agents.plane", {"wanted": False})
         return "agents plane stopped"
 
     def shutdown(self) -> None:
         """The engine is stopping: stop the processes but remember that the plane should be up."""
         if not self.up:
             return
-        wanted = kv_get(self.store, "agents.plane")
+        wanted = self.store.kv("agents.plane")
         self.stop()
         if wanted:
-            kv_set(self.store, "agents.plane", wanted)
+            self.store.set_kv("agents.plane", wanted)
 
     # -- children ------------------------------------------------------------------------------------
 
@@ -499,13 +484,13 @@ class Plane:
                        (self.bridge.error or "connecting") if self.bridge else "down"),
         }  # fmt: skip
         processes = [c.describe() for c in self.children.values()]
-        if (kv_get(self.store, "agents.server"), self._last_processes()) != (server, processes):
-            kv_set(self.store, "agents.server", server)
-            wanted = kv_get(self.store, "agents.plane") or {}
-            kv_set(self.store, "agents.plane", {**wanted, "processes": processes})
+        if (self.store.kv("agents.server"), self._last_processes()) != (server, processes):
+            self.store.set_kv("agents.server", server)
+            wanted = self.store.kv("agents.plane") or {}
+            self.store.set_kv("agents.plane", {**wanted, "processes": processes})
 
     def _last_processes(self) -> Any:
-        return (kv_get(self.store, "agents.plane") or {}).get("processes")
+        return (self.store.kv("agents.plane") or {}).get("processes")
 
     # -- commands from the control room ---------------------------------------------------------------
 

@@ -404,11 +404,7 @@ class Engine:
         children = list(self.child_info.values())
         if children == self.published_children:
             return
-        with self.store.transaction():
-            self.store.conn.execute(
-                "INSERT OR REPLACE INTO kv (key, value, updated_at) VALUES (?,?,?)",
-                (CHILDREN_KEY, json.dumps({"pid": self.record.pid, "children": children}), time.time()),
-            )
+        self.store.set_kv(CHILDREN_KEY, {"pid": self.record.pid, "children": children})
         self.published_children = children
 
     def start_observe(self, command_id: int, args: dict[str, Any]) -> None:

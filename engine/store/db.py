@@ -441,6 +441,21 @@ class Store:
             )
             return int(cur.lastrowid)
 
+    # -- key/value state (the agents plane, trajectory training, the engine's children) ----------
+
+    def kv(self, key: str) -> Any:
+        """The JSON value stored under `key`, or None."""
+        row = self.conn.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def set_kv(self, key: str, value: Any) -> None:
+        with self.transaction():
+            self.conn.execute(
+                "INSERT INTO kv (key, value, updated_at) VALUES (?,?,?)"
+                " ON CONFLICT(key) DO UPDATE SET value=excluded.value, updated_at=excluded.updated_at",
+                (key, json.dumps(value), time.time()),
+            )
+
     # -- experiments ---------------------------------------------------------------------------
 
     def create_experiment(self, name: str, config: dict[str, Any], arms: Sequence[str], seeds: Sequence[int],

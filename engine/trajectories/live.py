@@ -20,7 +20,7 @@ import numpy as np
 from engine.store import Store
 
 from .config import TrajectoryConfig
-from .store import SaveResult, kv_get, kv_set, save
+from .store import SaveResult, save
 
 SPOOL_BATCH = 2000  # payloads moved per tick: a burst drains over a few ticks, never one long stall
 RECENT_S = 24 * 3600.0  # sessions re-checked for turns that ended without Stop
@@ -93,7 +93,7 @@ def refresh_plasticity(store: Store, *, now: float | None = None) -> dict[str, A
         "SELECT reward, domain, coalesce(ended_at, created_at) FROM trajectories"
     ).fetchall()
     baselines = {r[0]: r[1] for r in store.conn.execute("SELECT domain, baseline FROM trajectory_domains")}
-    last_train = kv_get(store, "last_train") or {}
+    last_train = store.kv("last_train") or {}
     triggers = evaluate_triggers(
         now=now,
         rewards=np.array([r[0] or 0.0 for r in rows], dtype=np.float64),
@@ -106,5 +106,5 @@ def refresh_plasticity(store: Store, *, now: float | None = None) -> dict[str, A
     )
     value = {"computed_at": now, "triggers": [t if isinstance(t, dict) else t.__dict__ for t in triggers],
              "count": len(rows)}  # fmt: skip
-    kv_set(store, "plasticity", value)
+    store.set_kv("plasticity", value)
     return value

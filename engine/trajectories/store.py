@@ -147,17 +147,3 @@ def save(store: Store, trajectories: Sequence[Trajectory], *, table: Any = None)
     if result.stored:
         recompute_advantages(store)
     return result
-
-
-def kv_get(store: Store, key: str) -> Any:
-    row = store.conn.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
-    return json.loads(row[0]) if row else None
-
-
-def kv_set(store: Store, key: str, value: Any) -> None:
-    with store.transaction():
-        store.conn.execute(
-            "INSERT INTO kv (key, value, updated_at) VALUES (?,?,?)"
-            " ON CONFLICT(key) DO UPDATE SET value=excluded.value, updated_at=excluded.updated_at",
-            (key, json.dumps(value), time.time()),
-        )

@@ -211,11 +211,10 @@ def train_adapter(
 def _record_training(store: Store, run_name: str, domains: set[str]) -> None:
     """What the retraining triggers compare against: when, how many trajectories, which domains."""
     from .live import refresh_plasticity
-    from .store import kv_set
 
     count = store.conn.execute("SELECT count(*) FROM trajectories").fetchone()[0]
-    kv_set(
-        store, "last_train", {"ts": time.time(), "count": count, "domains": sorted(domains), "run": run_name}
+    store.set_kv(
+        "last_train", {"ts": time.time(), "count": count, "domains": sorted(domains), "run": run_name}
     )
     refresh_plasticity(store)
 
