@@ -3,7 +3,8 @@
 Redraw = every Strip of a 100x20-cell Chart (braille, mean line over a p10..p90 band, axes),
 built inside a headless Textual app, from:
   (a) raw series of 1,000,000 points each (first == last), as the store reads raw rows;
-  (b) rollup series of 4,000 buckets each, as the store reads a long run.
+  (b) rollup series of 4,000 buckets each, as numpy arrays;
+  (c) the same buckets as lists, as the store reads a long run (the plain-Python envelope kernel).
 Each figure is the median of 15 redraws, once as is and once ("cold") with the CPU caches
 flushed before each redraw (a 64 MiB sweep), the worst case for data that arrived a while ago.
 Baseline: Textual's `Sparkline` renderable building one 100x4 frame from the same 1M values
@@ -63,6 +64,12 @@ def rollup_series(values: np.ndarray, level: int) -> Series:
     return Series(first, first + level - 1, vmin, vmax, mean, level)
 
 
+def as_lists(series: Series) -> Series:
+    """The same buckets as plain lists: what `StoreReader.series` returns."""
+    fields = (series.first, series.last, series.vmin, series.vmax, series.mean)
+    return Series(*(np.asarray(f).tolist() for f in fields), series.level)
+
+
 def phi_set(make: Callable[[np.ndarray], Series], values: np.ndarray) -> tuple[Series, Series, Series]:
     """mean, p10, p90 series built by `make` (a spread of +-0.05 around the mean)."""
     return make(values), make(values - 0.05), make(values + 0.05)
@@ -100,7 +107,8 @@ async def chart_figures() -> dict[str, float]:
         chart = app.query_one(Chart)
         await pilot.pause()
         assert (chart.size.width, chart.size.height) == (100, 20), chart.size
-        for name, (mean, p10, p90) in (("1M", raw), ("rollup4k", rolled)):
+        listed = tuple(as_lists(s) for s in rolled)
+        for name, (mean, p10, p90) in (("1M", raw), ("rollup4k", rolled), ("rollup4k_lists", listed)):
             chart.set_series(mean, band=(p10, p90))
             figures[f"phi_chart_redraw_{name}_ms"] = time_redraws(chart)
             figures[f"phi_chart_redraw_{name}_cold_ms"] = time_redraws(chart, cold=True)

@@ -50,7 +50,7 @@ def drawn(chart: Chart, index: int) -> dict[int, float]:
     """What the chart draws as line `index`: its buckets' means by step (raw points here)."""
     line = chart.lines[index]
     assert line is not None
-    return dict(zip(line.first.tolist(), line.mean.tolist(), strict=True))
+    return dict(zip(list(line.first), list(line.mean), strict=True))
 
 
 def same(a: dict[int, float | None], b: dict[int, float]) -> bool:

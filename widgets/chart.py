@@ -1,6 +1,6 @@
 """Chart: a braille (or block) line chart on Textual's Line API, for Phi and reward series.
 
-The numbers go through `widgets.raster` (numpy only); this module lays out the axes, turns the
+The numbers go through `widgets.raster` (no Textual there); this module lays out the axes, turns the
 raster into Strips and caches them. Strips are rebuilt only when data, size, mode or theme
 changed, and `render_line` just indexes the cached list. The widget runs no timers: whoever
 feeds it data decides when to redraw.
@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
@@ -395,7 +394,7 @@ class Chart(Widget):
                     Segment(f"{label or '':<{right_w - 1}}", right_style),
                 ]
             strips.append(Strip(segments, width))
-        plot_w = raster.bits.shape[1]
+        plot_w = raster.width
         x_row = [Segment(" " * (left_w - 1) + "└", axis), Segment(self._x_labels(x_range, plot_w), axis)]
         if right_w:
             x_row.append(Segment("┘" + " " * (right_w - 1), axis))
@@ -473,9 +472,9 @@ class Chart(Widget):
         return style + Style(color=colour.rich_color)
 
 
-def _row_segments(text: str, owner: np.ndarray, styles: list[Style], base: Style) -> list[Segment]:
+def _row_segments(text: str, owner: list[int], styles: list[Style], base: Style) -> list[Segment]:
     """One Segment per run of cells coloured by the same layer."""
-    changes = (np.flatnonzero(owner[1:] != owner[:-1]) + 1).tolist()
+    changes = [col for col in range(1, len(owner)) if owner[col] != owner[col - 1]]
     bounds = [0, *changes, len(text)]
     return [
         Segment(text[a:b], styles[owner[a]] if owner[a] >= 0 else base)

@@ -1,4 +1,4 @@
-"""Chart rasterizer: bucketed series to per-cell dot patterns, numpy only (no Textual here).
+"""Chart rasterizer: bucketed series to per-cell dot patterns (no Textual here).
 
 A chart area is a grid of cells and each cell a small grid of dots: 2 wide by 4 high in
 braille mode, 2 by 2 quadrant blocks in block mode. Layers are drawn per dot column:
@@ -9,18 +9,20 @@ braille mode, 2 by 2 quadrant blocks in block mode. Layers are drawn per dot col
 Non-finite values are gaps: they draw nothing and never move the bounds.
 
 Series must be sorted by step (the store reads them that way): the columns are found by a
-binary search per column edge, then one `reduceat` per array, so the cost is a couple of
-passes over the visible buckets, whatever the width.
+binary search per column edge, then one min and one max per column, so the cost is a pass
+over the visible buckets, whatever the width. That pass has two kernels with one contract:
+plain Python over lists (what the store reads: at most a few thousand buckets a series, and
+no numpy to import before the first frame) and numpy over arrays (`raster_numpy`: a million
+raw points in a few milliseconds). Everything after it works on one value per dot column.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 if TYPE_CHECKING:
     from engine.store.reader import Series
@@ -31,11 +33,21 @@ Range = tuple[float, float]
 CELL_DOTS: dict[str, tuple[int, int]] = {"braille": (4, 2), "block": (2, 2)}
 
 # Braille: U+2800 + bits; dots 1,2,3,7 run down the left column, 4,5,6,8 down the right.
-BRAILLE_WEIGHTS = np.array([[0x01, 0x08], [0x02, 0x10], [0x04, 0x20], [0x40, 0x80]])
+BRAILLE_WEIGHTS = ((0x01, 0x08), (0x02, 0x10), (0x04, 0x20), (0x40, 0x80))
 # Quadrant blocks indexed by bits: upper-left 1, upper-right 2, lower-left 4, lower-right 8.
-BLOCK_WEIGHTS = np.array([[1, 2], [4, 8]])
+BLOCK_WEIGHTS = ((1, 2), (4, 8))
 BLOCK_CHARS = " ▘▝▀▖▌▞▛▗▚▐▜▄▙▟█"
-_BLOCK_CODES = np.array([ord(c) for c in BLOCK_CHARS], dtype=np.uint32)
+NAN = math.nan
+
+
+def _column_masks(weights: tuple[tuple[int, ...], ...]) -> list[list[list[int]]]:
+    """masks[dot column][first row][last row]: the bits of rows first..last of one dot column of a cell."""
+    rows, cols = len(weights), len(weights[0])
+    return [[[sum(weights[r][c] for r in range(a, b + 1)) for b in range(rows)] for a in range(rows)]
+            for c in range(cols)]  # fmt: skip
+
+
+_MASKS = {"braille": _column_masks(BRAILLE_WEIGHTS), "block": _column_masks(BLOCK_WEIGHTS)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,29 +81,19 @@ Layer = LineLayer | BandLayer | MarkerLayer
 class Raster:
     """A rasterized chart area: per cell, its dot bits and the layer that colours it."""
 
-    bits: np.ndarray  # (rows, cols) dot pattern of each cell
-    owner: np.ndarray  # (rows, cols) index of the last layer with a dot in the cell, -1 if none
+    bits: list[list[int]]  # [row][col] dot pattern of each cell
+    owner: list[list[int]]  # [row][col] index of the last layer with a dot in the cell, -1 if none
     mode: str
+    width: int  # cells per row
 
     def lines(self) -> list[str]:
         """The characters of each row; cells without dots are spaces."""
         if self.mode == "braille":
-            codes = np.where(self.bits == 0, 0x20, 0x2800 + self.bits).astype("<u4")
-        else:
-            codes = _BLOCK_CODES[self.bits].astype("<u4")
-        text = codes.tobytes().decode("utf-32-le")  # one decode for the whole grid
-        width = self.bits.shape[1]
-        return [text[i : i + width] for i in range(0, len(text), width)]
+            return ["".join([chr(0x2800 + b) if b else " " for b in row]) for row in self.bits]
+        return ["".join([BLOCK_CHARS[b] for b in row]) for row in self.bits]
 
 
 # -- ranges ------------------------------------------------------------------------------------
-
-
-def bucket_steps(series: Series) -> np.ndarray:
-    """Where each bucket sits on the x axis: a raw point at its step, a bucket at its midpoint."""
-    if series.level == 1:
-        return series.first  # raw: first == last; no arithmetic over a long array
-    return (series.first + series.last) / 2.0
 
 
 def series_of(layer: Layer) -> tuple[Series, ...]:
@@ -154,14 +156,6 @@ def at_least(r: Range, span: float, limits: Range | None = None, data: Range | N
 # -- scale helpers shared with the axes ------------------------------------------------------
 
 
-def dot_rows_of(values: np.ndarray, y_range: Range, dot_rows: int) -> np.ndarray:
-    """Dot row (0 at the top) of each value, as floats; NaN stays NaN, off-range clips to -1/dot_rows."""
-    y0, y1 = widen(y_range)
-    with np.errstate(invalid="ignore"):
-        rows = np.rint((y1 - values) * ((dot_rows - 1) / (y1 - y0)))
-        return np.clip(rows, -1, dot_rows)
-
-
 def cell_row(value: float, y_range: Range, height: int, mode: str) -> int:
     """The cell row a value is drawn in (same arithmetic as `dot_rows_of`), or -1 when outside."""
     rows_per_cell = CELL_DOTS[mode][0]
@@ -184,11 +178,11 @@ def cell_col(step: float, x_range: Range, width: int, mode: str) -> int:
     return col // cols_per_cell if 0 <= col < width * cols_per_cell else -1
 
 
-def column_edges(x_range: Range, dot_cols: int) -> np.ndarray:
+def column_edges(x_range: Range, dot_cols: int) -> list[float]:
     """Step boundaries of the dot columns: column c is centred on x0 + c * (x1 - x0) / (dot_cols - 1)."""
     x0, x1 = widen(x_range, 1.0)
     dx = (x1 - x0) / max(dot_cols - 1, 1)
-    return x0 + (np.arange(dot_cols + 1) - 0.5) * dx
+    return [x0 + (c - 0.5) * dx for c in range(dot_cols + 1)]
 
 
 # -- rasterizing -----------------------------------------------------------------------------
@@ -198,8 +192,8 @@ def column_edges(x_range: Range, dot_cols: int) -> np.ndarray:
 class Envelope:
     """One layer reduced to dot columns: the lowest and highest value each column draws (NaN: none)."""
 
-    lo: np.ndarray
-    hi: np.ndarray
+    lo: list[float]
+    hi: list[float]
     kind: str  # "line" (joined to its neighbours), "band" or "marker" (full height, no bounds)
     axis: int = 0
 
@@ -210,22 +204,25 @@ def envelopes(layers: Sequence[Layer], x_range: Range, dot_cols: int) -> list[En
     out = []
     for layer in layers:
         if isinstance(layer, LineLayer):
-            out.append(Envelope(*_line_envelope(layer.series, edges), "line", layer.axis))
+            out.append(
+                Envelope(*_kernel(layer.series).line_envelope(layer.series, edges), "line", layer.axis)
+            )
         elif isinstance(layer, BandLayer):
-            out.append(Envelope(*_band_envelope(layer.lo, layer.hi, edges), "band", layer.axis))
+            kernel = _kernel(layer.lo, layer.hi)
+            out.append(Envelope(*kernel.band_envelope(layer.lo, layer.hi, edges), "band", layer.axis))
         else:
-            hi = np.full(dot_cols, np.nan)
-            hi[_marker_columns(layer.steps, x_range, dot_cols)] = np.inf
-            out.append(Envelope(-hi, hi, "marker"))
+            hi = [NAN] * dot_cols
+            for col in _marker_columns(layer.steps, x_range, dot_cols):
+                hi[col] = math.inf
+            out.append(Envelope([-v for v in hi], hi, "marker"))
     return out
 
 
 def extent(envs: Sequence[Envelope], axis: int = 0) -> Range | None:
     """Lowest and highest finite value drawn on `axis`, or None when nothing is."""
-    lows = [np.fmin.reduce(e.lo) for e in envs if e.kind != "marker" and e.axis == axis]
-    highs = [np.fmax.reduce(e.hi) for e in envs if e.kind != "marker" and e.axis == axis]
-    lows = [float(v) for v in lows if np.isfinite(v)]
-    highs = [float(v) for v in highs if np.isfinite(v)]
+    drawn = [e for e in envs if e.kind != "marker" and e.axis == axis]
+    lows = [v for e in drawn for v in e.lo if math.isfinite(v)]
+    highs = [v for e in drawn for v in e.hi if math.isfinite(v)]
     return (min(lows), max(highs)) if lows and highs else None
 
 
@@ -233,19 +230,27 @@ def draw(envs: Sequence[Envelope], height: int, y_range: Range, mode: str = "bra
          right_range: Range | None = None) -> Raster:  # fmt: skip
     """Paint envelopes in order into `height` cell rows; later ones win a shared cell's colour."""
     rows_per_cell, cols_per_cell = CELL_DOTS[mode]
-    dot_rows, width = height * rows_per_cell, (envs[0].lo.size if envs else 0) // cols_per_cell
+    masks = _MASKS[mode]
+    dot_rows, width = height * rows_per_cell, (len(envs[0].lo) if envs else 0) // cols_per_cell
     ranges = (y_range, right_range or y_range)
-    bits = np.zeros((height, width), dtype=np.int64)
-    owner = np.full((height, width), -1, dtype=np.int64)
+    bits = [[0] * width for _ in range(height)]
+    owner = [[-1] * width for _ in range(height)]
     for index, env in enumerate(envs):
         y_range = ranges[env.axis]
         top, bottom = dot_rows_of(env.hi, y_range, dot_rows), dot_rows_of(env.lo, y_range, dot_rows)
         if env.kind == "line":
             top, bottom = _connect(top, bottom)
-        layer_bits = _pack(_span_dots(top, bottom, dot_rows), mode)
-        bits |= layer_bits
-        owner[layer_bits != 0] = index
-    return Raster(bits, owner, mode)
+        for col in range(width * cols_per_cell):
+            first, last = top[col], bottom[col]
+            if not first <= last:  # NaN (a gap) or an empty span
+                continue
+            first, last = max(int(first), 0), min(int(last), dot_rows - 1)
+            cell, mask = col // cols_per_cell, masks[col % cols_per_cell]
+            for row in range(first // rows_per_cell, last // rows_per_cell + 1):
+                base = row * rows_per_cell
+                bits[row][cell] |= mask[max(first - base, 0)][min(last - base, rows_per_cell - 1)]
+                owner[row][cell] = index
+    return Raster(bits, owner, mode, width)
 
 
 def rasterize(
@@ -268,110 +273,130 @@ def _marker_columns(steps: Sequence[float], x_range: Range, dot_cols: int) -> li
     return [col for col in cols if 0 <= col < dot_cols]
 
 
-def _line_envelope(series: Series, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per dot column, the lowest vmin and highest vmax of its buckets; gaps NaN, empty columns bridged."""
-    occupied, starts, stop = _columns(bucket_steps(series), edges)
-    lo = _reduce_columns(series.vmin, np.fmin, occupied, starts, stop)
-    # raw points have vmin == vmax: reading one array twice beats reading two (memory-bound)
-    hi = _reduce_columns(series.vmin if series.level == 1 else series.vmax, np.fmax, occupied, starts, stop)
-    return _bridge(lo, occupied), _bridge(hi, occupied)
+def _kernel(*series: Series):  # noqa: ANN202 - this module or raster_numpy: both give line/band_envelope
+    """Plain Python for lists (what the store reads); numpy, imported on first use, for arrays."""
+    if all(isinstance(s.vmin, list) for s in series):
+        return _python_kernel
+    from . import raster_numpy
+
+    return raster_numpy
 
 
-def _band_envelope(lo_series: Series, hi_series: Series, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per dot column, the lowest `lo` and highest `hi`; the two series may sit on different steps."""
-    occupied, starts, stop = _columns(bucket_steps(lo_series), edges)
-    lo = _bridge(_reduce_columns(lo_series.vmin, np.fmin, occupied, starts, stop), occupied)
-    occupied, starts, stop = _columns(bucket_steps(hi_series), edges)
-    hi = _bridge(_reduce_columns(hi_series.vmax, np.fmax, occupied, starts, stop), occupied)
-    # minimum/maximum propagate NaN: a column is filled only where both edges are known
-    return np.minimum(lo, hi), np.maximum(lo, hi)
+class _python_kernel:  # noqa: N801 - a namespace, as the `raster_numpy` module is
+    """The envelope pass over lists; `raster_numpy` does the same over arrays (tested equal)."""
+
+    @staticmethod
+    def line_envelope(series: Series, edges: list[float]) -> tuple[list[float], list[float]]:
+        """Per dot column, the lowest vmin and highest vmax of its buckets; gaps NaN, empty columns bridged."""
+        bounds = _bounds(bucket_steps(series), edges)
+        lo = _reduce_columns(series.vmin, min, bounds)
+        # raw points have vmin == vmax
+        hi = _reduce_columns(series.vmin if series.level == 1 else series.vmax, max, bounds)
+        return _bridge(lo, bounds), _bridge(hi, bounds)
+
+    @staticmethod
+    def band_envelope(
+        lo_series: Series, hi_series: Series, edges: list[float]
+    ) -> tuple[list[float], list[float]]:
+        """Per dot column, the lowest `lo` and highest `hi`; the two series may sit on different steps."""
+        bounds = _bounds(bucket_steps(lo_series), edges)
+        lo = _bridge(_reduce_columns(lo_series.vmin, min, bounds), bounds)
+        bounds = _bounds(bucket_steps(hi_series), edges)
+        hi = _bridge(_reduce_columns(hi_series.vmax, max, bounds), bounds)
+        # a column is filled only where both edges are known (NaN in either: none)
+        pairs = zip(lo, hi, strict=True)
+        return [NAN if a != a or b != b else min(a, b) for a, b in pairs], [
+            NAN if a != a or b != b else max(a, b) for a, b in zip(lo, hi, strict=True)
+        ]
 
 
-def _columns(x: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """Which dot columns hold buckets, where each occupied column starts in x, and where the last ends."""
-    bounds = _searchsorted(x, edges)
-    occupied = np.diff(bounds) > 0
-    return occupied, bounds[:-1][occupied], int(bounds[-1])
+def bucket_steps(series: Series) -> list[float]:
+    """Where each bucket sits on the x axis: a raw point at its step, a bucket at its midpoint."""
+    if series.level == 1:
+        return series.first  # raw: first == last
+    return [(a + b) / 2.0 for a, b in zip(series.first, series.last, strict=True)]
 
 
-def _searchsorted(x: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """np.searchsorted (left) without converting x: integer steps get integer (ceiled) edges."""
-    if x.dtype.kind in "iu":
-        edges = np.ceil(edges).astype(x.dtype)
-    return np.searchsorted(x, edges)
+def _bounds(x: list[float], edges: list[float]) -> list[int]:
+    """Where each column edge falls in x (bisect left); integer steps are compared with ceiled edges,
+    as the numpy kernel does."""
+    if x and isinstance(x[0], int):
+        return [bisect_left(x, math.ceil(e)) for e in edges]
+    return [bisect_left(x, e) for e in edges]
 
 
-def _reduce_columns(values: np.ndarray, ufunc: np.ufunc, occupied: np.ndarray, starts: np.ndarray, stop: int
-                    ) -> np.ndarray:  # fmt: skip
-    """ufunc (np.fmin or np.fmax: NaN-skipping) over each occupied column; NaN elsewhere."""
-    out = np.full(occupied.size, np.nan)
-    if starts.size == 0:
-        return out
-    visible = values[:stop]  # reduceat runs the last segment to the end of its input
-    reduced = ufunc.reduceat(visible, starts)
-    if np.isinf(reduced).any():  # inf is not skipped by fmin/fmax: redo with it masked (rare)
-        reduced = ufunc.reduceat(np.where(np.isfinite(visible), visible, np.nan), starts)
-    out[occupied] = reduced
+def _reduce_columns(values: list[float], pick, bounds: list[int]) -> list[float]:  # noqa: ANN001 - min or max
+    """`pick` (min or max) over the finite values of each column; NaN where there are none."""
+    out = []
+    for a, b in zip(bounds, bounds[1:]):  # noqa: B905 - bounds has one more entry than there are columns
+        if a == b:
+            out.append(NAN)
+            continue
+        part = values[a:b]
+        value = pick(part)
+        if value - value != 0:  # a NaN or an inf took part: keep only the finite values
+            finite = [v for v in part if v - v == 0]
+            value = pick(finite) if finite else NAN
+        out.append(value)
     return out
 
 
-def _bridge(values: np.ndarray, occupied: np.ndarray) -> np.ndarray:
-    """Empty columns between two drawn columns get the straight line between them.
+def _bridge(values: list[float], bounds: list[int]) -> list[float]:
+    """Empty columns between two drawn columns get the straight line between them (as np.interp
+    draws it). A column whose buckets are all non-finite is occupied but NaN: a gap, never bridged."""
+    previous = -1  # the last occupied column, if its value is finite
+    out = values
+    for col in range(len(values)):
+        if bounds[col + 1] == bounds[col]:  # empty
+            continue
+        value = values[col]
+        if previous >= 0 and col - previous > 1 and value == value:
+            if out is values:
+                out = list(values)
+            before = values[previous]
+            slope = (value - before) / (col - previous)
+            for between in range(previous + 1, col):
+                out[between] = slope * (between - previous) + before
+        previous = col if value == value else -1
+    return out
 
-    A column whose buckets are all non-finite is occupied but NaN: a gap, never bridged.
-    """
-    finite = np.isfinite(values)
-    if np.count_nonzero(finite) < 2 or occupied.all():
-        return values
-    cols = np.arange(values.size)
-    prev_occupied = np.maximum.accumulate(np.where(occupied, cols, -1))
-    next_occupied = np.minimum.accumulate(np.where(occupied, cols, values.size)[::-1])[::-1]
-    inside = ~occupied & (prev_occupied >= 0) & (next_occupied < values.size)
-    inside[inside] = finite[prev_occupied[inside]] & finite[next_occupied[inside]]
-    if not inside.any():
-        return values
-    values = values.copy()
-    values[inside] = np.interp(cols[inside], cols[finite], values[finite])
-    return values
+
+def dot_rows_of(values: Sequence[float], y_range: Range, dot_rows: int) -> list[float]:
+    """Dot row (0 at the top) of each value, as floats; NaN stays NaN, off-range clips to -1/dot_rows."""
+    y0, y1 = widen(y_range)
+    scale = (dot_rows - 1) / (y1 - y0)
+    out = []
+    for value in values:
+        row = (y1 - value) * scale
+        if row != row:
+            out.append(NAN)
+        elif row <= -1:
+            out.append(-1.0)
+        elif row >= dot_rows:
+            out.append(float(dot_rows))
+        else:
+            out.append(float(round(row)))  # round half to even, as np.rint
+    return out
 
 
-def _connect(top: np.ndarray, bottom: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _connect(top: list[float], bottom: list[float]) -> tuple[list[float], list[float]]:
     """Extend neighbouring columns halfway towards each other so a steep line has no holes.
 
     Rows count down from the top; both columns must be drawn (finite) to be joined.
     """
-    new_top, new_bottom = top.copy(), bottom.copy()
-    with np.errstate(invalid="ignore"):
-        both = np.isfinite(top[:-1]) & np.isfinite(top[1:])
-        # the line falls: the next column lies wholly below this one
-        falls = both & (top[1:] > bottom[:-1] + 1)
-        mid = np.floor((bottom[:-1] + top[1:]) / 2)
-        new_bottom[:-1] = np.where(falls, np.fmax(new_bottom[:-1], mid), new_bottom[:-1])
-        new_top[1:] = np.where(falls, np.fmin(new_top[1:], mid + 1), new_top[1:])
-        # the line rises: the next column lies wholly above this one
-        rises = both & (top[:-1] > bottom[1:] + 1)
-        mid = np.floor((bottom[1:] + top[:-1]) / 2)
-        new_bottom[1:] = np.where(rises, np.fmax(new_bottom[1:], mid), new_bottom[1:])
-        new_top[:-1] = np.where(rises, np.fmin(new_top[:-1], mid + 1), new_top[:-1])
+    new_top, new_bottom = list(top), list(bottom)
+    joined = [a == a and b == b for a, b in zip(top, top[1:])]  # noqa: B905 - neighbours
+    for i, both in enumerate(joined):  # the line falls: the next column lies wholly below this one
+        if both and top[i + 1] > bottom[i] + 1:
+            mid = math.floor((bottom[i] + top[i + 1]) / 2)
+            new_bottom[i] = max(new_bottom[i], mid) if new_bottom[i] == new_bottom[i] else mid
+            new_top[i + 1] = min(new_top[i + 1], mid + 1)
+    for i, both in enumerate(joined):  # the line rises: the next column lies wholly above this one
+        if both and top[i] > bottom[i + 1] + 1:
+            mid = math.floor((bottom[i + 1] + top[i]) / 2)
+            new_bottom[i + 1] = max(new_bottom[i + 1], mid) if new_bottom[i + 1] == new_bottom[i + 1] else mid
+            new_top[i] = min(new_top[i], mid + 1)
     return new_top, new_bottom
-
-
-def _span_dots(top: np.ndarray, bottom: np.ndarray, dot_rows: int) -> np.ndarray:
-    """Light rows top..bottom (inclusive) of each column; NaN columns stay dark."""
-    rows = np.arange(dot_rows)[:, None]
-    with np.errstate(invalid="ignore"):
-        return (rows >= top) & (rows <= bottom)
-
-
-def _pack(dots: np.ndarray, mode: str) -> np.ndarray:
-    """Bits of each cell: a weighted sum over the cell's dot positions (8 or 4 strided slices)."""
-    rows_per_cell, cols_per_cell = CELL_DOTS[mode]
-    weights = BRAILLE_WEIGHTS if mode == "braille" else BLOCK_WEIGHTS
-    bits = np.zeros((dots.shape[0] // rows_per_cell, dots.shape[1] // cols_per_cell), dtype=np.int64)
-    for r in range(rows_per_cell):
-        for c in range(cols_per_cell):
-            bits += dots[r::rows_per_cell, c::cols_per_cell] * int(weights[r, c])
-    return bits
 
 
 # -- ticks and labels ------------------------------------------------------------------------

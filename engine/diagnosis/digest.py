@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.store.reader import RunRow, Series, StoreReader
+from engine.store.reader import RunRow, StoreReader
 from engine.training.config import CascadeConfig
 
 from .redact import redact
@@ -114,14 +114,14 @@ def _flat_since(steps: np.ndarray, values: np.ndarray, noise: float) -> tuple[in
 def trend(reader: StoreReader, run_id: int, key: str, since: int | None = None) -> Trend | None:
     """The trend of `key` over the run, or from step `since` on."""
     series = reader.series(run_id, key, max_points=512)
+    first = np.asarray(series.first, dtype=np.int64)
+    steps = np.asarray(series.last, dtype=np.int64)
+    values = np.asarray(series.mean, dtype=np.float64)
     if since is not None:
-        keep = series.first >= since
-        series = Series(series.first[keep], series.last[keep], series.vmin[keep], series.vmax[keep],
-                        series.mean[keep], series.level, series.latest, series.latest_step)  # fmt: skip
-    if len(series) == 0:
+        keep = first >= since
+        first, steps, values = first[keep], steps[keep], values[keep]
+    if len(first) == 0:
         return None
-    steps = series.last.astype(np.int64)
-    values = series.mean.astype(np.float64)
     finite = values[np.isfinite(values)]
     quarter = max(1, len(values) // 4)
     noise = _noise(values)
@@ -132,8 +132,8 @@ def trend(reader: StoreReader, run_id: int, key: str, since: int | None = None) 
         return float(part.mean()) if len(part) else None
 
     return Trend(
-        key=key, points=reader.count_points(run_id, key), first_step=int(series.first[0]),
-        last_step=int(series.last[-1]), first=mean(values[:1]), last=series.latest,
+        key=key, points=reader.count_points(run_id, key), first_step=int(first[0]),
+        last_step=int(steps[-1]), first=mean(values[:1]), last=series.latest,
         vmin=float(finite.min()) if len(finite) else None, vmax=float(finite.max()) if len(finite) else None,
         early=mean(values[:quarter]), late=mean(values[-quarter:]), mean=mean(values), noise=noise,
         flat_since=flat_step, flat_level=flat_level, nan_steps=int((~np.isfinite(values)).sum()),
@@ -210,7 +210,7 @@ def _task_window(reader: StoreReader, run_id: int, keys: list[str], start: int, 
     by_step: dict[int, list[float]] = {}
     for key in keys:
         s = reader.metric_range(run_id, key, start, end)
-        for step, value in zip(s.last.astype(np.int64), s.mean.astype(np.float64), strict=True):
+        for step, value in zip(s.last, s.mean, strict=True):
             by_step.setdefault(int(step), []).append(float(value) if math.isfinite(value) else 0.0)
     return [[step, _round(sum(v) / len(v), 4)] for step, v in sorted(by_step.items())]
 
@@ -243,7 +243,9 @@ def build_digest(reader: StoreReader, run_id: int, *, now: float | None = None) 
         if key not in DRAWN and not key.startswith("rewards/"):
             continue
         s = reader.series(run_id, key, max_points=512)
-        steps, values = _bins(s.last.astype(np.int64), s.mean.astype(np.float64), POINTS)
+        steps, values = _bins(
+            np.asarray(s.last, dtype=np.int64), np.asarray(s.mean, dtype=np.float64), POINTS
+        )
         series[key] = [[int(a), _round(float(b))] for a, b in zip(steps, values, strict=True)]
     config = reader.run_config(run_id)
     # Phi and entropy over the steps the task reward covers (an SFT warm-up has no rewards):

@@ -7,8 +7,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from engine.store.reader import RunRow, StoreReader
 
 XY = tuple[list[int], list[float | None]]  # steps, values (None where the store holds no finite value)
@@ -39,8 +37,7 @@ def _xy(reader: StoreReader, run_id: int, key: str) -> XY | None:
     series = reader.series(run_id, key, max_points=MAX_POINTS)
     if len(series) == 0:
         return None
-    values = series.mean.astype(np.float64)
-    return series.last.astype(np.int64).tolist(), [v if math.isfinite(v) else None for v in values.tolist()]
+    return [int(step) for step in series.last], [float(v) if math.isfinite(v) else None for v in series.mean]
 
 
 def run_data(reader: StoreReader, run: RunRow, *, label: str | None = None, arm: str | None = None,

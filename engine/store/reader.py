@@ -8,38 +8,42 @@ cost grows with new rows only.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .base import StoreError, check_schema, connect, read_experiment, read_experiment_runs, read_experiments
 from .schema import ROLLUP_LEVELS
+
+NAN = math.nan
 
 
 @dataclass
 class Series:
     """A metric series as buckets: raw points have lo == hi and n == 1.
 
-    Arrays are aligned; `first`/`last` are the step span of each bucket, `vmin`/`vmax`
+    Sequences are aligned; `first`/`last` are the step span of each bucket, `vmin`/`vmax`
     its extremes (NaN when all its values were non-finite) and `mean` the bucket mean.
+    The reader builds plain lists (reading needs no numpy; a raw series shares one list for
+    its steps and one for its values: treat them as read-only); `np.asarray` turns them into
+    arrays. Charts also take numpy arrays (see widgets/raster.py).
     """
 
-    first: np.ndarray
-    last: np.ndarray
-    vmin: np.ndarray
-    vmax: np.ndarray
-    mean: np.ndarray
+    first: Sequence[int]
+    last: Sequence[int]
+    vmin: Sequence[float]
+    vmax: Sequence[float]
+    mean: Sequence[float]
     level: int = 1  # steps per bucket; 1 = raw points
     latest: float | None = None
     latest_step: int | None = None
 
     @classmethod
     def empty(cls) -> Series:
-        z = np.empty(0)
-        return cls(z.astype(np.int64), z.astype(np.int64), z, z, z)
+        return cls([], [], [], [], [])
 
     def __len__(self) -> int:
         return len(self.first)
@@ -142,10 +146,7 @@ class StoreReader:
             rows = self.conn.execute(
                 "SELECT step, value FROM metrics WHERE run_id=? AND key=? ORDER BY step", (run_id, key)
             ).fetchall()
-            arr = np.array(rows, dtype=object).astype(np.float64)
-            steps, values = arr[:, 0].astype(np.int64), arr[:, 1]
-            return Series(steps, steps.copy(), values, values.copy(), values.copy(), 1,
-                          _last_finite(values), int(steps[-1]))  # fmt: skip
+            return _raw_series(rows)
         level = next((lv for lv in ROLLUP_LEVELS if n / lv <= max_points), ROLLUP_LEVELS[-1])
         rows = self.conn.execute(
             "SELECT first_step, last_step, vmin, vmax, vsum, n, last_value FROM rollups"
@@ -168,10 +169,7 @@ class StoreReader:
             ).fetchall()
             if not rows:
                 return Series.empty()
-            arr = np.array(rows, dtype=object).astype(np.float64)
-            steps, values = arr[:, 0].astype(np.int64), arr[:, 1]
-            return Series(steps, steps.copy(), values, values.copy(), values.copy(), 1,
-                          _last_finite(values), int(steps[-1]))  # fmt: skip
+            return _raw_series(rows)
         span = end - start + 1
         level = next((lv for lv in ROLLUP_LEVELS if span / lv <= max_points), ROLLUP_LEVELS[-1])
         rows = self.conn.execute(
@@ -198,15 +196,10 @@ class StoreReader:
             ).fetchall()
             if not rows:
                 return series
-            steps = np.array([r[0] for r in rows], dtype=np.int64)
-            values = np.array([np.nan if r[1] is None else r[1] for r in rows], dtype=np.float64)
-            latest = _last_finite(values)
-            return Series(
-                np.concatenate([series.first, steps]), np.concatenate([series.last, steps]),
-                np.concatenate([series.vmin, values]), np.concatenate([series.vmax, values]),
-                np.concatenate([series.mean, values]), 1,
-                series.latest if latest is None else latest, int(steps[-1]),
-            )  # fmt: skip
+            tail = _raw_series(rows)
+            steps, values = [*series.first, *tail.first], [*series.vmin, *tail.vmin]
+            return Series(steps, steps, values, values, values, 1,
+                          series.latest if tail.latest is None else tail.latest, tail.latest_step)  # fmt: skip
         level = series.level
         last_bucket = int(series.first[-1]) // level
         rows = self.conn.execute(
@@ -219,9 +212,9 @@ class StoreReader:
         tail = _rollup_series(rows, level)
         keep = len(series) - 1
         return Series(
-            np.concatenate([series.first[:keep], tail.first]), np.concatenate([series.last[:keep], tail.last]),
-            np.concatenate([series.vmin[:keep], tail.vmin]), np.concatenate([series.vmax[:keep], tail.vmax]),
-            np.concatenate([series.mean[:keep], tail.mean]), level,
+            [*series.first[:keep], *tail.first], [*series.last[:keep], *tail.last],
+            [*series.vmin[:keep], *tail.vmin], [*series.vmax[:keep], *tail.vmax],
+            [*series.mean[:keep], *tail.mean], level,
             tail.latest if tail.latest is not None else series.latest, tail.latest_step,
         )  # fmt: skip
 
@@ -573,16 +566,26 @@ class StoreReader:
         return dict(zip([d[0] for d in cur.description], row, strict=True))
 
 
-def _last_finite(values: np.ndarray) -> float | None:
-    finite = np.flatnonzero(np.isfinite(values))
-    return None if len(finite) == 0 else float(values[finite[-1]])
+def _value(v: float | None) -> float:
+    return NAN if v is None else float(v)  # None: a non-finite value (or an all-NaN bucket)
+
+
+def _last_finite(values: Sequence[float]) -> float | None:
+    return next((v for v in reversed(values) if math.isfinite(v)), None)
+
+
+def _raw_series(rows: list[tuple[Any, ...]]) -> Series:
+    steps = [int(r[0]) for r in rows]
+    values = [_value(r[1]) for r in rows]
+    return Series(steps, steps, values, values, values, 1, _last_finite(values), steps[-1])
 
 
 def _rollup_series(rows: list[tuple[Any, ...]], level: int) -> Series:
-    arr = np.array(rows, dtype=object).astype(np.float64)  # None (all-NaN bucket) -> nan
-    first, last = arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = arr[:, 4] / arr[:, 5]
-    latest = arr[-1, 6]
-    return Series(first, last, arr[:, 2], arr[:, 3], mean, level,
-                  None if np.isnan(latest) else float(latest), int(last[-1]))  # fmt: skip
+    if not rows:
+        return Series.empty()
+    first, last, vmin, vmax, vsum, n, last_value = zip(*rows, strict=True)
+    mean = [_value(total) / count if count else NAN for total, count in zip(vsum, n, strict=True)]
+    latest = _value(last_value[-1])
+    return Series([int(x) for x in first], [int(x) for x in last], [_value(v) for v in vmin],
+                  [_value(v) for v in vmax], mean, level, None if math.isnan(latest) else latest,
+                  int(last[-1]))  # fmt: skip
