@@ -28,7 +28,7 @@ from textual.theme import Theme
 from textual.widget import Widget
 from textual.widgets import Footer, OptionList
 from textual.widgets.option_list import Option
-from textual.worker import get_current_worker
+from textual.worker import Worker, get_current_worker
 
 if TYPE_CHECKING:
     from textual.widgets import Input
@@ -65,6 +65,14 @@ READONLY_ENGINE_DOWN = (
     "engine down — this session is watch-only and starts nothing; start it with `carl engine start`"
 )
 MARK = "▌"  # a run marked for comparison, in the Runs list
+
+
+def _nap(worker: Worker, seconds: float) -> None:
+    """Sleep in a thread worker, waking within 50 ms of its cancellation: `q` waits for the
+    workers' threads, so a plain sleep (up to a minute of engine backoff) would hold the exit."""
+    deadline = time.monotonic() + seconds
+    while not worker.is_cancelled and (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, 0.05))
 
 
 class StoreUpdated(Message):
@@ -223,7 +231,8 @@ class ControlRoom(App[None]):
                     with Vertical(id="agents-pane", classes="pane") as agents:
                         agents.border_title = "Agents"
                         yield AgentsPane(readonly=self.readonly, id="agents")
-        yield Footer(show_command_palette=False)  # ctrl+p is listed in the help instead
+        # The key bar (Footer: a widget per key) is mounted after the first frame, which is the run's
+        # panes; it follows one frame later (bench/bench_tui.py measures both).
 
     def on_mount(self) -> None:
         self.main.query_one("#phi-chart", Chart).empty_text = "no Φ data yet"
@@ -242,7 +251,13 @@ class ControlRoom(App[None]):
         if self._open_experiment_ref is not None:
             self.open_experiment(self._open_experiment_ref)
         self.watch_store()
-        self.call_after_refresh(self.supervise_engine)  # after the first paint: it is not urgent
+        self.call_after_refresh(self._after_first_paint)
+
+    async def _after_first_paint(self) -> None:
+        self.supervise_engine()  # not urgent
+        # ctrl+p is listed in the help instead of the key bar
+        await self.main.mount(Footer(show_command_palette=False))
+        self.refresh_bindings()  # a Footer draws its keys when the bindings change
 
     # -- workers ---------------------------------------------------------------------------
 
@@ -262,7 +277,7 @@ class ControlRoom(App[None]):
             snapshot = self.watcher.poll()
             if snapshot is not None:
                 self.post_message(StoreUpdated(snapshot))
-            time.sleep(max(0.0, period - (time.monotonic() - started)))
+            _nap(worker, period - (time.monotonic() - started))
 
     @work(thread=True, exclusive=True, group="engine")
     def supervise_engine(self) -> None:
@@ -289,12 +304,12 @@ class ControlRoom(App[None]):
                     self.post_message(EngineState("down", f"engine failed to start: {exc}"))
                 if status.state != "up":
                     self.post_message(EngineState("down", f"engine did not start; see {status.log_path}"))
-                    time.sleep(backoff)
+                    _nap(worker, backoff)
                     backoff = min(backoff * 2, 60.0)
                     continue
                 self.post_message(EngineState("up", started_pid=status.pid if started else None))
                 seen_up = True
-            time.sleep(2.0)
+            _nap(worker, 2.0)
 
     # -- messages from workers -------------------------------------------------------------
 

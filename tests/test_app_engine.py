@@ -45,3 +45,29 @@ async def test_tui_starts_the_engine_and_survives_its_death(tmp_path: Path) -> N
             assert app.view is not None and app.view.run.last_step == 5
     finally:
         stop_engine(home)
+
+
+async def test_a_sleeping_worker_does_not_hold_the_quit() -> None:
+    """The control room's thread workers sleep between looks (the engine's restart backoff grows to a
+    minute); `q` waits for their threads, so their sleep wakes when the worker is cancelled."""
+    from textual import work
+    from textual.app import App
+    from textual.worker import get_current_worker
+
+    from carl_tui.app import _nap
+
+    class Sleeper(App[None]):
+        woke = False
+
+        @work(thread=True)
+        def backoff(self) -> None:
+            _nap(get_current_worker(), 60.0)
+            self.woke = True
+
+    app = Sleeper()
+    async with app.run_test() as pilot:
+        worker = app.backoff()
+        await pilot.pause(0.1)
+        assert not app.woke, "still sleeping"
+        worker.cancel()
+        await until(pilot, lambda: app.woke, timeout=10)  # a plain sleep would take the minute

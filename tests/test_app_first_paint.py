@@ -2,7 +2,9 @@
 run, the run list, the status line and the activity panes. The comparison's legend (hidden until
 two runs are marked), the TOML reader and writer (no tui.toml yet; the start writes nothing), the
 diagnosis chat, the trajectory and agent-task screens and the modal screens are imported when
-first used, not at start-up. Checked in a fresh interpreter, so other tests' imports do not count.
+first used, not at start-up; numpy is not imported at all (the store reads lists and the chart
+reduces them in plain Python), and the key bar is mounted one frame later. Checked in a fresh
+interpreter, so other tests' imports do not count.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-from support import ROOT
+from support import ROOT, until
+from textual.widgets._footer import FooterKey
 
+from carl_tui.app import ControlRoom
 from engine.store import Store
 
 DEFERRED = (
@@ -81,3 +85,13 @@ def test_the_first_frame_imports_and_mounts_only_what_it_draws(tmp_path: Path) -
     assert first["loaded"] == []
     assert "Legend" not in first["widgets"]
     assert {"Chart", "RunList", "StatusBar", "TrajectoriesPane", "AgentsPane"} <= set(first["widgets"])
+
+
+async def test_the_key_bar_follows_the_first_frame(tmp_path: Path) -> None:
+    """The key bar is mounted after the first frame (a widget per key: not what the run's panes wait
+    for); it must still come, with the control room's keys, without any key pressed."""
+    app = ControlRoom(tmp_path, start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: len(app.query(FooterKey)) > 0)
+        keys = [key.description for key in app.query(FooterKey)]
+        assert {"Help", "Observe", "Pause", "Quit"} <= set(keys), keys
