@@ -8,7 +8,6 @@ data differs, so an idle screen writes nothing to the terminal.
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -48,7 +47,16 @@ from widgets.reward_bars import RewardBars
 from widgets.status_bar import StatusBar, StatusInfo
 
 from .config import ConfigError, TuiConfig, load_config, save_config
-from .model import CompareRun, ExperimentView, RunView, Snapshot, StoreWatcher, find_experiment, run_state
+from .model import (
+    CompareRun,
+    ExperimentView,
+    FirstRead,
+    RunView,
+    Snapshot,
+    StoreWatcher,
+    find_experiment,
+    run_state,
+)
 from .panes import (
     COMPARE_REWARDS,
     draw_compare_phi,
@@ -150,7 +158,10 @@ class ControlRoom(App[None]):
         api_key: str | None = None,
         claude_base_url: str | None = None,
         experiment: str | None = None,
+        first_read: FirstRead | None = None,
     ) -> None:
+        """`first_read`: the store's first read, already under way (`carl-tui` starts it before
+        Textual is imported); by default the control room starts it here."""
         super().__init__()
         self.home = home or paths.carl_home()
         self._api_key = api_key  # for the diagnosis chat only; never stored or shown
@@ -166,11 +177,9 @@ class ControlRoom(App[None]):
         except ConfigError as exc:
             self.config, self.config_error = TuiConfig(), str(exc)
         self.refresh_hz = min(refresh_hz or self.config.refresh_hz, 4.0)
-        self.watcher = StoreWatcher(paths.db_path(self.home))
         # Read the store while Textual starts up: the first paint then already has the data.
-        self._first_poll: Snapshot | None = None
-        self._prefetch = threading.Thread(target=self._prefetch_first_poll, name="carl-prefetch", daemon=True)
-        self._prefetch.start()
+        self._first_read = first_read or FirstRead(StoreWatcher(paths.db_path(self.home)))
+        self.watcher = self._first_read.watcher
         self.runs: list[RunRow] = []
         self.view: RunView | None = None
         self.filter_text = ""
@@ -244,10 +253,8 @@ class ControlRoom(App[None]):
         self._update_status()
         self.theme_changed_signal.subscribe(self, self._theme_changed)
         # The store was read while Textual started; apply it now so the first paint has the data.
-        self._prefetch.join(timeout=0.5)
-        if self._first_poll is not None:
-            self._store_updated(StoreUpdated(self._first_poll))
-            self._first_poll = None
+        if self._first_read.join(timeout=0.5) and (snapshot := self._first_read.take()) is not None:
+            self._store_updated(StoreUpdated(snapshot))
         if self._open_experiment_ref is not None:
             self.open_experiment(self._open_experiment_ref)
         self.watch_store()
@@ -261,17 +268,14 @@ class ControlRoom(App[None]):
 
     # -- workers ---------------------------------------------------------------------------
 
-    def _prefetch_first_poll(self) -> None:
-        self._first_poll = self.watcher.poll()
-
     @work(thread=True, exclusive=True, group="store")
     def watch_store(self) -> None:
         """Poll `PRAGMA data_version` at most `refresh_hz` times a second; post only news."""
         worker = get_current_worker()
         period = 1.0 / self.refresh_hz
-        self._prefetch.join()  # the watcher is not thread-safe: one poller at a time
-        if self._first_poll is not None:  # the prefetch outlived on_mount's wait
-            self.post_message(StoreUpdated(self._first_poll))
+        self._first_read.join()  # the watcher is not thread-safe: one poller at a time
+        if (snapshot := self._first_read.take()) is not None:  # the read outlived on_mount's wait
+            self.post_message(StoreUpdated(snapshot))
         while not worker.is_cancelled:
             started = time.monotonic()
             snapshot = self.watcher.poll()

@@ -98,15 +98,15 @@ def _run_tui(args: argparse.Namespace) -> int:
     if args.demo:
         _start_demo(home, args.demo_steps, args.backend)
     os.environ.setdefault("TEXTUAL_ANIMATIONS", "none")  # nothing moves unless data does
-    # The control room never multiplies matrices; without this, OpenBLAS starts a thread per
-    # core while numpy imports, which doubles numpy's share of the start-up time.
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     if args.serve:
         return _serve(home, args)
+    from .model import FirstRead, StoreWatcher
+
+    first_read = FirstRead(StoreWatcher(paths.db_path(home)))  # reads the store while Textual loads
     from .app import ControlRoom
 
     app = ControlRoom(home, readonly=args.readonly, start_engine=not args.no_engine, api_key=args.api_key,
-                      experiment=args.experiment)  # fmt: skip
+                      experiment=args.experiment, first_read=first_read)  # fmt: skip
     app.run()
     _say_engine_left_running(home, app.engine_started_pid)
     return 0

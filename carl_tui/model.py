@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,6 +104,31 @@ class Snapshot:
     commands: list[dict[str, Any]] = field(default_factory=list)  # commands that finished
     source_errors: dict[str, str] | None = None  # path -> last error
     error: str | None = None  # the store itself could not be read
+
+
+class FirstRead:
+    """The watcher's first poll, on its own thread: `carl-tui` starts it before it imports Textual,
+    so the first frame has the data. The watcher is not thread-safe: join this before polling it
+    again."""
+
+    def __init__(self, watcher: StoreWatcher) -> None:
+        self.watcher = watcher
+        self.snapshot: Snapshot | None = None
+        self._thread = threading.Thread(target=self._read, name="carl-first-read", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        self.snapshot = self.watcher.poll()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the read (at most `timeout` seconds); whether it has finished."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def take(self) -> Snapshot | None:
+        """The snapshot, once: whoever applies it takes it."""
+        snapshot, self.snapshot = self.snapshot, None
+        return snapshot
 
 
 class StoreWatcher:

@@ -59,7 +59,6 @@ def tui_env(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in (
         ("CARL_HOME", str(home)),
         ("TEXTUAL_ANIMATIONS", "none"),
-        ("OPENBLAS_NUM_THREADS", "1"),
     ):
         monkeypatch.setenv(name, value)
 

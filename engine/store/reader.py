@@ -149,7 +149,7 @@ class StoreReader:
             return _raw_series(rows)
         level = next((lv for lv in ROLLUP_LEVELS if n / lv <= max_points), ROLLUP_LEVELS[-1])
         rows = self.conn.execute(
-            "SELECT first_step, last_step, vmin, vmax, vsum, n, last_value FROM rollups"
+            "SELECT first_step, last_step, vmin, vmax, vsum / n, last_value FROM rollups"
             " WHERE run_id=? AND key=? AND level=? ORDER BY bucket",
             (run_id, key, level),
         ).fetchall()
@@ -173,7 +173,7 @@ class StoreReader:
         span = end - start + 1
         level = next((lv for lv in ROLLUP_LEVELS if span / lv <= max_points), ROLLUP_LEVELS[-1])
         rows = self.conn.execute(
-            "SELECT first_step, last_step, vmin, vmax, vsum, n, last_value FROM rollups"
+            "SELECT first_step, last_step, vmin, vmax, vsum / n, last_value FROM rollups"
             " WHERE run_id=? AND key=? AND level=? AND bucket BETWEEN ? AND ? ORDER BY bucket",
             (run_id, key, level, start // level, end // level),
         ).fetchall()
@@ -203,7 +203,7 @@ class StoreReader:
         level = series.level
         last_bucket = int(series.first[-1]) // level
         rows = self.conn.execute(
-            "SELECT first_step, last_step, vmin, vmax, vsum, n, last_value FROM rollups"
+            "SELECT first_step, last_step, vmin, vmax, vsum / n, last_value FROM rollups"
             " WHERE run_id=? AND key=? AND level=? AND bucket>=? ORDER BY bucket",
             (run_id, key, level, last_bucket),
         ).fetchall()
@@ -566,8 +566,12 @@ class StoreReader:
         return dict(zip([d[0] for d in cur.description], row, strict=True))
 
 
-def _value(v: float | None) -> float:
-    return NAN if v is None else float(v)  # None: a non-finite value (or an all-NaN bucket)
+def _floats(values: Sequence[float | None]) -> list[float]:
+    """A REAL column as floats: NULL (a non-finite value, or an all-NaN bucket) becomes NaN."""
+    out = list(values)
+    if None in out:
+        out = [NAN if v is None else v for v in out]
+    return out
 
 
 def _last_finite(values: Sequence[float]) -> float | None:
@@ -575,17 +579,18 @@ def _last_finite(values: Sequence[float]) -> float | None:
 
 
 def _raw_series(rows: list[tuple[Any, ...]]) -> Series:
-    steps = [int(r[0]) for r in rows]
-    values = [_value(r[1]) for r in rows]
+    """Rows of (step, value), as raw points."""
+    steps, values = zip(*rows, strict=True)
+    steps, values = list(steps), _floats(values)
     return Series(steps, steps, values, values, values, 1, _last_finite(values), steps[-1])
 
 
 def _rollup_series(rows: list[tuple[Any, ...]], level: int) -> Series:
+    """Rows of (first_step, last_step, vmin, vmax, mean, last_value), one per bucket (SQLite's
+    vsum / n is NULL for a bucket of no finite value)."""
     if not rows:
         return Series.empty()
-    first, last, vmin, vmax, vsum, n, last_value = zip(*rows, strict=True)
-    mean = [_value(total) / count if count else NAN for total, count in zip(vsum, n, strict=True)]
-    latest = _value(last_value[-1])
-    return Series([int(x) for x in first], [int(x) for x in last], [_value(v) for v in vmin],
-                  [_value(v) for v in vmax], mean, level, None if math.isnan(latest) else latest,
-                  int(last[-1]))  # fmt: skip
+    first, last, vmin, vmax, mean, last_value = zip(*rows, strict=True)
+    latest = last_value[-1]
+    return Series(list(first), list(last), _floats(vmin), _floats(vmax), _floats(mean), level,
+                  latest, last[-1])  # fmt: skip
