@@ -4,7 +4,8 @@ through a terminal emulator (pyte). Prints, each with its goal and the same-run 
 - first paint with a 1,000,000-step run in the store (goal <= 1.0 s and <= 1.5x a bare Textual
   app with one Static, measured here the same way, in the same run): the run's name and its
   chart on screen;
-- the complete screen: the same, with the key bar, which is mounted one frame later;
+- the complete screen: the same with the key bar's keys, which Textual's Footer composes after
+  its first refresh;
 - bytes written to the terminal over 10 s idle (goal < 2 KiB);
 - RSS of the TUI process with that run (goal <= 200 MB; baseline: the bare app);
 - write-to-screen latency of a new step (goal p95 <= 500 ms).

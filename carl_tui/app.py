@@ -7,6 +7,7 @@ data differs, so an idle screen writes nothing to the terminal.
 
 from __future__ import annotations
 
+import gc
 import re
 import time
 from collections.abc import Iterable
@@ -225,23 +226,24 @@ class ControlRoom(App[None]):
                 yield RunList(id="run-list")
                 yield CommandLog(id="command-log")
             with Vertical(id="main"):
-                with Vertical(id="phi-pane", classes="pane") as phi:
-                    phi.border_title = "Φ coherence"
-                    yield Chart(id="phi-chart")
+                # The panes with one widget are that widget, border and title included: a
+                # container around each would cost the first frame a widget and its lines.
+                phi = Chart(id="phi-chart", classes="pane")
+                phi.border_title = "Φ coherence"
+                yield phi
                 with Horizontal(id="rewards-pane", classes="pane") as rewards:
                     rewards.border_title = "Rewards"
                     yield Chart(id="reward-chart")
                     yield RewardBars(id="reward-bars")
                     # the comparison's legend (hidden until two runs are marked) is mounted on first use
                 with Horizontal(id="activity"):
-                    with Vertical(id="trajectories-pane", classes="pane") as traj:
-                        traj.border_title = "Trajectories"
-                        yield TrajectoriesPane(id="trajectories")
-                    with Vertical(id="agents-pane", classes="pane") as agents:
-                        agents.border_title = "Agents"
-                        yield AgentsPane(readonly=self.readonly, id="agents")
-        # The key bar (Footer: a widget per key) is mounted after the first frame, which is the run's
-        # panes; it follows one frame later (bench/bench_tui.py measures both).
+                    traj = TrajectoriesPane(id="trajectories", classes="pane")
+                    traj.border_title = "Trajectories"
+                    yield traj
+                    agents = AgentsPane(readonly=self.readonly, id="agents", classes="pane")
+                    agents.border_title = "Agents"
+                    yield agents
+        yield Footer(show_command_palette=False)  # ctrl+p is listed in the help instead
 
     def on_mount(self) -> None:
         self.main.query_one("#phi-chart", Chart).empty_text = "no Φ data yet"
@@ -260,11 +262,11 @@ class ControlRoom(App[None]):
         self.watch_store()
         self.call_after_refresh(self._after_first_paint)
 
-    async def _after_first_paint(self) -> None:
+    def _after_first_paint(self) -> None:
+        if not gc.isenabled():  # `carl-tui` starts without the collector (cli.py): back on now
+            gc.freeze()  # what start-up built lives as long as the app: later collections skip it
+            gc.enable()
         self.supervise_engine()  # not urgent
-        # ctrl+p is listed in the help instead of the key bar
-        await self.main.mount(Footer(show_command_palette=False))
-        self.refresh_bindings()  # a Footer draws its keys when the bindings change
 
     # -- workers ---------------------------------------------------------------------------
 
@@ -367,7 +369,7 @@ class ControlRoom(App[None]):
             if snap.trajectories is not None:
                 self.main.query_one(TrajectoriesPane).set_rows(snap.trajectories, snap.trajectory_count or 0)
                 self.domains, self.plasticity = snap.domains or [], snap.plasticity
-                self.main.query_one("#trajectories-pane").border_subtitle = _trajectory_summary(
+                self.main.query_one("#trajectories").border_subtitle = _trajectory_summary(
                     self.domains, self.plasticity
                 )
             if snap.agent_events is not None:
@@ -442,7 +444,7 @@ class ControlRoom(App[None]):
         self.main.query_one(CommandLog).set_commands(view.commands)
         if self.comparing:
             return  # the Φ and Rewards panes show the comparison
-        phi_pane = self.main.query_one("#phi-pane")
+        phi_pane = self.main.query_one("#phi-chart")
         phi_pane.border_title = draw_phi(self.main.query_one("#phi-chart", Chart), view)
         colors = reward_colors(self.main.query_one("#reward-chart", Chart), len(view.reward_names))
         rewards_pane = self.main.query_one("#rewards-pane")
@@ -485,7 +487,7 @@ class ControlRoom(App[None]):
         reading = COMPARE_REWARDS[self.compare_reward]
         other = next(name for key, name in COMPARE_REWARDS.items() if key != self.compare_reward)
         what = f"experiment {self.experiment.name} · " if self.experiment else ""
-        phi_pane = self.main.query_one("#phi-pane")
+        phi_pane = self.main.query_one("#phi-chart")
         _set_title(phi_pane, f"Φ coherence · {what}{len(self.marks)} runs compared")
         _set_subtitle(phi_pane, self._compact_legend())
         _set_title(self.main.query_one("#rewards-pane"), f"Rewards · {reading} reward per run · T: {other}")
@@ -993,7 +995,7 @@ class ControlRoom(App[None]):
     def _agents_title(self, event: AgentsPane.TitleChanged) -> None:
         if self._widgets_gone():
             return
-        pane = self.main.query_one("#agents-pane")
+        pane = self.main.query_one("#agents")
         pane.border_title, pane.border_subtitle = event.title, event.subtitle or None
 
     @on(AgentsPane.OpenTask)

@@ -65,7 +65,7 @@ async def test_panes_show_a_known_run(home: Path) -> None:
         status = status_text(app)
         assert "tiny-grpo" in status and "step 49/200" in status
         assert "phase crystallizing" in status and "yellow" in status and "entropy collapsed" in status
-        phi_title = str(app.query_one("#phi-pane").border_title)
+        phi_title = str(app.query_one("#phi-chart").border_title)
         assert (
             "Φ coherence 0.9000" in phi_title
             and "H 0.624 nats" in phi_title

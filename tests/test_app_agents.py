@@ -119,11 +119,11 @@ def shown(app: ControlRoom) -> str:
 
 
 def pane_title(app: ControlRoom) -> str:
-    return Content.from_markup(app.query_one("#agents-pane").border_title).plain
+    return Content.from_markup(app.query_one("#agents").border_title).plain
 
 
 def pane_subtitle(app: ControlRoom) -> str:
-    subtitle = app.query_one("#agents-pane").border_subtitle
+    subtitle = app.query_one("#agents").border_subtitle
     return Content.from_markup(subtitle).plain if subtitle else ""
 
 

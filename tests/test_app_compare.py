@@ -95,9 +95,9 @@ async def test_marked_runs_overlay_with_a_legend_and_unmarking_restores_one_run(
         assert legend.rows[1].style == phi_chart.line_style(colors[ids["beta"]])
         assert legend.rows[0].values == (f"{phi['gamma'][49]:.4f}", f"{reward['gamma'][49]:+.3f}")
         assert "gamma" in legend.render().plain and "beta" in legend.render().plain
-        subtitle = app.query_one("#phi-pane").border_subtitle or ""
+        subtitle = app.query_one("#phi-chart").border_subtitle or ""
         assert "gamma" in subtitle and "beta" in subtitle
-        assert "2 runs compared" in str(app.query_one("#phi-pane").border_title)
+        assert "2 runs compared" in str(app.query_one("#phi-chart").border_title)
         assert "total reward per run" in str(app.query_one("#rewards-pane").border_title)
         # `T`: the task reward instead of the total.
         await pilot.press("T")
@@ -125,8 +125,8 @@ async def test_marked_runs_overlay_with_a_legend_and_unmarking_restores_one_run(
         assert len(phi_chart.lines) == 1 and same(phi["beta"], drawn(phi_chart, 0))
         assert phi_chart._band is not None  # the p10-p90 band is back
         assert app.query_one(RewardBars).display and not app.query_one(Legend).display
-        assert app.query_one("#phi-pane").border_subtitle is None
-        assert str(app.query_one("#phi-pane").border_title).startswith("Φ coherence 0.")
+        assert app.query_one("#phi-chart").border_subtitle is None
+        assert str(app.query_one("#phi-chart").border_title).startswith("Φ coherence 0.")
         assert [name for name, _ in app.query_one(RewardBars)._values] == ["format", "task", "total"]
         # `X` clears every mark.
         await pilot.press("x")
@@ -173,8 +173,8 @@ async def test_an_experiment_opens_as_a_comparison_coloured_by_arm(home: Path) -
             "task-only s2",
             "cascade s1",
         ]
-        assert "experiment abl" in str(app.query_one("#phi-pane").border_title)
-        subtitle = app.query_one("#phi-pane").border_subtitle or ""
+        assert "experiment abl" in str(app.query_one("#phi-chart").border_title)
+        subtitle = app.query_one("#phi-chart").border_subtitle or ""
         assert "task-only" in subtitle and "cascade" in subtitle and "s1" not in subtitle  # one entry per arm
         # The last cell starts: its run joins the comparison, in its arm's colour.
         with Store(home / "carl.db") as store:

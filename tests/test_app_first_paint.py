@@ -3,8 +3,7 @@ run, the run list, the status line and the activity panes. The comparison's lege
 two runs are marked), the TOML reader and writer (no tui.toml yet; the start writes nothing), the
 diagnosis chat, the trajectory and agent-task screens and the modal screens are imported when
 first used, not at start-up; numpy is not imported at all (the store reads lists and the chart
-reduces them in plain Python), and the key bar is mounted one frame later. Checked in a fresh
-interpreter, so other tests' imports do not count.
+reduces them in plain Python). Checked in a fresh interpreter, so other tests' imports do not count.
 """
 
 from __future__ import annotations
@@ -88,10 +87,27 @@ def test_the_first_frame_imports_and_mounts_only_what_it_draws(tmp_path: Path) -
 
 
 async def test_the_key_bar_follows_the_first_frame(tmp_path: Path) -> None:
-    """The key bar is mounted after the first frame (a widget per key: not what the run's panes wait
-    for); it must still come, with the control room's keys, without any key pressed."""
+    """Textual's Footer composes its keys once the bindings are published, after the first refresh;
+    they must come, with the control room's keys, without any key pressed."""
     app = ControlRoom(tmp_path, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: len(app.query(FooterKey)) > 0)
         keys = [key.description for key in app.query(FooterKey)]
         assert {"Help", "Observe", "Pause", "Quit"} <= set(keys), keys
+
+
+async def test_the_collector_is_back_on_after_the_first_frame(tmp_path: Path) -> None:
+    """`carl-tui` starts with the cyclic garbage collector off (cli.py: start-up allocates a lot and
+    frees next to nothing, and a collection landed in the middle of the first chart); the control
+    room turns it back on after its first frame, with what start-up built frozen out of it."""
+    import gc
+
+    gc.disable()  # as carl-tui's entry does
+    try:
+        app = ControlRoom(tmp_path, start_engine=False)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, gc.isenabled)
+            assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.enable()

@@ -111,7 +111,7 @@ async def test_hooks_to_engine_to_control_room(tmp_path: Path, monkeypatch: pyte
         async with app.run_test(size=(120, 40)) as pilot:
             pane = app.query_one(TrajectoriesPane)
             await until(pilot, lambda: len(pane.rows) == 1)
-            assert "1 domain" in str(app.query_one("#trajectories-pane").border_subtitle)
+            assert "1 domain" in str(app.query_one("#trajectories").border_subtitle)
             pane.focus()
             await pilot.press("enter")
             await until(pilot, lambda: isinstance(app.screen, TrajectoryScreen))

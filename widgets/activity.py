@@ -36,8 +36,8 @@ class ActivityPane(Static):
     ActivityPane.-empty { color: $text-muted; }
     """
 
-    def __init__(self, empty_text: str, *, id: str | None = None) -> None:
-        super().__init__(empty_text, id=id)
+    def __init__(self, empty_text: str, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(empty_text, id=id, classes=classes)
         self.empty_text = empty_text
         self.rows: list[dict[str, Any]] = []
         self.add_class("-empty")
@@ -82,8 +82,8 @@ class TrajectoriesPane(ActivityPane):
             super().__init__()
             self.row = row
 
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(TRAJECTORIES_EMPTY, id=id)
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(TRAJECTORIES_EMPTY, id=id, classes=classes)
         self.cursor = 0
         self.top = 0  # first row shown
         self.total = 0

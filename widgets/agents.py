@@ -160,8 +160,8 @@ class AgentsPane(Static):
             self.verb = verb
             self.worker_id = worker_id
 
-    def __init__(self, *, readonly: bool = False, id: str | None = None) -> None:
-        super().__init__(AGENTS_EMPTY, id=id)
+    def __init__(self, *, readonly: bool = False, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(AGENTS_EMPTY, id=id, classes=classes)
         self.readonly = readonly
         self.agent_events: list[dict[str, Any]] = []
         self.agent_workers: list[dict[str, Any]] = []
