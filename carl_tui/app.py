@@ -161,8 +161,8 @@ class ControlRoom(App[None]):
         experiment: str | None = None,
         first_read: FirstRead | None = None,
     ) -> None:
-        """`first_read`: the store's first read, already under way (`carl-tui` starts it before
-        Textual is imported); by default the control room starts it here."""
+        """`first_read`: the store's first read, already made (`carl-tui` makes it before it
+        imports Textual); by default the control room makes it here."""
         super().__init__()
         self.home = home or paths.carl_home()
         self._api_key = api_key  # for the diagnosis chat only; never stored or shown
@@ -178,7 +178,7 @@ class ControlRoom(App[None]):
         except ConfigError as exc:
             self.config, self.config_error = TuiConfig(), str(exc)
         self.refresh_hz = min(refresh_hz or self.config.refresh_hz, 4.0)
-        # Read the store while Textual starts up: the first paint then already has the data.
+        # The first paint has the store's data: it is read before the screen is built.
         self._first_read = first_read or FirstRead(StoreWatcher(paths.db_path(self.home)))
         self.watcher = self._first_read.watcher
         self.runs: list[RunRow] = []
@@ -255,7 +255,7 @@ class ControlRoom(App[None]):
         self._update_status()
         self.theme_changed_signal.subscribe(self, self._theme_changed)
         # The store was read while Textual started; apply it now so the first paint has the data.
-        if self._first_read.join(timeout=0.5) and (snapshot := self._first_read.take()) is not None:
+        if (snapshot := self._first_read.take()) is not None:
             self._store_updated(StoreUpdated(snapshot))
         if self._open_experiment_ref is not None:
             self.open_experiment(self._open_experiment_ref)
@@ -275,9 +275,6 @@ class ControlRoom(App[None]):
         """Poll `PRAGMA data_version` at most `refresh_hz` times a second; post only news."""
         worker = get_current_worker()
         period = 1.0 / self.refresh_hz
-        self._first_read.join()  # the watcher is not thread-safe: one poller at a time
-        if (snapshot := self._first_read.take()) is not None:  # the read outlived on_mount's wait
-            self.post_message(StoreUpdated(snapshot))
         while not worker.is_cancelled:
             started = time.monotonic()
             snapshot = self.watcher.poll()

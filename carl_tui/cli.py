@@ -107,7 +107,7 @@ def _run_tui(args: argparse.Namespace) -> int:
     gc.disable()
     from .model import FirstRead, StoreWatcher
 
-    first_read = FirstRead(StoreWatcher(paths.db_path(home)))  # reads the store while Textual loads
+    first_read = FirstRead(StoreWatcher(paths.db_path(home)))  # the store, read before Textual loads
     from .app import ControlRoom
 
     app = ControlRoom(home, readonly=args.readonly, start_engine=not args.no_engine, api_key=args.api_key,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,23 +106,16 @@ class Snapshot:
 
 
 class FirstRead:
-    """The watcher's first poll, on its own thread: `carl-tui` starts it before it imports Textual,
-    so the first frame has the data. The watcher is not thread-safe: join this before polling it
-    again."""
+    """The watcher's first poll, made as soon as the store's path is known: `carl-tui` makes it
+    before it imports Textual, so the first frame has the data without waiting for it.
+
+    Inline, not on a thread: a thread reading while the main thread imports is starved of the
+    GIL between its SQLite calls (measured on a 1,000,000-step run: 56 ms of wall time for a
+    9 ms read, and the first frame waited ~10 ms for it)."""
 
     def __init__(self, watcher: StoreWatcher) -> None:
         self.watcher = watcher
-        self.snapshot: Snapshot | None = None
-        self._thread = threading.Thread(target=self._read, name="carl-first-read", daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        self.snapshot = self.watcher.poll()
-
-    def join(self, timeout: float | None = None) -> bool:
-        """Wait for the read (at most `timeout` seconds); whether it has finished."""
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        self.snapshot: Snapshot | None = watcher.poll()
 
     def take(self) -> Snapshot | None:
         """The snapshot, once: whoever applies it takes it."""
