@@ -204,12 +204,9 @@ def envelopes(layers: Sequence[Layer], x_range: Range, dot_cols: int) -> list[En
     out = []
     for layer in layers:
         if isinstance(layer, LineLayer):
-            out.append(
-                Envelope(*_kernel(layer.series).line_envelope(layer.series, edges), "line", layer.axis)
-            )
+            out.append(Envelope(*_line_envelope(layer.series, edges), "line", layer.axis))
         elif isinstance(layer, BandLayer):
-            kernel = _kernel(layer.lo, layer.hi)
-            out.append(Envelope(*kernel.band_envelope(layer.lo, layer.hi, edges), "band", layer.axis))
+            out.append(Envelope(*_band_envelope(layer.lo, layer.hi, edges), "band", layer.axis))
         else:
             hi = [NAN] * dot_cols
             for col in _marker_columns(layer.steps, x_range, dot_cols):
@@ -273,41 +270,39 @@ def _marker_columns(steps: Sequence[float], x_range: Range, dot_cols: int) -> li
     return [col for col in cols if 0 <= col < dot_cols]
 
 
-def _kernel(*series: Series):  # noqa: ANN202 - this module or raster_numpy: both give line/band_envelope
-    """Plain Python for lists (what the store reads); numpy, imported on first use, for arrays."""
-    if all(isinstance(s.vmin, list) for s in series):
-        return _python_kernel
-    from . import raster_numpy
-
-    return raster_numpy
+def _uses_numpy(*series: Series) -> bool:
+    """Lists (what the store reads) are reduced here; anything else by `raster_numpy`."""
+    return not all(isinstance(s.vmin, list) for s in series)
 
 
-class _python_kernel:  # noqa: N801 - a namespace, as the `raster_numpy` module is
-    """The envelope pass over lists; `raster_numpy` does the same over arrays (tested equal)."""
+def _line_envelope(series: Series, edges: list[float]) -> tuple[list[float], list[float]]:
+    """Per dot column, the lowest vmin and highest vmax of its buckets; gaps NaN, empty columns bridged."""
+    if _uses_numpy(series):
+        from .raster_numpy import line_envelope
 
-    @staticmethod
-    def line_envelope(series: Series, edges: list[float]) -> tuple[list[float], list[float]]:
-        """Per dot column, the lowest vmin and highest vmax of its buckets; gaps NaN, empty columns bridged."""
-        bounds = _bounds(bucket_steps(series), edges)
-        lo = _reduce_columns(series.vmin, min, bounds)
-        # raw points have vmin == vmax
-        hi = _reduce_columns(series.vmin if series.level == 1 else series.vmax, max, bounds)
-        return _bridge(lo, bounds), _bridge(hi, bounds)
+        return line_envelope(series, edges)
+    bounds = _bounds(bucket_steps(series), edges)
+    lo = _reduce_columns(series.vmin, min, bounds)
+    hi = _reduce_columns(series.vmin if series.level == 1 else series.vmax, max, bounds)  # raw: vmin == vmax
+    return _bridge(lo, bounds), _bridge(hi, bounds)
 
-    @staticmethod
-    def band_envelope(
-        lo_series: Series, hi_series: Series, edges: list[float]
-    ) -> tuple[list[float], list[float]]:
-        """Per dot column, the lowest `lo` and highest `hi`; the two series may sit on different steps."""
-        bounds = _bounds(bucket_steps(lo_series), edges)
-        lo = _bridge(_reduce_columns(lo_series.vmin, min, bounds), bounds)
-        bounds = _bounds(bucket_steps(hi_series), edges)
-        hi = _bridge(_reduce_columns(hi_series.vmax, max, bounds), bounds)
-        # a column is filled only where both edges are known (NaN in either: none)
-        pairs = zip(lo, hi, strict=True)
-        return [NAN if a != a or b != b else min(a, b) for a, b in pairs], [
-            NAN if a != a or b != b else max(a, b) for a, b in zip(lo, hi, strict=True)
-        ]
+
+def _band_envelope(
+    lo_series: Series, hi_series: Series, edges: list[float]
+) -> tuple[list[float], list[float]]:
+    """Per dot column, the lowest `lo` and highest `hi`; the two series may sit on different steps."""
+    if _uses_numpy(lo_series, hi_series):
+        from .raster_numpy import band_envelope
+
+        return band_envelope(lo_series, hi_series, edges)
+    bounds = _bounds(bucket_steps(lo_series), edges)
+    lo = _bridge(_reduce_columns(lo_series.vmin, min, bounds), bounds)
+    bounds = _bounds(bucket_steps(hi_series), edges)
+    hi = _bridge(_reduce_columns(hi_series.vmax, max, bounds), bounds)
+    # a column is filled only where both edges are known (NaN in either: none)
+    known = [a == a and b == b for a, b in zip(lo, hi, strict=True)]
+    return ([min(a, b) if k else NAN for a, b, k in zip(lo, hi, known, strict=True)],
+            [max(a, b) if k else NAN for a, b, k in zip(lo, hi, known, strict=True)])  # fmt: skip
 
 
 def bucket_steps(series: Series) -> list[float]:
