@@ -254,7 +254,7 @@ class ControlRoom(App[None]):
             self.notify(self.config_error, title="config", severity="error", timeout=10)
         self._update_status()
         self.theme_changed_signal.subscribe(self, self._theme_changed)
-        # The store was read while Textual started; apply it now so the first paint has the data.
+        # The store was read before the screen was built: apply it now so the first paint has the data.
         if (snapshot := self._first_read.take()) is not None:
             self._store_updated(StoreUpdated(snapshot))
         if self._open_experiment_ref is not None:
@@ -441,8 +441,8 @@ class ControlRoom(App[None]):
         self.main.query_one(CommandLog).set_commands(view.commands)
         if self.comparing:
             return  # the Φ and Rewards panes show the comparison
-        phi_pane = self.main.query_one("#phi-chart")
-        phi_pane.border_title = draw_phi(self.main.query_one("#phi-chart", Chart), view)
+        phi_chart = self.main.query_one("#phi-chart", Chart)  # the Φ pane is its chart
+        phi_chart.border_title = draw_phi(phi_chart, view)
         colors = reward_colors(self.main.query_one("#reward-chart", Chart), len(view.reward_names))
         rewards_pane = self.main.query_one("#rewards-pane")
         rewards_pane.border_title = draw_rewards(self.main.query_one("#reward-chart", Chart), view, colors)
@@ -450,10 +450,9 @@ class ControlRoom(App[None]):
         if "reward" in view.series:
             bars.append(("total", view.latest("reward")))
         self.main.query_one(RewardBars).set_values(bars, colors + ([""] if "reward" in view.series else []))
-        markers = view.markers("gate_open", "crystallization")
-        self.main.query_one("#phi-chart", Chart).set_markers(markers)
+        phi_chart.set_markers(view.markers("gate_open", "crystallization"))
         self.main.query_one("#reward-chart", Chart).set_markers(view.markers("gate_open"))
-        _set_subtitle(phi_pane, None)
+        _set_subtitle(phi_chart, None)
 
     # -- comparing runs ------------------------------------------------------------------------
 
@@ -484,9 +483,8 @@ class ControlRoom(App[None]):
         reading = COMPARE_REWARDS[self.compare_reward]
         other = next(name for key, name in COMPARE_REWARDS.items() if key != self.compare_reward)
         what = f"experiment {self.experiment.name} · " if self.experiment else ""
-        phi_pane = self.main.query_one("#phi-chart")
-        _set_title(phi_pane, f"Φ coherence · {what}{len(self.marks)} runs compared")
-        _set_subtitle(phi_pane, self._compact_legend())
+        _set_title(phi_chart, f"Φ coherence · {what}{len(self.marks)} runs compared")
+        _set_subtitle(phi_chart, self._compact_legend())
         _set_title(self.main.query_one("#rewards-pane"), f"Rewards · {reading} reward per run · T: {other}")
         from widgets.legend import LegendRow
 

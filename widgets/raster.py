@@ -22,6 +22,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -323,7 +324,7 @@ def _bounds(x: list[float], edges: list[float]) -> list[int]:
 def _reduce_columns(values: list[float], pick, bounds: list[int]) -> list[float]:  # noqa: ANN001 - min or max
     """`pick` (min or max) over the finite values of each column; NaN where there are none."""
     out = []
-    for a, b in zip(bounds, bounds[1:]):  # noqa: B905 - bounds has one more entry than there are columns
+    for a, b in pairwise(bounds):  # bounds has one more entry than there are columns
         if a == b:
             out.append(NAN)
             continue
@@ -380,7 +381,7 @@ def _connect(top: list[float], bottom: list[float]) -> tuple[list[float], list[f
     Rows count down from the top; both columns must be drawn (finite) to be joined.
     """
     new_top, new_bottom = list(top), list(bottom)
-    joined = [a == a and b == b for a, b in zip(top, top[1:])]  # noqa: B905 - neighbours
+    joined = [a == a and b == b for a, b in pairwise(top)]  # both neighbours drawn (not NaN)
     for i, both in enumerate(joined):  # the line falls: the next column lies wholly below this one
         if both and top[i + 1] > bottom[i] + 1:
             mid = math.floor((bottom[i] + top[i + 1]) / 2)

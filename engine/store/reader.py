@@ -19,6 +19,8 @@ from .base import StoreError, check_schema, connect, read_experiment, read_exper
 from .schema import ROLLUP_LEVELS
 
 NAN = math.nan
+# A rollup row as `_rollup_series` takes it (vsum / n: the bucket mean, NULL when it holds no finite value).
+_ROLLUP_COLUMNS = "first_step, last_step, vmin, vmax, vsum / n, last_value"
 
 
 @dataclass
@@ -149,8 +151,7 @@ class StoreReader:
             return _raw_series(rows)
         level = next((lv for lv in ROLLUP_LEVELS if n / lv <= max_points), ROLLUP_LEVELS[-1])
         rows = self.conn.execute(
-            "SELECT first_step, last_step, vmin, vmax, vsum / n, last_value FROM rollups"
-            " WHERE run_id=? AND key=? AND level=? ORDER BY bucket",
+            f"SELECT {_ROLLUP_COLUMNS} FROM rollups WHERE run_id=? AND key=? AND level=? ORDER BY bucket",
             (run_id, key, level),
         ).fetchall()
         return _rollup_series(rows, level)
@@ -173,7 +174,7 @@ class StoreReader:
         span = end - start + 1
         level = next((lv for lv in ROLLUP_LEVELS if span / lv <= max_points), ROLLUP_LEVELS[-1])
         rows = self.conn.execute(
-            "SELECT first_step, last_step, vmin, vmax, vsum / n, last_value FROM rollups"
+            f"SELECT {_ROLLUP_COLUMNS} FROM rollups"
             " WHERE run_id=? AND key=? AND level=? AND bucket BETWEEN ? AND ? ORDER BY bucket",
             (run_id, key, level, start // level, end // level),
         ).fetchall()
@@ -203,7 +204,7 @@ class StoreReader:
         level = series.level
         last_bucket = int(series.first[-1]) // level
         rows = self.conn.execute(
-            "SELECT first_step, last_step, vmin, vmax, vsum / n, last_value FROM rollups"
+            f"SELECT {_ROLLUP_COLUMNS} FROM rollups"
             " WHERE run_id=? AND key=? AND level=? AND bucket>=? ORDER BY bucket",
             (run_id, key, level, last_bucket),
         ).fetchall()
@@ -586,8 +587,7 @@ def _raw_series(rows: list[tuple[Any, ...]]) -> Series:
 
 
 def _rollup_series(rows: list[tuple[Any, ...]], level: int) -> Series:
-    """Rows of (first_step, last_step, vmin, vmax, mean, last_value), one per bucket (SQLite's
-    vsum / n is NULL for a bucket of no finite value)."""
+    """Rows of `_ROLLUP_COLUMNS`, one per bucket."""
     if not rows:
         return Series.empty()
     first, last, vmin, vmax, mean, last_value = zip(*rows, strict=True)
