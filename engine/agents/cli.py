@@ -361,16 +361,25 @@ def _last_line(path: Path) -> str:
 
 
 async def _drained(js: Any, consumer: str, timeout: float = 60.0) -> None:
-    """Wait until `consumer` has been delivered, and has acknowledged, everything in its filter."""
+    """Wait until `consumer` has been delivered, and has acknowledged, everything in its filter.
+
+    Only "no such consumer" ends the wait early. Any other error (a timeout, or no leader while a
+    cluster re-elects one after losing a node) is asked again: giving up then stopped the audit with
+    events still in the stream, missing from the store."""
+    import nats.errors
+    import nats.js.errors
+
     from .bus import STREAM
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             info = await js.consumer_info(STREAM, consumer)
-        except Exception:
+        except nats.js.errors.NotFoundError:
             return  # no such consumer: nothing waits on it
-        if info.num_pending == 0 and info.num_ack_pending == 0:
+        except nats.errors.Error:
+            info = None  # the cluster could not say just now: ask again
+        if info is not None and info.num_pending == 0 and info.num_ack_pending == 0:
             return
         await asyncio.sleep(0.05)
 
