@@ -65,25 +65,58 @@ def event_mix(n: int) -> list[PlaneEvent]:
     logprobs = [-0.5 - (i % 7) / 10 for i in range(48)]
     steps = ["Find the tool for the weather.", "Call it for Sydney."]
     for i in range(n // 4 + 1):
-        task = TaskEvent(manager_id="manager", task_type="demo", prompt=f"What is the weather in Sydney? ({i})",
-                         reference='{"tool": "weather", "args": {"city": "Sydney"}}', verifier="demo")  # fmt: skip
+        task = TaskEvent(
+            manager_id="manager",
+            task_type="demo",
+            prompt=f"What is the weather in Sydney? ({i})",
+            reference='{"tool": "weather", "args": {"city": "Sydney"}}',
+            verifier="demo",
+        )
         worker = f"w{i % 4 + 1}"
         answer = '{"tool": "weather", "args": {"city": "Sydney"}}'
         result = ResultEvent(
-            task_id=task.task_id, worker_id=worker, task_type="demo", prompt=task.prompt, status="success",
-            result=f"<step>{steps[0]}</step><step>{steps[1]}</step><answer>{answer}</answer>", steps=steps,
-            answer=answer, elapsed_seconds=0.08, model_version="base", worker_kind="model",
-            prompt_token_ids=tokens[:20], response_token_ids=tokens, token_logprobs=logprobs, temperature=1.0,
-            phi_mean=0.93,
-        )  # fmt: skip
-        rollout = TrainingRolloutEvent(
-            task_id=task.task_id, worker_id=worker, task_type="demo", prompt=task.prompt, response=answer,
-            steps=steps, step_scores=[0.7, 0.9], prm_score=0.8, outcome_score=0.78, verifier_score=1.0, reward=0.89,
-            model_version="base", prompt_token_ids=tokens[:20], response_token_ids=tokens, token_logprobs=logprobs,
+            task_id=task.task_id,
+            worker_id=worker,
+            task_type="demo",
+            prompt=task.prompt,
+            status="success",
+            result=f"<step>{steps[0]}</step><step>{steps[1]}</step><answer>{answer}</answer>",
+            steps=steps,
+            answer=answer,
+            elapsed_seconds=0.08,
+            model_version="base",
+            worker_kind="model",
+            prompt_token_ids=tokens[:20],
+            response_token_ids=tokens,
+            token_logprobs=logprobs,
             temperature=1.0,
-        )  # fmt: skip
-        feedback = FeedbackEvent(task_id=task.task_id, manager_id="manager", worker_id=worker, score=0.85,
-                                 textual_feedback="A sound, complete and clean answer.")  # fmt: skip
+            phi_mean=0.93,
+        )
+        rollout = TrainingRolloutEvent(
+            task_id=task.task_id,
+            worker_id=worker,
+            task_type="demo",
+            prompt=task.prompt,
+            response=answer,
+            steps=steps,
+            step_scores=[0.7, 0.9],
+            prm_score=0.8,
+            outcome_score=0.78,
+            verifier_score=1.0,
+            reward=0.89,
+            model_version="base",
+            prompt_token_ids=tokens[:20],
+            response_token_ids=tokens,
+            token_logprobs=logprobs,
+            temperature=1.0,
+        )
+        feedback = FeedbackEvent(
+            task_id=task.task_id,
+            manager_id="manager",
+            worker_id=worker,
+            score=0.85,
+            textual_feedback="A sound, complete and clean answer.",
+        )
         out += [task, result, rollout, feedback]
     return out[:n]
 
@@ -159,8 +192,13 @@ def bench_throughput(n: int) -> dict[str, float]:
         server = LocalServer(home, free_port())
         server.start()
         try:
-            code = AUDITOR.format(root=str(Path(__file__).resolve().parent.parent), expected=n,
-                                  db=str(home / "carl.db"), url=server.url, token=str(token_path(home)))  # fmt: skip
+            code = AUDITOR.format(
+                root=str(Path(__file__).resolve().parent.parent),
+                expected=n,
+                db=str(home / "carl.db"),
+                url=server.url,
+                token=str(token_path(home)),
+            )
             auditor = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
             assert auditor.stdout is not None
             assert auditor.stdout.readline().strip() == "ready"
@@ -262,8 +300,15 @@ def bench_overhead(
     direct, plane = [], []
     with tempfile.TemporaryDirectory() as tmp, OpenAIServer(responder=answer) as llm:
         home = Path(tmp)
-        settings = AgentsSettings(workers=1, worker_kind=kind, max_new_tokens=32, concurrency=4, ack_wait_s=120,
-                                  endpoint=llm.base_url, endpoint_model=llm.model)  # fmt: skip
+        settings = AgentsSettings(
+            workers=1,
+            worker_kind=kind,
+            max_new_tokens=32,
+            concurrency=4,
+            ack_wait_s=120,
+            endpoint=llm.base_url,
+            endpoint_model=llm.model,
+        )
         build_tiny_model(default_model_dir(home))
         for _ in range(rounds):
             # Direct: the worker's own backend, the same tasks in the same order (the same samples).
@@ -277,11 +322,19 @@ def bench_overhead(
             summary = asyncio.run(headless(home, settings, specs, limit=None))
             assert summary["done"] == n, summary
             with Store(home / "carl.db") as store:
-                done = [r[0] for r in store.conn.execute(
-                    "SELECT done_at FROM agent_tasks ORDER BY done_at DESC LIMIT ?", (n,))][::-1]  # fmt: skip
+                done = [
+                    r[0]
+                    for r in store.conn.execute(
+                        "SELECT done_at FROM agent_tasks ORDER BY done_at DESC LIMIT ?", (n,)
+                    )
+                ][::-1]
             plane.append((done[-1] - done[0]) / (n - 1))
-    return {"tasks": n, "direct_s_per_task": statistics.median(direct), "plane_s_per_task": statistics.median(plane),
-            "rounds": rounds}  # fmt: skip
+    return {
+        "tasks": n,
+        "direct_s_per_task": statistics.median(direct),
+        "plane_s_per_task": statistics.median(plane),
+        "rounds": rounds,
+    }
 
 
 def main() -> int:
@@ -293,26 +346,32 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     t = bench_throughput(args.events)
-    print(f"1. publish -> stored row: {t['plane_per_s']:,.0f} events/s over {t['events']:,} events "
-          f"({t['stored']:,} stored); baseline, the same writer with no bus: {t['direct_per_s']:,.0f}/s; "
-          f"ratio {t['plane_per_s'] / t['direct_per_s']:.2f}; goal >= {GOAL_EVENTS_PER_S:,}/s "
-          f"{'met' if t['plane_per_s'] >= GOAL_EVENTS_PER_S else 'NOT met'}")  # fmt: skip
+    print(
+        f"1. publish -> stored row: {t['plane_per_s']:,.0f} events/s over {t['events']:,} events "
+        f"({t['stored']:,} stored); baseline, the same writer with no bus: {t['direct_per_s']:,.0f}/s; "
+        f"ratio {t['plane_per_s'] / t['direct_per_s']:.2f}; goal >= {GOAL_EVENTS_PER_S:,}/s "
+        f"{'met' if t['plane_per_s'] >= GOAL_EVENTS_PER_S else 'NOT met'}"
+    )
     h = bench_hops(args.hops)
-    print(f"2. bus hop (publish -> worker's fetch): p50 {h['jetstream_50']:.2f} ms, p99 {h['jetstream_99']:.2f} ms; "
-          f"baseline core NATS pub/sub: p50 {h['core_50']:.2f} ms, p99 {h['core_99']:.2f} ms; "
-          f"ratio p99 {h['jetstream_99'] / h['core_99']:.1f}x; goal p99 <= {GOAL_HOP_P99_MS} ms "
-          f"{'met' if h['jetstream_99'] <= GOAL_HOP_P99_MS else 'NOT met'}")  # fmt: skip
+    print(
+        f"2. bus hop (publish -> worker's fetch): p50 {h['jetstream_50']:.2f} ms, p99 {h['jetstream_99']:.2f} ms; "
+        f"baseline core NATS pub/sub: p50 {h['core_50']:.2f} ms, p99 {h['core_99']:.2f} ms; "
+        f"ratio p99 {h['jetstream_99'] / h['core_99']:.1f}x; goal p99 <= {GOAL_HOP_P99_MS} ms "
+        f"{'met' if h['jetstream_99'] <= GOAL_HOP_P99_MS else 'NOT met'}"
+    )
     for kind, what in (
         ("model", "the tiny model on this CPU"),
         ("http", "a model server answering in 100 ms"),
     ):
         o = bench_overhead(args.tasks, kind=kind)
         overhead = o["plane_s_per_task"] / o["direct_s_per_task"] - 1
-        print(f"3. per task, {what}: through the plane {o['plane_s_per_task'] * 1000:.1f} ms, the worker called "
-              f"directly {o['direct_s_per_task'] * 1000:.1f} ms ({o['tasks']} demo tasks, median of {o['rounds']} rounds "
-              f"each); ratio {o['plane_s_per_task'] / o['direct_s_per_task']:.3f}, overhead {overhead:+.1%} "
-              f"({(o['plane_s_per_task'] - o['direct_s_per_task']) * 1000:+.1f} ms a task); goal <= {GOAL_OVERHEAD:.0%} "
-              f"{'met' if overhead <= GOAL_OVERHEAD else 'NOT met'}")  # fmt: skip
+        print(
+            f"3. per task, {what}: through the plane {o['plane_s_per_task'] * 1000:.1f} ms, the worker called "
+            f"directly {o['direct_s_per_task'] * 1000:.1f} ms ({o['tasks']} demo tasks, median of {o['rounds']} rounds "
+            f"each); ratio {o['plane_s_per_task'] / o['direct_s_per_task']:.3f}, overhead {overhead:+.1%} "
+            f"({(o['plane_s_per_task'] - o['direct_s_per_task']) * 1000:+.1f} ms a task); goal <= {GOAL_OVERHEAD:.0%} "
+            f"{'met' if overhead <= GOAL_OVERHEAD else 'NOT met'}"
+        )
     return 0
 
 

@@ -183,9 +183,19 @@ def bench_grpo_step(steps: int = 40) -> dict[str, float]:
     import subprocess
     import tempfile
 
-    config = {"name": "bench", "model": "carl-tiny", "dataset": "demo", "method": "grpo", "max_steps": steps,
-              "save_steps": 10_000, "num_generations": 8, "per_device_train_batch_size": 8,
-              "max_completion_length": 24, "learning_rate": 5e-4, "eval": {"holdout": 0.1}}  # fmt: skip
+    config = {
+        "name": "bench",
+        "model": "carl-tiny",
+        "dataset": "demo",
+        "method": "grpo",
+        "max_steps": steps,
+        "save_steps": 10_000,
+        "num_generations": 8,
+        "per_device_train_batch_size": 8,
+        "max_completion_length": 24,
+        "learning_rate": 5e-4,
+        "eval": {"holdout": 0.1},
+    }
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
@@ -193,13 +203,34 @@ def bench_grpo_step(steps: int = 40) -> dict[str, float]:
         path.write_text(json.dumps(config))
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         for backend in ("torch", "mlx"):
-            subprocess.run([sys.executable, "-m", "engine.training", "--home", str(home), "--config", str(path),
-                            "--backend", backend, "--name", backend], check=True, env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "engine.training",
+                    "--home",
+                    str(home),
+                    "--config",
+                    str(path),
+                    "--backend",
+                    backend,
+                    "--name",
+                    backend,
+                ],
+                check=True,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             with sqlite3.connect(home / "carl.db") as conn:
                 (run_id,) = conn.execute("SELECT id FROM runs WHERE name=?", (backend,)).fetchone()
-                times = [t for (t,) in conn.execute(
-                    "SELECT max(wall_time) FROM metrics WHERE run_id=? GROUP BY step ORDER BY step", (run_id,))]  # fmt: skip
+                times = [
+                    t
+                    for (t,) in conn.execute(
+                        "SELECT max(wall_time) FROM metrics WHERE run_id=? GROUP BY step ORDER BY step",
+                        (run_id,),
+                    )
+                ]
             gaps = np.diff(times[5:])
             out[backend] = float(np.median(gaps))
     return out

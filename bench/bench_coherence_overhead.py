@@ -38,8 +38,13 @@ def run(home: Path, name: str, rewards: list[dict], gate: dict) -> Path:
     path = home / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    subprocess.run([sys.executable, "-m", "engine.training", "--config", str(path), "--home", str(home)],
-                   check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "engine.training", "--config", str(path), "--home", str(home)],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return home / "carl.db"
 
 
@@ -73,10 +78,14 @@ def main() -> None:
     base_s, ours_s = statistics.median(base), statistics.median(ours)
     overhead = ours_s / base_s - 1
     phi_share = statistics.median(phi) / ours_s if phi else float("nan")
-    print(f"grpo_step_s_plain={base_s:.4f} grpo_step_s_with_coherence={ours_s:.4f} ratio={ours_s / base_s:.3f} "
-          f"overhead={overhead:+.1%} goal<=+10% {'OK' if overhead <= 0.10 else 'MISSED'}")  # fmt: skip
-    print(f"phi_forward_median_s={statistics.median(phi) if phi else float('nan'):.4f} "
-          f"share_of_step={phi_share:.1%} steps_measured={len(ours)}")  # fmt: skip
+    print(
+        f"grpo_step_s_plain={base_s:.4f} grpo_step_s_with_coherence={ours_s:.4f} ratio={ours_s / base_s:.3f} "
+        f"overhead={overhead:+.1%} goal<=+10% {'OK' if overhead <= 0.10 else 'MISSED'}"
+    )
+    print(
+        f"phi_forward_median_s={statistics.median(phi) if phi else float('nan'):.4f} "
+        f"share_of_step={phi_share:.1%} steps_measured={len(ours)}"
+    )
 
 
 if __name__ == "__main__":

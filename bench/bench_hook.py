@@ -41,8 +41,12 @@ def percentile(values: list[float], q: float) -> float:
 def session_payloads(session: int, count: int, cwd: str) -> list[dict]:
     """`count` payloads of one session: start, then prompt / tool calls / stop turns, then end."""
     sid = f"5f0c{session:04d}-bench-4c1e-9d6a-{session:012d}"
-    common = {"session_id": sid, "transcript_path": f"/home/dev/.claude/projects/-w/{sid}.jsonl", "cwd": cwd,
-              "permission_mode": "default"}  # fmt: skip
+    common = {
+        "session_id": sid,
+        "transcript_path": f"/home/dev/.claude/projects/-w/{sid}.jsonl",
+        "cwd": cwd,
+        "permission_mode": "default",
+    }
     out: list[dict] = [
         {**common, "hook_event_name": "SessionStart", "source": "startup", "model": "claude-opus-4"}
     ]
@@ -54,20 +58,53 @@ def session_payloads(session: int, count: int, cwd: str) -> list[dict]:
         for call in range(3):
             use_id = f"toolu_{session:02d}{turn:04d}{call:02d}"
             tool_input = {"command": "pytest -q tests/test_store.py", "description": "Run the store tests"}
-            out.append({**common, "hook_event_name": "PreToolUse", "tool_name": "Bash",
-                        "tool_input": tool_input, "tool_use_id": use_id})  # fmt: skip
+            out.append(
+                {
+                    **common,
+                    "hook_event_name": "PreToolUse",
+                    "tool_name": "Bash",
+                    "tool_input": tool_input,
+                    "tool_use_id": use_id,
+                }
+            )
             if call == 1:
-                out.append({**common, "hook_event_name": "PostToolUseFailure", "tool_name": "Bash",
-                            "tool_input": tool_input, "tool_use_id": use_id, "duration_ms": 812,
-                            "error": "Exit code 1\n" + "E   AssertionError: 3 != 4\n" * 60})  # fmt: skip
+                out.append(
+                    {
+                        **common,
+                        "hook_event_name": "PostToolUseFailure",
+                        "tool_name": "Bash",
+                        "tool_input": tool_input,
+                        "tool_use_id": use_id,
+                        "duration_ms": 812,
+                        "error": "Exit code 1\n" + "E   AssertionError: 3 != 4\n" * 60,
+                    }
+                )
             else:
                 stdout = "".join(f"tests/test_store.py::test_case_{i} PASSED\n" for i in range(45))  # ~2 KB
-                out.append({**common, "hook_event_name": "PostToolUse", "tool_name": "Bash",
-                            "tool_input": tool_input, "tool_use_id": use_id, "duration_ms": 640,
-                            "tool_response": {"stdout": stdout, "stderr": "", "interrupted": False,
-                                              "isImage": False}})  # fmt: skip
-        out.append({**common, "hook_event_name": "Stop", "stop_hook_active": False,
-                    "last_assistant_message": "The test passes now."})  # fmt: skip
+                out.append(
+                    {
+                        **common,
+                        "hook_event_name": "PostToolUse",
+                        "tool_name": "Bash",
+                        "tool_input": tool_input,
+                        "tool_use_id": use_id,
+                        "duration_ms": 640,
+                        "tool_response": {
+                            "stdout": stdout,
+                            "stderr": "",
+                            "interrupted": False,
+                            "isImage": False,
+                        },
+                    }
+                )
+        out.append(
+            {
+                **common,
+                "hook_event_name": "Stop",
+                "stop_hook_active": False,
+                "last_assistant_message": "The test passes now.",
+            }
+        )
     out = out[: count - 1]
     out.append({**common, "hook_event_name": "SessionEnd", "reason": "prompt_input_exit"})
     return out
@@ -125,10 +162,16 @@ def measure(label: str, command: str, sent: list[list[dict]], check: bool) -> di
         home = Path(tmp) / "carl"
         env = {**os.environ, "CARL_HOME": str(home)}
         times, problems = burst(command, sent, env, Path(tmp))
-        row = {"p50": percentile(times, 50), "p95": percentile(times, 95), "p99": percentile(times, 99),
-               "max": max(times)}  # fmt: skip
-        line = (f"{label}: calls={len(times)} p50={row['p50']:.2f}ms p95={row['p95']:.2f}ms "
-                f"p99={row['p99']:.2f}ms max={row['max']:.1f}ms")  # fmt: skip
+        row = {
+            "p50": percentile(times, 50),
+            "p95": percentile(times, 95),
+            "p99": percentile(times, 99),
+            "max": max(times),
+        }
+        line = (
+            f"{label}: calls={len(times)} p50={row['p50']:.2f}ms p95={row['p95']:.2f}ms "
+            f"p99={row['p99']:.2f}ms max={row['max']:.1f}ms"
+        )
         if problems:
             line += f" PROBLEMS={len(problems)} first={problems[0]}"
         if check:
@@ -208,17 +251,22 @@ def main() -> None:
     ]
     if not args.skip_cli:
         runs.append((*carl_hook_command(), True))
-    print(f"burst: {args.calls} calls from {args.sessions} concurrent sessions, {os.cpu_count()} CPUs; "
-          f"load average {os.getloadavg()[0]:.1f}; installed command: {command}", flush=True)  # fmt: skip
+    print(
+        f"burst: {args.calls} calls from {args.sessions} concurrent sessions, {os.cpu_count()} CPUs; "
+        f"load average {os.getloadavg()[0]:.1f}; installed command: {command}",
+        flush=True,
+    )
     rows = {label: measure(label, cmd, sent, check) for label, cmd, check in runs}
     if args.rounds:
         interleaved(runs[:3], sent[0], args.rounds)
     base, ours = rows[runs[0][0]], rows[runs[1][0]]
     ok = ours["p99"] <= GOAL_P99_MS and ours.get("stored_all") == 1.0
-    print(f"hook_p99_ms={ours['p99']:.2f} goal<={GOAL_P99_MS:.0f} "
-          f"baseline_bare_python_p99_ms={base['p99']:.2f} "
-          f"ratio={ours['p99'] / base['p99']:.2f} p50_ratio={ours['p50'] / base['p50']:.2f} "
-          f"every_event_stored={ours.get('stored_all') == 1.0} {'OK' if ok else 'MISSED'}")  # fmt: skip
+    print(
+        f"hook_p99_ms={ours['p99']:.2f} goal<={GOAL_P99_MS:.0f} "
+        f"baseline_bare_python_p99_ms={base['p99']:.2f} "
+        f"ratio={ours['p99'] / base['p99']:.2f} p50_ratio={ours['p50'] / base['p50']:.2f} "
+        f"every_event_stored={ours.get('stored_all') == 1.0} {'OK' if ok else 'MISSED'}"
+    )
 
 
 if __name__ == "__main__":

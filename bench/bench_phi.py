@@ -183,8 +183,10 @@ def speed(logits: torch.Tensor, threads: int) -> None:
     exp_pass = lambda: [torch.exp(c, out=out[: len(c)]) for c in chunks]  # noqa: E731
     plain_sum = lambda: logits.sum(-1)  # noqa: E731
     exp_ms, sum_ms = timed_pair(exp_pass, plain_sum, reps=9)
-    print(f"{tag} exp_pass_ms={exp_ms:.1f} plain_sum_ms={sum_ms:.1f} ({logits.numel() * 4 / sum_ms / 1e6:.1f} GB/s) "
-          f"exp_pass/sum={exp_ms / sum_ms:.2f}")  # fmt: skip
+    print(
+        f"{tag} exp_pass_ms={exp_ms:.1f} plain_sum_ms={sum_ms:.1f} ({logits.numel() * 4 / sum_ms / 1e6:.1f} GB/s) "
+        f"exp_pass/sum={exp_ms / sum_ms:.2f}"
+    )
 
     kernels = {"torch": lambda: token_entropy(logits, kernel="torch")}
     if numba_applies(logits):
@@ -193,9 +195,11 @@ def speed(logits: torch.Tensor, threads: int) -> None:
     for name, kernel in kernels.items():
         kernel_ms, exp_ms = timed_pair(kernel, exp_pass, reps=9)
         kernel_ms2, sum_ms = timed_pair(kernel, plain_sum, reps=5)
-        print(f"{tag} {name}_kernel_ms={kernel_ms:.1f} exp_pass_ms={exp_ms:.1f} ratio={kernel_ms / exp_ms:.2f} "
-              f"goal<=1.3 {'OK' if kernel_ms <= 1.3 * exp_ms else 'MISSED'}; "
-              f"vs plain_sum_ms={sum_ms:.1f} ratio={kernel_ms2 / sum_ms:.2f}")  # fmt: skip
+        print(
+            f"{tag} {name}_kernel_ms={kernel_ms:.1f} exp_pass_ms={exp_ms:.1f} ratio={kernel_ms / exp_ms:.2f} "
+            f"goal<=1.3 {'OK' if kernel_ms <= 1.3 * exp_ms else 'MISSED'}; "
+            f"vs plain_sum_ms={sum_ms:.1f} ratio={kernel_ms2 / sum_ms:.2f}"
+        )
     if "numba" in kernels:
         # As many logits again, but from a [64 x V/64] block (0.6 MB) that stays in the L2 cache
         # over N calls (each ~6 us of call overhead): if this takes as long as the real call, the
@@ -205,8 +209,10 @@ def speed(logits: torch.Tensor, threads: int) -> None:
         small = logits[:64, : V // 64].contiguous().numpy()
         in_cache = lambda: [phi_numba.token_entropy(small) for _ in range(N)]  # noqa: E731
         kernel_ms, cache_ms = timed_pair(kernels["numba"], in_cache, reps=5)
-        print(f"{tag} numba_kernel_ms={kernel_ms:.1f} numba_same_work_in_cache_ms={cache_ms:.1f} "
-              f"ratio={kernel_ms / cache_ms:.2f}")  # fmt: skip
+        print(
+            f"{tag} numba_kernel_ms={kernel_ms:.1f} numba_same_work_in_cache_ms={cache_ms:.1f} "
+            f"ratio={kernel_ms / cache_ms:.2f}"
+        )
     # The floor of an exact method built from torch ops: one softmax over the same chunks.
     softmax_ms, sum_ms = timed_pair(
         lambda: [torch.softmax(c, -1, out=out[: len(c)]) for c in chunks], plain_sum, reps=5
@@ -215,14 +221,18 @@ def speed(logits: torch.Tensor, threads: int) -> None:
 
     for name, kernel in kernels.items():
         kernel_ms, trl_ms = timed_pair(kernel, lambda: entropy_from_logits(logits), reps=3)
-        print(f"{tag} {name}_kernel_ms={kernel_ms:.1f} trl_entropy_from_logits_ms={trl_ms:.1f} "
-              f"speedup={trl_ms / kernel_ms:.1f}x goal>=10x {'OK' if trl_ms >= 10 * kernel_ms else 'MISSED'}")  # fmt: skip
+        print(
+            f"{tag} {name}_kernel_ms={kernel_ms:.1f} trl_entropy_from_logits_ms={trl_ms:.1f} "
+            f"speedup={trl_ms / kernel_ms:.1f}x goal>=10x {'OK' if trl_ms >= 10 * kernel_ms else 'MISSED'}"
+        )
 
 
 def main() -> None:
     logits = make_logits()
-    print(f"shape=[{N}x{V}] dtype=float32 scale={SCALE} threads={','.join(map(str, THREADS))} "
-          f"({logits.numel() * 4 / 1e9:.2f} GB)")  # fmt: skip
+    print(
+        f"shape=[{N}x{V}] dtype=float32 scale={SCALE} threads={','.join(map(str, THREADS))} "
+        f"({logits.numel() * 4 / 1e9:.2f} GB)"
+    )
     for threads in THREADS:
         speed(logits, threads)
 
@@ -233,24 +243,30 @@ def main() -> None:
         err32 = (token_entropy(part, kernel=kernel)[0].double() - reference_entropy(part)).abs().max().item()
         err16 = (token_entropy(low, kernel=kernel)[0].double() - reference_entropy(low)).abs().max().item()
         errors[kernel] = max(err32, err16)
-        print(f"{kernel} max_abs_err_nats_fp32={err32:.2e} max_abs_err_nats_bf16={err16:.2e} rows=256 "
-              f"goal<=1e-5 {'OK' if errors[kernel] <= 1e-5 else 'MISSED'}")  # fmt: skip
+        print(
+            f"{kernel} max_abs_err_nats_fp32={err32:.2e} max_abs_err_nats_bf16={err16:.2e} rows=256 "
+            f"goal<=1e-5 {'OK' if errors[kernel] <= 1e-5 else 'MISSED'}"
+        )
 
     default_rows = default_chunk_rows(V)
     chunk_mib = default_rows * V * 4 / MIB
     # The torch kernel: two float32 buffers of one chunk each (shifted logits, probabilities).
     analytic_mib = 2 * chunk_mib
     rss_mib, torch_mib, bf16_mib, trl_mib = (measured_rss(c) for c in ("fp32", "torch", "bf16", "trl"))
-    print(f"rss_growth_mib token_entropy={rss_mib:.1f} torch_kernel={torch_mib:.1f} ({torch_mib / chunk_mib:.1f} chunks) "
-          f"torch_kernel_bf16_temp={bf16_mib:.1f} ({bf16_mib / chunk_mib:.1f} chunks) trl={trl_mib:.1f}; "
-          f"chunk_mib={chunk_mib:.1f} torch analytic={analytic_mib:.1f} (2 chunks) goal<=2chunks "
-          f"{'OK' if max(rss_mib, torch_mib, bf16_mib) <= 2 * chunk_mib + 1 else 'MISSED'}")  # fmt: skip
+    print(
+        f"rss_growth_mib token_entropy={rss_mib:.1f} torch_kernel={torch_mib:.1f} ({torch_mib / chunk_mib:.1f} chunks) "
+        f"torch_kernel_bf16_temp={bf16_mib:.1f} ({bf16_mib / chunk_mib:.1f} chunks) trl={trl_mib:.1f}; "
+        f"chunk_mib={chunk_mib:.1f} torch analytic={analytic_mib:.1f} (2 chunks) goal<=2chunks "
+        f"{'OK' if max(rss_mib, torch_mib, bf16_mib) <= 2 * chunk_mib + 1 else 'MISSED'}"
+    )
 
     if numba_applies(part):
         cold, cached = first_call_seconds()
-        print("numba_first_call_s cold (empty cache): "
-              f"import={cold[0]:.2f} fp32={cold[1]:.2f} bf16={cold[2]:.2f} fp16={cold[3]:.2f}; "
-              f"cached: import={cached[0]:.2f} fp32={cached[1]:.3f} bf16={cached[2]:.3f} fp16={cached[3]:.3f}")  # fmt: skip
+        print(
+            "numba_first_call_s cold (empty cache): "
+            f"import={cold[0]:.2f} fp32={cold[1]:.2f} bf16={cold[2]:.2f} fp16={cold[3]:.2f}; "
+            f"cached: import={cached[0]:.2f} fp32={cached[1]:.3f} bf16={cached[2]:.3f} fp16={cached[3]:.3f}"
+        )
 
 
 if __name__ == "__main__":

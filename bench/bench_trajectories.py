@@ -29,11 +29,35 @@ EVENTS = 50
 BASELINE_SUBSET = 5_000
 GOAL = 20_000
 SEED = 20_260_523
-TOOL_MIX = {"Read": 30, "Bash": 22, "Edit": 14, "Grep": 10, "Glob": 5, "Write": 5, "TaskUpdate": 4,
-            "WebFetch": 2, "WebSearch": 2, "Agent": 2, "NotebookEdit": 1, "mcp__github__get_issue": 3}  # fmt: skip
-COMMANDS = ("pytest -q tests/test_{m}.py", "python -m pytest -x -k {m}", "npm test -- {m}", "cargo build --release",
-            "cargo test {m}", "make build", "go test ./{m}/...", "git status --short", "git diff src/{m}.py",
-            "ls -la src/{m}", "rg -n {m} src", "npm run build", "python scripts/{m}.py --check")  # fmt: skip
+TOOL_MIX = {
+    "Read": 30,
+    "Bash": 22,
+    "Edit": 14,
+    "Grep": 10,
+    "Glob": 5,
+    "Write": 5,
+    "TaskUpdate": 4,
+    "WebFetch": 2,
+    "WebSearch": 2,
+    "Agent": 2,
+    "NotebookEdit": 1,
+    "mcp__github__get_issue": 3,
+}
+COMMANDS = (
+    "pytest -q tests/test_{m}.py",
+    "python -m pytest -x -k {m}",
+    "npm test -- {m}",
+    "cargo build --release",
+    "cargo test {m}",
+    "make build",
+    "go test ./{m}/...",
+    "git status --short",
+    "git diff src/{m}.py",
+    "ls -la src/{m}",
+    "rg -n {m} src",
+    "npm run build",
+    "python scripts/{m}.py --check",
+)
 MODULES = ("api", "store", "auth", "cli", "models", "utils", "views", "parser", "config", "jobs")
 DOMAINS = ("python", "web", "rust", "infra", "data", None)
 
@@ -70,11 +94,25 @@ def build_trajectories(count: int, seed: int = SEED) -> list[Trajectory]:
         names = rng.choices(tools, weights, k=EVENTS)
         events = [build_event(rng, name, repo, files, start + 4.0 * j) for j, name in enumerate(names)]
         flags = [rng.choice((None, None, True, False)) for _ in range(4)]
-        out.append(Trajectory(f"uid{i}", f"session{i // 5}", "claude-code", "bench", prompt=f"fix {repo}",
-                              cwd=f"/home/dev/{repo}", git_repo=repo, started_at=start,
-                              ended_at=start + rng.uniform(20, 1800), events=events, correction=flags[0],
-                              redo=flags[1], build_success=flags[2], session_continued=flags[3],
-                              domain=rng.choice(DOMAINS)))  # fmt: skip
+        out.append(
+            Trajectory(
+                f"uid{i}",
+                f"session{i // 5}",
+                "claude-code",
+                "bench",
+                prompt=f"fix {repo}",
+                cwd=f"/home/dev/{repo}",
+                git_repo=repo,
+                started_at=start,
+                ended_at=start + rng.uniform(20, 1800),
+                events=events,
+                correction=flags[0],
+                redo=flags[1],
+                build_success=flags[2],
+                session_continued=flags[3],
+                domain=rng.choice(DOMAINS),
+            )
+        )
     return out
 
 
@@ -110,11 +148,15 @@ def main() -> None:
     base_rate = bench_reference(trajectories[:BASELINE_SUBSET])
     print(f"built {TRAJECTORIES:,} trajectories x {EVENTS} events in {build_s:.1f}s (not timed)")
     # CPU time says how much of the wall time was other processes on this shared 2-core box.
-    print(f"score_many={score_s:.2f}s compute_advantages={adv_s:.3f}s cpu={cpu_s:.2f}s "
-          f"(cpu-bound rate {TRAJECTORIES / cpu_s:,.0f}/s)")  # fmt: skip
-    print(f"trajectories_scored_per_s={rate:,.0f} goal>={GOAL:,} "
-          f"baseline_reference_scorer_per_s={base_rate:,.0f} (on {BASELINE_SUBSET:,}) "
-          f"ratio={rate / base_rate:.1f} {'OK' if rate >= GOAL else 'MISSED'}")  # fmt: skip
+    print(
+        f"score_many={score_s:.2f}s compute_advantages={adv_s:.3f}s cpu={cpu_s:.2f}s "
+        f"(cpu-bound rate {TRAJECTORIES / cpu_s:,.0f}/s)"
+    )
+    print(
+        f"trajectories_scored_per_s={rate:,.0f} goal>={GOAL:,} "
+        f"baseline_reference_scorer_per_s={base_rate:,.0f} (on {BASELINE_SUBSET:,}) "
+        f"ratio={rate / base_rate:.1f} {'OK' if rate >= GOAL else 'MISSED'}"
+    )
 
 
 if __name__ == "__main__":

@@ -80,8 +80,10 @@ def main() -> None:
         app.stop()
     ours_s, bare_s = statistics.median(ours), statistics.median(bare)
     ok = ours_s <= 1.0 and ours_s <= RATIO_GOAL * bare_s
-    print(f"first_paint_1M_steps_s={ours_s:.3f} goal<=1.0 baseline_bare_textual_s={bare_s:.3f} "
-          f"ratio={ours_s / bare_s:.2f} goal<={RATIO_GOAL} {'OK' if ok else 'MISSED'}")  # fmt: skip
+    print(
+        f"first_paint_1M_steps_s={ours_s:.3f} goal<=1.0 baseline_bare_textual_s={bare_s:.3f} "
+        f"ratio={ours_s / bare_s:.2f} goal<={RATIO_GOAL} {'OK' if ok else 'MISSED'}"
+    )
     whole_s = statistics.median(whole)
     print(
         f"complete_screen_1M_steps_s={whole_s:.3f} baseline_bare_textual_s={bare_s:.3f} ratio={whole_s / bare_s:.2f}"
@@ -96,8 +98,10 @@ def main() -> None:
     idle = app.bytes_read - before
     app.stop()
     print(f"idle_bytes_10s={idle} goal<2048 {'OK' if idle < 2048 else 'MISSED'}")
-    print(f"tui_rss_1M_steps_mb={rss / 2**20:.1f} goal<=200 baseline_bare_textual_mb={bare_rss / 2**20:.1f} "
-          f"ratio={rss / bare_rss:.2f} {'OK' if rss <= 200 * 2**20 else 'MISSED'}")  # fmt: skip
+    print(
+        f"tui_rss_1M_steps_mb={rss / 2**20:.1f} goal<=200 baseline_bare_textual_mb={bare_rss / 2**20:.1f} "
+        f"ratio={rss / bare_rss:.2f} {'OK' if rss <= 200 * 2**20 else 'MISSED'}"
+    )
 
     # Latency: a writer commits step N; how long until the screen says "step N"?
     from engine.store import Store
@@ -112,8 +116,13 @@ def main() -> None:
             latencies = []
             for step in range(100, 140):
                 written = time.perf_counter()
-                store.add_metrics(run_id, [(step, "phi/mean", 0.5 + step / 1000, time.time()),
-                                           (step, "rewards/task/mean", 0.1, time.time())])  # fmt: skip
+                store.add_metrics(
+                    run_id,
+                    [
+                        (step, "phi/mean", 0.5 + step / 1000, time.time()),
+                        (step, "rewards/task/mean", 0.1, time.time()),
+                    ],
+                )
                 shown = f"step {step:,}/1,000"
                 while shown not in app.text():
                     app.pump(0.002)

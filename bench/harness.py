@@ -149,14 +149,17 @@ def build_big_store(home: Path, steps: int = 1_000_000) -> Path:
         "reward": phi * 2,
     }
     with Store(db) as store:
-        run_id = store.create_run("bench-1m", source_kind="jsonl", status="finished", max_steps=steps,
-                                  vocab_size=512)  # fmt: skip
+        run_id = store.create_run(
+            "bench-1m", source_kind="jsonl", status="finished", max_steps=steps, vocab_size=512
+        )
         now = time.time()
         chunk = 200_000
         for key, values in series.items():
             for lo in range(0, steps, chunk):
-                rows = [(int(s), key, float(v), now) for s, v in zip(x[lo : lo + chunk], values[lo : lo + chunk],
-                                                                         strict=True)]  # fmt: skip
+                rows = [
+                    (int(s), key, float(v), now)
+                    for s, v in zip(x[lo : lo + chunk], values[lo : lo + chunk], strict=True)
+                ]
                 store.add_metrics(run_id, rows)
             print(f"  built {key}", file=sys.stderr)
     marker.touch()

@@ -110,9 +110,12 @@ def task_view(task: dict[str, Any], colours: tuple[str, str, str]) -> Table:
     else:
         tokens = len(rollout.get("response_token_ids") or [])
         temperature = rollout.get("temperature")
-        parts = [f"worker {rollout.get('worker_id') or '?'}", f"model {rollout.get('model_version') or '—'}",
-                 f"{tokens} tokens" + ("" if tokens else " (cannot train the local model)"),
-                 f"temperature {temperature:g}" if temperature is not None else "temperature —"]  # fmt: skip
+        parts = [
+            f"worker {rollout.get('worker_id') or '?'}",
+            f"model {rollout.get('model_version') or '—'}",
+            f"{tokens} tokens" + ("" if tokens else " (cannot train the local model)"),
+            f"temperature {temperature:g}" if temperature is not None else "temperature —",
+        ]
         group = rollout.get("group_id")
         parts.append(f"group {group[:8]} of {rollout.get('group_size') or 1}" if group else "no group")
         table.add_row("rollout", " · ".join(parts))

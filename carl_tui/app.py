@@ -327,8 +327,9 @@ class ControlRoom(App[None]):
             from engine.daemon import started_line
 
             self.engine_started_pid = event.started_pid
-            self.notify(started_line(event.started_pid, after="you quit"), title="engine", timeout=12,
-                        markup=False)  # fmt: skip
+            self.notify(
+                started_line(event.started_pid, after="you quit"), title="engine", timeout=12, markup=False
+            )
         down = event.state in DOWN
         if self.readonly and down and not self._engine_found_down:  # once, until it has been up again
             self.notify(READONLY_ENGINE_DOWN, title="engine", severity="warning", timeout=30, markup=False)
@@ -376,8 +377,12 @@ class ControlRoom(App[None]):
                     del self._in_flight[command["run_id"]]
                 self._agents_in_flight.pop(command["id"], None)
                 ok = command["state"] == "done"
-                self.notify(command.get("result") or command["state"], title=command["verb"],
-                            severity="information" if ok else "error", timeout=8)  # fmt: skip
+                self.notify(
+                    command.get("result") or command["state"],
+                    title=command["verb"],
+                    severity="information" if ok else "error",
+                    timeout=8,
+                )
             if snap.source_errors is not None:
                 errors = snap.source_errors
                 path = self.view.run.source_path if self.view else None
@@ -597,10 +602,18 @@ class ControlRoom(App[None]):
         if not experiments:
             self.notify("no experiments in the store yet", title="experiments")
             return
-        choices = [(str(e["id"]), f"{e['name']} · {', '.join(e['arms'])} × seeds "
-                    f"{', '.join(map(str, e['seeds']))} · {e['status']}") for e in reversed(experiments)]  # fmt: skip
-        self.push_screen(ChoiceScreen("Experiments", "Compare the runs of which experiment?", choices),
-                         lambda chosen: self.open_experiment(int(chosen)) if chosen else None)  # fmt: skip
+        choices = [
+            (
+                str(e["id"]),
+                f"{e['name']} · {', '.join(e['arms'])} × seeds "
+                f"{', '.join(map(str, e['seeds']))} · {e['status']}",
+            )
+            for e in reversed(experiments)
+        ]
+        self.push_screen(
+            ChoiceScreen("Experiments", "Compare the runs of which experiment?", choices),
+            lambda chosen: self.open_experiment(int(chosen)) if chosen else None,
+        )
 
     def open_experiment(self, ref: str | int) -> bool:
         """Mark exactly the runs of an experiment (by name, or id), labelled `arm s<seed>` and
@@ -810,8 +823,19 @@ class ControlRoom(App[None]):
 
     # -- training control -------------------------------------------------------------------
 
-    CONTROL_ACTIONS = frozenset({"new_run", "pause_resume", "checkpoint", "stop_run", "set_lr", "set_weight",
-                                 "resume_run", "observe", "diagnose"})  # fmt: skip
+    CONTROL_ACTIONS = frozenset(
+        {
+            "new_run",
+            "pause_resume",
+            "checkpoint",
+            "stop_run",
+            "set_lr",
+            "set_weight",
+            "resume_run",
+            "observe",
+            "diagnose",
+        }
+    )
     RUN_ACTIONS = frozenset({"pause_resume", "checkpoint", "stop_run", "set_lr", "set_weight"})
     DESTRUCTIVE = frozenset({"stop_run", "agents_stop_worker"})
 
@@ -889,8 +913,10 @@ class ControlRoom(App[None]):
         from .screens import ConfirmScreen
 
         run = self.view.run
-        message = (f"Stop run {run.name!r} at step {run.last_step or 0:,}?\nIt saves a checkpoint first; "
-                   "you can resume it later with r.\n\ntab then enter (or s again) to stop, esc to cancel.")  # fmt: skip
+        message = (
+            f"Stop run {run.name!r} at step {run.last_step or 0:,}?\nIt saves a checkpoint first; "
+            "you can resume it later with r.\n\ntab then enter (or s again) to stop, esc to cancel."
+        )
         self.push_screen(ConfirmScreen("Stop training", message, "Stop", "s"), self._stop_confirmed)
 
     def _stop_confirmed(self, confirmed: bool | None) -> None:
@@ -904,8 +930,12 @@ class ControlRoom(App[None]):
 
         current = self.view.latest("learning_rate")
         value = f"{current:g}" if current else ""
-        self.push_screen(ValueScreen("Learning rate", f"New learning rate for {self.view.run.name}", value,
-                                     _positive_number), self._lr_chosen)  # fmt: skip
+        self.push_screen(
+            ValueScreen(
+                "Learning rate", f"New learning rate for {self.view.run.name}", value, _positive_number
+            ),
+            self._lr_chosen,
+        )
 
     def _lr_chosen(self, value: str | None) -> None:
         if value is not None and self._send("set_lr", {"lr": float(value)}):
@@ -920,8 +950,10 @@ class ControlRoom(App[None]):
             ", ".join(_short(n) for n in self.view.reward_names)
             or "task, format, coherence, commitment, concise"
         )
-        self.push_screen(ValueScreen("Reward weight", f"name=weight (rewards: {names})", "",
-                                     _weight_problem), self._weight_chosen)  # fmt: skip
+        self.push_screen(
+            ValueScreen("Reward weight", f"name=weight (rewards: {names})", "", _weight_problem),
+            self._weight_chosen,
+        )
 
     def _weight_chosen(self, value: str | None) -> None:
         if value is None:
@@ -938,8 +970,10 @@ class ControlRoom(App[None]):
         choices = [("demo", "demo · the built-in tiny model on the tool-calling task (CPU, a few minutes)")]
         for path in sorted({*Path.cwd().glob("*.yaml"), *(self.home / "configs").glob("*.yaml")}):
             choices.append((str(path.resolve()), f"{path.name} · {path.parent}"))
-        self.push_screen(ChoiceScreen("New run", "Train with which config? (carl init writes one)", choices),
-                         self._config_chosen)  # fmt: skip
+        self.push_screen(
+            ChoiceScreen("New run", "Train with which config? (carl init writes one)", choices),
+            self._config_chosen,
+        )
 
     def _config_chosen(self, config: str | None) -> None:
         if config is not None and self._send("train", {"config": config}, target="engine"):
@@ -981,8 +1015,16 @@ class ControlRoom(App[None]):
         from .chat import ChatScreen
 
         run = self.view.run
-        self.push_screen(ChatScreen(db, run.id, run.name, api_key=self._api_key, model=self.config.claude_model,
-                                    base_url=self.claude_base_url))  # fmt: skip
+        self.push_screen(
+            ChatScreen(
+                db,
+                run.id,
+                run.name,
+                api_key=self._api_key,
+                model=self.config.claude_model,
+                base_url=self.claude_base_url,
+            )
+        )
 
     # -- the agents plane -------------------------------------------------------------------
 
@@ -1018,8 +1060,11 @@ class ControlRoom(App[None]):
             return
         plane = self.agents_overview.get("plane") or {}
         if not plane.get("wanted"):
-            self.notify("the agents plane is not up: start it with `carl agents up`", title="agents",
-                        severity="warning")  # fmt: skip
+            self.notify(
+                "the agents plane is not up: start it with `carl agents up`",
+                title="agents",
+                severity="warning",
+            )
             return
         if event.verb == "pause_resume":
             self._agents_pause_resume()
@@ -1033,8 +1078,9 @@ class ControlRoom(App[None]):
         manager = self.agents_overview.get("manager") or {}
         state = manager.get("state")
         if state in ("done", "stopped"):
-            self.notify(f"the manager is {state}: there is no assignment to pause", title="agents",
-                        severity="warning")  # fmt: skip
+            self.notify(
+                f"the manager is {state}: there is no assignment to pause", title="agents", severity="warning"
+            )
             return
         pending = next(
             (v for v in self._agents_in_flight.values() if v in ("agents_pause", "agents_resume")), None
@@ -1062,10 +1108,14 @@ class ControlRoom(App[None]):
         from .screens import ConfirmScreen
 
         busy = " It finishes the task in hand first." if worker.get("state") == "busy" else ""
-        message = (f"Stop worker {worker_id!r}?{busy}\nThe + key adds a new one.\n\n"
-                   "tab then enter (or x again) to stop, esc to cancel.")  # fmt: skip
-        self.push_screen(ConfirmScreen("Stop worker", message, "Stop", "x"),
-                         lambda ok: self._stop_worker_confirmed(ok, worker_id))  # fmt: skip
+        message = (
+            f"Stop worker {worker_id!r}?{busy}\nThe + key adds a new one.\n\n"
+            "tab then enter (or x again) to stop, esc to cancel."
+        )
+        self.push_screen(
+            ConfirmScreen("Stop worker", message, "Stop", "x"),
+            lambda ok: self._stop_worker_confirmed(ok, worker_id),
+        )
 
     def _stop_worker_confirmed(self, confirmed: bool | None, worker_id: str) -> None:
         if confirmed and self._send_agents("agents_stop_worker", {"worker_id": worker_id}):
@@ -1113,8 +1163,11 @@ class ControlRoom(App[None]):
             return
         run = self.view.run
         if run.source_kind != "carl":
-            self.notify(f"{run.name} was not trained by carl: there is no held-out split to evaluate on",
-                        title="eval", severity="warning")  # fmt: skip
+            self.notify(
+                f"{run.name} was not trained by carl: there is no held-out split to evaluate on",
+                title="eval",
+                severity="warning",
+            )
             return
         if self.readonly:
             self.notify(f"read-only session: run `carl eval {run.name}` from a shell", title="eval")
@@ -1146,8 +1199,11 @@ class ControlRoom(App[None]):
             return
         conn = connect(db, readonly=False)
         try:
-            args = {"path": str(Path(request.path).expanduser().resolve()), "follow": request.follow,
-                    "name": request.name}  # fmt: skip
+            args = {
+                "path": str(Path(request.path).expanduser().resolve()),
+                "follow": request.follow,
+                "name": request.name,
+            }
             command_id = insert_command(conn, "observe", args, target="engine", origin="tui")
         finally:
             conn.close()
@@ -1166,8 +1222,9 @@ class ControlRoom(App[None]):
                 f"Theme: {theme}", "Switch theme (remembered)", lambda t=theme: setattr(self, "theme", t)
             )
         if not self.readonly:  # a watch-only session starts nothing (the status line says how to)
-            yield SystemCommand("Start engine", "Start the engine daemon if it is down",
-                                self._start_engine_now)  # fmt: skip
+            yield SystemCommand(
+                "Start engine", "Start the engine daemon if it is down", self._start_engine_now
+            )
         for pane in PANES:
             yield SystemCommand(
                 f"Maximize {pane}",

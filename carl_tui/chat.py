@@ -51,8 +51,16 @@ class ChatScreen(Screen[None]):
     ChatScreen #chat-status { height: 1; color: $text-muted; padding: 0 1; }
     """
 
-    def __init__(self, db_path: Path, run_id: int, run_name: str, *, api_key: str | None,
-                 model: str | None, base_url: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        db_path: Path,
+        run_id: int,
+        run_name: str,
+        *,
+        api_key: str | None,
+        model: str | None,
+        base_url: str | None = None,
+    ) -> None:
         super().__init__()
         self.db_path = db_path
         self.run_id = run_id
@@ -91,8 +99,9 @@ class ChatScreen(Screen[None]):
         title = next(
             (c["title"] for c in self.conversations if c["id"] == self.conversation), "new conversation"
         )
-        self.query_one("#chat-title", Static).update(Text.assemble(("Diagnose ", "bold"), (self.run_name, "bold"),
-                                                                   " │ ", who, " │ ", title[:60]))  # fmt: skip
+        self.query_one("#chat-title", Static).update(
+            Text.assemble(("Diagnose ", "bold"), (self.run_name, "bold"), " │ ", who, " │ ", title[:60])
+        )
 
     def _store(self) -> Conversations:
         return Conversations(self.db_path)
@@ -103,9 +112,16 @@ class ChatScreen(Screen[None]):
             self.conversations = store.list(self.run_id)
         finally:
             store.close()
-        options = [Option(Text(f"{c['title'][:26]}\n", overflow="ellipsis").append(
-            f"{time.strftime('%m-%d %H:%M', time.localtime(c['updated_at']))} · {c['messages']} msg", style="dim"),
-            id=str(c["id"])) for c in self.conversations]  # fmt: skip
+        options = [
+            Option(
+                Text(f"{c['title'][:26]}\n", overflow="ellipsis").append(
+                    f"{time.strftime('%m-%d %H:%M', time.localtime(c['updated_at']))} · {c['messages']} msg",
+                    style="dim",
+                ),
+                id=str(c["id"]),
+            )
+            for c in self.conversations
+        ]
         box = self.query_one("#chat-list", OptionList)
         box.clear_options()
         box.add_options(options)
@@ -263,10 +279,12 @@ class ChatScreen(Screen[None]):
             history = store.history(self.conversation)
         finally:
             store.close()
-        text = (f"model: {parts['model']}   max_tokens: {parts['max_tokens']}   "
-                f"history: {len(history)} earlier messages   cached: digest and tools\n"
-                f"{'(offline now: nothing is sent; the analyst reads the same digest)' if self.diagnoser.offline else ''}"
-                f"\n── system ──\n{system}\n\n── tools ──\n{tools}")  # fmt: skip
+        text = (
+            f"model: {parts['model']}   max_tokens: {parts['max_tokens']}   "
+            f"history: {len(history)} earlier messages   cached: digest and tools\n"
+            f"{'(offline now: nothing is sent; the analyst reads the same digest)' if self.diagnoser.offline else ''}"
+            f"\n── system ──\n{system}\n\n── tools ──\n{tools}"
+        )
         self.app.push_screen(TextScreen("What is sent to Claude", text))
 
     def _set_status(self, text: str) -> None:
@@ -295,14 +313,23 @@ class ChatScreen(Screen[None]):
                     self.app.call_from_thread(self._show, ChatEvent("text", "".join(buffer)))
                     buffer = []
                 if event.kind == "tool_call":
-                    store.add(conversation, self.run_id, "tool", event.text, {"name": event.data["name"],
-                                                                              "input": event.data["input"]})  # fmt: skip
+                    store.add(
+                        conversation,
+                        self.run_id,
+                        "tool",
+                        event.text,
+                        {"name": event.data["name"], "input": event.data["input"]},
+                    )
                 if event.kind in ("done", "error"):
                     final = event.data
                 self.app.call_from_thread(self._show, event)
             if final.get("answer"):
-                meta = {"offline": final.get("offline", False), "model": final.get("model"),
-                        "usage": final.get("usage"), "tool_calls": final.get("tool_calls")}  # fmt: skip
+                meta = {
+                    "offline": final.get("offline", False),
+                    "model": final.get("model"),
+                    "usage": final.get("usage"),
+                    "tool_calls": final.get("tool_calls"),
+                }
                 store.add(conversation, self.run_id, "assistant", final["answer"], meta)
             if final.get("error"):
                 store.add(conversation, self.run_id, "error", final["error"])

@@ -60,28 +60,48 @@ def _guard(fn: Callable[[argparse.Namespace], int], args: argparse.Namespace) ->
 def tui_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="carl-tui", description="The carl control room.")
     parser.add_argument("--home", help="state directory (default $CARL_HOME or ~/.carl)")
-    parser.add_argument("--readonly", action="store_true",
-                        help="watch only: no keys that write to the store, and the engine is not started")  # fmt: skip
+    parser.add_argument(
+        "--readonly",
+        action="store_true",
+        help="watch only: no keys that write to the store, and the engine is not started",
+    )
     parser.add_argument("--no-engine", action="store_true", help="do not start the engine daemon")
-    parser.add_argument("--demo", action="store_true",
-                        help="start the built-in demo training run (if none is live) and watch it")  # fmt: skip
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help="start the built-in demo training run (if none is live) and watch it",
+    )
     parser.add_argument(
         "--demo-steps", type=int, default=None, help="GRPO steps of the demo run (default: demo.yaml's)"
     )
-    parser.add_argument("--backend", choices=("auto", "torch", "mlx"), default=None,
-                        help="what the demo trains on (default: auto, MLX on Apple silicon)")  # fmt: skip
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "torch", "mlx"),
+        default=None,
+        help="what the demo trains on (default: auto, MLX on Apple silicon)",
+    )
     parser.add_argument(
         "--api-key", default=None, help="Anthropic API key for `d` (default: $ANTHROPIC_API_KEY)"
     )
-    parser.add_argument("--experiment", metavar="NAME", default=None,
-                        help="open with the experiment's runs marked: Φ and rewards overlaid, one colour per arm")  # fmt: skip
+    parser.add_argument(
+        "--experiment",
+        metavar="NAME",
+        default=None,
+        help="open with the experiment's runs marked: Φ and rewards overlaid, one colour per arm",
+    )
     web = parser.add_argument_group("in a browser (the serve extra)")
-    web.add_argument("--serve", action="store_true",
-                     help="serve the control room to a browser (textual-serve), behind a token printed once")  # fmt: skip
+    web.add_argument(
+        "--serve",
+        action="store_true",
+        help="serve the control room to a browser (textual-serve), behind a token printed once",
+    )
     web.add_argument("--host", default=None, help="address to listen on with --serve (default: 127.0.0.1)")
     web.add_argument("--port", type=int, default=None, help="port for --serve (default, or 0: a free one)")
-    web.add_argument("--allow-control", action="store_true",
-                     help="with --serve: keys that write to the store (training control); read-only without it")  # fmt: skip
+    web.add_argument(
+        "--allow-control",
+        action="store_true",
+        help="with --serve: keys that write to the store (training control); read-only without it",
+    )
     args = parser.parse_args(argv)
     return _guard(_run_tui, args)
 
@@ -110,8 +130,14 @@ def _run_tui(args: argparse.Namespace) -> int:
     first_read = FirstRead(StoreWatcher(paths.db_path(home)))  # the store, read before Textual loads
     from .app import ControlRoom
 
-    app = ControlRoom(home, readonly=args.readonly, start_engine=not args.no_engine, api_key=args.api_key,
-                      experiment=args.experiment, first_read=first_read)  # fmt: skip
+    app = ControlRoom(
+        home,
+        readonly=args.readonly,
+        start_engine=not args.no_engine,
+        api_key=args.api_key,
+        experiment=args.experiment,
+        first_read=first_read,
+    )
     app.run()
     _say_engine_left_running(home, app.engine_started_pid)
     return 0
@@ -134,9 +160,14 @@ def _serve(home: Path, args: argparse.Namespace) -> int:
 
     if args.api_key:  # the sessions inherit it; a command line would show it in `ps`
         os.environ["ANTHROPIC_API_KEY"] = args.api_key
-    return serve(home, host=args.host or "127.0.0.1", port=args.port or 0,
-                 readonly=args.readonly or not args.allow_control, start_engine=not args.no_engine,
-                 experiment=args.experiment)  # fmt: skip
+    return serve(
+        home,
+        host=args.host or "127.0.0.1",
+        port=args.port or 0,
+        readonly=args.readonly or not args.allow_control,
+        start_engine=not args.no_engine,
+        experiment=args.experiment,
+    )
 
 
 def _check_experiment(home: Path, name: str) -> None:
@@ -199,13 +230,21 @@ def main(argv: list[str] | None = None) -> int:
     experiments.add_argument("--json", action="store_true", help="one JSON object a line")
     experiments.set_defaults(fn=_experiments)
 
-    report = sub.add_parser("report", help="write one self-contained HTML report of a run, several runs or an "
-                            "experiment (charts and tables)")  # fmt: skip
+    report = sub.add_parser(
+        "report",
+        help="write one self-contained HTML report of a run, several runs or an "
+        "experiment (charts and tables)",
+    )
     report.add_argument(
         "refs", nargs="+", metavar="RUN|EXPERIMENT", help="run names or ids, or one experiment"
     )
-    report.add_argument("-o", "--output", type=Path, default=None,
-                        help="the HTML file, or a folder for it (default: ./carl-report-<name>.html)")  # fmt: skip
+    report.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        help="the HTML file, or a folder for it (default: ./carl-report-<name>.html)",
+    )
     report.set_defaults(fn=_report)
 
     evaluate = sub.add_parser("eval", help="evaluate a run's model on the prompts it held out of training")
@@ -243,22 +282,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     hooks.set_defaults(fn=_hooks)
 
-    trajectories = sub.add_parser("trajectories", help="agent trajectories: import, list, status, ablate, "
-                                  "export, train, eval")  # fmt: skip
+    trajectories = sub.add_parser(
+        "trajectories", help="agent trajectories: import, list, status, ablate, export, train, eval"
+    )
     from engine.trajectories.cli import add_arguments as add_trajectory_arguments
 
     add_trajectory_arguments(trajectories)
     trajectories.set_defaults(fn=_trajectories)
 
-    agents = sub.add_parser("agents", help="the agents plane: manager and workers over NATS (up, down, status, "
-                            "run, worker, events)")  # fmt: skip
+    agents = sub.add_parser(
+        "agents",
+        help="the agents plane: manager and workers over NATS (up, down, status, run, worker, events)",
+    )
     from engine.agents.cli import add_arguments as add_agents_arguments
 
     add_agents_arguments(agents)
     agents.set_defaults(fn=_agents)
 
-    experiment = sub.add_parser("experiment", help="run arms x seeds (sft-only, task-only, cascade, always-on) "
-                                "through the engine, evaluate each run, print the table")  # fmt: skip
+    experiment = sub.add_parser(
+        "experiment",
+        help="run arms x seeds (sft-only, task-only, cascade, always-on) "
+        "through the engine, evaluate each run, print the table",
+    )
     from engine.experiments.cli import add_arguments as add_experiment_arguments
 
     add_experiment_arguments(experiment)
@@ -335,8 +380,15 @@ def _diagnose(args: argparse.Namespace) -> int:
 
     home = _home(args)
     model = args.model or _configured_model(home)
-    return diagnose(home, args.run, args.question, as_json=args.json, offline=args.offline, model=model,
-                    api_key=args.api_key)  # fmt: skip
+    return diagnose(
+        home,
+        args.run,
+        args.question,
+        as_json=args.json,
+        offline=args.offline,
+        model=model,
+        api_key=args.api_key,
+    )
 
 
 def _configured_model(home: Path) -> str | None:
@@ -396,8 +448,10 @@ def _engine(args: argparse.Namespace) -> int:
         if status.state != "up":
             raise CliError(f"engine did not start; see {status.log_path}")
         if started:
-            print(f"engine started (pid {status.pid}) in the background; log {status.log_path}; "
-                  "`carl engine stop` stops it")  # fmt: skip
+            print(
+                f"engine started (pid {status.pid}) in the background; log {status.log_path}; "
+                "`carl engine stop` stops it"
+            )
         else:
             print(f"engine already running (pid {status.pid}); log {status.log_path}")
         return 0
@@ -424,8 +478,11 @@ def engine_lines(report: dict[str, Any]) -> list[str]:
     if report["state"] != "up":
         why = " (stopped with `carl engine stop`)" if report["stopped_by_user"] else ""
         why += " (stale pidfile recovered)" if report["stale_pidfile_recovered"] else ""
-        lines = [f"engine down{why}; `carl engine start` starts it",
-                 f"  home      {report['home']}", f"  log       {report['log_path']}"]  # fmt: skip
+        lines = [
+            f"engine down{why}; `carl engine start` starts it",
+            f"  home      {report['home']}",
+            f"  log       {report['log_path']}",
+        ]
         if report["agents"]["wanted"]:
             lines.append("  agents    the plane was up: it comes back up with the engine")
         return lines
@@ -433,8 +490,11 @@ def engine_lines(report: dict[str, Any]) -> list[str]:
         report["heartbeat_at"] and f", heartbeat {compact_duration(time.time() - report['heartbeat_at'])} ago"
     )
     uptime = f", up {compact_duration(report['uptime_s'])}" if report["uptime_s"] is not None else ""
-    lines = [f"engine up (pid {report['pid']}{uptime}{beat or ''})",
-             f"  home      {report['home']}", f"  log       {report['log_path']}"]  # fmt: skip
+    lines = [
+        f"engine up (pid {report['pid']}{uptime}{beat or ''})",
+        f"  home      {report['home']}",
+        f"  log       {report['log_path']}",
+    ]
     training = report["training"]
     if not training:
         lines.append("  training  nothing (n in carl-tui, `carl demo`, `carl experiment` start runs)")
@@ -499,8 +559,10 @@ def _print_result(kind: str, path: Path, result: object) -> None:
     rows = getattr(result, "rows", 0)
     bad = getattr(result, "bad_lines", 0)
     runs = getattr(result, "run_ids", [])
-    print(f"{kind}: {path}: {rows:,} metric rows into {len(runs)} run(s)"
-          + (f"; {bad:,} malformed lines skipped" if bad else ""))  # fmt: skip
+    print(
+        f"{kind}: {path}: {rows:,} metric rows into {len(runs)} run(s)"
+        + (f"; {bad:,} malformed lines skipped" if bad else "")
+    )
     for problem in getattr(result, "problems", [])[:10]:
         print(f"  {problem}", file=sys.stderr)
 
@@ -554,8 +616,10 @@ def _runs(args: argparse.Namespace) -> int:
             return 0
         for run in reader.runs():
             steps = f"{run.last_step:,}" if run.last_step is not None else "-"
-            print(f"{run.id:>4}  {run.name:<28} {run.status:<9} step {steps:>9}  {run.source_kind:<13}"
-                  f" {run.health or '-':<6} {run.phase or '-'}")  # fmt: skip
+            print(
+                f"{run.id:>4}  {run.name:<28} {run.status:<9} step {steps:>9}  {run.source_kind:<13}"
+                f" {run.health or '-':<6} {run.phase or '-'}"
+            )
     finally:
         reader.close()
     return 0
@@ -580,11 +644,15 @@ def _experiments(args: argparse.Namespace) -> int:
         return 0
     for e in records:
         done = e["cell_status"].get("finished", 0)
-        print(f"{e['id']:>4}  {e['name']:<28} {e['status']:<9} {len(e['arms'])} arms x {len(e['seeds'])} seeds, "
-              f"{e['steps']} steps; {done}/{len(e['cells'])} cells finished")  # fmt: skip
+        print(
+            f"{e['id']:>4}  {e['name']:<28} {e['status']:<9} {len(e['arms'])} arms x {len(e['seeds'])} seeds, "
+            f"{e['steps']} steps; {done}/{len(e['cells'])} cells finished"
+        )
         for arm in e["summary"]:
-            print(f"        {arm['arm']:<12} task {_mean_ci(arm['task'])}  solved {_mean_ci(arm['solved'])}"
-                  f"  ({arm['finished']}/{arm['seeds']} seeds)")  # fmt: skip
+            print(
+                f"        {arm['arm']:<12} task {_mean_ci(arm['task'])}  solved {_mean_ci(arm['solved'])}"
+                f"  ({arm['finished']}/{arm['seeds']} seeds)"
+            )
     return 0
 
 
@@ -628,11 +696,17 @@ class _LazyProgress:
                 TaskProgressColumn,
                 TextColumn,
                 TimeElapsedColumn,
-                TimeRemainingColumn,  # fmt: skip
+                TimeRemainingColumn,
             )
 
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-                                     TimeElapsedColumn(), TimeRemainingColumn(), transient=True)  # fmt: skip
+            self.progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TaskProgressColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                transient=True,
+            )
             self.progress.start()
             self.task = self.progress.add_task(self.label, total=total)
         self.progress.update(self.task, completed=done, total=total)
@@ -663,8 +737,12 @@ def _start_demo(home: Path, steps: int | None, backend: str | None = None) -> No
         if live:
             print(f"demo run {live[0]!r} is live; opening the control room on it")
             return
-        args = {"config": "demo", "name": "demo", **({"max_steps": steps} if steps else {}),
-                **({"backend": backend} if backend else {})}  # fmt: skip
+        args = {
+            "config": "demo",
+            "name": "demo",
+            **({"max_steps": steps} if steps else {}),
+            **({"backend": backend} if backend else {}),
+        }
         store.enqueue_command("train", args, target="engine", origin="cli")
         plane = _demo_plane(store)
     print("demo training queued: the engine starts it (logs in ~/.carl/logs/train-*.log)")

@@ -212,8 +212,11 @@ class StoreWatcher:
             self._read_agents(reader, snap)
         self._read_comparison(reader, runs, snap)
         if self._watched_commands:
-            done = [c for c in reader.commands_after(min(self._watched_commands) - 1)
-                    if c["id"] in self._watched_commands and c["state"] in ("done", "failed")]  # fmt: skip
+            done = [
+                c
+                for c in reader.commands_after(min(self._watched_commands) - 1)
+                if c["id"] in self._watched_commands and c["state"] in ("done", "failed")
+            ]
             self._watched_commands -= {c["id"] for c in done}
             snap.commands = done
         errors = {s["path"]: s["last_error"] for s in reader.sources() if s["last_error"]}
@@ -263,8 +266,9 @@ class StoreWatcher:
         if record is None:
             return None
         cells = reader.experiment_runs(experiment_id)
-        return ExperimentView(record["id"], record["name"], list(record["arms"]), list(record["seeds"]),
-                              record["status"], cells)  # fmt: skip
+        return ExperimentView(
+            record["id"], record["name"], list(record["arms"]), list(record["seeds"]), record["status"], cells
+        )
 
     @staticmethod
     def _read_agents(reader: StoreReader, snap: Snapshot) -> None:

@@ -64,9 +64,18 @@ def eval_table(evaluation: dict[str, Any]) -> Table:
     table.add_row("verdict", Text("✓ passed" if passed else "✕ failed", style="green" if passed else "red"))
     for reason in evaluation["reasons"]:
         table.add_row("", reason)
-    labels = {"task": "task reward (mean)", "solved": "solved", "format": "format-compliant",
-              "phi": "Φ (mean)", "entropy": "entropy (nats)", "answer_tokens": "answer tokens",
-              "prompts": "held-out prompts", "step": "step", "model_dir": "model", "seconds": "took (s)"}  # fmt: skip
+    labels = {
+        "task": "task reward (mean)",
+        "solved": "solved",
+        "format": "format-compliant",
+        "phi": "Φ (mean)",
+        "entropy": "entropy (nats)",
+        "answer_tokens": "answer tokens",
+        "prompts": "held-out prompts",
+        "step": "step",
+        "model_dir": "model",
+        "seconds": "took (s)",
+    }
     for key, label in labels.items():
         if evaluation["metrics"].get(key) is not None:
             table.add_row(label, str(evaluation["metrics"][key]))
@@ -320,13 +329,18 @@ class SamplesScreen(ModalScreen[None]):
         with Vertical() as box:
             box.border_title = "Samples · per-token Φ"
             if not self.samples:
-                yield Static("No samples stored for this run (carl's own training keeps best, worst, median "
-                             "and a random completion of every step).")  # fmt: skip
+                yield Static(
+                    "No samples stored for this run (carl's own training keeps best, worst, median "
+                    "and a random completion of every step)."
+                )
                 return
             options = []
             for i, s in enumerate(self.samples):
-                rewards = " ".join(f"{k.removesuffix('_reward')}={v:.2f}" for k, v in (s["rewards"] or {}).items()
-                                   if isinstance(v, int | float))  # fmt: skip
+                rewards = " ".join(
+                    f"{k.removesuffix('_reward')}={v:.2f}"
+                    for k, v in (s["rewards"] or {}).items()
+                    if isinstance(v, int | float)
+                )
                 phi = s.get("phi") or []
                 mean = f"Φ̄ {sum(phi) / len(phi):.3f}" if phi else "Φ —"
                 options.append(

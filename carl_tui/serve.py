@@ -141,12 +141,17 @@ def serve(
     bound_port = sock.getsockname()[1]
     token = secrets.token_urlsafe(24)
     if not is_loopback(host):
-        print(f"carl-tui: warning: listening on {host}, not loopback: anyone who can reach it and has the "
-              "URL can watch" + ("" if readonly else " and control training"), file=sys.stderr)  # fmt: skip
+        print(
+            f"carl-tui: warning: listening on {host}, not loopback: anyone who can reach it and has the "
+            "URL can watch" + ("" if readonly else " and control training"),
+            file=sys.stderr,
+        )
     mode = "read-only" if readonly else "with control"
     shown = socket.gethostname() if host in ("0.0.0.0", "::", "") else host  # every address: say this one
-    print(f"carl-tui: serving the control room ({mode}) at http://{url_host(shown)}:{bound_port}/?token={token}",
-          flush=True)  # fmt: skip
+    print(
+        f"carl-tui: serving the control room ({mode}) at http://{url_host(shown)}:{bound_port}/?token={token}",
+        flush=True,
+    )
     command = session_command(home, readonly=readonly, start_engine=start_engine, experiment=experiment)
     ControlRoomServer(command, sock, token, title="carl control room").run()
     return 0

@@ -67,8 +67,10 @@ def trajectory_view(t: dict[str, Any], baselines: dict[str, dict[str, Any]]) -> 
     reward.append(f" {_f(t.get('reward'))}")
     table.add_row("reward", reward)
     if domain:
-        base = (f"baseline {_f(domain['baseline'])} (mean {_f(domain['mean'])}, σ {_f(domain['sigma'])}, "
-                f"n {domain['n']})")  # fmt: skip
+        base = (
+            f"baseline {_f(domain['baseline'])} (mean {_f(domain['mean'])}, σ {_f(domain['sigma'])}, "
+            f"n {domain['n']})"
+        )
     else:
         base = "baseline not computed yet"
     style = "green" if (adv or 0) > 0 else "red"
@@ -131,8 +133,9 @@ class TrajectoryScreen(ModalScreen[None]):
     TrajectoryScreen #trajectory-domains { width: 1fr; min-width: 40; border-left: solid $panel-lighten-2; padding-left: 1; }
     """
 
-    def __init__(self, trajectory: dict[str, Any], domains: list[dict[str, Any]],
-                 plasticity: dict[str, Any] | None) -> None:  # fmt: skip
+    def __init__(
+        self, trajectory: dict[str, Any], domains: list[dict[str, Any]], plasticity: dict[str, Any] | None
+    ) -> None:
         super().__init__()
         self.trajectory = trajectory
         self.domains = domains

@@ -8,8 +8,9 @@ from typing import Any
 from engine.errors import CarlError
 
 
-def read_mapping(path: Path, error: type[CarlError], *, missing: str = "no such file", what: str = "settings"
-                 ) -> dict[str, Any]:  # fmt: skip
+def read_mapping(
+    path: Path, error: type[CarlError], *, missing: str = "no such file", what: str = "settings"
+) -> dict[str, Any]:
     """The mapping at the top of the YAML file `path` (an empty file is `{}`); any problem raises
     `error` with one line: `path: no such file`, `path:LINE: invalid YAML: ...`, `path: expected ...`."""
     import yaml  # only the commands that read such a file pay for it

@@ -53,8 +53,14 @@ def hub_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     from huggingface_hub import constants
     from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
 
-    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE", "HF_ENDPOINT", "HF_HUB_OFFLINE",
-                 "TRANSFORMERS_OFFLINE"):  # fmt: skip
+    for name in (
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "HF_OIDC_RESOURCE",
+        "HF_ENDPOINT",
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")

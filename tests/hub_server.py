@@ -34,8 +34,24 @@ from urllib.parse import unquote, urlsplit
 import yaml
 
 # File names the Hub's default .gitattributes stores in LFS; anything >= 10 MB or binary is LFS too.
-LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf",
-                ".model", ".npy", ".npz", ".pkl", ".zip", ".gz", ".tar")  # fmt: skip
+LFS_SUFFIXES = (
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".ckpt",
+    ".h5",
+    ".msgpack",
+    ".onnx",
+    ".gguf",
+    ".model",
+    ".npy",
+    ".npz",
+    ".pkl",
+    ".zip",
+    ".gz",
+    ".tar",
+)
 LFS_MIN_SIZE = 10 * 1024 * 1024
 BAD_TOKEN = "Invalid credentials in Authorization header"  # the real Hub's X-Error-Message
 
@@ -245,8 +261,11 @@ class HubServer:
         for item in payload["files"]:
             sample = base64.b64decode(item["sample"])
             lfs = item["path"].endswith(LFS_SUFFIXES) or item["size"] >= LFS_MIN_SIZE or b"\0" in sample
-            entry: dict[str, Any] = {"path": item["path"], "uploadMode": "lfs" if lfs else "regular",
-                                     "shouldIgnore": False}  # fmt: skip
+            entry: dict[str, Any] = {
+                "path": item["path"],
+                "uploadMode": "lfs" if lfs else "regular",
+                "shouldIgnore": False,
+            }
             existing = files.get(item["path"])
             if existing is not None:  # lets huggingface_hub skip a file that has not changed
                 entry["oid"] = hashlib.sha256(existing).hexdigest() if lfs else git_blob_oid(existing)
@@ -302,8 +321,12 @@ class HubServer:
         oid = hashlib.sha1(repo.heads[revision].encode() + json.dumps(lines).encode()).hexdigest()
         repo.branches[revision], repo.heads[revision] = files, oid
         repo.commits.append(Commit(oid, revision, header["summary"], header.get("description", ""), paths))
-        return 200, {"commitUrl": f"{self.url}/{repo.id}/commit/{oid}", "commitOid": oid,
-                     "pullRequestUrl": None, "success": True}  # fmt: skip
+        return 200, {
+            "commitUrl": f"{self.url}/{repo.id}/commit/{oid}",
+            "commitOid": oid,
+            "pullRequestUrl": None,
+            "success": True,
+        }
 
     @staticmethod
     def _branch_files(repo: Repo, revision: str) -> dict[str, bytes]:

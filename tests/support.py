@@ -68,8 +68,14 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFL
 def start_training(home: Path, *args: str) -> subprocess.Popen[str]:
     """`python -m engine.training --home HOME ARGS` as the engine starts it, offline, its output piped."""
     argv = [sys.executable, "-m", "engine.training", "--home", str(home), *args]
-    return subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **OFFLINE}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env={**os.environ, **OFFLINE},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str, str]:

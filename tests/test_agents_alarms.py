@@ -19,9 +19,16 @@ def monitor(**settings: float) -> AlarmMonitor:
     return AlarmMonitor(SETTINGS.model_copy(update=settings), ack_wait_s=30.0)
 
 
-def result(m: AlarmMonitor, worker: str, *, prm: float = 0.5, verifier: float | None = None,
-           outcome: float = 0.5, feedback: float = 0.5,
-           feedback_first: bool = False) -> list[AlarmEvent]:  # fmt: skip
+def result(
+    m: AlarmMonitor,
+    worker: str,
+    *,
+    prm: float = 0.5,
+    verifier: float | None = None,
+    outcome: float = 0.5,
+    feedback: float = 0.5,
+    feedback_first: bool = False,
+) -> list[AlarmEvent]:
     """One result of `worker`, its scores and its feedback (in either order); the alarms they raise."""
     task_id = f"t{next(_ids)}"
     if feedback_first:
@@ -140,8 +147,10 @@ def test_divergence_clears_when_the_worker_recovers_and_fires_again() -> None:
     m = monitor()
     for _ in range(2):
         result(m, "w1", outcome=0.9)
-    assert [kinds(result(m, "w2", outcome=0.1)) for _ in range(2)] == [[], [
-        ("worker_divergence", "w1"), ("worker_divergence", "w2")]]  # fmt: skip  # two workers: both apart
+    assert [kinds(result(m, "w2", outcome=0.1)) for _ in range(2)] == [
+        [],
+        [("worker_divergence", "w1"), ("worker_divergence", "w2")],
+    ]  # two workers: both apart
     assert [kinds(result(m, "w2", outcome=0.9)) for _ in range(4)] == [[], [], [], []]
     assert kinds(result(m, "w2", outcome=0.0)) == []  # 0.675 vs 0.9: within 0.25
     assert kinds(result(m, "w2", outcome=0.0)) == [("worker_divergence", "w1"), ("worker_divergence", "w2")]

@@ -72,13 +72,36 @@ def _events(n: int) -> list:
         task = TaskEvent(
             manager_id="m", task_type="demo", prompt=f"prompt {i}", reference="x", verifier="exact"
         )
-        result = ResultEvent(task_id=task.task_id, worker_id=f"w{i % 2 + 1}", task_type="demo", status="success",
-                             result="<step>s</step><answer>x</answer>", steps=["s"], answer="x", model_version="base")  # fmt: skip
-        rollout = TrainingRolloutEvent(task_id=task.task_id, worker_id=result.worker_id, task_type="demo", prompt=task.prompt,
-                                       response="x", steps=["s"], step_scores=[0.75], prm_score=0.75, outcome_score=0.7,
-                                       verifier_score=1.0, reward=0.85)  # fmt: skip
-        feedback = FeedbackEvent(task_id=task.task_id, manager_id="m", worker_id=result.worker_id, score=0.9,
-                                 textual_feedback="fine")  # fmt: skip
+        result = ResultEvent(
+            task_id=task.task_id,
+            worker_id=f"w{i % 2 + 1}",
+            task_type="demo",
+            status="success",
+            result="<step>s</step><answer>x</answer>",
+            steps=["s"],
+            answer="x",
+            model_version="base",
+        )
+        rollout = TrainingRolloutEvent(
+            task_id=task.task_id,
+            worker_id=result.worker_id,
+            task_type="demo",
+            prompt=task.prompt,
+            response="x",
+            steps=["s"],
+            step_scores=[0.75],
+            prm_score=0.75,
+            outcome_score=0.7,
+            verifier_score=1.0,
+            reward=0.85,
+        )
+        feedback = FeedbackEvent(
+            task_id=task.task_id,
+            manager_id="m",
+            worker_id=result.worker_id,
+            score=0.9,
+            textual_feedback="fine",
+        )
         out += [task, result, rollout, feedback]
     return out
 
@@ -107,8 +130,17 @@ async def test_the_audit_stores_every_event_once_and_keeps_the_summaries(tmp_pat
         # stream; the task keeps its first result.
         other = first_result.model_copy(update={"worker_id": "w9", "answer": "late"})
         await js.publish(other.subject(), other.encode(), headers={"Nats-Msg-Id": "another-id"})
-        await publish(js, WorkerStatusEvent(worker_id="w1", kind="model", task_types=["demo"], state="idle",
-                                            model_version="base", command_id=None))  # fmt: skip
+        await publish(
+            js,
+            WorkerStatusEvent(
+                worker_id="w1",
+                kind="model",
+                task_types=["demo"],
+                state="idle",
+                model_version="base",
+                command_id=None,
+            ),
+        )
         await _audit_until_drained(js, store)
         # Restarted (a new consumer loop, the same durable): nothing is stored twice.
         await _audit_until_drained(js, store)
@@ -139,20 +171,50 @@ async def test_the_audit_stores_every_event_once_and_keeps_the_summaries(tmp_pat
     ("subject", "payload", "reason"),
     [
         ("results.demo", b"{not json", "invalid JSON"),
-        ("results.demo", json.dumps({"type": "task", "manager_id": "m", "task_type": "demo", "prompt": "p"}).encode(),
-         "type 'task' on subject results.demo (expects result)"),
-        ("tasks.demo", json.dumps({"manager_id": "m", "task_type": "demo", "prompt": "p"}).encode(),
-         "no 'type' field (subject tasks.demo expects task)"),
-        ("tasks.demo", json.dumps({"type": "task", "manager_id": "m", "task_type": "demo", "prompt": "p",
-                                   "sneaky": 1}).encode(), "sneaky: unknown field"),
-        ("feedback.scored", json.dumps({"type": "feedback", "task_id": "t", "manager_id": "m", "worker_id": "w",
-                                        "score": 3.0}).encode(), "score: Input should be less than or equal to 1"),
-        ("training.rollouts", json.dumps({"type": "rollout", "task_id": "t", "worker_id": "w", "task_type": "demo",
-                                          "prompt": "p", "response": "r", "step_scores": [0.5, 3.0], "prm_score": 0.5,
-                                          "outcome_score": 0.5, "reward": 0.5}).encode(),
-         "step_scores[1]: Input should be less than or equal to 1"),
+        (
+            "results.demo",
+            json.dumps({"type": "task", "manager_id": "m", "task_type": "demo", "prompt": "p"}).encode(),
+            "type 'task' on subject results.demo (expects result)",
+        ),
+        (
+            "tasks.demo",
+            json.dumps({"manager_id": "m", "task_type": "demo", "prompt": "p"}).encode(),
+            "no 'type' field (subject tasks.demo expects task)",
+        ),
+        (
+            "tasks.demo",
+            json.dumps(
+                {"type": "task", "manager_id": "m", "task_type": "demo", "prompt": "p", "sneaky": 1}
+            ).encode(),
+            "sneaky: unknown field",
+        ),
+        (
+            "feedback.scored",
+            json.dumps(
+                {"type": "feedback", "task_id": "t", "manager_id": "m", "worker_id": "w", "score": 3.0}
+            ).encode(),
+            "score: Input should be less than or equal to 1",
+        ),
+        (
+            "training.rollouts",
+            json.dumps(
+                {
+                    "type": "rollout",
+                    "task_id": "t",
+                    "worker_id": "w",
+                    "task_type": "demo",
+                    "prompt": "p",
+                    "response": "r",
+                    "step_scores": [0.5, 3.0],
+                    "prm_score": 0.5,
+                    "outcome_score": 0.5,
+                    "reward": 0.5,
+                }
+            ).encode(),
+            "step_scores[1]: Input should be less than or equal to 1",
+        ),
     ],
-)  # fmt: skip
+)
 async def test_a_malformed_payload_is_stored_as_rejected_with_its_reason(
     tmp_path: Path, subject: str, payload: bytes, reason: str
 ) -> None:

@@ -33,8 +33,13 @@ pytestmark = pytest.mark.slow
 
 def carl(home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CARL_HOME": str(home)}
-    return subprocess.run([sys.executable, "-m", "carl_tui.cli_carl", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "carl_tui.cli_carl", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
 
 
 def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
@@ -75,8 +80,10 @@ def test_events_are_printed_filtered_and_as_json_lines(tmp_path: Path) -> None:
     assert len(rollouts) == 6 and all(
         e["type"] == "rollout" and e["subject"] == "training.rollouts" for e in rollouts
     )
-    assert all(e["step_scores"] and all(0 <= s <= 1 for s in e["step_scores"]) and e["environment"] == "chat"
-               for e in rollouts)  # fmt: skip
+    assert all(
+        e["step_scores"] and all(0 <= s <= 1 for s in e["step_scores"]) and e["environment"] == "chat"
+        for e in rollouts
+    )
     assert all(e["score"] == e["reward"] and e["verifier_score"] == 1.0 for e in rollouts)
     one = rollouts[0]["task_id"]
     of_task = [
@@ -101,8 +108,10 @@ def test_events_are_printed_filtered_and_as_json_lines(tmp_path: Path) -> None:
 def test_bad_input_is_one_line_naming_the_place(tmp_path: Path) -> None:
     home = tmp_path / "home"
     bad_tasks = tmp_path / "tasks.jsonl"
-    bad_tasks.write_text('{"prompt": "a", "task_type": "math", "environment": "chat"}\n'
-                         '{"prompt": "b", "task_type": "a.b", "environment": "chat"}\n')  # fmt: skip
+    bad_tasks.write_text(
+        '{"prompt": "a", "task_type": "math", "environment": "chat"}\n'
+        '{"prompt": "b", "task_type": "a.b", "environment": "chat"}\n'
+    )
     assert one_line_error(carl(home, "agents", "run", "--tasks", str(bad_tasks))) == (
         f"carl: {bad_tasks}:2: task_type: must be one subject token (got 'a.b')"
     )
@@ -121,12 +130,36 @@ def test_a_worker_with_a_wrong_token_or_url_stops_with_one_line(tmp_path: Path) 
     with nats_server(tmp_path / "server") as server:
         wrong = tmp_path / "token"
         wrong.write_text("wrong\n")
-        line = one_line_error(carl(home, "agents", "worker", "--kind", "http", "--endpoint", "http://127.0.0.1:9/v1",
-                                   "--url", server.url, "--token-file", str(wrong)))  # fmt: skip
+        line = one_line_error(
+            carl(
+                home,
+                "agents",
+                "worker",
+                "--kind",
+                "http",
+                "--endpoint",
+                "http://127.0.0.1:9/v1",
+                "--url",
+                server.url,
+                "--token-file",
+                str(wrong),
+            )
+        )
         assert line == f"carl: {server.url}: authorization violation (wrong or missing token or credentials)"
         port = server.port
-    line = one_line_error(carl(home, "agents", "worker", "--kind", "http", "--endpoint", "http://127.0.0.1:9/v1",
-                               "--url", f"nats://127.0.0.1:{port}"))  # fmt: skip
+    line = one_line_error(
+        carl(
+            home,
+            "agents",
+            "worker",
+            "--kind",
+            "http",
+            "--endpoint",
+            "http://127.0.0.1:9/v1",
+            "--url",
+            f"nats://127.0.0.1:{port}",
+        )
+    )
     assert line == f"carl: nats://127.0.0.1:{port}: cannot connect (nothing answers there)"
 
 
@@ -186,8 +219,13 @@ def test_the_engine_runs_the_plane_and_obeys_the_control_room(tmp_path: Path) ->
             # The server dies: the engine restarts it on the same port, and the plane carries on.
             server = overview(home)["server"]
             os.kill(server["pid"], signal.SIGKILL)
-            wait_for(lambda: overview(home)["server"]["state"] == "up" and overview(home)["server"]["pid"] != server["pid"],
-                     what="nats-server restarted")  # fmt: skip
+            wait_for(
+                lambda: (
+                    overview(home)["server"]["state"] == "up"
+                    and overview(home)["server"]["pid"] != server["pid"]
+                ),
+                what="nats-server restarted",
+            )
             assert (
                 overview(home)["server"]["port"] == server["port"]
                 and overview(home)["server"]["restarts"] == 1
@@ -262,8 +300,12 @@ def test_a_killed_engine_comes_back_with_one_plane_not_two(tmp_path: Path) -> No
             assert carl(home, "agents", "up", "--workers", "1", "--tasks", str(tasks)).returncode == 0
             before = overview(home)
             old = {p["pid"] for p in before["plane"]["processes"]} | {before["server"]["pid"]}
-            wait_for(lambda: len([p for p in overview(home)["plane"]["processes"] if p["state"] == "running"]) == 2,
-                     what="manager and worker running")  # fmt: skip
+            wait_for(
+                lambda: (
+                    len([p for p in overview(home)["plane"]["processes"] if p["state"] == "running"]) == 2
+                ),
+                what="manager and worker running",
+            )
             killed = engine_status(home).pid
             os.kill(killed, signal.SIGKILL)
             from engine.daemon import start_engine
@@ -273,8 +315,12 @@ def test_a_killed_engine_comes_back_with_one_plane_not_two(tmp_path: Path) -> No
             # and a start then (rightly) starts none. The known point is its death, not a sleep.
             wait_for(lambda: not pid_alive(killed), what="the killed engine gone")
             start_engine(home)
-            wait_for(lambda: overview(home)["server"]["pid"] not in old and overview(home)["server"]["state"] == "up",
-                     what="the plane back up")  # fmt: skip
+            wait_for(
+                lambda: (
+                    overview(home)["server"]["pid"] not in old and overview(home)["server"]["state"] == "up"
+                ),
+                what="the plane back up",
+            )
             after = overview(home)
             assert after["server"]["port"] == before["server"]["port"]  # clients find it where it was
             for pid in old:
@@ -310,9 +356,25 @@ def test_the_engine_joins_an_existing_server_from_the_environment_and_starts_non
         )
         env = {**os.environ, "CARL_HOME": str(home), "CARL_NATS_URL": shared.url}
         try:
-            up = subprocess.run([sys.executable, "-m", "carl_tui.cli_carl", "agents", "up", "--workers", "1",
-                                 "--tasks", str(tasks), "--limit", "4"], capture_output=True, text=True, env=env,
-                                timeout=120)  # fmt: skip
+            up = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "carl_tui.cli_carl",
+                    "agents",
+                    "up",
+                    "--workers",
+                    "1",
+                    "--tasks",
+                    str(tasks),
+                    "--limit",
+                    "4",
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=120,
+            )
             assert up.returncode == 0, up.stderr
             assert f"agents plane up on {shared.url}" in up.stdout
             wait_for(lambda: (overview(home)["manager"] or {}).get("state") == "done", what="the tasks done")

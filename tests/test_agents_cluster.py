@@ -57,12 +57,36 @@ def start_worker(
     home = root / worker_id
     home.mkdir(parents=True)
     (home / "agents.yaml").write_text(f"agents:\n  ack_wait_s: {ACK_WAIT_S}\n")
-    argv = [sys.executable, "-m", "carl_tui.cli_carl", "agents", "worker", "--url", url, "--token-file", token,
-            "--kind", "http", "--endpoint", llm.base_url, "--endpoint-model", llm.model, "--task-type", "math",
-            "--id", worker_id]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "carl_tui.cli_carl",
+        "agents",
+        "worker",
+        "--url",
+        url,
+        "--token-file",
+        token,
+        "--kind",
+        "http",
+        "--endpoint",
+        llm.base_url,
+        "--endpoint-model",
+        llm.model,
+        "--task-type",
+        "math",
+        "--id",
+        worker_id,
+    ]
     with (home / "worker.log").open("wb") as log:
-        return subprocess.Popen(argv, env={**os.environ, "CARL_HOME": str(home)}, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            argv,
+            env={**os.environ, "CARL_HOME": str(home)},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def node_ports(pid: int, nodes: list[LocalServer]) -> set[int]:
@@ -89,8 +113,11 @@ async def replication(address: Address) -> tuple[int, dict[str, int]]:
     try:
         js = nc.jetstream()
         info = await js.stream_info(STREAM)
-        consumers = {c.config.durable_name: len(c.cluster.replicas or []) for c in await js.consumers_info(STREAM)
-                     if c.config.durable_name and c.cluster is not None}  # fmt: skip
+        consumers = {
+            c.config.durable_name: len(c.cluster.replicas or [])
+            for c in await js.consumers_info(STREAM)
+            if c.config.durable_name and c.cluster is not None
+        }
         return info.config.num_replicas, consumers
     finally:
         await bus_close(nc)
@@ -105,8 +132,15 @@ async def test_a_killed_node_leaves_the_plane_running_and_every_task_handled_onc
         await meta_leader(Address(cluster_url(a, b, c), token))
         # A result a dying node pushed to the manager and never delivered comes again after the manager's
         # ack wait (60 s): the task's timeout is longer, so such a task is late, not lost.
-        settings = http_settings(llm, workers=0, url=cluster_url(a, b, c), token_file=token, replicas=3,
-                                 ack_wait_s=ACK_WAIT_S, task_timeout_s=150)  # fmt: skip
+        settings = http_settings(
+            llm,
+            workers=0,
+            url=cluster_url(a, b, c),
+            token_file=token,
+            replicas=3,
+            ack_wait_s=ACK_WAIT_S,
+            task_timeout_s=150,
+        )
         llm.hold(lambda body: f"(task {HELD})" in body["messages"][-1]["content"])
         node_of = {"wb": b, "wc": c}
         workers: dict[str, subprocess.Popen[bytes]] = {}
@@ -220,8 +254,10 @@ async def test_more_replicas_than_the_servers_can_keep_is_one_line_naming_the_se
         config.write_text("agents:\n  replicas: 5\n  workers: 0\n")
         args = ["agents", "run", "--url", cluster_url(*nodes), "--token-file", token, "--config", str(config)]
         line = one_line_error(await asyncio.to_thread(carl, tmp_path / "home", *args))
-        assert line == ("carl: agents.replicas 5: the NATS server cannot keep 5 copies of CARL_AGENTS: "
-                        "no suitable peers for placement")  # fmt: skip
+        assert line == (
+            "carl: agents.replicas 5: the NATS server cannot keep 5 copies of CARL_AGENTS: "
+            "no suitable peers for placement"
+        )
         bad = f"{nodes[0].url},http://{nodes[1].url.removeprefix('nats://')}"
         line = one_line_error(await asyncio.to_thread(carl, tmp_path / "home", "agents", "run", "--url", bad))
         assert line.startswith("carl: ") and f"'{bad.split(',')[1]}' is not a nats://" in line
@@ -232,8 +268,10 @@ async def test_more_replicas_than_the_servers_can_keep_is_one_line_naming_the_se
                 await ensure_stream(nc.jetstream(), AgentsSettings().stream, replicas=3)
         finally:
             await bus_close(nc)
-    assert str(caught.value) == ("agents.replicas 3: the NATS server cannot keep 3 copies of CARL_AGENTS: "
-                                 "replicas > 1 not supported in non-clustered mode")  # fmt: skip
+    assert str(caught.value) == (
+        "agents.replicas 3: the NATS server cannot keep 3 copies of CARL_AGENTS: "
+        "replicas > 1 not supported in non-clustered mode"
+    )
 
 
 async def test_the_audit_reads_back_events_pushed_but_never_delivered(tmp_path: Path) -> None:
@@ -243,8 +281,17 @@ async def test_the_audit_reads_back_events_pushed_but_never_delivered(tmp_path: 
         nc, js = await jetstream(address_of(server))
         try:
             for i in range(5):
-                await publish(js, WorkerStatusEvent(worker_id=f"w{i + 1}", kind="http", task_types=["math"],
-                                                    state="idle", model_version="base", command_id=None))  # fmt: skip
+                await publish(
+                    js,
+                    WorkerStatusEvent(
+                        worker_id=f"w{i + 1}",
+                        kind="http",
+                        task_types=["math"],
+                        state="idle",
+                        model_version="base",
+                        command_id=None,
+                    ),
+                )
             await js.delete_msg(STREAM, 4)  # as if aged out of the stream
             sub = await js.pull_subscribe("", stream=STREAM, config=ConsumerConfig(ack_policy=AckPolicy.ALL))
             msgs = await sub.fetch(4, timeout=5)  # sequences 1, 2, 3, 5

@@ -28,10 +28,17 @@ pytestmark = pytest.mark.slow
 
 def arithmetic_tasks(path: Path, n: int, *, task_type: str = "math") -> Path:
     lines = [
-        json.dumps({"prompt": f"What is {i} + {i + 1}? (task {i})", "task_type": task_type, "environment": "chat",
-                    "reference": str(2 * i + 1), "verifier": "number"})
+        json.dumps(
+            {
+                "prompt": f"What is {i} + {i + 1}? (task {i})",
+                "task_type": task_type,
+                "environment": "chat",
+                "reference": str(2 * i + 1),
+                "verifier": "number",
+            }
+        )
         for i in range(n)
-    ]  # fmt: skip
+    ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -44,8 +51,17 @@ def solve(request: dict[str, Any]) -> str:
 
 
 def http_settings(llm: OpenAIServer, **extra: Any) -> AgentsSettings:
-    fields = {"workers": 2, "worker_kind": "http", "endpoint": llm.base_url, "endpoint_model": llm.model,
-              "task_type": "math", "concurrency": 8, "ack_wait_s": 2, "task_timeout_s": 60, **extra}  # fmt: skip
+    fields = {
+        "workers": 2,
+        "worker_kind": "http",
+        "endpoint": llm.base_url,
+        "endpoint_model": llm.model,
+        "task_type": "math",
+        "concurrency": 8,
+        "ack_wait_s": 2,
+        "task_timeout_s": 60,
+        **extra,
+    }
     return AgentsSettings(**fields)
 
 
@@ -184,8 +200,11 @@ async def test_work_that_fails_is_answered_failed_with_its_reason(tmp_path: Path
     assert (summary["done"], summary["failed"]) == (2, 1)
     reader = StoreReader(tmp_path / "home" / "carl.db")
     try:
-        [failed] = [json.loads(r["payload"]) for r in reader.agent_audit(kind="result")
-                    if json.loads(r["payload"])["status"] == "failed"]  # fmt: skip
+        [failed] = [
+            json.loads(r["payload"])
+            for r in reader.agent_audit(kind="result")
+            if json.loads(r["payload"])["status"] == "failed"
+        ]
         task = reader.agent_task(failed["task_id"])
     finally:
         reader.close()
@@ -206,10 +225,15 @@ async def test_malformed_payloads_on_every_subject_stop_no_service(tmp_path: Pat
         from engine.agents.bus import ensure_stream
 
         await ensure_stream(js, settings.stream)
-        garbage = [("tasks.math", b"{not json"), ("tasks.math", b'{"type": "result"}'),
-                   ("results.math", b'{"type": "result", "task_id": "x", "sneaky": 1}'),
-                   ("training.rollouts", b'[1, 2]'), ("feedback.scored", b'{"type": "feedback", "score": 3.0}'),
-                   ("model.updates", b'{"type": "model_update"}'), ("status.workers.w9", b"\xff\xfe")]  # fmt: skip
+        garbage = [
+            ("tasks.math", b"{not json"),
+            ("tasks.math", b'{"type": "result"}'),
+            ("results.math", b'{"type": "result", "task_id": "x", "sneaky": 1}'),
+            ("training.rollouts", b"[1, 2]"),
+            ("feedback.scored", b'{"type": "feedback", "score": 3.0}'),
+            ("model.updates", b'{"type": "model_update"}'),
+            ("status.workers.w9", b"\xff\xfe"),
+        ]
         for subject, payload in garbage:
             await js.publish(subject, payload)
         await nc.publish("control.manager", b'{"type": "control", "action": "explode"}')
@@ -247,8 +271,12 @@ async def test_an_http_worker_loads_each_adapter_into_vllm_and_requests_it(tmp_p
         await ensure_stream(js, settings.stream)
         adapter = tmp_path / "adapters" / "agents-train-v0001"
         adapter.mkdir(parents=True)
-        await publish(js, ModelUpdateEvent(model_version="agents-train-v0001", checkpoint_path=str(adapter),
-                                           base_model=llm.model))  # fmt: skip
+        await publish(
+            js,
+            ModelUpdateEvent(
+                model_version="agents-train-v0001", checkpoint_path=str(adapter), base_model=llm.model
+            ),
+        )
         summary = await headless(home, settings, specs, limit=None)
         await nc.close()
         loads = [r.json for r in llm.requests if r.path == "/v1/load_lora_adapter"]
@@ -276,8 +304,9 @@ async def test_alarms_fire_on_live_data_and_are_stored_with_their_reason(tmp_pat
         llm.hold(lambda body: "(task 11)" in body["messages"][-1]["content"])
         settings = http_settings(llm, workers=1, feedback="claude", concurrency=12)
         settings.alarms.window = 6
-        run = asyncio.create_task(headless(home, settings, specs, limit=None, api_key="sk-test",
-                                           base_url=claude.base_url))  # fmt: skip
+        run = asyncio.create_task(
+            headless(home, settings, specs, limit=None, api_key="sk-test", base_url=claude.base_url)
+        )
         assert await asyncio.to_thread(llm.wait_held, 1, 60.0)
         await _alarm(home / "carl.db", "stuck_worker")  # the held task is past the 2 s ack wait
         llm.release()

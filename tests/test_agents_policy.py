@@ -36,8 +36,9 @@ def recomputed(policy: LocalPolicy, gen: Generation, temperature: float) -> tupl
     with torch.no_grad():
         logits = forward(policy.model, batch)
     logprobs = response_logprobs(logits, batch, temperature)[0].numpy()
-    stats = completion_token_stats(logits, batch.input_ids, completion_mask=batch.completion_mask,
-                                   temperature=temperature)  # fmt: skip
+    stats = completion_token_stats(
+        logits, batch.input_ids, completion_mask=batch.completion_mask, temperature=temperature
+    )
     return logprobs, stats.entropy[0]
 
 
@@ -74,8 +75,10 @@ def test_sampling_is_the_full_distribution_no_top_k(home: Path) -> None:
     """transformers' default top_k=50 would never draw more than 50 distinct first tokens."""
     policy = LocalPolicy.load("carl-tiny", home)
     prompt_ids = policy.prompt_ids(PROMPT)
-    first = [policy.generate_ids(prompt_ids, max_new_tokens=1, temperature=1.0, seed=s).token_ids[0]
-             for s in range(300)]  # fmt: skip
+    first = [
+        policy.generate_ids(prompt_ids, max_new_tokens=1, temperature=1.0, seed=s).token_ids[0]
+        for s in range(300)
+    ]
     assert len(set(first)) > 150  # near-uniform over 512 ids: about 230 distinct in 300 draws
 
 

@@ -58,8 +58,16 @@ def task_event(prompt: str = WEATHER, environment: str = "chat", **fields: Any) 
 def result_event(task: TaskEvent, steps: list[str], answer: str, **fields: Any) -> ResultEvent:
     fields.setdefault("status", "success")
     fields.setdefault("environment", task.environment)
-    return ResultEvent(task_id=task.task_id, worker_id="w1", task_type=task.task_type, prompt=task.prompt,
-                       result=render_reply(steps, answer), steps=steps, answer=answer, **fields)  # fmt: skip
+    return ResultEvent(
+        task_id=task.task_id,
+        worker_id="w1",
+        task_type=task.task_type,
+        prompt=task.prompt,
+        result=render_reply(steps, answer),
+        steps=steps,
+        answer=answer,
+        **fields,
+    )
 
 
 @pytest.fixture
@@ -281,8 +289,9 @@ async def test_claude_judge_reads_a_fenced_json_reply(server: MessagesServer) ->
     assert server.requests[0].api_key == KEY
 
 
-async def test_secrets_never_reach_a_remote_judge_or_reviewer(server: MessagesServer, openai: OpenAIServer,
-                                                            judge: OpenAIJudge) -> None:  # fmt: skip
+async def test_secrets_never_reach_a_remote_judge_or_reviewer(
+    server: MessagesServer, openai: OpenAIServer, judge: OpenAIJudge
+) -> None:
     task = f"Connect to {NATS_SECRET} with key {ANTHROPIC_SECRET} and report the weather in Paris."
     steps = [f"Use {NATS_SECRET}.", f"export ANTHROPIC_API_KEY={ANTHROPIC_SECRET}"]
     openai.responder = lambda request: judged(1, 1)
@@ -335,11 +344,27 @@ def test_length_band() -> None:
 
 
 def test_gui_action_grammar() -> None:
-    valid = ["click(10, 20)", "double_click(0,0)", 'type("hello, world")', "key('enter')", "scroll(0, -3)",
-             "drag(1, 2, 30.5, 40)", "wait(1.5)", "I will press enter.\nkey(\"enter\")",
-             "`click(5, 5)`;"]  # fmt: skip
-    invalid = ["click(-1, 2)", "click(1)", "type(hello)", 'key("")', "wait(-1)", "jump(1, 2)",
-               "click(1, 2) and then more", "press enter"]  # fmt: skip
+    valid = [
+        "click(10, 20)",
+        "double_click(0,0)",
+        'type("hello, world")',
+        "key('enter')",
+        "scroll(0, -3)",
+        "drag(1, 2, 30.5, 40)",
+        "wait(1.5)",
+        'I will press enter.\nkey("enter")',
+        "`click(5, 5)`;",
+    ]
+    invalid = [
+        "click(-1, 2)",
+        "click(1)",
+        "type(hello)",
+        'key("")',
+        "wait(-1)",
+        "jump(1, 2)",
+        "click(1, 2) and then more",
+        "press enter",
+    ]
     assert all(parse_action(a) is not None for a in valid), [a for a in valid if parse_action(a) is None]
     assert all(parse_action(a) is None for a in invalid), [a for a in invalid if parse_action(a) is not None]
     assert parse_action('type("hi")').args == ("hi",) and parse_action("drag(1,2,3,4)").args == (1, 2, 3, 4)
@@ -350,8 +375,12 @@ def test_changed_lines_skip_the_headers() -> None:
     assert changed_lines(diff) == 3
 
 
-def evidence(steps: list[str], metadata: dict[str, Any] | None = None, scores: list[float] | None = None,
-             answer: str = "done") -> Evidence:  # fmt: skip
+def evidence(
+    steps: list[str],
+    metadata: dict[str, Any] | None = None,
+    scores: list[float] | None = None,
+    answer: str = "done",
+) -> Evidence:
     prm = tuple(scores if scores is not None else [1.0] * len(steps))
     return Evidence(WEATHER, None, tuple(steps), answer, prm, metadata or {})
 
@@ -386,8 +415,9 @@ def test_a_dimension_that_raises_is_left_out() -> None:
 
 def test_swe_and_gui_profiles() -> None:
     diff = "--- a/f\n+++ b/f\n" + "+x\n" * 100
-    per_step, dims, _ = combine("swe", evidence(["edit"], {"tests_passed": 3, "tests_total": 4, "diff": diff},
-                                                scores=[0.5]))  # fmt: skip
+    per_step, dims, _ = combine(
+        "swe", evidence(["edit"], {"tests_passed": 3, "tests_total": 4, "diff": diff}, scores=[0.5])
+    )
     assert dims == {"tests": 0.75, "prm": 0.5, "diff_size": pytest.approx(1 / 1.5)}
     assert per_step == [pytest.approx(0.5 * 0.75 + 0.3 * 0.5 + 0.2 / 1.5)]
     steps = ["click(1, 2)", "I look at the screen", 'type("x")', "wait(1)"]
@@ -397,8 +427,9 @@ def test_swe_and_gui_profiles() -> None:
 
 async def test_chat_results_with_offline_prm() -> None:
     task = task_event()
-    good = await offline_scorer().score(task, result_event(task, ["I call the weather tool.", PARIS_CALL],
-                                                                  PARIS_CALL), None)  # fmt: skip
+    good = await offline_scorer().score(
+        task, result_event(task, ["I call the weather tool.", PARIS_CALL], PARIS_CALL), None
+    )
     bad = await offline_scorer().score(task, result_event(task, [LONDON_CALL], LONDON_CALL), None)
     assert good.profile == "chat" and set(good.dimensions) == {"prm", "halugate", "length"}
     assert len(good.step_scores) == 2 and good.prm_score == pytest.approx(sum(good.step_scores) / 2)
@@ -476,8 +507,9 @@ def test_offline_feedback_reads_the_answer() -> None:
 
 async def test_offline_feedback_of_a_failed_result() -> None:
     task = task_event()
-    feedback = await OfflineFeedback().feedback(task, result_event(task, [], "", status="failed",
-                                                                   error="CUDA out of memory"))  # fmt: skip
+    feedback = await OfflineFeedback().feedback(
+        task, result_event(task, [], "", status="failed", error="CUDA out of memory")
+    )
     assert feedback.score == 0.0 and feedback.text == "The task failed: CUDA out of memory."
 
 

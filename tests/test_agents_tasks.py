@@ -48,13 +48,19 @@ def test_demo_tasks_are_the_demo_rows_with_their_own_check() -> None:
 
 
 def test_the_demo_verifier_gives_half_for_each_of_tool_and_city() -> None:
-    spec = TaskSpec("Call the weather tool for Paris.", "demo", reference=None, verifier="demo",
-                    metadata={"answer_tool": "get_weather", "answer_city": "Paris"})  # fmt: skip
+    spec = TaskSpec(
+        "Call the weather tool for Paris.",
+        "demo",
+        reference=None,
+        verifier="demo",
+        metadata={"answer_tool": "get_weather", "answer_city": "Paris"},
+    )
     assert verify(spec, '{"tool": "get_weather", "args": {"city": "Paris"}}') == 1.0
     assert verify(spec, '{"tool": "get_weather", "args": {"city": "Rome"}}') == 0.5
     assert verify(spec, '{"tool": "get_time", "args": {"city": "Rome"}}') == 0.0
-    from_reference = TaskSpec("p", "demo", reference='{"tool": "get_time", "args": {"city": "Oslo"}}',
-                              verifier="demo")  # fmt: skip
+    from_reference = TaskSpec(
+        "p", "demo", reference='{"tool": "get_time", "args": {"city": "Oslo"}}', verifier="demo"
+    )
     assert verify(from_reference, '{"tool": "get_time", "args": {"city": "Oslo"}}') == 1.0
 
 

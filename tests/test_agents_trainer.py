@@ -30,8 +30,14 @@ def home(tiny_home: Path) -> Path:
 
 def make_trainer(home: Path, store: Store, *, temperature: float = 1.0, **settings: Any) -> PlaneTrainer:
     options = {key: settings.pop(key) for key in ("clock", "sleep", "group_timeout_s") if key in settings}
-    trainer = PlaneTrainer(TrainerSettings(**{**SETTINGS, **settings}), model="carl-tiny", home=home,
-                           store=store, temperature=temperature, **options)  # fmt: skip
+    trainer = PlaneTrainer(
+        TrainerSettings(**{**SETTINGS, **settings}),
+        model="carl-tiny",
+        home=home,
+        store=store,
+        temperature=temperature,
+        **options,
+    )
     trainer.prepare()
     return trainer
 
@@ -40,12 +46,22 @@ def rollout(
     gen: Generation, group_id: str, group_size: int, reward: float, **changes: Any
 ) -> TrainingRolloutEvent:
     fields: dict[str, Any] = {
-        "task_id": str(uuid.uuid4()), "worker_id": "w1", "task_type": "demo", "group_id": group_id,
-        "group_size": group_size, "prompt": "p", "response": gen.text, "prm_score": reward,
-        "outcome_score": reward, "reward": reward, "model_version": gen.model_version,
-        "prompt_token_ids": gen.prompt_token_ids, "response_token_ids": gen.token_ids,
-        "token_logprobs": gen.logprobs, "temperature": gen.temperature,
-    }  # fmt: skip
+        "task_id": str(uuid.uuid4()),
+        "worker_id": "w1",
+        "task_type": "demo",
+        "group_id": group_id,
+        "group_size": group_size,
+        "prompt": "p",
+        "response": gen.text,
+        "prm_score": reward,
+        "outcome_score": reward,
+        "reward": reward,
+        "model_version": gen.model_version,
+        "prompt_token_ids": gen.prompt_token_ids,
+        "response_token_ids": gen.token_ids,
+        "token_logprobs": gen.logprobs,
+        "temperature": gen.temperature,
+    }
     return TrainingRolloutEvent(**{**fields, **changes})
 
 
@@ -54,9 +70,17 @@ def low_ids_reward(ids: list[int]) -> float:
     return 1.0 - float(np.mean(ids)) / 512
 
 
-def sample_group(worker: LocalPolicy, prompt: str, size: int, *, seed: int, temperature: float = 1.0,
-                 max_new_tokens: int = 16, reward: Callable[[list[int]], float] = low_ids_reward,
-                 **changes: Any) -> list[TrainingRolloutEvent]:  # fmt: skip
+def sample_group(
+    worker: LocalPolicy,
+    prompt: str,
+    size: int,
+    *,
+    seed: int,
+    temperature: float = 1.0,
+    max_new_tokens: int = 16,
+    reward: Callable[[list[int]], float] = low_ids_reward,
+    **changes: Any,
+) -> list[TrainingRolloutEvent]:
     group_id = str(uuid.uuid4())
     out = []
     for k in range(size):
@@ -98,8 +122,18 @@ def test_first_step_on_fresh_rollouts_has_ratio_one_and_reports_like_a_run(home:
     assert m["groups"] == 2 and m["groups/zero_variance"] == 0 and m["samples"] == 8
     assert m["staleness/mean"] == 0.0 and m["learning_rate"] == pytest.approx(5e-3)
     assert m["rewards/verifier/mean"] == 1.0  # only the first group's rollouts carry one
-    for key in ("loss", "grad_norm", "advantage_std", "reward", "rewards/prm/mean", "rewards/outcome/mean",
-                "phi/mean", "phi/entropy", "phi/spread", "tokens"):  # fmt: skip
+    for key in (
+        "loss",
+        "grad_norm",
+        "advantage_std",
+        "reward",
+        "rewards/prm/mean",
+        "rewards/outcome/mean",
+        "phi/mean",
+        "phi/entropy",
+        "phi/spread",
+        "tokens",
+    ):
         assert key in m and np.isfinite(m[key]), key
     assert m["grad_norm"] > 0 and m["advantage_std"] == pytest.approx(1.0, abs=1e-4)
 
@@ -107,12 +141,14 @@ def test_first_step_on_fresh_rollouts_has_ratio_one_and_reports_like_a_run(home:
     assert run["source_kind"] == "agents" and run["backend"] == "torch" and run["model"] == "carl-tiny"
     assert run["vocab_size"] == 512 and run["max_steps"] == 50 and run["temperature"] == 1.0
     assert run["output_dir"] == str(home / "runs" / "agents-train") and run["last_step"] == 1
-    phi = store.conn.execute("SELECT phi_mean, tokens, vocab_size, weighting FROM phi_stats WHERE run_id=?",
-                             (trainer.run_id,)).fetchall()  # fmt: skip
+    phi = store.conn.execute(
+        "SELECT phi_mean, tokens, vocab_size, weighting FROM phi_stats WHERE run_id=?", (trainer.run_id,)
+    ).fetchall()
     assert len(phi) == 1 and phi[0][1] == m["tokens"] and phi[0][2:] == (512, "token")
     assert phi[0][0] == pytest.approx(m["phi/mean"])
-    samples = store.conn.execute("SELECT kind, tokens, phi, rewards FROM samples WHERE run_id=? AND step=1",
-                                 (trainer.run_id,)).fetchall()  # fmt: skip
+    samples = store.conn.execute(
+        "SELECT kind, tokens, phi, rewards FROM samples WHERE run_id=? AND step=1", (trainer.run_id,)
+    ).fetchall()
     assert sorted(s[0] for s in samples) == ["best", "median", "random", "worst"]
     assert all(s[1] and s[2] and "total" in s[3] for s in samples)
     trainer.close("finished")
@@ -139,8 +175,12 @@ def test_stale_rollouts_are_importance_corrected_and_still_trained(home: Path, s
     assert update is not None and trainer.versions == ["base", "agents-train-v0002"]
 
     # What the trainer's adapter policy now says of the tokens the base sampled: the importance ratios.
-    log_ratios = np.concatenate([np.array(trainer.score(r.prompt_token_ids, r.response_token_ids))
-                                 - np.array(r.token_logprobs) for r in stale])  # fmt: skip
+    log_ratios = np.concatenate(
+        [
+            np.array(trainer.score(r.prompt_token_ids, r.response_token_ids)) - np.array(r.token_logprobs)
+            for r in stale
+        ]
+    )
     assert np.abs(log_ratios).max() > 1e-2  # the policy has moved: ratios are not 1
     before = [p.detach().clone() for p in trainer.model.parameters() if p.requires_grad]
     feed(trainer, stale)
@@ -169,15 +209,34 @@ def test_the_policy_learns_what_the_reward_prefers(home: Path, store: Store) -> 
         return 1.0 if newline in ids else 0.0
 
     def mean_reward() -> float:
-        return float(np.mean([reward(worker.generate(PROMPTS[i % 4], max_new_tokens=new_tokens,
-                                                     temperature=temperature, seed=10**6 + i).token_ids)
-                              for i in range(64)]))  # fmt: skip
+        return float(
+            np.mean(
+                [
+                    reward(
+                        worker.generate(
+                            PROMPTS[i % 4], max_new_tokens=new_tokens, temperature=temperature, seed=10**6 + i
+                        ).token_ids
+                    )
+                    for i in range(64)
+                ]
+            )
+        )
 
     before = mean_reward()
     for step in range(30):
         for g in range(2):
-            feed(trainer, sample_group(worker, PROMPTS[(2 * step + g) % 4], 8, seed=1000 * step + 100 * g,
-                                       temperature=temperature, max_new_tokens=new_tokens, reward=reward))  # fmt: skip
+            feed(
+                trainer,
+                sample_group(
+                    worker,
+                    PROMPTS[(2 * step + g) % 4],
+                    8,
+                    seed=1000 * step + 100 * g,
+                    temperature=temperature,
+                    max_new_tokens=new_tokens,
+                    reward=reward,
+                ),
+            )
         update = trainer.step()
         assert update is not None
         worker.swap_adapter(Path(update.checkpoint_path), update.model_version, update.base_fingerprint)
@@ -233,8 +292,9 @@ def test_commands_apply_at_step_boundaries(home: Path, store: Store) -> None:
     train_one(100)  # holds at the boundary first: a checkpoint while paused, then the resume
     assert held == ["checkpoint", "resume"] and not trainer.paused
     assert trainer.global_step == 2 and store.run(trainer.run_id)["status"] == "running"
-    states = store.conn.execute("SELECT verb, state, result FROM commands WHERE verb IN ('checkpoint', 'resume')"
-                                " ORDER BY id").fetchall()  # fmt: skip
+    states = store.conn.execute(
+        "SELECT verb, state, result FROM commands WHERE verb IN ('checkpoint', 'resume') ORDER BY id"
+    ).fetchall()
     assert states[1] == ("checkpoint", "done", f"checkpoint at step 1: {saved}")
     assert states[2] == ("resume", "done", "resumed at step 1")
 
@@ -261,8 +321,11 @@ def test_published_adapters_hot_swap_into_the_served_model(home: Path, store: St
 
     updates = []
     for step in range(4):
-        feed(trainer, sample_group(worker, PROMPTS[step % 4], 4, seed=10 * step)
-             + sample_group(worker, PROMPTS[(step + 1) % 4], 4, seed=10 * step + 5))  # fmt: skip
+        feed(
+            trainer,
+            sample_group(worker, PROMPTS[step % 4], 4, seed=10 * step)
+            + sample_group(worker, PROMPTS[(step + 1) % 4], 4, seed=10 * step + 5),
+        )
         updates.append(trainer.step())
     assert [u is None for u in updates] == [True, False, True, False]
     update = updates[1]

@@ -21,8 +21,9 @@ pytestmark = pytest.mark.slow
 async def test_the_plane_trains_the_served_model_and_the_workers_swap_in_each_adapter(tmp_path: Path) -> None:
     home = tmp_path / "home"
     train = TrainerSettings(enabled=True, group_size=2, groups_per_update=1, publish_every=1, max_updates=2)
-    settings = AgentsSettings(workers=1, worker_kind="model", max_new_tokens=12, concurrency=2, ack_wait_s=60,
-                              train=train)  # fmt: skip
+    settings = AgentsSettings(
+        workers=1, worker_kind="model", max_new_tokens=12, concurrency=2, ack_wait_s=60, train=train
+    )
     summary = await headless(home, settings, demo_tasks(), limit=6)
     assert summary["done"] == 6
 

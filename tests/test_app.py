@@ -33,11 +33,15 @@ def make_run(
     for s in range(steps):
         phi = 0.1 + 0.8 * s / max(1, steps - 1)
         rows += [
-            (s, "phi/mean", phi, now), (s, "phi/p10", phi - 0.05, now), (s, "phi/p90", phi + 0.05, now),
+            (s, "phi/mean", phi, now),
+            (s, "phi/p10", phi - 0.05, now),
+            (s, "phi/p90", phi + 0.05, now),
             (s, "phi/entropy", (1 - phi) * math.log(V), now),
-            (s, "rewards/task/mean", 0.25, now), (s, "rewards/format/mean", 0.75, now),
-            (s, "reward", 1.0, now), (s, "loss", 1.0 / (s + 1), now),
-        ]  # fmt: skip
+            (s, "rewards/task/mean", 0.25, now),
+            (s, "rewards/format/mean", 0.75, now),
+            (s, "reward", 1.0, now),
+            (s, "loss", 1.0 / (s + 1), now),
+        ]
     store.add_metrics(run_id, rows)
     return run_id
 
@@ -57,8 +61,12 @@ async def test_panes_show_a_known_run(home: Path) -> None:
     with Store(home / "carl.db") as store:
         make_run(store, "older", 10)
         run_id = make_run(store, "tiny-grpo", 50, max_steps=200)
-        store.update_run(run_id, phase="crystallizing", health="yellow",
-                         health_reasons=["entropy collapsed from 5.6 to 1.1 nats"])  # fmt: skip
+        store.update_run(
+            run_id,
+            phase="crystallizing",
+            health="yellow",
+            health_reasons=["entropy collapsed from 5.6 to 1.1 nats"],
+        )
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.view is not None and app.view.run.name == "tiny-grpo")
@@ -79,7 +87,8 @@ async def test_panes_show_a_known_run(home: Path) -> None:
         rendered = bars.render().plain
         assert "+0.750" in rendered and "+0.250" in rendered and "+1.000" in rendered
         assert app.query_one("#trajectories").rows == [] and TRAJECTORIES_EMPTY.splitlines()[0] in str(
-            app.query_one("#trajectories").render())  # fmt: skip
+            app.query_one("#trajectories").render()
+        )
         assert AGENTS_EMPTY.splitlines()[0] in str(app.query_one("#agents").render())
         run_list = app.query_one(RunList)
         assert run_list.option_count == 2 and run_list.highlighted == 0  # newest first, selected
@@ -129,8 +138,10 @@ async def test_live_updates_reach_the_screen(home: Path) -> None:
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: "step 19/100" in status_text(app))
             for step in range(20, 26):
-                store.add_metrics(run_id, [(step, "phi/mean", 0.95, time.time()),
-                                           (step, "rewards/task/mean", 0.5, time.time())])  # fmt: skip
+                store.add_metrics(
+                    run_id,
+                    [(step, "phi/mean", 0.95, time.time()), (step, "rewards/task/mean", 0.5, time.time())],
+                )
                 await asyncio.sleep(0.05)
             await until(pilot, lambda: "step 25/100" in status_text(app))
             assert app.view is not None and app.view.latest("phi/mean") == 0.95
@@ -225,8 +236,12 @@ async def test_a_held_out_eval_shows_in_the_status_line_and_on_e(home: Path) -> 
         await pilot.press("e")  # no eval yet, and an observed run has no held-out split to make one
         await until(pilot, lambda: any("not trained by carl" in n.message for n in app._notifications))
         with Store(home / "carl.db") as store:  # an eval lands while the room is open
-            store.add_eval(run_id, False, {"task": 0.31, "format": 0.9, "phi": 0.95, "prompts": 39},
-                           ["mean task reward 0.310 < 0.5", "format-compliant answers 0.900 >= 0.8"])  # fmt: skip
+            store.add_eval(
+                run_id,
+                False,
+                {"task": 0.31, "format": 0.9, "phi": 0.95, "prompts": 39},
+                ["mean task reward 0.310 < 0.5", "format-compliant answers 0.900 >= 0.8"],
+            )
         await until(pilot, lambda: "eval ✕ 0.31" in status_text(app))
         await pilot.press("e")
         await until(pilot, lambda: isinstance(app.screen, EvalScreen))

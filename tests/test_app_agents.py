@@ -58,37 +58,105 @@ def audit(home: Path, *items: PlaneEvent | tuple[str, bytes]) -> None:
 def plane_up(home: Path, state: str = "up", wanted: bool = True) -> None:
     """The kv rows the engine's plane writes (engine/agents/plane.py)."""
     with Store(home / "carl.db") as store:
-        store.set_kv("agents.server", {"state": state, "url": "nats://127.0.0.1:4333", "port": 4333,
-                                        "restarts": 0, "local": True, "bridge": "connected"})  # fmt: skip
-        store.set_kv("agents.plane", {"wanted": wanted, "spec": {"workers": 2, "tasks": "demo"},
-                                       "processes": [{"role": "manager", "id": "manager", "state": "running"}]})  # fmt: skip
+        store.set_kv(
+            "agents.server",
+            {
+                "state": state,
+                "url": "nats://127.0.0.1:4333",
+                "port": 4333,
+                "restarts": 0,
+                "local": True,
+                "bridge": "connected",
+            },
+        )
+        store.set_kv(
+            "agents.plane",
+            {
+                "wanted": wanted,
+                "spec": {"workers": 2, "tasks": "demo"},
+                "processes": [{"role": "manager", "id": "manager", "state": "running"}],
+            },
+        )
 
 
 def worker(worker_id: str, state: str = "idle", task_id: str | None = None, **kw: Any) -> WorkerStatusEvent:
-    return WorkerStatusEvent(worker_id=worker_id, kind="model", task_types=["demo"], model="tiny",
-                             model_version=kw.pop("model_version", "base"), state=state, task_id=task_id,
-                             host="box", pid=100, **kw)  # fmt: skip
+    return WorkerStatusEvent(
+        worker_id=worker_id,
+        kind="model",
+        task_types=["demo"],
+        model="tiny",
+        model_version=kw.pop("model_version", "base"),
+        state=state,
+        task_id=task_id,
+        host="box",
+        pid=100,
+        **kw,
+    )
 
 
 def one_task(worker_id: str = "w1", prompt: str = "What is 17 + 25?") -> tuple[str, list[PlaneEvent]]:
     """A task, its result with three steps, the rollout the manager scored it into, and feedback."""
-    task = TaskEvent(manager_id="manager", task_type="demo", prompt=prompt, reference="42", verifier="demo",
-                     group_id="g-1234567890", group_size=2)  # fmt: skip
+    task = TaskEvent(
+        manager_id="manager",
+        task_type="demo",
+        prompt=prompt,
+        reference="42",
+        verifier="demo",
+        group_id="g-1234567890",
+        group_size=2,
+    )
     steps = ["Add the tens: 10 + 20 = 30", "Add the units: 7 + 5 = 12", "30 + 12 = 42"]
-    result = ResultEvent(task_id=task.task_id, worker_id=worker_id, task_type="demo", prompt=prompt,
-                         status="success", result="...", steps=steps, answer="42", elapsed_seconds=1.5,
-                         model_version="agents-v0003", worker_kind="model", response_token_ids=[1, 2, 3, 4],
-                         token_logprobs=[-0.5, -0.25, -0.1, -0.05], temperature=0.7, phi_mean=0.91)  # fmt: skip
-    rollout = TrainingRolloutEvent(task_id=task.task_id, worker_id=worker_id, task_type="demo",
-                                   group_id="g-1234567890", group_size=2, prompt=prompt, response="...",
-                                   steps=steps, step_scores=[0.9, 0.35, 0.8], prm_score=0.68, outcome_score=0.75,
-                                   verifier_score=1.0, reward=0.83, model_version="agents-v0003",
-                                   response_token_ids=[1, 2, 3, 4], token_logprobs=[-0.5, -0.25, -0.1, -0.05],
-                                   temperature=0.7)  # fmt: skip
-    feedback = FeedbackEvent(task_id=task.task_id, manager_id="manager", worker_id=worker_id, score=0.8,
-                             textual_feedback="Right answer; the second step could show the carry.")  # fmt: skip
-    return task.task_id, [task, worker(worker_id, "busy", task.task_id), result, rollout, feedback,
-                          worker(worker_id, "idle", tasks_done=1, model_version="agents-v0003")]  # fmt: skip
+    result = ResultEvent(
+        task_id=task.task_id,
+        worker_id=worker_id,
+        task_type="demo",
+        prompt=prompt,
+        status="success",
+        result="...",
+        steps=steps,
+        answer="42",
+        elapsed_seconds=1.5,
+        model_version="agents-v0003",
+        worker_kind="model",
+        response_token_ids=[1, 2, 3, 4],
+        token_logprobs=[-0.5, -0.25, -0.1, -0.05],
+        temperature=0.7,
+        phi_mean=0.91,
+    )
+    rollout = TrainingRolloutEvent(
+        task_id=task.task_id,
+        worker_id=worker_id,
+        task_type="demo",
+        group_id="g-1234567890",
+        group_size=2,
+        prompt=prompt,
+        response="...",
+        steps=steps,
+        step_scores=[0.9, 0.35, 0.8],
+        prm_score=0.68,
+        outcome_score=0.75,
+        verifier_score=1.0,
+        reward=0.83,
+        model_version="agents-v0003",
+        response_token_ids=[1, 2, 3, 4],
+        token_logprobs=[-0.5, -0.25, -0.1, -0.05],
+        temperature=0.7,
+    )
+    feedback = FeedbackEvent(
+        task_id=task.task_id,
+        manager_id="manager",
+        worker_id=worker_id,
+        score=0.8,
+        textual_feedback="Right answer; the second step could show the carry.",
+    )
+    return task.task_id, [
+        task,
+        worker(worker_id, "busy", task.task_id),
+        result,
+        rollout,
+        feedback,
+        worker(worker_id, "idle", tasks_done=1, model_version="agents-v0003"),
+    ]
 
 
 def fill(home: Path) -> str:
@@ -172,8 +240,19 @@ async def test_the_pane_shows_workers_and_events_newest_first(home: Path, size: 
         events = [line.split() for line in lines[header + 4 :] if line.strip()]
         kinds = [words[1] for words in events]
         assert kinds[0] in ("⚠", "alarm")  # a narrow pane gives the alarm's reason the kind's column
-        assert kinds[1:] == ["result", "model", "manager", "status", "feedback", "rollout", "result", "status",
-                             "task", "status", "status"]  # fmt: skip
+        assert kinds[1:] == [
+            "result",
+            "model",
+            "manager",
+            "status",
+            "feedback",
+            "rollout",
+            "result",
+            "status",
+            "task",
+            "status",
+            "status",
+        ]
         assert "⚠ collusion" in lines[header + 4] and "w1 and w2 gave" in lines[header + 4]
         assert "result   rejected: worker_id: Field" in lines[header + 5]
         assert "→ agents-v0004" in lines[header + 6]
@@ -222,9 +301,24 @@ async def test_enter_opens_the_task_with_its_steps_feedback_and_rollout(
         await pilot.pause()
         body = app.screen.query_one("#task-body")
         text = " ".join(" ".join(body.render_line(y).text for y in range(body.size.height)).split())
-        for expected in ("What is 17 + 25?", "Add the tens", "0.90", "0.35", "0.80", "42", "carry",
-                         "offline", "worker w1", "agents-v0003", "4 tokens", "temperature 0.7", "group g-123456",
-                         "0.83", "Φ mean 0.910", "1.5s"):  # fmt: skip
+        for expected in (
+            "What is 17 + 25?",
+            "Add the tens",
+            "0.90",
+            "0.35",
+            "0.80",
+            "42",
+            "carry",
+            "offline",
+            "worker w1",
+            "agents-v0003",
+            "4 tokens",
+            "temperature 0.7",
+            "group g-123456",
+            "0.83",
+            "Φ mean 0.910",
+            "1.5s",
+        ):
             assert expected in text, expected
         scroll = app.screen.query_one("#task-detail")
         assert (
@@ -244,8 +338,16 @@ async def test_keys_queue_engine_commands_and_report_the_outcome(home: Path, siz
         assert commands(home) == [("agents_pause", {}, "engine")]
         with Store(home / "carl.db") as store:  # the plane answers: the audit finishes the command
             command_id = store.conn.execute("SELECT max(id) FROM commands").fetchone()[0]
-        audit(home, ManagerStatusEvent(manager_id="manager", state="paused", done=1, command_id=command_id,
-                                       detail="no new tasks until resumed"))  # fmt: skip
+        audit(
+            home,
+            ManagerStatusEvent(
+                manager_id="manager",
+                state="paused",
+                done=1,
+                command_id=command_id,
+                detail="no new tasks until resumed",
+            ),
+        )
         await until(pilot, lambda: any("manager paused" in n.message for n in app._notifications))
         await until(pilot, lambda: "paused" in pane_title(app))
         await pilot.press("p")  # paused: p resumes

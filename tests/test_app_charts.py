@@ -37,11 +37,21 @@ def flat_run(store: Store, name: str, *, rewards: bool, steps: int = 60) -> int:
     stats, rows = [], []
     for s in range(steps):
         phi = 0.00233 + float(rng.normal(0, 6e-6))
-        stats.append({"step": s, "phi_mean": phi, "phi_p10": phi - 1e-5, "phi_p90": phi + 1e-5,
-                      "entropy_mean": (1 - phi) * math.log(V), "wall_time": now})  # fmt: skip
+        stats.append(
+            {
+                "step": s,
+                "phi_mean": phi,
+                "phi_p10": phi - 1e-5,
+                "phi_p90": phi + 1e-5,
+                "entropy_mean": (1 - phi) * math.log(V),
+                "wall_time": now,
+            }
+        )
         if rewards:
-            rows += [(s, "reward", 0.25 + float(rng.normal(0, 1e-3)), now),
-                     (s, "rewards/task/mean", 0.25 + float(rng.normal(0, 1e-3)), now)]  # fmt: skip
+            rows += [
+                (s, "reward", 0.25 + float(rng.normal(0, 1e-3)), now),
+                (s, "rewards/task/mean", 0.25 + float(rng.normal(0, 1e-3)), now),
+            ]
     store.add_phi_stats(run_id, stats)
     if rows:
         store.add_metrics(run_id, rows)

@@ -37,10 +37,21 @@ def make_run(store: Store, name: str, steps: int, phi_end: float, reward_end: fl
     for s in range(steps):
         t = s / (steps - 1)
         phi = 0.5 + (phi_end - 0.5) * t
-        stats.append({"step": s, "phi_mean": phi, "phi_p10": phi - 0.05, "phi_p90": phi + 0.02,
-                      "entropy_mean": (1 - phi) * math.log(V), "wall_time": now})  # fmt: skip
-        rows += [(s, "reward", reward_end * t, now), (s, "rewards/task/mean", reward_end * t / 2, now),
-                 (s, "rewards/format/mean", 0.5, now)]  # fmt: skip
+        stats.append(
+            {
+                "step": s,
+                "phi_mean": phi,
+                "phi_p10": phi - 0.05,
+                "phi_p90": phi + 0.02,
+                "entropy_mean": (1 - phi) * math.log(V),
+                "wall_time": now,
+            }
+        )
+        rows += [
+            (s, "reward", reward_end * t, now),
+            (s, "rewards/task/mean", reward_end * t / 2, now),
+            (s, "rewards/format/mean", 0.5, now),
+        ]
     store.add_phi_stats(run_id, stats)
     store.add_metrics(run_id, rows)
     return run_id
@@ -64,8 +75,10 @@ def run_labels(app: ControlRoom) -> list[str]:
 
 async def test_marked_runs_overlay_with_a_legend_and_unmarking_restores_one_run(home: Path) -> None:
     with Store(home / "carl.db") as store:
-        ids = {name: make_run(store, name, 30 + 10 * i, 0.8 + 0.05 * i, 1.0 + i)
-               for i, name in enumerate(("alpha", "beta", "gamma"))}  # fmt: skip
+        ids = {
+            name: make_run(store, name, 30 + 10 * i, 0.8 + 0.05 * i, 1.0 + i)
+            for i, name in enumerate(("alpha", "beta", "gamma"))
+        }
         phi = {name: series(store, run_id, "phi/mean") for name, run_id in ids.items()}
         reward = {name: series(store, run_id, "reward") for name, run_id in ids.items()}
         task = {name: series(store, run_id, "rewards/task/mean") for name, run_id in ids.items()}

@@ -125,10 +125,21 @@ async def test_readonly_hides_control_and_observed_runs_take_none(home: Path, tm
 async def test_samples_view_colours_tokens_by_phi(home: Path) -> None:
     run_id = carl_run(home)
     with Store(home / "carl.db") as store:
-        store.add_samples(run_id, [{"step": 4, "kind": "best", "prompt": "Call the weather tool for Paris",
-                                    "completion": '{"tool": "get_weather"}', "tokens": ['{"', "tool", '": "', "get_weather", '"}'],
-                                    "phi": [0.1, 0.5, 0.9, 0.95, 0.99], "entropy": [5.6, 3.1, 0.6, 0.3, 0.06],
-                                    "rewards": {"task": 1.0, "format_reward": 1.0}}])  # fmt: skip
+        store.add_samples(
+            run_id,
+            [
+                {
+                    "step": 4,
+                    "kind": "best",
+                    "prompt": "Call the weather tool for Paris",
+                    "completion": '{"tool": "get_weather"}',
+                    "tokens": ['{"', "tool", '": "', "get_weather", '"}'],
+                    "phi": [0.1, 0.5, 0.9, 0.95, 0.99],
+                    "entropy": [5.6, 3.1, 0.6, 0.3, 0.06],
+                    "rewards": {"task": 1.0, "format_reward": 1.0},
+                }
+            ],
+        )
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: app.view is not None)

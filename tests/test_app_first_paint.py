@@ -75,10 +75,22 @@ def test_the_first_frame_imports_and_mounts_only_what_it_draws(tmp_path: Path) -
     home.mkdir(mode=0o700)
     with Store(home / "carl.db") as store:  # written here: the writer's own imports (numpy) do not count
         run_id = store.create_run("first-paint", source_kind="jsonl", max_steps=100, vocab_size=512)
-        store.add_metrics(run_id, [(s, key, 0.5 + s / 200, time.time()) for s in range(50)
-                                   for key in ("phi/mean", "phi/p10", "phi/p90", "rewards/task/mean", "reward")])  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", FIRST_PAINT, str(home), json.dumps(DEFERRED)],
-                         capture_output=True, text=True, check=True, cwd=ROOT, timeout=120)  # fmt: skip
+        store.add_metrics(
+            run_id,
+            [
+                (s, key, 0.5 + s / 200, time.time())
+                for s in range(50)
+                for key in ("phi/mean", "phi/p10", "phi/p90", "rewards/task/mean", "reward")
+            ],
+        )
+    out = subprocess.run(
+        [sys.executable, "-c", FIRST_PAINT, str(home), json.dumps(DEFERRED)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     first = json.loads(out.stdout.strip().splitlines()[-1])
     assert first["drawn"], "the first frame shows the run's Φ chart"
     assert first["loaded"] == []

@@ -178,8 +178,13 @@ def test_value_labels_keep_at_most_the_digits_asked_for() -> None:
     assert format_tick(0.0023456, 1e-8, digits=4) == "2.35e-3"  # 4 digits do not fit 7 cells
     assert format_tick(0.0, 0.02, digits=4) == "0.00"
     assert [significant_digits(t) for t in ("6.224", "0.0023", "2.3e-3", "1.5k", "0.00", "-0.05")] == [
-        4, 2, 2, 2, 1, 1,
-    ]  # fmt: skip
+        4,
+        2,
+        2,
+        2,
+        1,
+        1,
+    ]
 
 
 # -- the widget ------------------------------------------------------------------------------

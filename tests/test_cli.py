@@ -15,8 +15,13 @@ from engine.store import StoreReader
 
 def carl(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CARL_HOME": str(home)}
-    return subprocess.run([sys.executable, "-m", "carl_tui.cli_carl", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "carl_tui.cli_carl", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture
@@ -26,8 +31,10 @@ def home(tmp_path: Path) -> Path:
 
 def test_observe_imports_a_jsonl_and_lists_it(home: Path, tmp_path: Path) -> None:
     log = tmp_path / "metrics.jsonl"
-    lines = [json.dumps({"step": s, "loss": 1 / (s + 1), "phi_mean": 0.1 + s / 100, "reward_task": s / 50})
-             for s in range(40)]  # fmt: skip
+    lines = [
+        json.dumps({"step": s, "loss": 1 / (s + 1), "phi_mean": 0.1 + s / 100, "reward_task": s / 50})
+        for s in range(40)
+    ]
     log.write_text("\n".join(lines[:20]) + "\nnot json\n" + "\n".join(lines[20:]) + "\n")
     result = carl(home, "observe", str(log), "--name", "imported")
     assert result.returncode == 0, result.stderr

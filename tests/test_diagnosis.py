@@ -25,12 +25,17 @@ from engine.store import Store, StoreReader
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def grpo_run(store: Store, name: str, steps: int = 120, *, seed: int = 0, status: str = "finished",
-             **series: Any) -> int:  # fmt: skip
+def grpo_run(
+    store: Store, name: str, steps: int = 120, *, seed: int = 0, status: str = "finished", **series: Any
+) -> int:
     """A run with the keys TRL and carl log; `series` maps key -> f(step) (None for a NaN)."""
     rng = np.random.default_rng(seed)
-    config = {"method": "grpo", "learning_rate": 1e-5, "num_generations": 8,
-              "rewards": [{"name": "task", "weight": 1.0}, {"name": "format", "weight": 0.5}]}  # fmt: skip
+    config = {
+        "method": "grpo",
+        "learning_rate": 1e-5,
+        "num_generations": 8,
+        "rewards": [{"name": "task", "weight": 1.0}, {"name": "format", "weight": 0.5}],
+    }
     run_id = store.create_run(
         name, source_kind="carl", status=status, config=config, max_steps=steps, vocab_size=512
     )
@@ -76,10 +81,14 @@ def hacked_run(store: Store) -> int:
     """200 steps where the format reward climbs to 0.98 while the task reward stays flat near 0.30."""
     rng = np.random.default_rng(1)
     return grpo_run(
-        store, "hacked", 200,
-        **{"rewards/task/mean": lambda s: 0.30 + rng.normal(0, 0.01),
-           "rewards/format/mean": lambda s: min(0.98, 0.2 + 0.01 * s)},
-    )  # fmt: skip
+        store,
+        "hacked",
+        200,
+        **{
+            "rewards/task/mean": lambda s: 0.30 + rng.normal(0, 0.01),
+            "rewards/format/mean": lambda s: min(0.98, 0.2 + 0.01 * s),
+        },
+    )
 
 
 def test_plateau_and_reward_hacking(store: Store) -> None:
@@ -100,10 +109,14 @@ def test_plateau_and_reward_hacking(store: Store) -> None:
 def test_the_coherence_trap(store: Store) -> None:
     rng = np.random.default_rng(2)
     run_id = grpo_run(
-        store, "trap", 150,
-        **{"rewards/task/mean": lambda s: 0.40 + rng.normal(0, 0.01),
-           "phi/mean": lambda s: 0.55 + 0.43 * s / 150},
-    )  # fmt: skip
+        store,
+        "trap",
+        150,
+        **{
+            "rewards/task/mean": lambda s: 0.40 + rng.normal(0, 0.01),
+            "phi/mean": lambda s: 0.55 + 0.43 * s / 150,
+        },
+    )
     trap = findings(store, run_id)["trap"]
     assert trap.severity == "red"
     assert re.search(r"Φ 0\.6\d*→0\.9\d* .* stays at 0\.(39|40)", trap.detail)
@@ -111,9 +124,11 @@ def test_the_coherence_trap(store: Store) -> None:
 
 def test_entropy_collapse_and_zero_variance(store: Store) -> None:
     run_id = grpo_run(
-        store, "collapsed", 100,
+        store,
+        "collapsed",
+        100,
         **{"phi/entropy": lambda s: 5.0 * math.exp(-s / 15) + 0.05, "frac_reward_zero_std": lambda s: 0.95},
-    )  # fmt: skip
+    )
     found = findings(store, run_id)
     assert "fell from" in found["entropy"].detail and "nats" in found["entropy"].detail
     assert found["variance"].severity == "red" and "95% of recent groups" in found["variance"].detail
@@ -132,10 +147,22 @@ def test_nan_loss_stalled_and_failed(store: Store) -> None:
 
 def test_a_gate_that_never_opens(store: Store) -> None:
     run_id = grpo_run(store, "gated", 100)
-    store.add_gate_states(run_id, [
-        {"step": s, "state": "closed", "threshold": 0.52, "history": s, "above": 2, "window": 10,
-         "multiplier": 0.0, "reason": f"closed: 2/10 above p60=0.52 (n={s})"} for s in range(1, 101)
-    ])  # fmt: skip
+    store.add_gate_states(
+        run_id,
+        [
+            {
+                "step": s,
+                "state": "closed",
+                "threshold": 0.52,
+                "history": s,
+                "above": 2,
+                "window": 10,
+                "multiplier": 0.0,
+                "reason": f"closed: 2/10 above p60=0.52 (n={s})",
+            }
+            for s in range(1, 101)
+        ],
+    )
     gate = findings(store, run_id)["gate"]
     assert gate.title == "The cascade gate has never opened"
     assert "closed for 100 steps" in gate.detail and "2/10" in gate.detail
@@ -156,9 +183,22 @@ def test_digest_text_is_compact_and_redacted(store: Store) -> None:
 
 def test_tools_answer_from_the_store(store: Store) -> None:
     run_id = grpo_run(store, "tooled", 1000)
-    store.add_samples(run_id, [{"step": 500, "idx": 0, "kind": "best", "prompt": "p", "completion": "c",
-                                "tokens": ["a", "b"], "phi": [0.5, 0.9], "entropy": [1.2, 0.3],
-                                "rewards": {"task": 1.0}}])  # fmt: skip
+    store.add_samples(
+        run_id,
+        [
+            {
+                "step": 500,
+                "idx": 0,
+                "kind": "best",
+                "prompt": "p",
+                "completion": "c",
+                "tokens": ["a", "b"],
+                "phi": [0.5, 0.9],
+                "entropy": [1.2, 0.3],
+                "rewards": {"task": 1.0},
+            }
+        ],
+    )
     reader = StoreReader(store.path)
     try:
         names = [t["name"] for t in tools_for(reader)]
@@ -233,8 +273,10 @@ def test_conversations_are_stored_listed_resumed_and_deleted(store: Store) -> No
         assert [c["id"] for c in listed] == [second, first] and listed[1]["messages"] == 5
         assert listed[1]["title"] == "why is reward flat?"
         # Only user/assistant text is history, and an unanswered question is not repeated.
-        assert chats.history(first) == [{"role": "user", "content": "why is reward flat?"},
-                                        {"role": "assistant", "content": "Because the gate is closed."}]  # fmt: skip
+        assert chats.history(first) == [
+            {"role": "user", "content": "why is reward flat?"},
+            {"role": "assistant", "content": "Because the gate is closed."},
+        ]
         assert chats.delete(first) and not chats.delete(first)
         assert [c["id"] for c in chats.list(run_id)] == [second]
         assert chats.messages(first) == []

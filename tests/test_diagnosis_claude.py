@@ -24,8 +24,7 @@ def run_id(store: Store) -> int:
 
 def diagnoser(store: Store, server: MessagesServer, run_id: int, **kwargs: object) -> Diagnoser:
     kwargs.setdefault("timeout", 5.0)
-    return Diagnoser(store.path, run_id, api_key=KEY, model="claude-test", base_url=server.base_url,
-                     **kwargs)  # type: ignore[arg-type]  # fmt: skip
+    return Diagnoser(store.path, run_id, api_key=KEY, model="claude-test", base_url=server.base_url, **kwargs)  # type: ignore[arg-type]
 
 
 def turn(d: Diagnoser, question: str, history: list[dict[str, str]] | None = None) -> list[ChatEvent]:
@@ -51,13 +50,17 @@ def test_streams_text_with_cached_digest_and_tools(store: Store, server: Message
     assert body["messages"] == [{"role": "user", "content": "how is it going?"}]
 
 
-def test_a_follow_up_reads_the_cache_and_carries_the_history(store: Store, server: MessagesServer,
-                                                              run_id: int) -> None:  # fmt: skip
+def test_a_follow_up_reads_the_cache_and_carries_the_history(
+    store: Store, server: MessagesServer, run_id: int
+) -> None:
     d = diagnoser(store, server, run_id)
     server.text(["First answer."]).text(["Second answer."])
     turn(d, "first?")
-    events = turn(d, "second?", [{"role": "user", "content": "first?"},
-                                 {"role": "assistant", "content": "First answer."}])  # fmt: skip
+    events = turn(
+        d,
+        "second?",
+        [{"role": "user", "content": "first?"}, {"role": "assistant", "content": "First answer."}],
+    )
     assert events[-1].data["usage"]["cache_read_input_tokens"] > 0
     assert [m["content"] for m in server.last_request.json["messages"]] == [
         "first?",
@@ -67,8 +70,11 @@ def test_a_follow_up_reads_the_cache_and_carries_the_history(store: Store, serve
 
 
 def test_a_tool_round_trip_answers_from_the_store(store: Store, server: MessagesServer, run_id: int) -> None:
-    server.tool_use("get_metric", {"key": "rewards/task/mean", "start_step": 1, "end_step": 3},
-                    text_before="Let me check.")  # fmt: skip
+    server.tool_use(
+        "get_metric",
+        {"key": "rewards/task/mean", "start_step": 1, "end_step": 3},
+        text_before="Let me check.",
+    )
     server.text(["It starts near 0.2."])
     events = turn(diagnoser(store, server, run_id), "what was the task reward at the start?")
     kinds = [e.kind for e in events]
@@ -83,8 +89,12 @@ def test_a_tool_round_trip_answers_from_the_store(store: Store, server: Messages
     result = second.json["messages"][-1]["content"][0]
     assert result["type"] == "tool_result" and result["tool_use_id"] == tool_use_id
     points = json.loads(result["content"])["points"]
-    stored = dict(store.conn.execute(
-        "SELECT step, value FROM metrics WHERE run_id=? AND key='rewards/task/mean' AND step<=3", (run_id,)))  # fmt: skip
+    stored = dict(
+        store.conn.execute(
+            "SELECT step, value FROM metrics WHERE run_id=? AND key='rewards/task/mean' AND step<=3",
+            (run_id,),
+        )
+    )
     assert [p[0] for p in points] == [1, 2, 3]
     assert [p[1] for p in points] == pytest.approx([stored[s] for s in (1, 2, 3)], abs=1e-6)
 
@@ -116,8 +126,9 @@ def test_a_bad_tool_call_goes_back_as_an_error(store: Store, server: MessagesSer
         (lambda s: s.stream_error("overloaded_error", after_chunks=1), "Claude is overloaded (529)"),
     ],
 )
-def test_errors_are_one_line_and_the_chat_stays_usable(store: Store, server: MessagesServer, run_id: int,
-                                                       script: object, line: str) -> None:  # fmt: skip
+def test_errors_are_one_line_and_the_chat_stays_usable(
+    store: Store, server: MessagesServer, run_id: int, script: object, line: str
+) -> None:
     slept: list[float] = []
     d = diagnoser(store, server, run_id, timeout=1.0, sleep=slept.append)
     script(server)  # type: ignore[operator]
@@ -129,8 +140,9 @@ def test_errors_are_one_line_and_the_chat_stays_usable(store: Store, server: Mes
     assert turn(d, "again?")[-1].data["answer"] == "Back to normal."
 
 
-def test_a_rate_limit_is_retried_after_the_servers_delay(store: Store, server: MessagesServer,
-                                                         run_id: int) -> None:  # fmt: skip
+def test_a_rate_limit_is_retried_after_the_servers_delay(
+    store: Store, server: MessagesServer, run_id: int
+) -> None:
     slept: list[float] = []
     d = diagnoser(store, server, run_id, sleep=slept.append)
     server.error(429, retry_after=7).text(["Answer after the wait."])

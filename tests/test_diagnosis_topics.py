@@ -26,8 +26,15 @@ from engine.store import Store, StoreReader
 from engine.trajectories.model import Event, Trajectory
 from engine.trajectories.store import save as save_trajectories
 
-CASCADE = {"mode": "gated", "min_points": 5, "percentile": 0.6, "window": 5, "min_above": 3, "ramp_steps": 10,
-           "cap_ratio": 0.5}  # fmt: skip
+CASCADE = {
+    "mode": "gated",
+    "min_points": 5,
+    "percentile": 0.6,
+    "window": 5,
+    "min_above": 3,
+    "ramp_steps": 10,
+    "cap_ratio": 0.5,
+}
 
 
 def late_task(s: int) -> float:
@@ -36,24 +43,48 @@ def late_task(s: int) -> float:
     return 0.0 if s <= 25 else 0.2 + 0.6 * (s - 25) / 95
 
 
-def gated_run(store: Store, name: str, steps: int, task: Callable[[int], float] = late_task,
-              cascade: dict[str, Any] | None = None, **series: Any) -> tuple[int, int | None]:  # fmt: skip
+def gated_run(
+    store: Store,
+    name: str,
+    steps: int,
+    task: Callable[[int], float] = late_task,
+    cascade: dict[str, Any] | None = None,
+    **series: Any,
+) -> tuple[int, int | None]:
     """A run with its gate record; returns the run id and the step the gate opened (None: never)."""
     run_id = grpo_run(store, name, steps, **{"rewards/task/mean": task}, **series)
     cascade = cascade or CASCADE
     config = json.loads(store.run(run_id)["config"])
     store.update_run(run_id, config=config | {"cascade": cascade})
-    gate = CascadeGate(cascade["min_points"], cascade["percentile"], cascade["window"], cascade["min_above"],
-                       cascade["ramp_steps"], always_open=cascade["mode"] == "always")  # fmt: skip
+    gate = CascadeGate(
+        cascade["min_points"],
+        cascade["percentile"],
+        cascade["window"],
+        cascade["min_above"],
+        cascade["ramp_steps"],
+        always_open=cascade["mode"] == "always",
+    )
     fed = store.conn.execute(
         "SELECT step, value FROM metrics WHERE run_id=? AND key='rewards/task/mean' ORDER BY step", (run_id,)
     ).fetchall()
     for step, value in fed:
         was_open = gate.opened_at is not None
         state = gate.update(step, value)
-        store.add_gate_states(run_id, [{"step": state.step, "state": state.state, "threshold": state.threshold,
-                                        "history": state.history_len, "above": state.above, "window": state.window,
-                                        "multiplier": state.multiplier, "reason": state.reason}])  # fmt: skip
+        store.add_gate_states(
+            run_id,
+            [
+                {
+                    "step": state.step,
+                    "state": state.state,
+                    "threshold": state.threshold,
+                    "history": state.history_len,
+                    "above": state.above,
+                    "window": state.window,
+                    "multiplier": state.multiplier,
+                    "reason": state.reason,
+                }
+            ],
+        )
         if not was_open and state.opened_at is not None:
             store.add_event(run_id, step, "gate_open", state.reason)
     with store.transaction():
@@ -119,9 +150,14 @@ def test_every_topic_has_an_answer_and_its_findings() -> None:
 
 @pytest.mark.parametrize(
     "question",
-    ["why did the gate open?", "When did the cascade gate open?", "when did the coherence rewards kick in?",
-     "Is the gate open yet?", "what opened the gate"],
-)  # fmt: skip
+    [
+        "why did the gate open?",
+        "When did the cascade gate open?",
+        "when did the coherence rewards kick in?",
+        "Is the gate open yet?",
+        "what opened the gate",
+    ],
+)
 def test_why_the_gate_opened_leads_with_the_step_and_the_rule(store: Store, question: str) -> None:
     run_id, opened = gated_run(store, "opened", 120)
     assert opened is not None and 40 <= opened <= 45
@@ -135,9 +171,14 @@ def test_why_the_gate_opened_leads_with_the_step_and_the_rule(store: Store, ques
     assert f"threshold {state[2]:.3g} (the p60 of the {state[3]} means so far)" in lead
     assert "the rule needs 3 of 5" in lead
     # The window the gate looked at, from the stored task reward, and the closed step before it.
-    window = [v for _, v in store.conn.execute(
-        "SELECT step, value FROM metrics WHERE run_id=? AND key='rewards/task/mean' AND step BETWEEN ? AND ?"
-        " ORDER BY step", (run_id, opened - 4, opened)).fetchall()]  # fmt: skip
+    window = [
+        v
+        for _, v in store.conn.execute(
+            "SELECT step, value FROM metrics WHERE run_id=? AND key='rewards/task/mean' AND step BETWEEN ? AND ?"
+            " ORDER BY step",
+            (run_id, opened - 4, opened),
+        ).fetchall()
+    ]
     assert f"steps {opened - 4}–{opened}: " + ", ".join(f"{v:.3g}" for v in window) in text
     assert (
         f"At step {opened - 1} it was still closed: its threshold, the p60 of the {opened - 1} task-reward "
@@ -150,8 +191,10 @@ def test_a_gate_that_has_not_opened_says_why_not(store: Store) -> None:
     # Too few points yet.
     early, _ = gated_run(store, "early", 4)
     lead, _ = ask(store, early, "why hasn't the gate opened?")
-    assert lead == ("The cascade gate has not opened (closed at step 4): it has 4 task-reward means and needs 5 "
-                    "before it may open (cascade.min_points).")  # fmt: skip
+    assert lead == (
+        "The cascade gate has not opened (closed at step 4): it has 4 task-reward means and needs 5 "
+        "before it may open (cascade.min_points)."
+    )
     # A task reward that is 0 on most steps: a zero threshold.
     zero, opened = gated_run(store, "zero", 35)
     assert opened is None
@@ -170,9 +213,11 @@ def test_a_gate_that_has_not_opened_says_why_not(store: Store) -> None:
     threshold = store.conn.execute(
         "SELECT threshold FROM gate_states WHERE run_id=? AND step=60", (falling,)
     ).fetchone()[0]
-    assert lead == (f"The cascade gate has not opened (closed at step 60): 0 of the last 5 task-reward means are at "
-                    f"or above the threshold {threshold:.3g} (the p60 of the 60 so far), and it needs 3 "
-                    "(cascade.min_above).")  # fmt: skip
+    assert lead == (
+        f"The cascade gate has not opened (closed at step 60): 0 of the last 5 task-reward means are at "
+        f"or above the threshold {threshold:.3g} (the p60 of the 60 so far), and it needs 3 "
+        "(cascade.min_above)."
+    )
     best = store.conn.execute(
         "SELECT above, window, step, threshold FROM gate_states WHERE run_id=? ORDER BY above DESC, step DESC"
         " LIMIT 1",
@@ -212,10 +257,15 @@ def test_the_old_answer_did_not_lead_with_the_gate(store: Store) -> None:
 )
 def test_phi_questions_lead_with_phi(store: Store, question: str) -> None:
     run_id, _ = gated_run(
-        store, "phi", 120,
-        **{"phi/mean": lambda s: 0.55 + 0.3 * s / 120, "phi/p10": lambda s: 0.3 + 0.2 * s / 120,
-           "phi/p90": lambda s: 0.8 + 0.15 * s / 120},
-    )  # fmt: skip
+        store,
+        "phi",
+        120,
+        **{
+            "phi/mean": lambda s: 0.55 + 0.3 * s / 120,
+            "phi/p10": lambda s: 0.3 + 0.2 * s / 120,
+            "phi/p90": lambda s: 0.8 + 0.15 * s / 120,
+        },
+    )
     lead, text = ask(store, run_id, question)
     step, last = last_value(store, run_id, "phi/mean")
     assert lead.startswith(f"Φ (`phi/mean`) is {last:.3g} at step {step} (mean ")
@@ -248,9 +298,13 @@ def test_entropy_questions_lead_with_entropy(store: Store, question: str) -> Non
 
 @pytest.mark.parametrize(
     "question",
-    ["How are the rewards?", "is the task reward still improving?", "what does each reward do?",
-     "why is the reward flat?"],
-)  # fmt: skip
+    [
+        "How are the rewards?",
+        "is the task reward still improving?",
+        "what does each reward do?",
+        "why is the reward flat?",
+    ],
+)
 def test_reward_questions_lead_with_the_task_reward(store: Store, question: str) -> None:
     run_id, _ = gated_run(store, "rewards", 120)
     lead, text = ask(store, run_id, question)
@@ -275,18 +329,28 @@ def test_reward_hacking_and_a_named_reward(store: Store) -> None:
 
 @pytest.mark.parametrize(
     "question",
-    ["did the eval pass?", "How does it do on held-out prompts?", "what share of the holdout is solved?",
-     "does it generalise?"],
-)  # fmt: skip
+    [
+        "did the eval pass?",
+        "How does it do on held-out prompts?",
+        "what share of the holdout is solved?",
+        "does it generalise?",
+    ],
+)
 def test_eval_questions(store: Store, question: str) -> None:
     run_id, _ = gated_run(store, "evaluated", 60)
     lead, _ = ask(store, run_id, question)
     assert lead.startswith("No held-out eval has run for run evaluated") and "`carl eval evaluated`" in lead
-    store.add_eval(run_id, True, {"task": 0.71, "solved": 0.65, "phi": 0.83, "entropy": 0.4, "format": 1.0,
-                                  "step": 60, "prompts": 20}, ["mean task reward 0.710 >= 0.500"])  # fmt: skip
+    store.add_eval(
+        run_id,
+        True,
+        {"task": 0.71, "solved": 0.65, "phi": 0.83, "entropy": 0.4, "format": 1.0, "step": 60, "prompts": 20},
+        ["mean task reward 0.710 >= 0.500"],
+    )
     lead, text = ask(store, run_id, question)
-    assert lead == ("The held-out eval passed at step 60 on 20 held-out prompts: task reward 0.71, solved 65%, "
-                    "format-compliant 100%, Φ 0.83.")  # fmt: skip
+    assert lead == (
+        "The held-out eval passed at step 60 on 20 held-out prompts: task reward 0.71, solved 65%, "
+        "format-compliant 100%, Φ 0.83."
+    )
     assert "- mean task reward 0.710 >= 0.500" in text
 
 
@@ -319,9 +383,13 @@ def test_status_questions_give_the_general_picture(store: Store, question: str) 
 
 @pytest.mark.parametrize(
     "question",
-    ["what do the trajectories say?", "How many KARL trajectories are there?", "which Claude Code sessions scored best?",
-     "show me the best trajectory"],
-)  # fmt: skip
+    [
+        "what do the trajectories say?",
+        "How many KARL trajectories are there?",
+        "which Claude Code sessions scored best?",
+        "show me the best trajectory",
+    ],
+)
 def test_trajectory_questions_say_what_the_analyst_cannot_answer(store: Store, question: str) -> None:
     run_id = grpo_run(store, "t", 20)
     lead, _ = ask(store, run_id, question)
@@ -343,12 +411,22 @@ def test_agent_questions_say_what_the_analyst_cannot_answer(store: Store, questi
     run_id = grpo_run(store, "a", 20)
     lead, _ = ask(store, run_id, question)
     assert lead.startswith("The store holds no agent events, so there is nothing to say about them")
-    status = WorkerStatusEvent(worker_id="w1", kind="model", task_types=["demo"], model="tiny", model_version="base",
-                               state="idle", host="box", pid=100)  # fmt: skip
+    status = WorkerStatusEvent(
+        worker_id="w1",
+        kind="model",
+        task_types=["demo"],
+        model="tiny",
+        model_version="base",
+        state="idle",
+        host="box",
+        pid=100,
+    )
     AuditWriter(store).write([Incoming(status.subject(), status.encode(), 1, "test:1")])
     lead, _ = ask(store, run_id, question)
-    assert lead.startswith("The offline analyst cannot answer questions about agent events: it only knows the store "
-                           "holds 1 of them.")  # fmt: skip
+    assert lead.startswith(
+        "The offline analyst cannot answer questions about agent events: it only knows the store "
+        "holds 1 of them."
+    )
     assert "Agents pane (4)" in lead
 
 

@@ -36,8 +36,14 @@ HOW_TO_STOP = "`carl engine stop` stops it"
 
 def carl(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CARL_HOME": str(home), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "carl_tui.cli_carl", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=ROOT)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "carl_tui.cli_carl", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
 def listing(home: Path) -> list[str]:
@@ -161,8 +167,11 @@ def test_carl_demo_says_it_started_the_engine_and_engine_status_lists_what_it_ru
         from engine.daemon import engine_report
 
         # The known point: the engine has started the runner, and the runner has opened its run.
-        report = wait_for(lambda: (r := engine_report(home))["training"] and r["training"][0]["run"] and r,
-                          timeout=120, what="the demo run in the engine's report")  # fmt: skip
+        report = wait_for(
+            lambda: (r := engine_report(home))["training"] and r["training"][0]["run"] and r,
+            timeout=120,
+            what="the demo run in the engine's report",
+        )
         [run] = report["training"]
         assert (run["run"], run["state"], run["max_steps"]) == ("demo", "running", 600 + 400)
 
@@ -179,8 +188,11 @@ def test_carl_demo_says_it_started_the_engine_and_engine_status_lists_what_it_ru
         assert (status["state"], status["pid"], status["home"]) == ("up", pid, str(home))
         assert status["uptime_s"] >= 0 and status["training"][0]["run"] == "demo"
         if importlib_has("nats"):  # `carl demo` brings up a small agents plane beside the run
-            agents = wait_for(lambda: (a := engine_report(home)["agents"])["server"] and a, timeout=60,
-                              what="the agents plane's nats-server in the report")  # fmt: skip
+            agents = wait_for(
+                lambda: (a := engine_report(home)["agents"])["server"] and a,
+                timeout=60,
+                what="the agents plane's nats-server in the report",
+            )
             assert agents["up"] and agents["server"]["state"] == "up" and agents["server"]["pid"]
             assert "nats-server up at nats://127.0.0.1:" in carl(home, "engine", "status").stdout
 
@@ -207,5 +219,9 @@ def test_durations_read_compactly_from_seconds_to_days() -> None:
     from engine.durations import compact_duration
 
     assert [compact_duration(s) for s in (-3, 42, 185, 7620, 86400 + 4 * 3600 + 59)] == [
-        "0s", "42s", "3m05s", "2h07m", "1d4h00m",
-    ]  # fmt: skip
+        "0s",
+        "42s",
+        "3m05s",
+        "2h07m",
+        "1d4h00m",
+    ]

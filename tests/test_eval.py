@@ -77,8 +77,14 @@ def test_bad_eval_settings_are_one_line(tmp_path: Path, settings: dict[str, Any]
 
 
 def carl(home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "carl_tui.cli_carl", "--home", str(home), *args], cwd=ROOT,
-                          env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "carl_tui.cli_carl", "--home", str(home), *args],
+        cwd=ROOT,
+        env={**os.environ, **OFFLINE},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -86,11 +92,19 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo task: a short warm-up and GRPO phase, evaluated when it finishes."""
     home = tmp_path_factory.mktemp("eval-home")
     config = home / "carl.yaml"
-    config.write_text(json.dumps({
-        "name": "ev", "max_steps": 8, "save_steps": 4, "sft_warmup_steps": 60, "learning_rate": 0.0005,
-        "rewards": [{"name": "task"}, {"name": "format", "weight": 0.5}],
-        "eval": {"holdout": 0.1, "at_end": True, "max_prompts": 16},
-    }))  # fmt: skip
+    config.write_text(
+        json.dumps(
+            {
+                "name": "ev",
+                "max_steps": 8,
+                "save_steps": 4,
+                "sft_warmup_steps": 60,
+                "learning_rate": 0.0005,
+                "rewards": [{"name": "task"}, {"name": "format", "weight": 0.5}],
+                "eval": {"holdout": 0.1, "at_end": True, "max_prompts": 16},
+            }
+        )
+    )
     done = carl(home, "train", "--config", str(config))
     assert done.returncode == 0, done.stderr
     assert "eval of run 'ev'" in done.stdout  # the end-of-run eval printed its verdict

@@ -26,13 +26,22 @@ from engine.training.config import config_from_data
 ROOT = Path(__file__).resolve().parent.parent
 
 BASE = {
-    "name": "tinyexp", "model": "carl-tiny", "dataset": "demo", "method": "grpo", "max_steps": 30,
-    "learning_rate": 0.0005, "num_generations": 4, "per_device_train_batch_size": 4,
-    "max_completion_length": 8, "save_steps": 100, "sft_warmup_steps": 4, "lora": {"enabled": False},
+    "name": "tinyexp",
+    "model": "carl-tiny",
+    "dataset": "demo",
+    "method": "grpo",
+    "max_steps": 30,
+    "learning_rate": 0.0005,
+    "num_generations": 4,
+    "per_device_train_batch_size": 4,
+    "max_completion_length": 8,
+    "save_steps": 100,
+    "sft_warmup_steps": 4,
+    "lora": {"enabled": False},
     "rewards": [{"name": "task"}, {"name": "format", "weight": 0.5}, {"name": "coherence", "weight": 0.1}],
     "cascade": {"min_points": 2, "window": 2, "min_above": 1, "ramp_steps": 2},
     "eval": {"holdout": 0.1, "max_prompts": 4},
-}  # fmt: skip
+}
 
 
 # -- arms, seeds and configs ---------------------------------------------------------------------------
@@ -136,8 +145,14 @@ def home(tmp_path: Path, tiny_home: Path) -> Iterator[Path]:
 
 def carl(home: Path, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CARL_HOME": str(home)}
-    return subprocess.Popen([sys.executable, "-m", "carl_tui.cli_carl", "--home", str(home), *args], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "carl_tui.cli_carl", "--home", str(home), *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 280) -> tuple[int, str, str]:
@@ -216,8 +231,10 @@ def test_an_experiment_trains_every_arm_through_the_engine_and_reruns_nothing_fi
     code, shown, _ = finish(carl(home, "experiment", "--name", "e1", "--show", "--json"))
     assert code == 0 and json.loads(shown)["arms"] == summary["arms"]
     code, _, err = finish(carl(home, "experiment", "--name", "e1", "--config", str(base), "--seeds", "5,6"))
-    assert code == 2 and err.strip().endswith("experiment 'e1' exists with another --seeds; run it as it was,"
-                                              " with more seeds or arms, or pick another --name")  # fmt: skip
+    assert code == 2 and err.strip().endswith(
+        "experiment 'e1' exists with another --seeds; run it as it was,"
+        " with more seeds or arms, or pick another --name"
+    )
 
 
 @pytest.mark.slow
@@ -303,11 +320,27 @@ def test_bad_input_is_one_line_before_anything_trains(tmp_path: Path, home: Path
 @pytest.mark.slow
 def test_a_run_killed_mid_training_is_reported_as_crashed(tmp_path: Path, home: Path) -> None:
     base = write_base(tmp_path, sft_warmup_steps=400)  # long enough to be killed while it trains
-    proc = carl(home, "experiment", "--name", "e3", "--config", str(base), "--seeds", "1", "--arms", "sft-only",
-                "--json")  # fmt: skip
+    proc = carl(
+        home,
+        "experiment",
+        "--name",
+        "e3",
+        "--config",
+        str(base),
+        "--seeds",
+        "1",
+        "--arms",
+        "sft-only",
+        "--json",
+    )
     try:
-        run = wait_for(lambda: (runs(home).get("e3-sft-only-s0") or {}).get("last_step") and runs(home)["e3-sft-only-s0"],
-                       timeout=240, what="the warm-up training")  # fmt: skip
+        run = wait_for(
+            lambda: (
+                (runs(home).get("e3-sft-only-s0") or {}).get("last_step") and runs(home)["e3-sft-only-s0"]
+            ),
+            timeout=240,
+            what="the warm-up training",
+        )
         os.kill(run["pid"], signal.SIGKILL)
         code, out, err = finish(proc)
     finally:

@@ -13,8 +13,22 @@ from test_trajectory_import import claude_session, write_jsonl
 
 from engine.store import Store
 
-RUN_KEYS = {"id", "name", "status", "source_kind", "backend", "model", "last_step", "max_steps", "phase", "health",
-            "eval_passed", "eval_task", "eval_solved", "eval_at"}  # fmt: skip
+RUN_KEYS = {
+    "id",
+    "name",
+    "status",
+    "source_kind",
+    "backend",
+    "model",
+    "last_step",
+    "max_steps",
+    "phase",
+    "health",
+    "eval_passed",
+    "eval_task",
+    "eval_solved",
+    "eval_at",
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +54,24 @@ def test_runs_json_is_one_run_a_line_with_its_newest_eval(home: Path) -> None:
     ]
     assert all(set(r) >= RUN_KEYS for r in runs)
     alpha, beta, fresh = runs[:3]
-    assert (alpha["status"], alpha["source_kind"], alpha["backend"], alpha["model"]) == ("running", "carl", "torch",
-                                                                                          "carl-tiny")  # fmt: skip
+    assert (alpha["status"], alpha["source_kind"], alpha["backend"], alpha["model"]) == (
+        "running",
+        "carl",
+        "torch",
+        "carl-tiny",
+    )
     assert (alpha["last_step"], alpha["max_steps"]) == (59, 60)
     assert (alpha["eval_passed"], alpha["eval_task"], alpha["eval_solved"]) == (
         True,
         0.7,
         0.6,
     )  # the newer of two
-    assert (beta["source_kind"], beta["eval_passed"], beta["eval_task"], beta["eval_solved"]) == ("jsonl", None,
-                                                                                                   None, None)  # fmt: skip
+    assert (beta["source_kind"], beta["eval_passed"], beta["eval_task"], beta["eval_solved"]) == (
+        "jsonl",
+        None,
+        None,
+        None,
+    )
     assert (fresh["last_step"], fresh["backend"], fresh["eval_at"]) == (None, "mlx", None)
     failed = runs[-1]
     assert (failed["status"], failed["error"]) == ("failed", "out of memory")
@@ -62,7 +84,13 @@ def test_experiments_json_has_cells_and_per_arm_intervals(home: Path) -> None:
     assert result.returncode == 0, result.stderr
     abl, waiting = json_lines(result.stdout)
     assert (abl["name"], abl["status"], abl["arms"], abl["seeds"], abl["steps"], abl["warmup_steps"]) == (
-        "abl", "running", ["task-only", "cascade"], [0, 1, 2], 30, 5)  # fmt: skip
+        "abl",
+        "running",
+        ["task-only", "cascade"],
+        [0, 1, 2],
+        30,
+        5,
+    )
     assert abl["cell_status"] == {"finished": 5, "failed": 1}
     cells = {(c["arm"], c["seed"]): c for c in abl["cells"]}
     assert cells["cascade", 2]["status"] == "failed" and cells["cascade", 2]["error"] == "out of memory"
@@ -107,8 +135,12 @@ def test_hooks_status_json(tmp_path: Path) -> None:
     project.mkdir()
     where = ("--project", "--project-dir", str(project))
     before = json.loads(carl(tmp_path / "home", "hooks", "status", *where, "--json").stdout)
-    assert before == {"scope": "project", "path": str(project / ".claude" / "settings.json"), "installed": False,
-                      "events": []}  # fmt: skip
+    assert before == {
+        "scope": "project",
+        "path": str(project / ".claude" / "settings.json"),
+        "installed": False,
+        "events": [],
+    }
     assert carl(tmp_path / "home", "hooks", "install", *where).returncode == 0
     after = json.loads(carl(tmp_path / "home", "hooks", "status", *where, "--json").stdout)
     assert after["installed"] is True and "Stop" in after["events"]
@@ -120,8 +152,18 @@ def test_trajectories_list_and_status_json(tmp_path: Path) -> None:
     assert carl(home, "trajectories", "import", str(tmp_path / "projects")).returncode == 0
     listed = json_lines(carl(home, "trajectories", "list", "--json").stdout)
     assert len(listed) >= 1
-    assert {"id", "session_id", "agent", "domain", "tool_count", "success_rate", "reward", "advantage", "holdout",
-            "prompt"} == set(listed[0])  # fmt: skip
+    assert {
+        "id",
+        "session_id",
+        "agent",
+        "domain",
+        "tool_count",
+        "success_rate",
+        "reward",
+        "advantage",
+        "holdout",
+        "prompt",
+    } == set(listed[0])
     assert listed[0]["agent"] == "claude-code" and isinstance(listed[0]["holdout"], bool)
     status = json.loads(carl(home, "trajectories", "status", "--json").stdout)
     assert status["trajectories"] == len(listed) and status["hook_payloads"] == 0

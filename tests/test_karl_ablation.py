@@ -22,8 +22,13 @@ from engine.trajectories.ablation import renormalised
 from engine.trajectories.karl_ablation import paper_ablation
 
 SIGNALS = ("outcome", "process", "efficiency", "verification", "consistency")
-PAPER_WEIGHTS = {"outcome": "0.30", "process": "0.25", "efficiency": "0.15", "verification": "0.15",
-                 "consistency": "0.15"}  # fmt: skip
+PAPER_WEIGHTS = {
+    "outcome": "0.30",
+    "process": "0.25",
+    "efficiency": "0.15",
+    "verification": "0.15",
+    "consistency": "0.15",
+}
 
 
 # --- an independent oracle -------------------------------------------------------------------------------
@@ -83,39 +88,71 @@ def expected_table(rows: list[list[float]], k: int = 20) -> dict[str, tuple[floa
 
 
 def event(tool: str, ok: bool | None = True, exit_code: int | None = None, **params: str) -> dict[str, Any]:
-    return {"tool_name": tool, "key_params": params, "success": ok, "exit_code": exit_code,
-            "duration_ms": 40.0, "ts": "2026-01-10T09:00:05Z"}  # fmt: skip
+    return {
+        "tool_name": tool,
+        "key_params": params,
+        "success": ok,
+        "exit_code": exit_code,
+        "duration_ms": 40.0,
+        "ts": "2026-01-10T09:00:05Z",
+    }
 
 
 # Three sessions whose signals under OUR scorer are worked out by hand below.
 CLEAN_FIX = {
-    "events": [event("Read", file_path="src/a.py"), event("Edit", file_path="src/a.py"),
-               event("Bash", exit_code=0, command="pytest -q"), event("Read", file_path="src/a.py")],
-    "flags": {"correction_detected": False, "redo_detected": False, "build_success": None,
-              "session_continued": True},
+    "events": [
+        event("Read", file_path="src/a.py"),
+        event("Edit", file_path="src/a.py"),
+        event("Bash", exit_code=0, command="pytest -q"),
+        event("Read", file_path="src/a.py"),
+    ],
+    "flags": {
+        "correction_detected": False,
+        "redo_detected": False,
+        "build_success": None,
+        "session_continued": True,
+    },
     "duration": 120,
-}  # fmt: skip
+}
 LOOK_AROUND = {  # Bash calls without exit codes: errors under the published rule, not under 12(b)
-    "events": [event("Bash", command="ls"), event("Bash", command="git status"), event("Grep", pattern="TODO")],
-    "flags": {"correction_detected": None, "redo_detected": None, "build_success": None, "session_continued": None},
+    "events": [
+        event("Bash", command="ls"),
+        event("Bash", command="git status"),
+        event("Grep", pattern="TODO"),
+    ],
+    "flags": {
+        "correction_detected": None,
+        "redo_detected": None,
+        "build_success": None,
+        "session_continued": None,
+    },
     "duration": 60,
-}  # fmt: skip
+}
 FAILING = {
-    "events": [event("Edit", False, file_path="src/b.py"), *[event("Bash", False, 2, command="make build")] * 3],
-    "flags": {"correction_detected": True, "redo_detected": False, "build_success": False,
-              "session_continued": True},
+    "events": [
+        event("Edit", False, file_path="src/b.py"),
+        *[event("Bash", False, 2, command="make build")] * 3,
+    ],
+    "flags": {
+        "correction_detected": True,
+        "redo_detected": False,
+        "build_success": False,
+        "session_continued": True,
+    },
     "duration": None,
-}  # fmt: skip
+}
 
 
 SESSIONS = {
     "clean": CLEAN_FIX,
     "clean_slow": {**CLEAN_FIX, "duration": 600},  # 4 tools in 10 minutes
     "look": LOOK_AROUND,
-    "look_on": {**LOOK_AROUND, "flags": {**LOOK_AROUND["flags"], "correction_detected": False,
-                                          "session_continued": True}},
+    "look_on": {
+        **LOOK_AROUND,
+        "flags": {**LOOK_AROUND["flags"], "correction_detected": False, "session_continued": True},
+    },
     "failing": FAILING,
-}  # fmt: skip
+}
 KINDS = tuple(SESSIONS)
 
 
@@ -159,8 +196,9 @@ def weighted_reward(signals: list[float]) -> float:
     return round(float(exact), 4)
 
 
-def record(i: int, signals: list[float], kind: str = "clean", *, reward: float | None = None,
-           omit: str | None = None) -> dict[str, Any]:  # fmt: skip
+def record(
+    i: int, signals: list[float], kind: str = "clean", *, reward: float | None = None, omit: str | None = None
+) -> dict[str, Any]:
     session = SESSIONS[kind]
     events = session["events"]
     counts: dict[str, int] = {}
@@ -169,26 +207,48 @@ def record(i: int, signals: list[float], kind: str = "clean", *, reward: float |
     scores = {f"{s}_score": v for s, v in zip(SIGNALS, signals, strict=True)}
     if reward is None:
         reward = weighted_reward(signals)
-    outcome = {"annotation_status": "scored", **session["flags"], "reward_score": reward, "reward_components": {},
-               **scores, "advantage": round((reward - 0.63495) / 0.09530, 4)}  # fmt: skip
+    outcome = {
+        "annotation_status": "scored",
+        **session["flags"],
+        "reward_score": reward,
+        "reward_components": {},
+        **scores,
+        "advantage": round((reward - 0.63495) / 0.09530, 4),
+    }
     if omit:
         del outcome[omit]
     timing = {"started_at": "2026-01-10T09:00:00Z"}
     if session["duration"] is not None:
-        timing |= {"ended_at": f"2026-01-10T09:{session['duration'] // 60:02d}:{session['duration'] % 60:02d}Z",
-                   "duration_s": float(session["duration"])}  # fmt: skip
+        timing |= {
+            "ended_at": f"2026-01-10T09:{session['duration'] // 60:02d}:{session['duration'] % 60:02d}Z",
+            "duration_s": float(session["duration"]),
+        }
     return {
-        "id": f"traj_{i:08x}_1768035600", "session_id": f"{i:08x}-0000-4000-8000-000000000000", "channel": "live",
+        "id": f"traj_{i:08x}_1768035600",
+        "session_id": f"{i:08x}-0000-4000-8000-000000000000",
+        "channel": "live",
         "recorded_at": timing.get("ended_at", "2026-01-10T09:00:00Z"),
         "skill": {"name": None, "domain": "unknown"},
         "context": {"prompt_text": f"session {i}", "cwd": "/home/dev/proj", "git_repo": "proj"},
-        "trajectory": {"tool_sequence": [e["tool_name"] for e in events], "tool_counts": counts,
-                       "total_tools": len(events), "successes": sum(e["success"] is True for e in events),
-                       "failures": sum(e["success"] is False for e in events), "bash_errors": 0, "events": events},
-        "outcome": outcome, "timing": timing,
-        "quality": {"success_rate": 1.0, "error_rate": 0.0, "correction_count": 0, "tool_diversity": len(counts),
-                    "grade": "high"},
-    }  # fmt: skip
+        "trajectory": {
+            "tool_sequence": [e["tool_name"] for e in events],
+            "tool_counts": counts,
+            "total_tools": len(events),
+            "successes": sum(e["success"] is True for e in events),
+            "failures": sum(e["success"] is False for e in events),
+            "bash_errors": 0,
+            "events": events,
+        },
+        "outcome": outcome,
+        "timing": timing,
+        "quality": {
+            "success_rate": 1.0,
+            "error_rate": 0.0,
+            "correction_count": 0,
+            "tool_diversity": len(counts),
+            "grade": "high",
+        },
+    }
 
 
 def records_of(rows: list[list[float]]) -> list[dict[str, Any]]:
@@ -203,9 +263,16 @@ def write_records(path: Path, records: list[dict[str, Any]]) -> Path:
 
 def simplified_signals(rng: np.random.Generator, n: int) -> list[list[float]]:
     """Signals as the paper's simplified scorer produced them (karl.md §13 item 8)."""
-    return [[float(rng.choice([0.4, 0.7])), round(float(rng.uniform(0.6, 1.0)), 4),
-             round(float(rng.uniform(0.2, 1.0)), 4), float(rng.choice([0.3, 0.7])), float(rng.choice([0.4, 0.8]))]
-            for _ in range(n)]  # fmt: skip
+    return [
+        [
+            float(rng.choice([0.4, 0.7])),
+            round(float(rng.uniform(0.6, 1.0)), 4),
+            round(float(rng.uniform(0.2, 1.0)), 4),
+            float(rng.choice([0.3, 0.7])),
+            float(rng.choice([0.4, 0.8])),
+        ]
+        for _ in range(n)
+    ]
 
 
 # --- (1) the ablation arithmetic ---------------------------------------------------------------------------
@@ -253,8 +320,13 @@ def test_small_case_by_hand(tmp_path: Path) -> None:
     """Five records and top-2 sets, small enough to check on paper.
     Full scores: r0 0.535, r1 0.745, r2 0.705, r3 0.660, r4 0.555 -> top-2 {r1, r2}.
     Without outcome (×0.70): r0 0.235, r1 0.625, r2 0.405, r3 0.540, r4 0.345 -> top-2 {r1, r3}."""
-    rows = [[1.0, 0.4, 0.2, 0.3, 0.4], [0.4, 1.0, 1.0, 0.7, 0.8], [1.0, 0.9, 0.5, 0.3, 0.4],
-            [0.4, 0.9, 0.6, 0.7, 0.8], [0.7, 0.6, 0.6, 0.3, 0.4]]  # fmt: skip
+    rows = [
+        [1.0, 0.4, 0.2, 0.3, 0.4],
+        [0.4, 1.0, 1.0, 0.7, 0.8],
+        [1.0, 0.9, 0.5, 0.3, 0.4],
+        [0.4, 0.9, 0.6, 0.7, 0.8],
+        [0.7, 0.6, 0.6, 0.3, 0.4],
+    ]
     path = write_records(tmp_path / "five.jsonl", [record(i, r) for i, r in enumerate(rows)])
     result = paper_ablation(path, k=2)
     assert result.top_k == 2
@@ -283,8 +355,9 @@ def test_renormalised_weights() -> None:
     assert w == [0.30, 0.25, 0.15, 0.15, 0.15]  # the caller's list is left alone
 
 
-def test_json_reports_the_renormalised_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_json_reports_the_renormalised_weights(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CARL_HOME", str(tmp_path / "home"))
     rows = simplified_signals(np.random.default_rng(5), 22)
     path = write_records(
@@ -306,8 +379,14 @@ def test_json_reports_the_renormalised_weights(tmp_path: Path, capsys: pytest.Ca
 def test_ties_take_average_ranks(tmp_path: Path) -> None:
     """Identical signal rows, and rows equal only in exact arithmetic (verification and consistency share
     the weight 0.15, so V 0.7 / C 0.4 ties with V 0.3 / C 0.8), are tied in both rankings."""
-    base = [[0.7, 0.9, 0.5, 0.7, 0.4], [0.7, 0.9, 0.5, 0.3, 0.8], [0.4, 0.9, 0.5, 0.7, 0.4],
-            [0.7, 0.6, 0.8, 0.3, 0.4], [0.4, 0.6, 0.8, 0.3, 0.4], [0.7, 0.9, 0.5, 0.7, 0.4]]  # fmt: skip
+    base = [
+        [0.7, 0.9, 0.5, 0.7, 0.4],
+        [0.7, 0.9, 0.5, 0.3, 0.8],
+        [0.4, 0.9, 0.5, 0.7, 0.4],
+        [0.7, 0.6, 0.8, 0.3, 0.4],
+        [0.4, 0.6, 0.8, 0.3, 0.4],
+        [0.7, 0.9, 0.5, 0.7, 0.4],
+    ]
     rows = [base[i % len(base)] for i in range(24)]
     path = write_records(tmp_path / "ties.jsonl", [record(i, r) for i, r in enumerate(rows)])
     result = paper_ablation(path)
@@ -329,8 +408,12 @@ def test_ties_take_average_ranks(tmp_path: Path) -> None:
 def test_tied_scores_enter_the_top_set_in_file_order(tmp_path: Path) -> None:
     """With top-2 and three records tied for first, the first two in the file are the top set; dropping
     process breaks the tie in favour of the third."""
-    rows = [[0.7, 0.9, 0.5, 0.3, 0.4], [0.7, 0.9, 0.5, 0.3, 0.4], [0.7, 0.6, 0.5, 0.3, 0.9],
-            [0.4, 0.6, 0.5, 0.3, 0.4]]  # fmt: skip
+    rows = [
+        [0.7, 0.9, 0.5, 0.3, 0.4],
+        [0.7, 0.9, 0.5, 0.3, 0.4],
+        [0.7, 0.6, 0.5, 0.3, 0.9],
+        [0.4, 0.6, 0.5, 0.3, 0.4],
+    ]
     assert exact_scores(rows, exact_weights())[:3] == [Fraction("0.615")] * 3
     result = paper_ablation(
         write_records(tmp_path / "t.jsonl", [record(i, r) for i, r in enumerate(rows)]), k=2
@@ -342,8 +425,9 @@ def test_tied_scores_enter_the_top_set_in_file_order(tmp_path: Path) -> None:
 # --- (4) the command ------------------------------------------------------------------------------------
 
 
-def test_cli_side_by_side_table(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_cli_side_by_side_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CARL_HOME", str(tmp_path / "home"))
     rows = simplified_signals(np.random.default_rng(12), 25)
     path = write_records(
@@ -388,8 +472,13 @@ def test_cli_json_shape(
     data = json.loads(out)
     assert set(data) == {"file", "records", "tool_calls", "top_k", "weights", "rows", "paper", "ours"}
     assert data["records"] == 25 and data["top_k"] == 20 and data["file"] == str(path)
-    assert data["weights"] == {"outcome": 0.30, "process": 0.25, "efficiency": 0.15, "verification": 0.15,
-                               "consistency": 0.15}  # fmt: skip
+    assert data["weights"] == {
+        "outcome": 0.30,
+        "process": 0.25,
+        "efficiency": 0.15,
+        "verification": 0.15,
+        "consistency": 0.15,
+    }
     assert sorted(r["signal"] for r in data["rows"]) == sorted(SIGNALS)
     want = expected_table(rows)
     for row in data["rows"]:
@@ -404,8 +493,9 @@ def test_cli_json_shape(
     assert data["paper"]["reward_gap"] < 1e-4
 
 
-def test_rewards_scored_with_other_weights_are_flagged(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_rewards_scored_with_other_weights_are_flagged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CARL_HOME", str(tmp_path / "home"))
     rows = simplified_signals(np.random.default_rng(7), 21)
     three_signal = [round(0.40 * r[0] + 0.35 * r[1] + 0.25 * r[2], 4) for r in rows]  # the paper's §4 formula
@@ -433,8 +523,9 @@ def fails(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     return err.strip()
 
 
-def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_bad_input_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CARL_HOME", str(tmp_path / "home"))
     good = [record(i, r) for i, r in enumerate(simplified_signals(np.random.default_rng(1), 4))]
     lines = [json.dumps(r) for r in good]
@@ -483,8 +574,9 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "1 record(s)" in fails(capsys, "--paper", str(tmp_path / "one.jsonl"))
 
 
-def test_store_mode_is_unchanged_and_has_json(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_store_mode_is_unchanged_and_has_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Without --paper the command still ablates the store's own scores."""
     monkeypatch.setenv("CARL_HOME", str(tmp_path / "home"))
     rows = simplified_signals(np.random.default_rng(3), 24)

@@ -48,8 +48,14 @@ IDS = [[1, 37, 250, 99, 4, 480, 17, 3, 64, 201, 12, 7, 300, 5]]  # any tokens: t
 
 
 def carl(home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "carl_tui.cli_carl", "--home", str(home), *args], cwd=ROOT,
-                          env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "carl_tui.cli_carl", "--home", str(home), *args],
+        cwd=ROOT,
+        env={**os.environ, **OFFLINE},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -58,20 +64,34 @@ def mlx_home(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     at its end) and `full`."""
     home = tmp_path_factory.mktemp("mlx-home")
     runs = {
-        "lora": {"max_steps": 4, "save_steps": 2, "sft_warmup_steps": 3, "max_completion_length": 12,
-                 "lora": {"enabled": True, "r": 4, "alpha": 8},
-                 "eval": {"holdout": 0.1, "at_end": True, "max_prompts": 8}},
-        "full": {"max_steps": 2, "save_steps": 100, "sft_warmup_steps": 30, "learning_rate": 0.002,
-                 "max_completion_length": 24, "eval": {"holdout": 0.1, "max_prompts": 16}},
-    }  # fmt: skip
+        "lora": {
+            "max_steps": 4,
+            "save_steps": 2,
+            "sft_warmup_steps": 3,
+            "max_completion_length": 12,
+            "lora": {"enabled": True, "r": 4, "alpha": 8},
+            "eval": {"holdout": 0.1, "at_end": True, "max_prompts": 8},
+        },
+        "full": {
+            "max_steps": 2,
+            "save_steps": 100,
+            "sft_warmup_steps": 30,
+            "learning_rate": 0.002,
+            "max_completion_length": 24,
+            "eval": {"holdout": 0.1, "max_prompts": 16},
+        },
+    }
     with Store(home / "carl.db"):  # made (migrated) before the two runs open it side by side
         pass
     processes = []
     try:
         for name, settings in runs.items():
             config = home / f"{name}.json"
-            config.write_text(json.dumps({"name": name, "model": str(tiny_model), "backend": "mlx",
-                                          "rewards": REWARDS, **settings}))  # fmt: skip
+            config.write_text(
+                json.dumps(
+                    {"name": name, "model": str(tiny_model), "backend": "mlx", "rewards": REWARDS, **settings}
+                )
+            )
             argv = [
                 sys.executable,
                 "-m",
@@ -82,8 +102,16 @@ def mlx_home(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
                 "--config",
                 str(config),
             ]
-            processes.append(subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **OFFLINE}, text=True,
-                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT))  # fmt: skip
+            processes.append(
+                subprocess.Popen(
+                    argv,
+                    cwd=ROOT,
+                    env={**os.environ, **OFFLINE},
+                    text=True,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                )
+            )
         for process in processes:
             out, _ = process.communicate(timeout=240)
             assert process.returncode == 0, out
@@ -114,8 +142,9 @@ def evals_of(home: Path, name: str) -> list[dict[str, Any]]:
     with Store(home / "carl.db") as store:
         rows = store.conn.execute(
             "SELECT e.passed, e.metrics, e.reasons FROM evals e JOIN runs r ON r.id = e.run_id"
-            " WHERE r.name = ? ORDER BY e.id", (name,)
-        ).fetchall()  # fmt: skip
+            " WHERE r.name = ? ORDER BY e.id",
+            (name,),
+        ).fetchall()
     return [{"passed": bool(p), "metrics": json.loads(m), "reasons": json.loads(r)} for p, m, r in rows]
 
 
@@ -138,8 +167,17 @@ def peft_logits(base: Path, adapter: Path, subfolder: str | None = None) -> np.n
         return peft_model(torch.tensor(IDS)).logits.numpy()
 
 
-def handmade_adapter(base: Path, out: Path, *, keys: list[str] | None, num_layers: int, rank: int, scale: float,
-                     dora: bool = False, dtype: str = "float32") -> Path:  # fmt: skip
+def handmade_adapter(
+    base: Path,
+    out: Path,
+    *,
+    keys: list[str] | None,
+    num_layers: int,
+    rank: int,
+    scale: float,
+    dora: bool = False,
+    dtype: str = "float32",
+) -> Path:
     """An adapter as mlx-lm makes one, with its matrices set by hand from a fixed key (lora_b nonzero,
     so the adapter counts; DoRA's magnitudes as mlx-lm initialises them)."""
     import mlx.core as mx
@@ -160,8 +198,12 @@ def handmade_adapter(base: Path, out: Path, *, keys: list[str] | None, num_layer
         weights[name] = value.astype(getattr(mx, dtype))
     out.mkdir(parents=True)
     mx.save_safetensors(str(out / "adapters.safetensors"), weights)
-    config = {"fine_tune_type": "dora" if dora else "lora", "num_layers": num_layers,
-              "lora_parameters": parameters, "base_model_name_or_path": str(base)}  # fmt: skip
+    config = {
+        "fine_tune_type": "dora" if dora else "lora",
+        "num_layers": num_layers,
+        "lora_parameters": parameters,
+        "base_model_name_or_path": str(base),
+    }
     (out / "adapter_config.json").write_text(json.dumps(config))
     for name in TOKENIZER:
         shutil.copy2(base / name, out / name)
@@ -271,8 +313,15 @@ def test_the_peft_copy_of_a_trained_mlx_adapter_gives_its_logits(
 @pytest.mark.slow
 def test_a_partial_bf16_adapter_converts_exactly_too(tiny_model: Path, tmp_path: Path, offline: None) -> None:
     """The last block only, two modules, a scale that makes a fractional lora_alpha, bf16 weights."""
-    adapter = handmade_adapter(tiny_model, tmp_path / "mlx", keys=["self_attn.q_proj", "mlp.down_proj"],
-                               num_layers=1, rank=3, scale=0.7, dtype="bfloat16")  # fmt: skip
+    adapter = handmade_adapter(
+        tiny_model,
+        tmp_path / "mlx",
+        keys=["self_attn.q_proj", "mlp.down_proj"],
+        num_layers=1,
+        rank=3,
+        scale=0.7,
+        dtype="bfloat16",
+    )
     convert_to_peft(adapter, tmp_path / "peft")
     config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
     assert config["target_modules"] == ["down_proj", "q_proj"] and config["layers_to_transform"] == [1]
@@ -343,8 +392,13 @@ def test_a_base_from_the_hub_cache_is_named_by_its_repo_id(tiny_model: Path, tmp
     peft_config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
     assert peft_config["base_model_name_or_path"] == "carl-org/tiny-base"
     with Store(tmp_path / "carl.db") as store:
-        run_id = store.create_run("hubbed", source_kind="carl", status="finished", backend="mlx",
-                                  config={"method": "grpo", "model": "carl-org/tiny-base"})  # fmt: skip
+        run_id = store.create_run(
+            "hubbed",
+            source_kind="carl",
+            status="finished",
+            backend="mlx",
+            config={"method": "grpo", "model": "carl-org/tiny-base"},
+        )
         run = store.run(run_id)
     reader = StoreReader(tmp_path / "carl.db")
     try:
@@ -377,13 +431,15 @@ def hub(hub_env: None) -> Iterator[HubServer]:
         yield server
 
 
-def push(capsys: pytest.CaptureFixture[str], home: Path, hub: HubServer, run: str, repo: str,
-         token: str = TOKEN) -> tuple[int, str, str]:  # fmt: skip
+def push(
+    capsys: pytest.CaptureFixture[str], home: Path, hub: HubServer, run: str, repo: str, token: str = TOKEN
+) -> tuple[int, str, str]:
     """`carl push RUN REPO` in this process: (exit status, stdout, stderr)."""
     parser = argparse.ArgumentParser()
     add_push_arguments(parser)
-    code = push_from_args(parser.parse_args([run, repo, "--home", str(home), "--endpoint", hub.url,
-                                             "--token", token]))  # fmt: skip
+    code = push_from_args(
+        parser.parse_args([run, repo, "--home", str(home), "--endpoint", hub.url, "--token", token])
+    )
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -439,8 +495,13 @@ def test_an_mlx_adapter_without_a_peft_form_is_pushed_alone_and_the_card_says_wh
     output_dir = tmp_path / "runs" / "dora"
     handmade_adapter(tiny_model, output_dir / "final", keys=None, num_layers=2, rank=4, scale=2.0, dora=True)
     with Store(tmp_path / "carl.db") as store:
-        run_id = store.create_run("dora", source_kind="carl", status="finished", backend="mlx",
-                                  config={"method": "grpo", "model": str(tiny_model)})  # fmt: skip
+        run_id = store.create_run(
+            "dora",
+            source_kind="carl",
+            status="finished",
+            backend="mlx",
+            config={"method": "grpo", "model": str(tiny_model)},
+        )
         store.update_run(run_id, output_dir=str(output_dir), last_step=5)
     code, _, err = push(capsys, tmp_path, hub, "dora", "alice/tiny-dora")
     assert code == 0, err

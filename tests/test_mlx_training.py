@@ -56,15 +56,24 @@ def test_a_short_mlx_grpo_run_reports_every_step_like_torch(
     assert (run["max_steps"], run["last_step"], run["vocab_size"], run["temperature"]) == (8, 8, 512, 1.0)
     run_id = run["id"]
     assert sorted(steps_of(store, run_id, "loss")) == list(range(1, 9))
-    for key in ("reward", "reward_std", "rewards/task/mean", "rewards/format/mean", "frac_reward_zero_std",
-                "completions/mean_length", "clip_ratio/region_mean"):  # fmt: skip
+    for key in (
+        "reward",
+        "reward_std",
+        "rewards/task/mean",
+        "rewards/format/mean",
+        "frac_reward_zero_std",
+        "completions/mean_length",
+        "clip_ratio/region_mean",
+    ):
         assert sorted(steps_of(store, run_id, key)) == list(range(3, 9)), key
     for key in ("entropy", "learning_rate", "grad_norm", "phi/mean", "phi/entropy"):
         assert sorted(steps_of(store, run_id, key)) == list(range(1, 9)), key
     assert set(steps_of(store, run_id, "learning_rate").values()) == {5e-3, 1e-3}  # warm-up at 5x
     phi = store.conn.execute(
         "SELECT step, phi_mean, phi_p10, phi_p90, entropy_mean, tokens, vocab_size, hist FROM phi_stats"
-        " WHERE run_id=? AND step>2 ORDER BY step", (run_id,)).fetchall()  # fmt: skip
+        " WHERE run_id=? AND step>2 ORDER BY step",
+        (run_id,),
+    ).fetchall()
     assert [r[0] for r in phi] == list(range(3, 9))
     for _, mean, p10, p90, entropy, tokens, vocab, hist in phi:
         assert 0 <= p10 <= mean <= 1 and p10 <= p90 <= 1 and tokens > 0 and vocab == 512
@@ -72,11 +81,13 @@ def test_a_short_mlx_grpo_run_reports_every_step_like_torch(
             1 - entropy / np.log(512), abs=0.02
         )  # token-weighted, as torch writes it
         assert sum(json.loads(hist)) == tokens
-    gates = store.conn.execute("SELECT step, state, reason FROM gate_states WHERE run_id=? ORDER BY step",
-                               (run_id,)).fetchall()  # fmt: skip
+    gates = store.conn.execute(
+        "SELECT step, state, reason FROM gate_states WHERE run_id=? ORDER BY step", (run_id,)
+    ).fetchall()
     assert [g[0] for g in gates] == list(range(3, 9)) and all(g[2] for g in gates)
-    samples = store.conn.execute("SELECT kind, tokens, phi, entropy, rewards FROM samples WHERE run_id=?",
-                                 (run_id,)).fetchall()  # fmt: skip
+    samples = store.conn.execute(
+        "SELECT kind, tokens, phi, entropy, rewards FROM samples WHERE run_id=?", (run_id,)
+    ).fetchall()
     assert {s[0] for s in samples} == {"best", "worst", "median", "random"}
     for _, tokens, phi_json, entropy_json, rewards in samples:
         assert len(json.loads(tokens)) == len(json.loads(phi_json)) == len(json.loads(entropy_json)) > 0
@@ -88,8 +99,14 @@ def test_a_short_mlx_grpo_run_reports_every_step_like_torch(
 
 
 def test_an_mlx_lora_sft_run_saves_an_adapter(tmp_path: Path, tiny_model: Path, store: Store) -> None:
-    config = mlx_config(tmp_path / "carl.yaml", tiny_model, method="sft", max_steps=5, save_steps=5,
-                        lora={"enabled": True, "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]})  # fmt: skip
+    config = mlx_config(
+        tmp_path / "carl.yaml",
+        tiny_model,
+        method="sft",
+        max_steps=5,
+        save_steps=5,
+        lora={"enabled": True, "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+    )
     code, out, err = finish(start(tmp_path / "home", "--config", str(config), "--name", "sft"))
     assert code == 0, err
     run = run_row(store, "sft")
@@ -194,8 +211,9 @@ def test_kill_9_then_resume_replays_the_lost_steps_exactly(
     assert code == 0, err
     run = store.run(run_id)
     assert (run["status"], run["last_step"]) == ("finished", 14)
-    counts = store.conn.execute("SELECT step, count(*) FROM metrics WHERE run_id=? AND key='loss' GROUP BY step",
-                                (run_id,)).fetchall()  # fmt: skip
+    counts = store.conn.execute(
+        "SELECT step, count(*) FROM metrics WHERE run_id=? AND key='loss' GROUP BY step", (run_id,)
+    ).fetchall()
     assert counts == [(step, 1) for step in range(1, 15)]
     resumed = store.conn.execute(
         "SELECT step FROM events WHERE run_id=? AND kind='resume'", (run_id,)
@@ -213,9 +231,17 @@ def test_the_mlx_warmup_reaches_the_torch_loss_on_the_demo(
     data its own way), and both have learned (from ~6.3 nats to well under 1)."""
     losses = {}
     for backend in ("torch", "mlx"):
-        config = write_config(tmp_path / f"{backend}.yaml", tiny_model, backend=backend, method="sft",
-                              max_steps=80, save_steps=1000, per_device_train_batch_size=32, learning_rate=2.5e-3,
-                              rewards=[{"name": "task"}])  # fmt: skip
+        config = write_config(
+            tmp_path / f"{backend}.yaml",
+            tiny_model,
+            backend=backend,
+            method="sft",
+            max_steps=80,
+            save_steps=1000,
+            per_device_train_batch_size=32,
+            learning_rate=2.5e-3,
+            rewards=[{"name": "task"}],
+        )
         code, _, err = finish(
             start(tmp_path / "home", "--config", str(config), "--name", backend), timeout=300
         )

@@ -78,9 +78,18 @@ def test_jsonl_mapping(store: Store, tmp_path: Path) -> None:
     assert series(store, run_id, "phi/entropy") == {5: 1.5}
     assert series(store, run_id, "phi/std") == {5: 0.02}
     assert keys(store, run_id) == {
-        "loss", "phi/mean", "rewards/format/mean", "reward", "reward_std", "kl", "eval/loss", "big",
-        "entropy", "phi/entropy", "phi/std",
-    }  # fmt: skip
+        "loss",
+        "phi/mean",
+        "rewards/format/mean",
+        "reward",
+        "reward_std",
+        "kl",
+        "eval/loss",
+        "big",
+        "entropy",
+        "phi/entropy",
+        "phi/std",
+    }
     walls = dict(store.conn.execute("SELECT step, wall_time FROM metrics WHERE key IN ('loss')").fetchall())
     assert walls[1] == 1700000000.5 and walls[4] == 1700000004.0
     assert abs(walls[2] - time.time()) < 60  # no timestamp of its own: the import time
@@ -103,8 +112,14 @@ def test_jsonl_mapping(store: Store, tmp_path: Path) -> None:
 def test_name_and_derived_phi(store: Store, tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
     ln_v = math.log(50_000)
-    path.write_text(lines({"step": 0, "vocab_size": 50_000}, {"step": 1, "entropy": 2.0},
-                          {"step": 2, "phi": 0.75}, {"step": 3, "phi": 0.8, "entropy_mean": 1.0}))  # fmt: skip
+    path.write_text(
+        lines(
+            {"step": 0, "vocab_size": 50_000},
+            {"step": 1, "entropy": 2.0},
+            {"step": 2, "phi": 0.75},
+            {"step": 3, "phi": 0.8, "entropy_mean": 1.0},
+        )
+    )
     _, result = observe(store, path, name="my-run")
     run = store.run(result.run_ids[0])
     assert run["name"] == "my-run" and run["vocab_size"] == 50_000
@@ -332,16 +347,34 @@ def test_kill_9_mid_import_then_resume_is_exactly_once(tmp_path: Path) -> None:
 
 GOOD = st.builds(
     lambda values: {"step": None, **values},
-    st.dictionaries(st.sampled_from(["loss", "kl", "reward_x", "phi", "train/a"]),
-                    st.floats(allow_nan=False, width=64) | st.integers(-(10**6), 10**6), min_size=1),
-)  # fmt: skip
+    st.dictionaries(
+        st.sampled_from(["loss", "kl", "reward_x", "phi", "train/a"]),
+        st.floats(allow_nan=False, width=64) | st.integers(-(10**6), 10**6),
+        min_size=1,
+    ),
+)
 BAD_BYTES = st.one_of(
     st.binary(max_size=60).map(lambda b: b"#" + b.replace(b"\n", b"")),  # garbage
-    st.binary(min_size=1, max_size=8).map(lambda b: b'{"step": 1, "s": "\xff' + b.replace(b"\n", b"") + b'"}'),
-    st.sampled_from([b"[1]", b"3", b'"s"', b"null", b'{"loss": 1}', b'{"step": "1", "a": 1}',
-                     b'{"step": 1.5, "a": 1}', b'{"step": true, "a": 1}', b'{"step": 1, "a": "x"}',
-                     b'{"step": 1, "a": false}', b"[" * 5000, b'{"step": 1e400, "a": 1}']),
-)  # fmt: skip
+    st.binary(min_size=1, max_size=8).map(
+        lambda b: b'{"step": 1, "s": "\xff' + b.replace(b"\n", b"") + b'"}'
+    ),
+    st.sampled_from(
+        [
+            b"[1]",
+            b"3",
+            b'"s"',
+            b"null",
+            b'{"loss": 1}',
+            b'{"step": "1", "a": 1}',
+            b'{"step": 1.5, "a": 1}',
+            b'{"step": true, "a": 1}',
+            b'{"step": 1, "a": "x"}',
+            b'{"step": 1, "a": false}',
+            b"[" * 5000,
+            b'{"step": 1e400, "a": 1}',
+        ]
+    ),
+)
 
 
 @st.composite
@@ -405,9 +438,13 @@ def test_fuzz_jsonl_reader(
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.binary(max_size=40) | st.sampled_from([b"{", b"}", b'"step": 1', b", ", b"\n", b"\xff"]),
-                max_size=40).map(b"".join),
-       st.booleans())  # fmt: skip
+@given(
+    st.lists(
+        st.binary(max_size=40) | st.sampled_from([b"{", b"}", b'"step": 1', b", ", b"\n", b"\xff"]),
+        max_size=40,
+    ).map(b"".join),
+    st.booleans(),
+)
 def test_fuzz_garbage_bytes_never_crash(data: bytes, follow: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "carl.db") as store:
         path = Path(tmp) / "garbage.jsonl"

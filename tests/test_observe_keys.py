@@ -98,9 +98,12 @@ def test_normalize_key_never_raises(key: str) -> None:
             assert out not in ("step", "global_step")
 
 
-@given(st.dictionaries(st.sampled_from(["entropy", "phi/mean", "phi/entropy", "loss"]),
-                       st.floats(allow_nan=True) | st.none()),
-       st.integers(min_value=-5, max_value=300_000) | st.none())  # fmt: skip
+@given(
+    st.dictionaries(
+        st.sampled_from(["entropy", "phi/mean", "phi/entropy", "loss"]), st.floats(allow_nan=True) | st.none()
+    ),
+    st.integers(min_value=-5, max_value=300_000) | st.none(),
+)
 def test_derived_phi_never_raises(values: dict[str, float | None], vocab: int | None) -> None:
     for key, value in derived_phi(values, vocab):
         assert key in ("phi/mean", "phi/entropy") and key not in values

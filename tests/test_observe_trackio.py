@@ -60,10 +60,24 @@ def two_runs(trackio: ModuleType) -> Path:
     """A project with two runs, logged the way transformers and TRL log to Trackio."""
     project = f"obs-{uuid.uuid4().hex[:8]}"
     start(trackio, project, "run-a", lr=0.1, vocab_size=64, max_steps=40, model_name_or_path="tiny-llama")
-    trackio.log({"train/loss": 2.0, "train/global_step": 10, "train/entropy": 1.5,
-                 "eval/loss": float("nan"), "train/grad_norm": float("inf")})  # fmt: skip
-    trackio.log({"train/loss": 1.0, "train/global_step": 20, "train/rewards/fmt/mean": 0.5,
-                 "train/reward": float("-inf"), "train/trace/phi_mean": 0.97})  # fmt: skip
+    trackio.log(
+        {
+            "train/loss": 2.0,
+            "train/global_step": 10,
+            "train/entropy": 1.5,
+            "eval/loss": float("nan"),
+            "train/grad_norm": float("inf"),
+        }
+    )
+    trackio.log(
+        {
+            "train/loss": 1.0,
+            "train/global_step": 20,
+            "train/rewards/fmt/mean": 0.5,
+            "train/reward": float("-inf"),
+            "train/trace/phi_mean": 0.97,
+        }
+    )
     trackio.log({"profiling/Time taken: GRPOTrainer.transformers.generate": 0.3}, step=20)
     trackio.log({"completions": trackio.Table(columns=["step", "completion"], data=[[20, "hello"]])})
     trackio.log({"loss": 0.5, "note": "text"}, step=30)  # no global step: the row's step column
@@ -204,8 +218,9 @@ def test_sqlite_files_that_are_not_trackio(store: Store, tmp_path: Path) -> None
         detect_kind(store.path)
 
 
-def test_a_followed_database_that_stops_being_trackio_is_an_error(store: Store, trackio: ModuleType,
-                                                                  tmp_path: Path) -> None:  # fmt: skip
+def test_a_followed_database_that_stops_being_trackio_is_an_error(
+    store: Store, trackio: ModuleType, tmp_path: Path
+) -> None:
     project = f"obs-{uuid.uuid4().hex[:8]}"
     start(trackio, project, "r")
     trackio.log({"train/loss": 1.0, "train/global_step": 1})

@@ -44,18 +44,34 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     ids = [torch.tensor([(i + j) % 64 for j in range(8)]) for i in range(64)]
     dataset = [
         {"input_ids": x, "labels": x.clone(), "attention_mask": torch.ones(8, dtype=torch.long)} for x in ids
     ]
     output_dir = tmp_path_factory.mktemp("trainer") / "tiny-run"
     args = TrainingArguments(
-        output_dir=str(output_dir), max_steps=6, logging_steps=1, save_steps=3, save_only_model=True,
-        per_device_train_batch_size=4, use_cpu=True, disable_tqdm=True, report_to=["trackio"],
-        project=PROJECT, run_name="tiny", dataloader_num_workers=0,
-    )  # fmt: skip
+        output_dir=str(output_dir),
+        max_steps=6,
+        logging_steps=1,
+        save_steps=3,
+        save_only_model=True,
+        per_device_train_batch_size=4,
+        use_cpu=True,
+        disable_tqdm=True,
+        report_to=["trackio"],
+        project=PROJECT,
+        run_name="tiny",
+        dataloader_num_workers=0,
+    )
     trainer = Trainer(model=LlamaForCausalLM(config), args=args, train_dataset=dataset)
     trainer.train()
     trainer.save_state()
@@ -86,8 +102,17 @@ def test_trainer_state_file(store: Store, trained: Trained) -> None:
     assert run["max_steps"] == 6 and run["last_step"] == 6
     assert run["vocab_size"] == 64 and run["model"] == "LlamaForCausalLM"  # newest checkpoint's config.json
     assert run["status"] == "finished" and run["ended_at"] == path.stat().st_mtime
-    for key in ("loss", "grad_norm", "learning_rate", "epoch", "train_loss", "train_runtime", "total_flos",
-                "train_samples_per_second", "train_steps_per_second"):  # fmt: skip
+    for key in (
+        "loss",
+        "grad_norm",
+        "learning_rate",
+        "epoch",
+        "train_loss",
+        "train_runtime",
+        "total_flos",
+        "train_samples_per_second",
+        "train_steps_per_second",
+    ):
         assert series(store, run["id"], key) == expected(history, key), key
     assert len(series(store, run["id"], "loss")) == 6
     assert series(store, run["id"], "train_loss") == {6: history[-1]["train_loss"]}  # kept as is

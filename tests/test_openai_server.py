@@ -72,8 +72,13 @@ def test_scripted_errors_and_bad_requests_have_vllms_error_shape(openai: OpenAIS
     openai.error(503, "overloaded").reply("after")
     failed = chat(openai)
     assert failed.status_code == 503
-    assert failed.json() == {"object": "error", "message": "overloaded", "type": "InternalServerError",
-                             "param": None, "code": 503}  # fmt: skip
+    assert failed.json() == {
+        "object": "error",
+        "message": "overloaded",
+        "type": "InternalServerError",
+        "param": None,
+        "code": 503,
+    }
     assert chat(openai).json()["choices"][0]["message"]["content"] == "after"
     assert chat(openai, messages=[]).status_code == 400
     assert httpx.get(f"{openai.base_url}/nowhere").status_code == 404

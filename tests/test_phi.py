@@ -65,9 +65,15 @@ def reference_lse(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
     seed=st.integers(0, 2**31 - 1),
 )
 def test_entropy_matches_the_float64_reference(
-    n: int, v: int, log_scale: float, offset: float, dtype: torch.dtype, temperature: float,
-    chunk_rows: int | None, seed: int,
-) -> None:  # fmt: skip
+    n: int,
+    v: int,
+    log_scale: float,
+    offset: float,
+    dtype: torch.dtype,
+    temperature: float,
+    chunk_rows: int | None,
+    seed: int,
+) -> None:
     logits = random_logits(n, v, 10.0**log_scale, seed, dtype, offset)
     entropy, lse = token_entropy(logits, temperature=temperature, chunk_rows=chunk_rows)
     assert entropy.dtype == lse.dtype == torch.float32 and entropy.shape == lse.shape == (n,)

@@ -113,9 +113,15 @@ def test_entropy_matches_the_float64_reference(
     seed=st.integers(0, 2**31 - 1),
 )
 def test_entropy_matches_the_reference_for_any_shape_and_chunking(
-    n: int, v: int, log_scale: float, offset: float, dtype: Any, temperature: float,
-    chunk_rows: int | None, seed: int,
-) -> None:  # fmt: skip
+    n: int,
+    v: int,
+    log_scale: float,
+    offset: float,
+    dtype: Any,
+    temperature: float,
+    chunk_rows: int | None,
+    seed: int,
+) -> None:
     logits = random_logits(n, v, 10.0**log_scale, seed, dtype, offset)
     entropy, _ = token_entropy(logits, temperature=temperature, chunk_rows=chunk_rows)
     assert max_error(entropy, reference_entropy(logits, temperature=temperature)) <= TOL

@@ -85,9 +85,15 @@ def logits_of(
     seed=st.integers(0, 2**31 - 1),
 )
 def test_matches_the_float64_reference(
-    n: int, v: int, log_scale: float, offset: float, dtype: torch.dtype, temperature: float, masked: float,
+    n: int,
+    v: int,
+    log_scale: float,
+    offset: float,
+    dtype: torch.dtype,
+    temperature: float,
+    masked: float,
     seed: int,
-) -> None:  # fmt: skip
+) -> None:
     logits = logits_of(n, v, 10.0**log_scale, seed, torch.float32, offset)
     gen = torch.Generator().manual_seed(seed + 1)
     drop = torch.rand(n, v, generator=gen) < masked

@@ -36,14 +36,28 @@ from engine.training.push import add_push_arguments, model_card, push_from_args
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "hf_carl_test_token_0123456789"
 USER = "alice"
-TRAINING_STATE = {"optimizer.pt": b"adam moments", "scheduler.pt": b"lr", "trainer_state.json": b"{}",
-                  "training_args.bin": b"args", "rng_state.pth": b"rng", "carl_gate.json": b"{}"}  # fmt: skip
+TRAINING_STATE = {
+    "optimizer.pt": b"adam moments",
+    "scheduler.pt": b"lr",
+    "trainer_state.json": b"{}",
+    "training_args.bin": b"args",
+    "rng_state.pth": b"rng",
+    "carl_gate.json": b"{}",
+}
 CONFIG = {
-    "name": "pushme", "model": "carl-tiny", "method": "grpo", "max_steps": 6, "learning_rate": 0.001,
-    "sft_warmup_steps": 2, "aggregation": "normalize_then_sum",
-    "rewards": [{"name": "task", "weight": 1.0}, {"name": "format", "weight": 0.5},
-                {"name": "coherence", "weight": 0.25}],
-}  # fmt: skip
+    "name": "pushme",
+    "model": "carl-tiny",
+    "method": "grpo",
+    "max_steps": 6,
+    "learning_rate": 0.001,
+    "sft_warmup_steps": 2,
+    "aggregation": "normalize_then_sum",
+    "rewards": [
+        {"name": "task", "weight": 1.0},
+        {"name": "format", "weight": 0.5},
+        {"name": "coherence", "weight": 0.25},
+    ],
+}
 
 
 # -- fixtures --------------------------------------------------------------------------------
@@ -67,8 +81,10 @@ def adapter(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path_factory.mktemp("adapter")
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model),
-                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))  # fmt: skip
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(tiny_model).save_pretrained(out)
     config = json.loads((out / "adapter_config.json").read_text())
@@ -78,25 +94,49 @@ def adapter(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def make_run(home: Path, model: Path | None, *, name: str = "pushme", save: str = "final",
-             source_kind: str = "carl", status: str = "finished", pid: int | None = None,
-             evaluated: bool = True) -> Path:  # fmt: skip
+def make_run(
+    home: Path,
+    model: Path | None,
+    *,
+    name: str = "pushme",
+    save: str = "final",
+    source_kind: str = "carl",
+    status: str = "finished",
+    pid: int | None = None,
+    evaluated: bool = True,
+) -> Path:
     """A run as the runner leaves it: its model saved under output_dir/`save`, metrics, an eval."""
     output_dir = home / "runs" / name
     output_dir.mkdir(parents=True)
     if model is not None:
         shutil.copytree(model, output_dir / save)
     with Store(home / "carl.db") as store:
-        run_id = store.create_run(name, source_kind=source_kind, status=status, config=CONFIG,
-                                  model="carl-tiny", max_steps=8)  # fmt: skip
+        run_id = store.create_run(
+            name, source_kind=source_kind, status=status, config=CONFIG, model="carl-tiny", max_steps=8
+        )
         store.update_run(run_id, output_dir=str(output_dir), last_step=8, pid=pid)
         store.add_metrics(run_id, [(s, "reward", 0.1 * s, 1.0) for s in range(1, 9)])
-        store.add_metrics(run_id, [(8, "rewards/task/mean", 0.625, 1.0), (8, "phi/mean", 0.4321, 1.0),
-                                   (8, "phi/entropy", 1.75, 1.0)])  # fmt: skip
+        store.add_metrics(
+            run_id,
+            [
+                (8, "rewards/task/mean", 0.625, 1.0),
+                (8, "phi/mean", 0.4321, 1.0),
+                (8, "phi/entropy", 1.75, 1.0),
+            ],
+        )
         if evaluated:
-            store.add_eval(run_id, False, {"prompts": 16, "step": 8, "task": 0.3125, "format": 0.9,
-                                           "model_dir": str(output_dir / "final")},
-                           ["task 0.3125 < 0.5", "format 0.9 >= 0.8"])  # fmt: skip
+            store.add_eval(
+                run_id,
+                False,
+                {
+                    "prompts": 16,
+                    "step": 8,
+                    "task": 0.3125,
+                    "format": 0.9,
+                    "model_dir": str(output_dir / "final"),
+                },
+                ["task 0.3125 < 0.5", "format 0.9 >= 0.8"],
+            )
     return output_dir
 
 
@@ -104,8 +144,14 @@ def make_run(home: Path, model: Path | None, *, name: str = "pushme", save: str 
 def carl_push(capsys: pytest.CaptureFixture[str]) -> Any:
     """`carl push` in this process: (exit status, stdout, stderr)."""
 
-    def run(home: Path, endpoint: str, *argv: str, token: str | None = TOKEN, repo: str = "alice/tiny",
-            ref: str = "pushme") -> tuple[int, str, str]:  # fmt: skip
+    def run(
+        home: Path,
+        endpoint: str,
+        *argv: str,
+        token: str | None = TOKEN,
+        repo: str = "alice/tiny",
+        ref: str = "pushme",
+    ) -> tuple[int, str, str]:
         parser = argparse.ArgumentParser()
         add_push_arguments(parser)
         flags = ["--home", str(home), "--endpoint", endpoint, *(["--token", token] if token else [])]
@@ -181,8 +227,11 @@ def test_the_card_tells_what_the_run_did(
     card = hub.repos["alice/tiny"].files()["README.md"].decode()
 
     meta = yaml.safe_load(card.split("---\n")[1])
-    assert meta == {"library_name": "transformers", "pipeline_tag": "text-generation",
-                    "tags": ["carl", "grpo", "coherence"]}  # fmt: skip
+    assert meta == {
+        "library_name": "transformers",
+        "pipeline_tag": "text-generation",
+        "tags": ["carl", "grpo", "coherence"],
+    }
     body = card.split("---\n", 2)[2]
     assert "# pushme" in body and "`pushme` (id 1, finished)" in body
     assert "| method | GRPO, after 2 SFT warm-up steps |" in body
@@ -298,10 +347,25 @@ def test_a_wrong_token_is_one_line_from_the_carl_command(
 ) -> None:
     make_run(tmp_path, tiny_model)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING", "TRANSFORMERS_OFF"))}
-    env.update(HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1",
-               HF_HOME=str(tmp_path / "hf-home"), HF_ENDPOINT=hub.url)  # fmt: skip
-    argv = [sys.executable, "-m", "carl_tui.cli_carl", "--home", str(tmp_path),
-            "push", "pushme", "alice/tiny", "--token", "hf_wrong_token_000"]  # fmt: skip
+    env.update(
+        HF_HUB_DISABLE_XET="1",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+        HF_HOME=str(tmp_path / "hf-home"),
+        HF_ENDPOINT=hub.url,
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "carl_tui.cli_carl",
+        "--home",
+        str(tmp_path),
+        "push",
+        "pushme",
+        "alice/tiny",
+        "--token",
+        "hf_wrong_token_000",
+    ]
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
@@ -360,8 +424,19 @@ def test_a_stale_running_run_is_pushed_and_an_unknown_one_is_not(
     assert code == 2 and one_error(err) == "nope: no such run"
 
 
-@pytest.mark.parametrize("repo", ["tiny", "alice/tiny/x", ".alice/tiny", "alice/ti--ny", "alice/tiny.git",
-                                  "alice/", "alice/t y", "alice/" + "x" * 97])  # fmt: skip
+@pytest.mark.parametrize(
+    "repo",
+    [
+        "tiny",
+        "alice/tiny/x",
+        ".alice/tiny",
+        "alice/ti--ny",
+        "alice/tiny.git",
+        "alice/",
+        "alice/t y",
+        "alice/" + "x" * 97,
+    ],
+)
 def test_a_bad_repo_id_is_refused_before_anything_else(
     tmp_path: Path, hub: HubServer, tiny_model: Path, carl_push: Any, repo: str
 ) -> None:
@@ -376,21 +451,38 @@ def test_a_bad_repo_id_is_refused_before_anything_else(
     ("fail", "code", "message"),
     [
         (None, 2, "the token may not write to bob/tiny (403 Forbidden): it needs write access to 'bob'"),
-        ((409, "/commit/", "A commit has happened since"), 2,
-         "bob/tiny: the hub reports a conflict (409 Conflict): A commit has happened since"),
-        ((500, "/commit/", "database on fire"), 1,
-         "the hub failed (500 Internal Server Error): database on fire: try again later"),
+        (
+            (409, "/commit/", "A commit has happened since"),
+            2,
+            "bob/tiny: the hub reports a conflict (409 Conflict): A commit has happened since",
+        ),
+        (
+            (500, "/commit/", "database on fire"),
+            1,
+            "the hub failed (500 Internal Server Error): database on fire: try again later",
+        ),
         ((404, "/preupload/", "gone"), 2, "bob/tiny: not found on the hub (404 Not Found): gone"),
-        ((400, "/lfs-upload/", "checksum mismatch"), 2,  # huggingface_hub wraps this one in a RuntimeError
-         "the hub rejected the push to bob/tiny (400 Bad Request): checksum mismatch"),
-        ((413, "/lfs/objects/batch", "too big"), 2,
-         f"the hub rejected the push to bob/tiny (413 {HTTPStatus(413).phrase}): too big"),
+        (
+            (400, "/lfs-upload/", "checksum mismatch"),
+            2,  # huggingface_hub wraps this one in a RuntimeError
+            "the hub rejected the push to bob/tiny (400 Bad Request): checksum mismatch",
+        ),
+        (
+            (413, "/lfs/objects/batch", "too big"),
+            2,
+            f"the hub rejected the push to bob/tiny (413 {HTTPStatus(413).phrase}): too big",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_hub_that_refuses_is_one_line(
-    tmp_path: Path, hub: HubServer, tiny_model: Path, carl_push: Any, fail: tuple[int, str, str] | None,
-    code: int, message: str,
-) -> None:  # fmt: skip
+    tmp_path: Path,
+    hub: HubServer,
+    tiny_model: Path,
+    carl_push: Any,
+    fail: tuple[int, str, str] | None,
+    code: int,
+    message: str,
+) -> None:
     make_run(tmp_path, tiny_model)
     hub.orgs["bob"] = {USER} if fail else set()  # without a failure: alice may not write to bob's repos
     if fail:

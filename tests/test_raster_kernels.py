@@ -39,8 +39,14 @@ def _random_series(rng: random.Random, *, level: int) -> tuple[Series, Series]:
     vmax = vmin if level == 1 else [v if v != v else v + abs(rng.gauss(0, 1)) for v in vmin]
     mean = vmin
     lists = Series(list(first), list(last), list(vmin), list(vmax), list(mean), level)
-    arrays = Series(np.array(first, dtype=np.int64), np.array(last, dtype=np.int64), np.array(vmin),
-                    np.array(vmax), np.array(mean), level)  # fmt: skip
+    arrays = Series(
+        np.array(first, dtype=np.int64),
+        np.array(last, dtype=np.int64),
+        np.array(vmin),
+        np.array(vmax),
+        np.array(mean),
+        level,
+    )
     return lists, arrays
 
 
@@ -63,8 +69,9 @@ def test_python_and_numpy_kernels_draw_the_same(seed: int) -> None:
         dot_cols = width * 2  # both modes have 2 dot columns a cell
         as_lists = [BandLayer(lo_l, hi_l), LineLayer(line_l), markers]
         as_arrays = [BandLayer(lo_a, hi_a), LineLayer(line_a), markers]
-        for ours, theirs in zip(envelopes(as_lists, x_range, dot_cols), envelopes(as_arrays, x_range, dot_cols),
-                                strict=True):  # fmt: skip
+        for ours, theirs in zip(
+            envelopes(as_lists, x_range, dot_cols), envelopes(as_arrays, x_range, dot_cols), strict=True
+        ):
             assert _same(ours.lo, theirs.lo) and _same(ours.hi, theirs.hi), (seed, mode, ours.kind)
         a = rasterize(as_lists, width, height, x_range, mode=mode)
         b = rasterize(as_arrays, width, height, x_range, mode=mode)

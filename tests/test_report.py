@@ -22,39 +22,76 @@ TASK_ONLY = {0: (0.5, 0.4), 1: (0.6, 0.5), 2: (0.7, 0.6)}  # seed: (held-out tas
 CASCADE = {0: (0.7, 0.6), 1: (0.8, 0.8)}  # seed 2 failed
 
 
-def carl(home: Path, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-         ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def carl(
+    home: Path,
+    *args: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     pythonpath = os.pathsep.join(p for p in ((env or {}).get("PYTHONPATH"), str(ROOT)) if p)
     full = {**os.environ, "CARL_HOME": str(home), **(env or {}), "PYTHONPATH": pythonpath}
-    return subprocess.run([sys.executable, "-m", "carl_tui.cli_carl", *args], capture_output=True, text=True,
-                          env=full, cwd=cwd or ROOT, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "carl_tui.cli_carl", *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        cwd=cwd or ROOT,
+        timeout=120,
+    )
 
 
 def phi_mean(step: int) -> float:
     return 0.9 + 0.001 * step
 
 
-def fill_run(store: Store, name: str, steps: int, *, gate_opens: int | None = 20, source_kind: str = "carl",
-             wiggle: float = 0.0) -> int:  # fmt: skip
+def fill_run(
+    store: Store,
+    name: str,
+    steps: int,
+    *,
+    gate_opens: int | None = 20,
+    source_kind: str = "carl",
+    wiggle: float = 0.0,
+) -> int:
     run_id = store.create_run(
         name, source_kind=source_kind, backend="torch", model="carl-tiny", max_steps=steps
     )
     rows = []
     for t in range(steps):
-        rows += [(t, "reward", t / steps + 0.05 * math.sin(t + wiggle), 0.0), (t, "rewards/task/mean", t / steps, 0.0),
-                 (t, "rewards/format/mean", 0.5, 0.0), (t, "loss", 1.0 / (t + 1), 0.0)]  # fmt: skip
+        rows += [
+            (t, "reward", t / steps + 0.05 * math.sin(t + wiggle), 0.0),
+            (t, "rewards/task/mean", t / steps, 0.0),
+            (t, "rewards/format/mean", 0.5, 0.0),
+            (t, "loss", 1.0 / (t + 1), 0.0),
+        ]
     store.add_metrics(run_id, rows)
-    store.add_phi_stats(run_id, [{"step": t, "phi_mean": phi_mean(t), "phi_p10": phi_mean(t) - 0.05,
-                                  "phi_p90": phi_mean(t) + 0.03, "entropy_mean": 1.0 - 0.005 * t}
-                                 for t in range(steps)])  # fmt: skip
-    if gate_opens is not None:
-        store.add_gate_states(run_id, [
-            {"step": t, "threshold": 0.3,
-             "state": "closed" if t < gate_opens else "ramping" if t < gate_opens + 5 else "open",
-             "multiplier": 0.0 if t < gate_opens else min(0.5, 0.1 * (t - gate_opens + 1)),
-             "reason": "closed: waiting" if t < gate_opens else f"since step {gate_opens}"}
+    store.add_phi_stats(
+        run_id,
+        [
+            {
+                "step": t,
+                "phi_mean": phi_mean(t),
+                "phi_p10": phi_mean(t) - 0.05,
+                "phi_p90": phi_mean(t) + 0.03,
+                "entropy_mean": 1.0 - 0.005 * t,
+            }
             for t in range(steps)
-        ])  # fmt: skip
+        ],
+    )
+    if gate_opens is not None:
+        store.add_gate_states(
+            run_id,
+            [
+                {
+                    "step": t,
+                    "threshold": 0.3,
+                    "state": "closed" if t < gate_opens else "ramping" if t < gate_opens + 5 else "open",
+                    "multiplier": 0.0 if t < gate_opens else min(0.5, 0.1 * (t - gate_opens + 1)),
+                    "reason": "closed: waiting" if t < gate_opens else f"since step {gate_opens}",
+                }
+                for t in range(steps)
+            ],
+        )
     return run_id
 
 
@@ -64,8 +101,12 @@ def fill_store(home: Path) -> None:
     with Store(home / "carl.db") as store:
         alpha = fill_run(store, "alpha", 60)
         store.add_eval(alpha, False, {"task": 0.2, "solved": 0.1}, ["mean task reward 0.2 < 0.5"])
-        store.add_eval(alpha, True, {"task": 0.7, "solved": 0.6, "format": 0.9, "phi": 0.95, "prompts": 16},
-                       ["mean task reward 0.7 ≥ 0.5", "format-compliant answers 0.9 ≥ 0.8"])  # fmt: skip
+        store.add_eval(
+            alpha,
+            True,
+            {"task": 0.7, "solved": 0.6, "format": 0.9, "phi": 0.95, "prompts": 16},
+            ["mean task reward 0.7 ≥ 0.5", "format-compliant answers 0.9 ≥ 0.8"],
+        )
         fill_run(store, "beta", 40, gate_opens=None, source_kind="jsonl")
         store.create_run("fresh", source_kind="carl", backend="mlx", model="carl-tiny", max_steps=10)
         experiment = store.create_experiment(
@@ -77,12 +118,22 @@ def fill_store(home: Path) -> None:
                 if seed in results:
                     task, solved = results[seed]
                     store.add_eval(run_id, task >= 0.5, {"task": task, "solved": solved}, [f"task {task}"])
-                    store.update_experiment_run(experiment, arm, seed, run_id=run_id, status="finished", task=task,
-                                                solved=solved, gate_step=10 + seed, final_phi=phi_mean(29))  # fmt: skip
+                    store.update_experiment_run(
+                        experiment,
+                        arm,
+                        seed,
+                        run_id=run_id,
+                        status="finished",
+                        task=task,
+                        solved=solved,
+                        gate_step=10 + seed,
+                        final_phi=phi_mean(29),
+                    )
                 else:
                     store.update_run(run_id, status="failed", error="out of memory")
-                    store.update_experiment_run(experiment, arm, seed, run_id=run_id, status="failed",
-                                                error="out of memory")  # fmt: skip
+                    store.update_experiment_run(
+                        experiment, arm, seed, run_id=run_id, status="failed", error="out of memory"
+                    )
         store.create_experiment("waiting", {"name": "demo"}, ["cascade"], [0], 30, 5)
 
 
@@ -171,8 +222,12 @@ def test_report_of_one_run_charts_phi_rewards_gate_and_eval(home: Path, tmp_path
     assert_self_contained(page)
     assert "Run alpha" in page.headings
     figures = page.figures()
-    assert set(figures) == {"Φ and entropy — alpha", "Rewards — alpha", "Cascade gate — alpha (opened at step 20)",
-                            "Held-out eval — alpha"}  # fmt: skip
+    assert set(figures) == {
+        "Φ and entropy — alpha",
+        "Rewards — alpha",
+        "Cascade gate — alpha (opened at step 20)",
+        "Held-out eval — alpha",
+    }
 
     phi = {t["name"]: t for t in figures["Φ and entropy — alpha"]["data"]}
     assert set(phi) == {"Φ p90", "Φ p10–p90", "Φ mean", "entropy (nats)"}
@@ -219,8 +274,16 @@ def test_report_of_an_experiment_compares_its_runs_and_arms(home: Path, tmp_path
     for heading in ("Experiment abl", "Held-out results by arm", "Cells", "Comparison"):
         assert heading in page.headings
     figures = page.figures()
-    for title in ("Held-out task reward by arm", "Held-out solved share by arm", "Φ by run", "Entropy by run",
-                  "Reward by run", "Reward task by run", "Reward format by run", "Cascade gate multiplier by run"):  # fmt: skip
+    for title in (
+        "Held-out task reward by arm",
+        "Held-out solved share by arm",
+        "Φ by run",
+        "Entropy by run",
+        "Reward by run",
+        "Reward task by run",
+        "Reward format by run",
+        "Cascade gate multiplier by run",
+    ):
         assert title in figures, title
 
     phi = figures["Φ by run"]["data"]
@@ -317,7 +380,20 @@ def test_a_browser_draws_every_chart_offline(home: Path, tmp_path: Path) -> None
     assert carl(home, "report", "abl", cwd=tmp_path).returncode == 0
     path = tmp_path / "carl-report-abl.html"
     charts = len(read_page(path).charts())
-    dom = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--host-resolver-rules=MAP * ~NOTFOUND",
-                          "--virtual-time-budget=10000", "--dump-dom", path.as_uri()],
-                         capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
+    dom = subprocess.run(
+        [
+            BROWSER,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            path.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     assert charts > 10 and dom.count('class="plot-container plotly"') == charts  # plotly drew each one

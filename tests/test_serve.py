@@ -90,8 +90,12 @@ def home(tmp_path: Path) -> Path:
         rows = []
         for step in range(50):
             phi = 0.1 + 0.8 * step / 49
-            rows += [(step, "phi/mean", phi, now), (step, "phi/entropy", (1 - phi) * 6.24, now),
-                     (step, "rewards/task/mean", 0.5, now), (step, "reward", 0.5, now)]  # fmt: skip
+            rows += [
+                (step, "phi/mean", phi, now),
+                (step, "phi/entropy", (1 - phi) * 6.24, now),
+                (step, "rewards/task/mean", 0.5, now),
+                (step, "reward", 0.5, now),
+            ]
         store.add_metrics(run_id, rows)
     return home
 

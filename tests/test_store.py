@@ -26,8 +26,20 @@ def test_new_store_is_wal_versioned_and_private(tmp_path: Path, monkeypatch: pyt
         assert s.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert s.conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
         tables = {r[0] for r in s.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"runs", "metrics", "phi_stats", "samples", "commands", "chat_messages", "conversations",
-            "trajectories", "trajectory_events", "agent_events", "sources", "rollups"} <= tables  # fmt: skip
+    assert {
+        "runs",
+        "metrics",
+        "phi_stats",
+        "samples",
+        "commands",
+        "chat_messages",
+        "conversations",
+        "trajectories",
+        "trajectory_events",
+        "agent_events",
+        "sources",
+        "rollups",
+    } <= tables
     assert stat.S_IMODE(home.stat().st_mode) == 0o700
     assert stat.S_IMODE(paths.db_path(home).stat().st_mode) == 0o600
 
@@ -93,8 +105,9 @@ def test_run_names_are_made_unique(store: Store) -> None:
     seed=st.integers(0, 2**16),
     batches=st.integers(1, 4),
 )
-def test_rollups_match_a_numpy_aggregation(tmp_path_factory: pytest.TempPathFactory, steps: list[int],
-                                           seed: int, batches: int) -> None:  # fmt: skip
+def test_rollups_match_a_numpy_aggregation(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[int], seed: int, batches: int
+) -> None:
     rng = np.random.default_rng(seed)
     arr_extra: list[int] = []
     steps = [s for s in steps if s != 50_000 + seed]
@@ -117,8 +130,9 @@ def test_rollups_match_a_numpy_aggregation(tmp_path_factory: pytest.TempPathFact
         for level in ROLLUP_LEVELS:
             got = s.conn.execute(
                 "SELECT bucket, n, vmin, vmax, vsum, first_step, last_step, last_value FROM rollups"
-                " WHERE level=? ORDER BY bucket", (level,)
-            ).fetchall()  # fmt: skip
+                " WHERE level=? ORDER BY bucket",
+                (level,),
+            ).fetchall()
             buckets = sorted(set(arr_steps // level))
             assert [g[0] for g in got] == buckets
             for bucket, n, vmin, vmax, vsum, first, last, last_value in got:
@@ -183,8 +197,20 @@ def test_reader_cannot_write(store: Store) -> None:
 
 def test_phi_stats_are_mirrored_into_metrics(store: Store) -> None:
     rid = store.create_run("r", source_kind="carl", vocab_size=64)
-    store.add_phi_stats(rid, [{"step": 1, "phi_mean": 0.5, "phi_p10": 0.2, "phi_p90": 0.8,
-                               "entropy_mean": 0.5 * math.log(64), "tokens": 40, "hist": [1, 2, 3]}])  # fmt: skip
+    store.add_phi_stats(
+        rid,
+        [
+            {
+                "step": 1,
+                "phi_mean": 0.5,
+                "phi_p10": 0.2,
+                "phi_p90": 0.8,
+                "entropy_mean": 0.5 * math.log(64),
+                "tokens": 40,
+                "hist": [1, 2, 3],
+            }
+        ],
+    )
     row = store.conn.execute("SELECT phi_mean, tokens, hist FROM phi_stats").fetchone()
     assert row == (0.5, 40, "[1, 2, 3]")
     keys = dict(store.conn.execute("SELECT key, value FROM metrics").fetchall())
@@ -250,8 +276,18 @@ def test_a_version_1_store_migrates_forward_keeping_its_rows(tmp_path: Path) -> 
         assert s.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION >= 2
         assert s.run(1)["name"] == "old" and s.run(1)["error"] is None
         s.update_run(1, error="boom", pid=42)
-        s.add_gate_states(1, [{"step": 3, "state": "closed", "threshold": 0.1, "multiplier": 0.0,
-                               "reason": "closed: 1/5 above p60=0.10 (n=5)"}])  # fmt: skip
+        s.add_gate_states(
+            1,
+            [
+                {
+                    "step": 3,
+                    "state": "closed",
+                    "threshold": 0.1,
+                    "multiplier": 0.0,
+                    "reason": "closed: 1/5 above p60=0.10 (n=5)",
+                }
+            ],
+        )
         s.add_event(1, 3, "gate_open", "opened")
         s.add_event(1, 3, "gate_open", "again")  # one per (run, kind, step)
     reader = StoreReader(db_file)
@@ -285,8 +321,10 @@ def test_two_processes_opening_a_fresh_store_at_once_both_get_it(tmp_path: Path)
 
     code = "import sys; from engine.store import Store; Store(sys.argv[1]).close()"
     db = tmp_path / "carl.db"
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(db)], stderr=subprocess.PIPE, text=True)
-             for _ in range(4)]  # fmt: skip
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(db)], stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
     errors = [p.communicate(timeout=60)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0, 0], errors
     with Store(db) as store:

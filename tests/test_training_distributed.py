@@ -95,8 +95,11 @@ def test_two_processes_write_each_step_once_with_phi_over_both_ranks(
     assert per_step(store, run_id, "samples") == [(1, 4), (2, 4), (3, 4)]
     # Phi pools both ranks' completions: the step's token count is the global batch's (TRL's mean
     # completion length is over both ranks). Counting rank 0's alone would give about half.
-    lengths = dict(store.conn.execute(
-        "SELECT step, value FROM metrics WHERE run_id=? AND key='completions/mean_length'", (run_id,)))  # fmt: skip
+    lengths = dict(
+        store.conn.execute(
+            "SELECT step, value FROM metrics WHERE run_id=? AND key='completions/mean_length'", (run_id,)
+        )
+    )
     for step, tokens, hist in store.conn.execute(
         "SELECT step, tokens, hist FROM phi_stats WHERE run_id=?", (run_id,)
     ):
@@ -146,9 +149,13 @@ def test_pause_checkpoint_and_stop_reach_both_ranks_at_one_step(
 
         def send(verb: str, args: dict | None = None) -> tuple[str, str]:
             command_id = store.enqueue_command(verb, args, target="run", run_id=run_id)
-            return wait_for(lambda: store.conn.execute(
-                "SELECT state, result FROM commands WHERE id=? AND state IN ('done', 'failed')", (command_id,)
-            ).fetchone(), proc=proc)  # fmt: skip
+            return wait_for(
+                lambda: store.conn.execute(
+                    "SELECT state, result FROM commands WHERE id=? AND state IN ('done', 'failed')",
+                    (command_id,),
+                ).fetchone(),
+                proc=proc,
+            )
 
         state, result = send("pause")
         assert state == "done", result

@@ -99,17 +99,21 @@ def test_a_short_grpo_run_reports_every_step(tmp_path: Path, tiny_model: Path, s
     # Phi per step (token-weighted, with percentiles and a histogram), the entropy in nats beside it.
     phi = store.conn.execute(
         "SELECT step, phi_mean, phi_p10, phi_p90, entropy_mean, tokens, vocab_size, hist FROM phi_stats"
-        " WHERE run_id=? AND step>2 ORDER BY step", (run_id,)).fetchall()  # fmt: skip
+        " WHERE run_id=? AND step>2 ORDER BY step",
+        (run_id,),
+    ).fetchall()
     assert [r[0] for r in phi] == list(range(3, 9))
     for _, mean, p10, p90, entropy, tokens, vocab, hist in phi:
         assert 0 <= p10 <= mean <= 1 and p10 <= p90 <= 1 and tokens > 0 and vocab == 512
         assert entropy == pytest.approx(json_entropy(store, run_id, _), rel=1e-6)
         assert sum(json.loads(hist)) == tokens
-    gates = store.conn.execute("SELECT step, state, reason FROM gate_states WHERE run_id=? ORDER BY step",
-                               (run_id,)).fetchall()  # fmt: skip
+    gates = store.conn.execute(
+        "SELECT step, state, reason FROM gate_states WHERE run_id=? ORDER BY step", (run_id,)
+    ).fetchall()
     assert [g[0] for g in gates] == list(range(3, 9)) and all(g[2] for g in gates)
-    samples = store.conn.execute("SELECT step, kind, completion, tokens, phi, entropy, rewards FROM samples"
-                                 " WHERE run_id=?", (run_id,)).fetchall()  # fmt: skip
+    samples = store.conn.execute(
+        "SELECT step, kind, completion, tokens, phi, entropy, rewards FROM samples WHERE run_id=?", (run_id,)
+    ).fetchall()
     assert {s[1] for s in samples} == {"best", "worst", "median", "random"}
     for _, _, _, tokens, phi_json, entropy_json, rewards in samples:
         assert len(json.loads(tokens)) == len(json.loads(phi_json)) == len(json.loads(entropy_json))
@@ -121,8 +125,9 @@ def test_a_short_grpo_run_reports_every_step(tmp_path: Path, tiny_model: Path, s
 
 
 def json_entropy(store: Store, run_id: int, step: int) -> float:
-    return store.conn.execute("SELECT value FROM metrics WHERE run_id=? AND step=? AND key='phi/entropy'",
-                              (run_id, step)).fetchone()[0]  # fmt: skip
+    return store.conn.execute(
+        "SELECT value FROM metrics WHERE run_id=? AND step=? AND key='phi/entropy'", (run_id, step)
+    ).fetchone()[0]
 
 
 # -- commands ------------------------------------------------------------------------------------
@@ -136,14 +141,25 @@ def test_a_reference_answer_dataset_trains_on_either_backend_with_its_own_checks
     from engine.tasks import ReferenceTask
 
     rows = [
-        {"prompt": f"What is {a} + {b}?", "reference": str(a + b), "verifier": "number",
-         "completion": f"<answer>{a + b}</answer>"}
-        for a in range(6) for b in range(4)
-    ]  # fmt: skip
+        {
+            "prompt": f"What is {a} + {b}?",
+            "reference": str(a + b),
+            "verifier": "number",
+            "completion": f"<answer>{a + b}</answer>",
+        }
+        for a in range(6)
+        for b in range(4)
+    ]
     dataset = tmp_path / "sums.jsonl"
     dataset.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    config = write_config(tmp_path / "carl.yaml", tiny_model, dataset=str(dataset), max_steps=2, backend=backend,
-                          rewards=[{"name": "task"}, {"name": "format", "weight": 0.5}])  # fmt: skip
+    config = write_config(
+        tmp_path / "carl.yaml",
+        tiny_model,
+        dataset=str(dataset),
+        max_steps=2,
+        backend=backend,
+        rewards=[{"name": "task"}, {"name": "format", "weight": 0.5}],
+    )
     code, _, err = finish(start(tmp_path / "home", "--config", str(config), "--name", "sums"))
     assert code == 0, err
     run_id = run_row(store, "sums")["id"]
@@ -233,8 +249,12 @@ def paused_at(store: Store, run_id: int, proc: subprocess.Popen[str], after_step
     return the step boundary it holds at (a kill then lands there, not wherever the run had got to)."""
     wait_for(lambda: (store.run(run_id)["last_step"] or 0) >= after_step, proc=proc)
     command = store.enqueue_command("pause", target="run", run_id=run_id, origin="test")
-    result = wait_for(lambda: store.conn.execute(
-        "SELECT result FROM commands WHERE id=? AND state='done'", (command,)).fetchone(), proc=proc)  # fmt: skip
+    result = wait_for(
+        lambda: store.conn.execute(
+            "SELECT result FROM commands WHERE id=? AND state='done'", (command,)
+        ).fetchone(),
+        proc=proc,
+    )
     return int(result[0].removeprefix("paused at step "))
 
 
@@ -261,8 +281,9 @@ def test_kill_9_then_resume_leaves_every_step_exactly_once(
     assert code == 0, err
     run = store.run(run_id)
     assert run["status"] == "finished" and run["last_step"] == 18
-    counts = store.conn.execute("SELECT step, count(*) FROM metrics WHERE run_id=? AND key='loss' GROUP BY step",
-                                (run_id,)).fetchall()  # fmt: skip
+    counts = store.conn.execute(
+        "SELECT step, count(*) FROM metrics WHERE run_id=? AND key='loss' GROUP BY step", (run_id,)
+    ).fetchall()
     assert counts == [(step, 1) for step in range(1, 19)]
     for table in ("phi_stats", "gate_states"):
         steps = [
@@ -270,8 +291,10 @@ def test_kill_9_then_resume_leaves_every_step_exactly_once(
             for r in store.conn.execute(f"SELECT step FROM {table} WHERE run_id=? ORDER BY step", (run_id,))
         ]
         assert steps == sorted(set(steps)) and steps[-1] == 18, table
-    assert [r[0] for r in store.conn.execute(
-        "SELECT step FROM gate_states WHERE run_id=? ORDER BY step", (run_id,))] == list(range(3, 19))  # fmt: skip
+    assert [
+        r[0]
+        for r in store.conn.execute("SELECT step FROM gate_states WHERE run_id=? ORDER BY step", (run_id,))
+    ] == list(range(3, 19))
     # The rollups agree with the rows they summarise.
     for level in ROLLUP_LEVELS[:2]:
         stored = store.conn.execute(
@@ -280,7 +303,9 @@ def test_kill_9_then_resume_leaves_every_step_exactly_once(
         ).fetchall()
         fresh = store.conn.execute(
             "SELECT key, step / ?, count(value), sum(value) FROM metrics WHERE run_id=? GROUP BY key, step / ?"
-            " ORDER BY key, step / ?", (level, run_id, level, level)).fetchall()  # fmt: skip
+            " ORDER BY key, step / ?",
+            (level, run_id, level, level),
+        ).fetchall()
         assert [(k, b, n) for k, b, n, _ in stored] == [(k, b, n) for k, b, n, _ in fresh]
         for (_, _, _, a), (_, _, _, b) in zip(stored, fresh, strict=True):
             assert (a is None and b is None) or a == pytest.approx(b)
@@ -298,13 +323,33 @@ def test_bad_input_fails_with_one_line(tmp_path: Path, tiny_model: Path, store: 
     home = tmp_path / "home"
     cases = [
         ("badfield", {"cascade": {"ramp_steps": 0}}, 2, "cascade.ramp_steps: Input should be greater than 0"),
-        ("nomodel", {"model": str(tmp_path / "missing-model")}, 2, f"model {tmp_path / 'missing-model'}: no such directory"),
-        ("nocols", {"dataset": str(write_rows(tmp_path / "rows.jsonl"))}, 2, "no 'answer_tool' column, which the task reward needs"),
+        (
+            "nomodel",
+            {"model": str(tmp_path / "missing-model")},
+            2,
+            f"model {tmp_path / 'missing-model'}: no such directory",
+        ),
+        (
+            "nocols",
+            {"dataset": str(write_rows(tmp_path / "rows.jsonl"))},
+            2,
+            "no 'answer_tool' column, which the task reward needs",
+        ),
         ("nobackend", {"backend": "cuda"}, 2, "backend: Input should be 'auto', 'torch' or 'mlx'"),
-        ("badimport", {"rewards": [{"name": "no_such_module_x:fn"}]}, 2, "reward module 'no_such_module_x' not found"),
-        ("raises", {"rewards": [{"name": "carl_user_rewards:explode"}]}, 1, "reward 'explode' raised ZeroDivisionError"),
+        (
+            "badimport",
+            {"rewards": [{"name": "no_such_module_x:fn"}]},
+            2,
+            "reward module 'no_such_module_x' not found",
+        ),
+        (
+            "raises",
+            {"rewards": [{"name": "carl_user_rewards:explode"}]},
+            1,
+            "reward 'explode' raised ZeroDivisionError",
+        ),
         ("diverges", {"learning_rate": 1e12}, 1, "the model's probabilities became NaN or inf"),
-    ]  # fmt: skip
+    ]
     (tmp_path / "carl_user_rewards.py").write_text(
         "def explode(prompts, completions, **kwargs):\n    return [1 / 0 for _ in completions]\n"
     )

@@ -36,18 +36,37 @@ def payloads(cwd: str) -> list[dict]:
     return [
         {**base, "hook_event_name": "SessionStart", "source": "startup", "model": "claude-sonnet-5-5"},
         {**base, "hook_event_name": "UserPromptSubmit", "prompt": "fix the failing test in app.py"},
-        {**tool, "hook_event_name": "PostToolUse", "tool_name": "Read",
-         "tool_input": {"file_path": f"{cwd}/app.py"}, "tool_response": {"type": "text"}},
-        {**tool, "hook_event_name": "PostToolUse", "tool_name": "Edit",
-         "tool_input": {"file_path": f"{cwd}/app.py", "old_string": "a", "new_string": "b"},
-         "tool_response": {"filePath": f"{cwd}/app.py"}},
-        {**tool, "hook_event_name": "PostToolUseFailure", "tool_name": "Bash",
-         "tool_input": {"command": "pytest -q", "description": "run tests"}, "error": "Exit code 1\nFAILED"},
-        {**tool, "hook_event_name": "PostToolUse", "tool_name": "Bash",
-         "tool_input": {"command": "pytest -q"}, "tool_response": {"stdout": "1 passed", "stderr": ""}},
+        {
+            **tool,
+            "hook_event_name": "PostToolUse",
+            "tool_name": "Read",
+            "tool_input": {"file_path": f"{cwd}/app.py"},
+            "tool_response": {"type": "text"},
+        },
+        {
+            **tool,
+            "hook_event_name": "PostToolUse",
+            "tool_name": "Edit",
+            "tool_input": {"file_path": f"{cwd}/app.py", "old_string": "a", "new_string": "b"},
+            "tool_response": {"filePath": f"{cwd}/app.py"},
+        },
+        {
+            **tool,
+            "hook_event_name": "PostToolUseFailure",
+            "tool_name": "Bash",
+            "tool_input": {"command": "pytest -q", "description": "run tests"},
+            "error": "Exit code 1\nFAILED",
+        },
+        {
+            **tool,
+            "hook_event_name": "PostToolUse",
+            "tool_name": "Bash",
+            "tool_input": {"command": "pytest -q"},
+            "tool_response": {"stdout": "1 passed", "stderr": ""},
+        },
         {**base, "hook_event_name": "Stop", "stop_hook_active": False},
         {**base, "hook_event_name": "UserPromptSubmit", "prompt": "no, that's wrong — undo the edit"},
-    ]  # fmt: skip
+    ]
 
 
 def installed_command(settings: Path, event: str) -> str:
@@ -56,8 +75,14 @@ def installed_command(settings: Path, event: str) -> str:
 
 
 def carl(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "carl_tui.cli_carl", "--home", str(home), *args], cwd=ROOT,
-                          env=env or {**os.environ}, capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "carl_tui.cli_carl", "--home", str(home), *args],
+        cwd=ROOT,
+        env=env or {**os.environ},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.slow
@@ -72,8 +97,14 @@ async def test_hooks_to_engine_to_control_room(tmp_path: Path, monkeypatch: pyte
     settings = user_home / ".claude" / "settings.json"
     command = installed_command(settings, "PostToolUse")
     for payload in payloads(str(tmp_path / "proj")):
-        hook = subprocess.run(["sh", "-c", command], input=json.dumps(payload), env=env, capture_output=True,
-                              text=True, timeout=30)  # fmt: skip
+        hook = subprocess.run(
+            ["sh", "-c", command],
+            input=json.dumps(payload),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert hook.returncode == 0 and hook.stdout == ""
     assert len(list((home / "spool" / "hooks").glob("*.json"))) == 8  # recorded while the engine is down
 
@@ -101,8 +132,12 @@ async def test_hooks_to_engine_to_control_room(tmp_path: Path, monkeypatch: pyte
             ("Bash", 1),
         ]
         assert row["events"][2]["exit_code"] == 1
-        assert row["outcome"] == {"correction_detected": True, "redo_detected": False, "build_success": None,
-                                  "session_continued": True}  # fmt: skip
+        assert row["outcome"] == {
+            "correction_detected": True,
+            "redo_detected": False,
+            "build_success": None,
+            "session_continued": True,
+        }
         assert set(row["signals"]) == {"outcome", "process", "efficiency", "verification", "consistency"}
         assert row["signals"]["verification"] == 0.4  # 0.4·[pytest ran]; no build, no read after the edit
         assert row["domain"] is not None

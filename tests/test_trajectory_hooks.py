@@ -19,8 +19,12 @@ from engine.trajectories import hook, hooks
 from engine.trajectories.hooks import HookSettingsError, SpoolItem, assemble
 
 SID = "9f1c2b7e-5d1a-4c55-8a0e-3f2d1c0b9a87"
-COMMON = {"session_id": SID, "transcript_path": f"/home/dev/.claude/projects/-w-app/{SID}.jsonl",
-          "cwd": "/w/app", "permission_mode": "default"}  # fmt: skip
+COMMON = {
+    "session_id": SID,
+    "transcript_path": f"/home/dev/.claude/projects/-w-app/{SID}.jsonl",
+    "cwd": "/w/app",
+    "permission_mode": "default",
+}
 SPOOL_NAME = re.compile(r"^\d{20}-\d+-\d+-[0-9a-f]{6}\.json$")
 
 
@@ -43,8 +47,13 @@ def prompt(text: str, **kw: Any) -> dict[str, Any]:
 
 
 def pre(tool: str, tool_input: dict[str, Any]) -> dict[str, Any]:
-    return {**COMMON, "hook_event_name": "PreToolUse", "tool_name": tool, "tool_input": tool_input,
-            "tool_use_id": "toolu_01"}  # fmt: skip
+    return {
+        **COMMON,
+        "hook_event_name": "PreToolUse",
+        "tool_name": tool,
+        "tool_input": tool_input,
+        "tool_use_id": "toolu_01",
+    }
 
 
 def post(tool: str, tool_input: dict[str, Any], response: Any = None, **kw: Any) -> dict[str, Any]:
@@ -53,13 +62,27 @@ def post(tool: str, tool_input: dict[str, Any], response: Any = None, **kw: Any)
         if response is None
         else response
     )
-    return {**COMMON, "hook_event_name": "PostToolUse", "tool_name": tool, "tool_input": tool_input,
-            "tool_response": response, "tool_use_id": "toolu_02", **kw}  # fmt: skip
+    return {
+        **COMMON,
+        "hook_event_name": "PostToolUse",
+        "tool_name": tool,
+        "tool_input": tool_input,
+        "tool_response": response,
+        "tool_use_id": "toolu_02",
+        **kw,
+    }
 
 
 def failure(tool: str, tool_input: dict[str, Any], error: str, **kw: Any) -> dict[str, Any]:
-    return {**COMMON, "hook_event_name": "PostToolUseFailure", "tool_name": tool, "tool_input": tool_input,
-            "tool_use_id": "toolu_03", "error": error, **kw}  # fmt: skip
+    return {
+        **COMMON,
+        "hook_event_name": "PostToolUseFailure",
+        "tool_name": tool,
+        "tool_input": tool_input,
+        "tool_use_id": "toolu_03",
+        "error": error,
+        **kw,
+    }
 
 
 def stop() -> dict[str, Any]:
@@ -83,7 +106,7 @@ EVERY_EVENT = [
         READ,
         {"type": "text", "file": {"filePath": READ["file_path"], "content": "x" * 2000}},
         duration_ms=12,
-    ),  # fmt: skip
+    ),
     failure("Bash", BASH, "Exit code 1\nFAILED tests/test_api.py::test_health", duration_ms=830),
     stop(),
     session_end(),
@@ -96,8 +119,13 @@ EVERY_EVENT = [
 
 def run_hook(body: bytes, home: Path, argv: list[str] | None = None) -> subprocess.CompletedProcess[bytes]:
     env = {**os.environ, "CARL_HOME": str(home)}
-    return subprocess.run([sys.executable, "-S", str(hooks.HOOK_SCRIPT), *(argv or [])], input=body,
-                          capture_output=True, env=env, timeout=30)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-S", str(hooks.HOOK_SCRIPT), *(argv or [])],
+        input=body,
+        capture_output=True,
+        env=env,
+        timeout=30,
+    )
 
 
 def spool_files(home: Path) -> list[Path]:
@@ -139,11 +167,17 @@ def test_the_installed_command_records_through_the_shell(
 
 @pytest.mark.parametrize(
     ("body", "reason"),
-    [(b"not json at all", "not JSON"), (b"", "empty payload"), (b"  \n", "empty payload"),
-     (b'[{"hook_event_name": "Stop"}]', "not a JSON object (list)"), (b'{"session_id": "x"', "not JSON"),
-     (b'{"a": 1} {"b": 2}', "extra data"), (b"\xff\xfe\x00garbage", "not JSON"),
-     (b'"Stop"', "not a JSON object")],
-)  # fmt: skip
+    [
+        (b"not json at all", "not JSON"),
+        (b"", "empty payload"),
+        (b"  \n", "empty payload"),
+        (b'[{"hook_event_name": "Stop"}]', "not a JSON object (list)"),
+        (b'{"session_id": "x"', "not JSON"),
+        (b'{"a": 1} {"b": 2}', "extra data"),
+        (b"\xff\xfe\x00garbage", "not JSON"),
+        (b'"Stop"', "not a JSON object"),
+    ],
+)
 def test_bad_payloads_are_logged_and_dropped(tmp_path: Path, body: bytes, reason: str) -> None:
     home = tmp_path / "carl"
     done = run_hook(body, home)
@@ -155,8 +189,10 @@ def test_bad_payloads_are_logged_and_dropped(tmp_path: Path, body: bytes, reason
 
 def test_concurrent_sessions_lose_nothing(tmp_path: Path) -> None:
     home = tmp_path / "carl"
-    sessions = [[{**post("Bash", {"command": f"echo {s}-{i}"}), "session_id": f"s{s}"} for i in range(25)]
-                for s in range(8)]  # fmt: skip
+    sessions = [
+        [{**post("Bash", {"command": f"echo {s}-{i}"}), "session_id": f"s{s}"} for i in range(25)]
+        for s in range(8)
+    ]
 
     def one_session(payloads: list[dict[str, Any]]) -> list[int]:
         return [run_hook(json.dumps(p).encode(), home).returncode for p in payloads]
@@ -240,8 +276,10 @@ def write_settings(path: Path, data: Any, indent: int = 2) -> bytes:
 
 
 def our_handlers(data: dict[str, Any]) -> dict[str, int]:
-    return {event: sum(hooks.is_ours(h.get("command")) for g in groups for h in g.get("hooks", []))
-            for event, groups in data.get("hooks", {}).items()}  # fmt: skip
+    return {
+        event: sum(hooks.is_ours(h.get("command")) for g in groups for h in g.get("hooks", []))
+        for event, groups in data.get("hooks", {}).items()
+    }
 
 
 @pytest.mark.parametrize("indent", [2, 4])
@@ -251,9 +289,15 @@ def test_install_is_idempotent_and_uninstall_restores(tmp_path: Path, indent: in
     assert hooks.install("user", home=tmp_path, carl_home=tmp_path / "carl") == path
     first = path.read_bytes()
     data = json.loads(first)
-    assert our_handlers(data) == {"PostToolUse": 1, "Stop": 1, "Notification": 0, "SessionStart": 1,
-                                  "UserPromptSubmit": 1, "PostToolUseFailure": 1,
-                                  "SessionEnd": 1}  # fmt: skip
+    assert our_handlers(data) == {
+        "PostToolUse": 1,
+        "Stop": 1,
+        "Notification": 0,
+        "SessionStart": 1,
+        "UserPromptSubmit": 1,
+        "PostToolUseFailure": 1,
+        "SessionEnd": 1,
+    }
     assert {k: v for k, v in data.items() if k != "hooks"} == {
         k: v for k, v in USER_SETTINGS.items() if k != "hooks"
     }
@@ -353,11 +397,18 @@ def test_install_bakes_in_the_carl_home(tmp_path: Path, monkeypatch: pytest.Monk
 
 @pytest.mark.parametrize(
     ("command", "ours"),
-    [(hooks.hook_command(), True), ("/usr/bin/python3 -S '/opt/x/engine/trajectories/hook.py'", True),
-     ("carl hook", True), ("/home/me/.local/bin/carl hook --home /tmp/c", True),
-     ('"C:/bin/carl.exe" hook', True),
-     ("carl hooks install", False), ("prettier --write", False), ("~/bin/webhook.sh", False), (None, False)],
-)  # fmt: skip
+    [
+        (hooks.hook_command(), True),
+        ("/usr/bin/python3 -S '/opt/x/engine/trajectories/hook.py'", True),
+        ("carl hook", True),
+        ("/home/me/.local/bin/carl hook --home /tmp/c", True),
+        ('"C:/bin/carl.exe" hook', True),
+        ("carl hooks install", False),
+        ("prettier --write", False),
+        ("~/bin/webhook.sh", False),
+        (None, False),
+    ],
+)
 def test_is_ours(command: str | None, ours: bool) -> None:
     assert hooks.is_ours(command) is ours
 
@@ -431,7 +482,10 @@ def test_two_turns_with_a_correction() -> None:
     assert (first.agent, first.source, first.session_id, first.cwd) == ("claude-code", "hook", SID, "/w/app")
     assert first.prompt == "add a health endpoint to the API" and first.turn_index == 0
     assert [(e.tool, e.success, e.exit_code) for e in first.events] == [
-        ("Read", True, None), ("Edit", True, None), ("Bash", False, 1)]  # fmt: skip
+        ("Read", True, None),
+        ("Edit", True, None),
+        ("Bash", False, 1),
+    ]
     assert first.events[0].params == {"file_path": "/w/app/api.py"} and first.events[0].duration_ms == 12
     assert first.events[2].params == {"command": BASH["command"], "description": BASH["description"]}
     assert first.events[2].bash_error and first.events[1].ts == 1_700_000_004.0
@@ -459,23 +513,32 @@ def test_reassembly_keeps_uids_and_updates_the_earlier_turn() -> None:
 
 
 def test_a_turn_without_tools_still_judges_the_one_before() -> None:
-    result = assemble(timed(
-        prompt("rename the module"), post("Bash", {"command": "git mv a.py b.py"}), stop(),
-        prompt("thanks! what does it do now?"), stop(),
-        prompt("try again, but keep the old name as an alias"),
-    ))  # fmt: skip
+    result = assemble(
+        timed(
+            prompt("rename the module"),
+            post("Bash", {"command": "git mv a.py b.py"}),
+            stop(),
+            prompt("thanks! what does it do now?"),
+            stop(),
+            prompt("try again, but keep the old name as an alias"),
+        )
+    )
     assert len(result.trajectories) == 1 and result.open_turn
     only = result.trajectories[0]
     assert (only.session_continued, only.correction, only.redo) == (True, False, False)  # judged by "thanks!"
 
 
 def test_missing_stop_closes_at_the_next_prompt_and_session_end_closes() -> None:
-    result = assemble(timed(
-        prompt("run the tests"), post("Bash", BASH),
-        failure("Bash", BASH, "Command exited with non-zero status code 2"),
-        prompt("still failing, why did you skip the fixture?"),
-        post("Read", READ), session_end(),
-    ))  # fmt: skip
+    result = assemble(
+        timed(
+            prompt("run the tests"),
+            post("Bash", BASH),
+            failure("Bash", BASH, "Command exited with non-zero status code 2"),
+            prompt("still failing, why did you skip the fixture?"),
+            post("Read", READ),
+            session_end(),
+        )
+    )
     first, second = result.trajectories
     assert first.ended_at == 1_700_000_002.0  # its last payload: no Stop came
     assert first.events[1].exit_code == 2 and first.correction is True
@@ -491,36 +554,50 @@ def test_an_open_turn_is_not_emitted_until_closed_or_stale() -> None:
 
 
 def test_injected_prompts_are_not_human() -> None:
-    result = assemble(timed(
-        prompt("start the dev server in the background"), post("Bash", {"command": "npm run dev"}), stop(),
-        prompt("<task-notification>the server said: that's wrong, port busy</task-notification>"),
-        post("Bash", {"command": "lsof -i :3000"}), stop(),
-        prompt("<local-command-stdout>That's wrong. Undo.</local-command-stdout>"),
-        prompt("great, looks good"),
-    ))  # fmt: skip
+    result = assemble(
+        timed(
+            prompt("start the dev server in the background"),
+            post("Bash", {"command": "npm run dev"}),
+            stop(),
+            prompt("<task-notification>the server said: that's wrong, port busy</task-notification>"),
+            post("Bash", {"command": "lsof -i :3000"}),
+            stop(),
+            prompt("<local-command-stdout>That's wrong. Undo.</local-command-stdout>"),
+            prompt("great, looks good"),
+        )
+    )
     (only,) = result.trajectories
     assert [e.params["command"] for e in only.events] == ["npm run dev", "lsof -i :3000"]  # one turn
     assert (only.session_continued, only.correction, only.redo) == (True, False, False)
 
 
 def test_tool_errors_subagents_and_stop_hook_continuation() -> None:
-    result = assemble(timed(
-        prompt("fetch the docs"),
-        post("WebFetch", {"url": "https://example.com", "prompt": "summarize"}, {"error": "HTTP 404"}),
-        post("mcp__db__query", {"query": "select 1"}, {"isError": True, "content": []}),
-        post("Write", {"file_path": "/w/a", "content": "x"}, {"success": False}),
-        post("Bash", {"command": "ls"}, {"is_error": True}),
-        post("Agent", {"prompt": "look around", "subagent_type": "Explore"}, {"status": "completed"}),
-        post("Read", READ, agent_id="agent-7", agent_type="Explore"),
-        failure("Bash", {"command": "sleep 999"}, "Command timed out", is_interrupt=True),
-        stop(), post("Bash", {"command": "echo more"}), stop(),  # a Stop hook kept Claude going
-        pre("Bash", BASH),
-    ))  # fmt: skip
+    result = assemble(
+        timed(
+            prompt("fetch the docs"),
+            post("WebFetch", {"url": "https://example.com", "prompt": "summarize"}, {"error": "HTTP 404"}),
+            post("mcp__db__query", {"query": "select 1"}, {"isError": True, "content": []}),
+            post("Write", {"file_path": "/w/a", "content": "x"}, {"success": False}),
+            post("Bash", {"command": "ls"}, {"is_error": True}),
+            post("Agent", {"prompt": "look around", "subagent_type": "Explore"}, {"status": "completed"}),
+            post("Read", READ, agent_id="agent-7", agent_type="Explore"),
+            failure("Bash", {"command": "sleep 999"}, "Command timed out", is_interrupt=True),
+            stop(),
+            post("Bash", {"command": "echo more"}),
+            stop(),  # a Stop hook kept Claude going
+            pre("Bash", BASH),
+        )
+    )
     (only,) = result.trajectories
     assert [(e.tool, e.success, e.exit_code) for e in only.events] == [
-        ("WebFetch", False, None), ("mcp__db__query", False, None), ("Write", False, None),
+        ("WebFetch", False, None),
+        ("mcp__db__query", False, None),
+        ("Write", False, None),
         ("Bash", False, None),
-        ("Agent", True, None), ("Bash", False, None), ("Bash", True, None)]  # fmt: skip
+        ("Agent", True, None),
+        ("Bash", False, None),
+        ("Bash", True, None),
+    ]
     assert only.ended_at == 1_700_000_010.0 and not result.open_turn
 
 

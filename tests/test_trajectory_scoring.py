@@ -35,8 +35,13 @@ def reference_score(t: Trajectory) -> dict[str, Any]:
     all_events = t.events
     total = len(all_events)
     failures = len([e for e in all_events if e.success is False])
-    errors = len([e for e in all_events if e.tool == "Bash" and (e.success is False or
-                  (e.exit_code is not None and e.exit_code != 0))])  # fmt: skip  # rule 12(b)
+    errors = len(
+        [
+            e
+            for e in all_events
+            if e.tool == "Bash" and (e.success is False or (e.exit_code is not None and e.exit_code != 0))
+        ]
+    )  # rule 12(b)
     counts: dict[str, int] = {}
     for e in all_events:
         counts[e.tool] = counts.get(e.tool, 0) + 1
@@ -86,8 +91,12 @@ def reference_score(t: Trajectory) -> dict[str, Any]:
         p = min(
             1, max(0, 0.40 * success_rate + 0.25 * bash_clean + 0.20 * error_density + 0.15 * late_penalty)
         )
-        comps.update(r_success_rate=success_rate, r_bash_clean=bash_clean, r_error_density=error_density,
-                     r_temporal_weight=late_penalty)  # fmt: skip
+        comps.update(
+            r_success_rate=success_rate,
+            r_bash_clean=bash_clean,
+            r_error_density=error_density,
+            r_temporal_weight=late_penalty,
+        )
 
     # 3.3 Efficiency.
     if total == 0:
@@ -132,11 +141,13 @@ def reference_score(t: Trajectory) -> dict[str, Any]:
         written: set[str] = set()
         for e in events:
             cmd = (e.params.get("command") or "").lower()
-            if e.tool == "Bash" and any(k in cmd for k in ("pytest", "npm test", "bun test", "cargo test",
-                                                           "go test", "make test")):  # fmt: skip
+            if e.tool == "Bash" and any(
+                k in cmd for k in ("pytest", "npm test", "bun test", "cargo test", "go test", "make test")
+            ):
                 test = True
-            if e.tool == "Bash" and any(k in cmd for k in ("xcodebuild", "cargo build", "make ", "npm run build",
-                                                           "bun build")):  # fmt: skip
+            if e.tool == "Bash" and any(
+                k in cmd for k in ("xcodebuild", "cargo build", "make ", "npm run build", "bun build")
+            ):
                 build = True
             path = e.params.get("file_path") or ""
             if e.tool in ("Write", "Edit") and path:
@@ -170,9 +181,15 @@ def reference_score(t: Trajectory) -> dict[str, Any]:
         comps.update(r_read_before_write=rbw, r_no_thrashing=no_thrash)
 
     r = 0.30 * o + 0.25 * p + 0.15 * eff + 0.15 * v + 0.15 * c
-    return {"reward": round(r, 4), "outcome": round(o, 4), "process": round(p, 4), "efficiency": round(eff, 4),
-            "verification": round(v, 4), "consistency": round(c, 4),
-            "components": {k: round(v, 4) for k, v in comps.items()}}  # fmt: skip
+    return {
+        "reward": round(r, 4),
+        "outcome": round(o, 4),
+        "process": round(p, 4),
+        "efficiency": round(eff, 4),
+        "verification": round(v, 4),
+        "consistency": round(c, 4),
+        "components": {k: round(v, 4) for k, v in comps.items()},
+    }
 
 
 def reference_advantages(rewards: list[float], domains: list[str | None]) -> list[float]:
@@ -247,8 +264,14 @@ def test_process_hand_computed() -> None:
     # bash_errors = 1 (the failed Bash; the other has exit null), bash_count = 2 → bash_clean = 1 − 1/2.
     # longest failure run 1 → error_density 1.0; last max(1, 4//4) = 1 event ok → late_penalty 1.0.
     # P = 0.40·0.7917 + 0.25·0.5 + 0.20·1 + 0.15·1 = 0.7917
-    t = traj([ev("Read", file_path="a.py"), ev("Bash", False, 1, command="ls"), ev("Bash", True, None),
-              ev("Edit", file_path="a.py")])  # fmt: skip
+    t = traj(
+        [
+            ev("Read", file_path="a.py"),
+            ev("Bash", False, 1, command="ls"),
+            ev("Bash", True, None),
+            ev("Edit", file_path="a.py"),
+        ]
+    )
     s = score(t)
     assert s.components["r_success_rate"] == 0.7917
     assert s.components["r_bash_clean"] == 0.5
@@ -293,8 +316,13 @@ def test_bash_error_rule() -> None:
     assert score(t).components["r_bash_clean"] == 0.6
     # error_rate = (failures 2 + bash_errors 2) / 6 = 0.667 → grade low; success_rate = 3/6
     q = quality(t)
-    assert q == {"success_rate": 0.5, "error_rate": 0.667, "correction_count": 0, "tool_diversity": 2,
-                 "grade": "low"}  # fmt: skip
+    assert q == {
+        "success_rate": 0.5,
+        "error_rate": 0.667,
+        "correction_count": 0,
+        "tool_diversity": 2,
+        "grade": "low",
+    }
 
 
 def test_quality_grades() -> None:
@@ -357,8 +385,12 @@ def test_verification_signals() -> None:
         == 0
     )
     # all three: 0.4 + 0.3 + 0.3 = 1.0
-    assert score(traj([edit, ev("Read", file_path="app.py"), ev("Bash", command="cargo test && make build")])
-                 ).verification == 1.0  # fmt: skip
+    assert (
+        score(
+            traj([edit, ev("Read", file_path="app.py"), ev("Bash", command="cargo test && make build")])
+        ).verification
+        == 1.0
+    )
 
 
 # --- 3.5 consistency -------------------------------------------------------------------------------------
@@ -418,8 +450,12 @@ def events_strategy(draw: st.DrawFn) -> Event:
         params["file_path"] = draw(PATHS)
     if tool == "Bash" and draw(st.booleans()):
         params["command"] = draw(COMMANDS)
-    return Event(tool, draw(st.sampled_from([True, False, None])), draw(st.sampled_from([None, 0, 1, 127])),
-                 params=params)  # fmt: skip
+    return Event(
+        tool,
+        draw(st.sampled_from([True, False, None])),
+        draw(st.sampled_from([None, 0, 1, 127])),
+        params=params,
+    )
 
 
 @st.composite
@@ -429,9 +465,19 @@ def trajectories_strategy(draw: st.DrawFn) -> Trajectory:
     start = draw(st.one_of(st.none(), st.floats(0, 1e9)))
     length = draw(st.one_of(st.none(), st.floats(-10, 5_000), st.sampled_from([0.0, 30.0, 60.0])))
     signal = st.sampled_from([None, True, False])
-    return Trajectory("u", "s", "karl", "h", started_at=start, ended_at=None if start is None or length is None
-                      else start + length, events=events, correction=draw(signal), redo=draw(signal),
-                      build_success=draw(signal), session_continued=draw(signal))  # fmt: skip
+    return Trajectory(
+        "u",
+        "s",
+        "karl",
+        "h",
+        started_at=start,
+        ended_at=None if start is None or length is None else start + length,
+        events=events,
+        correction=draw(signal),
+        redo=draw(signal),
+        build_success=draw(signal),
+        session_continued=draw(signal),
+    )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -456,10 +502,23 @@ def test_batch_across_chunks() -> None:
 
     rng = np.random.default_rng(7)
     tools = ["Read", "Edit", "Bash", "Write", "Grep"]
-    ts = [traj([ev(tools[k], bool(rng.random() > 0.2), int(rng.integers(0, 2)), file_path=f"f{k % 3}",
-                   command="pytest" if k == 2 else "ls") for k in rng.integers(0, 5, size=int(rng.integers(0, 60)))],
-               float(rng.integers(1, 900)), correction=bool(rng.random() > 0.5))
-          for _ in range(scoring.CHUNK_TRAJECTORIES * 2 + 7)]  # fmt: skip
+    ts = [
+        traj(
+            [
+                ev(
+                    tools[k],
+                    bool(rng.random() > 0.2),
+                    int(rng.integers(0, 2)),
+                    file_path=f"f{k % 3}",
+                    command="pytest" if k == 2 else "ls",
+                )
+                for k in rng.integers(0, 5, size=int(rng.integers(0, 60)))
+            ],
+            float(rng.integers(1, 900)),
+            correction=bool(rng.random() > 0.5),
+        )
+        for _ in range(scoring.CHUNK_TRAJECTORIES * 2 + 7)
+    ]
     assert score_many(ts) == [score(t) for t in ts]
 
 
@@ -544,8 +603,12 @@ def test_domain_user_entries_and_override() -> None:
 
 def test_domain_bad_regex_message() -> None:
     with pytest.raises(ValueError, match=r"^domain table entry 1: bad pattern '\(unclosed': ") as err:
-        DomainTable.from_config([{"pattern": "ok", "skill": "s", "domain": "d"},
-                                 {"pattern": "(unclosed", "skill": "s", "domain": "d"}])  # fmt: skip
+        DomainTable.from_config(
+            [
+                {"pattern": "ok", "skill": "s", "domain": "d"},
+                {"pattern": "(unclosed", "skill": "s", "domain": "d"},
+            ]
+        )
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="entry 0"):
         DomainTable.from_config([{"pattern": "x", "skill": "s"}])
@@ -555,16 +618,18 @@ def test_domain_bad_regex_message() -> None:
 
 
 def test_fingerprint() -> None:
-    t = traj([
-        ev("Read", file_path="/r/src/a.py"),  # R
-        ev("Grep", pattern="foo"),  # R
-        ev("Edit", file_path="/r/src/a.py"),  # M
-        ev("Bash", False, 1, command="pytest"),  # X, failure streak 1 ...
-        ev("Bash", False, 1, command="pytest"),  # ... continues
-        ev("Edit", file_path="/r/src/b.py"),  # M: recovers
-        ev("Bash", True, 0, command="npm run lint"),  # X
-        ev("Bash", False, 1, command="ls"),  # X, streak 2, never recovered
-    ])  # fmt: skip
+    t = traj(
+        [
+            ev("Read", file_path="/r/src/a.py"),  # R
+            ev("Grep", pattern="foo"),  # R
+            ev("Edit", file_path="/r/src/a.py"),  # M
+            ev("Bash", False, 1, command="pytest"),  # X, failure streak 1 ...
+            ev("Bash", False, 1, command="pytest"),  # ... continues
+            ev("Edit", file_path="/r/src/b.py"),  # M: recovers
+            ev("Bash", True, 0, command="npm run lint"),  # X
+            ev("Bash", False, 1, command="ls"),  # X, streak 2, never recovered
+        ]
+    )
     fp = fingerprint(t)
     assert fp["tool_flow"] == ["RR", "RM", "MX", "XX", "XM"]
     assert fp["mutation_depth"] == 2 and fp["modified_files"] == ["/r/src/a.py", "/r/src/b.py"]
@@ -608,12 +673,21 @@ def test_plasticity_triggers() -> None:
     assert "73.0 h" in fired.fired[0].detail and "50 new" in fired.fired[1].detail
     assert "python (20)" in fired.fired[2].detail
     # the plain-values entry point, with baselines as the store keeps them (domain -> value)
-    plain = evaluate_triggers(now=now, rewards=rewards, domains=domains, timestamps=stamps,
-                              baselines={"python": 0.45}, last_train_ts=now - 60.0, last_train_count=60,
-                              trained_domains={"web", "python"})  # fmt: skip
+    plain = evaluate_triggers(
+        now=now,
+        rewards=rewards,
+        domains=domains,
+        timestamps=stamps,
+        baselines={"python": 0.45},
+        last_train_ts=now - 60.0,
+        last_train_count=60,
+        trained_domains={"web", "python"},
+    )
     assert plain == []
-    assert [t.kind for t in evaluate_triggers(now=now, rewards=rewards, domains=domains, timestamps=stamps,
-                                              baselines={})] == ["stale", "volume", "drift", "coverage"]  # fmt: skip
+    assert [
+        t.kind
+        for t in evaluate_triggers(now=now, rewards=rewards, domains=domains, timestamps=stamps, baselines={})
+    ] == ["stale", "volume", "drift", "coverage"]
 
 
 # --- 11 ablation ----------------------------------------------------------------------------------------
@@ -627,11 +701,15 @@ def test_spearman_average_ranks() -> None:
 def test_ablation_dominant_signal() -> None:
     rng = np.random.default_rng(3)
     n = 200
-    m = np.column_stack([
-        np.full(n, 0.5),  # outcome constant: dropping it changes nothing
-        rng.random(n),  # process: wide spread, drives the ranking
-        0.5 + 0.01 * rng.random(n), 0.5 + 0.01 * rng.random(n), 0.5 + 0.01 * rng.random(n),
-    ])  # fmt: skip
+    m = np.column_stack(
+        [
+            np.full(n, 0.5),  # outcome constant: dropping it changes nothing
+            rng.random(n),  # process: wide spread, drives the ranking
+            0.5 + 0.01 * rng.random(n),
+            0.5 + 0.01 * rng.random(n),
+            0.5 + 0.01 * rng.random(n),
+        ]
+    )
     rows = ablate(m)
     assert rows[0].signal == "process"
     assert rows[0].impact > 0.5

@@ -55,18 +55,27 @@ def _uids() -> list[str]:
 def _events(kind: str, path: str) -> list[Event]:
     ok = {"success": True}
     if kind == "good":  # read, edit, test, re-read: verified and consistent
-        return [Event("Grep", params={"pattern": "def handler"}, **ok), Event("Read", params={"file_path": path}, **ok),
-                Event("Edit", params={"file_path": path}, **ok),
-                Event("Bash", params={"command": "pytest -q"}, exit_code=0, **ok),
-                Event("Read", params={"file_path": path}, **ok)]  # fmt: skip
+        return [
+            Event("Grep", params={"pattern": "def handler"}, **ok),
+            Event("Read", params={"file_path": path}, **ok),
+            Event("Edit", params={"file_path": path}, **ok),
+            Event("Bash", params={"command": "pytest -q"}, exit_code=0, **ok),
+            Event("Read", params={"file_path": path}, **ok),
+        ]
     if kind == "bad":  # blind edits, a thrashed file and failing commands
-        return [Event("Edit", params={"file_path": path}, **ok), Event("Edit", params={"file_path": path}, **ok),
-                Event("Edit", params={"file_path": path}, **ok),
-                Event("Bash", success=False, exit_code=1, params={"command": "python run.py"}),
-                Event("Bash", success=False, exit_code=2, params={"command": "python run.py --again"}),
-                Event("Bash", success=False, exit_code=1, params={"command": "python run.py"})]  # fmt: skip
-    return [Event("Glob", params={"pattern": "**/*.py"}, **ok), Event("Read", params={"file_path": path}, **ok),
-            Event("Bash", params={"command": "ls"}, **ok)]  # fmt: skip
+        return [
+            Event("Edit", params={"file_path": path}, **ok),
+            Event("Edit", params={"file_path": path}, **ok),
+            Event("Edit", params={"file_path": path}, **ok),
+            Event("Bash", success=False, exit_code=1, params={"command": "python run.py"}),
+            Event("Bash", success=False, exit_code=2, params={"command": "python run.py --again"}),
+            Event("Bash", success=False, exit_code=1, params={"command": "python run.py"}),
+        ]
+    return [
+        Event("Glob", params={"pattern": "**/*.py"}, **ok),
+        Event("Read", params={"file_path": path}, **ok),
+        Event("Bash", params={"command": "ls"}, **ok),
+    ]
 
 
 def make_trajectory(index: int, uid: str) -> Trajectory:
@@ -76,11 +85,19 @@ def make_trajectory(index: int, uid: str) -> Trajectory:
     start = 1_700_000_000.0 + index * 1000
     events = _events(kind, path)
     return Trajectory(
-        uid=uid, session_id=f"s{index}", agent="claude-code", source="test",
-        prompt=f"{kind} task {index}: fix the {domain} handler in module {index % 7}", cwd=f"/home/dev/{domain}",
-        started_at=start, ended_at=start + 15 * len(events), events=events, domain=domain,
-        correction=kind == "bad", session_continued=True,
-    )  # fmt: skip
+        uid=uid,
+        session_id=f"s{index}",
+        agent="claude-code",
+        source="test",
+        prompt=f"{kind} task {index}: fix the {domain} handler in module {index % 7}",
+        cwd=f"/home/dev/{domain}",
+        started_at=start,
+        ended_at=start + 15 * len(events),
+        events=events,
+        domain=domain,
+        correction=kind == "bad",
+        session_continued=True,
+    )
 
 
 def fill_store(store: Store) -> None:
@@ -106,14 +123,32 @@ def records(home: Path) -> list[Record]:
         return load_records(store, include_holdout=True)
 
 
-def rec(i: int, domain: str | None = "a", reward: float | None = 0.5, advantage: float | None = 0.0,
-        holdout: bool = False, **kw: object) -> Record:  # fmt: skip
+def rec(
+    i: int,
+    domain: str | None = "a",
+    reward: float | None = 0.5,
+    advantage: float | None = 0.0,
+    holdout: bool = False,
+    **kw: object,
+) -> Record:
     events = kw.pop(
         "events", [Step("Read", True, {"file_path": "a.py"}), Step("Edit", True, {"file_path": "a.py"})]
     )
-    return Record(id=i, uid=f"u{i}", domain=domain, reward=reward, advantage=advantage,
-                  prompt=str(kw.pop("prompt", f"task number {i} in the repo")), events=events,  # type: ignore[arg-type]
-                  grade="high", tool_count=2, holdout=holdout, total_tools=2, successes=2, **kw)  # type: ignore[arg-type]  # fmt: skip
+    return Record(
+        id=i,
+        uid=f"u{i}",
+        domain=domain,
+        reward=reward,
+        advantage=advantage,
+        prompt=str(kw.pop("prompt", f"task number {i} in the repo")),
+        events=events,  # type: ignore[arg-type]
+        grade="high",
+        tool_count=2,
+        holdout=holdout,
+        total_tools=2,
+        successes=2,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 # -- loading and sampling ---------------------------------------------------------------------------
@@ -185,27 +220,43 @@ def test_a_seed_reproduces_the_batch(records: list[Record]) -> None:
 
 
 def test_plan_text_matches_the_reference_format_line_by_line() -> None:
-    steps = [Step("Read", True, {"file_path": "/home/me/proj/src/app.py"}),
-             Step("Edit", True, {"file_path": "/home/me/proj/src/app.py"}),
-             Step("Bash", False, {"command": "pytest -q"})]  # fmt: skip
+    steps = [
+        Step("Read", True, {"file_path": "/home/me/proj/src/app.py"}),
+        Step("Edit", True, {"file_path": "/home/me/proj/src/app.py"}),
+        Step("Bash", False, {"command": "pytest -q"}),
+    ]
     record = rec(1, reward=0.6149, events=steps)
     record.total_tools, record.successes = 3, 2
     assert plan_text(record).split("\n") == [
-        "1. [ok] Read ../src/app.py", "2. [ok] Edit ../src/app.py", "3. [fail] Bash: pytest -q", "",
+        "1. [ok] Read ../src/app.py",
+        "2. [ok] Edit ../src/app.py",
+        "3. [fail] Bash: pytest -q",
+        "",
         "Result: 2/3 tools succeeded, reward=0.61",
-    ]  # fmt: skip
-    more = [Step("Grep", None, {"pattern": "x" * 50}), Step("Glob", True, {"pattern": "**/*.py"}),
-            Step("Agent", True, {"description": "explore " * 10}), Step("Write", True, {"file_path": "src/a.py"}),
-            Step("WebFetch", True, {"url": "https://example.com/" + "p" * 40, "query": "q", "description": "d"}),
-            Step("TodoWrite", True, {}), Step("Read", True, {}), Step("Bash", True, {"command": "c" * 100})]  # fmt: skip
+    ]
+    more = [
+        Step("Grep", None, {"pattern": "x" * 50}),
+        Step("Glob", True, {"pattern": "**/*.py"}),
+        Step("Agent", True, {"description": "explore " * 10}),
+        Step("Write", True, {"file_path": "src/a.py"}),
+        Step("WebFetch", True, {"url": "https://example.com/" + "p" * 40, "query": "q", "description": "d"}),
+        Step("TodoWrite", True, {}),
+        Step("Read", True, {}),
+        Step("Bash", True, {"command": "c" * 100}),
+    ]
     record = rec(2, reward=None, events=more * 3)
     record.total_tools, record.successes = 60, 40
     lines = plan_text(record).split("\n")
     assert lines[:8] == [
-        f"1. [?] Grep '{'x' * 40}'", "2. [ok] Glob '**/*.py'", f"3. [ok] Task: {('explore ' * 10)[:60]}",
-        "4. [ok] Write src/a.py", f"5. [ok] WebFetch(url={('https://example.com/' + 'p' * 40)[:30]}, query=q)",
-        "6. [ok] TodoWrite", "7. [ok] Read", f"8. [ok] Bash: {'c' * 80}",
-    ]  # fmt: skip
+        f"1. [?] Grep '{'x' * 40}'",
+        "2. [ok] Glob '**/*.py'",
+        f"3. [ok] Task: {('explore ' * 10)[:60]}",
+        "4. [ok] Write src/a.py",
+        f"5. [ok] WebFetch(url={('https://example.com/' + 'p' * 40)[:30]}, query=q)",
+        "6. [ok] TodoWrite",
+        "7. [ok] Read",
+        f"8. [ok] Bash: {'c' * 80}",
+    ]
     assert (
         len(lines) == 20 + 2 and lines[19].startswith("20. ") and lines[-1] == "Result: 40/60 tools succeeded"
     )
@@ -224,15 +275,26 @@ def test_copies_follow_the_advantage_tiers() -> None:
 
 
 def test_export_dedups_and_drops_with_reasons(tmp_path: Path) -> None:
-    pool = [rec(1, advantage=0.5), rec(2, advantage=0.5, prompt="task number 1 in the repo"),  # duplicate of 1
-            rec(3, advantage=-0.2), rec(4, advantage=0.2, reward=0.1), rec(5, advantage=0.05),
-            rec(6, advantage=1.0, events=[Step("Read", True, {})]), rec(7, advantage=2.0, holdout=True),
-            rec(8, advantage=0.2)]  # fmt: skip
+    pool = [
+        rec(1, advantage=0.5),
+        rec(2, advantage=0.5, prompt="task number 1 in the repo"),  # duplicate of 1
+        rec(3, advantage=-0.2),
+        rec(4, advantage=0.2, reward=0.1),
+        rec(5, advantage=0.05),
+        rec(6, advantage=1.0, events=[Step("Read", True, {})]),
+        rec(7, advantage=2.0, holdout=True),
+        rec(8, advantage=0.2),
+    ]
     pool[-1].grade = "low"
     result = export_sft(pool, tmp_path, min_reward=0.2, quality="medium")
     assert result.holdout_excluded == 1 and result.eligible == 4 and result.unique == 2
-    assert result.dropped == {"below_min_reward": 1, "too_few_events": 1, "quality": 1,
-                              "advantage_not_positive": 1, "duplicate": 1}  # fmt: skip
+    assert result.dropped == {
+        "below_min_reward": 1,
+        "too_few_events": 1,
+        "quality": 1,
+        "advantage_not_positive": 1,
+        "duplicate": 1,
+    }
     assert result.tiers == {0: 1, 1: 1, 2: 0, 3: 2}
     assert result.train_examples + result.valid_examples == 3 + 1
 
@@ -331,8 +393,9 @@ def test_train_an_adapter_as_a_carl_run_then_evaluate_its_plans(home: Path) -> N
     assert len(result.dataset.read_text().splitlines()) == result.examples == result.export.train_examples
     with Store(home / "carl.db") as store:
         run = store.run(result.run_id)  # type: ignore[arg-type]
-        losses = store.conn.execute("SELECT step FROM metrics WHERE run_id=? AND key='loss'",
-                                    (result.run_id,)).fetchall()  # fmt: skip
+        losses = store.conn.execute(
+            "SELECT step FROM metrics WHERE run_id=? AND key='loss'", (result.run_id,)
+        ).fetchall()
 
         trained = store.kv("last_train")
         triggers = {t["kind"] for t in store.kv("plasticity")["triggers"]}
@@ -346,8 +409,9 @@ def test_train_an_adapter_as_a_carl_run_then_evaluate_its_plans(home: Path) -> N
     )
     assert sorted(s for (s,) in losses) == list(range(1, 7))
 
-    report = evaluate_adapter(home, result.model_dir, compare_uniform=result.model_dir, limit=4,
-                              max_new_tokens=48)  # fmt: skip
+    report = evaluate_adapter(
+        home, result.model_dir, compare_uniform=result.model_dir, limit=4, max_new_tokens=48
+    )
     assert report.n == 4 and set(report.models) == {"adapter", "uniform", "base", "actual"}
     for model in report.models.values():
         assert model.n == 4 and 0.0 <= model.parsed_share <= 1.0

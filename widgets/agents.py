@@ -179,8 +179,13 @@ class AgentsPane(Static):
 
     # -- data ----------------------------------------------------------------------------------
 
-    def set_data(self, events: list[dict[str, Any]], workers: list[dict[str, Any]],
-                 overview: dict[str, Any] | None, total: int | None = None) -> None:  # fmt: skip
+    def set_data(
+        self,
+        events: list[dict[str, Any]],
+        workers: list[dict[str, Any]],
+        overview: dict[str, Any] | None,
+        total: int | None = None,
+    ) -> None:
         events = events[:MAX_EVENTS]
         overview = overview or {}
         if (events, workers, overview) == (self.agent_events, self.agent_workers, self.overview):
@@ -313,8 +318,10 @@ class AgentsPane(Static):
 
     def _worker_header(self, width: int) -> str:
         if width >= WIDE:
-            return (f"{'worker':<12} {'state':<9} {'task type':<12} {'model version':<22} {'done':>5} {'fail':>4}"
-                    f" {'ok':>4} {'score':>5} {'seen':>4}  detail")  # fmt: skip
+            return (
+                f"{'worker':<12} {'state':<9} {'task type':<12} {'model version':<22} {'done':>5} {'fail':>4}"
+                f" {'ok':>4} {'score':>5} {'seen':>4}  detail"
+            )
         if width >= MEDIUM:
             return f"{'worker':<6} {'state':<7} {'type':<6} {'version':<9} {'done':>4} {'ok':>4} {'score':>5} {'seen':>4}"
         return f"{'worker':<6} {'state':<7} {'done':>4} {'ok':>4} {'score':>5}"
@@ -330,8 +337,10 @@ class AgentsPane(Static):
         if width >= WIDE:
             line.append(f"{w['worker_id'][:12]:<12} ")
             line.append(f"{STATE_MARKS.get(state, '?')} {state:<7.7}", style=self._state_style(state, theme))
-            line.append(f" {types[:12]:<12} {version_text(w.get('model_version'), 22):<22} {done:>5} {w.get('failures') or 0:>4}"
-                        f" {ok} {score:>5} {age(w.get('last_seen'), now):>4}")  # fmt: skip
+            line.append(
+                f" {types[:12]:<12} {version_text(w.get('model_version'), 22):<22} {done:>5} {w.get('failures') or 0:>4}"
+                f" {ok} {score:>5} {age(w.get('last_seen'), now):>4}"
+            )
             detail = printable(w.get("detail") or w.get("model"))
             if detail:
                 line.append(f"  {detail}", style="dim")
@@ -339,8 +348,10 @@ class AgentsPane(Static):
         line.append(f"{w['worker_id'][:6]:<6} ")
         line.append(f"{state:<7.7}", style=self._state_style(state, theme))
         if width >= MEDIUM:
-            line.append(f" {types[:6]:<6} {version_text(w.get('model_version'), 9):<9} {done:>4} {ok} {score:>5}"
-                        f" {age(w.get('last_seen'), now):>4}")  # fmt: skip
+            line.append(
+                f" {types[:6]:<6} {version_text(w.get('model_version'), 9):<9} {done:>4} {ok} {score:>5}"
+                f" {age(w.get('last_seen'), now):>4}"
+            )
         else:
             line.append(f" {done:>4} {ok} {score:>5}")
         return line
@@ -371,8 +382,14 @@ class AgentsPane(Static):
 
     @staticmethod
     def _state_style(state: str, theme: Any) -> str:
-        return {"busy": theme.success or "", "error": theme.error or "", "starting": theme.warning or "",
-                "stopping": theme.warning or "", "stopped": "dim", "paused": theme.warning or ""}.get(state, "")  # fmt: skip
+        return {
+            "busy": theme.success or "",
+            "error": theme.error or "",
+            "starting": theme.warning or "",
+            "stopping": theme.warning or "",
+            "stopped": "dim",
+            "paused": theme.warning or "",
+        }.get(state, "")
 
     def _event_line(self, e: dict[str, Any], width: int, theme: Any) -> Text:
         """`12:01:03 result   w1       1a2b3c4d 0.82`; a narrow pane keeps the kind, the worker and the
@@ -496,8 +513,12 @@ class AgentsPane(Static):
             )
         elif kind == "event" and row.get("kind") == "alarm":
             who = f" ({row['worker_id']})" if row.get("worker_id") else ""
-            self.notify(f"{printable(row.get('alarm_reason')) or '?'}{who}", title=f"alarm: {row.get('alarm_kind')}",
-                        severity="error", timeout=15)  # fmt: skip
+            self.notify(
+                f"{printable(row.get('alarm_reason')) or '?'}{who}",
+                title=f"alarm: {row.get('alarm_kind')}",
+                severity="error",
+                timeout=15,
+            )
         else:
             self.notify("no task on this row: pick an event of a task, or a busy worker", title="agents")
 

@@ -375,8 +375,9 @@ class Chart(Widget):
         right_w = max(map(len, right.values()), default=0) + 1 if right else 0
         return _Axes(left, right, right_is_series, (left_w, right_w))
 
-    def _chart_strips(self, width: int, raster: Raster, names: list[str], axes: _Axes, x_range: Range
-                      ) -> list[Strip]:  # fmt: skip
+    def _chart_strips(
+        self, width: int, raster: Raster, names: list[str], axes: _Axes, x_range: Range
+    ) -> list[Strip]:
         left_w, right_w = axes.gutters
         base = self.rich_style  # computed on each access: fetch once
         axis = self.component_style("chart--axis")
@@ -411,8 +412,9 @@ class Chart(Widget):
                 ticks.setdefault(row, value)
         return sorted(ticks.items()), step
 
-    def _right_labels(self, left_ticks: list[tuple[int, float]], right_range: Range | None, plot_h: int
-                      ) -> tuple[dict[int, str], bool]:  # fmt: skip
+    def _right_labels(
+        self, left_ticks: list[tuple[int, float]], right_range: Range | None, plot_h: int
+    ) -> tuple[dict[int, str], bool]:
         """Right-axis labels by row, and whether they belong to the secondary series' own scale."""
         if right_range is not None:
             ticks, step = self._y_ticks(right_range, plot_h)

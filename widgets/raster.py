@@ -44,8 +44,10 @@ NAN = math.nan
 def _column_masks(weights: tuple[tuple[int, ...], ...]) -> list[list[list[int]]]:
     """masks[dot column][first row][last row]: the bits of rows first..last of one dot column of a cell."""
     rows, cols = len(weights), len(weights[0])
-    return [[[sum(weights[r][c] for r in range(a, b + 1)) for b in range(rows)] for a in range(rows)]
-            for c in range(cols)]  # fmt: skip
+    return [
+        [[sum(weights[r][c] for r in range(a, b + 1)) for b in range(rows)] for a in range(rows)]
+        for c in range(cols)
+    ]
 
 
 _MASKS = {"braille": _column_masks(BRAILLE_WEIGHTS), "block": _column_masks(BLOCK_WEIGHTS)}
@@ -224,8 +226,13 @@ def extent(envs: Sequence[Envelope], axis: int = 0) -> Range | None:
     return (min(lows), max(highs)) if lows and highs else None
 
 
-def draw(envs: Sequence[Envelope], height: int, y_range: Range, mode: str = "braille",
-         right_range: Range | None = None) -> Raster:  # fmt: skip
+def draw(
+    envs: Sequence[Envelope],
+    height: int,
+    y_range: Range,
+    mode: str = "braille",
+    right_range: Range | None = None,
+) -> Raster:
     """Paint envelopes in order into `height` cell rows; later ones win a shared cell's colour."""
     rows_per_cell, cols_per_cell = CELL_DOTS[mode]
     masks = _MASKS[mode]
@@ -302,8 +309,10 @@ def _band_envelope(
     hi = _bridge(_reduce_columns(hi_series.vmax, max, bounds), bounds)
     # a column is filled only where both edges are known (NaN in either: none)
     known = [a == a and b == b for a, b in zip(lo, hi, strict=True)]
-    return ([min(a, b) if k else NAN for a, b, k in zip(lo, hi, known, strict=True)],
-            [max(a, b) if k else NAN for a, b, k in zip(lo, hi, known, strict=True)])  # fmt: skip
+    return (
+        [min(a, b) if k else NAN for a, b, k in zip(lo, hi, known, strict=True)],
+        [max(a, b) if k else NAN for a, b, k in zip(lo, hi, known, strict=True)],
+    )
 
 
 def bucket_steps(series: Series) -> list[float]:

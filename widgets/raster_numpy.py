@@ -63,8 +63,9 @@ def _searchsorted(x: np.ndarray, edges: np.ndarray) -> np.ndarray:
     return np.searchsorted(x, edges)
 
 
-def _reduce_columns(values: np.ndarray, ufunc: np.ufunc, occupied: np.ndarray, starts: np.ndarray, stop: int
-                    ) -> np.ndarray:  # fmt: skip
+def _reduce_columns(
+    values: np.ndarray, ufunc: np.ufunc, occupied: np.ndarray, starts: np.ndarray, stop: int
+) -> np.ndarray:
     """ufunc (np.fmin or np.fmax: NaN-skipping) over each occupied column; NaN elsewhere."""
     out = np.full(occupied.size, np.nan)
     if starts.size == 0:

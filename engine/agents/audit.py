@@ -157,16 +157,35 @@ class AuditWriter:
             " ON CONFLICT (task_id) DO UPDATE SET prompt=excluded.prompt, reference=excluded.reference,"
             " verifier=excluded.verifier, group_id=excluded.group_id, manager_id=excluded.manager_id,"
             " assigned_at=excluded.assigned_at",
-            (event.task_id, event.task_type, event.environment, event.prompt, event.reference, event.verifier,
-             event.group_id, event.manager_id, _epoch(event.created_at), received),
-        )  # fmt: skip
+            (
+                event.task_id,
+                event.task_type,
+                event.environment,
+                event.prompt,
+                event.reference,
+                event.verifier,
+                event.group_id,
+                event.manager_id,
+                _epoch(event.created_at),
+                received,
+            ),
+        )
 
     def _result(self, event: ResultEvent, received: float) -> None:
         values = (
-            event.worker_id, event.status, event.result, event.answer, _json(event.steps), event.model_version,
-            event.elapsed_seconds, event.phi_mean, len(event.response_token_ids),
-            "done" if event.status == "success" else "failed", _epoch(event.created_at), received,
-        )  # fmt: skip
+            event.worker_id,
+            event.status,
+            event.result,
+            event.answer,
+            _json(event.steps),
+            event.model_version,
+            event.elapsed_seconds,
+            event.phi_mean,
+            len(event.response_token_ids),
+            "done" if event.status == "success" else "failed",
+            _epoch(event.created_at),
+            received,
+        )
         cur = self.conn.execute(
             "UPDATE agent_tasks SET worker_id=?, status=?, result=?, answer=?, steps=?, model_version=?,"
             " elapsed_s=?, phi_mean=?, tokens=?, state=?, done_at=?, updated_at=?"
@@ -181,7 +200,7 @@ class AuditWriter:
                 " elapsed_s, phi_mean, tokens, state, done_at, updated_at, task_id, task_type, environment,"
                 " prompt) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (*values, event.task_id, event.task_type, event.environment, event.prompt),
-            )  # fmt: skip
+            )
             if cur.rowcount == 0:
                 return
         tally = self._tally_of(event.worker_id, received)
@@ -191,9 +210,16 @@ class AuditWriter:
         cur = self.conn.execute(
             "UPDATE agent_tasks SET step_scores=?, prm_score=?, outcome_score=?, verifier_score=?, reward=?,"
             " updated_at=? WHERE task_id=? AND reward IS NULL",
-            (_json(event.step_scores), event.prm_score, event.outcome_score, event.verifier_score, event.reward,
-             received, event.task_id),
-        )  # fmt: skip
+            (
+                _json(event.step_scores),
+                event.prm_score,
+                event.outcome_score,
+                event.verifier_score,
+                event.reward,
+                received,
+                event.task_id,
+            ),
+        )
         if cur.rowcount:
             tally = self._tally_of(event.worker_id, received)
             tally[2] += 1
@@ -211,9 +237,19 @@ class AuditWriter:
         self.conn.execute(
             "UPDATE agent_workers SET kind=?, task_types=?, model=?, model_version=coalesce(?, model_version),"
             " state=?, task_id=?, host=?, pid=?, detail=? WHERE worker_id=?",
-            (event.kind, _json(event.task_types), event.model, event.model_version, event.state, event.task_id,
-             event.host, event.pid, event.detail, event.worker_id),
-        )  # fmt: skip
+            (
+                event.kind,
+                _json(event.task_types),
+                event.model,
+                event.model_version,
+                event.state,
+                event.task_id,
+                event.host,
+                event.pid,
+                event.detail,
+                event.worker_id,
+            ),
+        )
         if event.command_id is not None:
             self._answer(event.command_id, f"worker {event.worker_id} {event.state}" + _detail(event.detail))
 
@@ -225,8 +261,16 @@ class AuditWriter:
             self._answer(event.command_id, f"manager {event.state}" + _detail(event.detail))
 
     def _model_update(self, event: ModelUpdateEvent, received: float) -> None:
-        self._kv("agents.model", {"model_version": event.model_version, "checkpoint_path": event.checkpoint_path,
-                                  "base_model": event.base_model, "step": event.step, "received_at": received})  # fmt: skip
+        self._kv(
+            "agents.model",
+            {
+                "model_version": event.model_version,
+                "checkpoint_path": event.checkpoint_path,
+                "base_model": event.base_model,
+                "step": event.step,
+                "received_at": received,
+            },
+        )
 
     def _tally_of(self, worker_id: str, received: float) -> list[float]:
         """This batch's counts for a worker: done, failed, scored, score sum, last seen (written once)."""
@@ -276,16 +320,47 @@ _INSERT = (
 
 def _event_row(item: Incoming, event: PlaneEvent) -> tuple[Any, ...]:
     ids = event_ids(event)
-    return (item.subject, ids["type"], ids["task_id"], ids["manager_id"], ids["worker_id"], ids["score"],
-            item.data.decode("utf-8"), _epoch(ids["created_at"]), ids["environment"], ids["model_version"],
-            item.stream_seq, item.stream_key, item.msg_id, item.received_at, "ok", None)  # fmt: skip
+    return (
+        item.subject,
+        ids["type"],
+        ids["task_id"],
+        ids["manager_id"],
+        ids["worker_id"],
+        ids["score"],
+        item.data.decode("utf-8"),
+        _epoch(ids["created_at"]),
+        ids["environment"],
+        ids["model_version"],
+        item.stream_seq,
+        item.stream_key,
+        item.msg_id,
+        item.received_at,
+        "ok",
+        None,
+    )
 
 
 def _rejected_row(item: Incoming, exc: EventRejected | None) -> tuple[Any, ...]:
     """A payload that is not a valid event, kept (up to MAX_PAYLOAD bytes) with why it was refused."""
     payload = item.data[:MAX_PAYLOAD].decode("utf-8", errors="replace")
-    return (item.subject, (exc.type_name if exc else None) or "?", None, None, None, None, payload, item.received_at,
-            None, None, item.stream_seq, item.stream_key, item.msg_id, item.received_at, "rejected", str(exc))  # fmt: skip
+    return (
+        item.subject,
+        (exc.type_name if exc else None) or "?",
+        None,
+        None,
+        None,
+        None,
+        payload,
+        item.received_at,
+        None,
+        None,
+        item.stream_seq,
+        item.stream_key,
+        item.msg_id,
+        item.received_at,
+        "rejected",
+        str(exc),
+    )
 
 
 def _detail(detail: str) -> str:
@@ -311,9 +386,14 @@ def audit_config() -> ConsumerConfig:
     client) and ack-all (one ack covers a batch). Push, not pull: nats-py receives pushed messages
     about 2.5x faster than it fetches them (bench/bench_agents.py)."""
     return ConsumerConfig(
-        durable_name=AUDIT_CONSUMER, ack_policy=AckPolicy.ALL, ack_wait=30, deliver_policy=DeliverPolicy.ALL,
-        max_ack_pending=MAX_UNACKED, flow_control=True, idle_heartbeat=5,
-    )  # fmt: skip
+        durable_name=AUDIT_CONSUMER,
+        ack_policy=AckPolicy.ALL,
+        ack_wait=30,
+        deliver_policy=DeliverPolicy.ALL,
+        max_ack_pending=MAX_UNACKED,
+        flow_control=True,
+        idle_heartbeat=5,
+    )
 
 
 async def audit_bound(js: Any) -> bool:
@@ -358,15 +438,27 @@ async def _subscribe(js: Any, cb: Callable[[Any], Awaitable[None]]) -> Any:
         # A pull consumer of an older audit: made anew. It starts over from the stream's first event,
         # and the stream keys keep what is stored already from being stored twice.
         await js.delete_consumer(STREAM, AUDIT_CONSUMER)
-    return await js.subscribe("", durable=AUDIT_CONSUMER, stream=STREAM, cb=cb, manual_ack=True,
-                              config=audit_config(), pending_msgs_limit=4 * MAX_UNACKED,
-                              pending_bytes_limit=512 * 1024 * 1024)  # fmt: skip
+    return await js.subscribe(
+        "",
+        durable=AUDIT_CONSUMER,
+        stream=STREAM,
+        cb=cb,
+        manual_ack=True,
+        config=audit_config(),
+        pending_msgs_limit=4 * MAX_UNACKED,
+        pending_bytes_limit=512 * 1024 * 1024,
+    )
 
 
 async def run_audit(
-    js: Any, writer: AuditWriter, stop: asyncio.Event, *, batch: int = 2000, wait: float = 0.25,
+    js: Any,
+    writer: AuditWriter,
+    stop: asyncio.Event,
+    *,
+    batch: int = 2000,
+    wait: float = 0.25,
     on_batch: Callable[[AuditCounts], None] | None = None,
-) -> AuditCounts:  # fmt: skip
+) -> AuditCounts:
     """Store the stream's events until `stop` is set; returns what it stored.
 
     Messages pile up in `arrived` as the server pushes them; every `wait` seconds (or at `batch`
@@ -422,8 +514,9 @@ async def run_audit(
     return total
 
 
-async def fill_gaps(js: Any, msgs: list[Any], last_seq: int | None, epoch: str, stop: asyncio.Event
-                    ) -> tuple[list[Any], int | None] | None:  # fmt: skip
+async def fill_gaps(
+    js: Any, msgs: list[Any], last_seq: int | None, epoch: str, stop: asyncio.Event
+) -> tuple[list[Any], int | None] | None:
     """`msgs`, with the events they skip over read from the stream and put in their place, and the highest
     sequence delivered so far; None when stopped before a gap was filled.
 
@@ -475,8 +568,12 @@ async def _read_missing(
         seq += 1
     if seq < end:
         return None
-    log.info("audit: %d event(s) pushed but never delivered (%d-%d) read back from the stream", len(found),
-             first, end - 1)  # fmt: skip
+    log.info(
+        "audit: %d event(s) pushed but never delivered (%d-%d) read back from the stream",
+        len(found),
+        first,
+        end - 1,
+    )
     return found
 
 
@@ -489,8 +586,9 @@ def tune_gc() -> None:
         gc.set_threshold(50_000, 20, 20)
 
 
-async def _write_until_stored(writer: AuditWriter, msgs: list[Any], epoch: str, stop: asyncio.Event
-                              ) -> AuditCounts | None:  # fmt: skip
+async def _write_until_stored(
+    writer: AuditWriter, msgs: list[Any], epoch: str, stop: asyncio.Event
+) -> AuditCounts | None:
     """Write in the thread, reading the messages there too: the event loop's own time goes to receiving."""
 
     def write() -> AuditCounts:

@@ -59,9 +59,14 @@ class Address:
 
 
 def resolve_address(
-    settings: AgentsSettings, *, url: str | None = None, token_file: str | None = None, creds_file: str | None = None,
-    local_port: int | None = None, home: Path | None = None,
-) -> Address:  # fmt: skip
+    settings: AgentsSettings,
+    *,
+    url: str | None = None,
+    token_file: str | None = None,
+    creds_file: str | None = None,
+    local_port: int | None = None,
+    home: Path | None = None,
+) -> Address:
     """Flag, then environment, then config; else the local server (its port must be known)."""
     chosen = url or env_url() or settings.url
     token_file = token_file or _env_token_file() or settings.token_file
@@ -116,9 +121,13 @@ def explain(exc: BaseException, url: str) -> str:
 
 
 async def connect(
-    address: Address, name: str, *, reconnect: bool = True, connect_timeout: float = 3.0,
+    address: Address,
+    name: str,
+    *,
+    reconnect: bool = True,
+    connect_timeout: float = 3.0,
     on_event: Callable[[str], None] | None = None,
-) -> Client:  # fmt: skip
+) -> Client:
     """A client for `address`; a failure to connect raises AgentsError naming the URL.
 
     With `reconnect` the client retries forever once connected (a restarted server is found again);
@@ -127,10 +136,17 @@ async def connect(
     the client goes on to the next, and to the nodes the cluster announced.
     """
     options: dict[str, Any] = {
-        "servers": server_urls(address.url), "dont_randomize": True, "name": name,
-        "connect_timeout": connect_timeout, "allow_reconnect": reconnect, "max_reconnect_attempts": -1 if reconnect else 0,
-        "reconnect_time_wait": 0.25, "ping_interval": 10, "max_outstanding_pings": 3, "drain_timeout": 5,
-    }  # fmt: skip
+        "servers": server_urls(address.url),
+        "dont_randomize": True,
+        "name": name,
+        "connect_timeout": connect_timeout,
+        "allow_reconnect": reconnect,
+        "max_reconnect_attempts": -1 if reconnect else 0,
+        "reconnect_time_wait": 0.25,
+        "ping_interval": 10,
+        "max_outstanding_pings": 3,
+        "drain_timeout": 5,
+    }
     if address.token_file:
         options["token"] = read_token(address.token_file)
     if address.creds_file:
@@ -164,8 +180,15 @@ async def connect(
         failure.append(exc)  # reported once, by the AgentsError below
 
     # (max_reconnect_attempts 0 means "forever" to nats-py; 1 means one try.)
-    probe = {**options, "allow_reconnect": False, "max_reconnect_attempts": 1, "reconnect_time_wait": 0.05, "error_cb": probe_error,
-             "disconnected_cb": None, "reconnected_cb": None}  # fmt: skip
+    probe = {
+        **options,
+        "allow_reconnect": False,
+        "max_reconnect_attempts": 1,
+        "reconnect_time_wait": 0.05,
+        "error_cb": probe_error,
+        "disconnected_cb": None,
+        "reconnected_cb": None,
+    }
     attempts = [probe]
     if reconnect:
         attempts.append(options)
@@ -195,10 +218,15 @@ async def close(client: Client) -> None:
 
 def stream_config(limits: StreamLimits, replicas: int = 1) -> StreamConfig:
     return StreamConfig(
-        name=STREAM, subjects=list(STREAM_SUBJECTS), storage=StorageType.FILE, max_age=limits.max_age_s,
-        max_bytes=limits.max_bytes, duplicate_window=limits.duplicate_window_s, discard=DiscardPolicy.OLD,
+        name=STREAM,
+        subjects=list(STREAM_SUBJECTS),
+        storage=StorageType.FILE,
+        max_age=limits.max_age_s,
+        max_bytes=limits.max_bytes,
+        duplicate_window=limits.duplicate_window_s,
+        discard=DiscardPolicy.OLD,
         num_replicas=replicas,
-    )  # fmt: skip
+    )
 
 
 async def ensure_stream(js: JetStreamContext, limits: StreamLimits, replicas: int = 1) -> None:
@@ -249,7 +277,14 @@ async def publish_retrying(js: JetStreamContext, event: PlaneEvent, *, attempts:
     for attempt in range(attempts):
         try:
             return await publish(js, event)
-        except (TimeoutError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError, nats.js.errors.NoStreamResponseError, nats.errors.NoRespondersError, nats.errors.OutboundBufferLimitError):  # fmt: skip
+        except (
+            TimeoutError,
+            nats.errors.TimeoutError,
+            nats.errors.ConnectionClosedError,
+            nats.js.errors.NoStreamResponseError,
+            nats.errors.NoRespondersError,
+            nats.errors.OutboundBufferLimitError,
+        ):
             if attempt == attempts - 1:
                 raise
             await asyncio.sleep(delay)
@@ -257,14 +292,24 @@ async def publish_retrying(js: JetStreamContext, event: PlaneEvent, *, attempts:
     raise AssertionError("unreachable")
 
 
-async def pull(js: JetStreamContext, subject: str, durable: str, *, ack_wait: float, max_ack_pending: int = 1000,
-               ack_policy: AckPolicy = AckPolicy.EXPLICIT, deliver_policy: DeliverPolicy = DeliverPolicy.ALL,
-               ) -> Any:  # fmt: skip
+async def pull(
+    js: JetStreamContext,
+    subject: str,
+    durable: str,
+    *,
+    ack_wait: float,
+    max_ack_pending: int = 1000,
+    ack_policy: AckPolicy = AckPolicy.EXPLICIT,
+    deliver_policy: DeliverPolicy = DeliverPolicy.ALL,
+) -> Any:
     """A durable pull subscription on `subject` (shared by every process that names the same durable)."""
     config = ConsumerConfig(
-        durable_name=durable, ack_policy=ack_policy, ack_wait=ack_wait, max_ack_pending=max_ack_pending,
+        durable_name=durable,
+        ack_policy=ack_policy,
+        ack_wait=ack_wait,
+        max_ack_pending=max_ack_pending,
         deliver_policy=deliver_policy,
-    )  # fmt: skip
+    )
     return await js.pull_subscribe(subject, durable=durable, stream=STREAM, config=config)
 
 

@@ -24,8 +24,17 @@ from engine.errors import CarlError
 if TYPE_CHECKING:  # pydantic and yaml load when a command runs, not when `carl` builds its parser
     from .config import AgentsSettings
 
-EVENT_TYPES = ("task", "result", "feedback", "rollout", "model_update", "alarm", "control", "worker_status",
-               "manager_status")  # fmt: skip
+EVENT_TYPES = (
+    "task",
+    "result",
+    "feedback",
+    "rollout",
+    "model_update",
+    "alarm",
+    "control",
+    "worker_status",
+    "manager_status",
+)
 
 
 class AgentsCliError(CarlError):
@@ -84,17 +93,28 @@ def _plane_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, home: Path) -> int:
-    handler = {"up": _up, "down": _down, "status": _status, "run": _run, "worker": _worker,
-               "events": _events}[args.action]  # fmt: skip
+    handler = {
+        "up": _up,
+        "down": _down,
+        "status": _status,
+        "run": _run,
+        "worker": _worker,
+        "events": _events,
+    }[args.action]
     return handler(args, home)
 
 
 def _settings(args: argparse.Namespace, home: Path, **extra: Any) -> AgentsSettings:
     from .config import default_settings_path, load_settings
 
-    overrides = {"workers": getattr(args, "workers", None), "worker_kind": getattr(args, "kind", None),
-                 "url": getattr(args, "url", None), "token_file": getattr(args, "token_file", None),
-                 "creds_file": getattr(args, "creds", None), **extra}  # fmt: skip
+    overrides = {
+        "workers": getattr(args, "workers", None),
+        "worker_kind": getattr(args, "kind", None),
+        "url": getattr(args, "url", None),
+        "token_file": getattr(args, "token_file", None),
+        "creds_file": getattr(args, "creds", None),
+        **extra,
+    }
     if getattr(args, "train", False):
         overrides["train.enabled"] = True
     return load_settings(args.config or default_settings_path(home), overrides)
@@ -136,10 +156,24 @@ def _up(args: argparse.Namespace, home: Path) -> int:
 
         load_tasks(Path(args.tasks))
     tasks = args.tasks if args.tasks == "demo" else str(Path(args.tasks).expanduser().resolve())
-    overrides = {k: v for k, v in {"url": args.url, "token_file": args.token_file, "creds_file": args.creds,
-                                   "worker_kind": args.kind}.items() if v is not None}  # fmt: skip
-    spec = {"workers": settings.workers, "tasks": tasks, "train": settings.train.enabled, "limit": args.limit,
-            "config": str(Path(args.config).resolve()) if args.config else None, "overrides": overrides}  # fmt: skip
+    overrides = {
+        k: v
+        for k, v in {
+            "url": args.url,
+            "token_file": args.token_file,
+            "creds_file": args.creds,
+            "worker_kind": args.kind,
+        }.items()
+        if v is not None
+    }
+    spec = {
+        "workers": settings.workers,
+        "tasks": tasks,
+        "train": settings.train.enabled,
+        "limit": args.limit,
+        "config": str(Path(args.config).resolve()) if args.config else None,
+        "overrides": overrides,
+    }
     print(_engine_command(home, "agents_up", spec))
     return 0
 
@@ -176,14 +210,18 @@ def _status(args: argparse.Namespace, home: Path) -> int:
     server = status.get("server") or {}
     plane = status.get("plane") or {}
     wanted = "up" if plane.get("wanted") else "down"
-    print(f"plane {wanted}; server {server.get('state', 'down')} {server.get('url') or ''}"
-          f"{' (restarts ' + str(server['restarts']) + ')' if server.get('restarts') else ''}".rstrip())  # fmt: skip
+    print(
+        f"plane {wanted}; server {server.get('state', 'down')} {server.get('url') or ''}"
+        f"{' (restarts ' + str(server['restarts']) + ')' if server.get('restarts') else ''}".rstrip()
+    )
     manager = status.get("manager")
     if manager:
         total = f"/{manager['total']}" if manager.get("total") else ""
-        print(f"manager {manager['state']}: {manager['assigned']}{total} assigned, {manager['in_flight']} in flight, "
-              f"{manager['done']} done, {manager['failed']} failed, {manager['timed_out']} timed out; "
-              f"feedback {manager['feedback']}")  # fmt: skip
+        print(
+            f"manager {manager['state']}: {manager['assigned']}{total} assigned, {manager['in_flight']} in flight, "
+            f"{manager['done']} done, {manager['failed']} failed, {manager['timed_out']} timed out; "
+            f"feedback {manager['feedback']}"
+        )
     for proc in plane.get("processes") or []:
         if proc["role"] != "worker":
             print(f"{proc['role']} {proc['state']} (pid {proc['pid']}; log {proc['log']})")
@@ -196,8 +234,10 @@ def _status(args: argparse.Namespace, home: Path) -> int:
             ok = f"{w['success_rate']:.0%}" if w["success_rate"] is not None else "—"
             score = f"{w['mean_score']:.3f}" if w["mean_score"] is not None else "—"
             seen = f"{time.time() - w['last_seen']:.0f}s ago" if w.get("last_seen") else "—"
-            print(f"{w['worker_id']:<16} {w['kind'] or '?':<6} {w['state'] or '?':<8} {(w['model_version'] or '—')[:20]:<20}"
-                  f" {w['tasks_done']:>5} {ok:>5} {score:>6}  {seen}")  # fmt: skip
+            print(
+                f"{w['worker_id']:<16} {w['kind'] or '?':<6} {w['state'] or '?':<8} {(w['model_version'] or '—')[:20]:<20}"
+                f" {w['tasks_done']:>5} {ok:>5} {score:>6}  {seen}"
+            )
     else:
         print("no workers seen")
     for alarm in status.get("alarms") or []:
@@ -227,8 +267,15 @@ def _run(args: argparse.Namespace, home: Path) -> int:
     return 0 if summary["done"] > 0 or summary["assigned"] == 0 else 1
 
 
-async def headless(home: Path, settings: AgentsSettings, specs: list[Any], *, limit: int | None,
-                   api_key: str | None = None, base_url: str | None = None) -> dict[str, Any]:  # fmt: skip
+async def headless(
+    home: Path,
+    settings: AgentsSettings,
+    specs: list[Any],
+    *,
+    limit: int | None,
+    api_key: str | None = None,
+    base_url: str | None = None,
+) -> dict[str, Any]:
     """A plane of its own, until every task is done: the server (unless one is given or up), the audit
     into the store, the manager here, the workers and trainer as processes. Returns the summary."""
     from engine.store import Store
@@ -270,12 +317,17 @@ async def headless(home: Path, settings: AgentsSettings, specs: list[Any], *, li
                 await trainer_subscription(js)
             ).unsubscribe()  # rollouts wait for the trainer in the stream
             trainer = _spawn(home, "trainer", settings_file, address, [], "trainer")
-        manager = Manager(address, settings, TaskFeed(specs, limit=limit, cycle=False),
-                          build_scorer(settings, api_key=api_key, base_url=base_url),
-                          build_feedback(settings, api_key=api_key, base_url=base_url),
-                          group_size=group_size(settings), store_path=paths.db_path(home),
-                          manager_id="manager" if server is not None else f"run-{os.getpid()}",
-                          transient=server is None)  # fmt: skip
+        manager = Manager(
+            address,
+            settings,
+            TaskFeed(specs, limit=limit, cycle=False),
+            build_scorer(settings, api_key=api_key, base_url=base_url),
+            build_feedback(settings, api_key=api_key, base_url=base_url),
+            group_size=group_size(settings),
+            store_path=paths.db_path(home),
+            manager_id="manager" if server is not None else f"run-{os.getpid()}",
+            transient=server is None,
+        )
         watch = asyncio.create_task(_watch_workers(procs, manager, home))
         summary = await manager.run()
         watch.cancel()
@@ -327,17 +379,27 @@ def _run_settings(home: Path, settings: AgentsSettings) -> Path:
     return path
 
 
-def _spawn(home: Path, role: str, settings_file: Path, address: Any, extra: list[str], ident: str
-           ) -> subprocess.Popen[bytes]:  # fmt: skip
+def _spawn(
+    home: Path, role: str, settings_file: Path, address: Any, extra: list[str], ident: str
+) -> subprocess.Popen[bytes]:
     from .plane import child_argv
 
     log_path = paths.logs_dir(home) / f"agents-{ident}.log"
     with log_path.open("ab") as out:
         return subprocess.Popen(
-            child_argv(role, home, settings_file, address, *extra), stdin=subprocess.DEVNULL, stdout=out,
-            stderr=out, close_fds=True, start_new_session=True,
-            env={**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"},
-        )  # fmt: skip
+            child_argv(role, home, settings_file, address, *extra),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            close_fds=True,
+            start_new_session=True,
+            env={
+                **os.environ,
+                "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+                "TOKENIZERS_PARALLELISM": "false",
+                "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            },
+        )
 
 
 async def _watch_workers(procs: list[subprocess.Popen[bytes]], manager: Any, home: Path) -> str | None:
@@ -425,13 +487,18 @@ def _worker(args: argparse.Namespace, home: Path) -> int:
     from .bus import resolve_address
     from .worker import run_worker
 
-    extra = {"model": args.model, "endpoint": args.endpoint, "endpoint_model": args.endpoint_model,
-             "task_type": args.task_type}  # fmt: skip
+    extra = {
+        "model": args.model,
+        "endpoint": args.endpoint,
+        "endpoint_model": args.endpoint_model,
+        "task_type": args.task_type,
+    }
     settings = _settings(args, home, **extra)
     address = resolve_address(settings, home=home, local_port=_local_port(home))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    return asyncio.run(run_worker(address, settings, kind=args.kind or settings.worker_kind, home=home,
-                                  worker_id=args.id))  # fmt: skip
+    return asyncio.run(
+        run_worker(address, settings, kind=args.kind or settings.worker_kind, home=home, worker_id=args.id)
+    )
 
 
 def _local_port(home: Path) -> int | None:
@@ -460,14 +527,32 @@ def event_record(row: dict[str, Any]) -> dict[str, Any]:
         payload = row["payload"]
     body = payload if isinstance(payload, dict) else {}
     record = {
-        "id": row["id"], "type": row["kind"], "subject": row["subject"], "status": row["status"],
-        "task_id": row["task_id"], "worker_id": row["worker_id"], "manager_id": row["manager_id"],
-        "environment": row["environment"], "model_version": row["model_version"], "score": row["score"],
-        "step_scores": body.get("step_scores"), "received_at": row["received_at"], "created_at": row["created_at"],
+        "id": row["id"],
+        "type": row["kind"],
+        "subject": row["subject"],
+        "status": row["status"],
+        "task_id": row["task_id"],
+        "worker_id": row["worker_id"],
+        "manager_id": row["manager_id"],
+        "environment": row["environment"],
+        "model_version": row["model_version"],
+        "score": row["score"],
+        "step_scores": body.get("step_scores"),
+        "received_at": row["received_at"],
+        "created_at": row["created_at"],
         "stream_seq": row["stream_seq"],
-    }  # fmt: skip
-    for key in ("prm_score", "outcome_score", "verifier_score", "reward", "status", "kind", "reason", "action",
-                "state"):  # fmt: skip
+    }
+    for key in (
+        "prm_score",
+        "outcome_score",
+        "verifier_score",
+        "reward",
+        "status",
+        "kind",
+        "reason",
+        "action",
+        "state",
+    ):
         if key in body and key not in record:
             record[key] = body[key]
     if row["status"] == "rejected":
@@ -487,8 +572,13 @@ def _events(args: argparse.Namespace, home: Path) -> int:
         return 0
     reader = StoreReader(db)
     try:
-        rows = reader.agent_audit(kind=args.type, worker=args.worker, task=args.task, rejected=args.rejected,
-                                  limit=args.limit or None)  # fmt: skip
+        rows = reader.agent_audit(
+            kind=args.type,
+            worker=args.worker,
+            task=args.task,
+            rejected=args.rejected,
+            limit=args.limit or None,
+        )
     finally:
         reader.close()
     for row in rows:

@@ -174,8 +174,9 @@ def load_settings(path: str | Path | None = None, overrides: dict[str, Any] | No
         message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"]
         message = message.removeprefix("Value error, ")
         given = [key for key, value in (overrides or {}).items() if value is not None]
-        overridden = bool(loc) and any(tuple(key.split(".")) == tuple(map(str, loc[: key.count(".") + 1]))
-                                       for key in given)  # fmt: skip
+        overridden = bool(loc) and any(
+            tuple(key.split(".")) == tuple(map(str, loc[: key.count(".") + 1])) for key in given
+        )
         if overridden:
             raise AgentsConfigError(f"{_field_path(loc)} (from the command line): {message}") from None
         line = _line_of(Path(path), loc) if path is not None else None

@@ -268,9 +268,18 @@ class ManagerStatusEvent(PlaneEvent):
 
 EVENT_TYPES: dict[str, type[PlaneEvent]] = {
     cls.TYPE: cls
-    for cls in (TaskEvent, ResultEvent, FeedbackEvent, TrainingRolloutEvent, ModelUpdateEvent, AlarmEvent,
-                ControlEvent, WorkerStatusEvent, ManagerStatusEvent)
-}  # fmt: skip
+    for cls in (
+        TaskEvent,
+        ResultEvent,
+        FeedbackEvent,
+        TrainingRolloutEvent,
+        ModelUpdateEvent,
+        AlarmEvent,
+        ControlEvent,
+        WorkerStatusEvent,
+        ManagerStatusEvent,
+    )
+}
 
 # The first subject token decides which type a message must be (the stream holds exactly these).
 SUBJECT_TYPES: dict[str, tuple[str, ...]] = {
@@ -286,9 +295,16 @@ SUBJECT_TYPES: dict[str, tuple[str, ...]] = {
 STREAM_SUBJECTS = [f"{prefix}.>" for prefix in SUBJECT_TYPES]
 
 Event = (
-    TaskEvent | ResultEvent | FeedbackEvent | TrainingRolloutEvent | ModelUpdateEvent | AlarmEvent | ControlEvent
-    | WorkerStatusEvent | ManagerStatusEvent
-)  # fmt: skip
+    TaskEvent
+    | ResultEvent
+    | FeedbackEvent
+    | TrainingRolloutEvent
+    | ModelUpdateEvent
+    | AlarmEvent
+    | ControlEvent
+    | WorkerStatusEvent
+    | ManagerStatusEvent
+)
 
 
 class EventRejected(ValueError):

@@ -96,12 +96,20 @@ class ManagerSummary:
             return round(sum(values) / len(values), 4) if values else None
 
         return {
-            "assigned": self.assigned, "done": self.done, "failed": self.failed, "timed_out": self.timed_out,
-            "unmatched": self.unmatched, "mean_reward": mean(self.rewards), "mean_prm": mean(self.prm),
-            "mean_feedback": mean(self.feedback), "mean_verifier": mean(self.verifier), "alarms": self.alarms,
-            "workers": dict(sorted(self.workers.items())), "model_versions": self.model_versions,
+            "assigned": self.assigned,
+            "done": self.done,
+            "failed": self.failed,
+            "timed_out": self.timed_out,
+            "unmatched": self.unmatched,
+            "mean_reward": mean(self.rewards),
+            "mean_prm": mean(self.prm),
+            "mean_feedback": mean(self.feedback),
+            "mean_verifier": mean(self.verifier),
+            "alarms": self.alarms,
+            "workers": dict(sorted(self.workers.items())),
+            "model_versions": self.model_versions,
             "seconds": round((self.finished or time.monotonic()) - self.started, 2),
-        }  # fmt: skip
+        }
 
 
 class TaskFeed:
@@ -133,11 +141,19 @@ class TaskFeed:
 
 class Manager:
     def __init__(
-        self, address: Address, settings: AgentsSettings, feed: TaskFeed, scorer: CombinedScorer,
-        feedback: FeedbackWriter, *, manager_id: str = "manager", group_size: int = 1,
-        store_path: Path | None = None, on_summary: Callable[[ManagerSummary], None] | None = None,
+        self,
+        address: Address,
+        settings: AgentsSettings,
+        feed: TaskFeed,
+        scorer: CombinedScorer,
+        feedback: FeedbackWriter,
+        *,
+        manager_id: str = "manager",
+        group_size: int = 1,
+        store_path: Path | None = None,
+        on_summary: Callable[[ManagerSummary], None] | None = None,
         transient: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.address = address
         self.settings = settings
         self.feed = feed
@@ -210,10 +226,16 @@ class Manager:
             group_id = str(uuid.uuid4()) if size > 1 or self.group_size > 1 else None
             for _ in range(size):
                 event = TaskEvent(
-                    manager_id=self.manager_id, task_type=spec.task_type, environment=spec.environment,
-                    prompt=spec.prompt, reference=spec.reference, verifier=spec.verifier, group_id=group_id,
-                    group_size=size, metadata=dict(spec.metadata),
-                )  # fmt: skip
+                    manager_id=self.manager_id,
+                    task_type=spec.task_type,
+                    environment=spec.environment,
+                    prompt=spec.prompt,
+                    reference=spec.reference,
+                    verifier=spec.verifier,
+                    group_id=group_id,
+                    group_size=size,
+                    metadata=dict(spec.metadata),
+                )
                 self.pending[event.task_id] = Pending(event, time.monotonic() + self.settings.task_timeout_s)
                 await publish_retrying(self.js, event)
                 self.summary.assigned += 1
@@ -233,9 +255,14 @@ class Manager:
         except nats.js.errors.NotFoundError:
             pass
         config = ConsumerConfig(
-            durable_name=durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=60, deliver_policy=DeliverPolicy.ALL,
-            max_ack_pending=1000, flow_control=True, idle_heartbeat=5,
-        )  # fmt: skip
+            durable_name=durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=60,
+            deliver_policy=DeliverPolicy.ALL,
+            max_ack_pending=1000,
+            flow_control=True,
+            idle_heartbeat=5,
+        )
 
         async def on_result(msg: Any) -> None:
             await self.scoring.acquire()
@@ -244,8 +271,9 @@ class Manager:
             task.add_done_callback(self.scoring_tasks.discard)
 
         try:
-            return await self.js.subscribe("results.>", durable=durable, stream=STREAM, cb=on_result,
-                                           manual_ack=True, config=config)  # fmt: skip
+            return await self.js.subscribe(
+                "results.>", durable=durable, stream=STREAM, cb=on_result, manual_ack=True, config=config
+            )
         except nats.js.errors.Error as exc:
             if "already bound" in str(exc):
                 raise AgentsError(
@@ -274,10 +302,16 @@ class Manager:
         task = pending.event
         reason = f"timed out after {self.settings.task_timeout_s:g}s without a result"
         result = ResultEvent(
-            task_id=task.task_id, worker_id=pending.worker_id or "unassigned", task_type=task.task_type,
-            environment=task.environment, prompt=task.prompt, status="failed", result=reason, error=reason,
+            task_id=task.task_id,
+            worker_id=pending.worker_id or "unassigned",
+            task_type=task.task_type,
+            environment=task.environment,
+            prompt=task.prompt,
+            status="failed",
+            result=reason,
+            error=reason,
             worker_kind="manager",
-        )  # fmt: skip
+        )
         self.summary.timed_out += 1
         await publish_retrying(self.js, result)  # a late answer from the worker is then a duplicate
 
@@ -320,14 +354,25 @@ class Manager:
             return
         self.finished_ids.add(result.task_id)
         await publish_retrying(self.js, self._rollout(task, result, scored))
-        await publish_retrying(self.js, FeedbackEvent(
-            task_id=task.task_id, manager_id=self.manager_id, worker_id=result.worker_id, score=feedback.score,
-            textual_feedback=feedback.text, source=feedback.source, dimensions=feedback.dimensions,
-        ))  # fmt: skip
+        await publish_retrying(
+            self.js,
+            FeedbackEvent(
+                task_id=task.task_id,
+                manager_id=self.manager_id,
+                worker_id=result.worker_id,
+                score=feedback.score,
+                textual_feedback=feedback.text,
+                source=feedback.source,
+                dimensions=feedback.dimensions,
+            ),
+        )
         self.alarms.finished(result.task_id)
-        for alarm in [*self.alarms.scored(task.task_id, result.worker_id, scored.prm_score, scored.verifier_score,
-                                          scored.outcome_score),
-                      *self.alarms.feedback(task.task_id, result.worker_id, feedback.score)]:  # fmt: skip
+        for alarm in [
+            *self.alarms.scored(
+                task.task_id, result.worker_id, scored.prm_score, scored.verifier_score, scored.outcome_score
+            ),
+            *self.alarms.feedback(task.task_id, result.worker_id, feedback.score),
+        ]:
             await self._alarm(alarm)
         self._count(result, scored, feedback)
         self.pending.pop(result.task_id, None)
@@ -335,14 +380,26 @@ class Manager:
 
     def _rollout(self, task: TaskEvent, result: ResultEvent, scored: ScoredResult) -> TrainingRolloutEvent:
         return TrainingRolloutEvent(
-            task_id=task.task_id, worker_id=result.worker_id, task_type=task.task_type,
-            environment=result.environment, group_id=task.group_id, group_size=task.group_size, prompt=task.prompt,
-            response=result.answer if result.status == "success" else result.result, steps=result.steps,
-            step_scores=scored.step_scores, prm_score=scored.prm_score, outcome_score=scored.outcome_score,
-            verifier_score=scored.verifier_score, reward=scored.reward, model_version=result.model_version,
-            prompt_token_ids=result.prompt_token_ids, response_token_ids=result.response_token_ids,
-            token_logprobs=result.token_logprobs, temperature=result.temperature,
-        )  # fmt: skip
+            task_id=task.task_id,
+            worker_id=result.worker_id,
+            task_type=task.task_type,
+            environment=result.environment,
+            group_id=task.group_id,
+            group_size=task.group_size,
+            prompt=task.prompt,
+            response=result.answer if result.status == "success" else result.result,
+            steps=result.steps,
+            step_scores=scored.step_scores,
+            prm_score=scored.prm_score,
+            outcome_score=scored.outcome_score,
+            verifier_score=scored.verifier_score,
+            reward=scored.reward,
+            model_version=result.model_version,
+            prompt_token_ids=result.prompt_token_ids,
+            response_token_ids=result.response_token_ids,
+            token_logprobs=result.token_logprobs,
+            temperature=result.temperature,
+        )
 
     def _count(self, result: ResultEvent, scored: ScoredResult, feedback: Feedback) -> None:
         summary = self.summary
@@ -377,8 +434,16 @@ class Manager:
             return None
         if row is None:
             return None
-        return TaskEvent(task_id=task_id, task_type=row[0], environment=row[1], prompt=row[2], reference=row[3],
-                         verifier=row[4], group_id=row[5], manager_id=row[6])  # fmt: skip
+        return TaskEvent(
+            task_id=task_id,
+            task_type=row[0],
+            environment=row[1],
+            prompt=row[2],
+            reference=row[3],
+            verifier=row[4],
+            group_id=row[5],
+            manager_id=row[6],
+        )
 
     async def _alarm(self, alarm: Any) -> None:
         self.summary.alarms.append(f"{alarm.kind}: {alarm.reason}")
@@ -430,10 +495,18 @@ class Manager:
         self.last_status = time.monotonic()
         summary = self.summary
         event = ManagerStatusEvent(
-            manager_id=self.manager_id, state=state, total=self.feed.total, assigned=summary.assigned,
-            in_flight=len(self.pending), done=summary.done, failed=summary.failed, timed_out=summary.timed_out,
-            feedback=self.feedback_writer.source, detail=detail, command_id=command_id,
-        )  # fmt: skip
+            manager_id=self.manager_id,
+            state=state,
+            total=self.feed.total,
+            assigned=summary.assigned,
+            in_flight=len(self.pending),
+            done=summary.done,
+            failed=summary.failed,
+            timed_out=summary.timed_out,
+            feedback=self.feedback_writer.source,
+            detail=detail,
+            command_id=command_id,
+        )
         try:
             await publish_retrying(self.js, event, attempts=10 if state not in ("done", "stopped") else 3)
         except Exception as exc:
@@ -447,13 +520,21 @@ def summary_line(summary: dict[str, Any]) -> str:
     parts = [f"{summary['done']} done", f"{summary['failed']} failed"]
     if summary["timed_out"]:
         parts.append(f"{summary['timed_out']} timed out")
-    for key, label in (("mean_reward", "reward"), ("mean_prm", "PRM"), ("mean_verifier", "verifier"),
-                       ("mean_feedback", "feedback")):  # fmt: skip
+    for key, label in (
+        ("mean_reward", "reward"),
+        ("mean_prm", "PRM"),
+        ("mean_verifier", "verifier"),
+        ("mean_feedback", "feedback"),
+    ):
         if summary.get(key) is not None:
             parts.append(f"{label} {summary[key]:.3f}")
     workers = ", ".join(f"{w} {n}" for w, n in summary["workers"].items())
-    return (f"{summary['assigned']} tasks in {summary['seconds']:.1f}s: " + ", ".join(parts)
-            + (f"; by worker: {workers}" if workers else "") + (f"; {len(summary['alarms'])} alarms" if summary["alarms"] else ""))  # fmt: skip
+    return (
+        f"{summary['assigned']} tasks in {summary['seconds']:.1f}s: "
+        + ", ".join(parts)
+        + (f"; by worker: {workers}" if workers else "")
+        + (f"; {len(summary['alarms'])} alarms" if summary["alarms"] else "")
+    )
 
 
 def dump(summary: ManagerSummary) -> str:

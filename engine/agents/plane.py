@@ -84,10 +84,20 @@ class Child:
     def spawn(self) -> None:
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, close_fds=True, start_new_session=True,
-                env={**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
-                     "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
-            )  # fmt: skip
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                close_fds=True,
+                start_new_session=True,
+                env={
+                    **os.environ,
+                    "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+                    "TOKENIZERS_PARALLELISM": "false",
+                    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                },
+            )
         self.started_at = time.monotonic()
         self.restart_at = None
         self.state = "running"
@@ -96,8 +106,15 @@ class Child:
         return self.proc is not None and self.proc.poll() is None
 
     def describe(self) -> dict[str, Any]:
-        return {"role": self.role, "id": self.ident, "state": self.state, "pid": self.proc.pid if self.proc else None,
-                "crashes": self.crashes, "last_exit": self.last_exit, "log": str(self.log_path)}  # fmt: skip
+        return {
+            "role": self.role,
+            "id": self.ident,
+            "state": self.state,
+            "pid": self.proc.pid if self.proc else None,
+            "crashes": self.crashes,
+            "last_exit": self.last_exit,
+            "log": str(self.log_path),
+        }
 
 
 def stop_processes(procs: list[subprocess.Popen[bytes] | None], wait: float = STOP_WAIT_S) -> None:
@@ -230,8 +247,18 @@ class PlaneSpec:
 
 
 def child_argv(role: str, home: Path, settings_file: Path, address: Address, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "engine.agents", role, "--home", str(home), "--settings", str(settings_file),
-            *address.argv(), *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "engine.agents",
+        role,
+        "--home",
+        str(home),
+        "--settings",
+        str(settings_file),
+        *address.argv(),
+        *extra,
+    ]
 
 
 class Plane:
@@ -320,7 +347,7 @@ class Plane:
     def _address(self, settings: AgentsSettings) -> Address:
         from .bus import resolve_address
 
-        address = resolve_address(settings)  if (settings.url or _env_url()) else None  # fmt: skip
+        address = resolve_address(settings) if (settings.url or _env_url()) else None
         if address is not None:
             self.server_state = "external"
             return address
@@ -423,14 +450,25 @@ class Plane:
             child.crashes = 0 if now - child.started_at > STABLE_S else child.crashes + 1
             if child.crashes >= GIVE_UP_AFTER:
                 child.state = "failed"
-                log.error("agents: %s %s keeps crashing (exit %s); left down, see %s", child.role, child.ident,
-                          code, child.log_path)  # fmt: skip
+                log.error(
+                    "agents: %s %s keeps crashing (exit %s); left down, see %s",
+                    child.role,
+                    child.ident,
+                    code,
+                    child.log_path,
+                )
                 return
             delay = min(BACKOFF_START_S * 2**child.crashes, BACKOFF_MAX_S)
             child.restart_at = now + delay
             child.state = "restarting"
-            log.warning("agents: %s %s exited with status %s; restarting in %.0fs (log %s)", child.role,
-                        child.ident, code, delay, child.log_path)  # fmt: skip
+            log.warning(
+                "agents: %s %s exited with status %s; restarting in %.0fs (log %s)",
+                child.role,
+                child.ident,
+                code,
+                delay,
+                child.log_path,
+            )
         if child.state == "restarting" and child.restart_at is not None and now >= child.restart_at:
             if child.role == "trainer" and "--resume" not in child.argv:
                 child.argv.append("--resume")  # a restarted trainer carries on its run from its checkpoint
@@ -476,13 +514,20 @@ class Plane:
 
     def publish_state(self) -> None:
         server = {
-            "state": self.server_state, "url": self.address.url if self.address else None,
+            "state": self.server_state,
+            "url": self.address.url if self.address else None,
             "port": self.server.port if self.server else None,
             "pid": self.server.proc.pid if self.server and self.server.proc else None,
-            "restarts": self.server_restarts, "local": self.server is not None,
-            "bridge": ("connected" if self.bridge and self.bridge.connected.is_set() else
-                       (self.bridge.error or "connecting") if self.bridge else "down"),
-        }  # fmt: skip
+            "restarts": self.server_restarts,
+            "local": self.server is not None,
+            "bridge": (
+                "connected"
+                if self.bridge and self.bridge.connected.is_set()
+                else (self.bridge.error or "connecting")
+                if self.bridge
+                else "down"
+            ),
+        }
         processes = [c.describe() for c in self.children.values()]
         if (self.store.kv("agents.server"), self._last_processes()) != (server, processes):
             self.store.set_kv("agents.server", server)
@@ -510,8 +555,14 @@ class Plane:
             manager = self.children.get("manager")
             if manager is None or not manager.alive():
                 raise AgentsError("no manager is running")
-            self.bridge.publish(ControlEvent(action=action, target="manager", origin=str(args.get("origin", "tui")),
-                                             command_id=command_id))  # fmt: skip
+            self.bridge.publish(
+                ControlEvent(
+                    action=action,
+                    target="manager",
+                    origin=str(args.get("origin", "tui")),
+                    command_id=command_id,
+                )
+            )
         elif verb == "agents_add_worker":
             self._add_worker(command_id)
         elif verb == "agents_stop_worker":
@@ -521,8 +572,14 @@ class Plane:
             child = self.children.get(worker)
             if child is not None:
                 child.stopping = True
-            self.bridge.publish(ControlEvent(action="stop_worker", target=worker, command_id=command_id,
-                                             origin=str(args.get("origin", "tui"))))  # fmt: skip
+            self.bridge.publish(
+                ControlEvent(
+                    action="stop_worker",
+                    target=worker,
+                    command_id=command_id,
+                    origin=str(args.get("origin", "tui")),
+                )
+            )
         else:
             raise AgentsError(f"unknown agents command {verb!r}")
         self.awaiting[command_id] = time.monotonic() + ANSWER_WAIT_S

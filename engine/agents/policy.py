@@ -139,8 +139,9 @@ def pack(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, devi
         input_ids[row, :end] = torch.tensor([*prompt, *response], dtype=torch.long)
         attention[row, :end] = 1
         completion[row, len(prompt) : end] = True
-    return PackedBatch(input_ids.to(device), attention.to(device), completion.to(device),
-                       [len(r) for _, r in pairs])  # fmt: skip
+    return PackedBatch(
+        input_ids.to(device), attention.to(device), completion.to(device), [len(r) for _, r in pairs]
+    )
 
 
 def response_logprobs(logits: Tensor, batch: PackedBatch, temperature: float) -> list[Tensor]:
@@ -167,8 +168,17 @@ def forward(model: Any, batch: PackedBatch) -> Tensor:
 class LocalPolicy:
     """A causal LM served by a worker: generation with behaviour log-probs, and adapter hot-swap."""
 
-    def __init__(self, name: str, where: Path | str, tokenizer: Any, model: Any, *, device: str,
-                 fingerprint: str, seed: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        where: Path | str,
+        tokenizer: Any,
+        model: Any,
+        *,
+        device: str,
+        fingerprint: str,
+        seed: int = 0,
+    ) -> None:
         self.name = name  # the model as given ("carl-tiny", a directory or a hub id)
         self.where = where
         self.tokenizer = tokenizer
@@ -205,19 +215,29 @@ class LocalPolicy:
         if self.tokenizer.chat_template is None:  # a base model without a template: plain text
             text = f"{system}\n\n{prompt}" if system else prompt
             return list(self.tokenizer(text)["input_ids"])
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                 return_dict=False)  # fmt: skip
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         return [int(i) for i in ids]
 
     # -- generation --------------------------------------------------------------------------------
 
-    def generate(self, prompt: str, *, system: str | None = None, max_new_tokens: int = 48,
-                 temperature: float = 1.0, seed: int | None = None) -> Generation:  # fmt: skip
-        return self.generate_ids(self.prompt_ids(prompt, system), max_new_tokens=max_new_tokens,
-                                 temperature=temperature, seed=seed)  # fmt: skip
+    def generate(
+        self,
+        prompt: str,
+        *,
+        system: str | None = None,
+        max_new_tokens: int = 48,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> Generation:
+        return self.generate_ids(
+            self.prompt_ids(prompt, system), max_new_tokens=max_new_tokens, temperature=temperature, seed=seed
+        )
 
-    def generate_ids(self, prompt_ids: list[int], *, max_new_tokens: int, temperature: float,
-                     seed: int | None = None) -> Generation:  # fmt: skip
+    def generate_ids(
+        self, prompt_ids: list[int], *, max_new_tokens: int, temperature: float, seed: int | None = None
+    ) -> Generation:
         """Sample up to `max_new_tokens` from softmax(logits / temperature), one token at a time."""
         import torch
         from transformers import DynamicCache
@@ -269,8 +289,9 @@ class LocalPolicy:
             finished=finished,
         )
 
-    def score(self, prompt_ids: Sequence[int], token_ids: Sequence[int], *, temperature: float = 1.0
-              ) -> list[float]:  # fmt: skip
+    def score(
+        self, prompt_ids: Sequence[int], token_ids: Sequence[int], *, temperature: float = 1.0
+    ) -> list[float]:
         """Log-probs of `token_ids` after `prompt_ids` under the policy as it is now (no sampling)."""
         import torch
 
@@ -289,8 +310,10 @@ class LocalPolicy:
         from peft import PeftModel
 
         if base_fingerprint and base_fingerprint != self.fingerprint:
-            raise PolicyError(f"adapter {version} was trained on base {base_fingerprint}, but this worker "
-                              f"serves {self.name} (base {self.fingerprint})")  # fmt: skip
+            raise PolicyError(
+                f"adapter {version} was trained on base {base_fingerprint}, but this worker "
+                f"serves {self.name} (base {self.fingerprint})"
+            )
         path = Path(path)
         if not (path / "adapter_config.json").is_file():
             raise PolicyError(f"adapter {version}: {path} is not a peft adapter (no adapter_config.json)")
@@ -328,8 +351,9 @@ class LocalPolicy:
         from peft import LoraConfig, get_peft_model
 
         torch.manual_seed(seed)  # A's random init
-        config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=target_modules,
-                            task_type="CAUSAL_LM")  # fmt: skip
+        config = LoraConfig(
+            r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=target_modules, task_type="CAUSAL_LM"
+        )
         self.model = get_peft_model(self.model, config)
         self.model.eval()  # no dropout anywhere; gradients still flow
         return self.model

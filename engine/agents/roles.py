@@ -86,13 +86,21 @@ def group_size(settings: AgentsSettings) -> int:
 # -- the roles ---------------------------------------------------------------------------------
 
 
-async def run_manager(address: Address, settings: AgentsSettings, home: Path, *, tasks: str, limit: int | None,
-                      cycle: bool) -> int:  # fmt: skip
+async def run_manager(
+    address: Address, settings: AgentsSettings, home: Path, *, tasks: str, limit: int | None, cycle: bool
+) -> int:
     from .manager import Manager, TaskFeed
 
     feed = TaskFeed(task_specs(tasks), limit=limit, cycle=cycle)
-    manager = Manager(address, settings, feed, build_scorer(settings), build_feedback(settings),
-                      group_size=group_size(settings), store_path=paths.db_path(home))  # fmt: skip
+    manager = Manager(
+        address,
+        settings,
+        feed,
+        build_scorer(settings),
+        build_feedback(settings),
+        group_size=group_size(settings),
+        store_path=paths.db_path(home),
+    )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, manager.stop.set)
@@ -101,8 +109,14 @@ async def run_manager(address: Address, settings: AgentsSettings, home: Path, *,
     return 0
 
 
-async def run_trainer(address: Address, settings: AgentsSettings, home: Path, *, resume: bool = False,
-                      run_name: str = "agents-train") -> int:  # fmt: skip
+async def run_trainer(
+    address: Address,
+    settings: AgentsSettings,
+    home: Path,
+    *,
+    resume: bool = False,
+    run_name: str = "agents-train",
+) -> int:
     """Train the served model from `training.rollouts`; each new adapter goes out on `model.updates`.
 
     resume: a restarted trainer process carries on its run from the newest checkpoint.
@@ -112,8 +126,14 @@ async def run_trainer(address: Address, settings: AgentsSettings, home: Path, *,
     from .trainer import PlaneTrainer
 
     store = Store(paths.db_path(home))
-    trainer = PlaneTrainer(settings.train, model=settings.model, home=home, store=store, run_name=run_name,
-                           temperature=settings.temperature)  # fmt: skip
+    trainer = PlaneTrainer(
+        settings.train,
+        model=settings.model,
+        home=home,
+        store=store,
+        run_name=run_name,
+        temperature=settings.temperature,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -184,8 +204,9 @@ async def _train_loop(js: Any, sub: Any, trainer: Any, stop: asyncio.Event) -> N
 
 
 def _address(args: argparse.Namespace, settings: AgentsSettings, home: Path) -> Address:
-    return resolve_address(settings, url=args.url, token_file=args.token_file, creds_file=getattr(args, "creds", None),
-                           home=home)  # fmt: skip
+    return resolve_address(
+        settings, url=args.url, token_file=args.token_file, creds_file=getattr(args, "creds", None), home=home
+    )
 
 
 def _settings(args: argparse.Namespace) -> AgentsSettings:
@@ -221,20 +242,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="trainer: carry on the run from its checkpoint")
     args = parser.parse_args(argv)
     home = args.home or paths.carl_home()
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s [{args.role} %(process)d] %(message)s",
-                        stream=sys.stderr)  # fmt: skip
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s %(levelname)s [{args.role} %(process)d] %(message)s",
+        stream=sys.stderr,
+    )
     try:
         settings = _settings(args)
         address = _address(args, settings, home)
         if args.role == "manager":
-            return asyncio.run(run_manager(address, settings, home, tasks=args.tasks, limit=args.limit,
-                                           cycle=args.cycle))  # fmt: skip
+            return asyncio.run(
+                run_manager(address, settings, home, tasks=args.tasks, limit=args.limit, cycle=args.cycle)
+            )
         if args.role == "trainer":
             return asyncio.run(run_trainer(address, settings, home, resume=args.resume))
         from .worker import run_worker
 
-        return asyncio.run(run_worker(address, settings, kind=args.kind or settings.worker_kind, home=home,
-                                      worker_id=args.id, command_id=args.command_id))  # fmt: skip
+        return asyncio.run(
+            run_worker(
+                address,
+                settings,
+                kind=args.kind or settings.worker_kind,
+                home=home,
+                worker_id=args.id,
+                command_id=args.command_id,
+            )
+        )
     except CarlError as exc:
         print(f"carl agents {args.role}: {exc}", file=sys.stderr)
         return 2

@@ -160,9 +160,13 @@ class LocalServer:
         log = paths.logs_dir(self.home) / "nats-server.log"
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
-                [nats_server_binary(), "-c", str(conf)], stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                close_fds=True, start_new_session=True,
-            )  # fmt: skip
+                [nats_server_binary(), "-c", str(conf)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                close_fds=True,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -185,8 +185,12 @@ class PlaneTrainer:
         self.policy = LocalPolicy.load(self.model_name, self.home, seed=self.seed)
         self.fingerprint = self.policy.fingerprint
         self.vocab_size = self.policy.vocab_size
-        self.model = self.policy.attach_trainable_lora(r=settings.lora_r, alpha=settings.lora_alpha,
-                                                       target_modules=settings.target_modules, seed=self.seed)  # fmt: skip
+        self.model = self.policy.attach_trainable_lora(
+            r=settings.lora_r,
+            alpha=settings.lora_alpha,
+            target_modules=settings.target_modules,
+            seed=self.seed,
+        )
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=settings.learning_rate)
         self.run_id = self._open_run(reopen)
@@ -194,24 +198,46 @@ class PlaneTrainer:
         self.pump = CommandPump(self.store, self.run_id, self.reporter, sleep=self.sleep)
 
     def _open_run(self, reopen: bool) -> int:
-        config = {**self.settings.model_dump(), "temperature": self.temperature,
-                  "group_timeout_s": self.group_timeout_s, "seed": self.seed}  # fmt: skip
+        config = {
+            **self.settings.model_dump(),
+            "temperature": self.temperature,
+            "group_timeout_s": self.group_timeout_s,
+            "seed": self.seed,
+        }
         existing = self.store.run_id_by_name(self.run_name) if reopen else None
         if existing is not None and (self.store.run(existing) or {}).get("source_kind") == "agents":
             run_id = existing
-            self.store.update_run(run_id, status="running", error=None, ended_at=None, config=config,
-                                  model=self.model_name, max_steps=self.settings.max_updates)  # fmt: skip
+            self.store.update_run(
+                run_id,
+                status="running",
+                error=None,
+                ended_at=None,
+                config=config,
+                model=self.model_name,
+                max_steps=self.settings.max_updates,
+            )
         else:
-            run_id = self.store.create_run(self.run_name, source_kind="agents", backend="torch",
-                                           model=self.model_name, vocab_size=self.vocab_size,
-                                           max_steps=self.settings.max_updates, config=config)  # fmt: skip
+            run_id = self.store.create_run(
+                self.run_name,
+                source_kind="agents",
+                backend="torch",
+                model=self.model_name,
+                vocab_size=self.vocab_size,
+                max_steps=self.settings.max_updates,
+                config=config,
+            )
         # The store may have suffixed the name; versions and directories follow the run's real name,
         # so two runs never write the same adapter.
         self.run_name = str((self.store.run(run_id) or {})["name"])
         self.output_dir = paths.runs_dir(self.home) / self.run_name
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.store.update_run(run_id, output_dir=str(self.output_dir), temperature=self.temperature,
-                              pid=os.getpid(), vocab_size=self.vocab_size)  # fmt: skip
+        self.store.update_run(
+            run_id,
+            output_dir=str(self.output_dir),
+            temperature=self.temperature,
+            pid=os.getpid(),
+            vocab_size=self.vocab_size,
+        )
         return run_id
 
     def resume(self) -> int:
@@ -266,8 +292,9 @@ class PlaneTrainer:
         if not r.prompt_token_ids or not r.response_token_ids or not r.token_logprobs:
             return f"{task}: no token ids or log-probs (not sampled by a local model)"
         if len(r.response_token_ids) != len(r.token_logprobs):
-            return (f"{task}: {len(r.response_token_ids)} response tokens but {len(r.token_logprobs)} "
-                    "log-probs")  # fmt: skip
+            return (
+                f"{task}: {len(r.response_token_ids)} response tokens but {len(r.token_logprobs)} log-probs"
+            )
         if r.temperature is None or not math.isclose(r.temperature, self.temperature, rel_tol=1e-6):
             return (
                 f"{task}: sampled at temperature {r.temperature}, the trainer trains at {self.temperature:g}"
@@ -361,8 +388,11 @@ class PlaneTrainer:
         settings, temperature = self.settings, self.temperature
         samples = [r for g in groups for r in g.rollouts]
         advantages, zero_variance = group_advantages([[r.reward for r in g.rollouts] for g in groups])
-        batch = pack([(r.prompt_token_ids, r.response_token_ids) for r in samples],
-                     self.policy.tokenizer.pad_token_id or 0, self.policy.device)  # fmt: skip
+        batch = pack(
+            [(r.prompt_token_ids, r.response_token_ids) for r in samples],
+            self.policy.tokenizer.pad_token_id or 0,
+            self.policy.device,
+        )
 
         logits = self.model(
             input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
@@ -387,8 +417,13 @@ class PlaneTrainer:
             self.reporter.write(record)
             raise TrainingFailed(f"the loss became NaN at step {step} (is the learning rate too high?)")
         # Phi of the response tokens from this same forward, at the sampling temperature (carl.md §2).
-        stats = completion_token_stats(logits.detach(), batch.input_ids, completion_mask=batch.completion_mask,
-                                       vocab_size=self.vocab_size, temperature=temperature)  # fmt: skip
+        stats = completion_token_stats(
+            logits.detach(),
+            batch.input_ids,
+            completion_mask=batch.completion_mask,
+            vocab_size=self.vocab_size,
+            temperature=temperature,
+        )
         record.phi, phi_metrics = step_phi_stats(step, stats.phi, stats.entropy, self.vocab_size)
         record.samples = self._samples(samples, stats)
 
@@ -437,8 +472,9 @@ class PlaneTrainer:
         if self.settings.beta == 0:
             return [None] * len(batch.lengths)
         with torch.no_grad(), self.model.disable_adapter():
-            logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                use_cache=False).logits  # fmt: skip
+            logits = self.model(
+                input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
+            ).logits
             return response_logprobs(logits, batch, self.temperature)
 
     def _versions_behind(self, version: str | None) -> int | None:
@@ -455,13 +491,18 @@ class PlaneTrainer:
             rewards = {"prm": r.prm_score, "outcome": r.outcome_score, "total": r.reward}
             if r.verifier_score is not None:
                 rewards["verifier"] = r.verifier_score
-            out.append({
-                "idx": index, "kind": kind, "prompt": r.prompt, "completion": r.response,
-                "tokens": [tokenizer.decode([t]) for t in r.response_token_ids],
-                "entropy": [round(float(h), 5) for h in stats.entropy[index]],
-                "phi": [round(float(p), 6) for p in stats.phi[index]],
-                "rewards": rewards,
-            })  # fmt: skip
+            out.append(
+                {
+                    "idx": index,
+                    "kind": kind,
+                    "prompt": r.prompt,
+                    "completion": r.response,
+                    "tokens": [tokenizer.decode([t]) for t in r.response_token_ids],
+                    "entropy": [round(float(h), 5) for h in stats.entropy[index]],
+                    "phi": [round(float(p), 6) for p in stats.phi[index]],
+                    "rewards": rewards,
+                }
+            )
         return out
 
     # -- step boundaries: commands and checkpoints ---------------------------------------------------
@@ -495,8 +536,13 @@ class PlaneTrainer:
         try:
             self.model.save_pretrained(str(staging / ADAPTER_DIR), save_embedding_layers=False)
             torch.save(self.optimizer.state_dict(), staging / OPTIMIZER_FILE)
-            state = {"step": step, "versions": self.versions, "run": self.run_name, "base_fingerprint":
-                     self.fingerprint, "learning_rate": self.optimizer.param_groups[0]["lr"]}  # fmt: skip
+            state = {
+                "step": step,
+                "versions": self.versions,
+                "run": self.run_name,
+                "base_fingerprint": self.fingerprint,
+                "learning_rate": self.optimizer.param_groups[0]["lr"],
+            }
             (staging / STATE_FILE).write_text(json.dumps(state) + "\n")
             _replace_dir(staging, final)
         finally:
@@ -522,8 +568,14 @@ class PlaneTrainer:
         shown = {
             key: float(value) for key in ("loss", "reward", "kl") if (value := metrics.get(key)) is not None
         }
-        return ModelUpdateEvent(model_version=version, checkpoint_path=str(target), base_model=self.model_name,
-                                base_fingerprint=self.fingerprint, step=self.global_step, metrics=shown)  # fmt: skip
+        return ModelUpdateEvent(
+            model_version=version,
+            checkpoint_path=str(target),
+            base_model=self.model_name,
+            base_fingerprint=self.fingerprint,
+            step=self.global_step,
+            metrics=shown,
+        )
 
     # -- helpers for callers and tests -----------------------------------------------------------------
 

@@ -112,14 +112,20 @@ class ModelBackend:
 
     def answer(self, task: TaskEvent) -> Answer:
         generation = self.policy.generate(
-            task.prompt, system=self.settings.system_prompt or SYSTEM_PROMPT,
-            max_new_tokens=self.settings.max_new_tokens, temperature=self.settings.temperature, seed=None,
-        )  # fmt: skip
+            task.prompt,
+            system=self.settings.system_prompt or SYSTEM_PROMPT,
+            max_new_tokens=self.settings.max_new_tokens,
+            temperature=self.settings.temperature,
+            seed=None,
+        )
         return Answer(
-            reply=generation.text, prompt_token_ids=list(generation.prompt_token_ids),
-            token_ids=list(generation.token_ids), logprobs=[float(x) for x in generation.logprobs],
-            temperature=self.settings.temperature, phi_mean=_unit(generation.phi_mean),
-        )  # fmt: skip
+            reply=generation.text,
+            prompt_token_ids=list(generation.prompt_token_ids),
+            token_ids=list(generation.token_ids),
+            logprobs=[float(x) for x in generation.logprobs],
+            temperature=self.settings.temperature,
+            phi_mean=_unit(generation.phi_mean),
+        )
 
     def hot_swap(self, update: ModelUpdateEvent) -> str:
         self.policy.swap_adapter(
@@ -147,18 +153,21 @@ class HttpBackend:
         self.version = self.model
         key = os.environ.get("CARL_WORKER_API_KEY") or os.environ.get("OPENAI_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.client = httpx.Client(base_url=self.endpoint, headers=headers,
-                                   timeout=timeout or settings.task_timeout_s)  # fmt: skip
+        self.client = httpx.Client(
+            base_url=self.endpoint, headers=headers, timeout=timeout or settings.task_timeout_s
+        )
         self.logprobs = True  # asked for until the server refuses them
 
     def answer(self, task: TaskEvent) -> Answer:
         body: dict[str, Any] = {
             "model": self.version,
-            "messages": [{"role": "system", "content": self.settings.system_prompt or SYSTEM_PROMPT},
-                         {"role": "user", "content": task.prompt}],
+            "messages": [
+                {"role": "system", "content": self.settings.system_prompt or SYSTEM_PROMPT},
+                {"role": "user", "content": task.prompt},
+            ],
             "temperature": self.settings.temperature,
             "max_tokens": self.settings.max_new_tokens,
-        }  # fmt: skip
+        }
         if self.logprobs:
             body["logprobs"] = True
         response = self.client.post("/chat/completions", json=body)
@@ -175,17 +184,25 @@ class HttpBackend:
             raise WorkerError(f"{self.endpoint}: not a chat completion: {_snippet(response.text)}") from None
         content = ((choice.get("logprobs") or {}).get("content")) or []
         logprobs = [float(t["logprob"]) for t in content if isinstance(t, dict) and "logprob" in t]
-        return Answer(reply=reply, logprobs=logprobs, temperature=self.settings.temperature,
-                      metadata={"finish_reason": choice.get("finish_reason")})  # fmt: skip
+        return Answer(
+            reply=reply,
+            logprobs=logprobs,
+            temperature=self.settings.temperature,
+            metadata={"finish_reason": choice.get("finish_reason")},
+        )
 
     def hot_swap(self, update: ModelUpdateEvent) -> str:
         if not self.settings.endpoint_lora:
             return f"keeps serving {self.version}: {self.endpoint} loads no adapters (agents.endpoint_lora is off)"
-        response = self.client.post("/load_lora_adapter",
-                                    json={"lora_name": update.model_version, "lora_path": update.checkpoint_path})  # fmt: skip
+        response = self.client.post(
+            "/load_lora_adapter",
+            json={"lora_name": update.model_version, "lora_path": update.checkpoint_path},
+        )
         if response.status_code != 200:
-            raise WorkerError(f"{self.endpoint}: loading adapter {update.model_version} failed: "
-                              f"HTTP {response.status_code}: {_snippet(response.text)}")  # fmt: skip
+            raise WorkerError(
+                f"{self.endpoint}: loading adapter {update.model_version} failed: "
+                f"HTTP {response.status_code}: {_snippet(response.text)}"
+            )
         self.version = update.model_version  # the name the server loaded is the name requested
         return f"serving adapter {update.model_version} from {self.endpoint}"
 
@@ -222,8 +239,15 @@ def default_worker_id(kind: str) -> str:
 class Worker:
     """One worker process's loop: fetch a task, answer it, publish the result, acknowledge."""
 
-    def __init__(self, address: Address, settings: AgentsSettings, backend: Backend, *, worker_id: str,
-                 command_id: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        address: Address,
+        settings: AgentsSettings,
+        backend: Backend,
+        *,
+        worker_id: str,
+        command_id: int | None = None,
+    ) -> None:
         self.address = address
         self.settings = settings
         self.backend = backend
@@ -245,14 +269,28 @@ class Worker:
     async def run(self) -> None:
         self.nc = await connect(self.address, f"carl-worker-{self.worker_id}", on_event=self._connection)
         self.js = self.nc.jetstream()
-        log.info("worker %s (%s, %s) on %s, taking %s tasks", self.worker_id, self.backend.kind, self.backend.model,
-                 self.address.url, self.task_type)  # fmt: skip
+        log.info(
+            "worker %s (%s, %s) on %s, taking %s tasks",
+            self.worker_id,
+            self.backend.kind,
+            self.backend.model,
+            self.address.url,
+            self.task_type,
+        )
         try:
-            await self._joining("the stream", lambda: ensure_stream(self.js, self.settings.stream,
-                                                                    self.settings.replicas))  # fmt: skip
-            tasks = await self._joining("the workers' consumer", lambda: pull(
-                self.js, f"tasks.{self.task_type}", f"workers-{self.task_type}", ack_wait=self.settings.ack_wait_s,
-                max_ack_pending=1000))  # fmt: skip
+            await self._joining(
+                "the stream", lambda: ensure_stream(self.js, self.settings.stream, self.settings.replicas)
+            )
+            tasks = await self._joining(
+                "the workers' consumer",
+                lambda: pull(
+                    self.js,
+                    f"tasks.{self.task_type}",
+                    f"workers-{self.task_type}",
+                    ack_wait=self.settings.ack_wait_s,
+                    max_ack_pending=1000,
+                ),
+            )
             await self._subscribe_controls()
             await self._joining("model updates", self._subscribe_updates)
             await self.status("idle", command_id=self.command_id, detail=f"serving {self.backend.version}")
@@ -279,7 +317,11 @@ class Worker:
         while True:
             try:
                 return await call()
-            except (TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as exc:  # fmt: skip
+            except (
+                TimeoutError,
+                nats.errors.NoRespondersError,
+                nats.js.errors.ServiceUnavailableError,
+            ) as exc:
                 reason = " ".join(str(exc).split()).removeprefix("nats: ") or type(exc).__name__
                 if time.monotonic() >= deadline:
                     raise WorkerError(
@@ -306,8 +348,12 @@ class Worker:
             return []
         try:
             return fetching.result()
-        except (nats.errors.ConnectionClosedError, nats.errors.NoRespondersError,
-                nats.js.errors.ServiceUnavailableError, nats.js.errors.APIError) as exc:  # fmt: skip
+        except (
+            nats.errors.ConnectionClosedError,
+            nats.errors.NoRespondersError,
+            nats.js.errors.ServiceUnavailableError,
+            nats.js.errors.APIError,
+        ) as exc:
             log.debug("fetch: %s", exc)
             await asyncio.sleep(0.25)  # the server is away: the client reconnects on its own
             return []
@@ -338,11 +384,18 @@ class Worker:
             except Exception as exc:  # the work failed: say so, with the reason, and move on
                 reason = " ".join(str(exc).split())[:300] or type(exc).__name__
                 result = ResultEvent(
-                    task_id=task.task_id, worker_id=self.worker_id, task_type=task.task_type,
-                    environment=task.environment, prompt=task.prompt, status="failed", result=reason,
-                    error=reason, elapsed_seconds=time.monotonic() - started, model_version=self.backend.version,
+                    task_id=task.task_id,
+                    worker_id=self.worker_id,
+                    task_type=task.task_type,
+                    environment=task.environment,
+                    prompt=task.prompt,
+                    status="failed",
+                    result=reason,
+                    error=reason,
+                    elapsed_seconds=time.monotonic() - started,
+                    model_version=self.backend.version,
                     worker_kind=self.backend.kind,
-                )  # fmt: skip
+                )
             await self._hand_in(msg, result)
             if result.status == "success":
                 self.done += 1
@@ -356,8 +409,9 @@ class Worker:
         while len(self.settling) >= MAX_SETTLING:
             await asyncio.wait(self.settling, return_when=asyncio.FIRST_COMPLETED)
         try:
-            stored = await self.js.publish_async(result.subject(), result.encode(),
-                                                 headers={"Nats-Msg-Id": result.dedup_id()})  # fmt: skip
+            stored = await self.js.publish_async(
+                result.subject(), result.encode(), headers={"Nats-Msg-Id": result.dedup_id()}
+            )
         except Exception:  # the connection is away: publish the slow way, retrying until the server is back
             stored = None
         settle = asyncio.create_task(self._settle(msg, result, stored))
@@ -377,25 +431,48 @@ class Worker:
     def _result(self, task: TaskEvent, answer: Answer, elapsed: float) -> ResultEvent:
         steps, final = split_reply(answer.reply)
         return ResultEvent(
-            task_id=task.task_id, worker_id=self.worker_id, task_type=task.task_type,
-            environment=task.environment, prompt=task.prompt, status="success", result=render_reply(steps, final),
-            steps=steps, answer=final, elapsed_seconds=elapsed, model_version=self.backend.version,
-            worker_kind=self.backend.kind, prompt_token_ids=answer.prompt_token_ids,
-            response_token_ids=answer.token_ids, token_logprobs=answer.logprobs, temperature=answer.temperature,
-            phi_mean=answer.phi_mean, metadata=answer.metadata,
-        )  # fmt: skip
+            task_id=task.task_id,
+            worker_id=self.worker_id,
+            task_type=task.task_type,
+            environment=task.environment,
+            prompt=task.prompt,
+            status="success",
+            result=render_reply(steps, final),
+            steps=steps,
+            answer=final,
+            elapsed_seconds=elapsed,
+            model_version=self.backend.version,
+            worker_kind=self.backend.kind,
+            prompt_token_ids=answer.prompt_token_ids,
+            response_token_ids=answer.token_ids,
+            token_logprobs=answer.logprobs,
+            temperature=answer.temperature,
+            phi_mean=answer.phi_mean,
+            metadata=answer.metadata,
+        )
 
-    async def status(self, state: str, *, command_id: int | None = None, detail: str = "", wait: bool = True
-                     ) -> None:  # fmt: skip
+    async def status(
+        self, state: str, *, command_id: int | None = None, detail: str = "", wait: bool = True
+    ) -> None:
         """Say what this worker is doing. `wait=False` (busy and idle around each task, heartbeats): sent
         without waiting for the stream's acknowledgement, so it costs the task nothing; a status that
         answers a command, or a swap, waits for it."""
         self.state = state if state != "stopped" else self.state
         event = WorkerStatusEvent(
-            worker_id=self.worker_id, kind=self.backend.kind, task_types=[self.task_type], model=self.backend.model,
-            model_version=self.backend.version, state=state, task_id=self.task_id, tasks_done=self.done,
-            failures=self.failures, host=socket.gethostname(), pid=os.getpid(), detail=detail, command_id=command_id,
-        )  # fmt: skip
+            worker_id=self.worker_id,
+            kind=self.backend.kind,
+            task_types=[self.task_type],
+            model=self.backend.model,
+            model_version=self.backend.version,
+            state=state,
+            task_id=self.task_id,
+            tasks_done=self.done,
+            failures=self.failures,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            detail=detail,
+            command_id=command_id,
+        )
         self.last_status = time.monotonic()
         try:
             if wait or command_id is not None:
@@ -441,8 +518,12 @@ class Worker:
             await self._apply_update(msg.subject, msg.data)
 
         # From the last update on (the one just applied is skipped: its version is already served).
-        await self.js.subscribe("model.updates", cb=on_update, ordered_consumer=True,
-                                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)  # fmt: skip
+        await self.js.subscribe(
+            "model.updates",
+            cb=on_update,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        )
 
     async def _apply_update(self, subject: str, data: bytes) -> None:
         try:
@@ -468,8 +549,15 @@ class Worker:
             await self.status(self.state, detail=detail)
 
 
-async def run_worker(address: Address, settings: AgentsSettings, *, kind: str, home: Path,
-                     worker_id: str | None = None, command_id: int | None = None) -> int:  # fmt: skip
+async def run_worker(
+    address: Address,
+    settings: AgentsSettings,
+    *,
+    kind: str,
+    home: Path,
+    worker_id: str | None = None,
+    command_id: int | None = None,
+) -> int:
     """A worker process until it is told to stop (a control, SIGTERM or SIGINT)."""
     backend = await asyncio.to_thread(make_backend, kind, settings, home)
     worker = Worker(

@@ -14,8 +14,9 @@ CRYSTALLIZATION_CONFIDENCE = 0.8  # below this the chart shows no crystallizatio
 HORIZON_STEPS = 2000  # phase and health look at the newest steps only, so a 1M-step run costs the same
 
 
-def _series(conn: sqlite3.Connection, run_id: int, keys: tuple[str, ...], since: int
-            ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def _series(
+    conn: sqlite3.Connection, run_id: int, keys: tuple[str, ...], since: int
+) -> tuple[np.ndarray, np.ndarray]:
     """The first of `keys` the run has, as (steps, values) from step `since` on."""
     for key in keys:
         rows = conn.execute(
@@ -70,8 +71,10 @@ def mark_crystallization(conn: sqlite3.Connection, run_id: int, steps: np.ndarra
     found = crystallization_step(steps[finite], phi[finite]) if finite.sum() >= 8 else None
     if found is None or found.confidence < CRYSTALLIZATION_CONFIDENCE:
         return
-    detail = (f"Φ {found.phi_before:.3f} → {found.phi_after:.3f} over ~{found.width:.0f} steps "
-              f"(confidence {found.confidence:.2f})")  # fmt: skip
+    detail = (
+        f"Φ {found.phi_before:.3f} → {found.phi_after:.3f} over ~{found.width:.0f} steps "
+        f"(confidence {found.confidence:.2f})"
+    )
     current = conn.execute(
         "SELECT step, detail FROM events WHERE run_id=? AND kind='crystallization'", (run_id,)
     ).fetchall()

@@ -352,9 +352,14 @@ def phi_from_model(
 
 
 def _forward_stats(
-    model: Any, input_ids: Tensor, attention_mask: Tensor | None, mask: Tensor, width: int,
-    temperature: float, chunk_rows: int | None,
-) -> CompletionTokenStats:  # fmt: skip
+    model: Any,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    mask: Tensor,
+    width: int,
+    temperature: float,
+    chunk_rows: int | None,
+) -> CompletionTokenStats:
     if not bool(mask.any()):  # nothing to score: skip the forward
         empty = [np.zeros(0, dtype=np.float32) for _ in range(input_ids.shape[0])]
         return CompletionTokenStats(empty, list(empty), list(empty), list(empty), width, temperature)

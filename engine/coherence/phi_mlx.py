@@ -391,9 +391,13 @@ def token_stats_from_mlx_model(
     try:
         for start in range(0, len(sequences), step):
             part = _forward_stats(
-                model, sequences[start : start + step], prompt_lengths[start : start + step],
-                temperature, vocab_size, chunk_rows,
-            )  # fmt: skip
+                model,
+                sequences[start : start + step],
+                prompt_lengths[start : start + step],
+                temperature,
+                vocab_size,
+                chunk_rows,
+            )
             if out is None:
                 out = part
             else:
@@ -405,9 +409,13 @@ def token_stats_from_mlx_model(
 
 
 def _forward_stats(
-    model: Any, sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[int], temperature: float,
-    vocab_size: int | None, chunk_rows: int | None,
-) -> CompletionTokenStats:  # fmt: skip
+    model: Any,
+    sequences: Sequence[Sequence[int]],
+    prompt_lengths: Sequence[int],
+    temperature: float,
+    vocab_size: int | None,
+    chunk_rows: int | None,
+) -> CompletionTokenStats:
     prompts = [int(p) for p in prompt_lengths]
     completions = [len(seq) - p for seq, p in zip(sequences, prompts, strict=True)]
     if any(c < 0 for c in completions):

@@ -23,9 +23,19 @@ if TYPE_CHECKING:
     from .loop import ROW_HOOKS, RowHook, on_run_rows, run_engine
 
 __all__ = [
-    "ROW_HOOKS", "EngineError", "EngineStatus", "RowHook", "engine_report", "engine_status", "ensure_engine",
-    "on_run_rows", "run_engine", "start_engine", "started_line", "stop_engine",
-]  # fmt: skip
+    "ROW_HOOKS",
+    "EngineError",
+    "EngineStatus",
+    "RowHook",
+    "engine_report",
+    "engine_status",
+    "ensure_engine",
+    "on_run_rows",
+    "run_engine",
+    "start_engine",
+    "started_line",
+    "stop_engine",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -104,14 +104,23 @@ def engine_status(home: Path | None = None, *, recover: bool = True) -> EngineSt
     heartbeat_at, row_pid = row.get("heartbeat_at"), row.get("pid")
     if record is not None and is_our_engine(record, heartbeat_at, row_pid):
         return EngineStatus(
-            state="up", pid=record.pid, started_at=record.started_at, heartbeat_at=heartbeat_at,
-            log_path=log_path(home), stale_pidfile_recovered=False, stopped_by_user=False,
-        )  # fmt: skip
+            state="up",
+            pid=record.pid,
+            started_at=record.started_at,
+            heartbeat_at=heartbeat_at,
+            log_path=log_path(home),
+            stale_pidfile_recovered=False,
+            stopped_by_user=False,
+        )
     return EngineStatus(
-        state="down", pid=None, started_at=None, heartbeat_at=heartbeat_at, log_path=log_path(home),
+        state="down",
+        pid=None,
+        started_at=None,
+        heartbeat_at=heartbeat_at,
+        log_path=log_path(home),
         stale_pidfile_recovered=remove_pidfile_if(home, record) if recover else False,
         stopped_by_user=row.get("state") == "stopped",
-    )  # fmt: skip
+    )
 
 
 def engine_report(home: Path | None = None) -> dict[str, Any]:
@@ -122,12 +131,20 @@ def engine_report(home: Path | None = None) -> dict[str, Any]:
     status = engine_status(home)
     up = status.state == "up"
     report: dict[str, Any] = {
-        "state": status.state, "pid": status.pid, "home": str(home), "started_at": status.started_at,
+        "state": status.state,
+        "pid": status.pid,
+        "home": str(home),
+        "started_at": status.started_at,
         "uptime_s": round(time.time() - status.started_at, 1) if up and status.started_at else None,
-        "heartbeat_at": status.heartbeat_at, "version": None, "log_path": str(status.log_path),
-        "stale_pidfile_recovered": status.stale_pidfile_recovered, "stopped_by_user": status.stopped_by_user,
-        "training": [], "evals": [], "agents": {"up": False, "wanted": False, "server": None, "processes": []},
-    }  # fmt: skip
+        "heartbeat_at": status.heartbeat_at,
+        "version": None,
+        "log_path": str(status.log_path),
+        "stale_pidfile_recovered": status.stale_pidfile_recovered,
+        "stopped_by_user": status.stopped_by_user,
+        "training": [],
+        "evals": [],
+        "agents": {"up": False, "wanted": False, "server": None, "processes": []},
+    }
 
     def running(reader: StoreReader) -> dict[str, Any]:
         found: dict[str, Any] = {"version": (reader.engine_row() or {}).get("version")}
@@ -135,8 +152,12 @@ def engine_report(home: Path | None = None) -> dict[str, Any]:
         found["agents"] = {**report["agents"], "wanted": bool(plane.get("wanted"))}
         if up:  # what the kv says about a dead engine's children and plane is history, not "running"
             if plane.get("wanted"):
-                found["agents"] = {"up": True, "wanted": True, "server": _server(server),
-                                   "processes": [_process(p) for p in plane.get("processes") or []]}  # fmt: skip
+                found["agents"] = {
+                    "up": True,
+                    "wanted": True,
+                    "server": _server(server),
+                    "processes": [_process(p) for p in plane.get("processes") or []],
+                }
             children = reader.kv(CHILDREN_KEY) or {}
             if children.get("pid") == status.pid:
                 found["training"], found["evals"] = _running(reader, children.get("children") or [])
@@ -175,11 +196,30 @@ def _running(reader: StoreReader, children: list[dict[str, Any]]) -> tuple[list[
             continue
         runs = [r for r in live if r[5] == pid or (pid_alive(r[5]) and parent_pid(r[5]) == pid)]
         for run_id, name, state, step, max_steps, run_pid in runs:
-            training.append({"run": name, "run_id": run_id, "state": state, "step": step, "max_steps": max_steps,
-                             "pid": run_pid, **common})  # fmt: skip
+            training.append(
+                {
+                    "run": name,
+                    "run_id": run_id,
+                    "state": state,
+                    "step": step,
+                    "max_steps": max_steps,
+                    "pid": run_pid,
+                    **common,
+                }
+            )
         if not runs:  # the process has not opened its run yet (it is loading the model)
-            training.append({"run": None, "run_id": None, "state": "starting", "step": None, "max_steps": None,
-                             "pid": pid, "what": child.get("what"), **common})  # fmt: skip
+            training.append(
+                {
+                    "run": None,
+                    "run_id": None,
+                    "state": "starting",
+                    "step": None,
+                    "max_steps": None,
+                    "pid": pid,
+                    "what": child.get("what"),
+                    **common,
+                }
+            )
     return training, evals
 
 
@@ -207,8 +247,10 @@ def start_engine(home: Path | None = None, *, wait: float = 10.0) -> tuple[Engin
 
 def started_line(pid: int | None, after: str = "this command") -> str:
     """What a command says when it has started the engine: it keeps running, and how to stop it."""
-    return (f"started the carl engine (pid {pid}) in the background; it keeps running after {after}"
-            " — `carl engine stop` stops it")  # fmt: skip
+    return (
+        f"started the carl engine (pid {pid}) in the background; it keeps running after {after}"
+        " — `carl engine stop` stops it"
+    )
 
 
 def ensure_engine(home: Path | None = None, *, say: Callable[[str], None] | None = None) -> EngineStatus:

@@ -249,8 +249,12 @@ class Engine:
         result = ingest_spool(self.store, self.home, config)
         if result.payloads:
             saved = result.saved
-            log.info("hooks: %d payload(s) from %d session(s)%s", result.payloads, result.sessions,
-                     f"; {saved.new} new, {saved.updated} updated trajectories" if saved else "")  # fmt: skip
+            log.info(
+                "hooks: %d payload(s) from %d session(s)%s",
+                result.payloads,
+                result.sessions,
+                f"; {saved.new} new, {saved.updated} updated trajectories" if saved else "",
+            )
         return result.payloads >= SPOOL_BATCH
 
     def spool_waiting(self) -> bool:
@@ -291,8 +295,13 @@ class Engine:
 
     def finish(self, command_id: int, ok: bool, result: str) -> None:
         self.store.finish_command(command_id, ok, result)
-        log.log(logging.INFO if ok else logging.WARNING, "command %d %s: %s", command_id,
-                "done" if ok else "failed", result)  # fmt: skip
+        log.log(
+            logging.INFO if ok else logging.WARNING,
+            "command %d %s: %s",
+            command_id,
+            "done" if ok else "failed",
+            result,
+        )
 
     # -- the agents plane -----------------------------------------------------------------------
 
@@ -352,12 +361,25 @@ class Engine:
             argv += ["--backend", str(args["backend"])]
         log_path = paths.logs_dir(self.home) / time.strftime(f"train-%Y%m%d-%H%M%S-{command_id}.log")
         with log_path.open("ab") as out:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, close_fds=True,
-                                    start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                close_fds=True,
+                start_new_session=True,
+                env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            )
         self.children.append(proc)
         what = f"resuming {resume}" if resume else f"training with {config}"
-        self.child_info[proc.pid] = {"kind": "train", "pid": proc.pid, "command_id": command_id, "what": what,
-                                     "log": str(log_path), "started_at": time.time()}  # fmt: skip
+        self.child_info[proc.pid] = {
+            "kind": "train",
+            "pid": proc.pid,
+            "command_id": command_id,
+            "what": what,
+            "log": str(log_path),
+            "started_at": time.time(),
+        }
         self.finish(command_id, True, f"{what} (pid {proc.pid}); log {log_path}")
 
     def start_eval(self, command_id: int, args: dict[str, Any]) -> None:
@@ -378,11 +400,24 @@ class Engine:
         ]
         eval_log = paths.logs_dir(self.home) / time.strftime(f"eval-%Y%m%d-%H%M%S-{command_id}.log")
         with eval_log.open("ab") as out:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, close_fds=True,
-                                    start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                close_fds=True,
+                start_new_session=True,
+                env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            )
         self.evals.append((proc, command_id, eval_log))
-        self.child_info[proc.pid] = {"kind": "eval", "pid": proc.pid, "command_id": command_id, "what": str(run),
-                                     "log": str(eval_log), "started_at": time.time()}  # fmt: skip
+        self.child_info[proc.pid] = {
+            "kind": "eval",
+            "pid": proc.pid,
+            "command_id": command_id,
+            "what": str(run),
+            "log": str(eval_log),
+            "started_at": time.time(),
+        }
 
     def reap_children(self) -> None:
         """Collect finished training processes so none lingers as a zombie; finish eval commands."""

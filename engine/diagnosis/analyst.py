@@ -69,9 +69,15 @@ def _steps(t: dict[str, Any]) -> int:
 def _failed(d: dict[str, Any]) -> list[Finding]:
     run = d["run"]
     if run["status"] == "failed" or run["error"]:
-        return [Finding("red", "failed", "The run failed",
-                        f"at step {_f(run['step'])}: {run['error'] or 'no reason recorded'}",
-                        "fix the cause, then resume from the last checkpoint (r in the control room)")]  # fmt: skip
+        return [
+            Finding(
+                "red",
+                "failed",
+                "The run failed",
+                f"at step {_f(run['step'])}: {run['error'] or 'no reason recorded'}",
+                "fix the cause, then resume from the last checkpoint (r in the control room)",
+            )
+        ]
     return []
 
 
@@ -84,9 +90,15 @@ def _nan(d: dict[str, Any]) -> list[Finding]:
         bad = [s for s, v in points or [] if v is None]
         if t["nan_steps"] or bad or t["last"] is None:
             first = bad[0] if bad else t["last_step"]
-            return [Finding("red", "nan", "The loss became NaN",
-                            f"{key} is NaN/inf from about step {first} (last finite value {_f(t['vmax'])} at most)",
-                            "lower the learning rate or clip gradients harder, and resume from a checkpoint before it")]  # fmt: skip
+            return [
+                Finding(
+                    "red",
+                    "nan",
+                    "The loss became NaN",
+                    f"{key} is NaN/inf from about step {first} (last finite value {_f(t['vmax'])} at most)",
+                    "lower the learning rate or clip gradients harder, and resume from a checkpoint before it",
+                )
+            ]
     return []
 
 
@@ -99,9 +111,15 @@ def _stalled(d: dict[str, Any]) -> list[Finding]:
         return []
     severity = "red" if quiet >= CRASHED_S else "yellow"
     mins = quiet / 60
-    return [Finding(severity, "stalled", "The run has stopped writing steps",
-                    f"no step since {mins:.0f} min (last step {_f(run['step'])}); status still says running",
-                    "check the training process and its log (logs/train-*.log under $CARL_HOME)")]  # fmt: skip
+    return [
+        Finding(
+            severity,
+            "stalled",
+            "The run has stopped writing steps",
+            f"no step since {mins:.0f} min (last step {_f(run['step'])}); status still says running",
+            "check the training process and its log (logs/train-*.log under $CARL_HOME)",
+        )
+    ]
 
 
 def _plateau(d: dict[str, Any]) -> list[Finding]:
@@ -113,15 +131,24 @@ def _plateau(d: dict[str, Any]) -> list[Finding]:
         span = t["last_step"] - t["flat_since"] + 1
         share = span / _steps(t)
         level = t["flat_level"]
-        detail = (f"{key} has stayed at {_f(level)} ± {_f(t['noise'])} since step {t['flat_since']} "
-                  f"({span} steps, {share:.0%} of the steps it was logged; range {_f(t['vmin'])}–{_f(t['vmax'])})")  # fmt: skip
+        detail = (
+            f"{key} has stayed at {_f(level)} ± {_f(t['noise'])} since step {t['flat_since']} "
+            f"({span} steps, {share:.0%} of the steps it was logged; range {_f(t['vmin'])}–{_f(t['vmax'])})"
+        )
         ceiling = t["vmax"] is not None and level is not None and level >= 0.95 * t["vmax"] and level >= 0.95
         if ceiling:
             out.append(Finding("info", "plateau", f"{key} is at its ceiling", detail, "the task is solved"))
             continue
-        out.append(Finding("yellow", "plateau", f"{key} is flat", detail,
-                           "check the zero-variance share and the entropy; a larger group (num_generations), "
-                           "a higher temperature or a learning-rate change can restart progress"))  # fmt: skip
+        out.append(
+            Finding(
+                "yellow",
+                "plateau",
+                f"{key} is flat",
+                detail,
+                "check the zero-variance share and the entropy; a larger group (num_generations), "
+                "a higher temperature or a learning-rate change can restart progress",
+            )
+        )
     return out
 
 
@@ -135,10 +162,16 @@ def _hacking(d: dict[str, Any]) -> list[Finding]:
     # The shape learned far better than the task; a task reward flat near the top is success, not hacking.
     behind = task["late"] is not None and fmt["late"] - task["late"] >= HACK_GAP
     if fmt["late"] >= HACK_FORMAT and _is_flat(task) and behind:
-        return [Finding("yellow", "hacking", "Reward hacking: the format is learned, the task is not",
-                        f"format reward at {_f(fmt['late'])} (from {_f(fmt['early'])}) while {task['key']} stays flat at "
-                        f"{_f(task['late'])} (change {_f(task['change'])}, noise {_f(task['noise'])})",
-                        "raise the task weight or lower the format weight; check the task reward on samples (v)")]  # fmt: skip
+        return [
+            Finding(
+                "yellow",
+                "hacking",
+                "Reward hacking: the format is learned, the task is not",
+                f"format reward at {_f(fmt['late'])} (from {_f(fmt['early'])}) while {task['key']} stays flat at "
+                f"{_f(task['late'])} (change {_f(task['change'])}, noise {_f(task['noise'])})",
+                "raise the task weight or lower the format weight; check the task reward on samples (v)",
+            )
+        ]
     return []
 
 
@@ -150,17 +183,29 @@ def _gate(d: dict[str, Any]) -> list[Finding]:
     opened = [t for t in transitions if t["state"] in ("open", "ramping")]
     if gate["state"] in ("open", "ramping"):
         step = opened[0]["step"] if opened else gate["step"]
-        return [Finding("info", "gate", "The cascade gate is open",
-                        f"since step {step}; coherence weights at ×{_f(gate['multiplier'])}: {gate['reason']}")]  # fmt: skip
+        return [
+            Finding(
+                "info",
+                "gate",
+                "The cascade gate is open",
+                f"since step {step}; coherence weights at ×{_f(gate['multiplier'])}: {gate['reason']}",
+            )
+        ]
     first = transitions[0]["step"] if transitions else gate["step"]
     closed_for = gate["step"] - first + 1
     if closed_for < 20:
         return []
-    return [Finding("yellow", "gate", "The cascade gate has never opened",
-                    f"closed for {closed_for} steps (since step {first}): {gate['above']}/{gate['window']} recent "
-                    f"steps above the threshold {_f(gate['threshold'])}; {gate['reason']}",
-                    "the coherence rewards are not acting; the task reward is not showing sustained progress — "
-                    "lower cascade.percentile or cascade.min_above if that progress is real")]  # fmt: skip
+    return [
+        Finding(
+            "yellow",
+            "gate",
+            "The cascade gate has never opened",
+            f"closed for {closed_for} steps (since step {first}): {gate['above']}/{gate['window']} recent "
+            f"steps above the threshold {_f(gate['threshold'])}; {gate['reason']}",
+            "the coherence rewards are not acting; the task reward is not showing sustained progress — "
+            "lower cascade.percentile or cascade.min_above if that progress is real",
+        )
+    ]
 
 
 def _trap(d: dict[str, Any]) -> list[Finding]:
@@ -171,11 +216,17 @@ def _trap(d: dict[str, Any]) -> list[Finding]:
     task = d["trends"][keys[0]]
     rise = phi["late"] - phi["early"]
     if rise > max(0.05, 3 * (phi["noise"] or 0)) and phi["late"] >= 0.9 and _is_flat(task):
-        return [Finding("red", "trap", "The coherence trap: Φ rises while the task does not",
-                        f"Φ {_f(phi['early'])}→{_f(phi['late'])} (max {_f(phi['vmax'])}) while {task['key']} stays at "
-                        f"{_f(task['late'])} (change {_f(task['change'])}): the policy is becoming certain, not correct",
-                        "keep the coherence weights below the task's (cascade.cap_ratio), or close the gate by "
-                        "lowering their weights (w) until the task reward moves")]  # fmt: skip
+        return [
+            Finding(
+                "red",
+                "trap",
+                "The coherence trap: Φ rises while the task does not",
+                f"Φ {_f(phi['early'])}→{_f(phi['late'])} (max {_f(phi['vmax'])}) while {task['key']} stays at "
+                f"{_f(task['late'])} (change {_f(task['change'])}): the policy is becoming certain, not correct",
+                "keep the coherence weights below the task's (cascade.cap_ratio), or close the gate by "
+                "lowering their weights (w) until the task reward moves",
+            )
+        ]
     return []
 
 
@@ -189,10 +240,16 @@ def _entropy(d: dict[str, Any]) -> list[Finding]:
         note = f" (an SFT warm-up of {warmup} steps explains part of it)" if warmup else ""
         if during and during["early"] and during["late"] is not None:
             note += f"; over the rewarded steps {_f(during['early'])}→{_f(during['late'])}"
-        return [Finding("yellow", "entropy", "Entropy collapsed",
-                        f"{t['key']} fell from {_f(t['early'])} to {_f(t['late'])} nats "
-                        f"({(t['late'] / t['early'] - 1):+.0%}; min {_f(t['vmin'])}){note}",
-                        "a collapsed policy explores little: raise the temperature or add an entropy bonus")]  # fmt: skip
+        return [
+            Finding(
+                "yellow",
+                "entropy",
+                "Entropy collapsed",
+                f"{t['key']} fell from {_f(t['early'])} to {_f(t['late'])} nats "
+                f"({(t['late'] / t['early'] - 1):+.0%}; min {_f(t['vmin'])}){note}",
+                "a collapsed policy explores little: raise the temperature or add an entropy bonus",
+            )
+        ]
     return []
 
 
@@ -200,19 +257,31 @@ def _variance(d: dict[str, Any]) -> list[Finding]:
     t = d["trends"].get("frac_reward_zero_std")
     if not t or t["late"] is None or t["late"] < ZERO_STD_SHARE:
         return []
-    return [Finding("red" if t["late"] >= 0.9 else "yellow", "variance", "Groups without reward variance",
-                    f"{t['late']:.0%} of recent groups gave every completion the same reward (early {t['early']:.0%}):"
-                    " those prompts contribute no advantage, so no gradient",
-                    "use partial-credit rewards, a larger group (num_generations) or a higher temperature")]  # fmt: skip
+    return [
+        Finding(
+            "red" if t["late"] >= 0.9 else "yellow",
+            "variance",
+            "Groups without reward variance",
+            f"{t['late']:.0%} of recent groups gave every completion the same reward (early {t['early']:.0%}):"
+            " those prompts contribute no advantage, so no gradient",
+            "use partial-credit rewards, a larger group (num_generations) or a higher temperature",
+        )
+    ]
 
 
 def _clipped(d: dict[str, Any]) -> list[Finding]:
     t = d["trends"].get("completions/clipped_ratio")
     if not t or t["late"] is None or t["late"] < 0.5:
         return []
-    return [Finding("yellow", "length", "Most completions hit the length limit",
-                    f"{t['late']:.0%} of recent completions were cut at max_completion_length",
-                    "raise max_completion_length or reward shorter answers (concise)")]  # fmt: skip
+    return [
+        Finding(
+            "yellow",
+            "length",
+            "Most completions hit the length limit",
+            f"{t['late']:.0%} of recent completions were cut at max_completion_length",
+            "raise max_completion_length or reward shorter answers (concise)",
+        )
+    ]
 
 
 def _eval(d: dict[str, Any]) -> list[Finding]:
@@ -225,16 +294,24 @@ def _eval(d: dict[str, Any]) -> list[Finding]:
     )
     if e["passed"]:
         return [Finding("info", "eval", "The held-out eval passed", f"{figures}: {'; '.join(e['reasons'])}")]
-    return [Finding("yellow", "eval", "The held-out eval failed", f"{figures}: {'; '.join(e['reasons'])}",
-                    "the model does not yet do the task on prompts it never trained on")]  # fmt: skip
+    return [
+        Finding(
+            "yellow",
+            "eval",
+            "The held-out eval failed",
+            f"{figures}: {'; '.join(e['reasons'])}",
+            "the model does not yet do the task on prompts it never trained on",
+        )
+    ]
 
 
 def _health(d: dict[str, Any], found: list[Finding]) -> list[Finding]:
     reasons = d["run"]["health_reasons"] or []
     if not reasons or d["run"]["health"] == "green":
         return []
-    return [Finding(d["run"]["health"] or "yellow", "health", "The engine's health check",
-                    "; ".join(reasons))]  # fmt: skip
+    return [
+        Finding(d["run"]["health"] or "yellow", "health", "The engine's health check", "; ".join(reasons))
+    ]
 
 
 CHECKS = (_failed, _nan, _stalled, _trap, _hacking, _plateau, _gate, _entropy, _variance, _clipped, _eval)
@@ -252,14 +329,23 @@ def analyze(digest: dict[str, Any]) -> list[Finding]:
 
 # The findings that support each topic's answer: listed first among all the findings.
 FINDINGS_OF = {
-    "gate": {"gate"}, "phi": {"trap"}, "entropy": {"entropy"}, "rewards": {"plateau", "hacking", "variance", "length"},
-    "eval": {"eval"}, "loss": {"nan"}, "status": {"failed", "stalled", "health"}, "trajectories": set(), "agents": set(),
-}  # fmt: skip
+    "gate": {"gate"},
+    "phi": {"trap"},
+    "entropy": {"entropy"},
+    "rewards": {"plateau", "hacking", "variance", "length"},
+    "eval": {"eval"},
+    "loss": {"nan"},
+    "status": {"failed", "stalled", "health"},
+    "trajectories": set(),
+    "agents": set(),
+}
 # Within a topic, a finding the question names by its own words comes first ("flat": the plateau).
 FINDING_WORDS = {
-    "plateau": r"flat|plateau|stuck|not (?:improv|learn)", "hacking": r"hack|cheat|gaming|format",
-    "variance": r"variance|zero[- ]std|advantage|gradient", "length": r"length|clipped|truncat",
-}  # fmt: skip
+    "plateau": r"flat|plateau|stuck|not (?:improv|learn)",
+    "hacking": r"hack|cheat|gaming|format",
+    "variance": r"variance|zero[- ]std|advantage|gradient",
+    "length": r"length|clipped|truncat",
+}
 ASK_CLAUDE = "ask Claude (set ANTHROPIC_API_KEY: it reads the store with its tools)"
 
 

@@ -80,9 +80,18 @@ def resolve_model(explicit: str | None = None, configured: str | None = None) ->
 class Diagnoser:
     """Answers questions about one run. Not thread-safe: one turn at a time."""
 
-    def __init__(self, db_path: Path, run_id: int, *, api_key: str | None = None, model: str | None = None,
-                 base_url: str | None = None, offline: bool = False, timeout: float = 120.0,
-                 sleep: Callable[[float], None] = time.sleep) -> None:  # fmt: skip
+    def __init__(
+        self,
+        db_path: Path,
+        run_id: int,
+        *,
+        api_key: str | None = None,
+        model: str | None = None,
+        base_url: str | None = None,
+        offline: bool = False,
+        timeout: float = 120.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.db_path = Path(db_path)
         self.run_id = run_id
         self._api_key = api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY") or None
@@ -126,9 +135,12 @@ class Diagnoser:
     def _request_parts(self, digest: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any]:
         system = [
             {"type": "text", "text": INSTRUCTIONS},
-            {"type": "text", "text": "Run digest (from the carl store):\n" + digest_text(digest),
-             "cache_control": {"type": "ephemeral"}},
-        ]  # fmt: skip
+            {
+                "type": "text",
+                "text": "Run digest (from the carl store):\n" + digest_text(digest),
+                "cache_control": {"type": "ephemeral"},
+            },
+        ]
         tools = [dict(t) for t in tools]
         if tools:
             tools[-1]["cache_control"] = {"type": "ephemeral"}  # caches every tool definition before it
@@ -157,12 +169,14 @@ class Diagnoser:
         if self._client is None:
             import anthropic
 
-            self._client = anthropic.Anthropic(api_key=self._api_key, base_url=self.base_url, max_retries=0,
-                                               timeout=self.timeout)  # fmt: skip
+            self._client = anthropic.Anthropic(
+                api_key=self._api_key, base_url=self.base_url, max_retries=0, timeout=self.timeout
+            )
         return self._client
 
-    def _claude(self, reader: StoreReader, digest: dict[str, Any], question: str,
-                history: list[dict[str, str]]) -> Iterator[ChatEvent]:  # fmt: skip
+    def _claude(
+        self, reader: StoreReader, digest: dict[str, Any], question: str, history: list[dict[str, str]]
+    ) -> Iterator[ChatEvent]:
         parts = self._request_parts(digest, tools_for(reader))
         messages: list[dict[str, Any]] = [*history, {"role": "user", "content": redact(question)}]
         result = TurnResult(model=self.model)
@@ -194,14 +208,21 @@ class Diagnoser:
                 call = {"name": block.name, "input": block.input, "chars": len(output), "error": is_error}
                 result.tool_calls.append(call)
                 yield ChatEvent("tool_result", output if is_error else f"{len(output):,} chars", call)
-                results.append({"type": "tool_result", "tool_use_id": block.id, "content": output,
-                                **({"is_error": True} if is_error else {})})  # fmt: skip
+                results.append(
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": block.id,
+                        "content": output,
+                        **({"is_error": True} if is_error else {}),
+                    }
+                )
             messages.append({"role": "user", "content": results})
         result.error = f"stopped after {MAX_TOOL_ROUNDS} rounds of tool calls without an answer"
         yield ChatEvent("error", result.error, result.__dict__)
 
-    def _stream_with_retries(self, parts: dict[str, Any], messages: list[dict[str, Any]],
-                             result: TurnResult) -> Iterator[ChatEvent]:  # fmt: skip
+    def _stream_with_retries(
+        self, parts: dict[str, Any], messages: list[dict[str, Any]], result: TurnResult
+    ) -> Iterator[ChatEvent]:
         """One streamed request; a 429 or 529 before any text is retried once after the server's
         retry-after (or 2 s). Yields text events, then `final` with the message, or one error."""
         import anthropic
@@ -238,8 +259,11 @@ class Diagnoser:
                 return
             except httpx2.HTTPError as exc:
                 where = self.base_url or os.environ.get("ANTHROPIC_BASE_URL") or "api.anthropic.com"
-                yield self._error(result, f"the connection to Claude at {where} dropped mid-answer "
-                                          f"({type(exc).__name__}); ask again or use /offline")  # fmt: skip
+                yield self._error(
+                    result,
+                    f"the connection to Claude at {where} dropped mid-answer "
+                    f"({type(exc).__name__}); ask again or use /offline",
+                )
                 return
 
     def _error(self, result: TurnResult, line: str) -> ChatEvent:

@@ -40,9 +40,19 @@ def find_run_id(reader: StoreReader, ref: str) -> int:
     raise DiagnoseError(f"{ref}: no such run (newest: {names})")
 
 
-def diagnose(home: Path, ref: str, question: str | None, *, as_json: bool = False, offline: bool = False,
-             model: str | None = None, api_key: str | None = None, base_url: str | None = None,
-             out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:  # fmt: skip
+def diagnose(
+    home: Path,
+    ref: str,
+    question: str | None,
+    *,
+    as_json: bool = False,
+    offline: bool = False,
+    model: str | None = None,
+    api_key: str | None = None,
+    base_url: str | None = None,
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+) -> int:
     db = paths.db_path(home)
     reader = StoreReader(db)
     try:
@@ -69,8 +79,10 @@ def diagnose(home: Path, ref: str, question: str | None, *, as_json: bool = Fals
                 print(f"\ncarl diagnose: {event.text}", file=err, flush=True)
     _save(db, run_id, question, final, diagnoser)
     if as_json:
-        print(json.dumps({"run": ref, "run_id": run_id, "question": question, **final, "findings": findings}),
-              file=out)  # fmt: skip
+        print(
+            json.dumps({"run": ref, "run_id": run_id, "question": question, **final, "findings": findings}),
+            file=out,
+        )
     elif final.get("answer") and not final["answer"].endswith("\n"):
         out.write("\n")
     return 1 if final.get("error") else 0
@@ -81,8 +93,12 @@ def _save(db: Path, run_id: int, question: str, final: dict[str, Any], diagnoser
     try:
         conversation, _ = conversations.add(None, run_id, "user", question)
         if final.get("answer"):
-            meta = {"offline": final.get("offline", False), "model": None if final.get("offline") else diagnoser.model,
-                    "usage": final.get("usage"), "tool_calls": final.get("tool_calls")}  # fmt: skip
+            meta = {
+                "offline": final.get("offline", False),
+                "model": None if final.get("offline") else diagnoser.model,
+                "usage": final.get("usage"),
+                "tool_calls": final.get("tool_calls"),
+            }
             conversations.add(conversation, run_id, "assistant", final["answer"], meta)
         if final.get("error"):
             conversations.add(conversation, run_id, "error", final["error"])

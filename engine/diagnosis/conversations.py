@@ -28,8 +28,14 @@ class Conversations:
     def close(self) -> None:
         self.conn.close()
 
-    def add(self, conversation_id: int | None, run_id: int | None, role: str, content: str,
-            meta: dict[str, Any] | None = None) -> tuple[int, int]:  # fmt: skip
+    def add(
+        self,
+        conversation_id: int | None,
+        run_id: int | None,
+        role: str,
+        content: str,
+        meta: dict[str, Any] | None = None,
+    ) -> tuple[int, int]:
         """Append a message, starting a conversation (titled by its first line) when none is given."""
         with self._transaction():
             return insert_chat_message(self.conn, conversation_id, run_id, role, content, meta)
@@ -52,8 +58,10 @@ class Conversations:
             "SELECT id, role, content, meta, created_at FROM chat_messages WHERE conversation_id=? ORDER BY id",
             (conversation_id,),
         ).fetchall()
-        return [{"id": r[0], "role": r[1], "content": r[2], "meta": json.loads(r[3] or "{}"), "created_at": r[4]}
-                for r in rows]  # fmt: skip
+        return [
+            {"id": r[0], "role": r[1], "content": r[2], "meta": json.loads(r[3] or "{}"), "created_at": r[4]}
+            for r in rows
+        ]
 
     def history(self, conversation_id: int | None) -> list[dict[str, str]]:
         """What Claude is sent of earlier turns: user and assistant text, alternating."""

@@ -27,9 +27,24 @@ from .redact import redact
 POINTS = 32  # points per series in the digest: enough to see a shape, few tokens
 # Series worth a look, in the order they are shown; rewards/<name>/mean of every reward is added.
 DRAWN = ("phi/mean", "phi/entropy", "reward", "loss", "frac_reward_zero_std")  # + each reward: full series
-KEYS = ("phi/mean", "phi/entropy", "phi/p10", "phi/p90", "reward", "reward_std", "loss", "entropy",
-        "frac_reward_zero_std", "grad_norm", "learning_rate", "kl", "completions/mean_length",
-        "completions/clipped_ratio", "train/loss", "train/reward")  # fmt: skip
+KEYS = (
+    "phi/mean",
+    "phi/entropy",
+    "phi/p10",
+    "phi/p90",
+    "reward",
+    "reward_std",
+    "loss",
+    "entropy",
+    "frac_reward_zero_std",
+    "grad_norm",
+    "learning_rate",
+    "kl",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "train/loss",
+    "train/reward",
+)
 MAX_KEYS = 20
 NON_TASK = {"format", "concise", "coherence", "commitment"}  # rewards that do not measure the task
 
@@ -132,12 +147,22 @@ def trend(reader: StoreReader, run_id: int, key: str, since: int | None = None) 
         return float(part.mean()) if len(part) else None
 
     return Trend(
-        key=key, points=reader.count_points(run_id, key), first_step=int(first[0]),
-        last_step=int(steps[-1]), first=mean(values[:1]), last=series.latest,
-        vmin=float(finite.min()) if len(finite) else None, vmax=float(finite.max()) if len(finite) else None,
-        early=mean(values[:quarter]), late=mean(values[-quarter:]), mean=mean(values), noise=noise,
-        flat_since=flat_step, flat_level=flat_level, nan_steps=int((~np.isfinite(values)).sum()),
-    )  # fmt: skip
+        key=key,
+        points=reader.count_points(run_id, key),
+        first_step=int(first[0]),
+        last_step=int(steps[-1]),
+        first=mean(values[:1]),
+        last=series.latest,
+        vmin=float(finite.min()) if len(finite) else None,
+        vmax=float(finite.max()) if len(finite) else None,
+        early=mean(values[:quarter]),
+        late=mean(values[-quarter:]),
+        mean=mean(values),
+        noise=noise,
+        flat_since=flat_step,
+        flat_level=flat_level,
+        nan_steps=int((~np.isfinite(values)).sum()),
+    )
 
 
 def chosen_keys(keys: list[str]) -> list[str]:
@@ -148,12 +173,24 @@ def chosen_keys(keys: list[str]) -> list[str]:
 
 def _run_fields(run: RunRow) -> dict[str, Any]:
     return {
-        "id": run.id, "name": run.name, "source": run.source_kind, "status": run.status,
-        "model": run.model, "backend": run.backend, "step": run.last_step, "max_steps": run.max_steps,
-        "vocab_size": run.vocab_size, "temperature": run.temperature, "phase": run.phase,
-        "health": run.health, "health_reasons": run.health_reasons, "error": run.error,
-        "started_at": run.started_at, "last_update": run.last_update, "ended_at": run.ended_at,
-    }  # fmt: skip
+        "id": run.id,
+        "name": run.name,
+        "source": run.source_kind,
+        "status": run.status,
+        "model": run.model,
+        "backend": run.backend,
+        "step": run.last_step,
+        "max_steps": run.max_steps,
+        "vocab_size": run.vocab_size,
+        "temperature": run.temperature,
+        "phase": run.phase,
+        "health": run.health,
+        "health_reasons": run.health_reasons,
+        "error": run.error,
+        "started_at": run.started_at,
+        "last_update": run.last_update,
+        "ended_at": run.ended_at,
+    }
 
 
 def task_keys(digest: dict[str, Any]) -> list[str]:
@@ -182,8 +219,16 @@ def _gate(reader: StoreReader, run_id: int, config: dict[str, Any], tasks: list[
     rule it ran under, and the task-reward means of the window that decided it."""
     history = reader.gate_history(run_id)
     if not history:
-        return {"current": None, "transitions": [], "rule": None, "opened": None, "before_open": None,
-                "closest": None, "window": [], "window_keys": []}  # fmt: skip
+        return {
+            "current": None,
+            "transitions": [],
+            "rule": None,
+            "opened": None,
+            "before_open": None,
+            "closest": None,
+            "window": [],
+            "window_keys": [],
+        }
     transitions: list[dict[str, Any]] = []
     for row in history:
         if not transitions or row["state"] != transitions[-1]["state"]:
@@ -197,11 +242,15 @@ def _gate(reader: StoreReader, run_id: int, config: dict[str, Any], tasks: list[
     decided = opened or history[-1]
     size = decided["window"] or rule["window"]
     return {
-        "current": history[-1], "transitions": transitions[-12:], "rule": rule, "opened": opened,
-        "before_open": history[at - 1] if at else None, "closest": closest,
+        "current": history[-1],
+        "transitions": transitions[-12:],
+        "rule": rule,
+        "opened": opened,
+        "before_open": history[at - 1] if at else None,
+        "closest": closest,
         "window": _task_window(reader, run_id, tasks, decided["step"] - size + 1, decided["step"]),
         "window_keys": tasks,
-    }  # fmt: skip
+    }
 
 
 def _task_window(reader: StoreReader, run_id: int, keys: list[str], start: int, end: int) -> list[list[Any]]:
@@ -220,11 +269,16 @@ def sample_brief(sample: dict[str, Any], *, cut: bool = True) -> dict[str, Any]:
     phi = [p for p in sample.get("phi") or [] if p is not None]
     prompt, completion = sample.get("prompt") or "", sample.get("completion") or ""
     return {
-        "id": sample["id"], "step": sample["step"], "kind": sample["kind"],
-        "prompt": prompt[-200:] if cut else prompt, "completion": completion[:300] if cut else completion,
-        "rewards": sample.get("rewards"), "phi_mean": _round(float(np.mean(phi))) if phi else None,
-        "phi_min": _round(float(np.min(phi))) if phi else None, "tokens": len(sample.get("tokens") or []),
-    }  # fmt: skip
+        "id": sample["id"],
+        "step": sample["step"],
+        "kind": sample["kind"],
+        "prompt": prompt[-200:] if cut else prompt,
+        "completion": completion[:300] if cut else completion,
+        "rewards": sample.get("rewards"),
+        "phi_mean": _round(float(np.mean(phi))) if phi else None,
+        "phi_min": _round(float(np.min(phi))) if phi else None,
+        "tokens": len(sample.get("tokens") or []),
+    }
 
 
 def build_digest(reader: StoreReader, run_id: int, *, now: float | None = None) -> dict[str, Any]:
@@ -276,7 +330,7 @@ def build_digest(reader: StoreReader, run_id: int, *, now: float | None = None) 
         "counts": {
             "trajectories": reader.table_count("trajectories"),
             "agent_events": reader.table_count("agent_events"),
-        },  # fmt: skip
+        },
         "now": time.time() if now is None else now,
     }
 
@@ -303,9 +357,21 @@ def _ago(seconds: float) -> str:
 def _config_line(config: dict[str, Any]) -> str:
     if not config:
         return ""
-    parts = [f"{k}={config[k]}" for k in ("method", "learning_rate", "num_generations", "per_device_train_batch_size",
-                                          "max_completion_length", "temperature", "sft_warmup_steps", "aggregation",
-                                          "dataset") if k in config]  # fmt: skip
+    parts = [
+        f"{k}={config[k]}"
+        for k in (
+            "method",
+            "learning_rate",
+            "num_generations",
+            "per_device_train_batch_size",
+            "max_completion_length",
+            "temperature",
+            "sft_warmup_steps",
+            "aggregation",
+            "dataset",
+        )
+        if k in config
+    ]
     rewards = config.get("rewards")
     if isinstance(rewards, list):
         shown = ", ".join(f"{r.get('name')}×{r.get('weight', 1.0)}" for r in rewards if isinstance(r, dict))
@@ -368,8 +434,10 @@ def digest_text(digest: dict[str, Any]) -> str:
             f"  rule ({rule['source']}): " + ", ".join(f"{k}={v}" for k, v in rule.items() if k != "source")
         )
         if o := gate["opened"]:
-            lines.append(f"  opened at step {o['step']}: {o['above']}/{o['window']} above {_fmt(o['threshold'])} "
-                         f"(n={o['history']})")  # fmt: skip
+            lines.append(
+                f"  opened at step {o['step']}: {o['above']}/{o['window']} above {_fmt(o['threshold'])} "
+                f"(n={o['history']})"
+            )
         if gate["window"]:
             lines.append(
                 f"  task reward fed to the gate, steps {gate['window'][0][0]}–{gate['window'][-1][0]}: "

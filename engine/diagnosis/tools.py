@@ -164,8 +164,10 @@ def _metric(reader: StoreReader, run_id: int, args: dict[str, Any]) -> Any:
     if s.level == 1:
         points = [[int(a), _num(b)] for a, b in zip(s.first, s.mean, strict=True)]
         return {"key": key, "points": points, "raw": True}
-    buckets = [[int(a), int(b), _num(m), _num(lo), _num(hi)]
-               for a, b, m, lo, hi in zip(s.first, s.last, s.mean, s.vmin, s.vmax, strict=True)]  # fmt: skip
+    buckets = [
+        [int(a), int(b), _num(m), _num(lo), _num(hi)]
+        for a, b, m, lo, hi in zip(s.first, s.last, s.mean, s.vmin, s.vmax, strict=True)
+    ]
     return {
         "key": key,
         "buckets": buckets,

@@ -94,8 +94,13 @@ def cell_config(
     data["seed"] = seed
     data["eval"]["at_end"] = False  # the experiment evaluates each run itself, once it has ended
     if arm == "sft-only":
-        data.update(method="sft", max_steps=base.sft_warmup_steps, sft_warmup_steps=0,
-                    learning_rate=base.warmup_lr, per_device_train_batch_size=base.warmup_batch)  # fmt: skip
+        data.update(
+            method="sft",
+            max_steps=base.sft_warmup_steps,
+            sft_warmup_steps=0,
+            learning_rate=base.warmup_lr,
+            per_device_train_batch_size=base.warmup_batch,
+        )
         return data
     data.update(max_steps=steps, sft_warmup_steps=0, model=start_model or base.model)
     if arm == "task-only":

@@ -38,8 +38,9 @@ class Experiment:
     steps: int
 
 
-def open_experiment(store: Store, name: str, base: TrainConfig, arms: list[str], seeds: list[int], steps: int,
-                    source: str) -> Experiment:  # fmt: skip
+def open_experiment(
+    store: Store, name: str, base: TrainConfig, arms: list[str], seeds: list[int], steps: int, source: str
+) -> Experiment:
     """The stored experiment `name`, created if new. An existing one must have been asked the same,
     but for more seeds or more arms, which add their cells to it."""
     check_base(base, arms, source)
@@ -92,8 +93,12 @@ class Runner:
                 warm = self.cell("sft-only", seed, None)
                 if warm["status"] != "finished":
                     for arm in self.grpo_arms():
-                        self.update(arm, seed, status="failed",
-                                    error=f"the warm-up of seed {seed} did not finish ({warm['status']})")  # fmt: skip
+                        self.update(
+                            arm,
+                            seed,
+                            status="failed",
+                            error=f"the warm-up of seed {seed} did not finish ({warm['status']})",
+                        )
                     continue
                 start_model = str(Path(self.run_row(warm["run_id"])["output_dir"]) / "final")
             for arm in self.grpo_arms():
@@ -134,10 +139,21 @@ class Runner:
         name = self.free_name(f"{self.exp.name}-{arm}-s{seed}")
         config_path = self.dir / f"{name}.json"
         config_path.write_text(json.dumps(cell_config(self.exp.base, arm, seed, self.exp.steps, start_model)))
-        command = self.store.enqueue_command("train", {"config": str(config_path), "name": name},
-                                             target="engine", origin="experiment")  # fmt: skip
-        self.update(arm, seed, status="running", error=None, run_id=None, eval_id=None, task=None, solved=None,
-                    gate_step=None, final_phi=None)  # fmt: skip
+        command = self.store.enqueue_command(
+            "train", {"config": str(config_path), "name": name}, target="engine", origin="experiment"
+        )
+        self.update(
+            arm,
+            seed,
+            status="running",
+            error=None,
+            run_id=None,
+            eval_id=None,
+            task=None,
+            solved=None,
+            gate_step=None,
+            final_phi=None,
+        )
         self.say(f"{arm} s{seed}: run {name!r} queued")
         deadline = time.monotonic() + START_TIMEOUT_S
         while (run_id := self.store.run_id_by_name(name)) is None:
@@ -190,8 +206,17 @@ class Runner:
             "SELECT phi_mean FROM phi_stats WHERE run_id=? ORDER BY step DESC LIMIT 1", (run_id,)
         ).fetchone()
         m = result.metrics
-        self.update(arm, seed, status="finished", error=None, eval_id=eval_id, task=m.get("task"),
-                    solved=m.get("solved"), gate_step=gate, final_phi=phi[0] if phi else None)  # fmt: skip
+        self.update(
+            arm,
+            seed,
+            status="finished",
+            error=None,
+            eval_id=eval_id,
+            task=m.get("task"),
+            solved=m.get("solved"),
+            gate_step=gate,
+            final_phi=phi[0] if phi else None,
+        )
         self.say(f"{arm} s{seed}: held-out task {m.get('task')}, solved {m.get('solved')}")
 
     # -- the store ---------------------------------------------------------------------------------

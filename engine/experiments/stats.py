@@ -37,9 +37,10 @@ def paired_delta(arm: Sequence[float | None], base: Sequence[float | None]) -> d
     from scipy import stats
 
     pairs = [
-        (a, b) for a, b in zip(arm, base, strict=True)
+        (a, b)
+        for a, b in zip(arm, base, strict=True)
         if a is not None and b is not None and math.isfinite(a) and math.isfinite(b)
-    ]  # fmt: skip
+    ]
     diffs = [a - b for a, b in pairs]
     summary = mean_ci(diffs)
     p: float | None = None

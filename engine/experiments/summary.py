@@ -31,12 +31,19 @@ def summarize(store: Store, exp: Experiment) -> dict[str, Any]:
     for arm in exp.arms:
         runs = [
             {
-                "seed": c["seed"], "run": names.get(c["run_id"]), "run_id": c["run_id"], "status": c["status"],
-                "task": c["task"], "solved": c["solved"], "final_phi": c["final_phi"],
-                "gate_step": c["gate_step"] if arm in GATED_ARMS else None, "error": c["error"],
+                "seed": c["seed"],
+                "run": names.get(c["run_id"]),
+                "run_id": c["run_id"],
+                "status": c["status"],
+                "task": c["task"],
+                "solved": c["solved"],
+                "final_phi": c["final_phi"],
+                "gate_step": c["gate_step"] if arm in GATED_ARMS else None,
+                "error": c["error"],
             }
-            for c in (by_arm[arm].get(s) for s in exp.seeds) if c
-        ]  # fmt: skip
+            for c in (by_arm[arm].get(s) for s in exp.seeds)
+            if c
+        ]
         entry: dict[str, Any] = {
             "task": mean_ci(figure(arm, "task")),
             "solved": mean_ci(figure(arm, "solved")),
@@ -93,17 +100,27 @@ def _delta(delta: dict[str, Any] | None) -> str:
 def table(summary: dict[str, Any]) -> str:
     """The summary as a plain-text table (mean [95% CI] over seeds), then any cell that did not finish."""
     seeds = summary["seeds"]
-    head = (f"experiment {summary['experiment']} ({summary['status']}): {len(seeds)} seed(s) "
-            f"{', '.join(map(str, seeds))}; {summary['steps']} GRPO steps"
-            + (f" from a {summary['warmup_steps']}-step SFT warm-up" if summary["warmup_steps"] else ""))  # fmt: skip
+    head = (
+        f"experiment {summary['experiment']} ({summary['status']}): {len(seeds)} seed(s) "
+        f"{', '.join(map(str, seeds))}; {summary['steps']} GRPO steps"
+        + (f" from a {summary['warmup_steps']}-step SFT warm-up" if summary["warmup_steps"] else "")
+    )
     rows = [("arm", "seeds", "held-out task", "solved", "Δ task vs task-only", "gate opened", "final Φ")]
     for arm, entry in summary["arms"].items():
         gates = entry["gate_steps"]
         gate = "—" if gates is None else (", ".join("never" if g is None else str(g) for g in gates) or "—")
         delta = entry.get("delta_task") if summary["baseline"] else {"mean": None}
-        rows.append((arm, f"{entry['finished']}/{len(seeds)}", _ci(entry["task"]), _ci(entry["solved"]),
-                     _delta(delta) if arm != summary["baseline"] else "(baseline)", gate,
-                     _num(entry["final_phi"]["mean"], 4)))  # fmt: skip
+        rows.append(
+            (
+                arm,
+                f"{entry['finished']}/{len(seeds)}",
+                _ci(entry["task"]),
+                _ci(entry["solved"]),
+                _delta(delta) if arm != summary["baseline"] else "(baseline)",
+                gate,
+                _num(entry["final_phi"]["mean"], 4),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [head, ""] + [
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows

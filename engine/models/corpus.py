@@ -13,9 +13,23 @@ import json
 import random
 
 CITIES = [
-    "Paris", "London", "Tokyo", "Berlin", "Madrid", "Rome", "Oslo", "Lima",
-    "Cairo", "Delhi", "Seoul", "Sydney", "Toronto", "Boston", "Dublin", "Vienna",
-]  # fmt: skip
+    "Paris",
+    "London",
+    "Tokyo",
+    "Berlin",
+    "Madrid",
+    "Rome",
+    "Oslo",
+    "Lima",
+    "Cairo",
+    "Delhi",
+    "Seoul",
+    "Sydney",
+    "Toronto",
+    "Boston",
+    "Dublin",
+    "Vienna",
+]
 
 # tool name -> (the phrase users call it by, the single argument it takes)
 CITY_TOOLS = {

@@ -11,6 +11,13 @@ from .ingest import finish_import, ingest_source, observe, register_source
 from .keys import derived_phi, normalize_key
 
 __all__ = [
-    "IngestResult", "ObserveError", "derived_phi", "detect_kind", "finish_import", "ingest_source",
-    "normalize_key", "observe", "register_source",
-]  # fmt: skip
+    "IngestResult",
+    "ObserveError",
+    "derived_phi",
+    "detect_kind",
+    "finish_import",
+    "ingest_source",
+    "normalize_key",
+    "observe",
+    "register_source",
+]

@@ -118,9 +118,16 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
 
 
 def _import(
-    store: Store, source: dict[str, Any], state_path: Path, mtime: float, data: dict[str, Any],
-    history: list[Any], done: int, identity: dict[str, Any], budget: Budget,
-) -> IngestResult:  # fmt: skip
+    store: Store,
+    source: dict[str, Any],
+    state_path: Path,
+    mtime: float,
+    data: dict[str, Any],
+    history: list[Any],
+    done: int,
+    identity: dict[str, Any],
+    budget: Budget,
+) -> IngestResult:
     facts = model_facts(state_path)
     max_steps = data.get("max_steps")
     if type(max_steps) is int and max_steps > 0:

@@ -17,6 +17,13 @@ from .records import (
 )
 
 __all__ = [
-    "MISSING_PLOTLY", "ReportError", "arm_summary", "experiment_record", "find_experiment",
-    "find_run", "mean_ci", "run_record", "write_report",
-]  # fmt: skip
+    "MISSING_PLOTLY",
+    "ReportError",
+    "arm_summary",
+    "experiment_record",
+    "find_experiment",
+    "find_run",
+    "mean_ci",
+    "run_record",
+    "write_report",
+]

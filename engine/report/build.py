@@ -82,8 +82,10 @@ class Page:
         self.figures += 1
         chart_id = f"chart-{self.figures}"
         spec = pio.to_json(fig, validate=False).replace("</", "<\\/")  # no "</script>" inside the block
-        self.add(f'<div class="chart" id="{chart_id}"></div>\n'
-                 f'<script type="application/json" class="carl-figure" data-chart="{chart_id}">{spec}</script>')  # fmt: skip
+        self.add(
+            f'<div class="chart" id="{chart_id}"></div>\n'
+            f'<script type="application/json" class="carl-figure" data-chart="{chart_id}">{spec}</script>'
+        )
 
 
 def _e(value: Any) -> str:
@@ -106,10 +108,14 @@ def _table(header: Sequence[str] | None, rows: Sequence[Sequence[Any]], numeric:
     """Cells are markup (escape them first) except the `numeric` columns, which are formatted here."""
     head = f"<thead><tr>{''.join(f'<th>{_e(h)}</th>' for h in header)}</tr></thead>" if header else ""
     body = "".join(
-        "<tr>" + "".join(f'<td class="num">{_e(_num(v))}</td>' if i in numeric else f"<td>{v}</td>"
-                         for i, v in enumerate(row)) + "</tr>"
+        "<tr>"
+        + "".join(
+            f'<td class="num">{_e(_num(v))}</td>' if i in numeric else f"<td>{v}</td>"
+            for i, v in enumerate(row)
+        )
+        + "</tr>"
         for row in rows
-    )  # fmt: skip
+    )
     return f"<table>{head}<tbody>{body}</tbody></table>"
 
 
@@ -155,8 +161,11 @@ def resolve(reader: StoreReader, refs: Sequence[str]) -> Subject:
         experiment = find_experiment(reader, refs[0])
         if experiment is not None:
             cells = experiment_cells(reader, experiment)
-            runs = [(run, c["arm"], c["seed"]) for c in cells
-                    if c["run_id"] is not None and (run := reader.run(c["run_id"])) is not None]  # fmt: skip
+            runs = [
+                (run, c["arm"], c["seed"])
+                for c in cells
+                if c["run_id"] is not None and (run := reader.run(c["run_id"])) is not None
+            ]
             return Subject(experiment["name"], runs, experiment, cells)
     missing = [ref for ref, run in zip(refs, found, strict=True) if run is None]
     if missing:
@@ -179,10 +188,20 @@ def resolve(reader: StoreReader, refs: Sequence[str]) -> Subject:
 def _run_header(data: RunData, colour: str | None) -> str:
     run = data.run
     steps = f"{_num(run.last_step)} of {_num(run.max_steps)}" if run.max_steps else _num(run.last_step)
-    rows = [("status", _e(run.status)), ("source", _e(run.source_kind)), ("backend", _e(run.backend)),
-            ("model", _e(run.model)), ("steps", _e(steps)), ("phase", _e(run.phase)),
-            ("health", _e(run.health) + (f" ({_e('; '.join(run.health_reasons))})" if run.health_reasons else "")),
-            ("started", _e(_when(run.started_at))), ("ended", _e(_when(run.ended_at)))]  # fmt: skip
+    rows = [
+        ("status", _e(run.status)),
+        ("source", _e(run.source_kind)),
+        ("backend", _e(run.backend)),
+        ("model", _e(run.model)),
+        ("steps", _e(steps)),
+        ("phase", _e(run.phase)),
+        (
+            "health",
+            _e(run.health) + (f" ({_e('; '.join(run.health_reasons))})" if run.health_reasons else ""),
+        ),
+        ("started", _e(_when(run.started_at))),
+        ("ended", _e(_when(run.ended_at))),
+    ]
     if data.arm is not None:
         rows.insert(0, ("arm · seed", f"{_e(data.arm)} · {_e(data.seed)}"))
     if run.error:
@@ -202,18 +221,26 @@ def _run_section(page: Page, data: RunData, colour: str, several: bool) -> None:
     if not data.has_metrics:
         page.note(f"No metrics yet: run {name} has logged no steps, so there is nothing to chart.")
     else:
-        page.chart(f"Φ and entropy — {name}", charts.phi_entropy(data, colour),
-                   "No Φ or entropy series in this run.")  # fmt: skip
+        page.chart(
+            f"Φ and entropy — {name}", charts.phi_entropy(data, colour), "No Φ or entropy series in this run."
+        )
         page.chart(f"Rewards — {name}", charts.rewards(data), "No reward series in this run.")
         opened = f" (opened at step {data.gate_opened})" if data.gate_opened is not None else ""
         page.chart(f"Cascade gate — {name}{opened}", charts.gate(data), "No cascade gate in this run.")
         if data.gate:
-            page.add(_table(("step", "state", "multiplier", "reason"),
-                            [(g["step"], _e(g["state"]), g["multiplier"], _e(g["reason"])) for g in data.gate[-12:]],
-                            numeric=(0, 2)))  # fmt: skip
+            page.add(
+                _table(
+                    ("step", "state", "multiplier", "reason"),
+                    [(g["step"], _e(g["state"]), g["multiplier"], _e(g["reason"])) for g in data.gate[-12:]],
+                    numeric=(0, 2),
+                )
+            )
     figures = data.eval["metrics"] if data.eval else {}
-    page.chart(f"Held-out eval — {name}", charts.eval_figures(figures) if data.eval else None,
-               "No figure to chart: see the table." if data.eval else f"No eval of this run yet (carl eval {name}).")  # fmt: skip
+    page.chart(
+        f"Held-out eval — {name}",
+        charts.eval_figures(figures) if data.eval else None,
+        "No figure to chart: see the table." if data.eval else f"No eval of this run yet (carl eval {name}).",
+    )
     if data.eval:
         page.add(f"<p>{_verdict(data.eval['passed'])} on {_e(_when(data.eval['created_at']))}</p>")
         page.add(_table(("figure", "value"), [(_e(k), _e(_num(v))) for k, v in figures.items()]))
@@ -224,28 +251,43 @@ def _comparison(page: Page, runs: Sequence[RunData], palette: Sequence[str]) -> 
     from . import charts
 
     page.section("comparison", "Comparison")
-    page.add(_table(("run", "arm", "seed", "status", "steps", "eval", "task", "solved"), [
-        (f'<span class="swatch" style="background:{c}"></span> <a href="#run-{d.run.id}">{_e(d.run.name)}</a>',
-         _e(d.arm), _e(d.seed), _e(d.run.status), _e(_num(d.run.last_step)),
-         _verdict(d.eval["passed"] if d.eval else None),
-         _e(_num(d.eval["metrics"].get("task"))) if d.eval else "—",
-         _e(_num(d.eval["metrics"].get("solved"))) if d.eval else "—")
-        for d, c in zip(runs, palette, strict=True)
-    ]))  # fmt: skip
+    page.add(
+        _table(
+            ("run", "arm", "seed", "status", "steps", "eval", "task", "solved"),
+            [
+                (
+                    f'<span class="swatch" style="background:{c}"></span> <a href="#run-{d.run.id}">{_e(d.run.name)}</a>',
+                    _e(d.arm),
+                    _e(d.seed),
+                    _e(d.run.status),
+                    _e(_num(d.run.last_step)),
+                    _verdict(d.eval["passed"] if d.eval else None),
+                    _e(_num(d.eval["metrics"].get("task"))) if d.eval else "—",
+                    _e(_num(d.eval["metrics"].get("solved"))) if d.eval else "—",
+                )
+                for d, c in zip(runs, palette, strict=True)
+            ],
+        )
+    )
     empty = [d.run.name for d in runs if not d.has_metrics]
     if empty:
         page.note(f"No metrics yet: {', '.join(empty)}.")
     page.chart("Φ by run", charts.overlay(runs, palette, "phi/mean", "Φ mean"), "No run has a Φ series.")
-    page.chart("Entropy by run", charts.overlay(runs, palette, "phi/entropy", "entropy (nats)"),
-               "No run has an entropy series.")  # fmt: skip
+    page.chart(
+        "Entropy by run",
+        charts.overlay(runs, palette, "phi/entropy", "entropy (nats)"),
+        "No run has an entropy series.",
+    )
     page.chart(
         "Reward by run", charts.overlay(runs, palette, "reward", "reward"), "No run has a total reward."
     )
     for key in sorted({k for d in runs for k in d.reward_keys}):
         page.chart(f"Reward {key.split('/')[1]} by run", charts.overlay(runs, palette, key, key), "")
-    page.chart("Cascade gate multiplier by run",
-               charts.overlay(runs, palette, "cascade/multiplier", "coherence multiplier"),
-               "No run has a cascade gate.")  # fmt: skip
+    page.chart(
+        "Cascade gate multiplier by run",
+        charts.overlay(runs, palette, "cascade/multiplier", "coherence multiplier"),
+        "No run has a cascade gate.",
+    )
 
 
 def _experiment(page: Page, subject: Subject) -> None:
@@ -258,31 +300,72 @@ def _experiment(page: Page, subject: Subject) -> None:
     for cell in cells:
         counts[cell["status"]] = counts.get(cell["status"], 0) + 1
     page.section("experiment", f"Experiment {experiment['name']}")
-    page.add(_table(None, [
-        ("status", _e(experiment["status"])), ("arms", _e(", ".join(experiment["arms"]))),
-        ("seeds", _e(", ".join(map(str, experiment["seeds"])))), ("GRPO steps per arm", _e(experiment["steps"])),
-        ("warm-up SFT steps", _e(experiment["warmup_steps"])),
-        ("cells", _e(", ".join(f"{n} {s}" for s, n in counts.items()))), ("started", _e(_when(experiment["created_at"]))),
-    ]))  # fmt: skip
+    page.add(
+        _table(
+            None,
+            [
+                ("status", _e(experiment["status"])),
+                ("arms", _e(", ".join(experiment["arms"]))),
+                ("seeds", _e(", ".join(map(str, experiment["seeds"])))),
+                ("GRPO steps per arm", _e(experiment["steps"])),
+                ("warm-up SFT steps", _e(experiment["warmup_steps"])),
+                ("cells", _e(", ".join(f"{n} {s}" for s, n in counts.items()))),
+                ("started", _e(_when(experiment["created_at"]))),
+            ],
+        )
+    )
     summary = arm_summary(experiment["arms"], cells)
     page.add("<h3>Held-out results by arm</h3>")
-    page.add(_table(("arm", "seeds finished", "task reward: mean [95% CI]", "solved share: mean [95% CI]"), [
-        (_e(a["arm"]), _e(f"{a['finished']} of {a['seeds']}"), _e(_ci(a["task"])), _e(_ci(a["solved"])))
-        for a in summary
-    ]))  # fmt: skip
-    page.add('<p class="muted">Over the seeds whose cell finished: the mean and its 95% Student\'s t '
-             "interval; one seed gives a mean without an interval.</p>")  # fmt: skip
+    page.add(
+        _table(
+            ("arm", "seeds finished", "task reward: mean [95% CI]", "solved share: mean [95% CI]"),
+            [
+                (
+                    _e(a["arm"]),
+                    _e(f"{a['finished']} of {a['seeds']}"),
+                    _e(_ci(a["task"])),
+                    _e(_ci(a["solved"])),
+                )
+                for a in summary
+            ],
+        )
+    )
+    page.add(
+        '<p class="muted">Over the seeds whose cell finished: the mean and its 95% Student\'s t '
+        "interval; one seed gives a mean without an interval.</p>"
+    )
     has_results = any(a["task"]["n"] or a["solved"]["n"] for a in summary)
-    page.chart("Held-out task reward by arm", charts.arms(summary, cells, "task", "task reward") if has_results
-               else None, "No cell has a held-out result yet.")  # fmt: skip
-    page.chart("Held-out solved share by arm", charts.arms(summary, cells, "solved", "solved share") if has_results
-               else None, "No cell has a held-out result yet.")  # fmt: skip
+    page.chart(
+        "Held-out task reward by arm",
+        charts.arms(summary, cells, "task", "task reward") if has_results else None,
+        "No cell has a held-out result yet.",
+    )
+    page.chart(
+        "Held-out solved share by arm",
+        charts.arms(summary, cells, "solved", "solved share") if has_results else None,
+        "No cell has a held-out result yet.",
+    )
     page.add("<h3>Cells</h3>")
-    page.add(_table(("arm", "seed", "run", "status", "task", "solved", "gate opened", "final Φ", "error"), [
-        (_e(c["arm"]), c["seed"], f'<a href="#run-{c["run_id"]}">{_e(c["run"])}</a>' if c["run"] else "—",
-         _e(c["status"]), c["task"], c["solved"], c["gate_step"], c["final_phi"], _e(c["error"]))
-        for c in cells
-    ], numeric=(1, 4, 5, 6, 7)))  # fmt: skip
+    page.add(
+        _table(
+            ("arm", "seed", "run", "status", "task", "solved", "gate opened", "final Φ", "error"),
+            [
+                (
+                    _e(c["arm"]),
+                    c["seed"],
+                    f'<a href="#run-{c["run_id"]}">{_e(c["run"])}</a>' if c["run"] else "—",
+                    _e(c["status"]),
+                    c["task"],
+                    c["solved"],
+                    c["gate_step"],
+                    c["final_phi"],
+                    _e(c["error"]),
+                )
+                for c in cells
+            ],
+            numeric=(1, 4, 5, 6, 7),
+        )
+    )
     if not subject.runs:
         page.note("No cell has started a run yet.")
 
@@ -303,15 +386,27 @@ def render(subject: Subject, runs: Sequence[RunData], *, generated: float | None
         _run_section(page, data, colour, len(runs) > 1)
     kind = "experiment" if subject.experiment is not None else ("runs" if len(runs) > 1 else "run")
     contents = "".join(f'<li><a href="#{a}">{_e(t)}</a></li>' for a, t in page.contents)
-    return "\n".join([
-        "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>carl report: {_e(subject.name)}</title>", f"<style>{STYLE}</style>",
-        f"<script>{get_plotlyjs()}</script>", "</head>", "<body>",
-        f"<h1>carl report: {_e(subject.name)}</h1>",
-        f'<p class="muted">{kind} · generated {_e(_when(generated or time.time()))} by carl-tui</p>',
-        f"<nav><ul>{contents}</ul></nav>", *page.parts, f"<script>{BOOT}</script>", "</body>", "</html>",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en">',
+            "<head>",
+            '<meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f"<title>carl report: {_e(subject.name)}</title>",
+            f"<style>{STYLE}</style>",
+            f"<script>{get_plotlyjs()}</script>",
+            "</head>",
+            "<body>",
+            f"<h1>carl report: {_e(subject.name)}</h1>",
+            f'<p class="muted">{kind} · generated {_e(_when(generated or time.time()))} by carl-tui</p>',
+            f"<nav><ul>{contents}</ul></nav>",
+            *page.parts,
+            f"<script>{BOOT}</script>",
+            "</body>",
+            "</html>",
+        ]
+    )
 
 
 def write_report(db: Path, refs: Sequence[str], out: Path | None = None) -> Path:

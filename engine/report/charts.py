@@ -26,8 +26,13 @@ def colours(n: int) -> list[str]:
 
 def _figure(*, secondary: bool = False) -> go.Figure:
     fig = make_subplots(specs=[[{"secondary_y": True}]]) if secondary else go.Figure()
-    fig.update_layout(template=TEMPLATE, height=HEIGHT, margin={"l": 60, "r": 60, "t": 30, "b": 50},
-                      hovermode="x unified", legend={"orientation": "h", "y": -0.2})  # fmt: skip
+    fig.update_layout(
+        template=TEMPLATE,
+        height=HEIGHT,
+        margin={"l": 60, "r": 60, "t": 30, "b": 50},
+        hovermode="x unified",
+        legend={"orientation": "h", "y": -0.2},
+    )
     fig.update_xaxes(title_text="step")
     return fig
 
@@ -44,10 +49,14 @@ def phi_entropy(run: RunData, colour: str) -> go.Figure:
     if band_lo and band_hi:
         red, green, blue = hex_to_rgb(colour)
         fill = f"rgba({red},{green},{blue},0.18)"
-        fig.add_trace(_line(band_hi, "Φ p90", colour, line_width=0, showlegend=False, hoverinfo="skip"),
-                      secondary_y=False)  # fmt: skip
-        fig.add_trace(_line(band_lo, "Φ p10–p90", colour, fill="tonexty", fillcolor=fill, line_width=0),
-                      secondary_y=False)  # fmt: skip
+        fig.add_trace(
+            _line(band_hi, "Φ p90", colour, line_width=0, showlegend=False, hoverinfo="skip"),
+            secondary_y=False,
+        )
+        fig.add_trace(
+            _line(band_lo, "Φ p10–p90", colour, fill="tonexty", fillcolor=fill, line_width=0),
+            secondary_y=False,
+        )
     if mean := run.series.get("phi/mean"):
         fig.add_trace(_line(mean, "Φ mean", colour), secondary_y=False)
     if entropy := run.series.get("phi/entropy"):
@@ -78,23 +87,44 @@ def gate(run: RunData) -> go.Figure:
     if xy := run.series.get("cascade/state"):
         fig.add_trace(_line(xy, "state", "#ef553b", line_shape="hv"), secondary_y=True)
     fig.update_yaxes(title_text="multiplier / threshold", secondary_y=False)
-    fig.update_yaxes(title_text="state", secondary_y=True, showgrid=False, range=[-0.2, 2.2],
-                     tickvals=[0, 1, 2], ticktext=list(GATE_STATES))  # fmt: skip
+    fig.update_yaxes(
+        title_text="state",
+        secondary_y=True,
+        showgrid=False,
+        range=[-0.2, 2.2],
+        tickvals=[0, 1, 2],
+        ticktext=list(GATE_STATES),
+    )
     if run.gate_opened is not None:
-        fig.add_vline(x=run.gate_opened, line_dash="dash", line_color="#ef553b",
-                      annotation_text=f"opened at step {run.gate_opened}", annotation_position="top left")  # fmt: skip
+        fig.add_vline(
+            x=run.gate_opened,
+            line_dash="dash",
+            line_color="#ef553b",
+            annotation_text=f"opened at step {run.gate_opened}",
+            annotation_position="top left",
+        )
     return fig
 
 
 def eval_figures(figures: dict[str, Any]) -> go.Figure | None:
     """The newest eval's figures that are shares or means in [0, 1], as bars."""
-    shown = [(k, v) for k, v in figures.items()
-             if k in ("task", "solved", "format", "phi") and isinstance(v, int | float)]  # fmt: skip
+    shown = [
+        (k, v)
+        for k, v in figures.items()
+        if k in ("task", "solved", "format", "phi") and isinstance(v, int | float)
+    ]
     if not shown:
         return None
     fig = _figure()
-    fig.add_trace(go.Bar(x=[k for k, _ in shown], y=[v for _, v in shown], text=[f"{v:.3g}" for _, v in shown],
-                         marker_color="#636efa", name="held-out"))  # fmt: skip
+    fig.add_trace(
+        go.Bar(
+            x=[k for k, _ in shown],
+            y=[v for _, v in shown],
+            text=[f"{v:.3g}" for _, v in shown],
+            marker_color="#636efa",
+            name="held-out",
+        )
+    )
     fig.update_xaxes(title_text="")
     fig.update_yaxes(title_text="value", range=[0, 1.05])
     fig.update_layout(hovermode="closest", showlegend=False)
@@ -108,9 +138,16 @@ def overlay(runs: Sequence[RunData], palette: Sequence[str], key: str, axis: str
         if xy := run.series.get(key):
             fig.add_trace(_line(xy, run.label, colour))
             if key == "cascade/multiplier" and run.gate_opened is not None:
-                fig.add_trace(go.Scatter(x=[run.gate_opened], y=[0], mode="markers", showlegend=False,
-                                         marker={"color": colour, "symbol": "triangle-up", "size": 11},
-                                         name=f"{run.label}: opened at step {run.gate_opened}"))  # fmt: skip
+                fig.add_trace(
+                    go.Scatter(
+                        x=[run.gate_opened],
+                        y=[0],
+                        mode="markers",
+                        showlegend=False,
+                        marker={"color": colour, "symbol": "triangle-up", "size": 11},
+                        name=f"{run.label}: opened at step {run.gate_opened}",
+                    )
+                )
     fig.update_yaxes(title_text=axis)
     return fig
 
@@ -125,12 +162,26 @@ def arms(
     means = [f["mean"] for f in figures]
     plus = [f["ci95"][1] - f["mean"] if f["ci95"] else 0 for f in figures]
     minus = [f["mean"] - f["ci95"][0] if f["ci95"] else 0 for f in figures]
-    fig.add_trace(go.Bar(x=names, y=means, name="mean over seeds (95% CI)", marker_color="#c6cbf5",
-                         error_y={"type": "data", "array": plus, "arrayminus": minus, "visible": True}))  # fmt: skip
+    fig.add_trace(
+        go.Bar(
+            x=names,
+            y=means,
+            name="mean over seeds (95% CI)",
+            marker_color="#c6cbf5",
+            error_y={"type": "data", "array": plus, "arrayminus": minus, "visible": True},
+        )
+    )
     seeded = [c for c in cells if c["status"] == "finished" and c[field] is not None]
-    fig.add_trace(go.Scatter(x=[c["arm"] for c in seeded], y=[c[field] for c in seeded], mode="markers",
-                             name="one seed", marker={"color": "#1f2a7a", "size": 9},
-                             text=[f"seed {c['seed']}: {c['run'] or ''}" for c in seeded]))  # fmt: skip
+    fig.add_trace(
+        go.Scatter(
+            x=[c["arm"] for c in seeded],
+            y=[c[field] for c in seeded],
+            mode="markers",
+            name="one seed",
+            marker={"color": "#1f2a7a", "size": 9},
+            text=[f"seed {c['seed']}: {c['run'] or ''}" for c in seeded],
+        )
+    )
     fig.update_xaxes(title_text="arm", type="category", categoryorder="array", categoryarray=names)
     fig.update_yaxes(title_text=axis)
     fig.update_layout(hovermode="closest")

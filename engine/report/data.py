@@ -40,8 +40,14 @@ def _xy(reader: StoreReader, run_id: int, key: str) -> XY | None:
     return [int(step) for step in series.last], [float(v) if math.isfinite(v) else None for v in series.mean]
 
 
-def run_data(reader: StoreReader, run: RunRow, *, label: str | None = None, arm: str | None = None,
-             seed: int | None = None) -> RunData:  # fmt: skip
+def run_data(
+    reader: StoreReader,
+    run: RunRow,
+    *,
+    label: str | None = None,
+    arm: str | None = None,
+    seed: int | None = None,
+) -> RunData:
     keys = reader.metric_keys(run.id)
     rewards = sorted(k for k in keys if k.startswith("rewards/") and k.endswith("/mean"))
     data = RunData(run, label or run.name, reward_keys=rewards, arm=arm, seed=seed)

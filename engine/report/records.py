@@ -37,13 +37,26 @@ def run_record(reader: StoreReader, run: RunRow) -> dict[str, Any]:
     latest = reader.latest_eval(run.id)
     figures = latest["metrics"] if latest else {}
     return {
-        "id": run.id, "name": run.name, "status": run.status, "source_kind": run.source_kind,
-        "backend": run.backend, "model": run.model, "last_step": run.last_step, "max_steps": run.max_steps,
-        "phase": run.phase, "health": run.health, "health_reasons": run.health_reasons, "error": run.error,
-        "started_at": run.started_at, "last_update": run.last_update, "ended_at": run.ended_at,
-        "eval_passed": latest["passed"] if latest else None, "eval_task": figures.get("task"),
-        "eval_solved": figures.get("solved"), "eval_at": latest["created_at"] if latest else None,
-    }  # fmt: skip
+        "id": run.id,
+        "name": run.name,
+        "status": run.status,
+        "source_kind": run.source_kind,
+        "backend": run.backend,
+        "model": run.model,
+        "last_step": run.last_step,
+        "max_steps": run.max_steps,
+        "phase": run.phase,
+        "health": run.health,
+        "health_reasons": run.health_reasons,
+        "error": run.error,
+        "started_at": run.started_at,
+        "last_update": run.last_update,
+        "ended_at": run.ended_at,
+        "eval_passed": latest["passed"] if latest else None,
+        "eval_task": figures.get("task"),
+        "eval_solved": figures.get("solved"),
+        "eval_at": latest["created_at"] if latest else None,
+    }
 
 
 # -- experiments ------------------------------------------------------------------------------
@@ -61,11 +74,21 @@ def experiment_cells(reader: StoreReader, experiment: dict[str, Any]) -> list[di
     cells = []
     for cell in reader.experiment_runs(experiment["id"]):
         run = reader.run(cell["run_id"]) if cell["run_id"] is not None else None
-        cells.append({
-            "arm": cell["arm"], "seed": cell["seed"], "run_id": cell["run_id"], "run": run.name if run else None,
-            "status": cell["status"], "error": cell["error"], "task": cell["task"], "solved": cell["solved"],
-            "gate_step": cell["gate_step"], "final_phi": cell["final_phi"], "eval_id": cell["eval_id"],
-        })  # fmt: skip
+        cells.append(
+            {
+                "arm": cell["arm"],
+                "seed": cell["seed"],
+                "run_id": cell["run_id"],
+                "run": run.name if run else None,
+                "status": cell["status"],
+                "error": cell["error"],
+                "task": cell["task"],
+                "solved": cell["solved"],
+                "gate_step": cell["gate_step"],
+                "final_phi": cell["final_phi"],
+                "eval_id": cell["eval_id"],
+            }
+        )
     return cells
 
 
@@ -76,10 +99,15 @@ def arm_summary(arms: Sequence[str], cells: Sequence[dict[str, Any]]) -> list[di
     for arm in arms:
         mine = [c for c in cells if c["arm"] == arm]
         done = [c for c in mine if c["status"] == "finished"]
-        out.append({
-            "arm": arm, "seeds": len(mine), "finished": len(done),
-            "task": mean_ci([c["task"] for c in done]), "solved": mean_ci([c["solved"] for c in done]),
-        })  # fmt: skip
+        out.append(
+            {
+                "arm": arm,
+                "seeds": len(mine),
+                "finished": len(done),
+                "task": mean_ci([c["task"] for c in done]),
+                "solved": mean_ci([c["solved"] for c in done]),
+            }
+        )
     return out
 
 
@@ -90,9 +118,16 @@ def experiment_record(reader: StoreReader, experiment: dict[str, Any]) -> dict[s
     for cell in cells:
         counts[cell["status"]] = counts.get(cell["status"], 0) + 1
     return {
-        "id": experiment["id"], "name": experiment["name"], "status": experiment["status"],
-        "arms": experiment["arms"], "seeds": experiment["seeds"], "steps": experiment["steps"],
-        "warmup_steps": experiment["warmup_steps"], "created_at": experiment["created_at"],
-        "updated_at": experiment["updated_at"], "cell_status": counts, "cells": cells,
+        "id": experiment["id"],
+        "name": experiment["name"],
+        "status": experiment["status"],
+        "arms": experiment["arms"],
+        "seeds": experiment["seeds"],
+        "steps": experiment["steps"],
+        "warmup_steps": experiment["warmup_steps"],
+        "created_at": experiment["created_at"],
+        "updated_at": experiment["updated_at"],
+        "cell_status": counts,
+        "cells": cells,
         "summary": arm_summary(experiment["arms"], cells),
-    }  # fmt: skip
+    }

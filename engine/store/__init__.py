@@ -13,9 +13,19 @@ if TYPE_CHECKING:
     from .db import PHI_METRIC_KEYS, Store
 
 __all__ = [
-    "PHI_METRIC_KEYS", "ROLLUP_LEVELS", "SCHEMA_VERSION", "MetricRow", "RunRow", "Series", "Store",
-    "StoreError", "StoreReader", "check_schema", "connect", "insert_command",
-]  # fmt: skip
+    "PHI_METRIC_KEYS",
+    "ROLLUP_LEVELS",
+    "SCHEMA_VERSION",
+    "MetricRow",
+    "RunRow",
+    "Series",
+    "Store",
+    "StoreError",
+    "StoreReader",
+    "check_schema",
+    "connect",
+    "insert_command",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -52,9 +52,14 @@ def check_schema(conn: sqlite3.Connection, path: Path) -> int:
 
 
 def insert_command(
-    conn: sqlite3.Connection, verb: str, args: dict[str, Any] | None = None, *, target: str = "engine",
-    run_id: int | None = None, origin: str = "cli",
-) -> int:  # fmt: skip
+    conn: sqlite3.Connection,
+    verb: str,
+    args: dict[str, Any] | None = None,
+    *,
+    target: str = "engine",
+    run_id: int | None = None,
+    origin: str = "cli",
+) -> int:
     """Append a pending command; the caller owns the transaction (or autocommit)."""
     cur = conn.execute(
         "INSERT INTO commands (target, run_id, verb, args, state, origin, created_at)"
@@ -65,9 +70,13 @@ def insert_command(
 
 
 def insert_chat_message(
-    conn: sqlite3.Connection, conversation_id: int | None, run_id: int | None, role: str, content: str,
+    conn: sqlite3.Connection,
+    conversation_id: int | None,
+    run_id: int | None,
+    role: str,
+    content: str,
     meta: dict[str, Any] | None = None,
-) -> tuple[int, int]:  # fmt: skip
+) -> tuple[int, int]:
     """Append a chat message, starting a conversation (titled by its first line) when none is given;
     returns (conversation, message). The caller owns the transaction."""
     now = time.time()

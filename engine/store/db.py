@@ -158,11 +158,28 @@ class Store:
 
     _RUN_FIELDS = frozenset(
         {
-            "name", "status", "config", "backend", "model", "max_steps", "vocab_size", "last_step",
-            "last_update", "started_at", "ended_at", "phase", "health", "health_reasons", "pid", "output_dir",
-            "error", "last_checkpoint", "last_checkpoint_step", "temperature",
+            "name",
+            "status",
+            "config",
+            "backend",
+            "model",
+            "max_steps",
+            "vocab_size",
+            "last_step",
+            "last_update",
+            "started_at",
+            "ended_at",
+            "phase",
+            "health",
+            "health_reasons",
+            "pid",
+            "output_dir",
+            "error",
+            "last_checkpoint",
+            "last_checkpoint_step",
+            "temperature",
         }
-    )  # fmt: skip
+    )
 
     def update_run(self, run_id: int, **fields: Any) -> None:
         unknown = set(fields) - self._RUN_FIELDS
@@ -195,8 +212,10 @@ class Store:
         Also brings the rollups of the touched buckets and the run's last step up to date, all
         in one transaction. NaN is stored as NULL (SQLite does that on binding).
         """
-        batch = [(run_id, int(step), key, float(value) if value is not None else None, float(wall))
-                 for step, key, value, wall in rows]  # fmt: skip
+        batch = [
+            (run_id, int(step), key, float(value) if value is not None else None, float(wall))
+            for step, key, value, wall in rows
+        ]
         if not batch:
             return 0
         with self.transaction():
@@ -256,12 +275,19 @@ class Store:
                 vsum[n == 0] = math.nan  # SQL's sum() of no values is NULL
                 count = len(starts)
                 upserts += zip(
-                    itertools.repeat(run_id, count), itertools.repeat(key, count), itertools.repeat(level, count),
-                    buckets[starts].tolist(), n.tolist(),
-                    np.fmin.reduceat(values, starts).tolist(), np.fmax.reduceat(values, starts).tolist(),
-                    vsum.tolist(), steps[starts].tolist(), steps[ends].tolist(), values[ends].tolist(),
+                    itertools.repeat(run_id, count),
+                    itertools.repeat(key, count),
+                    itertools.repeat(level, count),
+                    buckets[starts].tolist(),
+                    n.tolist(),
+                    np.fmin.reduceat(values, starts).tolist(),
+                    np.fmax.reduceat(values, starts).tolist(),
+                    vsum.tolist(),
+                    steps[starts].tolist(),
+                    steps[ends].tolist(),
+                    values[ends].tolist(),
                     strict=True,
-                )  # fmt: skip
+                )
         self.conn.executemany(
             """
             INSERT INTO rollups (run_id, key, level, bucket, n, vmin, vmax, vsum, first_step, last_step, last_value)
@@ -383,12 +409,22 @@ class Store:
                 "INSERT INTO samples (run_id, step, idx, kind, prompt, completion, tokens, phi, entropy, rewards,"
                 " wall_time) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 [
-                    (run_id, int(r["step"]), r.get("idx"), r.get("kind"), r.get("prompt"), r.get("completion"),
-                     as_json(r.get("tokens")), as_json(r.get("phi")), as_json(r.get("entropy")),
-                     json.dumps(r.get("rewards") or {}), float(r.get("wall_time") or time.time()))
+                    (
+                        run_id,
+                        int(r["step"]),
+                        r.get("idx"),
+                        r.get("kind"),
+                        r.get("prompt"),
+                        r.get("completion"),
+                        as_json(r.get("tokens")),
+                        as_json(r.get("phi")),
+                        as_json(r.get("entropy")),
+                        json.dumps(r.get("rewards") or {}),
+                        float(r.get("wall_time") or time.time()),
+                    )
                     for r in rows
                 ],
-            )  # fmt: skip
+            )
 
     def add_gate_states(self, run_id: int, rows: Sequence[dict[str, Any]]) -> None:
         """The cascade gate's state per step (state, threshold, history, above, window,
@@ -399,9 +435,11 @@ class Store:
         codes = {"closed": 0.0, "ramping": 1.0, "open": 2.0}
         mirrored: list[MetricRow] = []
         for r in rows:
-            mirrored += [(int(r["step"]), "cascade/multiplier", r.get("multiplier"), now),
-                         (int(r["step"]), "cascade/threshold", r.get("threshold"), now),
-                         (int(r["step"]), "cascade/state", codes.get(r["state"]), now)]  # fmt: skip
+            mirrored += [
+                (int(r["step"]), "cascade/multiplier", r.get("multiplier"), now),
+                (int(r["step"]), "cascade/threshold", r.get("threshold"), now),
+                (int(r["step"]), "cascade/state", codes.get(r["state"]), now),
+            ]
         with self.transaction():
             self.conn.executemany(
                 "INSERT OR IGNORE INTO gate_states (run_id, step, state, threshold, history, above, window,"
@@ -420,7 +458,7 @@ class Store:
                         now,
                     )
                     for r in rows
-                ],  # fmt: skip
+                ],
             )
             self.add_metrics(run_id, mirrored)
 
@@ -458,17 +496,32 @@ class Store:
 
     # -- experiments ---------------------------------------------------------------------------
 
-    def create_experiment(self, name: str, config: dict[str, Any], arms: Sequence[str], seeds: Sequence[int],
-                          steps: int, warmup_steps: int) -> int:  # fmt: skip
+    def create_experiment(
+        self,
+        name: str,
+        config: dict[str, Any],
+        arms: Sequence[str],
+        seeds: Sequence[int],
+        steps: int,
+        warmup_steps: int,
+    ) -> int:
         """A new experiment with one pending cell per arm and seed."""
         now = time.time()
         with self.transaction():
             cur = self.conn.execute(
                 "INSERT INTO experiments (name, config, arms, seeds, steps, warmup_steps, status, created_at,"
                 " updated_at) VALUES (?,?,?,?,?,?,'running',?,?)",
-                (name, json.dumps(config), json.dumps(list(arms)), json.dumps(list(seeds)), steps, warmup_steps,
-                 now, now),
-            )  # fmt: skip
+                (
+                    name,
+                    json.dumps(config),
+                    json.dumps(list(arms)),
+                    json.dumps(list(seeds)),
+                    steps,
+                    warmup_steps,
+                    now,
+                    now,
+                ),
+            )
             experiment_id = int(cur.lastrowid)
             self.conn.executemany(
                 "INSERT INTO experiment_runs (experiment_id, arm, seed, status, updated_at) VALUES (?,?,?,?,?)",
@@ -519,8 +572,12 @@ class Store:
         """Forget what a run logged after `step` (a resume from the checkpoint at `step` replays
         those steps); rollups of the touched buckets are rebuilt. Returns metric rows removed."""
         with self.transaction():
-            keys = [r[0] for r in self.conn.execute(
-                "SELECT DISTINCT key FROM metrics WHERE run_id=? AND step>?", (run_id, step))]  # fmt: skip
+            keys = [
+                r[0]
+                for r in self.conn.execute(
+                    "SELECT DISTINCT key FROM metrics WHERE run_id=? AND step>?", (run_id, step)
+                )
+            ]
             removed = self.conn.execute(
                 "DELETE FROM metrics WHERE run_id=? AND step>?", (run_id, step)
             ).rowcount
@@ -540,9 +597,14 @@ class Store:
     # -- commands --------------------------------------------------------------------------
 
     def enqueue_command(
-        self, verb: str, args: dict[str, Any] | None = None, *, target: str = "engine",
-        run_id: int | None = None, origin: str = "cli",
-    ) -> int:  # fmt: skip
+        self,
+        verb: str,
+        args: dict[str, Any] | None = None,
+        *,
+        target: str = "engine",
+        run_id: int | None = None,
+        origin: str = "cli",
+    ) -> int:
         with self.transaction():
             return insert_command(self.conn, verb, args, target=target, run_id=run_id, origin=origin)
 
@@ -577,9 +639,13 @@ class Store:
     # -- chat ------------------------------------------------------------------------------
 
     def add_chat_message(
-        self, conversation_id: int | None, run_id: int | None, role: str, content: str,
+        self,
+        conversation_id: int | None,
+        run_id: int | None,
+        role: str,
+        content: str,
         meta: dict[str, Any] | None = None,
-    ) -> tuple[int, int]:  # fmt: skip
+    ) -> tuple[int, int]:
         """Append a message, creating the conversation when none is given; returns (conv, msg)."""
         with self.transaction():
             return insert_chat_message(self.conn, conversation_id, run_id, role, content, meta)
@@ -619,9 +685,15 @@ class Store:
         return [self.source(i) for i in ids]
 
     def save_source_progress(
-        self, source_id: int, cursor: dict[str, Any], *, rows: int = 0, bad_lines: int = 0,
-        state: str | None = None, error: str | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        source_id: int,
+        cursor: dict[str, Any],
+        *,
+        rows: int = 0,
+        bad_lines: int = 0,
+        state: str | None = None,
+        error: str | None = None,
+    ) -> None:
         """Record a source's cursor; call inside the transaction that wrote the rows it covers."""
         with self.transaction():
             self.conn.execute(

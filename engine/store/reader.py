@@ -199,8 +199,16 @@ class StoreReader:
                 return series
             tail = _raw_series(rows)
             steps, values = [*series.first, *tail.first], [*series.vmin, *tail.vmin]
-            return Series(steps, steps, values, values, values, 1,
-                          series.latest if tail.latest is None else tail.latest, tail.latest_step)  # fmt: skip
+            return Series(
+                steps,
+                steps,
+                values,
+                values,
+                values,
+                1,
+                series.latest if tail.latest is None else tail.latest,
+                tail.latest_step,
+            )
         level = series.level
         last_bucket = int(series.first[-1]) // level
         rows = self.conn.execute(
@@ -213,14 +221,19 @@ class StoreReader:
         tail = _rollup_series(rows, level)
         keep = len(series) - 1
         return Series(
-            [*series.first[:keep], *tail.first], [*series.last[:keep], *tail.last],
-            [*series.vmin[:keep], *tail.vmin], [*series.vmax[:keep], *tail.vmax],
-            [*series.mean[:keep], *tail.mean], level,
-            tail.latest if tail.latest is not None else series.latest, tail.latest_step,
-        )  # fmt: skip
+            [*series.first[:keep], *tail.first],
+            [*series.last[:keep], *tail.last],
+            [*series.vmin[:keep], *tail.vmin],
+            [*series.vmax[:keep], *tail.vmax],
+            [*series.mean[:keep], *tail.mean],
+            level,
+            tail.latest if tail.latest is not None else series.latest,
+            tail.latest_step,
+        )
 
-    def metrics_after(self, run_id: int, after_id: int, keys: list[str] | None = None, limit: int = 50_000
-                      ) -> list[tuple[int, int, str, float | None]]:  # fmt: skip
+    def metrics_after(
+        self, run_id: int, after_id: int, keys: list[str] | None = None, limit: int = 50_000
+    ) -> list[tuple[int, int, str, float | None]]:
         """New metric rows of a run: (id, step, key, value) with id > after_id, oldest first."""
         if keys:
             marks = ",".join("?" * len(keys))
@@ -345,8 +358,13 @@ class StoreReader:
         row = cur.fetchone()
         if row is None:
             return None
-        return {"id": row[0], "passed": bool(row[1]), "metrics": json.loads(row[2]),
-                "reasons": json.loads(row[3]), "created_at": row[4]}  # fmt: skip
+        return {
+            "id": row[0],
+            "passed": bool(row[1]),
+            "metrics": json.loads(row[2]),
+            "reasons": json.loads(row[3]),
+            "created_at": row[4],
+        }
 
     # -- experiments -------------------------------------------------------------------------
 
@@ -469,18 +487,29 @@ class StoreReader:
         out = []
         for event_id, payload, worker_id, task_id, received in rows:
             body = json.loads(payload)
-            out.append({"id": event_id, "kind": body.get("kind"), "reason": body.get("reason"), "worker_id": worker_id,
-                        "task_id": task_id, "received_at": received})  # fmt: skip
+            out.append(
+                {
+                    "id": event_id,
+                    "kind": body.get("kind"),
+                    "reason": body.get("reason"),
+                    "worker_id": worker_id,
+                    "task_id": task_id,
+                    "received_at": received,
+                }
+            )
         return out
 
     def agents_overview(self) -> dict[str, Any]:
         """The plane at a glance: server, processes, manager counts, workers, newest alarms."""
         return {
-            "server": self.kv("agents.server"), "plane": self.kv("agents.plane"), "manager": self.kv("agents.manager"),
-            "model": self.kv("agents.model"), "workers": self.agent_workers(),
+            "server": self.kv("agents.server"),
+            "plane": self.kv("agents.plane"),
+            "manager": self.kv("agents.manager"),
+            "model": self.kv("agents.model"),
+            "workers": self.agent_workers(),
             "events": int(self.conn.execute("SELECT count(*) FROM agent_events").fetchone()[0]),
             "alarms": self.agent_alarms(5) if self.version >= 4 else [],
-        }  # fmt: skip
+        }
 
     def agent_task(self, task_id: str) -> dict[str, Any] | None:
         """One task with its result, step scores, feedback and the rollout it gave (None: unknown)."""
@@ -506,8 +535,15 @@ class StoreReader:
         task["events"] = [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
         return task
 
-    def agent_audit(self, *, kind: str | None = None, worker: str | None = None, task: str | None = None,
-                    rejected: bool = False, limit: int | None = 50) -> list[dict[str, Any]]:  # fmt: skip
+    def agent_audit(
+        self,
+        *,
+        kind: str | None = None,
+        worker: str | None = None,
+        task: str | None = None,
+        rejected: bool = False,
+        limit: int | None = 50,
+    ) -> list[dict[str, Any]]:
         """Audit rows (payload included), oldest first, the newest `limit` of those that match."""
         where, params = ["1=1"], []
         if kind:
@@ -592,5 +628,6 @@ def _rollup_series(rows: list[tuple[Any, ...]], level: int) -> Series:
         return Series.empty()
     first, last, vmin, vmax, mean, last_value = zip(*rows, strict=True)
     latest = last_value[-1]
-    return Series(list(first), list(last), _floats(vmin), _floats(vmax), _floats(mean), level,
-                  latest, last[-1])  # fmt: skip
+    return Series(
+        list(first), list(last), _floats(vmin), _floats(vmax), _floats(mean), level, latest, last[-1]
+    )

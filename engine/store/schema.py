@@ -253,8 +253,14 @@ def _v1(db: sqlite_utils.Database) -> None:
 def _v2(db: sqlite_utils.Database) -> None:
     """Training runs of our own: runner process, checkpoints, failure reason; the cascade gate's
     state per step; chart events (gate opened, crystallization, checkpoints); eval results."""
-    for column, kind in (("pid", int), ("output_dir", str), ("error", str), ("last_checkpoint", str),
-                         ("last_checkpoint_step", int), ("temperature", float)):  # fmt: skip
+    for column, kind in (
+        ("pid", int),
+        ("output_dir", str),
+        ("error", str),
+        ("last_checkpoint", str),
+        ("last_checkpoint_step", int),
+        ("temperature", float),
+    ):
         db["runs"].add_column(column, kind)
     db["samples"].add_column("tokens", str)  # JSON list of the completion's decoded tokens
     db["gate_states"].create(
@@ -294,9 +300,21 @@ def _v2(db: sqlite_utils.Database) -> None:
 def _v3(db: sqlite_utils.Database) -> None:
     """Trajectory intelligence: what a scored turn needs beyond v1's columns, raw hook payloads
     (durable before they are assembled into turns), per-domain baselines, and small engine state."""
-    for column, kind in (("cwd", str), ("repo", str), ("skill", str), ("turn_index", int), ("duration_s", float),
-                         ("total_tools", int), ("failures", int), ("components", str), ("outcome", str),
-                         ("fingerprint", str), ("grade", str), ("holdout", int), ("updated_at", float)):  # fmt: skip
+    for column, kind in (
+        ("cwd", str),
+        ("repo", str),
+        ("skill", str),
+        ("turn_index", int),
+        ("duration_s", float),
+        ("total_tools", int),
+        ("failures", int),
+        ("components", str),
+        ("outcome", str),
+        ("fingerprint", str),
+        ("grade", str),
+        ("holdout", int),
+        ("updated_at", float),
+    ):
         db["trajectories"].add_column(column, kind)
     db["trajectories"].create_index(["domain"])
     db["trajectories"].create_index(["session_id", "started_at"])
@@ -318,8 +336,16 @@ def _v3(db: sqlite_utils.Database) -> None:
 def _v4(db: sqlite_utils.Database) -> None:
     """The agents plane: the audit of every event (idempotent per stream sequence, rejected payloads
     kept with their reason), one row per task with its result and scores, one row per worker."""
-    for column, kind in (("environment", str), ("model_version", str), ("stream_seq", int), ("stream_key", str), ("msg_id", str),
-                         ("received_at", float), ("status", str), ("reason", str)):  # fmt: skip
+    for column, kind in (
+        ("environment", str),
+        ("model_version", str),
+        ("stream_seq", int),
+        ("stream_key", str),
+        ("msg_id", str),
+        ("received_at", float),
+        ("status", str),
+        ("reason", str),
+    ):
         db["agent_events"].add_column(column, kind)
     # `stream_key` is "<the stream's creation time>:<sequence>": a stream made anew restarts its
     # sequence at 1, and those events must not pass for ones already stored.

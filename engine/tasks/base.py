@@ -42,9 +42,10 @@ class Task(ABC):
     def answer_columns(self, columns: Mapping[str, Any]) -> list[str]:
         """The names among `columns` that carry a row's answer."""
         return sorted(
-            name for name in columns
+            name
+            for name in columns
             if name in self.required_columns or (self.prefix and name.startswith(self.prefix))
-        )  # fmt: skip
+        )
 
     def answers(self, kwargs: Mapping[str, Any], count: int) -> list[dict[str, Any]]:
         """Per completion, its row's answer columns, from TRL's keyword lists."""

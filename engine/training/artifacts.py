@@ -18,8 +18,16 @@ from .backend import BadInput
 
 FINAL_DIR = "final"
 # Files a checkpoint holds for resuming training, not for using the model (the last two: the MLX backend's).
-TRAINING_STATE = ("optimizer.pt", "scheduler.pt", "training_args.bin", "trainer_state.json", "carl_gate.json",
-                  "scaler.pt", "optimizer.safetensors", "carl_state.json")  # fmt: skip
+TRAINING_STATE = (
+    "optimizer.pt",
+    "scheduler.pt",
+    "training_args.bin",
+    "trainer_state.json",
+    "carl_gate.json",
+    "scaler.pt",
+    "optimizer.safetensors",
+    "carl_state.json",
+)
 TRAINING_STATE_PREFIXES = ("rng_state",)
 
 

@@ -126,8 +126,9 @@ class Reporter:
             if record.phi is not None:
                 self.store.add_phi_stats(self.run_id, [{**record.phi, "step": record.step, "wall_time": now}])
             if record.samples:
-                self.store.add_samples(self.run_id, [{**s, "step": record.step, "wall_time": now}
-                                                     for s in record.samples])  # fmt: skip
+                self.store.add_samples(
+                    self.run_id, [{**s, "step": record.step, "wall_time": now} for s in record.samples]
+                )
             for kind, detail in record.events:
                 self.store.add_event(self.run_id, record.step, kind, detail)
 
@@ -178,8 +179,14 @@ class CommandPump:
     save it, and it holds again at the save point.
     """
 
-    def __init__(self, store: Store | None, run_id: int, reporter: Reporter, *,
-                 sleep: Callable[[float], None] = time.sleep) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: Store | None,
+        run_id: int,
+        reporter: Reporter,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.store = store
         self.run_id = run_id
         self.reporter = reporter

@@ -78,9 +78,14 @@ class CarlCallback(TrainerCallback):
         name = self.run_name or getattr(args, "run_name", None) or Path(args.output_dir).name or "script"
         model_name = getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__
         self.run_id = self.store.create_run(
-            name, source_kind="callback", max_steps=state.max_steps or None, model=str(model_name),
-            vocab_size=self.vocab_size, backend="transformers", config={"output_dir": str(args.output_dir)},
-        )  # fmt: skip
+            name,
+            source_kind="callback",
+            max_steps=state.max_steps or None,
+            model=str(model_name),
+            vocab_size=self.vocab_size,
+            backend="transformers",
+            config={"output_dir": str(args.output_dir)},
+        )
         self.store.update_run(self.run_id, pid=os.getpid(), output_dir=str(args.output_dir))
         self.reporter = Reporter(self.store, self.run_id)
         if self.obey_commands:

@@ -55,9 +55,10 @@ def required_columns(fn: Callable[..., Any]) -> set[str]:
         return set()
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return {
-        p.name for p in params
+        p.name
+        for p in params
         if p.kind in kinds and p.default is inspect.Parameter.empty and p.name not in TRL_KEYWORDS
-    }  # fmt: skip
+    }
 
 
 @dataclass
@@ -186,8 +187,14 @@ def build_rewards(config: TrainConfig, task: Task) -> RewardSet:
     if task_names:
         c = config.cascade
         try:
-            rewards.gate = CascadeGate(c.min_points, c.percentile, c.window, c.min_above, c.ramp_steps,
-                                       always_open=c.mode == "always")  # fmt: skip
+            rewards.gate = CascadeGate(
+                c.min_points,
+                c.percentile,
+                c.window,
+                c.min_above,
+                c.ramp_steps,
+                always_open=c.mode == "always",
+            )
             rewards.weights = CascadeWeights(base, COHERENCE_REWARDS, c.cap_ratio, task_names)
         except RewardError as exc:
             raise BadInput(f"cascade: {exc}") from None

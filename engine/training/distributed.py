@@ -158,8 +158,15 @@ def _no_sleep(seconds: float) -> None:
 
 
 # How a collective fails when its peer died (gloo reports the closed socket) or hung (the timeout).
-LOST_RANK_MARKS = ("Connection closed by peer", "Connection reset by peer", "Connection refused", "Broken pipe",
-                   "Timed out waiting", "gloo/transport", "NCCL communicator")  # fmt: skip
+LOST_RANK_MARKS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Connection refused",
+    "Broken pipe",
+    "Timed out waiting",
+    "gloo/transport",
+    "NCCL communicator",
+)
 LOST_RANK_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError")
 
 
@@ -221,8 +228,9 @@ def run_rank(
                     say_error(error or "the run could not be opened")
             else:
                 run_id, output_dir = opened
-                code = _train(store, run_id, config, home, Path(output_dir), resuming=resume is not None,
-                              ranks=ranks)  # fmt: skip
+                code = _train(
+                    store, run_id, config, home, Path(output_dir), resuming=resume is not None, ranks=ranks
+                )
         finally:
             if ranks.is_main:
                 _leave_exit_code(code)
@@ -291,11 +299,27 @@ def launch_argv(processes: int, home: Path, run_id: int, *, resume: bool) -> lis
     """accelerate's launcher (torchrun under it; `--multi_gpu` is its name for that, on CPU too),
     on a free port, starting `python -m engine.training` attached to the run."""
     argv = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--multi_gpu", "--num_processes", str(processes), "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
-        "-m", "engine.training", "--home", str(home), "--attach", str(run_id),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        "0",
+        "-m",
+        "engine.training",
+        "--home",
+        str(home),
+        "--attach",
+        str(run_id),
+    ]
     return argv + (["--resume", str(run_id)] if resume else [])
 
 

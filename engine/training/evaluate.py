@@ -146,8 +146,9 @@ def _as_model_input(tokenizer: Any, prompt: Any) -> str:
     return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
 
 
-def _answer(config: TrainConfig, path: Path, rows: list[dict[str, Any]], home: Path
-            ) -> tuple[list[dict[str, Any]], list[float], list[float]]:  # fmt: skip
+def _answer(
+    config: TrainConfig, path: Path, rows: list[dict[str, Any]], home: Path
+) -> tuple[list[dict[str, Any]], list[float], list[float]]:
     """Greedy answers with their token ids, and each answer's mean Phi and entropy."""
     import torch
 
@@ -159,9 +160,12 @@ def _answer(config: TrainConfig, path: Path, rows: list[dict[str, Any]], home: P
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     with torch.no_grad():
         out = model.generate(
-            **batch, do_sample=False, max_new_tokens=config.max_completion_length,
-            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        )  # fmt: skip
+            **batch,
+            do_sample=False,
+            max_new_tokens=config.max_completion_length,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
     width = batch["input_ids"].shape[1]
     generated = out[:, width:]
     answers, masks = [], torch.zeros_like(out)
@@ -188,8 +192,10 @@ def _with_mlx(run: dict[str, Any], path: Path) -> bool:
     if importlib.util.find_spec("mlx") is not None and importlib.util.find_spec("mlx_lm") is not None:
         return True
     if is_mlx_adapter(path):
-        raise BadInput(f"run {run['name']!r} holds an MLX adapter: evaluating it needs mlx and mlx-lm "
-                       "(pip install 'carl-tui[mlx]')")  # fmt: skip
+        raise BadInput(
+            f"run {run['name']!r} holds an MLX adapter: evaluating it needs mlx and mlx-lm "
+            "(pip install 'carl-tui[mlx]')"
+        )
     return False
 
 
@@ -208,19 +214,23 @@ def _load_mlx(config: TrainConfig, path: Path, home: Path) -> tuple[Any, Any]:
     try:
         model, wrapper = load(str(where), adapter_path=adapter)
     except Exception as exc:  # mlx-lm raises many kinds for a directory it cannot read
-        raise BadInput(f"{path}: cannot load the model with mlx-lm ({' '.join(str(exc).split())[:200]})"
-                       ) from None  # fmt: skip
+        raise BadInput(
+            f"{path}: cannot load the model with mlx-lm ({' '.join(str(exc).split())[:200]})"
+        ) from None
     model.eval()
     return model, getattr(wrapper, "_tokenizer", wrapper)  # the tokenizer the torch path uses, unwrapped
 
 
-def _answer_mlx(config: TrainConfig, path: Path, rows: list[dict[str, Any]], home: Path
-                ) -> tuple[list[dict[str, Any]], list[float], list[float]]:  # fmt: skip
+def _answer_mlx(
+    config: TrainConfig, path: Path, rows: list[dict[str, Any]], home: Path
+) -> tuple[list[dict[str, Any]], list[float], list[float]]:
     """As `_answer`, on MLX: greedy tokens, each scored by the distribution that chose it (at the
     run's temperature). Prompts of one length are answered together (no padding, a KV cache)."""
     model, tokenizer = _load_mlx(config, path, home)
-    prompts = [tokenizer(_as_model_input(tokenizer, row["prompt"]), add_special_tokens=False)["input_ids"]
-               for row in rows]  # fmt: skip
+    prompts = [
+        tokenizer(_as_model_input(tokenizer, row["prompt"]), add_special_tokens=False)["input_ids"]
+        for row in rows
+    ]
     by_length: dict[int, list[int]] = {}
     for index, ids in enumerate(prompts):
         by_length.setdefault(len(ids), []).append(index)
@@ -238,8 +248,9 @@ def _answer_mlx(config: TrainConfig, path: Path, rows: list[dict[str, Any]], hom
     return answers, phi, entropy
 
 
-def _greedy_mlx(model: Any, prompts: list[list[int]], config: TrainConfig, eos: int | None
-                ) -> list[tuple[list[int], list[float], int]]:  # fmt: skip
+def _greedy_mlx(
+    model: Any, prompts: list[list[int]], config: TrainConfig, eos: int | None
+) -> list[tuple[list[int], list[float], int]]:
     """Greedy completions of equal-length prompts: per row (token ids up to and with eos, the
     entropy in nats of each token's distribution at the temperature, |V|)."""
     import mlx.core as mx
@@ -278,8 +289,13 @@ def _reward_columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
     return {name: [row[name] for row in rows] for name in sorted(columns)}
 
 
-def _score(config: TrainConfig, rows: list[dict[str, Any]], answers: list[dict[str, Any]], phi: list[float],
-           entropy: list[float]) -> tuple[dict[str, Any], bool, list[str]]:  # fmt: skip
+def _score(
+    config: TrainConfig,
+    rows: list[dict[str, Any]],
+    answers: list[dict[str, Any]],
+    phi: list[float],
+    entropy: list[float],
+) -> tuple[dict[str, Any], bool, list[str]]:
     from .cascade import build_rewards
     from .data import dataset_columns, run_task
 
@@ -364,8 +380,17 @@ def eval_from_args(home: Path, ref: str, max_prompts: int | None, as_json: bool)
         except TrainingFailed as exc:
             raise BadInput(one_line(exc)) from None
     if as_json:
-        print(json.dumps({"run": result.run_name, "passed": result.passed, "metrics": result.metrics,
-                          "reasons": result.reasons, "answers": result.answers}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "run": result.run_name,
+                    "passed": result.passed,
+                    "metrics": result.metrics,
+                    "reasons": result.reasons,
+                    "answers": result.answers,
+                }
+            )
+        )
     else:
         print_result(result)
     return 0 if result.passed else 1

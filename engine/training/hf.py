@@ -24,9 +24,12 @@ class HFControls:
     """`Controls` for a transformers loop, built at each hook from what the hook receives."""
 
     def __init__(
-        self, control: Any, optimizer: Any, lr_scheduler: Any,
+        self,
+        control: Any,
+        optimizer: Any,
+        lr_scheduler: Any,
         set_weight: Callable[[str, float], str] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.control = control
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler

@@ -33,8 +33,23 @@ ADAPTER_CONFIG = "adapter_config.json"
 PEFT_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 _BLOCK = re.compile(r"model\.layers\.(\d+)\.(.+)")
-_ITEM_SIZE = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
-              "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}  # fmt: skip
+_ITEM_SIZE = {
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I16": 2,
+    "U16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 
 
 class NotExact(ValueError):
@@ -194,8 +209,9 @@ def convert_to_peft(src_dir: Path, dst_dir: Path) -> None:
             raise NotExact(f"the base model has no linear weight {prefix}.weight (mlx-lm names it otherwise)")
         out_features, in_features = base_shape
         if a[1] != [in_features, rank] or b[1] != [rank, out_features]:
-            raise NotExact(f"{prefix}: lora_a {a[1]} and lora_b {b[1]} do not fit its weight {base_shape} at"
-                           f" rank {rank}")  # fmt: skip
+            raise NotExact(
+                f"{prefix}: lora_a {a[1]} and lora_b {b[1]} do not fit its weight {base_shape} at rank {rank}"
+            )
         out[f"{PEFT_PREFIX}{prefix}.lora_A.weight"] = transposed(a)
         out[f"{PEFT_PREFIX}{prefix}.lora_B.weight"] = transposed(b)
         adapted.setdefault(int(block.group(1)), set()).add(block.group(2))
@@ -209,12 +225,23 @@ def convert_to_peft(src_dir: Path, dst_dir: Path) -> None:
     if float(lora_alpha).is_integer():
         lora_alpha = int(lora_alpha)
     peft_config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": hub_repo_of(base), "r": rank,
-        "lora_alpha": lora_alpha, "lora_dropout": float(params.get("dropout") or 0.0),
-        "target_modules": _targets(modules, shapes, set(adapted)), "bias": "none", "fan_in_fan_out": False,
-        "use_rslora": False, "use_dora": False, "inference_mode": True, "modules_to_save": None,
-        "layers_to_transform": None, "layers_pattern": None, "init_lora_weights": True,
-    }  # fmt: skip
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": hub_repo_of(base),
+        "r": rank,
+        "lora_alpha": lora_alpha,
+        "lora_dropout": float(params.get("dropout") or 0.0),
+        "target_modules": _targets(modules, shapes, set(adapted)),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "inference_mode": True,
+        "modules_to_save": None,
+        "layers_to_transform": None,
+        "layers_pattern": None,
+        "init_lora_weights": True,
+    }
     blocks = {int(m.group(1)) for name in shapes if (m := _BLOCK.fullmatch(name))}
     if set(adapted) != blocks:  # mlx-lm's num_layers: the last N blocks only
         peft_config.update(layers_to_transform=sorted(adapted), layers_pattern="layers")

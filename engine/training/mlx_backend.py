@@ -55,10 +55,22 @@ ADAPTER_FILE = "adapters.safetensors"  # mlx-lm's adapter layout (adapter_config
 MODEL_FILE = "model.safetensors"
 SAVE_TOTAL_LIMIT = 2
 MAX_GRAD_NORM = 1.0  # as transformers' Trainer clips
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "generation_config.json")  # fmt: skip
-LLAMA_LINEAR = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-                "mlp.up_proj", "mlp.down_proj")  # fmt: skip
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+LLAMA_LINEAR = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 
 
 def local_model_dir(where: str) -> Path:
@@ -68,11 +80,24 @@ def local_model_dir(where: str) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(where, allow_patterns=["*.json", "*.safetensors", "*.py", "tokenizer.model",
-                                                             "*.tiktoken", "*.txt", "*.jinja"]))  # fmt: skip
+        return Path(
+            snapshot_download(
+                where,
+                allow_patterns=[
+                    "*.json",
+                    "*.safetensors",
+                    "*.py",
+                    "tokenizer.model",
+                    "*.tiktoken",
+                    "*.txt",
+                    "*.jinja",
+                ],
+            )
+        )
     except Exception as exc:
-        raise BadInput(f"model {where}: cannot get it from the Hugging Face hub ({' '.join(str(exc).split())[:200]})"
-                       ) from None  # fmt: skip
+        raise BadInput(
+            f"model {where}: cannot get it from the Hugging Face hub ({' '.join(str(exc).split())[:200]})"
+        ) from None
 
 
 def _say(message: str) -> None:
@@ -170,8 +195,16 @@ class MLXControls:
 class MLXBackend:
     name = "mlx"
 
-    def __init__(self, config: TrainConfig, *, home: Path, output_dir: Path, reporter: Reporter,
-                 pump: CommandPump, resuming: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        home: Path,
+        output_dir: Path,
+        reporter: Reporter,
+        pump: CommandPump,
+        resuming: bool = False,
+    ) -> None:
         self.config = config
         self.home = home
         self.output_dir = output_dir
@@ -221,8 +254,9 @@ class MLXBackend:
         try:
             model, tokenizer, model_config = load(where, return_config=True)
         except Exception as exc:  # mlx-lm raises many kinds for a directory it cannot read
-            raise BadInput(f"model {self.config.model}: cannot load it with mlx-lm "
-                           f"({' '.join(str(exc).split())[:200]})") from None  # fmt: skip
+            raise BadInput(
+                f"model {self.config.model}: cannot load it with mlx-lm ({' '.join(str(exc).split())[:200]})"
+            ) from None
         return model, tokenizer, model_config
 
     def _lora_keys(self) -> list[str] | None:
@@ -237,8 +271,10 @@ class MLXBackend:
         keys = sorted(name for name in present if name.rsplit(".", 1)[-1] in wanted or name in wanted)
         missing = [w for w in wanted if not any(k == w or k.endswith("." + w) for k in keys)]
         if missing:
-            raise BadInput(f"lora.target_modules: {', '.join(missing)} is not a linear layer of this model's blocks "
-                           f"(they have: {', '.join(sorted(present))})")  # fmt: skip
+            raise BadInput(
+                f"lora.target_modules: {', '.join(missing)} is not a linear layer of this model's blocks "
+                f"(they have: {', '.join(sorted(present))})"
+            )
         return keys
 
     def _add_lora(self) -> None:
@@ -246,8 +282,12 @@ class MLXBackend:
 
         lora = self.config.lora
         # mlx-lm's scale multiplies the low-rank product as peft's alpha / r does.
-        self.lora_parameters = {"rank": lora.r, "scale": lora.alpha / lora.r, "dropout": lora.dropout,
-                                "keys": self._lora_keys()}  # fmt: skip
+        self.lora_parameters = {
+            "rank": lora.r,
+            "scale": lora.alpha / lora.r,
+            "dropout": lora.dropout,
+            "keys": self._lora_keys(),
+        }
         self.model.freeze()
         linear_to_lora_layers(self.model, len(self.model.layers), self.lora_parameters)
 
@@ -286,8 +326,13 @@ class MLXBackend:
 
     def train(self, resume_from: Path | None) -> str:
         config = self.config
-        self.reporter.store.update_run(self.reporter.run_id, vocab_size=self.vocab_size, backend="mlx",
-                                       temperature=config.temperature, model=config.model)  # fmt: skip
+        self.reporter.store.update_run(
+            self.reporter.run_id,
+            vocab_size=self.vocab_size,
+            backend="mlx",
+            temperature=config.temperature,
+            model=config.model,
+        )
         self.sft_data = self._tokenized_sft() if self.has_completions else []
         first = 1
         if resume_from is not None:
@@ -338,13 +383,17 @@ class MLXBackend:
         # As torch's AdamW, which the torch backend's trainers use: with bias correction (MLX's default is
         # without, which makes the first steps of a fresh optimizer ~3x larger and threw GRPO off its
         # warm-up), and no weight decay.
-        self.optimizer = optim.AdamW(learning_rate=lr, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.0,
-                                     bias_correction=True)  # fmt: skip
+        self.optimizer = optim.AdamW(
+            learning_rate=lr, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.0, bias_correction=True
+        )
 
     def _say_step(self, phase: str, step: int, record: StepRecord) -> None:
         shown = ("loss", "reward", "rewards/task/mean", "entropy", "mean_token_accuracy")
-        numbers = " ".join(f"{k.split('/')[-2] if '/' in k else k}={record.metrics[k]:.4g}" for k in shown
-                           if isinstance(record.metrics.get(k), float))  # fmt: skip
+        numbers = " ".join(
+            f"{k.split('/')[-2] if '/' in k else k}={record.metrics[k]:.4g}"
+            for k in shown
+            if isinstance(record.metrics.get(k), float)
+        )
         phi = (
             f" phi={record.phi['phi_mean']:.4f}"
             if record.phi and record.phi.get("phi_mean") is not None
@@ -403,14 +452,22 @@ class MLXBackend:
         (loss, entropy, correct), norm = self._update(sft_loss, batch)
         tokens = float(batch.mask.sum())
         metrics = {
-            "loss": float(loss), "entropy": float(entropy), "mean_token_accuracy": float(correct),
-            "num_tokens": tokens, "grad_norm": norm, "learning_rate": self.lr,
+            "loss": float(loss),
+            "entropy": float(entropy),
+            "mean_token_accuracy": float(correct),
+            "num_tokens": tokens,
+            "grad_norm": norm,
+            "learning_rate": self.lr,
             "timing/step_s": time.perf_counter() - started,
-        }  # fmt: skip
+        }
         record = StepRecord(step, metrics)
         vocab = self.vocab_size
-        record.phi = {"phi_mean": 1.0 - float(entropy) / math.log(vocab), "entropy_mean": float(entropy),
-                      "weighting": "token", "vocab_size": vocab}  # fmt: skip
+        record.phi = {
+            "phi_mean": 1.0 - float(entropy) / math.log(vocab),
+            "entropy_mean": float(entropy),
+            "weighting": "token",
+            "vocab_size": vocab,
+        }
         return record
 
     # -- GRPO ----------------------------------------------------------------------------------
@@ -432,10 +489,13 @@ class MLXBackend:
         sampled = time.perf_counter()
         texts = [self.tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in samples]
         prompts = [row["prompt"] for row in rows for _ in range(g)]
-        completions = [[{"role": "assistant", "content": t}] if isinstance(p, list) else t
-                       for p, t in zip(prompts, texts, strict=True)]  # fmt: skip
-        rewards.set_phi_provider(lambda **_: [phi_from_entropy(np.asarray(s.entropies), self.vocab_size)
-                                              for s in samples])  # fmt: skip
+        completions = [
+            [{"role": "assistant", "content": t}] if isinstance(p, list) else t
+            for p, t in zip(prompts, texts, strict=True)
+        ]
+        rewards.set_phi_provider(
+            lambda **_: [phi_from_entropy(np.asarray(s.entropies), self.vocab_size) for s in samples]
+        )
         values = self._rewards(rows, prompts, completions, samples)
         weights = np.asarray(rewards.current_weights())
         advantages, totals, zero_std = group_advantages(values, weights, g, config.aggregation)
@@ -446,9 +506,15 @@ class MLXBackend:
             behaviour[row][mask[row]] = sample.logprobs
         reference = self._reference_logps(batch) if self.reference is not None else None
         (loss, entropy, logp, clipped, kl), norm = self._update(
-            grpo_loss, batch, mx.array(behaviour), reference, mx.array(advantages.astype(np.float32)),
-            config.temperature, config.epsilon, config.beta,
-        )  # fmt: skip
+            grpo_loss,
+            batch,
+            mx.array(behaviour),
+            reference,
+            mx.array(advantages.astype(np.float32)),
+            config.temperature,
+            config.epsilon,
+            config.beta,
+        )
         entropies = per_row(entropy, batch)
         record = StepRecord(step)
         record.metrics = self._grpo_metrics(
@@ -497,14 +563,18 @@ class MLXBackend:
         ids = self.tokenizer.eos_token_ids if hasattr(self.tokenizer, "eos_token_ids") else None
         return set(ids) if ids else {self.tokenizer.eos_token_id}
 
-    def _rewards(self, rows: list[dict[str, Any]], prompts: list[Any], completions: list[Any],
-                 samples: list[Sample]) -> np.ndarray:  # fmt: skip
+    def _rewards(
+        self, rows: list[dict[str, Any]], prompts: list[Any], completions: list[Any], samples: list[Sample]
+    ) -> np.ndarray:
         """(completions, functions) rewards as TRL computes them: each function called once, dataset
         columns as keyword lists; None (not applicable) becomes NaN."""
         assert self.rewards is not None
         g = self.config.num_generations
-        columns = {key: [row[key] for row in rows for _ in range(g)] for key in rows[0] if key not in ("prompt",
-                                                                                                       "completion")}  # fmt: skip
+        columns = {
+            key: [row[key] for row in rows for _ in range(g)]
+            for key in rows[0]
+            if key not in ("prompt", "completion")
+        }
         ids = [s.token_ids for s in samples]
         out = np.full((len(samples), len(self.rewards.funcs)), np.nan)
         for j, fn in enumerate(self.rewards.funcs):
@@ -517,20 +587,35 @@ class MLXBackend:
         logp, _ = token_stats(logits, batch.targets, self.config.temperature)
         return mx.stop_gradient(logp)
 
-    def _grpo_metrics(self, values: np.ndarray, totals: np.ndarray, zero_std: float, samples: list[Sample],
-                      loss: Any, clipped: Any, kl: Any, norm: float, entropies: list[np.ndarray]
-                      ) -> dict[str, float | None]:  # fmt: skip
+    def _grpo_metrics(
+        self,
+        values: np.ndarray,
+        totals: np.ndarray,
+        zero_std: float,
+        samples: list[Sample],
+        loss: Any,
+        clipped: Any,
+        kl: Any,
+        norm: float,
+        entropies: list[np.ndarray],
+    ) -> dict[str, float | None]:
         assert self.rewards is not None
         lengths = np.array([len(s.token_ids) for s in samples], dtype=np.float64)
         tokens = np.concatenate(entropies) if entropies else np.zeros(0)
         metrics: dict[str, float | None] = {
-            "loss": float(loss), "reward": _mean(totals), "reward_std": _std(totals), "frac_reward_zero_std": zero_std,
-            "entropy": float(tokens.mean()) if tokens.size else None, "grad_norm": norm,
-            "learning_rate": self.lr, "clip_ratio/region_mean": float(clipped),
-            "completions/mean_length": float(lengths.mean()), "completions/max_length": float(lengths.max()),
+            "loss": float(loss),
+            "reward": _mean(totals),
+            "reward_std": _std(totals),
+            "frac_reward_zero_std": zero_std,
+            "entropy": float(tokens.mean()) if tokens.size else None,
+            "grad_norm": norm,
+            "learning_rate": self.lr,
+            "clip_ratio/region_mean": float(clipped),
+            "completions/mean_length": float(lengths.mean()),
+            "completions/max_length": float(lengths.max()),
             "completions/clipped_ratio": float((lengths >= self.config.max_completion_length).mean()),
             "num_tokens": float(lengths.sum()),
-        }  # fmt: skip
+        }
         if self.config.beta > 0:
             metrics["kl"] = float(kl)
         for j, name in enumerate(self.rewards.names):
@@ -538,8 +623,17 @@ class MLXBackend:
             metrics[f"rewards/{name}/std"] = _std(values[:, j])
         return metrics
 
-    def _traces(self, step: int, prompts: list[Any], texts: list[str], samples: list[Sample], values: np.ndarray,
-                totals: np.ndarray, entropies: list[np.ndarray], phis: list[np.ndarray]) -> list[dict[str, Any]]:  # fmt: skip
+    def _traces(
+        self,
+        step: int,
+        prompts: list[Any],
+        texts: list[str],
+        samples: list[Sample],
+        values: np.ndarray,
+        totals: np.ndarray,
+        entropies: list[np.ndarray],
+        phis: list[np.ndarray],
+    ) -> list[dict[str, Any]]:
         assert self.rewards is not None
         rng = np.random.default_rng(
             [self.config.seed, step, 7]
@@ -547,15 +641,21 @@ class MLXBackend:
         out = []
         for kind, index in pick_traces(totals, rng).items():
             sample = samples[index]
-            out.append({
-                "idx": int(index), "kind": kind, "prompt": prompt_text(prompts[index]),
-                "completion": completion_text(texts[index]),
-                "tokens": [self.tokenizer.decode([t]) for t in sample.token_ids],
-                "entropy": [round(float(h), 5) for h in entropies[index]],
-                "phi": [round(float(p), 6) for p in phis[index]],
-                "rewards": {**{n: _finite(values[index, j]) for j, n in enumerate(self.rewards.names)},
-                            "total": _finite(totals[index])},
-            })  # fmt: skip
+            out.append(
+                {
+                    "idx": int(index),
+                    "kind": kind,
+                    "prompt": prompt_text(prompts[index]),
+                    "completion": completion_text(texts[index]),
+                    "tokens": [self.tokenizer.decode([t]) for t in sample.token_ids],
+                    "entropy": [round(float(h), 5) for h in entropies[index]],
+                    "phi": [round(float(p), 6) for p in phis[index]],
+                    "rewards": {
+                        **{n: _finite(values[index, j]) for j, n in enumerate(self.rewards.names)},
+                        "total": _finite(totals[index]),
+                    },
+                }
+            )
         return out
 
     def _gate(self, step: int, values: np.ndarray, record: StepRecord) -> None:
@@ -570,9 +670,15 @@ class MLXBackend:
         was_open = gate.opened_at is not None
         state = gate.update(step, task_mean)
         record.gate = {
-            "step": state.step, "state": state.state, "threshold": state.threshold, "history": state.history_len,
-            "above": state.above, "window": state.window, "multiplier": state.multiplier, "reason": state.reason,
-        }  # fmt: skip
+            "step": state.step,
+            "state": state.state,
+            "threshold": state.threshold,
+            "history": state.history_len,
+            "above": state.above,
+            "window": state.window,
+            "multiplier": state.multiplier,
+            "reason": state.reason,
+        }
         if not was_open and state.opened_at is not None:
             record.events.append(("gate_open", state.reason))
 
@@ -588,10 +694,12 @@ class MLXBackend:
         self._save_weights(tmp)
         mx.save_safetensors(str(tmp / OPTIMIZER_FILE), dict(tree_flatten(self.optimizer.state)))
         state = {
-            "store_step": step, "phase": self.phase, "seed": self.config.seed,
+            "store_step": step,
+            "phase": self.phase,
+            "seed": self.config.seed,
             "rng": "per step: mx.random.key(seed * 1000003 + step), numpy default_rng([seed, ...])",
             "rewards": self.rewards.state_dict() if self.rewards is not None else None,
-        }  # fmt: skip
+        }
         (tmp / CARL_STATE).write_text(json.dumps(state) + "\n")
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
@@ -601,8 +709,11 @@ class MLXBackend:
         self.pump.saved(step, path)
 
     def _checkpoints(self) -> list[tuple[int, Path]]:
-        return [(int(p.name.removeprefix("checkpoint-")), p) for p in self.output_dir.glob("checkpoint-*")
-                if p.name.removeprefix("checkpoint-").isdigit()]  # fmt: skip
+        return [
+            (int(p.name.removeprefix("checkpoint-")), p)
+            for p in self.output_dir.glob("checkpoint-*")
+            if p.name.removeprefix("checkpoint-").isdigit()
+        ]
 
     def _save_weights(self, directory: Path) -> None:
         """mlx-lm's layouts: a LoRA adapter (adapters.safetensors + adapter_config.json), or the whole
@@ -610,8 +721,12 @@ class MLXBackend:
         if self.config.lora.enabled:
             weights = dict(tree_flatten(self.model.trainable_parameters()))
             mx.save_safetensors(str(directory / ADAPTER_FILE), weights)
-            adapter = {"fine_tune_type": "lora", "num_layers": len(self.model.layers),
-                       "lora_parameters": self.lora_parameters, "base_model_name_or_path": self.base_model()}  # fmt: skip
+            adapter = {
+                "fine_tune_type": "lora",
+                "num_layers": len(self.model.layers),
+                "lora_parameters": self.lora_parameters,
+                "base_model_name_or_path": self.base_model(),
+            }
             (directory / "adapter_config.json").write_text(json.dumps(adapter, indent=2) + "\n")
         else:
             weights = dict(tree_flatten(self.model.parameters()))
@@ -670,8 +785,16 @@ def sft_loss(model: Any, batch: Batch) -> tuple[mx.array, tuple[mx.array, mx.arr
     )
 
 
-def grpo_loss(model: Any, batch: Batch, behaviour: mx.array, reference: mx.array | None, advantages: mx.array,
-              temperature: float, epsilon: float, beta: float) -> tuple[mx.array, tuple[mx.array, ...]]:  # fmt: skip
+def grpo_loss(
+    model: Any,
+    batch: Batch,
+    behaviour: mx.array,
+    reference: mx.array | None,
+    advantages: mx.array,
+    temperature: float,
+    epsilon: float,
+    beta: float,
+) -> tuple[mx.array, tuple[mx.array, ...]]:
     """The clipped surrogate of the per-token ratio to the behaviour policy, plus beta * k3 KL to the
     reference, over every completion token of the batch; aux: per-token entropy and log-prob, the
     share of tokens the clip held, the mean KL."""
@@ -689,12 +812,17 @@ def grpo_loss(model: Any, batch: Batch, behaviour: mx.array, reference: mx.array
     n = mx.maximum(batch.mask.sum(), 1.0)
     loss = (per_token * batch.mask).sum() / n
     held = ((ratio * advantage) > (mx.clip(ratio, 1 - epsilon, 1 + epsilon) * advantage)).astype(mx.float32)
-    return loss, (mx.stop_gradient(entropy), mx.stop_gradient(logp), mx.stop_gradient((held * batch.mask).sum() / n),
-                  mx.stop_gradient((kl * batch.mask).sum() / n))  # fmt: skip
+    return loss, (
+        mx.stop_gradient(entropy),
+        mx.stop_gradient(logp),
+        mx.stop_gradient((held * batch.mask).sum() / n),
+        mx.stop_gradient((kl * batch.mask).sum() / n),
+    )
 
 
-def group_advantages(values: np.ndarray, weights: np.ndarray, group: int, aggregation: str
-                     ) -> tuple[np.ndarray, np.ndarray, float]:  # fmt: skip
+def group_advantages(
+    values: np.ndarray, weights: np.ndarray, group: int, aggregation: str
+) -> tuple[np.ndarray, np.ndarray, float]:
     """TRL's advantages: (advantages, weighted totals, share of groups with zero reward spread).
 
     sum_then_normalize: weighted sum per completion, then (r - group mean) / (group std + 1e-4).

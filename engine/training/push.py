@@ -85,8 +85,16 @@ def push_from_args(args: argparse.Namespace) -> int:
 
     home = Path(args.home).expanduser() if args.home else paths.carl_home()
     try:
-        url = push_run(home, args.run, args.repo, token=args.token, endpoint=args.endpoint,
-                       private=args.private, revision=args.revision, message=args.message)  # fmt: skip
+        url = push_run(
+            home,
+            args.run,
+            args.repo,
+            token=args.token,
+            endpoint=args.endpoint,
+            private=args.private,
+            revision=args.revision,
+            message=args.message,
+        )
     except BadInput as exc:
         say_error(str(exc))
         return EXIT_BAD_INPUT
@@ -104,8 +112,17 @@ def say_error(message: str) -> None:
 # -- the push --------------------------------------------------------------------------------
 
 
-def push_run(home: Path, ref: str, repo: str, *, token: str | None, endpoint: str | None, private: bool,
-             revision: str | None, message: str | None) -> str:  # fmt: skip
+def push_run(
+    home: Path,
+    ref: str,
+    repo: str,
+    *,
+    token: str | None,
+    endpoint: str | None,
+    private: bool,
+    revision: str | None,
+    message: str | None,
+) -> str:
     """Upload run `ref`'s model and its card to `repo` in one commit; returns the commit's URL."""
     from engine import paths
     from engine.store import StoreReader
@@ -134,8 +151,16 @@ def push_run(home: Path, ref: str, repo: str, *, token: str | None, endpoint: st
         size = sum(f.stat().st_size for _, f in files) / 1e6
         print(f"carl push: {len(files)} files ({size:.1f} MB) from {path} to {repo}{note}", file=sys.stderr)
         message = message or f"carl: run {run['name']} ({path.name}, step {run.get('last_step') or 0})"
-        return _commit(repo, files, card, token=token, endpoint=endpoint, private=private, revision=revision,
-                       message=message)  # fmt: skip
+        return _commit(
+            repo,
+            files,
+            card,
+            token=token,
+            endpoint=endpoint,
+            private=private,
+            revision=revision,
+            message=message,
+        )
 
 
 def _peft_copy(path: Path, out: Path) -> str | None:
@@ -207,8 +232,17 @@ def resolve_token(token: str | None) -> str:
     return found
 
 
-def _commit(repo: str, files: list[tuple[str, Path]], card: str, *, token: str, endpoint: str | None,
-            private: bool, revision: str | None, message: str) -> str:  # fmt: skip
+def _commit(
+    repo: str,
+    files: list[tuple[str, Path]],
+    card: str,
+    *,
+    token: str,
+    endpoint: str | None,
+    private: bool,
+    revision: str | None,
+    message: str,
+) -> str:
     """Create the repo (and branch) when missing, then one commit of the files and the card."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
@@ -243,8 +277,9 @@ def hub_errors(repo: str, revision: str | None, endpoint: str, token: str) -> It
         raise type(error)(text) from None
 
 
-def translate_hub_error(exc: BaseException, repo: str, revision: str | None, endpoint: str
-                        ) -> CarlError | None:  # fmt: skip
+def translate_hub_error(
+    exc: BaseException, repo: str, revision: str | None, endpoint: str
+) -> CarlError | None:
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
     if _cause(exc, OfflineModeIsEnabled) is not None:
@@ -293,8 +328,9 @@ def _http_error(exc: Any, repo: str, revision: str | None) -> CarlError:
     return CarlError(f"the hub failed ({label}){detail}: try again later")
 
 
-def _cause(exc: BaseException | None, kinds: type[BaseException] | tuple[type[BaseException], ...]
-           ) -> BaseException | None:  # fmt: skip
+def _cause(
+    exc: BaseException | None, kinds: type[BaseException] | tuple[type[BaseException], ...]
+) -> BaseException | None:
     """`exc` or the first exception in its cause chain of these kinds (LFS uploads wrap theirs)."""
     seen = 0
     while exc is not None and seen < 10:
@@ -319,8 +355,14 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 # -- the model card --------------------------------------------------------------------------
 
 
-def model_card(run: dict[str, Any], reader: StoreReader, model_path: Path, *, repo: str = "REPO",
-               peft_problem: str | None = None) -> str:  # fmt: skip
+def model_card(
+    run: dict[str, Any],
+    reader: StoreReader,
+    model_path: Path,
+    *,
+    repo: str = "REPO",
+    peft_problem: str | None = None,
+) -> str:
     """README.md for the pushed model: YAML metadata the Hub indexes, then what the run did.
 
     For an MLX adapter the card says how to load it with mlx-lm and, unless `peft_problem` says why
@@ -361,10 +403,16 @@ def hub_id(value: str | None) -> str | None:
     return value
 
 
-def _front_matter(config: dict[str, Any], adapter: bool, base: str | None, *, mlx: bool = False,
-                  mlx_run: bool = False) -> str:  # fmt: skip
-    tags = ["carl", config.get("method") or "grpo", "coherence", *(["lora"] if adapter else []),
-            *(["mlx"] if mlx_run or mlx else [])]  # fmt: skip
+def _front_matter(
+    config: dict[str, Any], adapter: bool, base: str | None, *, mlx: bool = False, mlx_run: bool = False
+) -> str:
+    tags = [
+        "carl",
+        config.get("method") or "grpo",
+        "coherence",
+        *(["lora"] if adapter else []),
+        *(["mlx"] if mlx_run or mlx else []),
+    ]
     library = "mlx" if mlx else "peft" if adapter else "transformers"
     lines = ["---", f"library_name: {library}"]
     if hub_id(base):
@@ -426,8 +474,10 @@ def _adapter_settings(model_path: Path) -> str | None:
         rank, scale = lora.get("rank"), lora.get("scale")
         alpha = _number(scale * rank) if isinstance(scale, (int, float)) and isinstance(rank, int) else "?"
         targets = lora.get("keys") or "every linear layer"
-        return (f"r={rank}, alpha={alpha} (mlx-lm scale {_number(scale)}), targets {targets}, in the last"
-                f" {data.get('num_layers')} blocks")  # fmt: skip
+        return (
+            f"r={rank}, alpha={alpha} (mlx-lm scale {_number(scale)}), targets {targets}, in the last"
+            f" {data.get('num_layers')} blocks"
+        )
     try:
         data = json.loads((model_path / "adapter_config.json").read_text())
     except (OSError, ValueError):
@@ -443,8 +493,10 @@ def _rewards(config: dict[str, Any]) -> str:
     text = "## Rewards\n\n" + _table(("reward", "weight"), rows)
     gated = [r["name"] for r in rewards if r["name"] in GATED_REWARDS]
     if gated:
-        text += (f"\nThe coherence rewards ({', '.join(gated)}) are gated by carl's cascade: they count"
-                 " once the task reward has been learned.\n")  # fmt: skip
+        text += (
+            f"\nThe coherence rewards ({', '.join(gated)}) are gated by carl's cascade: they count"
+            " once the task reward has been learned.\n"
+        )
     if config.get("aggregation"):
         text += f"\nRewards are combined with `{config['aggregation']}`.\n"
     return text
@@ -471,32 +523,44 @@ def _evaluation(reader: StoreReader, run_id: int, model_path: Path) -> str:
     where = f" (weights of `{evaluated}/`)" if evaluated else ""
     if evaluated and evaluated != model_path.name:
         where += f", not the `{model_path.name}/` pushed here"
-    rows = [(f"`{k}`", _number(v)) for k, v in metrics.items()
-            if k != "model_dir" and isinstance(v, (int, float, str))]  # fmt: skip
+    rows = [
+        (f"`{k}`", _number(v))
+        for k, v in metrics.items()
+        if k != "model_dir" and isinstance(v, (int, float, str))
+    ]
     text = f"## Evaluation\n\nThe latest held-out evaluation **{verdict}**{where}.\n\n"
     text += _table(("metric", "value"), rows) if rows else ""
     reasons = [str(r) for r in result.get("reasons") or []]
     return text + ("\n" + "".join(f"- {_cell(r)}\n" for r in reasons) if reasons else "")
 
 
-def _how_to_load(repo: str, adapter: bool, base: str | None, model_path: Path, *, mlx_run: bool = False
-                 ) -> str:  # fmt: skip
+def _how_to_load(
+    repo: str, adapter: bool, base: str | None, model_path: Path, *, mlx_run: bool = False
+) -> str:
     has_tokenizer = any((model_path / name).is_file() for name in TOKENIZER_FILES)
     tokenizer_from = repo if has_tokenizer or not hub_id(base) else str(base)
     if adapter:
-        code = ("from peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer\n\n"
-                f'model = AutoPeftModelForCausalLM.from_pretrained("{repo}")\n')  # fmt: skip
+        code = (
+            "from peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer\n\n"
+            f'model = AutoPeftModelForCausalLM.from_pretrained("{repo}")\n'
+        )
     else:
-        code = ("from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-                f'model = AutoModelForCausalLM.from_pretrained("{repo}")\n')  # fmt: skip
+        code = (
+            "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+            f'model = AutoModelForCausalLM.from_pretrained("{repo}")\n'
+        )
     code += f'tokenizer = AutoTokenizer.from_pretrained("{tokenizer_from}")\n'
     text = f"## How to load\n\n```python\n{code}```\n"
     if adapter and not hub_id(base):
-        text += ("\nThe adapter's base model is not on the Hub: load it yourself and apply the adapter with"
-                 f' `PeftModel.from_pretrained(base_model, "{repo}")`.\n')  # fmt: skip
+        text += (
+            "\nThe adapter's base model is not on the Hub: load it yourself and apply the adapter with"
+            f' `PeftModel.from_pretrained(base_model, "{repo}")`.\n'
+        )
     if mlx_run and not adapter:
-        text += ("\nmlx-lm, which trained it, loads it too:\n\n```python\nfrom mlx_lm import load\n\n"
-                 f'model, tokenizer = load("{repo}")\n```\n')  # fmt: skip
+        text += (
+            "\nmlx-lm, which trained it, loads it too:\n\n```python\nfrom mlx_lm import load\n\n"
+            f'model, tokenizer = load("{repo}")\n```\n'
+        )
     return text
 
 
@@ -505,20 +569,26 @@ def _how_to_load_mlx_adapter(repo: str, base: str | None, peft_problem: str | No
     on_hub = hub_id(base)
     name = str(base) if on_hub else f"path/to/{Path(base or 'base-model').name}"
     files = f'["{MLX_ADAPTER_FILE}", "adapter_config.json"]'
-    text = ("## How to load\n\nWith mlx-lm, which trained it:\n\n```python\n"
-            "from huggingface_hub import snapshot_download\nfrom mlx_lm import load\n\n"
-            f'adapter = snapshot_download("{repo}", allow_patterns={files})\n'
-            f'model, tokenizer = load("{name}", adapter_path=adapter)\n```\n')  # fmt: skip
+    text = (
+        "## How to load\n\nWith mlx-lm, which trained it:\n\n```python\n"
+        "from huggingface_hub import snapshot_download\nfrom mlx_lm import load\n\n"
+        f'adapter = snapshot_download("{repo}", allow_patterns={files})\n'
+        f'model, tokenizer = load("{name}", adapter_path=adapter)\n```\n'
+    )
     if peft_problem is None:
-        text += (f"\nWith transformers and peft, from the exact peft copy in `{PEFT_DIR}/`:\n\n"
-                 "```python\nfrom peft import PeftModel\n"
-                 "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-                 f'base = AutoModelForCausalLM.from_pretrained("{name}")\n'
-                 f'model = PeftModel.from_pretrained(base, "{repo}", subfolder="{PEFT_DIR}")\n'
-                 f'tokenizer = AutoTokenizer.from_pretrained("{repo}")\n```\n')  # fmt: skip
+        text += (
+            f"\nWith transformers and peft, from the exact peft copy in `{PEFT_DIR}/`:\n\n"
+            "```python\nfrom peft import PeftModel\n"
+            "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+            f'base = AutoModelForCausalLM.from_pretrained("{name}")\n'
+            f'model = PeftModel.from_pretrained(base, "{repo}", subfolder="{PEFT_DIR}")\n'
+            f'tokenizer = AutoTokenizer.from_pretrained("{repo}")\n```\n'
+        )
     else:
-        text += (f"\nThis repo holds the adapter in mlx-lm's format only: it has no exact peft equivalent, as"
-                 f" {_cell(peft_problem)}.\n")  # fmt: skip
+        text += (
+            f"\nThis repo holds the adapter in mlx-lm's format only: it has no exact peft equivalent, as"
+            f" {_cell(peft_problem)}.\n"
+        )
     if not on_hub:
         text += f"\nThe adapter's base model is not on the Hub: put its directory in place of `{name}`.\n"
     return text

@@ -145,17 +145,30 @@ def run_training(
         return _train(store, run_id, config, home, output_dir, resuming=resume is not None)
 
 
-def _open_run(store: Store, config: TrainConfig, home: Path, run_name: str | None, resume: str | None
-              ) -> tuple[int, Path]:  # fmt: skip
-    fields = {"pid": os.getpid(), "temperature": config.temperature, "backend": config.backend,
-              "model": config.model, "max_steps": config.total_steps}  # fmt: skip
+def _open_run(
+    store: Store, config: TrainConfig, home: Path, run_name: str | None, resume: str | None
+) -> tuple[int, Path]:
+    fields = {
+        "pid": os.getpid(),
+        "temperature": config.temperature,
+        "backend": config.backend,
+        "model": config.model,
+        "max_steps": config.total_steps,
+    }
     if resume is not None:
         run = find_run(store, resume)
-        store.update_run(run["id"], status="running", error=None, ended_at=None,
-                         config=config.model_dump(), **fields)  # fmt: skip
+        store.update_run(
+            run["id"], status="running", error=None, ended_at=None, config=config.model_dump(), **fields
+        )
         return run["id"], Path(run["output_dir"])
-    run_id = store.create_run(run_name or config.name, source_kind="carl", config=config.model_dump(),
-                              backend=config.backend, model=config.model, max_steps=config.total_steps)  # fmt: skip
+    run_id = store.create_run(
+        run_name or config.name,
+        source_kind="carl",
+        config=config.model_dump(),
+        backend=config.backend,
+        model=config.model,
+        max_steps=config.total_steps,
+    )
     name = store.run(run_id)["name"]  # type: ignore[index]
     output_dir = (
         Path(config.output_dir).expanduser().resolve() if config.output_dir else paths.runs_dir(home) / name
@@ -165,9 +178,15 @@ def _open_run(store: Store, config: TrainConfig, home: Path, run_name: str | Non
 
 
 def _train(
-    store: Store | None, run_id: int, config: TrainConfig, home: Path, output_dir: Path, *, resuming: bool,
+    store: Store | None,
+    run_id: int,
+    config: TrainConfig,
+    home: Path,
+    output_dir: Path,
+    *,
+    resuming: bool,
     ranks: Ranks | None = None,
-) -> int:  # fmt: skip
+) -> int:
     """Train the opened run. With `ranks` (several processes) every rank runs this; only rank 0 has
     the store, and the ranks prepare, decide and stop together."""
     reporter = Reporter(store, run_id)
@@ -186,8 +205,16 @@ def _train(
             backend_name = training_backend(config)
         reporter.update_run(backend=backend_name)
         output_dir.mkdir(parents=True, exist_ok=True)
-        backend = make_backend(backend_name, config, home=home, output_dir=output_dir, reporter=reporter,
-                               pump=pump, resuming=resuming, **({} if ranks is None else {"ranks": ranks}))  # fmt: skip
+        backend = make_backend(
+            backend_name,
+            config,
+            home=home,
+            output_dir=output_dir,
+            reporter=reporter,
+            pump=pump,
+            resuming=resuming,
+            **({} if ranks is None else {"ranks": ranks}),
+        )
         if ranks is None:
             backend.prepare()
         else:

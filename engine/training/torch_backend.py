@@ -60,8 +60,9 @@ class StepCapture:
     entropy: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict)  # sequence -> per-token nats
     phi_seconds: float = 0.0  # spent on reward-time Phi (the extra forward), for the overhead figure
 
-    def add_forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int,
-                    entropies: torch.Tensor) -> None:  # fmt: skip
+    def add_forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int, entropies: torch.Tensor
+    ) -> None:
         ids, mask = input_ids.detach().cpu(), attention_mask.detach().cpu().bool()
         ent = entropies.detach().float().cpu()
         for row in range(ids.shape[0]):
@@ -78,8 +79,16 @@ class StepCapture:
         """Every rank's completions, in rank order: the order of `rewards`, which TRL gathered so."""
         if ranks.world == 1:
             return self
-        parts = ranks.all_gather((self.prompts, self.completions, self.prompt_ids, self.completion_ids,
-                                  self.entropies(), self.phi_seconds))  # fmt: skip
+        parts = ranks.all_gather(
+            (
+                self.prompts,
+                self.completions,
+                self.prompt_ids,
+                self.completion_ids,
+                self.entropies(),
+                self.phi_seconds,
+            )
+        )
         out = StepCapture(rewards=self.rewards, weights=self.weights, phi_seconds=max(p[5] for p in parts))
         for prompts, completions, prompt_ids, completion_ids, entropies, _ in parts:
             out.prompts += prompts
@@ -114,8 +123,9 @@ def make_trainer_class() -> type:
         def _generate(self, prompts: list) -> Any:
             out = super()._generate(prompts)
             if self.model.training:
-                self.capture = StepCapture(prompt_ids=[list(p) for p in out[0]],
-                                           completion_ids=[list(c) for c in out[1]])  # fmt: skip
+                self.capture = StepCapture(
+                    prompt_ids=[list(p) for p in out[0]], completion_ids=[list(c) for c in out[1]]
+                )
             return out
 
         def _calculate_rewards(
@@ -128,8 +138,15 @@ def make_trainer_class() -> type:
                 self.capture.weights = self.reward_weights.tolist()
             return rewards
 
-        def _get_per_token_logps_and_entropies(self, model: Any, input_ids: Any, attention_mask: Any,
-                                               logits_to_keep: int, *args: Any, **kwargs: Any) -> Any:  # fmt: skip
+        def _get_per_token_logps_and_entropies(
+            self,
+            model: Any,
+            input_ids: Any,
+            attention_mask: Any,
+            logits_to_keep: int,
+            *args: Any,
+            **kwargs: Any,
+        ) -> Any:
             logps, entropies, aux = super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
             )
@@ -147,8 +164,17 @@ def make_trainer_class() -> type:
 class TorchBackend:
     name = "torch"
 
-    def __init__(self, config: TrainConfig, *, home: Path, output_dir: Path, reporter: Reporter,
-                 pump: CommandPump, resuming: bool = False, ranks: Ranks | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        home: Path,
+        output_dir: Path,
+        reporter: Reporter,
+        pump: CommandPump,
+        resuming: bool = False,
+        ranks: Ranks | None = None,
+    ) -> None:
         self.config = config
         self.ranks = ranks or Ranks()  # several processes: rank 0 alone writes and prints
         self.home = home
@@ -230,8 +256,14 @@ class TorchBackend:
             vocab_size=self.vocab_size, temperature=config.temperature, model=config.model
         )
         if config.method == "sft":
-            return self._sft(self.model, steps=config.max_steps, offset=0, out=self.output_dir,
-                             resume_from=resume_from, warmup=False)  # fmt: skip
+            return self._sft(
+                self.model,
+                steps=config.max_steps,
+                offset=0,
+                out=self.output_dir,
+                resume_from=resume_from,
+                warmup=False,
+            )
         model, offset = self.model, 0
         if self.warmup_steps():
             if self.resuming and self.warmup_done():
@@ -239,8 +271,14 @@ class TorchBackend:
             elif "completion" not in dataset_columns(self.rows):
                 self.say(f"no 'completion' column in {config.dataset}: skipping the SFT warm-up")
             else:
-                status = self._sft(model, steps=self.warmup_steps(), offset=0, out=self.output_dir / WARMUP_DIR,
-                                   resume_from=None, warmup=True)  # fmt: skip
+                status = self._sft(
+                    model,
+                    steps=self.warmup_steps(),
+                    offset=0,
+                    out=self.output_dir / WARMUP_DIR,
+                    resume_from=None,
+                    warmup=True,
+                )
                 if status != "finished":
                     return status
                 model = self._save_warmup(model)
@@ -293,8 +331,13 @@ class TorchBackend:
             return None
         from peft import LoraConfig
 
-        return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                          target_modules=lora.target_modules, task_type="CAUSAL_LM")  # fmt: skip
+        return LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=lora.target_modules,
+            task_type="CAUSAL_LM",
+        )
 
     def _sft(
         self, model: Any, *, steps: int, offset: int, out: Path, resume_from: Path | None, warmup: bool
@@ -317,8 +360,13 @@ class TorchBackend:
         if warmup:
             args.learning_rate = self.config.warmup_lr
         reporter = SFTReporter(self, offset, "sft warm-up" if warmup else "sft")
-        trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
-                             processing_class=self.tokenizer, peft_config=self._peft_config())  # fmt: skip
+        trainer = SFTTrainer(
+            model=model,
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=self.tokenizer,
+            peft_config=self._peft_config(),
+        )
         # During a warm-up a new weight takes effect when GRPO starts; an SFT run has no rewards.
         set_weight = self.rewards.set_weight if self.rewards is not None else _no_rewards
         self._install(trainer, reporter, offset, set_weight=set_weight)
@@ -370,9 +418,13 @@ class TorchBackend:
             **self._common_args(),
         )
         trainer = make_trainer_class()(
-            model=model, reward_funcs=rewards.funcs, args=args, train_dataset=Dataset.from_list(rows),
-            processing_class=self.tokenizer, peft_config=self._peft_config(),
-        )  # fmt: skip
+            model=model,
+            reward_funcs=rewards.funcs,
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=self.tokenizer,
+            peft_config=self._peft_config(),
+        )
         trainer.capture = StepCapture()
         self.trainer = trainer
         if rewards.phi_rewards:
@@ -425,8 +477,14 @@ class RewardPhi:
         self.trainer = trainer
         self.temperature = temperature
 
-    def __call__(self, *, prompts: list, completions: list, completion_ids: Sequence[Sequence[int]] | None = None,
-                 **kwargs: Any) -> list[np.ndarray | None]:  # fmt: skip
+    def __call__(
+        self,
+        *,
+        prompts: list,
+        completions: list,
+        completion_ids: Sequence[Sequence[int]] | None = None,
+        **kwargs: Any,
+    ) -> list[np.ndarray | None]:
         started = time.perf_counter()
         capture: StepCapture = self.trainer.capture
         if completion_ids is None or len(capture.prompt_ids) != len(completion_ids):
@@ -478,13 +536,19 @@ class SFTReporter(TrainerCallback):
         record = StepRecord(step, numeric_logs(logs))
         entropy = record.metrics.get("entropy")
         if entropy is not None:
-            record.phi = {"phi_mean": entropy_to_phi(entropy, self.backend.vocab_size), "entropy_mean": entropy,
-                          "weighting": "token", "vocab_size": self.backend.vocab_size}  # fmt: skip
+            record.phi = {
+                "phi_mean": entropy_to_phi(entropy, self.backend.vocab_size),
+                "entropy_mean": entropy,
+                "weighting": "token",
+                "vocab_size": self.backend.vocab_size,
+            }
         self.backend.reporter.write(record)
         _check_loss(record)
         total = self.backend.config.total_steps
-        self.backend.say(f"{self.phase} step {step}/{total} " + _fmt(logs, (("loss", "loss"), ("entropy", "entropy"),
-                                                               ("mean_token_accuracy", "acc"))))  # fmt: skip
+        self.backend.say(
+            f"{self.phase} step {step}/{total} "
+            + _fmt(logs, (("loss", "loss"), ("entropy", "entropy"), ("mean_token_accuracy", "acc")))
+        )
 
     def save_state(self, path: Path, step: int) -> None:
         _write_state(path, {"store_step": step, "step_offset": self.offset, "rewards": None})
@@ -565,14 +629,18 @@ class GRPOReporter(TrainerCallback):
             ids = capture.completion_ids[index]
             rewards = {name: _finite(capture.rewards[index, j]) for j, name in enumerate(self.rewards.names)}
             phi = None if entropy is None else phi_from_entropy(entropy, self.backend.vocab_size)
-            out.append({
-                "idx": int(index), "kind": kind, "prompt": prompt_text(capture.prompts[index]),
-                "completion": completion_text(capture.completions[index]),
-                "tokens": [tokenizer.decode([t]) for t in ids],
-                "entropy": None if entropy is None else [round(float(h), 5) for h in entropy],
-                "phi": None if phi is None else [round(float(p), 6) for p in phi],
-                "rewards": {**rewards, "total": _finite(totals[index])},
-            })  # fmt: skip
+            out.append(
+                {
+                    "idx": int(index),
+                    "kind": kind,
+                    "prompt": prompt_text(capture.prompts[index]),
+                    "completion": completion_text(capture.completions[index]),
+                    "tokens": [tokenizer.decode([t]) for t in ids],
+                    "entropy": None if entropy is None else [round(float(h), 5) for h in entropy],
+                    "phi": None if phi is None else [round(float(p), 6) for p in phi],
+                    "rewards": {**rewards, "total": _finite(totals[index])},
+                }
+            )
         return out
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
@@ -604,6 +672,12 @@ def _finite(value: Any) -> float | None:
 
 def _gate_row(state: Any) -> dict[str, Any]:
     return {
-        "step": state.step, "state": state.state, "threshold": state.threshold, "history": state.history_len,
-        "above": state.above, "window": state.window, "multiplier": state.multiplier, "reason": state.reason,
-    }  # fmt: skip
+        "step": state.step,
+        "state": state.state,
+        "threshold": state.threshold,
+        "history": state.history_len,
+        "above": state.above,
+        "window": state.window,
+        "multiplier": state.multiplier,
+        "reason": state.reason,
+    }

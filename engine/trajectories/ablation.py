@@ -92,8 +92,12 @@ def top_k(scores: np.ndarray, k: int) -> set[int]:
     return set(np.argsort(-scores, kind="stable")[:k].tolist())
 
 
-def ablate(matrix: np.ndarray, weights: Sequence[float] | None = None,
-           signals: Sequence[str] = SIGNALS, k: int = TOP_K) -> list[AblationRow]:  # fmt: skip
+def ablate(
+    matrix: np.ndarray,
+    weights: Sequence[float] | None = None,
+    signals: Sequence[str] = SIGNALS,
+    k: int = TOP_K,
+) -> list[AblationRow]:
     """§11 leave-one-out rows, sorted by impact (largest first). With fewer than k trajectories the
     top set is all of them and the overlap term is (n − overlap) / n."""
     m = np.asarray(matrix, dtype=float)

@@ -173,8 +173,11 @@ def _main_chain(path: Path, lines: list[Line], detector: Detector) -> list[Traje
             continue
         if turns:  # work before the first human prompt belongs to no turn
             _absorb(turns[-1], calls, obj, ts)
-    return [_trajectory(path, turn, turns[i + 1] if i + 1 < len(turns) else None, detector)
-            for i, turn in enumerate(turns) if turn.events]  # fmt: skip
+    return [
+        _trajectory(path, turn, turns[i + 1] if i + 1 < len(turns) else None, detector)
+        for i, turn in enumerate(turns)
+        if turn.events
+    ]
 
 
 def _absorb(turn: _Turn, calls: _Calls, obj: dict[str, Any], ts: float | None) -> None:
@@ -196,10 +199,17 @@ def _new_turn(obj: dict[str, Any], text: str, session_id: str, index: int, ts: f
 def _trajectory(path: Path, turn: _Turn, following: _Turn | None, detector: Detector) -> Trajectory:
     traj = Trajectory(
         uid=make_uid(AGENT, turn.session_id, turn.line_uuid or f"turn-{turn.index}"),
-        session_id=turn.session_id, agent=AGENT, source=str(path), prompt=prompt_of(turn.prompt),
-        cwd=turn.cwd, git_repo=None,  # gitBranch names a branch and the cwd basename is not a repository
-        started_at=turn.started_at, ended_at=turn.ended_at, events=turn.events, turn_index=turn.index,
-    )  # fmt: skip
+        session_id=turn.session_id,
+        agent=AGENT,
+        source=str(path),
+        prompt=prompt_of(turn.prompt),
+        cwd=turn.cwd,
+        git_repo=None,  # gitBranch names a branch and the cwd basename is not a repository
+        started_at=turn.started_at,
+        ended_at=turn.ended_at,
+        events=turn.events,
+        turn_index=turn.index,
+    )
     if following is not None:  # rule 12(g): only the next human prompt sets the cross-turn flags
         traj.session_continued = True
         traj.correction, traj.redo = detector.judge(following.prompt)

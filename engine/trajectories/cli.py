@@ -21,8 +21,12 @@ class TrajectoryCliError(CarlError):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
     imp = sub.add_parser("import", help="import Claude Code transcripts, Codex rollouts or KARL records")
-    imp.add_argument("paths", nargs="*", type=Path,
-                     help="files or folders (default: ~/.claude/projects and ~/.codex/sessions)")  # fmt: skip
+    imp.add_argument(
+        "paths",
+        nargs="*",
+        type=Path,
+        help="files or folders (default: ~/.claude/projects and ~/.codex/sessions)",
+    )
     lst = sub.add_parser("list", help="the newest scored trajectories")
     lst.add_argument("--limit", type=int, default=20)
     lst.add_argument("--domain", default=None)
@@ -30,9 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sts = sub.add_parser("status", help="counts, domain baselines and retraining triggers")
     sts.add_argument("--json", action="store_true", help="print one JSON object")
     abl = sub.add_parser("ablate", help="leave-one-out ablation of the five reward signals")
-    abl.add_argument("--paper", type=Path, default=None, metavar="FILE",
-                     help="rebuild KARL's published table from a KARL record file's stored signals, "
-                          "beside the same records re-scored by ours")  # fmt: skip
+    abl.add_argument(
+        "--paper",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="rebuild KARL's published table from a KARL record file's stored signals, "
+        "beside the same records re-scored by ours",
+    )
     abl.add_argument("--json", action="store_true", help="print one JSON object")
     exp = sub.add_parser("export", help="ChatML SFT data with advantage-tier oversampling")
     exp.add_argument("out", type=Path, help="output folder (train.jsonl, valid.jsonl)")
@@ -52,8 +61,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, home: Path) -> int:
-    handler = {"import": _import, "list": _list, "status": _status, "ablate": _ablate, "export": _export,
-               "train": _train, "eval": _eval}[args.action]  # fmt: skip
+    handler = {
+        "import": _import,
+        "list": _list,
+        "status": _status,
+        "ablate": _ablate,
+        "export": _export,
+        "train": _train,
+        "eval": _eval,
+    }[args.action]
     return handler(args, home)
 
 
@@ -88,9 +104,11 @@ def _import(args: argparse.Namespace, home: Path) -> int:
         saved = save(store, result.trajectories, table=config.table)
         if saved.stored:
             refresh_plasticity(store)
-    print(f"{result.files} files, {result.sessions} sessions ({result.empty_sessions} empty, ignored): "
-          f"{len(result.trajectories)} trajectories — {saved.new} new, {saved.updated} updated, "
-          f"{saved.unchanged} unchanged ({time.monotonic() - started:.1f}s)")  # fmt: skip
+    print(
+        f"{result.files} files, {result.sessions} sessions ({result.empty_sessions} empty, ignored): "
+        f"{len(result.trajectories)} trajectories — {saved.new} new, {saved.updated} updated, "
+        f"{saved.unchanged} unchanged ({time.monotonic() - started:.1f}s)"
+    )
     if result.skipped:
         print(f"skipped {len(result.skipped)} malformed line(s) or file(s):")
         for line in result.skipped[:10]:
@@ -142,10 +160,20 @@ def _status(args: argparse.Namespace, home: Path) -> int:
         waiting = store.conn.execute("SELECT count(*) FROM hook_events").fetchone()[0]
         plasticity = refresh_plasticity(store) if total else {"triggers": []}
     if args.json:
-        print(json.dumps({"trajectories": total, "holdout": holdout, "hook_payloads": waiting,
-                          "domains": [dict(zip(("domain", "n", "mean", "baseline", "sigma"), d, strict=True))
-                                      for d in domains],
-                          "triggers": plasticity.get("triggers") or []}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "trajectories": total,
+                    "holdout": holdout,
+                    "hook_payloads": waiting,
+                    "domains": [
+                        dict(zip(("domain", "n", "mean", "baseline", "sigma"), d, strict=True))
+                        for d in domains
+                    ],
+                    "triggers": plasticity.get("triggers") or [],
+                }
+            )
+        )
         return 0
     print(f"{total} trajectories ({holdout} held out for evaluation), {waiting} hook payloads recorded")
     if domains:
@@ -204,8 +232,9 @@ def _export(args: argparse.Namespace, home: Path) -> int:
 def _train(args: argparse.Namespace, home: Path) -> int:
     from .train import format_train, train_adapter
 
-    result = train_adapter(home, strategy=args.strategy, size=args.size, model=args.model, steps=args.steps,
-                           name=args.name)  # fmt: skip
+    result = train_adapter(
+        home, strategy=args.strategy, size=args.size, model=args.model, steps=args.steps, name=args.name
+    )
     print(format_train(result))
     return 0 if getattr(result, "ok", True) else 1
 
@@ -215,7 +244,8 @@ def _eval(args: argparse.Namespace, home: Path) -> int:
 
     if not args.adapter.exists():
         raise TrajectoryCliError(f"{args.adapter}: no such adapter directory")
-    result = evaluate_adapter(home, args.adapter, compare_base=not args.no_base, compare_uniform=args.uniform,
-                              limit=args.limit)  # fmt: skip
+    result = evaluate_adapter(
+        home, args.adapter, compare_base=not args.no_base, compare_uniform=args.uniform, limit=args.limit
+    )
     print(format_report(result))
     return 0

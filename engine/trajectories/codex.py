@@ -33,8 +33,16 @@ from engine.trajectories.model import Event, Trajectory, make_uid, normalize_too
 AGENT = "codex"
 # Tuples, not sets: a malformed line's `type` may be a list, which a set cannot look up.
 ENVELOPES = ("session_meta", "response_item", "event_msg", "turn_context", "compacted")
-ITEMS = ("message", "reasoning", "function_call", "function_call_output", "custom_tool_call",
-         "custom_tool_call_output", "local_shell_call", "web_search_call")  # fmt: skip
+ITEMS = (
+    "message",
+    "reasoning",
+    "function_call",
+    "function_call_output",
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "local_shell_call",
+    "web_search_call",
+)
 CALLS = ("function_call", "custom_tool_call", "local_shell_call")
 OUTPUTS = ("function_call_output", "custom_tool_call_output")
 
@@ -283,8 +291,9 @@ def read_output(raw: Any) -> _Output:
         meta = as_dict(parsed.get("metadata"))
         secs = as_float(meta.get("duration_seconds"))
         error = parsed.get("isError") is True or parsed.get("is_error") is True
-        return _Output(as_int(meta.get("exit_code")), None if secs is None else secs * 1000.0,
-                       None, failed or error)  # fmt: skip
+        return _Output(
+            as_int(meta.get("exit_code")), None if secs is None else secs * 1000.0, None, failed or error
+        )
     header = _header(text)
     code = _first_int(_PROCESS_EXITED, header)
     code = code if code is not None else _first_int(_EXIT_CODE, header)
@@ -328,10 +337,17 @@ def _trajectories(r: _Rollout, detector: Detector) -> list[Trajectory]:
             continue
         traj = Trajectory(
             uid=make_uid(AGENT, r.session_id, turn.stamp or f"turn-{turn.index}"),
-            session_id=r.session_id, agent=AGENT, source=str(r.path), prompt=prompt_of(turn.prompt),
-            cwd=turn.cwd or r.cwd, git_repo=r.git_repo, started_at=turn.started_at, ended_at=turn.ended_at,
-            events=turn.events, turn_index=turn.index,
-        )  # fmt: skip
+            session_id=r.session_id,
+            agent=AGENT,
+            source=str(r.path),
+            prompt=prompt_of(turn.prompt),
+            cwd=turn.cwd or r.cwd,
+            git_repo=r.git_repo,
+            started_at=turn.started_at,
+            ended_at=turn.ended_at,
+            events=turn.events,
+            turn_index=turn.index,
+        )
         if i + 1 < len(r.turns):  # rule 12(g): the next human prompt sets the cross-turn flags
             traj.session_continued = True
             traj.correction, traj.redo = detector.judge(r.turns[i + 1].prompt)

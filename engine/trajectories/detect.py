@@ -23,10 +23,16 @@ REDO_PATTERNS = (r"\b(try again|redo|do it again|start over|one more time|again,
 
 # Claude Code user lines that are not human prompts (karl.md 12(g), agent-traces.md §2.2).
 NOT_HUMAN_PREFIXES = (
-    "<command-", "<local-command-", "<bash-", "<task-notification", "Caveat:", "[Request interrupted by user",
-    "You are now executing", "This session is being continued from a previous conversation",
+    "<command-",
+    "<local-command-",
+    "<bash-",
+    "<task-notification",
+    "Caveat:",
+    "[Request interrupted by user",
+    "You are now executing",
+    "This session is being continued from a previous conversation",
     "Base directory for this skill",
-)  # fmt: skip
+)
 # Codex: injected context that arrives as user messages.
 CODEX_INJECTED_PREFIXES = ("# AGENTS.md instructions", "<environment_context>", "<user_instructions>")
 
@@ -37,8 +43,9 @@ class Detector:
     redo: tuple[re.Pattern[str], ...]
 
     @classmethod
-    def from_patterns(cls, correction: Sequence[str] = CORRECTION_PATTERNS,
-                      redo: Sequence[str] = REDO_PATTERNS) -> Detector:  # fmt: skip
+    def from_patterns(
+        cls, correction: Sequence[str] = CORRECTION_PATTERNS, redo: Sequence[str] = REDO_PATTERNS
+    ) -> Detector:
         return cls(tuple(re.compile(p, re.I) for p in correction), tuple(re.compile(p, re.I) for p in redo))
 
     def judge(self, next_prompt: str) -> tuple[bool, bool]:

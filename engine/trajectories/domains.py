@@ -43,19 +43,35 @@ MATCH_CACHE_SIZE = 65_536  # distinct evidence strings remembered per table (pat
 
 # (pattern, skill, domain), in tie-break order.
 DEFAULT_ENTRIES: tuple[tuple[str, str, str], ...] = (
-    (r"\.xcodeproj|\.xcworkspace|\.swift$|\bxcodebuild\b|\bswift (build|test)\b|\bpod install\b", "ios-build", "ios"),
-    (r"Dockerfile|docker-compose|\bdocker\b|\.service$|\bkubectl\b|\bhelm\b|\bterraform\b|\.tf$", "deploy-ops", "infra"),
+    (
+        r"\.xcodeproj|\.xcworkspace|\.swift$|\bxcodebuild\b|\bswift (build|test)\b|\bpod install\b",
+        "ios-build",
+        "ios",
+    ),
+    (
+        r"Dockerfile|docker-compose|\bdocker\b|\.service$|\bkubectl\b|\bhelm\b|\bterraform\b|\.tf$",
+        "deploy-ops",
+        "infra",
+    ),
     (r"supabase|\bmigrations?\b|\.sql$|\bpsql\b|\balembic\b", "supabase-ops", "data"),
     (r"\.ipynb$|\bjupyter\b", "notebook", "data-science"),
     (r"\.rs$|Cargo\.toml|\bcargo\b", "rust-dev", "rust"),
     (r"\.go$|\bgo\.mod\b|\bgo (build|test|run|mod|vet)\b", "go-dev", "go"),
-    (r"\.(ts|tsx|js|jsx|mjs|cjs|vue|svelte|css|scss)$|package\.json|\b(npm|npx|yarn|pnpm|bun)\b", "web-dev", "web"),
-    (r"\.py$|pyproject\.toml|requirements[\w.-]*\.txt|\b(pip3?|pytest|python3?|uv|ruff|mypy)\b", "python-dev", "python"),
+    (
+        r"\.(ts|tsx|js|jsx|mjs|cjs|vue|svelte|css|scss)$|package\.json|\b(npm|npx|yarn|pnpm|bun)\b",
+        "web-dev",
+        "web",
+    ),
+    (
+        r"\.py$|pyproject\.toml|requirements[\w.-]*\.txt|\b(pip3?|pytest|python3?|uv|ruff|mypy)\b",
+        "python-dev",
+        "python",
+    ),
     (r"\.(java|kt|kts|gradle)$|pom\.xml|\b(gradlew?|mvn)\b", "jvm-dev", "jvm"),
     (r"\.(c|h|cc|cpp|cxx|hpp)$|CMakeLists\.txt|\bcmake\b", "c-cpp-dev", "systems"),
     (r"\.(sh|bash|zsh)$", "shell-scripting", "infra"),
     (r"\.(md|mdx|rst)$|(^|/)docs?/|\bmkdocs\b|\bsphinx\b", "docs-writing", "docs"),
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)

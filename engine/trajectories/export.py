@@ -36,8 +36,12 @@ MIN_PLAN_CHARS = 20
 MAX_OVERSAMPLE = 3
 ADVANTAGE_THRESHOLD = 0.0
 TIERS = ((ADVANTAGE_THRESHOLD, 0), (0.1, 1), (0.3, 2))  # A <= bound -> copies; above the last: 3
-QUALITY_GRADES = {"high": {"high"}, "medium": {"high", "medium"}, "medium+": {"high", "medium"},
-                  "low+": {"high", "medium", "low"}}  # fmt: skip
+QUALITY_GRADES = {
+    "high": {"high"},
+    "medium": {"high", "medium"},
+    "medium+": {"high", "medium"},
+    "low+": {"high", "medium", "low"},
+}
 TRAIN_FILE, VALID_FILE = "train.jsonl", "valid.jsonl"
 TRAIN_PC_FILE, VALID_PC_FILE = "train_pc.jsonl", "valid_pc.jsonl"
 
@@ -88,8 +92,11 @@ def user_text(record: Record) -> str:
 
 
 def messages(record: Record, plan: str | None = None) -> list[dict[str, str]]:
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_text(record)},
-            {"role": "assistant", "content": plan_text(record) if plan is None else plan}]  # fmt: skip
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": user_text(record)},
+        {"role": "assistant", "content": plan_text(record) if plan is None else plan},
+    ]
 
 
 def prompt_messages(record: Record) -> list[dict[str, str]]:

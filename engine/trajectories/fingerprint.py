@@ -61,9 +61,19 @@ def fingerprint(t: Trajectory) -> dict[str, Any]:
 
 
 def _empty() -> dict[str, Any]:
-    return {"tool_flow": [], "mutation_depth": 0, "research_ratio": 0.0, "verification": None,
-            "recovery_score": 0.0, "scope_coherence": 0.0, "signature": signature(0, 0, None, 0.0),
-            "modified_files": [], "research_count": 0, "mutation_count": 0, "total_events": 0}  # fmt: skip
+    return {
+        "tool_flow": [],
+        "mutation_depth": 0,
+        "research_ratio": 0.0,
+        "verification": None,
+        "recovery_score": 0.0,
+        "scope_coherence": 0.0,
+        "signature": signature(0, 0, None, 0.0),
+        "modified_files": [],
+        "research_count": 0,
+        "mutation_count": 0,
+        "total_events": 0,
+    }
 
 
 def signature(research: int, depth: int, verified: bool | None, recovery: float) -> str:

@@ -559,16 +559,31 @@ class _Session:
     def result(self) -> Assembly:
         closed = [t for t in self.turns if t.closed_by is not None and t.events]  # tap C: no tools, no record
         trajectories = [self._trajectory(t) for t in closed]
-        return Assembly(trajectories, open_turn=self.current is not None, session_id=self.session_id,
-                        model=self.model, cwd=self.cwd, ended=self.ended)  # fmt: skip
+        return Assembly(
+            trajectories,
+            open_turn=self.current is not None,
+            session_id=self.session_id,
+            model=self.model,
+            cwd=self.cwd,
+            ended=self.ended,
+        )
 
     def _trajectory(self, turn: _Turn) -> Trajectory:
         return Trajectory(
-            uid=turn.uid, session_id=self.session_id or "", agent=AGENT, source=SOURCE,
-            prompt=cut_prompt(turn.prompt), cwd=turn.cwd, started_at=turn.started_at, ended_at=turn.ended_at,
-            events=list(turn.events), correction=turn.correction, redo=turn.redo,
-            session_continued=turn.session_continued, turn_index=turn.index,
-        )  # fmt: skip
+            uid=turn.uid,
+            session_id=self.session_id or "",
+            agent=AGENT,
+            source=SOURCE,
+            prompt=cut_prompt(turn.prompt),
+            cwd=turn.cwd,
+            started_at=turn.started_at,
+            ended_at=turn.ended_at,
+            events=list(turn.events),
+            correction=turn.correction,
+            redo=turn.redo,
+            session_continued=turn.session_continued,
+            turn_index=turn.index,
+        )
 
 
 def tool_event(payload: Mapping[str, Any], at: float | None, *, failed: bool) -> Event:
@@ -577,9 +592,14 @@ def tool_event(payload: Mapping[str, Any], at: float | None, *, failed: bool) ->
         success, exit_code = False, exit_code_from_text(payload.get("error"))
     else:  # success output carries no exit code (Bash included)
         success, exit_code = not explicit_error(payload.get("tool_response")), None
-    return Event(tool=normalize_tool(_str(payload.get("tool_name"))), success=success, exit_code=exit_code,
-                 duration_ms=_number(payload.get("duration_ms")), ts=at,
-                 params=key_params(payload.get("tool_input")))  # fmt: skip
+    return Event(
+        tool=normalize_tool(_str(payload.get("tool_name"))),
+        success=success,
+        exit_code=exit_code,
+        duration_ms=_number(payload.get("duration_ms")),
+        ts=at,
+        params=key_params(payload.get("tool_input")),
+    )
 
 
 def explicit_error(response: Any) -> bool:

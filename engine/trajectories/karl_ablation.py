@@ -33,8 +33,13 @@ from engine.trajectories.karl_records import record_to_trajectory
 from engine.trajectories.scoring import SIGNALS, score_many
 
 # The paper's code at the time of the ablation (karl.md §13 item 1); the same numbers as ours.
-PAPER_WEIGHTS = {"outcome": 0.30, "process": 0.25, "efficiency": 0.15, "verification": 0.15,
-                 "consistency": 0.15}  # fmt: skip
+PAPER_WEIGHTS = {
+    "outcome": 0.30,
+    "process": 0.25,
+    "efficiency": 0.15,
+    "verification": 0.15,
+    "consistency": 0.15,
+}
 SIGNAL_FIELDS = {name: f"{name}_score" for name in SIGNALS}  # keys of the record's `outcome` block
 REWARD_FIELD = "reward_score"
 # Stored signals and R are each rounded to 4 decimals: a larger gap means other weights.
@@ -75,19 +80,34 @@ class PaperAblation:
             return {"rho": r.rho, "overlap": r.overlap, "impact": r.impact}
 
         def side(s: Side) -> dict[str, Any]:
-            return {"scorer": s.scorer, "signal_means": s.signal_means,
-                    "reward": {**s.reward, "source": s.reward_source}}  # fmt: skip
+            return {
+                "scorer": s.scorer,
+                "signal_means": s.signal_means,
+                "reward": {**s.reward, "source": s.reward_source},
+            }
 
         w = [self.weights[name] for name in SIGNALS]
         rows = [
-            {"signal": r.signal,
-             "weights_without": dict(zip(SIGNALS, renormalised(w, SIGNALS.index(r.signal)).tolist(), strict=True)),
-             "paper": cells(r), "ours": cells(self.ours.row(r.signal))}
+            {
+                "signal": r.signal,
+                "weights_without": dict(
+                    zip(SIGNALS, renormalised(w, SIGNALS.index(r.signal)).tolist(), strict=True)
+                ),
+                "paper": cells(r),
+                "ours": cells(self.ours.row(r.signal)),
+            }
             for r in self.paper.rows
-        ]  # fmt: skip
-        return {"file": self.path, "records": self.records, "tool_calls": self.tool_calls, "top_k": self.top_k,
-                "weights": self.weights, "rows": rows,
-                "paper": {**side(self.paper), "reward_gap": self.reward_gap}, "ours": side(self.ours)}  # fmt: skip
+        ]
+        return {
+            "file": self.path,
+            "records": self.records,
+            "tool_calls": self.tool_calls,
+            "top_k": self.top_k,
+            "weights": self.weights,
+            "rows": rows,
+            "paper": {**side(self.paper), "reward_gap": self.reward_gap},
+            "ours": side(self.ours),
+        }
 
 
 def read_records(path: Path) -> list[Line]:
@@ -145,8 +165,12 @@ def _number(where: str, outcome: dict[str, Any], key: str) -> float | None:
 
 
 def _reward_stats(rewards: np.ndarray) -> dict[str, float]:
-    return {"mean": float(rewards.mean()), "sd": float(rewards.std()),
-            "min": float(rewards.min()), "max": float(rewards.max())}  # fmt: skip
+    return {
+        "mean": float(rewards.mean()),
+        "sd": float(rewards.std()),
+        "min": float(rewards.min()),
+        "max": float(rewards.max()),
+    }
 
 
 def _means(matrix: np.ndarray) -> dict[str, float]:
@@ -164,17 +188,34 @@ def paper_ablation(path: Path, k: int = TOP_K) -> PaperAblation:
     else:
         paper_rewards, source = stored, f"outcome.{REWARD_FIELD}"
         gap = float(np.abs(stored - weighted).max())
-    paper = Side("paper file: stored outcome.*_score (simplified scorer, karl.md §13 item 8)",
-                 ablate(paper_matrix, weights, SIGNALS, k), _means(paper_matrix), _reward_stats(paper_rewards),
-                 source)  # fmt: skip
+    paper = Side(
+        "paper file: stored outcome.*_score (simplified scorer, karl.md §13 item 8)",
+        ablate(paper_matrix, weights, SIGNALS, k),
+        _means(paper_matrix),
+        _reward_stats(paper_rewards),
+        source,
+    )
 
     trajectories = [record_to_trajectory(path, record) for _, record in lines]
     scored = score_many(trajectories)
     our_matrix = signal_matrix(scored)
-    ours = Side("ours: karl.md §3 with the rules of §12 (scoring.py)", ablate(our_matrix, weights, SIGNALS, k),
-                _means(our_matrix), _reward_stats(np.array([s.reward for s in scored])), "our scorer")  # fmt: skip
-    return PaperAblation(str(path), len(lines), sum(t.total for t in trajectories), min(k, len(lines)),
-                         dict(PAPER_WEIGHTS), paper, ours, gap)  # fmt: skip
+    ours = Side(
+        "ours: karl.md §3 with the rules of §12 (scoring.py)",
+        ablate(our_matrix, weights, SIGNALS, k),
+        _means(our_matrix),
+        _reward_stats(np.array([s.reward for s in scored])),
+        "our scorer",
+    )
+    return PaperAblation(
+        str(path),
+        len(lines),
+        sum(t.total for t in trajectories),
+        min(k, len(lines)),
+        dict(PAPER_WEIGHTS),
+        paper,
+        ours,
+        gap,
+    )
 
 
 def format_paper_ablation(result: PaperAblation) -> str:
@@ -190,8 +231,10 @@ def format_paper_ablation(result: PaperAblation) -> str:
     ]
     for p in result.paper.rows:
         o = result.ours.row(p.signal)
-        lines.append(f"{p.signal:<18} {p.rho:>8.3f} {p.overlap:>9d} {p.impact:>9.3f}   "
-                     f"{o.rho:>8.3f} {o.overlap:>9d} {o.impact:>9.3f}")  # fmt: skip
+        lines.append(
+            f"{p.signal:<18} {p.rho:>8.3f} {p.overlap:>9d} {p.impact:>9.3f}   "
+            f"{o.rho:>8.3f} {o.overlap:>9d} {o.impact:>9.3f}"
+        )
     lines += ["", f"{'':<18} {'paper file':>10} {'ours':>10}"]
     for name in SIGNALS:
         lines.append(
@@ -203,8 +246,10 @@ def format_paper_ablation(result: PaperAblation) -> str:
         )
     lines.append(f"paper reward from {result.paper.reward_source}; sd is the population sd")
     if result.reward_gap is not None and result.reward_gap > REWARD_GAP_TOLERANCE:
-        lines.append(f"note: outcome.{REWARD_FIELD} differs from the weighted stored signals by up to "
-                     f"{result.reward_gap:.4f}: the file was not scored with these weights")  # fmt: skip
+        lines.append(
+            f"note: outcome.{REWARD_FIELD} differs from the weighted stored signals by up to "
+            f"{result.reward_gap:.4f}: the file was not scored with these weights"
+        )
     if k >= result.records:
         lines.append(
             f"note: {result.records} records, so the top set holds all of them and overlap is always {k}"

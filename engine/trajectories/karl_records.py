@@ -60,15 +60,23 @@ def record_to_trajectory(path: Path, record: dict[str, Any]) -> Trajectory:
         _str(record.get("id")) or f"{session_id}:{timing.get('started_at')}:{context.get('prompt_text')}"
     )
     return Trajectory(
-        uid=make_uid(AGENT, record_id), session_id=session_id, agent=AGENT, source=str(path),
-        prompt=prompt_of(_str(context.get("prompt_text"))), cwd=_str(context.get("cwd")),
-        git_repo=_str(context.get("git_repo")), started_at=started,
-        ended_at=unix_ts(timing.get("ended_at") or record.get("recorded_at")), events=_events(body),
-        correction=as_bool(outcome.get("correction_detected")), redo=as_bool(outcome.get("redo_detected")),
+        uid=make_uid(AGENT, record_id),
+        session_id=session_id,
+        agent=AGENT,
+        source=str(path),
+        prompt=prompt_of(_str(context.get("prompt_text"))),
+        cwd=_str(context.get("cwd")),
+        git_repo=_str(context.get("git_repo")),
+        started_at=started,
+        ended_at=unix_ts(timing.get("ended_at") or record.get("recorded_at")),
+        events=_events(body),
+        correction=as_bool(outcome.get("correction_detected")),
+        redo=as_bool(outcome.get("redo_detected")),
         build_success=as_bool(outcome.get("build_success")),
         session_continued=as_bool(outcome.get("session_continued")),
-        skill=_str(skill.get("name")), domain=_str(skill.get("domain")),
-    )  # fmt: skip
+        skill=_str(skill.get("name")),
+        domain=_str(skill.get("domain")),
+    )
 
 
 def _events(body: dict[str, Any]) -> list[Event]:
@@ -84,10 +92,13 @@ def _events(body: dict[str, Any]) -> list[Event]:
 
 def _event(raw: dict[str, Any]) -> Event:
     return Event(
-        tool=normalize_tool(_str(raw.get("tool_name"))), success=as_bool(raw.get("success")),
-        exit_code=as_int(raw.get("exit_code")), duration_ms=as_float(raw.get("duration_ms")),
-        ts=unix_ts(raw.get("ts")), params=params_of(raw.get("key_params")),
-    )  # fmt: skip
+        tool=normalize_tool(_str(raw.get("tool_name"))),
+        success=as_bool(raw.get("success")),
+        exit_code=as_int(raw.get("exit_code")),
+        duration_ms=as_float(raw.get("duration_ms")),
+        ts=unix_ts(raw.get("ts")),
+        params=params_of(raw.get("key_params")),
+    )
 
 
 def _str(value: Any) -> str | None:

@@ -46,17 +46,25 @@ def ingest_spool(
     with store.transaction():
         store.conn.executemany(
             "INSERT INTO hook_events (session_id, event, received_at, payload, assembled) VALUES (?,?,?,?,0)",
-            [(i.session_id, str(i.payload.get("hook_event_name") or ""), i.received_at, json.dumps(i.payload))
-             for i in items],
-        )  # fmt: skip
+            [
+                (
+                    i.session_id,
+                    str(i.payload.get("hook_event_name") or ""),
+                    i.received_at,
+                    json.dumps(i.payload),
+                )
+                for i in items
+            ],
+        )
     remove_spool(items)  # only now: a crash before this line re-inserts nothing it lost
     sessions = sorted({i.session_id for i in items if i.session_id})
     saved = assemble_sessions(store, sessions, config, now=now)
     return LiveResult(len(items), len(sessions), saved)
 
 
-def assemble_sessions(store: Store, sessions: list[str], config: TrajectoryConfig, *,
-                      now: float | None = None) -> SaveResult:  # fmt: skip
+def assemble_sessions(
+    store: Store, sessions: list[str], config: TrajectoryConfig, *, now: float | None = None
+) -> SaveResult:
     """Re-assemble whole sessions from their stored payloads (pure and idempotent: upsert by uid)."""
     from .hooks import assemble
 
@@ -104,7 +112,10 @@ def refresh_plasticity(store: Store, *, now: float | None = None) -> dict[str, A
         last_train_count=int(last_train.get("count") or 0),
         trained_domains=set(last_train.get("domains") or []),
     )
-    value = {"computed_at": now, "triggers": [t if isinstance(t, dict) else t.__dict__ for t in triggers],
-             "count": len(rows)}  # fmt: skip
+    value = {
+        "computed_at": now,
+        "triggers": [t if isinstance(t, dict) else t.__dict__ for t in triggers],
+        "count": len(rows),
+    }
     store.set_kv("plasticity", value)
     return value

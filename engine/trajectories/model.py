@@ -23,15 +23,24 @@ KEY_PARAMS = ("file_path", "command", "pattern", "query", "url", "description")
 
 # Foreign tool names -> KARL (Claude Code) names; anything else passes through unchanged.
 TOOL_NAMES = {
-    "exec_command": "Bash", "shell_command": "Bash", "shell": "Bash", "local_shell_call": "Bash",
-    "local_shell": "Bash", "PowerShell": "Bash",
-    "apply_patch": "Edit", "apply_diff": "Edit",
-    "read_file": "Read", "cat_file": "Read",
-    "write_file": "Write", "create_file": "Write",
-    "search_files": "Grep", "ripgrep": "Grep",
-    "list_files": "Glob", "find_files": "Glob",
+    "exec_command": "Bash",
+    "shell_command": "Bash",
+    "shell": "Bash",
+    "local_shell_call": "Bash",
+    "local_shell": "Bash",
+    "PowerShell": "Bash",
+    "apply_patch": "Edit",
+    "apply_diff": "Edit",
+    "read_file": "Read",
+    "cat_file": "Read",
+    "write_file": "Write",
+    "create_file": "Write",
+    "search_files": "Grep",
+    "ripgrep": "Grep",
+    "list_files": "Glob",
+    "find_files": "Glob",
     "Task": "Agent",
-}  # fmt: skip
+}
 MUTATION_TOOLS = frozenset({"Write", "Edit", "NotebookEdit"})
 
 _EXIT_CODE = re.compile(
@@ -157,8 +166,13 @@ class Scored:
     components: dict[str, float] = field(default_factory=dict)
 
     def signals(self) -> dict[str, float]:
-        return {"outcome": self.outcome, "process": self.process, "efficiency": self.efficiency,
-                "verification": self.verification, "consistency": self.consistency}  # fmt: skip
+        return {
+            "outcome": self.outcome,
+            "process": self.process,
+            "efficiency": self.efficiency,
+            "verification": self.verification,
+            "consistency": self.consistency,
+        }
 
 
 def make_uid(*parts: Any) -> str:

@@ -116,12 +116,21 @@ def plan_trajectory(record: Record, steps: Sequence[PlanStep]) -> Trajectory:
     """The predicted plan as a trajectory: every step a success, the actual turn's timing and signals."""
     o = record.outcome
     return Trajectory(
-        uid=f"plan:{record.uid}", session_id="plan-eval", agent="plan", source="plan-eval", prompt=record.prompt,
-        cwd=record.cwd, started_at=record.started_at, ended_at=record.ended_at, domain=record.domain,
+        uid=f"plan:{record.uid}",
+        session_id="plan-eval",
+        agent="plan",
+        source="plan-eval",
+        prompt=record.prompt,
+        cwd=record.cwd,
+        started_at=record.started_at,
+        ended_at=record.ended_at,
+        domain=record.domain,
         events=[Event(s.tool, success=True, params=dict(s.params)) for s in steps],
-        correction=o.get("correction_detected"), redo=o.get("redo_detected"),
-        build_success=o.get("build_success"), session_continued=o.get("session_continued"),
-    )  # fmt: skip
+        correction=o.get("correction_detected"),
+        redo=o.get("redo_detected"),
+        build_success=o.get("build_success"),
+        session_continued=o.get("session_continued"),
+    )
 
 
 def example_metrics(record: Record, plan: str) -> dict[str, Any]:
@@ -205,15 +214,23 @@ def generate_plans(
     """Greedy plans for the records' export prompts (system + user turns), in batches."""
     import torch
 
-    texts = [tokenizer.apply_chat_template(prompt_messages(r), add_generation_prompt=True, tokenize=False)
-             for r in records]  # fmt: skip
+    texts = [
+        tokenizer.apply_chat_template(prompt_messages(r), add_generation_prompt=True, tokenize=False)
+        for r in records
+    ]
     out: list[str] = []
     for i in range(0, len(texts), GENERATE_BATCH):
-        batch = tokenizer(texts[i : i + GENERATE_BATCH], return_tensors="pt", padding=True,
-                          add_special_tokens=False).to(model.device)  # fmt: skip
+        batch = tokenizer(
+            texts[i : i + GENERATE_BATCH], return_tensors="pt", padding=True, add_special_tokens=False
+        ).to(model.device)
         with torch.no_grad():
-            ids = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+            ids = model.generate(
+                **batch,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
         width = batch["input_ids"].shape[1]
         out += tokenizer.batch_decode(ids[:, width:], skip_special_tokens=True)
     return out
@@ -254,8 +271,9 @@ class PlanEvalResult:
     per_example: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # model -> metric -> values
 
 
-def bootstrap_diff(a: Sequence[float], b: Sequence[float], *, n_boot: int = BOOTSTRAP, seed: int = 0
-                   ) -> tuple[float, float, float]:  # fmt: skip
+def bootstrap_diff(
+    a: Sequence[float], b: Sequence[float], *, n_boot: int = BOOTSTRAP, seed: int = 0
+) -> tuple[float, float, float]:
     """Mean of the paired differences a - b and its percentile-bootstrap 95% interval."""
     d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
     if len(d) == 0:
@@ -266,8 +284,9 @@ def bootstrap_diff(a: Sequence[float], b: Sequence[float], *, n_boot: int = BOOT
     return float(d.mean()), float(lo), float(hi)
 
 
-def score_plans(name: str, path: str, records: Sequence[Record], plans: Sequence[str]
-                ) -> tuple[ModelScore, dict[str, list[float]], list[dict[str, Any]]]:  # fmt: skip
+def score_plans(
+    name: str, path: str, records: Sequence[Record], plans: Sequence[str]
+) -> tuple[ModelScore, dict[str, list[float]], list[dict[str, Any]]]:
     rows = [example_metrics(r, p) for r, p in zip(records, plans, strict=True)]
     values = {m: [float(row[m]) for row in rows] for m in METRICS}
     means = {m: float(np.mean(v)) if v else math.nan for m, v in values.items()}
@@ -314,8 +333,9 @@ def evaluate_adapter(
         for example, plan, row in zip(examples, plans, rows, strict=True):
             example[name] = {"plan": plan, "predicted": row["predicted"], "plan_reward": row["plan_reward"]}
     # The actual plans through the same parser and scorer: the ceiling, and a check of the round trip.
-    models["actual"], per_example["actual"], _ = score_plans("actual", "(the recorded plans)", records,
-                                                              [plan_text(r) for r in records])  # fmt: skip
+    models["actual"], per_example["actual"], _ = score_plans(
+        "actual", "(the recorded plans)", records, [plan_text(r) for r in records]
+    )
     diffs = [
         Diff(a, b, m, *bootstrap_diff(per_example[a][m], per_example[b][m], n_boot=n_boot, seed=seed))
         for a, b in (("adapter", "base"), ("uniform", "base"), ("adapter", "uniform"))
@@ -323,8 +343,16 @@ def evaluate_adapter(
         for m in METRICS
     ]
     actual = float(np.mean([r.reward or 0.0 for r in records]))
-    return PlanEvalResult(len(records), selection, actual, models, diffs, examples,
-                          round(time.monotonic() - started, 2), per_example)  # fmt: skip
+    return PlanEvalResult(
+        len(records),
+        selection,
+        actual,
+        models,
+        diffs,
+        examples,
+        round(time.monotonic() - started, 2),
+        per_example,
+    )
 
 
 def format_report(result: PlanEvalResult) -> str:

@@ -73,8 +73,13 @@ class Triggers:
 Baselines = Mapping[str, DomainBaseline] | Mapping[str, float]
 
 
-def drift(now: float, rewards: np.ndarray, domains: Sequence[str | None], timestamps: np.ndarray,
-          baselines: Baselines) -> Drift:  # fmt: skip
+def drift(
+    now: float,
+    rewards: np.ndarray,
+    domains: Sequence[str | None],
+    timestamps: np.ndarray,
+    baselines: Baselines,
+) -> Drift:
     """§9 drift over trajectories that ended in the last 24 h: drift_d = baseline_d − recent mean_d."""
     r = np.asarray(rewards, dtype=float)
     ts = np.asarray(timestamps, dtype=float)
@@ -99,25 +104,45 @@ def _baseline(baselines: Baselines, key: str) -> float:
     return float(value.baseline if isinstance(value, DomainBaseline) else value)
 
 
-def compute_triggers(now: float, state: TrainState, rewards: np.ndarray, domains: Sequence[str | None],
-                     timestamps: np.ndarray, baselines: Baselines) -> Triggers:  # fmt: skip
+def compute_triggers(
+    now: float,
+    state: TrainState,
+    rewards: np.ndarray,
+    domains: Sequence[str | None],
+    timestamps: np.ndarray,
+    baselines: Baselines,
+) -> Triggers:
     """Every trigger of §9 that fires for the whole store, given the last training's state."""
     fired = [t for t in (_stale(now, state), _volume(len(rewards), state)) if t]
     d = drift(now, rewards, domains, timestamps, baselines)
     if d.global_drift is not None and d.global_drift > DRIFT_THRESHOLD:
         worst = max(d.per_domain, key=lambda k: d.per_domain[k])
-        fired.append(Trigger("drift", f"rewards of the last 24 h are {d.global_drift:.3f} below their baselines "
-                             f"(> {DRIFT_THRESHOLD}) over {d.recent} trajectories; worst {worst} "
-                             f"{d.per_domain[worst]:+.3f}", dict(d.per_domain)))  # fmt: skip
+        fired.append(
+            Trigger(
+                "drift",
+                f"rewards of the last 24 h are {d.global_drift:.3f} below their baselines "
+                f"(> {DRIFT_THRESHOLD}) over {d.recent} trajectories; worst {worst} "
+                f"{d.per_domain[worst]:+.3f}",
+                dict(d.per_domain),
+            )
+        )
     gap = _coverage(domains, state)
     if gap:
         fired.append(gap)
     return Triggers(fired, d)
 
 
-def evaluate_triggers(*, now: float, rewards: np.ndarray, domains: Sequence[str | None], timestamps: np.ndarray,
-                      baselines: Baselines, last_train_ts: float | None = None, last_train_count: int = 0,
-                      trained_domains: Iterable[str] = ()) -> list[Trigger]:  # fmt: skip
+def evaluate_triggers(
+    *,
+    now: float,
+    rewards: np.ndarray,
+    domains: Sequence[str | None],
+    timestamps: np.ndarray,
+    baselines: Baselines,
+    last_train_ts: float | None = None,
+    last_train_count: int = 0,
+    trained_domains: Iterable[str] = (),
+) -> list[Trigger]:
     """The fired triggers only (empty: no retraining needed), from the last training's plain values."""
     state = TrainState(last_train_ts, last_train_count, frozenset(trained_domains))
     return compute_triggers(now, state, rewards, domains, timestamps, baselines).fired
@@ -150,5 +175,7 @@ def _coverage(domains: Sequence[str | None], state: TrainState) -> Trigger | Non
     if not gaps:
         return None
     listed = ", ".join(f"{k} ({n})" for k, n in sorted(gaps.items(), key=lambda kv: (-kv[1], kv[0])))
-    return Trigger("coverage", f"{len(gaps)} domain(s) with >= {COVERAGE_GAP_THRESHOLD} trajectories never trained: "
-                   f"{listed}")  # fmt: skip
+    return Trigger(
+        "coverage",
+        f"{len(gaps)} domain(s) with >= {COVERAGE_GAP_THRESHOLD} trajectories never trained: {listed}",
+    )

@@ -72,8 +72,10 @@ class Record:
 
 # -- loading -----------------------------------------------------------------------------------
 
-_COLUMNS = ("id, uid, domain, skill, reward, advantage, prompt, cwd, grade, tool_count, total_tools,"
-            " success_rate, holdout, outcome, started_at, ended_at")  # fmt: skip
+_COLUMNS = (
+    "id, uid, domain, skill, reward, advantage, prompt, cwd, grade, tool_count, total_tools,"
+    " success_rate, holdout, outcome, started_at, ended_at"
+)
 
 
 def _conn(conn_or_store: Store | sqlite3.Connection) -> sqlite3.Connection:
@@ -95,8 +97,14 @@ def _events(conn: sqlite3.Connection) -> dict[int, list[Step]]:
         " ORDER BY trajectory_id, seq"
     )
     for traj_id, tool, ok, params, ts, exit_code, duration_ms in rows:
-        step = Step(tool or "unknown", None if ok is None else bool(ok),
-                    {str(k): str(v) for k, v in _json(params).items()}, ts, exit_code, duration_ms)  # fmt: skip
+        step = Step(
+            tool or "unknown",
+            None if ok is None else bool(ok),
+            {str(k): str(v) for k, v in _json(params).items()},
+            ts,
+            exit_code,
+            duration_ms,
+        )
         out.setdefault(traj_id, []).append(step)
     return out
 
@@ -114,19 +122,50 @@ def load_records(conn_or_store: Store | sqlite3.Connection, *, include_holdout: 
     events = _events(conn)
     records = []
     for row in conn.execute(f"SELECT {_COLUMNS} FROM trajectories ORDER BY id"):
-        (traj_id, uid, domain, skill, reward, advantage, prompt, cwd, grade, tool_count, total_tools,
-         success_rate, holdout, outcome, started_at, ended_at) = row  # fmt: skip
+        (
+            traj_id,
+            uid,
+            domain,
+            skill,
+            reward,
+            advantage,
+            prompt,
+            cwd,
+            grade,
+            tool_count,
+            total_tools,
+            success_rate,
+            holdout,
+            outcome,
+            started_at,
+            ended_at,
+        ) = row
         held = bool(holdout) if holdout is not None else is_holdout(uid)
         if held and not include_holdout:
             continue
         steps = events.get(traj_id, [])
         total = int(total_tools if total_tools is not None else tool_count or len(steps))
-        records.append(Record(
-            id=traj_id, uid=uid, domain=domain or None, reward=reward, advantage=advantage, prompt=prompt or "",
-            events=steps, grade=grade, tool_count=int(tool_count or 0), cwd=cwd, skill=skill, holdout=held,
-            total_tools=total, successes=_successes(steps, total, success_rate), started_at=started_at,
-            ended_at=ended_at, outcome=_json(outcome),
-        ))  # fmt: skip
+        records.append(
+            Record(
+                id=traj_id,
+                uid=uid,
+                domain=domain or None,
+                reward=reward,
+                advantage=advantage,
+                prompt=prompt or "",
+                events=steps,
+                grade=grade,
+                tool_count=int(tool_count or 0),
+                cwd=cwd,
+                skill=skill,
+                holdout=held,
+                total_tools=total,
+                successes=_successes(steps, total, success_rate),
+                started_at=started_at,
+                ended_at=ended_at,
+                outcome=_json(outcome),
+            )
+        )
     return records
 
 

@@ -80,8 +80,13 @@ def quality(t: Trajectory) -> dict[str, float | int | str]:
         grade = "medium"
     else:
         grade = "high"
-    return {"success_rate": success_rate, "error_rate": error_rate, "correction_count": corrections,
-            "tool_diversity": len({e.tool for e in t.events}), "grade": grade}  # fmt: skip
+    return {
+        "success_rate": success_rate,
+        "error_rate": error_rate,
+        "correction_count": corrections,
+        "tool_diversity": len({e.tool for e in t.events}),
+        "grade": grade,
+    }
 
 
 # --- the five signals, one trajectory at a time ------------------------------------------------
@@ -245,8 +250,15 @@ def score(t: Trajectory) -> Scored:
     comps.update(v_comps)
     comps.update(zip(CONSISTENCY_KEYS, c_parts, strict=True))
     r = 0.30 * o + 0.25 * p + 0.15 * e + 0.15 * v + 0.15 * c
-    return Scored(round(r, 4), round(o, 4), round(p, 4), round(e, 4), round(v, 4), round(c, 4),
-                  {k: round(x, 4) for k, x in comps.items()})  # fmt: skip
+    return Scored(
+        round(r, 4),
+        round(o, 4),
+        round(p, 4),
+        round(e, 4),
+        round(v, 4),
+        round(c, 4),
+        {k: round(x, 4) for k, x in comps.items()},
+    )
 
 
 # --- the batch path: columns over flattened events ----------------------------------------------
@@ -386,9 +398,18 @@ def _duration(t: Trajectory) -> float:
     return math.nan if d is None else d
 
 
-def _process_columns(total: np.ndarray, failures: np.ndarray, bash_err: np.ndarray, n: np.ndarray,
-                     s_starts: np.ndarray, traj: np.ndarray, pos: np.ndarray, tool: np.ndarray,
-                     failed: np.ndarray, comps: dict[str, np.ndarray]) -> np.ndarray:  # fmt: skip
+def _process_columns(
+    total: np.ndarray,
+    failures: np.ndarray,
+    bash_err: np.ndarray,
+    n: np.ndarray,
+    s_starts: np.ndarray,
+    traj: np.ndarray,
+    pos: np.ndarray,
+    tool: np.ndarray,
+    failed: np.ndarray,
+    comps: dict[str, np.ndarray],
+) -> np.ndarray:
     """§3.2 over the stored events; bincount sums in event order, like the loop in `process_score`."""
     size = len(total)
     w = 0.5 + pos / np.maximum(n - 1, 1)[traj]
@@ -414,14 +435,16 @@ def _process_columns(total: np.ndarray, failures: np.ndarray, bash_err: np.ndarr
 
     p = 0.40 * success_rate + 0.25 * bash_clean + 0.20 * error_density + 0.15 * late_penalty
     empty = total == 0
-    for key, value, neutral in zip(PROCESS_KEYS, (success_rate, bash_clean, error_density, late_penalty),
-                                   EMPTY_PROCESS, strict=True):  # fmt: skip
+    for key, value, neutral in zip(
+        PROCESS_KEYS, (success_rate, bash_clean, error_density, late_penalty), EMPTY_PROCESS, strict=True
+    ):
         comps[key] = np.where(empty, neutral, value)
     return np.where(empty, 0.5, np.clip(p, 0.0, 1.0))
 
 
-def _efficiency_columns(total: np.ndarray, counts: np.ndarray, durations: np.ndarray,
-                        comps: dict[str, np.ndarray]) -> np.ndarray:  # fmt: skip
+def _efficiency_columns(
+    total: np.ndarray, counts: np.ndarray, durations: np.ndarray, comps: dict[str, np.ndarray]
+) -> np.ndarray:
     """§3.3 on the tool-count matrix (one row per trajectory, one column per tool name)."""
     safe_total = np.maximum(total, 1)[:, None]
     probs = counts / safe_total
@@ -443,8 +466,9 @@ def _efficiency_columns(total: np.ndarray, counts: np.ndarray, durations: np.nda
     file_touch = np.minimum(1.0, mutations / np.maximum(0.3 * total, 1.0))
     e = 0.35 * diversity + 0.35 * pace + 0.30 * file_touch
     empty = total == 0
-    for key, value, neutral in zip(EFFICIENCY_KEYS, (diversity, pace, file_touch), EMPTY_EFFICIENCY,
-                                   strict=True):  # fmt: skip
+    for key, value, neutral in zip(
+        EFFICIENCY_KEYS, (diversity, pace, file_touch), EMPTY_EFFICIENCY, strict=True
+    ):
         comps[key] = np.where(empty, neutral, value)
     return np.where(empty, 0.5, np.clip(e, 0.0, 1.0))
 
@@ -483,8 +507,15 @@ def _intern(values: list[str | None]) -> tuple[np.ndarray, int]:
     return np.array([ids[v] for v in values], dtype=np.int64), max(len(ids) - 2, 1)
 
 
-def _verification_columns(total: np.ndarray, counts: np.ndarray, events: list[Event], traj: np.ndarray,
-                          tool: np.ndarray, paths: _PathGroups, comps: dict[str, np.ndarray]) -> np.ndarray:  # fmt: skip
+def _verification_columns(
+    total: np.ndarray,
+    counts: np.ndarray,
+    events: list[Event],
+    traj: np.ndarray,
+    tool: np.ndarray,
+    paths: _PathGroups,
+    comps: dict[str, np.ndarray],
+) -> np.ndarray:
     """§3.4 with rule 12(a); test/build flags are computed once per distinct command."""
     size = len(total)
     bash = np.flatnonzero(tool == 4)
@@ -533,23 +564,35 @@ def _consistency_columns(total: np.ndarray, g: _PathGroups, comps: dict[str, np.
 
 
 COMPONENT_ORDER = (
-    *(key for _, key, _, _ in OUTCOME_SIGNALS), "outcome_signals_available", *PROCESS_KEYS, *EFFICIENCY_KEYS,
-    *VERIFICATION_KEYS, "r_no_mutation", *CONSISTENCY_KEYS,
-)  # fmt: skip
+    *(key for _, key, _, _ in OUTCOME_SIGNALS),
+    "outcome_signals_available",
+    *PROCESS_KEYS,
+    *EFFICIENCY_KEYS,
+    *VERIFICATION_KEYS,
+    "r_no_mutation",
+    *CONSISTENCY_KEYS,
+)
 
 
 def score_batch(trajectories: Sequence[Trajectory]) -> BatchScores:
     """The column-wise scores of a batch, computed chunk by chunk (no rounding)."""
-    parts = [_score_chunk(trajectories[i : i + CHUNK_TRAJECTORIES])
-             for i in range(0, len(trajectories), CHUNK_TRAJECTORIES)]  # fmt: skip
+    parts = [
+        _score_chunk(trajectories[i : i + CHUNK_TRAJECTORIES])
+        for i in range(0, len(trajectories), CHUNK_TRAJECTORIES)
+    ]
     if not parts:
         empty = np.zeros(0)
         return BatchScores(empty, empty, empty, empty, empty, empty, {k: empty for k in COMPONENT_ORDER})
     cat = np.concatenate
-    return BatchScores(cat([b.reward for b in parts]), cat([b.outcome for b in parts]),
-                       cat([b.process for b in parts]), cat([b.efficiency for b in parts]),
-                       cat([b.verification for b in parts]), cat([b.consistency for b in parts]),
-                       {k: cat([b.components[k] for b in parts]) for k in COMPONENT_ORDER})  # fmt: skip
+    return BatchScores(
+        cat([b.reward for b in parts]),
+        cat([b.outcome for b in parts]),
+        cat([b.process for b in parts]),
+        cat([b.efficiency for b in parts]),
+        cat([b.verification for b in parts]),
+        cat([b.consistency for b in parts]),
+        {k: cat([b.components[k] for b in parts]) for k in COMPONENT_ORDER},
+    )
 
 
 def _to_scored(b: BatchScores) -> list[Scored]:

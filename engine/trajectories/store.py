@@ -41,23 +41,44 @@ class SaveResult:
 
 
 def _outcome(t: Trajectory) -> dict[str, Any]:
-    return {"correction_detected": t.correction, "redo_detected": t.redo, "build_success": t.build_success,
-            "session_continued": t.session_continued}  # fmt: skip
+    return {
+        "correction_detected": t.correction,
+        "redo_detected": t.redo,
+        "build_success": t.build_success,
+        "session_continued": t.session_continued,
+    }
 
 
 def _row(
     t: Trajectory, s: Scored, fingerprint: dict[str, Any], quality: dict[str, Any], now: float
 ) -> dict[str, Any]:
     return {
-        "uid": t.uid, "session_id": t.session_id, "agent": t.agent, "source": t.source, "domain": t.domain,
-        "skill": t.skill, "prompt": t.prompt, "cwd": t.cwd, "repo": t.git_repo, "turn_index": t.turn_index,
-        "tool_count": t.total, "total_tools": t.total, "failures": t.failures,
-        "success_rate": t.success_rate, "reward": s.reward, "signals": json.dumps(s.signals()),
-        "components": json.dumps(s.components), "outcome": json.dumps(_outcome(t)),
-        "fingerprint": json.dumps(fingerprint), "grade": quality.get("grade"),
-        "started_at": t.started_at, "ended_at": t.ended_at, "duration_s": t.duration_s,
-        "holdout": int(is_holdout(t.uid)), "updated_at": now,
-    }  # fmt: skip
+        "uid": t.uid,
+        "session_id": t.session_id,
+        "agent": t.agent,
+        "source": t.source,
+        "domain": t.domain,
+        "skill": t.skill,
+        "prompt": t.prompt,
+        "cwd": t.cwd,
+        "repo": t.git_repo,
+        "turn_index": t.turn_index,
+        "tool_count": t.total,
+        "total_tools": t.total,
+        "failures": t.failures,
+        "success_rate": t.success_rate,
+        "reward": s.reward,
+        "signals": json.dumps(s.signals()),
+        "components": json.dumps(s.components),
+        "outcome": json.dumps(_outcome(t)),
+        "fingerprint": json.dumps(fingerprint),
+        "grade": quality.get("grade"),
+        "started_at": t.started_at,
+        "ended_at": t.ended_at,
+        "duration_s": t.duration_s,
+        "holdout": int(is_holdout(t.uid)),
+        "updated_at": now,
+    }
 
 
 COMPARED = ("reward", "signals", "outcome", "domain", "skill", "tool_count", "prompt", "ended_at")
@@ -97,9 +118,20 @@ def upsert(
             conn.executemany(
                 "INSERT INTO trajectory_events (trajectory_id, seq, tool, ok, params, ts, exit_code, duration_ms)"
                 " VALUES (?,?,?,?,?,?,?,?)",
-                [(traj_id, i, e.tool, None if e.success is None else int(e.success), json.dumps(e.params), e.ts,
-                  e.exit_code, e.duration_ms) for i, e in enumerate(t.events[:MAX_STORED_EVENTS])],
-            )  # fmt: skip
+                [
+                    (
+                        traj_id,
+                        i,
+                        e.tool,
+                        None if e.success is None else int(e.success),
+                        json.dumps(e.params),
+                        e.ts,
+                        e.exit_code,
+                        e.duration_ms,
+                    )
+                    for i, e in enumerate(t.events[:MAX_STORED_EVENTS])
+                ],
+            )
     return result
 
 

@@ -147,14 +147,31 @@ def _final_loss(store: Store, run_id: int) -> float | None:
     return None if row is None else row[0]
 
 
-def make_config(name: str, dataset: Path, *, model: str, steps: int, lr: float, lora_r: int, lora_alpha: int,
-                batch_size: int, seed: int) -> TrainConfig:  # fmt: skip
+def make_config(
+    name: str,
+    dataset: Path,
+    *,
+    model: str,
+    steps: int,
+    lr: float,
+    lora_r: int,
+    lora_alpha: int,
+    batch_size: int,
+    seed: int,
+) -> TrainConfig:
     return TrainConfig(
-        name=name, model=model, dataset=str(dataset), method="sft", max_steps=steps, learning_rate=lr,
-        per_device_train_batch_size=batch_size, seed=seed, save_steps=steps,
+        name=name,
+        model=model,
+        dataset=str(dataset),
+        method="sft",
+        max_steps=steps,
+        learning_rate=lr,
+        per_device_train_batch_size=batch_size,
+        seed=seed,
+        save_steps=steps,
         lora=LoraConfig(enabled=True, r=lora_r, alpha=lora_alpha, target_modules="all-linear"),
         eval=EvalConfig(holdout=0.0),  # the hold-out is by trajectory, already out of the data
-    )  # fmt: skip
+    )
 
 
 def train_adapter(
@@ -179,8 +196,9 @@ def train_adapter(
     home = paths.carl_home() if home is None else Path(home)
     with Store(paths.db_path(home)) as store:
         records = load_records(store)
-        train, export = training_examples(records, strategy, size=size, min_reward=min_reward,
-                                          quality=quality, seed=seed)  # fmt: skip
+        train, export = training_examples(
+            records, strategy, size=size, min_reward=min_reward, quality=quality, seed=seed
+        )
         if not train:
             raise CarlError(
                 f"no training examples: {export.eligible} eligible trajectories, {export.unique} with a positive"
@@ -189,8 +207,17 @@ def train_adapter(
         run_name = _unique_name(store, home, name or f"traj-{strategy}")
     data_dir = data_root(home) / run_name
     files = write_examples(data_dir, train, export.valid)
-    config = make_config(run_name, files["train_pc"], model=model, steps=steps, lr=lr, lora_r=lora_r,
-                         lora_alpha=lora_alpha, batch_size=batch_size, seed=seed)  # fmt: skip
+    config = make_config(
+        run_name,
+        files["train_pc"],
+        model=model,
+        steps=steps,
+        lr=lr,
+        lora_r=lora_r,
+        lora_alpha=lora_alpha,
+        batch_size=batch_size,
+        seed=seed,
+    )
     code = run_training(config, home=home, run_name=run_name)
     with Store(paths.db_path(home)) as store:
         run_id = store.run_id_by_name(run_name)
@@ -200,12 +227,23 @@ def train_adapter(
             _record_training(store, run_name, {r.domain_key for r in records})
     final = Path(run["output_dir"]) / FINAL_DIR if run and run.get("output_dir") else None
     return TrainResult(
-        run_name=run_name, run_id=run_id, exit_code=code, status=run["status"] if run else None,
-        error=run["error"] if run else None, strategy=strategy, model=model, steps=steps, data_dir=data_dir,
-        dataset=data_dir / TRAIN_PC_FILE, model_dir=final if final is not None and final.is_dir() else None,
-        examples=len(train), trajectories=len({e.record_id for e in train}), valid_examples=len(export.valid),
-        final_loss=loss, export=export,
-    )  # fmt: skip
+        run_name=run_name,
+        run_id=run_id,
+        exit_code=code,
+        status=run["status"] if run else None,
+        error=run["error"] if run else None,
+        strategy=strategy,
+        model=model,
+        steps=steps,
+        data_dir=data_dir,
+        dataset=data_dir / TRAIN_PC_FILE,
+        model_dir=final if final is not None and final.is_dir() else None,
+        examples=len(train),
+        trajectories=len({e.record_id for e in train}),
+        valid_examples=len(export.valid),
+        final_loss=loss,
+        export=export,
+    )
 
 
 def _record_training(store: Store, run_name: str, domains: set[str]) -> None:
