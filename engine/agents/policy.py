@@ -25,8 +25,7 @@ import numpy as np
 from engine.coherence.phi import phi_from_entropy, token_entropy
 from engine.errors import CarlError
 from engine.training import data as training_data
-from engine.training import torch_backend
-from engine.training.backend import one_line
+from engine.training.backend import CPU_THREADS, one_line
 from engine.training.config import TINY_MODEL
 
 if TYPE_CHECKING:
@@ -96,10 +95,10 @@ def load_model(where: Path | str, name: str, device: str) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    training_data._offline_if_local(name)
+    training_data.offline_if_local(name)
     hf_logging.disable_progress_bar()  # a worker's log is read as lines
     if device == "cpu":
-        torch.set_num_threads(torch_backend.CPU_THREADS)  # tiny matrices: more threads only synchronise
+        torch.set_num_threads(CPU_THREADS)  # tiny matrices: more threads only synchronise
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(where))
         model = AutoModelForCausalLM.from_pretrained(str(where), dtype=torch.float32)

@@ -40,8 +40,7 @@ from engine.coherence.phi import completion_token_stats
 from engine.coherence.summary import pick_traces, step_phi_stats
 from engine.errors import CarlError
 from engine.store import Store
-from engine.training.backend import CommandPump, Reporter, StepRecord, TrainingFailed
-from engine.training.torch_backend import SAVE_TOTAL_LIMIT
+from engine.training.backend import SAVE_TOTAL_LIMIT, CommandPump, Reporter, StepRecord, TrainingFailed
 
 from .config import TrainerSettings
 from .events import ModelUpdateEvent, TrainingRolloutEvent

@@ -103,7 +103,7 @@ def prompt_text(prompt: Any) -> str:
     return "\n".join(f"{m.get('role', '?')}: {m.get('content', '')}" for m in prompt)
 
 
-def _offline_if_local(model: str) -> None:
+def offline_if_local(model: str) -> None:
     """Nothing to download for a local model: make sure nothing is even asked of the hub."""
     if model == TINY_MODEL or is_local_model(model):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")

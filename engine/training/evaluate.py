@@ -109,9 +109,9 @@ def _load(config: TrainConfig, path: Path, home: Path) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from .data import _offline_if_local, resolve_model
+    from .data import offline_if_local, resolve_model
 
-    _offline_if_local(config.model)
+    offline_if_local(config.model)
     hf_logging.disable_progress_bar()
     tokenizer_dir = path if (path / "tokenizer_config.json").is_file() else None
     try:
@@ -203,9 +203,9 @@ def _load_mlx(config: TrainConfig, path: Path, home: Path) -> tuple[Any, Any]:
     """mlx-lm's model (the base with the adapter, for an adapter) and the Hugging Face tokenizer."""
     from mlx_lm import load
 
-    from .data import _offline_if_local, is_local_model, resolve_model
+    from .data import is_local_model, offline_if_local, resolve_model
 
-    _offline_if_local(config.model)
+    offline_if_local(config.model)
     where, adapter = str(path), None
     if is_mlx_adapter(path):
         where, adapter = base_model_of(path) or "", str(path)

@@ -43,17 +43,16 @@ from engine.errors import CarlError
 from engine.tasks import completion_text
 
 from .artifacts import FINAL_DIR
-from .backend import BadInput, CommandPump, Reporter, StepRecord, TrainingFailed
+from .backend import SAVE_TOTAL_LIMIT, BadInput, CommandPump, Reporter, StepRecord, TrainingFailed
 from .cascade import RewardSet
 from .config import TrainConfig
-from .data import _offline_if_local, checked_inputs, dataset_columns, prompt_text
+from .data import checked_inputs, dataset_columns, offline_if_local, prompt_text
 from .holdout import holdout_line
 
 CARL_STATE = "carl_state.json"  # written last into a checkpoint: one without it is incomplete
 OPTIMIZER_FILE = "optimizer.safetensors"
 ADAPTER_FILE = "adapters.safetensors"  # mlx-lm's adapter layout (adapter_config.json beside it)
 MODEL_FILE = "model.safetensors"
-SAVE_TOTAL_LIMIT = 2
 MAX_GRAD_NORM = 1.0  # as transformers' Trainer clips
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -233,7 +232,7 @@ class MLXBackend:
 
     def prepare(self) -> None:
         config = self.config
-        _offline_if_local(config.model)
+        offline_if_local(config.model)
         mx.random.seed(config.seed)
         self.rows, held, self.rewards, model = checked_inputs(config, self.home)
         if held:

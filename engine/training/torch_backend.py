@@ -29,10 +29,19 @@ from engine.errors import CarlError
 from engine.tasks import completion_text
 
 from .artifacts import FINAL_DIR
-from .backend import BadInput, CommandPump, Reporter, StepRecord, TrainingFailed, numeric_logs
+from .backend import (
+    CPU_THREADS,
+    SAVE_TOTAL_LIMIT,
+    BadInput,
+    CommandPump,
+    Reporter,
+    StepRecord,
+    TrainingFailed,
+    numeric_logs,
+)
 from .cascade import RewardSet
 from .config import TrainConfig
-from .data import _offline_if_local, checked_inputs, dataset_columns, prompt_text
+from .data import checked_inputs, dataset_columns, offline_if_local, prompt_text
 from .distributed import Ranks, collective_timeout
 from .hf import CommandCallback, entropy_to_phi
 from .holdout import holdout_line
@@ -40,8 +49,6 @@ from .holdout import holdout_line
 CARL_STATE = "carl_gate.json"  # gate, weights and calibration, saved into every checkpoint
 WARMUP_DIR = "sft-warmup"  # the model after the SFT warm-up, the base of the GRPO phase
 WARMUP_DONE = "carl_warmup.json"
-CPU_THREADS = 1  # tiny matrices: extra intra-op threads only add synchronisation (measured 2-10x slower)
-SAVE_TOTAL_LIMIT = 2
 
 
 # -- what one GRPO step produced -------------------------------------------------------------------
@@ -197,7 +204,7 @@ class TorchBackend:
         from transformers.utils import logging as hf_logging
 
         config = self.config
-        _offline_if_local(config.model)
+        offline_if_local(config.model)
         hf_logging.disable_progress_bar()  # the run's log is read as lines, by people and the control room
         if self.device == "cpu":
             torch.set_num_threads(CPU_THREADS)

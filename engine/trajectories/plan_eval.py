@@ -185,10 +185,10 @@ def load_model(adapter_dir: Path | None, *, base: str) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from engine.training.data import _offline_if_local
-    from engine.training.torch_backend import CPU_THREADS
+    from engine.training.backend import CPU_THREADS
+    from engine.training.data import offline_if_local
 
-    _offline_if_local(base)
+    offline_if_local(base)
     hf_logging.disable_progress_bar()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
