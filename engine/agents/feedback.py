@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from engine.diagnosis.redact import redact
+from engine.llm import claude
+from engine.llm.redact import redact
 
 from .events import ResultEvent, TaskEvent
 from .scoring import (
@@ -24,13 +25,11 @@ from .scoring import (
     JudgeReplyError,
     LengthBand,
     Source,
-    anthropic_client,
     balanced,
     claim_verdict,
     claims,
     clamp01,
     covers,
-    default_claude_model,
     distinct_ratio,
     equations,
     facts,
@@ -239,10 +238,10 @@ class ClaudeFeedback:
         max_tokens: int = 512,
         fallback: OfflineFeedback | None = None,
     ) -> None:
-        self.model = default_claude_model(model)
+        self.model = claude.resolve_model(model)
         self.max_tokens = max_tokens
         self.fallback = fallback or OfflineFeedback()
-        self._client = anthropic_client(api_key, base_url, timeout, max_retries)
+        self._client = claude.async_client(api_key, base_url, timeout, max_retries)
 
     async def feedback(self, task: TaskEvent, result: ResultEvent) -> Feedback:
         if result.status == "failed":

@@ -32,8 +32,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from engine.diagnosis.redact import redact
-from engine.errors import CarlError
+from engine.llm import claude
+from engine.llm.redact import redact
 
 from .events import ResultEvent, TaskEvent
 
@@ -386,10 +386,6 @@ class JudgeReplyError(ValueError):
     """A judge answered, but not with a JSON object: the vote counts 0.5 (not left out)."""
 
 
-class JudgeError(CarlError):
-    """A judge that cannot be set up (a missing package), as one line."""
-
-
 class StepJudge(Protocol):
     """Judges step `index` (0-based) of `steps` for `task`, seeing steps 0..index only.
 
@@ -572,23 +568,6 @@ class OpenAIJudge:
         await self._client.aclose()
 
 
-def anthropic_client(api_key: str, base_url: str | None, timeout: float, max_retries: int) -> Any:
-    try:
-        import anthropic  # only here: the control room never loads the SDK
-    except ImportError:
-        raise JudgeError("Claude needs the anthropic package: pip install 'carl-tui[claude]'") from None
-    return anthropic.AsyncAnthropic(
-        api_key=api_key, base_url=base_url, timeout=timeout, max_retries=max_retries
-    )
-
-
-def default_claude_model(model: str | None = None) -> str:
-    """The model the diagnosis chat uses too: `model`, else $CARL_CLAUDE_MODEL, else its default."""
-    from engine.diagnosis.chat import resolve_model
-
-    return resolve_model(model)
-
-
 def first_text(message: Any) -> str:
     """The first text block of a Messages API reply."""
     for block in message.content:
@@ -598,7 +577,8 @@ def first_text(message: Any) -> str:
 
 
 class ClaudeJudge:
-    """A judge on the Anthropic Messages API (the SDK is imported when the judge is made)."""
+    """A judge on the Anthropic Messages API (the SDK is imported when the judge is made; without it,
+    `claude.ClaudeUnavailable` says how to install it)."""
 
     def __init__(
         self,
@@ -610,10 +590,10 @@ class ClaudeJudge:
         max_retries: int = 2,
         max_tokens: int = 256,
     ) -> None:
-        self.model = default_claude_model(model)
+        self.model = claude.resolve_model(model)  # one model for every Claude request the engine makes
         self.name = f"claude:{self.model}"
         self.max_tokens = max_tokens
-        self._client = anthropic_client(api_key, base_url, timeout, max_retries)
+        self._client = claude.async_client(api_key, base_url, timeout, max_retries)
 
     async def judge(self, task: str, steps: Sequence[str], index: int) -> dict[str, Any]:
         message = await self._client.messages.create(

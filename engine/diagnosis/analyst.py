@@ -22,8 +22,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from engine.llm.redact import redact
+
 from .digest import task_keys
-from .redact import redact
 from .router import TOPICS, route
 
 SEVERITY_ORDER = {"red": 0, "yellow": 1, "info": 2}

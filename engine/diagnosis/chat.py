@@ -18,15 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.llm import claude
+from engine.llm.redact import redact
 from engine.store.reader import StoreReader
 
 from .analyst import answer as offline_answer
 from .digest import build_digest, digest_text
-from .redact import redact
 from .tools import ToolError, run_tool, tools_for
 
-DEFAULT_MODEL = "claude-sonnet-5-5"
-MODEL_ENV = "CARL_CLAUDE_MODEL"
 MAX_TOKENS = 4096
 MAX_TOOL_ROUNDS = 10
 MAX_RETRY_WAIT_S = 60.0  # a retry-after longer than this is reported, not waited out
@@ -72,11 +71,6 @@ class TurnResult:
     error: str | None = None
 
 
-def resolve_model(explicit: str | None = None, configured: str | None = None) -> str:
-    """`/model` or --model, then $CARL_CLAUDE_MODEL, then the config file, then the default."""
-    return explicit or os.environ.get(MODEL_ENV) or configured or DEFAULT_MODEL
-
-
 class Diagnoser:
     """Answers questions about one run. Not thread-safe: one turn at a time."""
 
@@ -95,7 +89,7 @@ class Diagnoser:
         self.db_path = Path(db_path)
         self.run_id = run_id
         self._api_key = api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY") or None
-        self.model = resolve_model(model)
+        self.model = claude.resolve_model(model)
         self.base_url = base_url
         self.force_offline = offline
         self.timeout = timeout
@@ -108,14 +102,14 @@ class Diagnoser:
 
     @property
     def offline(self) -> bool:
-        return self.force_offline or not self.has_key or not _sdk_installed()
+        return self.force_offline or not self.has_key or not claude.sdk_installed()
 
     def offline_reason(self) -> str:
         if self.force_offline:
             return "offline mode (/offline)"
         if not self.has_key:
             return "no ANTHROPIC_API_KEY"
-        return "the anthropic package is not installed: pip install 'carl-tui[claude]'"
+        return f"the anthropic package is not installed: {claude.INSTALL}"
 
     # -- what is sent ----------------------------------------------------------------------------
 
@@ -167,11 +161,7 @@ class Diagnoser:
 
     def _client_or_new(self) -> Any:
         if self._client is None:
-            import anthropic
-
-            self._client = anthropic.Anthropic(
-                api_key=self._api_key, base_url=self.base_url, max_retries=0, timeout=self.timeout
-            )
+            self._client = claude.client(self._api_key, self.base_url, self.timeout, max_retries=0)
         return self._client
 
     def _claude(
@@ -269,12 +259,6 @@ class Diagnoser:
     def _error(self, result: TurnResult, line: str) -> ChatEvent:
         result.error = line
         return ChatEvent("error", line, result.__dict__)
-
-
-def _sdk_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("anthropic") is not None
 
 
 def _retry_after(exc: Any) -> float:

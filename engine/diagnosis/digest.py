@@ -19,10 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from engine.llm.redact import redact
 from engine.store.reader import RunRow, StoreReader
 from engine.training.config import CascadeConfig
-
-from .redact import redact
 
 POINTS = 32  # points per series in the digest: enough to see a shape, few tokens
 # Series worth a look, in the order they are shown; rewards/<name>/mean of every reward is added.

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from engine.llm.redact import redact
 from engine.store.reader import StoreReader
 
 from .digest import sample_brief
-from .redact import redact
 
 MAX_RESULT_CHARS = 12_000
 

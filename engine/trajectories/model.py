@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.diagnosis.redact import redact
+from engine.llm.redact import redact
 
 PROMPT_CHARS = 500
 PARAM_CHARS = 200

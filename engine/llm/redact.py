@@ -1,4 +1,4 @@
-"""Secrets out of text before it leaves the machine (diagnosis) or enters the store (traces).
+"""Secrets out of text before it leaves the machine (diagnosis, a remote judge) or enters the store (traces).
 
 Known token shapes (Anthropic, OpenAI, Hugging Face, GitHub, AWS, Slack, Google, JWTs, bearer
 headers, private key blocks, credentials in URLs: `user:password@`, and a NATS URL's `TOKEN@`) and `password=`/`api_key:`-style assignments are replaced by
