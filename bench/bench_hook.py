@@ -225,7 +225,7 @@ def carl_hook_command() -> tuple[str, str]:
     if wired:
         return "carl hook (console script)", f"{shlex.quote(str(carl))} hook"
     code = (
-        "import sys, carl_tui.cli; from engine.trajectories.hooks import hook_cli_main; "
+        "import sys, engine.cli; from engine.trajectories.hooks import hook_cli_main; "
         "sys.exit(hook_cli_main())"
     )
     label = "carl hook (not wired in the CLI yet: its console-script imports + hook_cli_main)"

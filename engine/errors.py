@@ -1,5 +1,37 @@
-"""The base of every error carl reports to a user as one line (what is wrong, and where)."""
+"""The base of every error carl reports to a user as one line (what is wrong, and where), and the
+guard that turns one into that line: `carl` and `carl-tui` share it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class CarlError(Exception):
     """A user-facing failure: `str(exc)` is the whole message, no traceback needed."""
+
+
+class CliError(CarlError):
+    """A one-line problem with a command line: a flag, a missing extra, a name the store lacks."""
+
+
+def fail(message: str) -> int:
+    print(f"carl: {message}", file=sys.stderr)
+    return 2
+
+
+def guard(fn: Callable[[T], int], args: T) -> int:
+    """Errors meant for the user become one line; anything else is a bug and keeps its traceback."""
+    try:
+        return fn(args)
+    except (CarlError, FileNotFoundError) as exc:
+        return fail(str(exc))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `carl ... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush does not raise
+        return 0

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 def carl(home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CARL_HOME": str(home)}
     return subprocess.run(
-        [sys.executable, "-m", "carl_tui.cli_carl", *args],
+        [sys.executable, "-m", "engine.cli", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -360,7 +360,7 @@ def test_the_engine_joins_an_existing_server_from_the_environment_and_starts_non
                 [
                     sys.executable,
                     "-m",
-                    "carl_tui.cli_carl",
+                    "engine.cli",
                     "agents",
                     "up",
                     "--workers",

@@ -60,7 +60,7 @@ def start_worker(
     argv = [
         sys.executable,
         "-m",
-        "carl_tui.cli_carl",
+        "engine.cli",
         "agents",
         "worker",
         "--url",

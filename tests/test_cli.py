@@ -16,7 +16,7 @@ from engine.store import StoreReader
 def carl(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CARL_HOME": str(home)}
     return subprocess.run(
-        [sys.executable, "-m", "carl_tui.cli_carl", *args],
+        [sys.executable, "-m", "engine.cli", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -288,7 +288,7 @@ def test_carl_diagnose_offline_streams_and_json(store: Store) -> None:
     run_id = grpo_run(store, "cli", 60, **{"rewards/task/mean": lambda s: 0.3})
     home = Path(store.path).parent
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "CARL_HOME": str(home)}
-    cmd = [sys.executable, "-m", "carl_tui.cli_carl", "diagnose", "cli", "why is the task reward flat?"]
+    cmd = [sys.executable, "-m", "engine.cli", "diagnose", "cli", "why is the task reward flat?"]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("**Offline analyst**") and "no ANTHROPIC_API_KEY" in done.stdout

@@ -37,7 +37,7 @@ HOW_TO_STOP = "`carl engine stop` stops it"
 def carl(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CARL_HOME": str(home), "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "carl_tui.cli_carl", *args],
+        [sys.executable, "-m", "engine.cli", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -78,7 +78,7 @@ def test_bad_eval_settings_are_one_line(tmp_path: Path, settings: dict[str, Any]
 
 def carl(home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "carl_tui.cli_carl", "--home", str(home), *args],
+        [sys.executable, "-m", "engine.cli", "--home", str(home), *args],
         cwd=ROOT,
         env={**os.environ, **OFFLINE},
         capture_output=True,

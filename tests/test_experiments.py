@@ -146,7 +146,7 @@ def home(tmp_path: Path, tiny_home: Path) -> Iterator[Path]:
 def carl(home: Path, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CARL_HOME": str(home)}
     return subprocess.Popen(
-        [sys.executable, "-m", "carl_tui.cli_carl", "--home", str(home), *args],
+        [sys.executable, "-m", "engine.cli", "--home", str(home), *args],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from carl_tui.cli import main as carl_main
+from engine.cli import main as carl_main
 from engine.trajectories.ablation import renormalised
 from engine.trajectories.karl_ablation import paper_ablation
 

@@ -49,7 +49,7 @@ IDS = [[1, 37, 250, 99, 4, 480, 17, 3, 64, 201, 12, 7, 300, 5]]  # any tokens: t
 
 def carl(home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "carl_tui.cli_carl", "--home", str(home), *args],
+        [sys.executable, "-m", "engine.cli", "--home", str(home), *args],
         cwd=ROOT,
         env={**os.environ, **OFFLINE},
         capture_output=True,
@@ -95,7 +95,7 @@ def mlx_home(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
             argv = [
                 sys.executable,
                 "-m",
-                "carl_tui.cli_carl",
+                "engine.cli",
                 "--home",
                 str(home),
                 "train",

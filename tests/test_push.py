@@ -357,7 +357,7 @@ def test_a_wrong_token_is_one_line_from_the_carl_command(
     argv = [
         sys.executable,
         "-m",
-        "carl_tui.cli_carl",
+        "engine.cli",
         "--home",
         str(tmp_path),
         "push",

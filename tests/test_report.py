@@ -31,7 +31,7 @@ def carl(
     pythonpath = os.pathsep.join(p for p in ((env or {}).get("PYTHONPATH"), str(ROOT)) if p)
     full = {**os.environ, "CARL_HOME": str(home), **(env or {}), "PYTHONPATH": pythonpath}
     return subprocess.run(
-        [sys.executable, "-m", "carl_tui.cli_carl", *args],
+        [sys.executable, "-m", "engine.cli", *args],
         capture_output=True,
         text=True,
         env=full,

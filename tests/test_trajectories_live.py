@@ -76,7 +76,7 @@ def installed_command(settings: Path, event: str) -> str:
 
 def carl(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "carl_tui.cli_carl", "--home", str(home), *args],
+        [sys.executable, "-m", "engine.cli", "--home", str(home), *args],
         cwd=ROOT,
         env=env or {**os.environ},
         capture_output=True,

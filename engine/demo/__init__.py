@@ -1,1 +1,3 @@
-"""The offline demo: a short, real TRL GRPO run of the built-in tiny model, observed through Trackio."""
+"""The demo: the built-in run that `carl demo` and `carl-tui --demo` have the engine start (start.py,
+cli.py), and the offline observed demo, a short, real TRL GRPO run of the built-in tiny model,
+observed through Trackio (train.py, `python -m engine.demo`)."""

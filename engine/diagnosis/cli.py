@@ -7,6 +7,7 @@ as a conversation of the run, so the control room can resume it.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from dataclasses import asdict
@@ -27,6 +28,52 @@ DEFAULT_QUESTION = "How is this run doing? Is anything wrong, and what should I 
 
 class DiagnoseError(CarlError):
     """A one-line problem with the request (unknown run, empty question)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run name or id")
+    parser.add_argument("question", nargs="?", default=None, help="what to ask (default: how is it doing?)")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object: answer, tool calls, findings"
+    )
+    parser.add_argument("--offline", action="store_true", help="use the offline analyst even with a key")
+    parser.add_argument(
+        "--model", default=None, help="Claude model (default: $CARL_CLAUDE_MODEL or tui.toml)"
+    )
+    parser.add_argument("--api-key", default=None, help="Anthropic API key (default: $ANTHROPIC_API_KEY)")
+
+
+def run(args: argparse.Namespace, home: Path) -> int:
+    return diagnose(
+        home,
+        args.run,
+        args.question,
+        as_json=args.json,
+        offline=args.offline,
+        model=args.model or configured_model(home),
+        api_key=args.api_key,
+    )
+
+
+def configured_model(home: Path) -> str | None:
+    """The control room's `claude_model` in $CARL_HOME/tui.toml, the one setting of that file that
+    diagnosis reads (the rest, theme and charts, belong to the control room, which checks them)."""
+    import tomllib
+
+    path = home / "tui.toml"
+    if not path.exists():
+        return None
+    try:
+        model = tomllib.loads(path.read_text(encoding="utf-8")).get("claude_model")
+    except tomllib.TOMLDecodeError as exc:
+        raise DiagnoseError(f"{path}: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DiagnoseError(f"{path}: cannot read ({exc})") from None
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise DiagnoseError(
+            f"{path}: claude_model: must be a model name such as 'claude-sonnet-5-5', not {model!r}"
+        )
+    return model
 
 
 def find_run_id(reader: StoreReader, ref: str) -> int:

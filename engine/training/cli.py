@@ -1,10 +1,13 @@
-"""`carl train` and `carl init`, as functions the CLI wires in (and `python -m engine.training`)."""
+"""`carl train`, `carl init`, `carl eval` and `carl push` (engine/cli.py wires them in), and
+`python -m engine.training`, which is `carl train` as its own process."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 from typing import Any
+
+from engine.errors import CliError
 
 from .config import ConfigError, load_config, write_default_config
 
@@ -37,6 +40,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--home", type=Path, default=None, help="carl home (default: $CARL_HOME or ~/.carl)")
     # Internal: a rank started by `carl train --processes N` joins the run that process opened.
     parser.add_argument("--attach", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def run_train(args: argparse.Namespace, home: Path) -> int:
+    args.home = home  # `carl --home H train` and `carl train --home H` both work
+    return train_from_args(args)
 
 
 def train_from_args(args: argparse.Namespace) -> int:
@@ -101,9 +109,46 @@ def _attached_config(home: Path, run_id: int) -> Any:
     return config_from_data(json.loads(run["config"] or "{}"), f"run {run_id}")
 
 
+def add_init_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", nargs="?", default="carl.yaml")
+
+
+def run_init(args: argparse.Namespace, home: Path | None) -> int:
+    init_config(args.path)
+    print(f"wrote {args.path}: edit it, then `carl train --config {args.path}` (or press n in carl-tui)")
+    return 0
+
+
 def init_config(path: str | Path) -> None:
     """Write the commented default carl.yaml (`carl init`); ConfigError if it exists."""
     write_default_config(path)
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run name or id")
+    parser.add_argument("--max-prompts", type=int, default=None, help="held-out prompts to use at most")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def run_eval(args: argparse.Namespace, home: Path) -> int:
+    from .evaluate import eval_from_args
+
+    if args.max_prompts is not None and args.max_prompts <= 0:
+        raise CliError(f"--max-prompts {args.max_prompts}: must be a positive number")
+    return eval_from_args(home, args.run, args.max_prompts, args.json)
+
+
+def add_push_arguments(parser: argparse.ArgumentParser) -> None:
+    from . import push  # its imports (numpy, the artifact readers) only for `carl push`
+
+    push.add_push_arguments(parser)
+
+
+def run_push(args: argparse.Namespace, home: Path) -> int:
+    from .push import push_from_args
+
+    args.home = home
+    return push_from_args(args)
 
 
 def main(argv: list[str] | None = None) -> int:

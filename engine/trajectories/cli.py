@@ -1,4 +1,4 @@
-"""`carl trajectories ...`: import, list, status, ablate, export, train, eval."""
+"""`carl trajectories ...`: import, list, status, ablate, export, train, eval; and `carl hook`, `carl hooks`."""
 
 from __future__ import annotations
 
@@ -71,6 +71,28 @@ def run(args: argparse.Namespace, home: Path) -> int:
         "eval": _eval,
     }[args.action]
     return handler(args, home)
+
+
+def add_hook_arguments(parser: argparse.ArgumentParser) -> None:
+    """`carl hook` takes no arguments: the payload comes on stdin."""
+
+
+def run_hook(args: argparse.Namespace, home: Path) -> int:
+    from .hook import main as record_hook
+
+    return record_hook([])  # the home reaches the recorder as $CARL_HOME, which the dispatch set
+
+
+def add_hooks_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "rest", nargs=argparse.REMAINDER, help="install|uninstall|status [--user|--project|--local]"
+    )
+
+
+def run_hooks(args: argparse.Namespace, home: Path | None) -> int:
+    from .hooks import hooks_cli_main
+
+    return hooks_cli_main(args.rest)
 
 
 def _store(home: Path) -> Any:

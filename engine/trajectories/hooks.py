@@ -630,7 +630,7 @@ def _model(value: Any) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# CLI helpers (carl_tui/cli.py wires `carl hook` and `carl hooks ...` to these)
+# CLI helpers (engine/trajectories/cli.py wires `carl hooks ...` to these)
 
 
 def hook_cli_main(argv: Sequence[str] | None = None) -> int:

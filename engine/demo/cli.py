@@ -1,0 +1,18 @@
+"""`carl demo [--steps N] [--backend B]`: have the engine start the built-in demo run."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .start import start_demo
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--backend", choices=("auto", "torch", "mlx"), default=None, help="default: auto")
+
+
+def run(args: argparse.Namespace, home: Path) -> int:
+    start_demo(home, args.steps, args.backend)
+    return 0

@@ -1,0 +1,60 @@
+"""Starting the built-in demo through the engine: what `carl demo` and `carl-tui --demo` share."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from engine import paths
+from engine.errors import CliError
+
+DEMO_PLANE = {
+    "workers": 2,
+    "tasks": "demo",
+    "overrides": {"rate": 1.0},
+}  # a task a second: light beside training
+
+
+def start_demo(home: Path, steps: int | None, backend: str | None = None) -> None:
+    """Have the engine start the built-in demo (SFT warm-up, then GRPO with the reward cascade
+    on the tiny model) unless a demo run is already live; the control room then watches it."""
+    if any(importlib.util.find_spec(m) is None for m in ("torch", "trl", "transformers")):
+        raise CliError("the demo trains a model: install the train extra (pip install 'carl-tui[train]')")
+    if backend == "mlx" and any(importlib.util.find_spec(m) is None for m in ("mlx", "mlx_lm")):
+        raise CliError("--backend mlx: install the mlx extra (pip install 'carl-tui[mlx]')")
+    from engine.daemon import ensure_engine
+    from engine.store import Store
+
+    ensure_engine(home)  # says so on stderr when it starts one: the engine outlives this command
+    with Store(paths.db_path(home)) as store:
+        live = store.conn.execute(
+            "SELECT name FROM runs WHERE source_kind='carl' AND name LIKE 'demo%' AND status IN ('running','paused')"
+        ).fetchone()
+        if live:
+            print(f"demo run {live[0]!r} is live; opening the control room on it")
+            return
+        args = {
+            "config": "demo",
+            "name": "demo",
+            **({"max_steps": steps} if steps else {}),
+            **({"backend": backend} if backend else {}),
+        }
+        store.enqueue_command("train", args, target="engine", origin="cli")
+        plane = _demo_plane(store)
+    print("demo training queued: the engine starts it (logs in ~/.carl/logs/train-*.log)")
+    if plane:
+        print(plane)
+
+
+def _demo_plane(store: Any) -> str | None:
+    """A small agents plane on the demo task beside the demo run, so the Agents pane is live too
+    (only with the nats extra, and only when no plane is up)."""
+    if any(importlib.util.find_spec(m) is None for m in ("nats", "yaml")):
+        return "(the Agents pane stays empty: install the nats extra for a live agents plane)"
+    row = store.conn.execute("SELECT value FROM kv WHERE key='agents.plane'").fetchone()
+    if row is not None and json.loads(row[0]).get("wanted"):
+        return None
+    store.enqueue_command("agents_up", DEMO_PLANE, target="engine", origin="cli")
+    return "agents plane queued: a manager and 2 workers on the demo task (carl agents down stops it)"

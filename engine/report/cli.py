@@ -1,0 +1,123 @@
+"""`carl report`, `carl runs` and `carl experiments`: what the store holds, as a file or as listings.
+
+The listings live here because they print the same records as the report (`run_record`,
+`experiment_record`): `--json` is those records, one a line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from engine import paths
+from engine.errors import CliError
+
+if TYPE_CHECKING:
+    from engine.store import StoreReader
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "refs", nargs="+", metavar="RUN|EXPERIMENT", help="run names or ids, or one experiment"
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        help="the HTML file, or a folder for it (default: ./carl-report-<name>.html)",
+    )
+
+
+def run_report(args: argparse.Namespace, home: Path) -> int:
+    from .build import write_report
+
+    db = paths.db_path(home)
+    if not db.exists():
+        raise CliError(f"no store at {db}: nothing to report")
+    print(write_report(db, args.refs, args.output))
+    return 0
+
+
+def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="one JSON object a line")
+
+
+def list_runs(args: argparse.Namespace, home: Path) -> int:
+    reader = _listing_reader(home, "runs", args.json)
+    if reader is None:
+        return 0
+    try:
+        if args.json:  # one object a line: `jq`, `pandas.read_json(..., lines=True)`
+            from .records import run_record
+
+            for run in reader.runs():
+                print(json.dumps(run_record(reader, run)))
+            return 0
+        for run in reader.runs():
+            steps = f"{run.last_step:,}" if run.last_step is not None else "-"
+            print(
+                f"{run.id:>4}  {run.name:<28} {run.status:<9} step {steps:>9}  {run.source_kind:<13}"
+                f" {run.health or '-':<6} {run.phase or '-'}"
+            )
+    finally:
+        reader.close()
+    return 0
+
+
+def add_experiments_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="one JSON object a line")
+
+
+def list_experiments(args: argparse.Namespace, home: Path) -> int:
+    from .records import experiment_record
+
+    reader = _listing_reader(home, "experiments", args.json)
+    if reader is None:
+        return 0
+    try:
+        records = [experiment_record(reader, e) for e in reader.experiments()]
+    finally:
+        reader.close()
+    if args.json:
+        for record in records:
+            print(json.dumps(record))
+        return 0
+    if not records:
+        print("no experiments yet: `carl experiment` runs one")
+        return 0
+    for e in records:
+        done = e["cell_status"].get("finished", 0)
+        print(
+            f"{e['id']:>4}  {e['name']:<28} {e['status']:<9} {len(e['arms'])} arms x {len(e['seeds'])} seeds, "
+            f"{e['steps']} steps; {done}/{len(e['cells'])} cells finished"
+        )
+        for arm in e["summary"]:
+            print(
+                f"        {arm['arm']:<12} task {_mean_ci(arm['task'])}  solved {_mean_ci(arm['solved'])}"
+                f"  ({arm['finished']}/{arm['seeds']} seeds)"
+            )
+    return 0
+
+
+def _listing_reader(home: Path, what: str, as_json: bool) -> StoreReader | None:
+    """The store, read-only, for a listing; None (and a line saying so: on stderr with --json, whose
+    stdout stays JSON Lines) when there is no store yet."""
+    from engine.store import StoreReader
+
+    db = paths.db_path(home)
+    if not db.exists():
+        print(f"no {what} yet (no store at {db})", file=sys.stderr if as_json else sys.stdout)
+        return None
+    return StoreReader(db)
+
+
+def _mean_ci(figure: dict[str, object]) -> str:
+    mean, ci = figure["mean"], figure["ci95"]
+    if mean is None:
+        return f"{'—':<22}"
+    text = f"{mean:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")  # type: ignore[index]
+    return f"{text:<22}"
