@@ -196,7 +196,7 @@ def _check_experiment(home: Path, name: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["hook"]:  # an agent's hook: no parser, no imports, no output, always 0
-        from engine.trajectories.hook import main as record_hook
+        from engine.trajectories.capture.recorder import main as record_hook
 
         return record_hook(argv[1:])
     parser = argparse.ArgumentParser(prog="carl", description="carl headless commands.")
@@ -337,14 +337,14 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _hook(args: argparse.Namespace) -> int:
-    from engine.trajectories.hook import main as record_hook
+    from engine.trajectories.capture.recorder import main as record_hook
 
     _home(args)  # `carl --home H hook` sets CARL_HOME for the recorder
     return record_hook([])
 
 
 def _hooks(args: argparse.Namespace) -> int:
-    from engine.trajectories.hooks import hooks_cli_main
+    from engine.trajectories.capture.hooks import hooks_cli_main
 
     if getattr(args, "top_home", None):
         _home(args)  # `carl --home H hooks install`: the hooks feed that home's engine
