@@ -8,7 +8,7 @@ compared with what was sent.
 
 Baseline, measured in the same run under the same burst: `python -S -c pass`, the bare interpreter
 start, the floor for any Python recorder. For information: the same burst through `python -S
-hook.py` (the script form, compiled on each run) and through the `carl` console script.
+recorder.py` (the script form, compiled on each run) and through the `carl` console script.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.trajectories import hooks  # noqa: E402
+from engine.trajectories.capture import hooks  # noqa: E402
 
 CALLS = 1_000
 SESSIONS = 8
@@ -225,7 +225,7 @@ def carl_hook_command() -> tuple[str, str]:
     if wired:
         return "carl hook (console script)", f"{shlex.quote(str(carl))} hook"
     code = (
-        "import sys, engine.cli; from engine.trajectories.hooks import hook_cli_main; "
+        "import sys, engine.cli; from engine.trajectories.capture.hooks import hook_cli_main; "
         "sys.exit(hook_cli_main())"
     )
     label = "carl hook (not wired in the CLI yet: its console-script imports + hook_cli_main)"
@@ -247,7 +247,7 @@ def main() -> None:
     runs: list[tuple[str, str, bool]] = [
         ("baseline python -S -c pass", shlex.join([py, "-S", "-c", "pass"]), False),
         ("carl hook (installed command)", command, True),
-        ("python -S hook.py (script form)", shlex.join([py, "-S", str(hooks.HOOK_SCRIPT)]), True),
+        ("python -S recorder.py (script form)", shlex.join([py, "-S", str(hooks.HOOK_SCRIPT)]), True),
     ]
     if not args.skip_cli:
         runs.append((*carl_hook_command(), True))

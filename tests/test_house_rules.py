@@ -55,13 +55,18 @@ def test_the_tui_imports_nothing_heavy() -> None:
 
 
 def test_every_package_is_in_the_distribution() -> None:
-    """pyproject lists its packages by name: a new engine/ folder must be added there too."""
+    """setuptools finds the packages by the patterns in pyproject; a folder of Python files without an
+    __init__.py would be left out of the wheel, silently."""
     import tomllib
 
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {
-        ".".join(init.parent.relative_to(ROOT).parts)
+    from setuptools import find_packages
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    shipped = set(find_packages(str(ROOT), include=include["include"]))
+    with_code = {
+        ".".join(path.parent.relative_to(ROOT).parts)
         for top in ("carl_tui", "widgets", "themes", "engine")
-        for init in (ROOT / top).rglob("__init__.py")
+        for path in (ROOT / top).rglob("*.py")
+        if "__pycache__" not in path.parts
     }
-    assert found - listed == set()
+    assert with_code - shipped == set()

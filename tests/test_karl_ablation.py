@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from engine.cli import main as carl_main
-from engine.trajectories.ablation import renormalised
-from engine.trajectories.karl_ablation import paper_ablation
+from engine.trajectories.ablation.karl import paper_ablation
+from engine.trajectories.ablation.leave_one_out import renormalised
 
 SIGNALS = ("outcome", "process", "efficiency", "verification", "consistency")
 PAPER_WEIGHTS = {

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +17,10 @@ import pytest
 pytest.importorskip("mlx.core")
 
 from test_training_runner import (  # noqa: E402
+    PAUSED_POLLS,
     done,
     finish,
+    held_polls,
     last_checkpoint_before,
     paused_at,
     run_row,
@@ -171,7 +172,7 @@ def test_mlx_commands_pause_resume_checkpoint_set_lr_set_weight_stop(
         assert store.run(run_id)["status"] == "paused"
         held = int(result.removeprefix("paused at step "))
         wait_for(lambda: last_step() == held, proc=proc)  # the step the pause came at is stored
-        time.sleep(1.0)
+        wait_for(lambda: held_polls(store, run_id, held) >= PAUSED_POLLS, proc=proc)  # it held, polling
         assert last_step() == held  # nothing trains while paused
         state, result = send("checkpoint")  # a checkpoint while paused is still saved
         assert state == "done" and f"checkpoint-{held}" in result

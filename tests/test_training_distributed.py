@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import psutil
 import pytest
 from support import finish, wait_for
 from support import start_training as start
+from test_training_runner import PAUSED_POLLS, held_polls
 
 from engine.store import Store
 
@@ -161,8 +161,9 @@ def test_pause_checkpoint_and_stop_reach_both_ranks_at_one_step(
         assert state == "done", result
         held = int(result.removeprefix("paused at step "))
         wait_for(lambda: last_step() == held, proc=proc)
-        time.sleep(1.0)
-        assert last_step() == held and store.run(run_id)["status"] == "paused"  # both ranks hold
+        # Every look rank 0 takes at the queue is an exchange with rank 1, so both ranks hold.
+        wait_for(lambda: held_polls(store, run_id, held) >= PAUSED_POLLS, proc=proc)
+        assert last_step() == held and store.run(run_id)["status"] == "paused"
         state, result = send("checkpoint")  # saved while paused: both ranks write their part at `held`
         assert state == "done" and result.endswith(f"checkpoint-{held}"), result
         assert {"rng_state_0.pth", "rng_state_1.pth", "carl_gate.json"} <= {

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from support import OFFLINE, ROOT, finish, wait_for
 from support import start_training as start
 
 from engine.store import ROLLUP_LEVELS, Store
+from engine.training.backend import paused_polls_key
 
 pytestmark = pytest.mark.slow
 os.environ.update(OFFLINE)  # nothing here may reach the Hugging Face hub
@@ -69,6 +69,15 @@ def command_state(store: Store, command_id: int) -> tuple[str, str | None]:
 def done(store: Store, command_id: int) -> tuple[str, str | None] | None:
     state = command_state(store, command_id)
     return state if state[0] in ("done", "failed") else None
+
+
+PAUSED_POLLS = 3  # looks at the queue a paused run must have taken before a test checks it trained nothing
+
+
+def held_polls(store: Store, run_id: int, step: int) -> int:
+    """How often the paused run has looked at its command queue while holding at `step` (0 elsewhere)."""
+    held = store.kv(paused_polls_key(run_id)) or {}
+    return held.get("polls", 0) if held.get("step") == step else 0
 
 
 # -- a real run ------------------------------------------------------------------------------------
@@ -219,7 +228,7 @@ def test_commands_pause_resume_checkpoint_set_lr_set_weight_stop(
         assert store.run(run_id)["status"] == "paused"
         held = int(result.removeprefix("paused at step "))
         wait_for(lambda: last_step() == held, proc=proc)  # the step the pause came at is stored
-        time.sleep(1.0)
+        wait_for(lambda: held_polls(store, run_id, held) >= PAUSED_POLLS, proc=proc)  # it held, polling
         assert last_step() == held  # nothing trains while paused
         state, result = send("checkpoint")  # a checkpoint while paused is still saved
         assert state == "done" and f"checkpoint-{held}" in result

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from engine.errors import CarlError
-from engine.trajectories import hook, hooks
-from engine.trajectories.hooks import HookSettingsError, SpoolItem, assemble
+from engine.trajectories.capture import hooks, recorder
+from engine.trajectories.capture.hooks import HookSettingsError, SpoolItem, assemble
 
 SID = "9f1c2b7e-5d1a-4c55-8a0e-3f2d1c0b9a87"
 COMMON = {
@@ -212,10 +212,10 @@ def test_concurrent_sessions_lose_nothing(tmp_path: Path) -> None:
 
 def test_record_in_process_and_its_edges(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path / "carl"
-    hook.record(b'\xef\xbb\xbf{"hook_event_name": "Stop", "session_id": "bom"}', home)  # BOM: re-encoded
-    monkeypatch.setattr(hook, "SOFT_CAP", 1000)
+    recorder.record(b'\xef\xbb\xbf{"hook_event_name": "Stop", "session_id": "bom"}', home)  # BOM: re-encoded
+    monkeypatch.setattr(recorder, "SOFT_CAP", 1000)
     big = post("Read", READ, {"file": {"content": "y" * 50_000}}, session_id="big")
-    hook.record(json.dumps(big).encode(), home)
+    recorder.record(json.dumps(big).encode(), home)
     items = hooks.read_spool(home)
     assert items[0].payload == {"hook_event_name": "Stop", "session_id": "bom"}
     content = items[1].payload["tool_response"]["file"]["content"]
@@ -226,23 +226,25 @@ def test_main_swallows_every_failure(tmp_path: Path, monkeypatch: pytest.MonkeyP
     def explode(raw: bytes, home: object) -> None:
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(hook, "record", explode)
-    monkeypatch.setattr(hook, "_read_stdin", lambda limit: b"{}")
-    assert hook.main(["--home", str(tmp_path)]) == 0
+    monkeypatch.setattr(recorder, "record", explode)
+    monkeypatch.setattr(recorder, "_read_stdin", lambda limit: b"{}")
+    assert recorder.main(["--home", str(tmp_path)]) == 0
     assert "hook failed: RuntimeError: disk on fire" in (tmp_path / "logs" / "hook-errors.log").read_text()
 
 
 def test_carl_home_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("CARL_HOME", raising=False)
-    assert hook.carl_home([]) == f"{tmp_path}/.carl"
+    assert recorder.carl_home([]) == f"{tmp_path}/.carl"
     monkeypatch.setenv("CARL_HOME", "~/elsewhere")
-    assert hook.carl_home([]) == f"{tmp_path}/elsewhere"
-    assert hook.carl_home(["--home", "/x/y"]) == "/x/y"  # baked in by install: wins over the env
+    assert recorder.carl_home([]) == f"{tmp_path}/elsewhere"
+    assert recorder.carl_home(["--home", "/x/y"]) == "/x/y"  # baked in by install: wins over the env
 
 
 def test_carl_hook_cli_helper(tmp_path: Path) -> None:
-    code = "import sys; from engine.trajectories.hooks import hook_cli_main; sys.exit(hook_cli_main([]))"
+    code = (
+        "import sys; from engine.trajectories.capture.hooks import hook_cli_main; sys.exit(hook_cli_main([]))"
+    )
     env = {**os.environ, "CARL_HOME": str(tmp_path)}
     body = json.dumps(stop()).encode()
     done = subprocess.run([sys.executable, "-c", code], input=body, capture_output=True, env=env, timeout=60)
@@ -400,6 +402,12 @@ def test_install_bakes_in_the_carl_home(tmp_path: Path, monkeypatch: pytest.Monk
     [
         (hooks.hook_command(), True),
         ("/usr/bin/python3 -S '/opt/x/engine/trajectories/hook.py'", True),
+        ("/usr/bin/python3 -S '/opt/x/engine/trajectories/capture/recorder.py'", True),
+        # installed before the recorder moved to capture/: install finds it and rewrites it
+        (
+            """py -S -E -c 'import sys; sys.path[0] = "/x/engine/trajectories"; import hook; hook.main()'""",
+            True,
+        ),
         ("carl hook", True),
         ("/home/me/.local/bin/carl hook --home /tmp/c", True),
         ('"C:/bin/carl.exe" hook', True),
@@ -431,7 +439,7 @@ def test_hooks_cli_helper(
 
 def test_read_spool_moves_bad_files_and_finishes_stale_ones(tmp_path: Path) -> None:
     for payload in (prompt("one"), stop()):
-        hook.record(json.dumps(payload).encode(), tmp_path)
+        recorder.record(json.dumps(payload).encode(), tmp_path)
     folder = hooks.spool_dir(tmp_path)
     (folder / "00000000000000000001-1-1-aaaaaa.json").write_text('{"received_at": 1.0, "payl')
     stale = folder / ".tmp-00000000000000000002-1-1-bbbbbb.json"
@@ -609,8 +617,8 @@ def test_tool_calls_before_any_prompt_form_a_prompt_less_turn() -> None:
 
 def test_spooled_payloads_assemble_end_to_end(tmp_path: Path) -> None:
     for wrapper in TWO_TURNS:
-        hook.record(json.dumps(wrapper["payload"]).encode(), tmp_path)
-    hook.record(json.dumps({**prompt("other session"), "session_id": "other"}).encode(), tmp_path)
+        recorder.record(json.dumps(wrapper["payload"]).encode(), tmp_path)
+    recorder.record(json.dumps({**prompt("other session"), "session_id": "other"}).encode(), tmp_path)
     sessions = hooks.group_by_session(hooks.read_spool(tmp_path))
     assert list(sessions) == [SID, "other"]
     assert [len(assemble(items).trajectories) for items in sessions.values()] == [2, 0]

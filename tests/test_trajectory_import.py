@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from engine.trajectories import importers
-from engine.trajectories.import_common import prompt_of
-from engine.trajectories.importers import ImportResult, import_paths
+from engine.trajectories.importers import files
+from engine.trajectories.importers.common import prompt_of
+from engine.trajectories.importers.files import ImportResult, import_paths
 from engine.trajectories.model import Trajectory, make_uid
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
@@ -607,14 +607,14 @@ def test_unknown_missing_and_vanishing_files(tmp_path: Path, monkeypatch: pytest
     empty = write_jsonl(tmp_path / "blank.jsonl", [])
     vanished = write_jsonl(tmp_path / "gone.jsonl", [user(1, "g1", "hi")])
     missing = tmp_path / "nope.jsonl"
-    real = importers.read_jsonl
+    real = files.read_jsonl
 
     def flaky(path: Path) -> Any:
         if path.name == "gone.jsonl":
             raise FileNotFoundError(2, "No such file or directory", str(path))
         return real(path)
 
-    monkeypatch.setattr(importers, "read_jsonl", flaky)
+    monkeypatch.setattr(files, "read_jsonl", flaky)
     result = import_paths([unknown, empty, vanished, missing])
     assert result.trajectories == [] and (result.files, result.sessions) == (0, 0)
     assert result.skipped == [

@@ -18,13 +18,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.trajectories.ablation import ablate, average_ranks, format_table, spearman
-from engine.trajectories.advantages import compute_advantages
-from engine.trajectories.domains import DEFAULT_TABLE, DomainTable, infer
-from engine.trajectories.fingerprint import fingerprint
+from engine.trajectories.ablation.leave_one_out import ablate, average_ranks, format_table, spearman
 from engine.trajectories.model import Event, Scored, Trajectory
-from engine.trajectories.plasticity import TrainState, compute_triggers, evaluate_triggers
-from engine.trajectories.scoring import bash_errors, quality, score, score_many
+from engine.trajectories.scoring.advantages import compute_advantages
+from engine.trajectories.scoring.domains import DEFAULT_TABLE, DomainTable, infer
+from engine.trajectories.scoring.fingerprint import fingerprint
+from engine.trajectories.scoring.plasticity import TrainState, compute_triggers, evaluate_triggers
+from engine.trajectories.scoring.signals import bash_errors, quality, score, score_many
 
 # --- the oracle -------------------------------------------------------------------------------
 
@@ -498,7 +498,7 @@ def test_batch_handles_empty_and_mixed_sizes() -> None:
 
 
 def test_batch_across_chunks() -> None:
-    from engine.trajectories import scoring
+    from engine.trajectories.scoring import signals
 
     rng = np.random.default_rng(7)
     tools = ["Read", "Edit", "Bash", "Write", "Grep"]
@@ -517,7 +517,7 @@ def test_batch_across_chunks() -> None:
             float(rng.integers(1, 900)),
             correction=bool(rng.random() > 0.5),
         )
-        for _ in range(scoring.CHUNK_TRAJECTORIES * 2 + 7)
+        for _ in range(signals.CHUNK_TRAJECTORIES * 2 + 7)
     ]
     assert score_many(ts) == [score(t) for t in ts]
 

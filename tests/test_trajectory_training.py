@@ -13,24 +13,24 @@ import numpy as np
 import pytest
 
 from engine.store import Store
-from engine.trajectories.export import (
+from engine.trajectories.model import Event, Trajectory
+from engine.trajectories.scoring.signals import quality, score
+from engine.trajectories.store import is_holdout, recompute_advantages, upsert
+from engine.trajectories.training.export import (
     SYSTEM_PROMPT,
     copies_for,
     export_sft,
     plan_text,
     user_text,
 )
-from engine.trajectories.model import Event, Trajectory
-from engine.trajectories.plan_eval import (
+from engine.trajectories.training.plan_eval import (
     bootstrap_diff,
     eval_records,
     example_metrics,
     format_report,
     parse_plan,
 )
-from engine.trajectories.sampler import Record, Step, load_records, sample
-from engine.trajectories.scoring import quality, score
-from engine.trajectories.store import is_holdout, recompute_advantages, upsert
+from engine.trajectories.training.sampler import Record, Step, load_records, sample
 
 DOMAINS = ("web", "data", "infra")
 N_TRAIN, N_HOLDOUT = 52, 8
@@ -327,7 +327,7 @@ def test_export_splits_by_trajectory_then_oversamples(records: list[Record], tmp
 
 
 def test_uniform_training_rows_match_the_advantage_count_and_keep_valid_out(records: list[Record]) -> None:
-    from engine.trajectories.train import training_examples
+    from engine.trajectories.training.train import training_examples
 
     adv, export = training_examples(records, "advantage")
     uni, _ = training_examples(records, "uniform", seed=3)
@@ -381,8 +381,8 @@ def test_example_metrics_and_bootstrap(records: list[Record]) -> None:
 
 @pytest.mark.slow
 def test_train_an_adapter_as_a_carl_run_then_evaluate_its_plans(home: Path) -> None:
-    from engine.trajectories.plan_eval import evaluate_adapter
-    from engine.trajectories.train import format_train, train_adapter
+    from engine.trajectories.training.plan_eval import evaluate_adapter
+    from engine.trajectories.training.train import format_train, train_adapter
 
     result = train_adapter(home, strategy="advantage", steps=6, batch_size=2, lora_r=8, lora_alpha=16, seed=0)
     assert result.ok, format_train(result)

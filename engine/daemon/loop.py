@@ -232,9 +232,14 @@ class Engine:
     def trajectories_due(self) -> bool:
         """Hook payloads from the spool into scored turns; now and then, close turns whose Stop never
         came. True while the spool still holds a backlog."""
+        from engine.trajectories.capture.live import (
+            SPOOL_BATCH,
+            SWEEP_EVERY_S,
+            ingest_spool,
+            sweep_open_turns,
+        )
         from engine.trajectories.config import TrajectoryConfigError
         from engine.trajectories.config import load as load_trajectory_config
-        from engine.trajectories.live import SPOOL_BATCH, SWEEP_EVERY_S, ingest_spool, sweep_open_turns
 
         if not self.spool_waiting() and time.monotonic() < self.next_sweep:
             return False

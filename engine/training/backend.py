@@ -33,6 +33,11 @@ SAVE_TOTAL_LIMIT = 2  # checkpoints kept on disk per run (the newest ones)
 VERBS = ("pause", "resume", "stop", "checkpoint", "set_lr", "set_weight")
 
 
+def paused_polls_key(run_id: int) -> str:
+    """The kv entry where a paused run counts its looks at the queue: {"step": N, "polls": K}."""
+    return f"run.{run_id}.paused_polls"
+
+
 class TrainingFailed(CarlError):
     """Training itself went wrong (a reward raised, the loss became NaN): exit code 1."""
 
@@ -163,6 +168,13 @@ class Reporter:
             fields["error"] = error
         self.store.update_run(self.run_id, **fields)
 
+    def paused_polls(self, step: int, polls: int) -> None:
+        """A paused run has looked at its queue `polls` times since the pause, holding at `step`. It
+        writes nothing else while paused, so this is the sign that it holds rather than hangs (and
+        what a test waits for before it checks that no step was trained)."""
+        if self.store is not None:
+            self.store.set_kv(paused_polls_key(self.run_id), {"step": step, "polls": polls})
+
     def checkpoint_saved(self, step: int, path: Path) -> None:
         if self.store is None:
             return
@@ -194,6 +206,7 @@ class CommandPump:
         self.reporter = reporter
         self.sleep = sleep
         self.paused = False
+        self.polls_while_paused = 0
         self.stopping = False
         self.awaiting_save: list[int] = []  # checkpoint commands answered once the save is done
         self.last_saved: tuple[int, Path] | None = None
@@ -245,7 +258,9 @@ class CommandPump:
         if self.paused:
             return f"already paused at step {step}"
         self.paused = True
+        self.polls_while_paused = 0
         self.reporter.set_status("paused")
+        self.reporter.paused_polls(step, 0)
         return f"paused at step {step}"
 
     def _do_resume(self, command_id: int, args: dict[str, Any], step: int, controls: Controls) -> str:
@@ -305,6 +320,8 @@ class CommandPump:
         while self.paused and not self.stopping:
             self.sleep(POLL_SECONDS)
             self.poll(step, controls)
+            self.polls_while_paused += 1
+            self.reporter.paused_polls(step, self.polls_while_paused)
             if self.awaiting_save:
                 if hook == "save" and self.last_saved is not None and self.last_saved[0] == step:
                     self._answer_saves()  # this boundary's checkpoint is the one asked for

@@ -51,8 +51,10 @@ def train_from_args(args: argparse.Namespace) -> int:
     """Run `carl train` with parsed arguments; returns the exit code."""
     from engine import paths
 
-    from .distributed import launched_rank, launched_world
-    from .runner import EXIT_BAD_INPUT, BadInput, record_failed_run, run_training, say_error
+    from .backend import BadInput
+    from .lifecycle import EXIT_BAD_INPUT, record_failed_run, say_error
+    from .ranks import launched_rank, launched_world
+    from .runner import run_training
 
     overrides: dict[str, Any] = {key: getattr(args, key, None) for key in OVERRIDES}
     home = args.home.expanduser() if args.home else paths.carl_home()
@@ -86,7 +88,7 @@ def _resumed_config(home: Path, ref: str, overrides: dict[str, Any]) -> Any:
     from engine.store import Store
 
     from .config import config_from_data
-    from .runner import stored_config
+    from .lifecycle import stored_config
 
     with Store(paths.db_path(home)) as store:
         data = stored_config(store, ref)
@@ -99,8 +101,8 @@ def _attached_config(home: Path, run_id: int) -> Any:
     from engine import paths
     from engine.store import Store
 
+    from .backend import BadInput
     from .config import config_from_data
-    from .runner import BadInput
 
     with Store(paths.db_path(home)) as store:
         run = store.run(run_id)

@@ -26,8 +26,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +47,7 @@ from .cascade import RewardSet
 from .config import TrainConfig
 from .data import checked_inputs, dataset_columns, offline_if_local, prompt_text
 from .holdout import holdout_line
+from .mlx_losses import Batch, group_advantages, grpo_loss, pack, per_row, sft_loss, token_stats
 
 CARL_STATE = "carl_state.json"  # written last into a checkpoint: one without it is incomplete
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -111,62 +111,6 @@ class Sample:
     token_ids: list[int]
     logprobs: list[float]
     entropies: list[float]
-
-
-@dataclass
-class Batch:
-    """Prompt + completion rows, right-padded, and which positions are completion tokens."""
-
-    inputs: mx.array  # [B, L]
-    targets: mx.array  # [B, L-1]: the next token of each position
-    mask: mx.array  # [B, L-1]: 1 where the target is a completion token
-    lengths: list[int] = field(default_factory=list)  # completion tokens per row
-
-
-def pack(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad: int) -> Batch:
-    width = max(len(p) + len(c) for p, c in pairs)
-    inputs = np.full((len(pairs), width), pad, dtype=np.int32)
-    mask = np.zeros((len(pairs), width - 1), dtype=np.float32)
-    for row, (prompt, completion) in enumerate(pairs):
-        sequence = [*prompt, *completion]
-        inputs[row, : len(sequence)] = sequence
-        mask[row, len(prompt) - 1 : len(sequence) - 1] = 1.0  # position t predicts token t + 1
-    array = mx.array(inputs)
-    return Batch(array, array[:, 1:], mx.array(mask), [len(c) for _, c in pairs])
-
-
-def token_stats(logits: mx.array, targets: mx.array, temperature: float) -> tuple[mx.array, mx.array]:
-    """Log-prob of each target token and the entropy (nats) of its distribution, at `temperature`: one
-    fused pass over the logits, never a stored log-softmax. With d = z - max z and e = exp(d):
-    S = Σe, D = Σe·d, log-sum-exp = max z + ln S, H = ln S - D / S. The sums are taken in blocks
-    (`blocked_sum`): one float32 sum over a 152k vocabulary on MLX's CPU drifts by ~4e-3 nats."""
-    z = logits.astype(mx.float32) / temperature
-    top = mx.stop_gradient(z.max(axis=-1, keepdims=True))
-    d = z - top
-    e = mx.exp(d)
-    total = blocked_sum(e)
-    log_total = mx.log(total)
-    logp = mx.take_along_axis(d, targets[..., None], axis=-1)[..., 0] - log_total
-    entropy = log_total - blocked_sum(e * d) / total
-    return logp, entropy
-
-
-def blocked_sum(x: mx.array, block: int = 512) -> mx.array:
-    """Σ over the last axis as sums of blocks of `block` (zero-padded), then of those: the rounding of
-    two short float32 sums instead of one long one."""
-    width = x.shape[-1]
-    if width <= block:
-        return x.sum(axis=-1)
-    blocks = -(-width // block)
-    if blocks * block != width:
-        x = mx.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, blocks * block - width)])
-    return x.reshape(*x.shape[:-1], blocks, block).sum(axis=-1).sum(axis=-1)
-
-
-def per_row(values: mx.array, batch: Batch) -> list[np.ndarray]:
-    """A [B, L-1] array's completion positions, one numpy array per row."""
-    array, mask = np.array(values), np.array(batch.mask).astype(bool)
-    return [array[row][mask[row]].astype(np.float64) for row in range(array.shape[0])]
 
 
 class MLXControls:
@@ -765,95 +709,6 @@ class MLXBackend:
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
         return path
-
-
-# -- the two losses (functions of the model, for nn.value_and_grad) ------------------------------------
-
-
-def sft_loss(model: Any, batch: Batch) -> tuple[mx.array, tuple[mx.array, mx.array]]:
-    """Mean cross-entropy over the completion tokens (TRL's completion-only loss); aux: their mean
-    entropy and the share of them the model would have picked."""
-    logits = model(batch.inputs)[:, :-1, :]
-    logp, entropy = token_stats(logits, batch.targets, 1.0)
-    n = mx.maximum(batch.mask.sum(), 1.0)
-    loss = -(logp * batch.mask).sum() / n
-    correct = (mx.argmax(logits, axis=-1) == batch.targets).astype(mx.float32)
-    return loss, (
-        mx.stop_gradient((entropy * batch.mask).sum() / n),
-        mx.stop_gradient((correct * batch.mask).sum() / n),
-    )
-
-
-def grpo_loss(
-    model: Any,
-    batch: Batch,
-    behaviour: mx.array,
-    reference: mx.array | None,
-    advantages: mx.array,
-    temperature: float,
-    epsilon: float,
-    beta: float,
-) -> tuple[mx.array, tuple[mx.array, ...]]:
-    """The clipped surrogate of the per-token ratio to the behaviour policy, plus beta * k3 KL to the
-    reference, over every completion token of the batch; aux: per-token entropy and log-prob, the
-    share of tokens the clip held, the mean KL."""
-    logits = model(batch.inputs)[:, :-1, :]
-    logp, entropy = token_stats(logits, batch.targets, temperature)
-    ratio = mx.exp(logp - behaviour)
-    advantage = advantages[:, None]
-    surrogate = mx.minimum(ratio * advantage, mx.clip(ratio, 1 - epsilon, 1 + epsilon) * advantage)
-    per_token = -surrogate
-    kl = mx.zeros_like(logp)
-    if reference is not None and beta > 0:
-        delta = reference - logp
-        kl = mx.exp(delta) - delta - 1
-        per_token = per_token + beta * kl
-    n = mx.maximum(batch.mask.sum(), 1.0)
-    loss = (per_token * batch.mask).sum() / n
-    held = ((ratio * advantage) > (mx.clip(ratio, 1 - epsilon, 1 + epsilon) * advantage)).astype(mx.float32)
-    return loss, (
-        mx.stop_gradient(entropy),
-        mx.stop_gradient(logp),
-        mx.stop_gradient((held * batch.mask).sum() / n),
-        mx.stop_gradient((kl * batch.mask).sum() / n),
-    )
-
-
-def group_advantages(
-    values: np.ndarray, weights: np.ndarray, group: int, aggregation: str
-) -> tuple[np.ndarray, np.ndarray, float]:
-    """TRL's advantages: (advantages, weighted totals, share of groups with zero reward spread).
-
-    sum_then_normalize: weighted sum per completion, then (r - group mean) / (group std + 1e-4).
-    normalize_then_sum: each reward normalised in its group first, then weighted and summed, then
-    normalised over the batch. A completion no reward scored gets advantage 0.
-    """
-    unscorable = np.isnan(values).all(axis=1)
-    totals = np.nansum(values * weights[None, :], axis=1)
-    totals[unscorable] = np.nan
-    grouped = values.reshape(-1, group, values.shape[1])
-    if aggregation == "sum_then_normalize":
-        by_group = totals.reshape(-1, group)
-        mean = np.nanmean(by_group, axis=1, keepdims=True)
-        std = _nanstd(by_group, axis=1, keepdims=True)
-        advantages = ((by_group - mean) / (std + 1e-4)).reshape(-1)
-        zero = np.repeat(np.isclose(std[:, 0], 0.0), group)
-    else:
-        mean_k = np.nanmean(grouped, axis=1, keepdims=True)
-        std_k = _nanstd(grouped, axis=1, keepdims=True)
-        normalised = ((grouped - mean_k) / (std_k + 1e-4)).reshape(-1, values.shape[1])
-        summed = np.nansum(normalised * weights[None, :], axis=1)
-        summed[unscorable] = np.nan
-        std = _nanstd(summed) if summed.size > 1 else 0.0
-        advantages = (summed - np.nanmean(summed)) / (std + 1e-4)
-        zero = np.full(len(summed), bool(np.isclose(std, 0.0)))
-    return np.nan_to_num(advantages, nan=0.0), totals, float(np.mean(zero))
-
-
-def _nanstd(values: np.ndarray, **kwargs: Any) -> Any:
-    """The sample standard deviation (n - 1), ignoring NaN, as TRL's nanstd."""
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.nan_to_num(np.nanstd(values, ddof=1, **kwargs), nan=0.0)
 
 
 def _mean(values: np.ndarray) -> float | None:

@@ -42,9 +42,9 @@ from .backend import (
 from .cascade import RewardSet
 from .config import TrainConfig
 from .data import checked_inputs, dataset_columns, offline_if_local, prompt_text
-from .distributed import Ranks, collective_timeout
 from .hf import CommandCallback, entropy_to_phi
 from .holdout import holdout_line
+from .ranks import Ranks, collective_timeout
 
 CARL_STATE = "carl_gate.json"  # gate, weights and calibration, saved into every checkpoint
 WARMUP_DIR = "sft-warmup"  # the model after the SFT warm-up, the base of the GRPO phase

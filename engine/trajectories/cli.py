@@ -10,8 +10,7 @@ from typing import Any
 
 from engine import paths
 from engine.errors import CarlError
-
-from .config import load as load_config
+from engine.trajectories.config import load as load_config
 
 
 class TrajectoryCliError(CarlError):
@@ -107,9 +106,9 @@ def default_sources() -> list[Path]:
 
 
 def _import(args: argparse.Namespace, home: Path) -> int:
-    from .importers import import_paths
-    from .live import refresh_plasticity
-    from .store import save
+    from engine.trajectories.capture.live import refresh_plasticity
+    from engine.trajectories.importers.files import import_paths
+    from engine.trajectories.store import save
 
     sources = args.paths or default_sources()
     if not sources:
@@ -170,7 +169,7 @@ def _list(args: argparse.Namespace, home: Path) -> int:
 
 
 def _status(args: argparse.Namespace, home: Path) -> int:
-    from .live import refresh_plasticity
+    from engine.trajectories.capture.live import refresh_plasticity
 
     with _store(home) as store:
         total, holdout = store.conn.execute(
@@ -212,7 +211,7 @@ def _status(args: argparse.Namespace, home: Path) -> int:
 def _ablate(args: argparse.Namespace, home: Path) -> int:
     import numpy as np
 
-    from .ablation import ablate, format_table
+    from engine.trajectories.ablation.leave_one_out import ablate, format_table
 
     if args.paper is not None:
         return _ablate_paper(args.paper, args.json)
@@ -233,7 +232,7 @@ def _ablate(args: argparse.Namespace, home: Path) -> int:
 
 
 def _ablate_paper(path: Path, as_json: bool) -> int:
-    from .karl_ablation import format_paper_ablation, paper_ablation
+    from engine.trajectories.ablation.karl import format_paper_ablation, paper_ablation
 
     result = paper_ablation(path)
     print(json.dumps(result.to_json()) if as_json else format_paper_ablation(result))
@@ -241,8 +240,8 @@ def _ablate_paper(path: Path, as_json: bool) -> int:
 
 
 def _export(args: argparse.Namespace, home: Path) -> int:
-    from .export import export_sft, format_export
-    from .sampler import load_records
+    from engine.trajectories.training.export import export_sft, format_export
+    from engine.trajectories.training.sampler import load_records
 
     with _store(home) as store:
         records = load_records(store, include_holdout=True)  # the export drops them itself, and counts them
@@ -252,7 +251,7 @@ def _export(args: argparse.Namespace, home: Path) -> int:
 
 
 def _train(args: argparse.Namespace, home: Path) -> int:
-    from .train import format_train, train_adapter
+    from engine.trajectories.training.train import format_train, train_adapter
 
     result = train_adapter(
         home, strategy=args.strategy, size=args.size, model=args.model, steps=args.steps, name=args.name
@@ -262,7 +261,7 @@ def _train(args: argparse.Namespace, home: Path) -> int:
 
 
 def _eval(args: argparse.Namespace, home: Path) -> int:
-    from .plan_eval import evaluate_adapter, format_report
+    from engine.trajectories.training.plan_eval import evaluate_adapter, format_report
 
     if not args.adapter.exists():
         raise TrajectoryCliError(f"{args.adapter}: no such adapter directory")

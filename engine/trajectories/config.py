@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import CarlError
-
-from .detect import CORRECTION_PATTERNS, REDO_PATTERNS, Detector
+from engine.trajectories.importers.detect import CORRECTION_PATTERNS, REDO_PATTERNS, Detector
 
 FILE_NAME = "trajectories.toml"
 KNOWN = {"replace_default_domains", "domains", "correction_patterns", "redo_patterns"}
@@ -41,7 +40,7 @@ class TrajectoryConfig:
 
 
 def load(home: Path) -> TrajectoryConfig:
-    from .domains import DomainTable
+    from engine.trajectories.scoring.domains import DomainTable
 
     path = home / FILE_NAME
     data: dict[str, Any] = {}

@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 
 from engine.store import Store
-
-from .model import MAX_STORED_EVENTS, Scored, Trajectory
+from engine.trajectories.model import MAX_STORED_EVENTS, Scored, Trajectory
 
 HOLDOUT_SHARE = 0.1  # trajectories kept out of every sample, export and training, for evaluation
 
@@ -137,7 +136,7 @@ def upsert(
 
 def recompute_advantages(store: Store) -> dict[str, Any]:
     """Rule 12(c): one z-score pass over every stored reward; writes advantages and baselines."""
-    from .advantages import compute_advantages
+    from engine.trajectories.scoring.advantages import compute_advantages
 
     rows = store.conn.execute("SELECT id, reward, domain, advantage FROM trajectories ORDER BY id").fetchall()
     if not rows:
@@ -164,9 +163,9 @@ def recompute_advantages(store: Store) -> dict[str, Any]:
 
 def save(store: Store, trajectories: Sequence[Trajectory], *, table: Any = None) -> SaveResult:
     """Infer domains, score, upsert, and recompute every advantage (when anything changed)."""
-    from .domains import DomainTable
-    from .fingerprint import fingerprint
-    from .scoring import quality, score_many
+    from engine.trajectories.scoring.domains import DomainTable
+    from engine.trajectories.scoring.fingerprint import fingerprint
+    from engine.trajectories.scoring.signals import quality, score_many
 
     if not trajectories:
         return SaveResult()

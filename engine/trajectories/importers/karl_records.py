@@ -9,8 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from engine.trajectories.detect import DEFAULT_DETECTOR, Detector
-from engine.trajectories.import_common import (
+from engine.trajectories.importers.common import (
     Line,
     Parsed,
     as_bool,
@@ -21,6 +20,7 @@ from engine.trajectories.import_common import (
     prompt_of,
     unix_ts,
 )
+from engine.trajectories.importers.detect import DEFAULT_DETECTOR, Detector
 from engine.trajectories.model import Event, Trajectory, make_uid, normalize_tool
 
 AGENT = "karl"

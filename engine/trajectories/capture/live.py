@@ -18,9 +18,8 @@ from typing import Any
 import numpy as np
 
 from engine.store import Store
-
-from .config import TrajectoryConfig
-from .store import SaveResult, save
+from engine.trajectories.config import TrajectoryConfig
+from engine.trajectories.store import SaveResult, save
 
 SPOOL_BATCH = 2000  # payloads moved per tick: a burst drains over a few ticks, never one long stall
 RECENT_S = 24 * 3600.0  # sessions re-checked for turns that ended without Stop
@@ -38,7 +37,7 @@ def ingest_spool(
     store: Store, home: Path, config: TrajectoryConfig, *, now: float | None = None
 ) -> LiveResult:
     """Move waiting payloads into the store and save the turns of the sessions they belong to."""
-    from .hooks import read_spool, remove_spool
+    from engine.trajectories.capture.hooks import read_spool, remove_spool
 
     items = read_spool(home, limit=SPOOL_BATCH)
     if not items:
@@ -66,7 +65,7 @@ def assemble_sessions(
     store: Store, sessions: list[str], config: TrajectoryConfig, *, now: float | None = None
 ) -> SaveResult:
     """Re-assemble whole sessions from their stored payloads (pure and idempotent: upsert by uid)."""
-    from .hooks import assemble
+    from engine.trajectories.capture.hooks import assemble
 
     trajectories = []
     for session_id in sessions:
@@ -94,7 +93,7 @@ def sweep_open_turns(store: Store, config: TrajectoryConfig, *, now: float | Non
 
 def refresh_plasticity(store: Store, *, now: float | None = None) -> dict[str, Any]:
     """The retraining triggers over the whole store, kept in kv for the control room."""
-    from .plasticity import evaluate_triggers
+    from engine.trajectories.scoring.plasticity import evaluate_triggers
 
     now = time.time() if now is None else now
     rows = store.conn.execute(

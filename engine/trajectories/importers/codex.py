@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.trajectories.detect import DEFAULT_DETECTOR, Detector, is_codex_human_text
-from engine.trajectories.import_common import (
+from engine.trajectories.importers.common import (
     Line,
     Parsed,
     as_dict,
@@ -28,6 +27,7 @@ from engine.trajectories.import_common import (
     prompt_of,
     unix_ts,
 )
+from engine.trajectories.importers.detect import DEFAULT_DETECTOR, Detector, is_codex_human_text
 from engine.trajectories.model import Event, Trajectory, make_uid, normalize_tool
 
 AGENT = "codex"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.trajectories.scoring import round4
+from engine.trajectories.scoring.signals import round4
 
 GLOBAL_DOMAIN = "_global"
 KAPPA = 10.0  # prior strength: a domain needs about 10 records to outweigh the global mean

@@ -4,7 +4,7 @@ The front door is `import_paths`. Each path may be a file or a folder (searched 
 `*.jsonl`); every file's kind is decided by its first valid lines, not by its name. Bad input never
 raises: malformed lines become `file:line: reason` entries in `skipped`, unknown or unreadable files
 one `file: reason` entry each. The per-format work lives in claude_code.py, codex.py and
-karl_records.py.
+karl_records.py beside this module.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.trajectories import claude_code, codex, karl_records
-from engine.trajectories.detect import DEFAULT_DETECTOR, Detector
-from engine.trajectories.import_common import Line, Parsed
+from engine.trajectories.importers import claude_code, codex, karl_records
+from engine.trajectories.importers.common import Line, Parsed
+from engine.trajectories.importers.detect import DEFAULT_DETECTOR, Detector
 from engine.trajectories.model import Trajectory
 
 SNIFF_LINES = 50  # valid lines looked at to decide a file's kind

@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 
 from engine.errors import CarlError
-from engine.trajectories.ablation import TOP_K, AblationRow, ablate, renormalised, signal_matrix
-from engine.trajectories.import_common import Line
-from engine.trajectories.importers import read_jsonl
-from engine.trajectories.karl_records import record_to_trajectory
-from engine.trajectories.scoring import SIGNALS, score_many
+from engine.trajectories.ablation.leave_one_out import TOP_K, AblationRow, ablate, renormalised, signal_matrix
+from engine.trajectories.importers.common import Line
+from engine.trajectories.importers.files import read_jsonl
+from engine.trajectories.importers.karl_records import record_to_trajectory
+from engine.trajectories.scoring.signals import SIGNALS, score_many
 
 # The paper's code at the time of the ablation (karl.md §13 item 1); the same numbers as ours.
 PAPER_WEIGHTS = {
@@ -200,7 +200,7 @@ def paper_ablation(path: Path, k: int = TOP_K) -> PaperAblation:
     scored = score_many(trajectories)
     our_matrix = signal_matrix(scored)
     ours = Side(
-        "ours: karl.md §3 with the rules of §12 (scoring.py)",
+        "ours: karl.md §3 with the rules of §12 (scoring/signals.py)",
         ablate(our_matrix, weights, SIGNALS, k),
         _means(our_matrix),
         _reward_stats(np.array([s.reward for s in scored])),

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.trajectories.advantages import DomainBaseline, domain_key
+from engine.trajectories.scoring.advantages import DomainBaseline, domain_key
 
 STALE_HOURS = 72.0
 NEW_TRAJECTORIES_TRIGGER = 50

@@ -17,8 +17,7 @@ from typing import Any, Literal
 import numpy as np
 
 from engine.store import Store
-
-from .store import is_holdout
+from engine.trajectories.store import is_holdout
 
 Strategy = Literal["uniform", "balanced", "advantage", "top_k"]
 STRATEGIES: tuple[str, ...] = ("uniform", "balanced", "advantage", "top_k")

@@ -1,6 +1,6 @@
 """Claude Code hooks: install the recorder, read what it spooled, and turn a session's payloads into turns.
 
-The recorder itself is hook.py (standard library only, run by every hook event). This module is
+The recorder itself is recorder.py (standard library only, run by every hook event). This module is
 the engine's side: `install`/`uninstall` edit a Claude Code settings.json without disturbing the
 user's own hooks, `read_spool`/`remove_spool` hand spooled payloads to the engine in two phases
 (store first, then delete, so nothing is lost if the engine dies in between), and `assemble` maps
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine.errors import CarlError
-from engine.trajectories.detect import DEFAULT_DETECTOR, Detector, is_human_text
+from engine.trajectories.importers.detect import DEFAULT_DETECTOR, Detector, is_human_text
 from engine.trajectories.model import (
     Event,
     Trajectory,
@@ -38,12 +38,12 @@ from engine.trajectories.model import (
 
 log = logging.getLogger("carl.hooks")
 
-HOOK_SCRIPT = Path(__file__).resolve().with_name("hook.py")
+HOOK_SCRIPT = Path(__file__).resolve().with_name("recorder.py")
 AGENT = "claude-code"
 SOURCE = "hook"
 UID_KIND = "claude-code-hook"
 # PreToolUse is not installed: a tool call is recorded once, from its Post hook, and a Pre handler
-# would add a process start *before* every tool call. hook.py and assemble() still accept it.
+# would add a process start *before* every tool call. recorder.py and assemble() still accept it.
 INSTALL_EVENTS = (
     "SessionStart",
     "UserPromptSubmit",
@@ -57,8 +57,11 @@ HANDLER_TIMEOUT_S = 5  # the recorder takes milliseconds; SessionEnd hooks share
 STALE_TURN_S = 2 * 3600.0  # an open turn this long without a payload ended without Stop (assemble's `now`)
 Scope = Literal["user", "project", "local"]
 
-# Ours: the recorder (script or import form, any interpreter) or the `carl hook` subcommand.
-_OURS = re.compile(r"engine[/\\]trajectories\b.*\bhook\b|(?:^|[\s/\\\"'])carl(?:\.exe)?[\"']?\s+hook(?:\s|$)")
+# Ours: the recorder (script or import form, any interpreter; before it moved to capture/recorder.py it was
+# trajectories/hook.py, and `carl hooks install` replaces those commands too) or the `carl hook` subcommand.
+_OURS = re.compile(
+    r"engine[/\\]trajectories\b.*\b(?:hook|recorder)\b|(?:^|[\s/\\\"'])carl(?:\.exe)?[\"']?\s+hook(?:\s|$)"
+)
 
 
 class HookSettingsError(CarlError):
@@ -74,11 +77,11 @@ def hook_command(
 ) -> str:
     """The shell command settings.json runs for every event.
 
-    `python -S -E -c "...; import hook; hook.main()"` rather than `python -S hook.py`: a script is
+    `python -S -E -c "...; import recorder; recorder.main()"` rather than `python -S recorder.py`: a script is
     compiled on every run (~1.5 ms of a 10 ms budget), an imported module comes from its cached
     bytecode. -S skips site (~13 ms here), -E ignores PYTHON* variables of the user's shell.
     """
-    code = f"import sys; sys.path[0] = {json.dumps(str(script.parent))}; import hook; hook.main()"
+    code = f"import sys; sys.path[0] = {json.dumps(str(script.parent))}; import recorder; recorder.main()"
     argv = [python, "-S", "-E", "-c", code]
     if carl_home is not None:  # the engine's home, baked in: Claude Code may not see the same $CARL_HOME
         argv += ["--home", str(carl_home)]
@@ -260,7 +263,7 @@ def _write(path: Path, data: dict[str, Any], style: _Style) -> None:
 
 
 def _compile_recorder() -> None:
-    """Write hook.py's cached bytecode now, so the first hook call need not (and PYTHONDONTWRITEBYTECODE
+    """Write recorder.py's cached bytecode now, so the first hook call need not (and PYTHONDONTWRITEBYTECODE
     environments still get it). Best effort: a read-only install was compiled by pip."""
     import py_compile
 
@@ -635,9 +638,9 @@ def _model(value: Any) -> str | None:
 
 def hook_cli_main(argv: Sequence[str] | None = None) -> int:
     """`carl hook`: record the payload on stdin; always 0, never a word on stdout."""
-    from engine.trajectories import hook
+    from engine.trajectories.capture import recorder
 
-    return hook.main(list(argv or []))
+    return recorder.main(list(argv or []))
 
 
 def hooks_cli_main(argv: Sequence[str] | None = None) -> int:

@@ -1,8 +1,8 @@
 """The Claude Code hook recorder: one payload on stdin becomes one spool file. Nothing else.
 
 Run by every hook event, so it must never disturb the agent. `carl hooks install` runs it as
-`<python> -S -E -c 'import sys; sys.path[0] = "<this folder>"; import hook; hook.main()' [--home DIR]`
-(cached bytecode; `<python> -S .../hook.py` works too but compiles this file on every call, ~1.5 ms),
+`<python> -S -E -c 'import sys; sys.path[0] = "<this folder>"; import recorder; recorder.main()' [--home DIR]`
+(cached bytecode; `<python> -S .../recorder.py` works too but compiles this file on every call, ~1.5 ms),
 so no module in this folder may shadow the standard library (json, os, pwd).
 
 It always exits 0, never writes to stdout (on UserPromptSubmit stdout would be added to Claude's

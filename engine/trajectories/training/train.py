@@ -23,8 +23,7 @@ from engine.errors import CarlError
 from engine.store import Store
 from engine.training.artifacts import FINAL_DIR
 from engine.training.config import TINY_MODEL, EvalConfig, LoraConfig, TrainConfig
-
-from .export import (
+from engine.trajectories.training.export import (
     MIN_PLAN_CHARS,
     MIN_TOOL_EVENTS,
     TRAIN_PC_FILE,
@@ -36,7 +35,7 @@ from .export import (
     passes_quality,
     write_examples,
 )
-from .sampler import Record, load_records, sample
+from engine.trajectories.training.sampler import Record, load_records, sample
 
 TrainStrategy = Literal["advantage", "uniform"]
 TRAIN_STRATEGIES: tuple[str, ...] = ("advantage", "uniform")
@@ -248,7 +247,7 @@ def train_adapter(
 
 def _record_training(store: Store, run_name: str, domains: set[str]) -> None:
     """What the retraining triggers compare against: when, how many trajectories, which domains."""
-    from .live import refresh_plasticity
+    from engine.trajectories.capture.live import refresh_plasticity
 
     count = store.conn.execute("SELECT count(*) FROM trajectories").fetchone()[0]
     store.set_kv(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.trajectories.model import Scored
-from engine.trajectories.scoring import SIGNALS, WEIGHTS
+from engine.trajectories.scoring.signals import SIGNALS, WEIGHTS
 
 TOP_K = 20
 TIE_TOLERANCE = 1e-9
