@@ -121,7 +121,7 @@ EXTRAS = {
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["hook"]:  # an agent's hook: no parser, no imports, no output, always 0
-        from engine.trajectories.hook import main as record_hook
+        from engine.trajectories.capture.recorder import main as record_hook
 
         return record_hook(argv[1:])
     args = build_parser(named_command(argv)).parse_args(argv)

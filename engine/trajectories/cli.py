@@ -77,7 +77,7 @@ def add_hook_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_hook(args: argparse.Namespace, home: Path) -> int:
-    from .hook import main as record_hook
+    from engine.trajectories.capture.recorder import main as record_hook
 
     return record_hook([])  # the home reaches the recorder as $CARL_HOME, which the dispatch set
 
@@ -89,7 +89,7 @@ def add_hooks_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_hooks(args: argparse.Namespace, home: Path | None) -> int:
-    from .hooks import hooks_cli_main
+    from engine.trajectories.capture.hooks import hooks_cli_main
 
     return hooks_cli_main(args.rest)
 
