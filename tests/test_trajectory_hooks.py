@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -622,3 +623,34 @@ def test_spooled_payloads_assemble_end_to_end(tmp_path: Path) -> None:
     sessions = hooks.group_by_session(hooks.read_spool(tmp_path))
     assert list(sessions) == [SID, "other"]
     assert [len(assemble(items).trajectories) for items in sessions.values()] == [2, 0]
+
+
+def test_hooks_installed_before_the_recorder_moved_are_repointed_and_record_again(tmp_path: Path) -> None:
+    """An upgrade moved trajectories/hook.py to capture/recorder.py: the engine points the old handlers at the
+    recorder again (same interpreter, same baked-in home), and leaves the user's own handlers alone."""
+    old_folder = tmp_path / "old-checkout" / "engine" / "trajectories"
+    old_code = f"import sys; sys.path[0] = {json.dumps(str(old_folder))}; import hook; hook.main()"
+    old_command = shlex.join([sys.executable, "-S", "-E", "-c", old_code, "--home", str(tmp_path / "carl")])
+    theirs = {"type": "command", "command": "prettier --write"}
+    settings = tmp_path / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text(
+        json.dumps(
+            {
+                "hooks": {
+                    "Stop": [{"hooks": [{"type": "command", "command": old_command, "timeout": 5}]}],
+                    "PostToolUse": [{"matcher": "*", "hooks": [theirs]}],
+                }
+            }
+        )
+    )
+    assert hooks.repoint_moved_recorder("user", home=tmp_path) == settings
+    data = json.loads(settings.read_text())
+    command = data["hooks"]["Stop"][0]["hooks"][0]["command"]
+    assert command == hooks.hook_command(sys.executable, carl_home=tmp_path / "carl")
+    assert data["hooks"]["PostToolUse"][0]["hooks"] == [theirs]
+    done = subprocess.run(
+        command, shell=True, input=json.dumps(stop()).encode(), timeout=30, capture_output=True
+    )
+    assert done.returncode == 0 and len(spool_files(tmp_path / "carl")) == 1
+    assert hooks.repoint_moved_recorder("user", home=tmp_path) is None  # current handlers are left alone

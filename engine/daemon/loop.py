@@ -166,6 +166,7 @@ class Engine:
     def run(self) -> None:
         self.resume_orphans()
         self.restore_plane()
+        self.repoint_hooks()
         try:
             while not self.stopping:
                 backlog = self.tick()
@@ -175,6 +176,18 @@ class Engine:
         finally:
             if self.plane is not None:
                 self.plane.shutdown()  # it comes back up with the next engine
+
+    def repoint_hooks(self) -> None:
+        """Installed Claude Code hooks whose recorder moved (an upgrade) are pointed at it again."""
+        from engine.trajectories.capture.hooks import repoint_moved_recorder
+
+        try:
+            changed = repoint_moved_recorder("user")
+        except Exception as exc:  # the user's settings file is theirs: never a reason to stop
+            log.warning("could not check the Claude Code hooks: %s", one_line(exc))
+            return
+        if changed is not None:
+            log.info("hooks: %s pointed at the recorder's new place", changed)
 
     def tick(self) -> bool:
         """One round of work; True when some source still has a backlog."""

@@ -157,6 +157,49 @@ def uninstall(scope: Scope = "user", *, project_dir: Path | None = None, home: P
     return path
 
 
+def repoint_moved_recorder(
+    scope: Scope = "user", *, project_dir: Path | None = None, home: Path | None = None
+) -> Path | None:
+    """Rewrite carl's handlers whose recorder is no longer where their command looks for it (an upgrade that
+    moved trajectories/hook.py to capture/recorder.py, or a moved checkout), keeping each one's interpreter
+    and baked-in home. Returns the file when it changed; handlers of `carl hook` and current ones are left.
+
+    A handler left pointing at a missing file fails on every tool call of every Claude Code session.
+    """
+    path = settings_path(scope, project_dir=project_dir, home=home)
+    if not path.exists():
+        return None
+    data, style = _load(path)
+    hooks = _hooks_table(data, path, create=False) or {}
+    changed = False
+    for groups in hooks.values():
+        for handler in _handlers(groups) if isinstance(groups, list) else ():
+            fresh = _repointed(handler["command"])
+            if fresh is not None and fresh != handler["command"]:
+                handler["command"], changed = fresh, True
+    if not changed:
+        return None
+    _write(path, data, style)
+    _compile_recorder()
+    return path
+
+
+def _repointed(command: str) -> str | None:
+    """The current command for an import-form handler whose recorder folder lost its recorder, else None."""
+    try:
+        argv = shlex.split(command)
+    except ValueError:
+        return None
+    if len(argv) < 5 or argv[1:4] != ["-S", "-E", "-c"]:
+        return None  # `carl hook`, or a hand-written command: not ours to rewrite
+    folder = re.search(r"sys\.path\[0\] = (\"(?:[^\"\\\\]|\\\\.)*\")", argv[4])
+    if folder is None or (Path(json.loads(folder.group(1))) / "recorder.py").exists():
+        return None
+    rest = argv[5:]
+    carl_home = Path(rest[1]) if rest[:1] == ["--home"] and len(rest) > 1 else None
+    return hook_command(argv[0], carl_home=carl_home)
+
+
 def installed_events(
     scope: Scope = "user", *, project_dir: Path | None = None, home: Path | None = None
 ) -> list[str]:
