@@ -285,7 +285,7 @@ class ControlRoom(App[None]):
     @work(thread=True, exclusive=True, group="engine")
     def supervise_engine(self) -> None:
         """Start the engine if it is down; restart it (with backoff) if it dies."""
-        from engine.daemon import engine_status, start_engine
+        from engine.control import engine_status, start_engine
 
         worker = get_current_worker()
         backoff = 2.0
@@ -324,7 +324,7 @@ class ControlRoom(App[None]):
             self.notify(event.detail, title="engine", severity="error", timeout=8)
         if event.started_pid is not None:
             # The engine outlives this control room: say so now, and (cli.py) again after `q`.
-            from engine.daemon import started_line
+            from engine.control import started_line
 
             self.engine_started_pid = event.started_pid
             self.notify(

@@ -117,7 +117,7 @@ def _say_engine_left_running(home: Path, pid: int | None) -> None:
     line the user sees next (the app's own notice went with its screen)."""
     if pid is None:
         return
-    from engine.daemon import engine_status, started_line
+    from engine.control import engine_status, started_line
 
     if engine_status(home).pid == pid:
         print(started_line(pid, after="carl-tui"), file=sys.stderr)

@@ -25,7 +25,7 @@ from engine.agents.cli import headless
 from engine.agents.plane import child_argv
 from engine.agents.server import read_token, token_path
 from engine.agents.tasks import load_tasks
-from engine.daemon import engine_status, stop_engine
+from engine.control import engine_status, stop_engine
 from engine.store import Store, StoreReader
 
 pytestmark = pytest.mark.slow
@@ -308,8 +308,8 @@ def test_a_killed_engine_comes_back_with_one_plane_not_two(tmp_path: Path) -> No
             )
             killed = engine_status(home).pid
             os.kill(killed, signal.SIGKILL)
-            from engine.daemon import start_engine
-            from engine.daemon.pidfile import pid_alive
+            from engine.control import start_engine
+            from engine.control.pidfile import pid_alive
 
             # SIGKILL is delivered asynchronously: until the process is gone it still reads as the engine,
             # and a start then (rightly) starts none. The known point is its death, not a sleep.

@@ -11,7 +11,7 @@ from pathlib import Path
 from support import status_text, until
 
 from carl_tui.app import ControlRoom
-from engine.daemon import engine_status, stop_engine
+from engine.control import engine_status, stop_engine
 
 
 async def test_tui_starts_the_engine_and_survives_its_death(tmp_path: Path) -> None:

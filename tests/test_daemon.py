@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 import pytest
 
 from engine import paths
-from engine.daemon import ROW_HOOKS, engine_status, on_run_rows, start_engine, stop_engine
+from engine.control import engine_status, start_engine, stop_engine
+from engine.daemon.loop import ROW_HOOKS, on_run_rows
 from engine.observe import register_source
 from engine.store import Store, StoreReader
 

@@ -27,7 +27,7 @@ from support import ROOT, status_text, until, wait_for
 
 from carl_tui.app import ControlRoom
 from carl_tui.cli import tui_main
-from engine.daemon import engine_status, stop_engine
+from engine.control import engine_status, stop_engine
 from engine.store import Store
 
 STARTED = "in the background; it keeps running after"
@@ -164,7 +164,7 @@ def test_carl_demo_says_it_started_the_engine_and_engine_status_lists_what_it_ru
         said = [line for line in demo.stderr.splitlines() if STARTED in line]
         assert said == [f"started the carl engine (pid {pid}) {STARTED} this command — {HOW_TO_STOP}"]
         assert "demo training queued" in demo.stdout  # stdout keeps the command's own output
-        from engine.daemon import engine_report
+        from engine.control import engine_report
 
         # The known point: the engine has started the runner, and the runner has opened its run.
         report = wait_for(

@@ -214,7 +214,7 @@ def test_the_engine_runs_an_eval_command_for_the_control_room(
 ) -> None:
     import time
 
-    from engine.daemon import start_engine, stop_engine
+    from engine.control import start_engine, stop_engine
 
     monkeypatch.setenv("CARL_HOME", str(trained))
     start_engine(trained)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from support import wait_for
 
-from engine.daemon import stop_engine
+from engine.control import stop_engine
 from engine.experiments.arms import ExperimentError, cell_config, check_base, parse_arms, parse_seeds
 from engine.experiments.runner import open_experiment
 from engine.experiments.stats import mean_ci, paired_delta

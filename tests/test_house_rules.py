@@ -47,7 +47,7 @@ def test_the_tui_imports_nothing_heavy() -> None:
     code = (
         "import json, sys\n"
         "import carl_tui, carl_tui.app, carl_tui.cli, carl_tui.chat, widgets, widgets.chart, themes\n"
-        "from engine.daemon import engine_status\n"
+        "from engine.control import engine_status\n"
         f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)

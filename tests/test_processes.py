@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from engine.daemon.pidfile import pid_alive
+from engine.control.pidfile import pid_alive
 from engine.processes import alive, is_zombie
 from engine.training.artifacts import process_alive
 

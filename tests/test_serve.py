@@ -251,7 +251,7 @@ def test_a_read_only_browser_session_starts_no_engine(chromium: str, home: Path)
     """Served without --no-engine: a read-only session still starts nothing, and says how to."""
     from playwright.sync_api import sync_playwright
 
-    from engine.daemon import engine_status, stop_engine
+    from engine.control import engine_status, stop_engine
 
     served = Served(home, free_port(), [], engine=True)
     try:

@@ -17,7 +17,7 @@ from support import until
 from test_trajectory_import import claude_session, write_jsonl
 
 from carl_tui.app import ControlRoom
-from engine.daemon import start_engine, stop_engine
+from engine.control import start_engine, stop_engine
 from engine.store import Store, StoreReader
 from widgets.activity import TrajectoriesPane
 

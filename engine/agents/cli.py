@@ -129,7 +129,7 @@ def _positive(value: int | None, flag: str) -> None:
 
 
 def _engine_command(home: Path, verb: str, args: dict[str, Any], wait: float = 120.0) -> str:
-    from engine.daemon import ensure_engine
+    from engine.control import ensure_engine
     from engine.store import Store
 
     status = ensure_engine(home)  # says so on stderr when it starts one: the engine outlives this command
@@ -179,7 +179,7 @@ def _up(args: argparse.Namespace, home: Path) -> int:
 
 
 def _down(args: argparse.Namespace, home: Path) -> int:
-    from engine.daemon import engine_status
+    from engine.control import engine_status
 
     if engine_status(home).state != "up":
         print("the engine is not running, and with it no agents plane")

@@ -6,7 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import engine_status, run_engine, start_engine, stop_engine
+from engine.control import engine_status, start_engine, stop_engine
+
+from .loop import run_engine
 
 
 def main(argv: list[str] | None = None) -> int:

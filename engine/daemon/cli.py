@@ -8,10 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.control import engine_report, start_engine, stop_engine
 from engine.durations import compact_duration
 from engine.errors import CliError
-
-from .control import engine_report, start_engine, stop_engine
 
 CARRY_ON = "a training run is a process of its own: it carries on to its end; s in carl-tui stops it"
 

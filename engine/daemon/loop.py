@@ -28,11 +28,7 @@ from typing import Any
 
 from engine import __version__, paths
 from engine.coherence.analysis import analyze_runs
-from engine.observe import IngestResult, ObserveError, finish_import, ingest_source, register_source
-from engine.store import Store, StoreError
-
-from .control import CHILDREN_KEY
-from .pidfile import (
+from engine.control.pidfile import (
     PidRecord,
     ensure_home,
     log_path,
@@ -42,6 +38,10 @@ from .pidfile import (
     take_lock,
     write_pidfile,
 )
+from engine.control.process import CHILDREN_KEY
+from engine.observe import IngestResult, ObserveError, finish_import, ingest_source, register_source
+from engine.store import Store, StoreError
+from engine.training.config import training_config_path
 
 TICK = 0.25  # seconds between ticks when every source is caught up
 BACKLOG_TICK = 0.005  # between ticks while a source still has rows waiting
@@ -70,13 +70,6 @@ def on_run_rows(store: Store, run_ids: list[int]) -> list[str]:
         except Exception as exc:
             errors.append(f"row hook {getattr(hook, '__name__', hook)!s}: {one_line(exc)}")
     return errors
-
-
-def training_config_path(config: str) -> Path:
-    """'demo' names the built-in demo config shipped with the package; anything else is a path."""
-    if config == "demo":
-        return Path(__file__).resolve().parent.parent / "training" / "demo.yaml"
-    return Path(config).expanduser().resolve()
 
 
 def one_line(exc: BaseException) -> str:

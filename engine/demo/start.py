@@ -24,7 +24,7 @@ def start_demo(home: Path, steps: int | None, backend: str | None = None) -> Non
         raise CliError("the demo trains a model: install the train extra (pip install 'carl-tui[train]')")
     if backend == "mlx" and any(importlib.util.find_spec(m) is None for m in ("mlx", "mlx_lm")):
         raise CliError("--backend mlx: install the mlx extra (pip install 'carl-tui[mlx]')")
-    from engine.daemon import ensure_engine
+    from engine.control import ensure_engine
     from engine.store import Store
 
     ensure_engine(home)  # says so on stderr when it starts one: the engine outlives this command

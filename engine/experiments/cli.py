@@ -65,8 +65,7 @@ def run(args: argparse.Namespace, home: Path) -> int:
 
 
 def _base_config(args: argparse.Namespace) -> tuple[object, str]:
-    from engine.daemon.loop import training_config_path
-    from engine.training.config import ConfigError, load_config
+    from engine.training.config import ConfigError, load_config, training_config_path
 
     path = training_config_path(args.config)
     source = "demo.yaml" if args.config == "demo" else str(args.config)
@@ -77,6 +76,6 @@ def _base_config(args: argparse.Namespace) -> tuple[object, str]:
 
 
 def _engine_up(home: Path) -> None:
-    from engine.daemon import ensure_engine
+    from engine.control import ensure_engine
 
     ensure_engine(home)  # says so on stderr when it starts one: the engine outlives this command

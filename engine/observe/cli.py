@@ -52,7 +52,7 @@ def _print_result(kind: str, path: Path, result: object) -> None:
 
 def _observe_via_engine(home: Path, path: Path, name: str | None) -> int:
     """Hand a followed source to the engine (its one writer) and wait until it has caught up."""
-    from engine.daemon import ensure_engine
+    from engine.control import ensure_engine
     from engine.store import Store
 
     ensure_engine(home)  # says so on stderr when it starts one: the engine outlives this command

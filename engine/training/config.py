@@ -348,3 +348,10 @@ def write_default_config(path: str | Path, *, overwrite: bool = False) -> Path:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot write it ({exc.strerror})") from None
     return path
+
+
+def training_config_path(config: str) -> Path:
+    """'demo' names the built-in demo config shipped with the package; anything else is a path."""
+    if config == "demo":
+        return Path(__file__).resolve().with_name("demo.yaml")
+    return Path(config).expanduser().resolve()
