@@ -1,4 +1,4 @@
-"""Trajectory scoring plus advantages (karl.md §3, §4): goal >= 20,000 trajectories/s.
+"""Trajectory scoring plus advantages (docs/reference/karl.md §3, §4): goal >= 20,000 trajectories/s.
 
 100,000 deterministic synthetic trajectories of 50 events each (a realistic tool mix: reads,
 searches, edits, Bash with test/build commands and exit codes, a few failures), built before any

@@ -1,5 +1,5 @@
-"""`carl trajectories ablate --paper FILE`: KARL's published ablation table (karl.md §11) rebuilt from the
-signals stored in a record file of the paper's format (karl.md §2, §13 item 8), beside our scorer's.
+"""`carl trajectories ablate --paper FILE`: KARL's published ablation table (docs/reference/karl.md §11) rebuilt from the
+signals stored in a record file of the paper's format (docs/reference/karl.md §2, §13 item 8), beside our scorer's.
 
 The expected numbers are computed here independently, in exact rational arithmetic: exact scores, ranks
 by counting (ties share the mean of their positions), Pearson of the ranks, top-20 by sorting
@@ -84,7 +84,7 @@ def expected_table(rows: list[list[float]], k: int = 20) -> dict[str, tuple[floa
     return table
 
 
-# --- records in the paper's format (karl.md §2) ------------------------------------------------------------
+# --- records in the paper's format (docs/reference/karl.md §2) ------------------------------------------------------------
 
 
 def event(tool: str, ok: bool | None = True, exit_code: int | None = None, **params: str) -> dict[str, Any]:
@@ -157,7 +157,7 @@ KINDS = tuple(SESSIONS)
 
 
 def ours_by_hand() -> dict[str, list[float]]:
-    """Our scorer's five signals (karl.md §3 + rules 12(a), 12(b)) for each session, rounded as stored."""
+    """Our scorer's five signals (docs/reference/karl.md §3 + rules 12(a), 12(b)) for each session, rounded as stored."""
     h = lambda *p: -sum(x * math.log2(x) for x in p)  # noqa: E731  (Shannon entropy, bits)
     clean = [
         1.0,  # O: 0.5 + 0.35 + 0.25 + 0.20, clipped
@@ -174,7 +174,13 @@ def ours_by_hand() -> dict[str, list[float]]:
         0.7,
         1.0,
     ]
-    look = [0.5, 1.0, 0.35 * h(2 / 3, 1 / 3) + 0.35 * 1.0 + 0.0, 0.6, 0.6 * 0.5 + 0.4]  # P 1.0: rule 12(b)
+    look = [
+        0.5,
+        1.0,
+        0.35 * h(2 / 3, 1 / 3) + 0.35 * 1.0 + 0.0,
+        0.6,
+        0.6 * 0.5 + 0.4,
+    ]  # P 1.0: docs/reference/karl.md §12(b)
     look_on = [1.0, *look[1:]]  # 0.5 + 0.35 + 0.20, clipped
     failing = [
         0.5 - 0.35 + 0.25 - 0.10 + 0.20,
@@ -262,7 +268,7 @@ def write_records(path: Path, records: list[dict[str, Any]]) -> Path:
 
 
 def simplified_signals(rng: np.random.Generator, n: int) -> list[list[float]]:
-    """Signals as the paper's simplified scorer produced them (karl.md §13 item 8)."""
+    """Signals as the paper's simplified scorer produced them (docs/reference/karl.md §13 item 8)."""
     return [
         [
             float(rng.choice([0.4, 0.7])),

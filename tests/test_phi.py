@@ -194,7 +194,7 @@ def test_token_t_is_scored_by_the_logits_at_t_minus_1() -> None:
     assert (stats.selected_prob[0] > 0.5).all()
     np.testing.assert_allclose(stats.surprisal[0], -np.log(stats.selected_prob[0]), rtol=1e-5, atol=1e-6)
 
-    # The published pairing (logits[t] with ids[t], carl.md §2) scores the wrong distribution:
+    # The published pairing (logits[t] with ids[t], docs/reference/carl.md §2) scores the wrong distribution:
     # its entropies are shifted by one position and the "selected" token is one it did not predict.
     shifted_entropy, shifted_lse = token_entropy(logits[0, prompt:])
     shifted_prob, _ = selected_token_stats(logits[0, prompt:], ids[prompt:], shifted_lse)

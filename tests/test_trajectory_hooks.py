@@ -30,7 +30,7 @@ SPOOL_NAME = re.compile(r"^\d{20}-\d+-\d+-[0-9a-f]{6}\.json$")
 
 
 # ---------------------------------------------------------------------------------------------------
-# Real payload shapes (agent-traces.md §1.2-1.3)
+# Real payload shapes (docs/reference/agent-traces.md §1.2-1.3)
 
 
 def session_start(**kw: Any) -> dict[str, Any]:
@@ -461,7 +461,7 @@ def test_read_spool_moves_bad_files_and_finishes_stale_ones(tmp_path: Path) -> N
 
 
 # ---------------------------------------------------------------------------------------------------
-# Assembly (agent-traces.md §1.5, karl.md rule 12)
+# Assembly (docs/reference/agent-traces.md §1.5, docs/reference/karl.md rule 12)
 
 
 def timed(*payloads: dict[str, Any], start: float = 1_700_000_000.0) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """Trace import: Claude Code transcripts, Codex rollouts and KARL record files become trajectories.
 
-The fixtures follow ../shared/reference/agent-traces.md §2-§3 and karl.md §2 line by line.
+The fixtures follow docs/reference/agent-traces.md §2-§3 and docs/reference/karl.md §2 line by line.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Trajectory intelligence: the reward (karl.md §3, rules 12(a)/(b)), advantages (§4, 12(c)), domain
+"""Trajectory intelligence: the reward (docs/reference/karl.md §3, rules 12(a)/(b)), advantages (§4, 12(c)), domain
 inference (§8, 12(f)), the fingerprint (§7), plasticity triggers (§9) and the ablation (§11).
 
 `reference_score` and `reference_advantages` below are the oracle: a literal, line-by-line
-transcription of the formulas in karl.md, written without the engine's helpers. The batch path
+transcription of the formulas in docs/reference/karl.md, written without the engine's helpers. The batch path
 (`score_many`) and the readable path (`score`) must both agree with it.
 """
 
@@ -30,7 +30,7 @@ from engine.trajectories.scoring.signals import bash_errors, quality, score, sco
 
 
 def reference_score(t: Trajectory) -> dict[str, Any]:
-    """karl.md §3 transcribed literally, on the stored record: counts over all events, scans over 50."""
+    """docs/reference/karl.md §3 transcribed literally, on the stored record: counts over all events, scans over 50."""
     # The record (§2.1).
     all_events = t.events
     total = len(all_events)
@@ -41,7 +41,7 @@ def reference_score(t: Trajectory) -> dict[str, Any]:
             for e in all_events
             if e.tool == "Bash" and (e.success is False or (e.exit_code is not None and e.exit_code != 0))
         ]
-    )  # rule 12(b)
+    )  # docs/reference/karl.md §12(b)
     counts: dict[str, int] = {}
     for e in all_events:
         counts[e.tool] = counts.get(e.tool, 0) + 1
@@ -129,7 +129,7 @@ def reference_score(t: Trajectory) -> dict[str, Any]:
         eff = min(1, max(0, 0.35 * diversity + 0.35 * duration_eff + 0.30 * file_touch))
         comps.update(r_diversity=diversity, r_duration_eff=duration_eff, r_file_touch=file_touch)
 
-    # 3.4 Verification, rule 12(a): v = 0.4·[test] + 0.3·[build] + 0.3·[read-after-write].
+    # 3.4 Verification, docs/reference/karl.md §12(a): v = 0.4·[test] + 0.3·[build] + 0.3·[read-after-write].
     if total == 0:
         v = 0.5
         comps.update(r_has_test=0.0, r_has_build=0.0, r_read_after_write=0.0)
@@ -193,7 +193,7 @@ def reference_score(t: Trajectory) -> dict[str, Any]:
 
 
 def reference_advantages(rewards: list[float], domains: list[str | None]) -> list[float]:
-    """karl.md §4 with rule 12(c), literally: κ = 10, σ floor 0.02, domain σ only when n_d ≥ 5."""
+    """docs/reference/karl.md §4 with rule 12(c), literally: κ = 10, σ floor 0.02, domain σ only when n_d ≥ 5."""
     keys = [d if d else "_global" for d in domains]
     mu_g = sum(rewards) / len(rewards) if rewards else 0.5
     var_g = sum((r - mu_g) ** 2 for r in rewards) / len(rewards) if rewards else 0.04
@@ -298,7 +298,7 @@ def test_empty_trajectory_is_neutral() -> None:
     assert s.reward == 0.515
 
 
-# --- rule 12(b): Bash errors ------------------------------------------------------------------------
+# --- docs/reference/karl.md §12(b): Bash errors ------------------------------------------------------------------------
 
 
 def test_bash_error_rule() -> None:
@@ -362,7 +362,7 @@ def test_diversity_and_file_touch() -> None:
     assert score(traj([ev("Read")] * 3 + [ev("Bash")])).components["r_diversity"] == 0.8113
 
 
-# --- 3.4 verification, rule 12(a) ---------------------------------------------------------------------
+# --- 3.4 verification, docs/reference/karl.md §12(a) ---------------------------------------------------------------------
 
 
 def test_verification_signals() -> None:
@@ -375,7 +375,7 @@ def test_verification_signals() -> None:
     # V = 0.3·[build]: "make " with its trailing space
     assert score(traj([edit, ev("Bash", command="make all")])).verification == 0.3
     assert score(traj([edit, ev("Bash", command="make")])).verification == 0.0
-    # Rule 12(a): read-after-write is worth the full 0.3 (published: 0.09)
+    # docs/reference/karl.md §12(a): read-after-write is worth the full 0.3 (published: 0.09)
     s = score(traj([edit, ev("Read", file_path="app.py")]))
     assert s.verification == 0.3 and s.components["r_read_after_write"] == 1.0
     assert "r_no_mutation" not in s.components
@@ -522,7 +522,7 @@ def test_batch_across_chunks() -> None:
     assert score_many(ts) == [score(t) for t in ts]
 
 
-# --- 4 advantages, rule 12(c) ---------------------------------------------------------------------------
+# --- 4 advantages, docs/reference/karl.md §12(c) ---------------------------------------------------------------------------
 
 
 def test_advantages_smoothing_and_small_domains() -> None:
@@ -562,7 +562,7 @@ def test_advantages_match_reference(pairs: list[tuple[float, str | None]]) -> No
     np.testing.assert_allclose(adv, reference_advantages(rewards, domains), atol=1e-4 + 1e-9)
 
 
-# --- 8 domains, rule 12(f) -----------------------------------------------------------------------------
+# --- 8 domains, docs/reference/karl.md §12(f) -----------------------------------------------------------------------------
 
 
 def test_domain_defaults() -> None:

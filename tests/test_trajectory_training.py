@@ -1,5 +1,5 @@
 """Sampling, SFT export, adapter training and plan evaluation over stored, scored trajectories
-(karl.md §5, §6 with rules 12(c) and 12(d)); the training test trains the tiny model for real."""
+(docs/reference/karl.md §5, §6 with rules 12(c) and 12(d)); the training test trains the tiny model for real."""
 
 from __future__ import annotations
 
@@ -106,7 +106,9 @@ def fill_store(store: Store) -> None:
         t = make_trajectory(index, uid)
         items.append((t, score(t), {}, quality(t)))
     upsert(store, items)
-    recompute_advantages(store)  # rule 12(c): one pass over the whole store, before any sampling
+    recompute_advantages(
+        store
+    )  # docs/reference/karl.md §12(c): one pass over the whole store, before any sampling
 
 
 @pytest.fixture
@@ -306,7 +308,7 @@ def _texts(path: Path) -> list[str]:
 def test_export_splits_by_trajectory_then_oversamples(records: list[Record], tmp_path: Path) -> None:
     result = export_sft(records, tmp_path)
     train, valid = _texts(tmp_path / "train.jsonl"), _texts(tmp_path / "valid.jsonl")
-    assert not set(train) & set(valid)  # rule 12(d): no example on both sides
+    assert not set(train) & set(valid)  # docs/reference/karl.md §12(d): no example on both sides
     assert result.holdout_excluded == N_HOLDOUT and result.unique == result.train_unique + result.valid_unique
     assert result.unique >= 10 and result.valid_unique == result.unique - int(result.unique * 0.9 + 1e-9)
     by_id = {r.id: r for r in records}

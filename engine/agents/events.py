@@ -1,6 +1,6 @@
 """Every event of the agents plane, as pydantic v2 models, and the subjects they travel on.
 
-After Tentalis (reference §2-3), with the project's rules (§12): each payload names itself with a
+After Tentalis (docs/reference/agents-plane.md §2-3), with the project's rules (§12): each payload names itself with a
 fixed `type` and a `schema_version`, unknown fields are refused (`extra="forbid"`), the
 environment travels on the task, the result and the rollout, and scores are checked to lie in
 [0, 1] on the wire (the scorer clamps before it publishes). `parse_event` turns bytes from a
@@ -125,7 +125,7 @@ class ResultEvent(PlaneEvent):
 
 
 class FeedbackEvent(PlaneEvent):
-    """The manager's own judgement of a result, kept apart from the PRM step scores (rule 4)."""
+    """The manager's own judgement of a result, kept apart from the PRM step scores (docs/reference/agents-plane.md §12 rule 4)."""
 
     TYPE: ClassVar[str] = "feedback"
     SUBJECT: ClassVar[str] = "feedback.scored"
@@ -178,7 +178,7 @@ class ModelUpdateEvent(PlaneEvent):
     type: Literal["model_update"] = "model_update"
     model_version: str
     checkpoint_path: str  # a peft adapter directory
-    base_model: str  # the served model the adapter was trained on (rule 6)
+    base_model: str  # the served model the adapter was trained on (docs/reference/agents-plane.md §12 rule 6)
     base_fingerprint: str = ""  # hash of the base model's config.json; a worker on another base refuses it
     target_worker_id: str | None = None  # None: every worker
     step: int = 0

@@ -5,8 +5,8 @@ at most `concurrency` tasks in flight and gives a task up after `task_timeout_s`
 it itself, `status=failed`, so every task ends with exactly one result). With training on, each
 prompt is assigned `group_size` times under one `group_id`: a GRPO group.
 
-Each result is scored three ways, kept apart (rule 4):
-- the PRM step scores, clamped to [0, 1], combined with the environment's profile (rule 3) into
+Each result is scored three ways, kept apart (docs/reference/agents-plane.md §12 rule 4):
+- the PRM step scores, clamped to [0, 1], combined with the environment's profile (docs/reference/agents-plane.md §12 rule 3) into
   the outcome score;
 - the task's own verifier, where it has one;
 - the manager's feedback (offline, or written by Claude), published on `feedback.scored` and never

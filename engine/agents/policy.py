@@ -4,7 +4,7 @@ A worker samples with `LocalPolicy.generate`: its own loop over the KV cache, dr
 from exactly softmax(logits / temperature), with no top-k, top-p or repetition penalty. The
 log-probability of every drawn token under that distribution travels with the rollout as the
 behaviour policy, and the trainer recomputes it with `response_logprobs` over one forward of
-prompt + response (token t scored by the logits at t-1, carl.md §2). Both sides use the same
+prompt + response (token t scored by the logits at t-1, docs/reference/carl.md §2). Both sides use the same
 float32 log-softmax, so on a fresh adapter the importance ratio is 1 to float rounding.
 
 A new adapter is swapped into the live model (`swap_adapter`): the base stays loaded, peft adds
@@ -66,7 +66,7 @@ def base_fingerprint(model_dir: Path | str) -> str:
     """16 hex digits of the sha256 of the base model's config.json (for a hub id, the downloaded one).
 
     An adapter names the fingerprint of the base it was trained on; a worker serving another base
-    refuses it (rule 6) instead of loading weights that do not fit.
+    refuses it (docs/reference/agents-plane.md §12 rule 6) instead of loading weights that do not fit.
     """
     path = Path(model_dir)
     if isinstance(model_dir, str) and not path.is_dir():

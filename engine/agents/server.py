@@ -6,7 +6,7 @@ on every restart, so clients that reconnect find the server where they left it.
 
 The same config, with a `cluster` block, makes the server one node of a NATS cluster (JetStream
 clustered: a stream can then keep replicas on several nodes). The plane's tests run three such
-nodes on loopback; on real machines a cluster is the user's, configured as the README shows.
+nodes on loopback; on real machines a cluster is the user's, configured as docs/guide/agents.md shows.
 """
 
 from __future__ import annotations

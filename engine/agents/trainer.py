@@ -1,12 +1,12 @@
 """Training the served model from the plane's rollouts: GRPO through a LoRA adapter on the same base.
 
-The published loop (agents-plane.md §7) took one log-prob per batch and a ratio against the frozen
-reference, so the reward had no gradient. Here (rule 5) every sample keeps its own per-token
+The published loop (docs/reference/agents-plane.md §7) took one log-prob per batch and a ratio against the frozen
+reference, so the reward had no gradient. Here (docs/reference/agents-plane.md §12 rule 5) every sample keeps its own per-token
 log-probs; the importance ratio compares the current policy with the behaviour policy, the one
 that sampled the tokens (the log-probs the worker sent with the rollout), so rollouts from an
 older adapter are still trained, importance-corrected; the reference (the base, adapter
 disabled) appears only in the KL term. The adapter trains on the model the workers serve, with
-the same target modules (rule 6), and every `publish_every` steps it is written where a worker
+the same target modules (docs/reference/agents-plane.md §12 rule 6), and every `publish_every` steps it is written where a worker
 loads it and announced with a `ModelUpdateEvent` carrying the base's fingerprint.
 
 Rollouts are grouped by `group_id`. A group trains once it has `group_size` members, or, after
@@ -415,7 +415,7 @@ class PlaneTrainer:
             record.metrics = {"loss": None}
             self.reporter.write(record)
             raise TrainingFailed(f"the loss became NaN at step {step} (is the learning rate too high?)")
-        # Phi of the response tokens from this same forward, at the sampling temperature (carl.md §2).
+        # Phi of the response tokens from this same forward, at the sampling temperature (docs/reference/carl.md §2).
         stats = completion_token_stats(
             logits.detach(),
             batch.input_ids,

@@ -1,4 +1,4 @@
-"""Phi per token, measured from the distribution that generated the token (carl.md §1-2).
+"""Phi per token, measured from the distribution that generated the token (docs/reference/carl.md §1-2).
 
     H   = -sum_v p_v ln p_v   (nats)        Phi = 1 - H / ln|V|
 
@@ -24,7 +24,7 @@ On 2,048 x 151,936 float32 logits this is about 2x one softmax and 6-8x faster t
 
 On the CPU, when numba is installed (the `train` extra), a contiguous float32/bf16/fp16 tensor
 goes to `engine.coherence.phi_numba` instead: one read of the logits with an exp that
-vectorises, about 3x faster again on one thread (its docstring; README "Φ at the hardware's limit").
+vectorises, about 3x faster again on one thread (its docstring; docs/results/phi-kernel.md).
 `kernel="torch"` (or CARL_PHI_KERNEL=torch in the environment) keeps the torch kernel.
 """
 
@@ -180,7 +180,7 @@ def reference_entropy(logits: Tensor, *, temperature: float = 1.0) -> Tensor:
 
 
 def phi_from_entropy(entropy: ArrayT, vocab_size: int) -> ArrayT:
-    """Phi = 1 - H / ln|V|, with |V| the logits width (carl.md §1); a tensor or a numpy array."""
+    """Phi = 1 - H / ln|V|, with |V| the logits width (docs/reference/carl.md §1); a tensor or a numpy array."""
     if vocab_size < 2:
         raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
     return 1.0 - entropy / math.log(vocab_size)
@@ -243,7 +243,7 @@ def completion_token_stats(
     """Phi, entropy, selected probability and surprisal of every completion token.
 
     logits [B, T, V] from a plain forward over the prompt + completion ids [B, T]. Completion
-    token t is scored by logits[:, t - 1] (carl.md §2): the prompt is context, and prompt and
+    token t is scored by logits[:, t - 1] (docs/reference/carl.md §2): the prompt is context, and prompt and
     padding positions are masked out. Give `completion_mask` [B, T] (1 at completion tokens),
     or `prompt_lengths` [B] with an optional `attention_mask` for the padding. `vocab_size`
     defaults to the logits width, which is the |V| of Phi.

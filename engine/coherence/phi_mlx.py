@@ -248,7 +248,7 @@ def completion_entropies(
     logits [B, T', V] from a forward over right-padded prompt + completion rows (T' = T, or
     T - 1 for `model(ids[:, :-1])`: the last token's logits are never used). Row b holds
     prompt_lengths[b] prompt tokens, then completion_lengths[b] completion tokens, then padding;
-    its completion token t is scored by logits[b, t - 1] (carl.md §2), so its values come from
+    its completion token t is scored by logits[b, t - 1] (docs/reference/carl.md §2), so its values come from
     rows P-1 .. P+C-2. Padding after a row's tokens never reaches them under causal attention.
     """
     return [

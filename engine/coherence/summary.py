@@ -1,7 +1,7 @@
 """Phi aggregation: per completion, per step, and the completions shown in the samples table.
 
 numpy only (no torch), so the store, the daemon and the TUI can use it. Definitions follow
-carl.md §3 and §5:
+docs/reference/carl.md §3 and §5:
 
 - crystallization: dPhi > +DEFECT_THRESHOLD between consecutive tokens; melting: dPhi < -it;
   defect_density = (crystallizations + meltings) / tokens.

@@ -1,6 +1,6 @@
 """The cascade: coherence rewards stay off until the task reward works, then ramp in, capped.
 
-`CascadeGate` is the percentile gate of carl.md §7, driven only by the live task-reward signal (the
+`CascadeGate` is the percentile gate of docs/reference/carl.md §7, driven only by the live task-reward signal (the
 task reward function's mean for each step, fed by the runner once per optimizer step), never by a step
 count and never by the coherence signal. Its `GateState` is the per-step record the project rules ask
 for (state, threshold, history length, count above, multiplier, reason).
@@ -193,7 +193,7 @@ class CascadeWeights:
     coherence weight strictly below the task weight. Note the weight means "share of the advantage"
     only under `multi_objective_aggregation="normalize_then_sum"`; under the default
     `sum_then_normalize` it multiplies the raw reward, whose within-group spread also counts
-    (training.md §1.3).
+    (docs/reference/training.md §1.3).
     """
 
     def __init__(

@@ -17,7 +17,7 @@ runner supplies Phi in one of two ways, looked up in this order for every call:
 
 1. a keyword `phi_traces`: a list with one entry per completion, each a 1-D float array of Phi for
    that completion's generated tokens (token t scored with the logits at t-1 of prompt + completion,
-   carl.md §2), or None where Phi is unknown;
+   docs/reference/carl.md §2), or None where Phi is unknown;
 2. the instance attribute `phi_provider`: any callable `provider(prompts=..., completions=...,
    completion_ids=..., **kwargs) -> list[array | None]`, called with the same keywords TRL passes.
    Wrap an expensive provider in `CachedPhiProvider` so both coherence rewards share one forward.
@@ -48,7 +48,7 @@ PhiProvider = Callable[..., Sequence[Any]]
 TRL_KEYWORDS = frozenset(
     {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments"}
 )
-JUMP = 0.03  # carl.md §5: a per-token |dPhi| above this is a crystallization / melting event
+JUMP = 0.03  # docs/reference/carl.md §5: a per-token |dPhi| above this is a crystallization / melting event
 
 
 class RewardError(CarlError):
@@ -232,14 +232,14 @@ class CoherenceReward(PhiReward):
 
     The calibration set is every a seen in this reward's first `calibration_batches` batches with Phi
     (the current batch included, so the first batch is centred on 0.5); after that b and s freeze.
-    Why this shape and not the published multiscale score (carl.md §4, the coherence trap):
+    Why this shape and not the published multiscale score (docs/reference/carl.md §4, the coherence trap):
       - it scores the *level* of Phi where the answer is, not its uniformity, so noise that is
         uniformly uncertain scores low, not 0.6;
       - the run's own b and s make it meaningful at any vocabulary (Phi is squeezed near 1 at
         |V| = 151,936, where 0.01 of Phi is ~0.12 nats);
       - the frozen baseline makes it saturate: once every answer in a group sits several s above b,
         the group's spread of r, and with it this reward's share of the advantage, goes to zero, so
-        it stops pushing entropy down (a Phi-only reward is otherwise RENT, carl.md §10.3).
+        it stops pushing entropy down (a Phi-only reward is otherwise RENT, docs/reference/carl.md §10.3).
     Under `gated`, calibration starts when the task-reward gate opens, i.e. at the model's state then.
     """
 
@@ -316,7 +316,7 @@ class CoherenceReward(PhiReward):
 class CommitmentReward(PhiReward):
     """`commitment`: do the Phi jumps at decision points hold? In [0, 1], 0.5 when there are none.
 
-    With dPhi_k = Phi_{k+1} - Phi_k and theta = `jump` (0.03, carl.md §5):
+    With dPhi_k = Phi_{k+1} - Phi_k and theta = `jump` (0.03, docs/reference/carl.md §5):
       - each upward jump k (dPhi_k > theta) commits to the level L_k = Phi_{k+1}; its hold is the
         fraction of the next `hold` tokens (Phi_{k+2} ...) with Phi >= L_k - theta, 1.0 when the
         jump is on the last token;
@@ -325,7 +325,7 @@ class CommitmentReward(PhiReward):
         in [-1, 1], and r = (1 + Q) / 2.
     A clean commitment (low, one jump, stays high) scores 1; a jump that melts back scores ~0.25; noise
     (many jumps that do not hold, many meltings) scores below 0.5; a flat trace, high or low, scores
-    0.5, so uniformity alone earns nothing over the group (the coherence trap, carl.md §4).
+    0.5, so uniformity alone earns nothing over the group (the coherence trap, docs/reference/carl.md §4).
     """
 
     name = "commitment"

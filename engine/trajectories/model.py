@@ -4,7 +4,7 @@ The shapes every source (hooks, Claude Code transcripts, Codex rollouts, KARL re
 and every consumer (scoring, advantages, the store, export) reads. Privacy is applied here, once:
 prompts are cut to 500 characters, only the documented key parameters of a tool input are kept,
 each cut to 200 characters, and secrets are redacted before anything reaches the store.
-See ../shared/reference/karl.md (sections 2 and 12) and agent-traces.md (section 4).
+See docs/reference/karl.md (sections 2 and 12) and docs/reference/agent-traces.md (section 4).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class Event:
 
     @property
     def bash_error(self) -> bool:
-        """Project rule 12(b): a Bash call failed, or has a known non-zero exit code."""
+        """docs/reference/karl.md §12(b): a Bash call failed, or has a known non-zero exit code."""
         return self.tool == "Bash" and (
             self.success is False or (self.exit_code is not None and self.exit_code != 0)
         )
@@ -155,7 +155,7 @@ class Trajectory:
 
 @dataclass
 class Scored:
-    """A trajectory's reward: the total, the five signals and every component (karl.md §3)."""
+    """A trajectory's reward: the total, the five signals and every component (docs/reference/karl.md §3)."""
 
     reward: float
     outcome: float

@@ -1,6 +1,6 @@
 """Scored trajectories in carl.db: upsert by uid, then one advantage pass over the whole store.
 
-Project rule 12(c) of karl.md: advantages are computed only after every record is scored, in one
+Project rule 12(c) of docs/reference/karl.md: advantages are computed only after every record is scored, in one
 pass over the store, and again whenever a record is added or re-scored. `save` does exactly that:
 score what arrived, upsert it (a re-import or a re-assembled hook turn updates its row in place),
 then recompute every advantage and the per-domain baselines the control room shows.
@@ -135,7 +135,7 @@ def upsert(
 
 
 def recompute_advantages(store: Store) -> dict[str, Any]:
-    """Rule 12(c): one z-score pass over every stored reward; writes advantages and baselines."""
+    """docs/reference/karl.md §12(c): one z-score pass over every stored reward; writes advantages and baselines."""
     from engine.trajectories.scoring.advantages import compute_advantages
 
     rows = store.conn.execute("SELECT id, reward, domain, advantage FROM trajectories ORDER BY id").fetchall()

@@ -1,6 +1,6 @@
 """Step scoring of the agents plane: PRM judges, environment profiles, and the reward.
 
-After Tentalis (reference §5-6), with the project's rules (§12):
+After Tentalis (docs/reference/agents-plane.md §5-6), with the project's rules (§12):
 - every step score is clamped to [0, 1] at the scorer (published, a judge replying 3 and 3 put 3.0
   into the rollout);
 - the profile comes from the result's own `environment` field (published, it was read from a field
@@ -8,7 +8,7 @@ After Tentalis (reference §5-6), with the project's rules (§12):
 - every dimension of every profile is implemented (published, only prm and halugate were); a
   dimension without its data is left out and the weights renormalise over the others;
 - the reward the trainer optimises is the outcome, averaged with the task's verifier where it has
-  one, never the manager's feedback (rule 4).
+  one, never the manager's feedback (docs/reference/agents-plane.md §12 rule 4).
 
 One module per concern, each reading only those before it:
 - `scale`: the [0, 1] scale (`clamp01`, `mean`, `NEUTRAL`);

@@ -39,7 +39,7 @@ class ScoredResult:
 
 def reward_of(outcome_score: float, verifier_score: float | None) -> float:
     """The trainer's reward: the mean of the outcome and the task's verifier when it has one, else the
-    outcome. The manager's feedback is never part of it (rule 4)."""
+    outcome. The manager's feedback is never part of it (docs/reference/agents-plane.md §12 rule 4)."""
     if verifier_score is None:
         return clamp01(outcome_score)
     return clamp01((clamp01(outcome_score) + clamp01(verifier_score)) / 2)
@@ -81,7 +81,7 @@ def combine(profile: str, evidence: Evidence) -> tuple[list[float], dict[str, fl
 
 
 class CombinedScorer:
-    """Scores a result with the PRM and its environment's profile (reference §6, rule 3).
+    """Scores a result with the PRM and its environment's profile (docs/reference/agents-plane.md §6, §12 rule 3).
 
     A failed result scores 0 everywhere (no steps, no outcome, no reward): a crash is not a partial
     answer. A result without steps has PRM 0 and its answer stands in for the steps elsewhere; with

@@ -1,7 +1,7 @@
-"""KARL's published ablation table (karl.md §11) rebuilt from a record file, beside ours.
+"""KARL's published ablation table (docs/reference/karl.md §11) rebuilt from a record file, beside ours.
 
-The paper's 290 ablation records are KARL `trajectories.jsonl` records (karl.md §2), one whole session
-each, scored by a simplified scorer (karl.md §13 item 8). A record keeps each signal where scoring
+The paper's 290 ablation records are KARL `trajectories.jsonl` records (docs/reference/karl.md §2), one whole session
+each, scored by a simplified scorer (docs/reference/karl.md §13 item 8). A record keeps each signal where scoring
 writes it, in its `outcome` block (§2.1), rounded to 4 decimals:
 
     outcome.outcome_score   outcome.process_score   outcome.efficiency_score
@@ -11,8 +11,8 @@ The sub-scores in `reward_components` (§3.6) belong to the full scorer, not to 
 `quality.success_rate` is rounded to 3 decimals: neither is read.
 
 Paper side: the stored signals, ranked with the weights of the paper's code at the time of the
-ablation (0.30/0.25/0.15/0.15/0.15, karl.md §13 item 1). Our side: the same records mapped back to
-trajectories by `karl_records` and re-scored by our scorer (karl.md §3 with the rules of §12). Both are
+ablation (0.30/0.25/0.15/0.15/0.15, docs/reference/karl.md §13 item 1). Our side: the same records mapped back to
+trajectories by `karl_records` and re-scored by our scorer (docs/reference/karl.md §3 with the rules of §12). Both are
 ablated by `ablation.ablate`, the §11 method.
 """
 
@@ -32,7 +32,7 @@ from engine.trajectories.importers.files import read_jsonl
 from engine.trajectories.importers.karl_records import record_to_trajectory
 from engine.trajectories.scoring.signals import SIGNALS, score_many
 
-# The paper's code at the time of the ablation (karl.md §13 item 1); the same numbers as ours.
+# The paper's code at the time of the ablation (docs/reference/karl.md §13 item 1); the same numbers as ours.
 PAPER_WEIGHTS = {
     "outcome": 0.30,
     "process": 0.25,
@@ -189,7 +189,7 @@ def paper_ablation(path: Path, k: int = TOP_K) -> PaperAblation:
         paper_rewards, source = stored, f"outcome.{REWARD_FIELD}"
         gap = float(np.abs(stored - weighted).max())
     paper = Side(
-        "paper file: stored outcome.*_score (simplified scorer, karl.md §13 item 8)",
+        "paper file: stored outcome.*_score (simplified scorer, docs/reference/karl.md §13 item 8)",
         ablate(paper_matrix, weights, SIGNALS, k),
         _means(paper_matrix),
         _reward_stats(paper_rewards),
@@ -200,7 +200,7 @@ def paper_ablation(path: Path, k: int = TOP_K) -> PaperAblation:
     scored = score_many(trajectories)
     our_matrix = signal_matrix(scored)
     ours = Side(
-        "ours: karl.md §3 with the rules of §12 (scoring/signals.py)",
+        "ours: docs/reference/karl.md §3 with the rules of §12 (scoring/signals.py)",
         ablate(our_matrix, weights, SIGNALS, k),
         _means(our_matrix),
         _reward_stats(np.array([s.reward for s in scored])),

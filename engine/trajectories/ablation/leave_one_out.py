@@ -1,4 +1,4 @@
-"""Leave-one-out signal ablation (karl.md §11): how much each signal moves the ranking.
+"""Leave-one-out signal ablation (docs/reference/karl.md §11): how much each signal moves the ranking.
 
 For each signal s: drop it, renormalize the other weights to sum to 1, re-score, and compare the
 ranking with the full one: ρ = Spearman correlation (average ranks for ties), overlap = size of

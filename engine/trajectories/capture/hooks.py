@@ -4,7 +4,7 @@ The recorder itself is recorder.py (standard library only, run by every hook eve
 the engine's side: `install`/`uninstall` edit a Claude Code settings.json without disturbing the
 user's own hooks, `read_spool`/`remove_spool` hand spooled payloads to the engine in two phases
 (store first, then delete, so nothing is lost if the engine dies in between), and `assemble` maps
-one session's ordered payloads to trajectories (agent-traces.md §1.5, karl.md §1 and rule 12).
+one session's ordered payloads to trajectories (docs/reference/agent-traces.md §1.5, docs/reference/karl.md §1 and rule 12).
 """
 
 from __future__ import annotations
@@ -495,7 +495,7 @@ def assemble(
     now: float | None = None,
     stale_after_s: float = STALE_TURN_S,
 ) -> Assembly:
-    """Turns of ONE session from its hook payloads in arrival order (agent-traces.md §1.5).
+    """Turns of ONE session from its hook payloads in arrival order (docs/reference/agent-traces.md §1.5).
 
     Each item is a SpoolItem, a spool wrapper `{"received_at", "payload"}`, or a bare payload.
     Pure: the same payloads give the same trajectories and uids, so re-assembling after a later
@@ -554,7 +554,9 @@ class _Session:
             self._continue_turn()  # injected text (a task notification, a command echo): same turn
             return
         self._close(self.current.last_at if self.current else at, "prompt")
-        for turn in self.turns:  # rule 12(g): the next human prompt speaks for the turns before it
+        for turn in (
+            self.turns
+        ):  # docs/reference/karl.md §12(g): the next human prompt speaks for the turns before it
             if not turn.judged:
                 turn.judged, turn.session_continued = True, True
                 turn.correction, turn.redo = self.detector.judge(text)
@@ -633,7 +635,7 @@ class _Session:
 
 
 def tool_event(payload: Mapping[str, Any], at: float | None, *, failed: bool) -> Event:
-    """A PostToolUse / PostToolUseFailure payload as a KARL event (rule 12(e))."""
+    """A PostToolUse / PostToolUseFailure payload as a KARL event (docs/reference/karl.md §12(e))."""
     if failed:  # the tool threw: exit code from the error text's first line, when it has one
         success, exit_code = False, exit_code_from_text(payload.get("error"))
     else:  # success output carries no exit code (Bash included)

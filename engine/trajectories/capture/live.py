@@ -4,7 +4,7 @@
 so an agent never waits on the store and nothing is lost while the engine is down. The engine
 moves the spool into the `hook_events` table (durable first, files removed after the commit),
 re-assembles every session that received payloads, and saves the turns: scoring, domains, one
-advantage pass over the store (karl.md rule 12(c)), and the retraining triggers for the TUI.
+advantage pass over the store (docs/reference/karl.md §12(c)), and the retraining triggers for the TUI.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Claude Code transcripts (`~/.claude/projects/<cwd>/<sessionId>.jsonl`) -> trajectories.
 
-See ../shared/reference/agent-traces.md §2. A main transcript gives one trajectory per human prompt
+See docs/reference/agent-traces.md §2. A main transcript gives one trajectory per human prompt
 that was followed by tool calls; a subagent file (`<sessionId>/subagents/agent-<id>.jsonl`) gives
 one trajectory for the whole subagent run.
 """
@@ -210,7 +210,9 @@ def _trajectory(path: Path, turn: _Turn, following: _Turn | None, detector: Dete
         events=turn.events,
         turn_index=turn.index,
     )
-    if following is not None:  # rule 12(g): only the next human prompt sets the cross-turn flags
+    if (
+        following is not None
+    ):  # docs/reference/karl.md §12(g): only the next human prompt sets the cross-turn flags
         traj.session_continued = True
         traj.correction, traj.redo = detector.judge(following.prompt)
     return traj

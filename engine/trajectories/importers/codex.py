@@ -1,6 +1,6 @@
 """Codex CLI rollouts (`~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl`) -> trajectories.
 
-See ../shared/reference/agent-traces.md §3. A turn runs from one `event_msg` `user_message` to the
+See docs/reference/agent-traces.md §3. A turn runs from one `event_msg` `user_message` to the
 next (or to `turn_aborted`); its events are the function, custom-tool and local-shell calls in line
 order, joined to their outputs by `call_id`. Success is settled only at the end of the file because
 the evidence arrives late: `patch_apply_end`, and `write_stdin` outputs that carry the exit code of
@@ -348,7 +348,9 @@ def _trajectories(r: _Rollout, detector: Detector) -> list[Trajectory]:
             events=turn.events,
             turn_index=turn.index,
         )
-        if i + 1 < len(r.turns):  # rule 12(g): the next human prompt sets the cross-turn flags
+        if i + 1 < len(
+            r.turns
+        ):  # docs/reference/karl.md §12(g): the next human prompt sets the cross-turn flags
             traj.session_continued = True
             traj.correction, traj.redo = detector.judge(r.turns[i + 1].prompt)
         out.append(traj)

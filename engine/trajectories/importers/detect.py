@@ -1,6 +1,6 @@
 """What the next human prompt says about the previous turn, and which user lines are human prompts.
 
-Project rule 12(g) of karl.md: correction and redo come from the lower-cased first 300 characters
+Project rule 12(g) of docs/reference/karl.md: correction and redo come from the lower-cased first 300 characters
 of the next human prompt of the same session; its arrival alone means the session continued.
 The pattern sets are the documented defaults; configuration may replace them.
 """
@@ -21,7 +21,7 @@ CORRECTION_PATTERNS = (
 )
 REDO_PATTERNS = (r"\b(try again|redo|do it again|start over|one more time|again,? but)\b",)
 
-# Claude Code user lines that are not human prompts (karl.md 12(g), agent-traces.md §2.2).
+# Claude Code user lines that are not human prompts (docs/reference/karl.md §12(g), docs/reference/agent-traces.md §2.2).
 NOT_HUMAN_PREFIXES = (
     "<command-",
     "<local-command-",

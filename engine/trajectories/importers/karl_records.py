@@ -1,4 +1,4 @@
-"""KARL `trajectories.jsonl` records (karl.md §2) -> trajectories.
+"""KARL `trajectories.jsonl` records (docs/reference/karl.md §2) -> trajectories.
 
 A record already is one trajectory; this maps its fields back. Privacy is applied again (prompt cut
 and redacted, key parameters filtered) because a record file may come from another recorder.

@@ -1,4 +1,4 @@
-"""Skill and domain inference from portable evidence (karl.md §8, project rule 12(f)).
+"""Skill and domain inference from portable evidence (docs/reference/karl.md §8, project rule 12(f)).
 
 The §8 counting mechanism: collect evidence strings (every event's `file_path`, `command` and
 `pattern`, plus the working directory, the repository name and the prompt); for every

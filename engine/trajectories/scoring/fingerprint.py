@@ -1,4 +1,4 @@
-"""The process fingerprint of a trajectory (karl.md §7): how the agent worked, in six signals.
+"""The process fingerprint of a trajectory (docs/reference/karl.md §7): how the agent worked, in six signals.
 
 Like the reward, the fingerprint reads the stored record: the scans (flow, mutated paths,
 verification, recovery, scope) see the first 50 events, the counts (`research_count`,

@@ -1,8 +1,8 @@
-"""When to retrain: the four plasticity triggers (karl.md §9), with a drift that works.
+"""When to retrain: the four plasticity triggers (docs/reference/karl.md §9), with a drift that works.
 
 The published drift window read numeric timestamps the recorder never wrote, so it always said
 `no_data`. Here the window is taken over the trajectories' numeric `ended_at` (unix seconds,
-NaN when unknown), and each domain's baseline is the smoothed baseline of §4 (rule 12(c)).
+NaN when unknown), and each domain's baseline is the smoothed baseline of §4 (docs/reference/karl.md §12(c)).
 
 | trigger | fires when |
 |---|---|

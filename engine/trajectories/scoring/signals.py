@@ -1,4 +1,4 @@
-"""The five-signal reward of a trajectory (karl.md §3, with project rules 12(a) and 12(b)).
+"""The five-signal reward of a trajectory (docs/reference/karl.md §3, with project rules 12(a) and 12(b)).
 
     R = 0.30·O + 0.25·P + 0.15·E + 0.15·V + 0.15·C        reward = round(R, 4)
 
@@ -53,11 +53,11 @@ def clip(x: float) -> float:
     return min(1.0, max(0.0, x))
 
 
-# --- counts over every event (§2.1, rule 12(b)) ----------------------------------------------
+# --- counts over every event (§2.1, docs/reference/karl.md §12(b)) ----------------------------------------------
 
 
 def bash_errors(t: Trajectory) -> int:
-    """Rule 12(b): Bash events that failed or have a known non-zero exit code (null never counts)."""
+    """docs/reference/karl.md §12(b): Bash events that failed or have a known non-zero exit code (null never counts)."""
     return sum(1 for e in t.events if e.bash_error)
 
 
@@ -197,7 +197,7 @@ def read_after_write(stored: Sequence[Event]) -> bool:
 def verification_score(
     total: int, counts: dict[str, int], stored: Sequence[Event]
 ) -> tuple[float, dict[str, float]]:
-    """§3.4 with rule 12(a): V = 0.4·[test] + 0.3·[build] + 0.3·[read-after-write]."""
+    """§3.4 with docs/reference/karl.md §12(a): V = 0.4·[test] + 0.3·[build] + 0.3·[read-after-write]."""
     if total == 0:
         return 0.5, dict.fromkeys(VERIFICATION_KEYS, 0.0)
     if not any(tool in counts for tool in MUTATION_TOOLS):
@@ -516,7 +516,7 @@ def _verification_columns(
     paths: _PathGroups,
     comps: dict[str, np.ndarray],
 ) -> np.ndarray:
-    """§3.4 with rule 12(a); test/build flags are computed once per distinct command."""
+    """§3.4 with docs/reference/karl.md §12(a); test/build flags are computed once per distinct command."""
     size = len(total)
     bash = np.flatnonzero(tool == 4)
     commands = [e.params.get("command") for e in _gather(events, bash)]

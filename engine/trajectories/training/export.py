@@ -1,8 +1,8 @@
-"""Advantage-weighted SFT export, OAPL-Lite (karl.md §6, with project rules 12(c) and 12(d)).
+"""Advantage-weighted SFT export, OAPL-Lite (docs/reference/karl.md §6, with project rules 12(c) and 12(d)).
 
 Each trajectory becomes one ChatML example: a system prompt, the human's task, and the *plan* (the
 tool calls it made, one numbered line each, then the result). Its copies come from the stored
-advantage (rule 12(c): the z-score of the one pass over the store, in units of sigma). Rule 12(d):
+advantage (docs/reference/karl.md §12(c): the z-score of the one pass over the store, in units of sigma). docs/reference/karl.md §12(d):
 unique examples are split 90/10 first, then oversampled inside their own side, so no trajectory is
 in both train and valid. Hold-out trajectories never reach the export.
 
@@ -211,7 +211,7 @@ def unique_examples(
 def split_examples(
     examples: Sequence[Example], *, seed: int = 42, valid_share: float = 0.1
 ) -> tuple[list[Example], list[Example]]:
-    """Rule 12(d): each unique example goes to exactly one side (shuffled with the seed)."""
+    """docs/reference/karl.md §12(d): each unique example goes to exactly one side (shuffled with the seed)."""
     order = list(examples)
     random.Random(seed).shuffle(order)
     # As published: train = max(1, floor(0.9 n)); the epsilon keeps 0.9 * 70 from flooring to 62.

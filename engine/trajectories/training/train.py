@@ -1,6 +1,6 @@
 """Train a LoRA adapter on the stored trajectories, as a carl run the control room shows live.
 
-`advantage`: the OAPL-Lite export (karl.md §6 with rules 12(c) and 12(d)): trajectories with a
+`advantage`: the OAPL-Lite export (docs/reference/karl.md §6 with rules 12(c) and 12(d)): trajectories with a
 positive stored advantage, repeated 1-3 times by tier. `uniform`: the same number of examples drawn
 uniformly (the §5 sampler, seeded) from every eligible trajectory whatever its advantage: the
 baseline the advantage weighting has to beat. Neither ever sees a hold-out trajectory, so
@@ -86,7 +86,9 @@ def _uniform_examples(
     seed: int,
 ) -> list[Example]:
     """n examples from every eligible trajectory (any advantage), drawn uniformly, one copy each."""
-    seen = {e.key for e in export.valid}  # rule 12(d) here too: nothing of the validation side
+    seen = {
+        e.key for e in export.valid
+    }  # docs/reference/karl.md §12(d) here too: nothing of the validation side
     pool: list[Record] = []
     for r in records:
         if r.holdout or len(r.events) < MIN_TOOL_EVENTS or not passes_quality(r, quality):
