@@ -32,6 +32,7 @@ from .base import (
     read_experiment_runs,
     read_experiments,
 )
+from .rollouts import ROLLOUT_CAP, ROLLOUT_COLUMNS, ROLLOUT_WIDTH, rollout_record
 from .schema import APPLICATION_ID, MIGRATIONS, ROLLUP_LEVELS, SCHEMA_VERSION
 
 
@@ -165,6 +166,7 @@ class Store:
             "model",
             "max_steps",
             "vocab_size",
+            "framework",
             "last_step",
             "last_update",
             "started_at",
@@ -426,6 +428,65 @@ class Store:
                 ],
             )
 
+    # -- rollouts --------------------------------------------------------------------------
+
+    def add_rollouts(self, run_id: int, rows: Sequence[dict[str, Any]]) -> int:
+        """Insert a run's samples (see `rollout_record`); a (step, idx) already stored is ignored, so a
+        source read again after a crash adds nothing twice. Returns rows added. Past ROLLOUT_CAP rows
+        the run's oldest steps are thinned (every other sample), never its newest step."""
+        batch = [rollout_record(run_id, r) for r in rows]
+        if not batch:
+            return 0
+        with self.transaction():
+            before = self.conn.total_changes
+            self.conn.executemany(
+                f"INSERT OR IGNORE INTO rollouts ({ROLLOUT_COLUMNS}) VALUES ({', '.join('?' * ROLLOUT_WIDTH)})",
+                batch,
+            )
+            added = self.conn.total_changes - before
+            if added:
+                self._thin_rollouts(run_id)
+            return added
+
+    def _thin_rollouts(self, run_id: int, cap: int | None = None) -> int:
+        """Bring a run over the cap back to 90% of it: every other sample of its oldest steps goes, oldest
+        step first; a step left with one sample keeps it until every older step is down to one, and only
+        then do whole oldest steps go. The newest step is never touched. Returns rows removed."""
+        cap = ROLLOUT_CAP if cap is None else cap
+        total = self.conn.execute("SELECT count(*) FROM rollouts WHERE run_id=?", (run_id,)).fetchone()[0]
+        if total <= cap:
+            return 0
+        excess = total - int(cap * 0.9)
+        steps = self.conn.execute(
+            "SELECT step, count(*) FROM rollouts WHERE run_id=? GROUP BY step ORDER BY step", (run_id,)
+        ).fetchall()[:-1]  # never the newest step
+        removed = 0
+        for step, n in steps:  # pass 1: halve the oldest steps
+            if removed >= excess:
+                return removed
+            if n > 1:
+                removed += self.conn.execute(
+                    "DELETE FROM rollouts WHERE id IN (SELECT id FROM (SELECT id, row_number() OVER"
+                    " (ORDER BY idx) AS r FROM rollouts WHERE run_id=? AND step=?) WHERE r % 2 = 0)",
+                    (run_id, step),
+                ).rowcount
+        for step, _ in steps:  # pass 2: still over: the oldest steps go whole
+            if removed >= excess:
+                break
+            removed += self.conn.execute(
+                "DELETE FROM rollouts WHERE run_id=? AND step=?", (run_id, step)
+            ).rowcount
+        return removed
+
+    def set_key_names(self, run_id: int, names: dict[str, str]) -> None:
+        """Remember the source's own name of each key a framework's key map renamed (key -> source key)."""
+        if names:
+            with self.transaction():
+                self.conn.executemany(
+                    "INSERT OR REPLACE INTO run_keys (run_id, key, source_key) VALUES (?,?,?)",
+                    [(run_id, key, source_key) for key, source_key in names.items()],
+                )
+
     def add_gate_states(self, run_id: int, rows: Sequence[dict[str, Any]]) -> None:
         """The cascade gate's state per step (state, threshold, history, above, window,
         multiplier, reason); also mirrored as `cascade/*` metrics so it charts like the rest."""
@@ -581,7 +642,7 @@ class Store:
             removed = self.conn.execute(
                 "DELETE FROM metrics WHERE run_id=? AND step>?", (run_id, step)
             ).rowcount
-            for table in ("phi_stats", "samples", "gate_states", "events"):
+            for table in ("phi_stats", "samples", "gate_states", "events", "rollouts"):
                 self.conn.execute(f"DELETE FROM {table} WHERE run_id=? AND step>?", (run_id, step))
             for key in keys:
                 for level in ROLLUP_LEVELS:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import StoreError, check_schema, connect, read_experiment, read_experiment_runs, read_experiments
+from .rollouts import ROLLOUT_COLUMNS, rollout_dict
 from .schema import ROLLUP_LEVELS
 
 NAN = math.nan
@@ -71,12 +72,15 @@ class RunRow:
     backend: str | None = None
     error: str | None = None
     temperature: float | None = None
+    framework: str | None = None  # the RL framework that wrote an observed run (told from its keys)
 
 
 RUN_COLUMNS = (
     "id, name, source_kind, source_path, status, max_steps, vocab_size, last_step, last_update,"
-    " started_at, ended_at, phase, health, health_reasons, model, backend, error, temperature"
+    " started_at, ended_at, phase, health, health_reasons, model, backend, error, temperature, framework"
 )
+# A store not migrated to schema 6 yet (only writers migrate) has no framework column.
+RUN_COLUMNS_V5 = RUN_COLUMNS.replace(", framework", ", NULL")
 
 
 class StoreReader:
@@ -92,6 +96,7 @@ class StoreReader:
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: cannot open read-only ({exc})") from None
         self.version = check_schema(self.conn, self.path)
+        self._run_columns = RUN_COLUMNS if self.version >= 6 else RUN_COLUMNS_V5
 
     def close(self) -> None:
         self.conn.close()
@@ -102,18 +107,24 @@ class StoreReader:
     # -- runs ------------------------------------------------------------------------------
 
     def runs(self) -> list[RunRow]:
-        rows = self.conn.execute(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY id").fetchall()
+        rows = self.conn.execute(f"SELECT {self._run_columns} FROM runs ORDER BY id").fetchall()
         return [self._run(r) for r in rows]
 
     def run(self, run_id: int) -> RunRow | None:
-        row = self.conn.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE id=?", (run_id,)).fetchone()
+        row = self.conn.execute(f"SELECT {self._run_columns} FROM runs WHERE id=?", (run_id,)).fetchone()
         return None if row is None else self._run(row)
 
     @staticmethod
     def _run(r: tuple[Any, ...]) -> RunRow:
         reasons = json.loads(r[13]) if r[13] else []
         return RunRow(
-            *r[:13], health_reasons=reasons, model=r[14], backend=r[15], error=r[16], temperature=r[17]
+            *r[:13],
+            health_reasons=reasons,
+            model=r[14],
+            backend=r[15],
+            error=r[16],
+            temperature=r[17],
+            framework=r[18],
         )
 
     def metric_keys(self, run_id: int) -> list[str]:
@@ -306,6 +317,51 @@ class StoreReader:
                 row[key] = json.loads(row[key]) if row[key] else None
             out.append(row)
         return out
+
+    # -- rollouts --------------------------------------------------------------------------
+
+    def rollout_steps(self, run_id: int) -> list[tuple[int, int]]:
+        """(step, samples) for each step of a run that has rollouts, oldest first."""
+        if self.version < 6:
+            return []
+        return self.conn.execute(
+            "SELECT step, count(*) FROM rollouts WHERE run_id=? GROUP BY step ORDER BY step", (run_id,)
+        ).fetchall()
+
+    def rollouts(
+        self, run_id: int, step: int | None = None, *, limit: int = 200, offset: int = 0
+    ) -> list[dict[str, Any]]:
+        """A run's rollouts (of one step, or all), in step then source order."""
+        if self.version < 6:
+            return []
+        where, params = (
+            ("run_id=? AND step=?", (run_id, step)) if step is not None else ("run_id=?", (run_id,))
+        )
+        rows = self.conn.execute(
+            f"SELECT id, {ROLLOUT_COLUMNS} FROM rollouts WHERE {where} ORDER BY step, idx LIMIT ? OFFSET ?",
+            (*params, limit, offset),
+        ).fetchall()
+        return [rollout_dict(r) for r in rows]
+
+    def rollout(self, rollout_id: int) -> dict[str, Any] | None:
+        if self.version < 6:
+            return None
+        row = self.conn.execute(
+            f"SELECT id, {ROLLOUT_COLUMNS} FROM rollouts WHERE id=?", (rollout_id,)
+        ).fetchone()
+        return None if row is None else rollout_dict(row)
+
+    def rollout_count(self, run_id: int) -> int:
+        if self.version < 6:
+            return 0
+        return int(self.conn.execute("SELECT count(*) FROM rollouts WHERE run_id=?", (run_id,)).fetchone()[0])
+
+    def key_names(self, run_id: int) -> dict[str, str]:
+        """For each key a framework's key map renamed, the name the source used."""
+        if self.version < 6:
+            return {}
+        rows = self.conn.execute("SELECT key, source_key FROM run_keys WHERE run_id=?", (run_id,))
+        return dict(rows.fetchall())
 
     def run_commands(self, run_id: int, limit: int = 50) -> list[dict[str, Any]]:
         """The newest commands sent to a run (the audit log), newest first."""

@@ -455,5 +455,50 @@ def _v5(db: sqlite_utils.Database) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5]
+def _v6(db: sqlite_utils.Database) -> None:
+    """Runs of any RL framework, and the rollouts of every source in one table.
+
+    A run says which framework wrote it (told from its keys); `run_keys` keeps, for each key a framework's
+    key map renamed, the name the source used. `rollouts` holds the samples of every source: our own GRPO
+    runs, TRL's completions parquet, veRL's and prime-rl's dumps, verifiers' results. A rollout source row
+    names the source whose run its samples join (`sources.attach_to`)."""
+    db["runs"].add_column("framework", str)
+    db["sources"].add_column("attach_to", int)
+    db.execute(
+        """
+        CREATE TABLE run_keys (
+            run_id INTEGER NOT NULL,
+            key TEXT NOT NULL,
+            source_key TEXT NOT NULL,
+            PRIMARY KEY (run_id, key)
+        ) WITHOUT ROWID
+        """
+    )
+    db.execute(
+        """
+        CREATE TABLE rollouts (
+            id INTEGER PRIMARY KEY,
+            run_id INTEGER NOT NULL REFERENCES runs(id),
+            step INTEGER NOT NULL,
+            idx INTEGER NOT NULL,  -- the sample's place in its step, in the source's order
+            group_id TEXT NOT NULL DEFAULT '',  -- the prompt group (GRPO); '' when the source has none
+            prompt TEXT,
+            completion TEXT,
+            rewards TEXT,  -- JSON {reward function: value}
+            total REAL,
+            advantage REAL,
+            length INTEGER,  -- completion tokens (characters when the source has no tokens)
+            extra TEXT,  -- JSON: the source's other fields
+            tokens TEXT,  -- JSON list of the completion's tokens, as text (our own runs)
+            entropy BLOB,  -- per token, nats, float16 little-endian (our own runs)
+            logprob BLOB,  -- the chosen token's log-probability, float16 little-endian (our own runs)
+            wall_time REAL
+        )
+        """
+    )
+    # One row per (run, step, idx): a source read again after a crash adds nothing twice.
+    db.execute("CREATE UNIQUE INDEX idx_rollouts_run_step_idx ON rollouts (run_id, step, idx)")
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6]
 SCHEMA_VERSION = len(MIGRATIONS)
