@@ -38,18 +38,11 @@ SLASH_HELP = """\
 
 class ChatScreen(Screen[None]):
     BINDINGS = [
-        Binding("escape", "leave", "Back to the control room"),
-        Binding("ctrl+n", "new_conversation", "New conversation"),
-        Binding("ctrl+l", "focus_list", "Conversations"),
-        Binding("delete", "delete_selected", "Delete conversation", show=False),
+        Binding("escape", "leave", "Back to the control room", id="chat.leave"),
+        Binding("ctrl+n", "new_conversation", "New conversation", id="chat.new"),
+        Binding("ctrl+l", "focus_list", "Conversations", id="chat.conversations"),
+        Binding("delete", "delete_selected", "Delete conversation", show=False, id="chat.delete"),
     ]
-    DEFAULT_CSS = """
-    ChatScreen #chat-title { height: 1; background: $panel; padding: 0 1; }
-    ChatScreen #chat-list { width: 30; border: round $panel-lighten-2; }
-    ChatScreen #chat-list:focus { border: round $primary; }
-    ChatScreen #chat-main { width: 1fr; }
-    ChatScreen #chat-status { height: 1; color: $text-muted; padding: 0 1; }
-    """
 
     def __init__(
         self,
