@@ -60,8 +60,8 @@ class ActivityPanes:
 
     def on_agents_pane_control(self: ControlRoom, event: AgentsPane.Control) -> None:
         """`p`, `+` and `x` on the Agents pane: engine commands, answered by the plane itself."""
-        if self.sender.readonly or self.debounced(f"agents_{event.verb}"):
-            return  # read-only: the pane hides these keys; one sent anyway is not an error
+        if self.debounced(f"agents_{event.verb}"):
+            return  # (a read-only session: the pane hides these keys, and the sender refuses them)
         plane = self.agents_overview.get("plane") or {}
         if not plane.get("wanted"):
             self.notify(

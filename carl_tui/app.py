@@ -6,8 +6,9 @@ when their data differs, so an idle screen writes nothing to the terminal. The U
 touches the store: the watcher reads it (carl_tui/model.py), short reads run in workers
 (carl_tui/reads.py) and so do commands, the only rows the control room writes (carl_tui/commands.py).
 
-The keys live by concern: training control (controls.py), comparing runs (comparing.py), the
-activity panes (activity.py); they are mixins of the app, so their actions are the app's.
+The keys live by concern, in mixins of the app (so their actions are the app's): training control
+(controls.py), comparing runs (comparing.py), the activity panes (activity.py), what the screen
+shows (screen_keys.py); and the engine's supervision (supervisor.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import gc
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
@@ -24,9 +24,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
-from textual.theme import Theme
 from textual.widgets import Footer, OptionList
-from textual.worker import Worker, get_current_worker
+from textual.worker import get_current_worker
 
 from engine import paths
 from engine.store import RunRow
@@ -42,32 +41,17 @@ from .activity import ActivityPanes
 from .commands import QUEUED_UNTIL_UP, CommandSender
 from .comparing import ComparingRuns
 from .comparison import Comparison
-from .config import ConfigError, TuiConfig, config_path, load_config, save_config
+from .config import ConfigError, TuiConfig, config_path, load_config
 from .controls import CONTROL_ACTIONS, RUN_ACTIONS, RunControls
-from .keymap import bindings_of, check_keymap, keymap_line, keys_in_force, known_ids
+from .keymap import check_keymap, keymap_line, known_ids
 from .model import FirstRead, RunView, Snapshot, StoreWatcher, run_state
 from .panes import draw_run, line_style
 from .reads import StoreReads
 from .runs import RunList
+from .screen_keys import PANES, ScreenKeys
+from .supervisor import READONLY_ENGINE_HINT, EngineSupervision, nap
 
-if TYPE_CHECKING:
-    from textual.widgets import Input
-
-PANES = ("phi", "rewards", "trajectories", "agents")
-DOWN = ("down", "stopped")  # engine states in which nothing runs it
-READONLY_ENGINE_HINT = "`carl engine start` starts it"  # after "engine ✕ down" in a read-only status line
-READONLY_ENGINE_DOWN = (
-    "engine down — this session is watch-only and starts nothing; start it with `carl engine start`"
-)
 DESTRUCTIVE = frozenset({"stop_run", "agents_stop_worker"})  # debounced longer
-
-
-def nap(worker: Worker, seconds: float) -> None:
-    """Sleep in a thread worker, waking within 50 ms of its cancellation: `q` waits for the
-    workers' threads, so a plain sleep (up to a minute of engine backoff) would hold the exit."""
-    deadline = time.monotonic() + seconds
-    while not worker.is_cancelled and (left := deadline - time.monotonic()) > 0:
-        time.sleep(min(left, 0.05))
 
 
 class StoreUpdated(Message):
@@ -76,15 +60,7 @@ class StoreUpdated(Message):
         self.snapshot = snapshot
 
 
-class EngineState(Message):
-    def __init__(self, state: str, detail: str = "", *, started_pid: int | None = None) -> None:
-        super().__init__()
-        self.state = state
-        self.detail = detail  # an error to show
-        self.started_pid = started_pid  # this control room has just started the engine, as this process
-
-
-class ControlRoom(RunControls, ComparingRuns, ActivityPanes, App[None]):
+class ControlRoom(RunControls, ComparingRuns, ActivityPanes, ScreenKeys, EngineSupervision, App[None]):
     TITLE = "carl-tui"
     CSS_PATH = str(STYLESHEET)
     ENABLE_COMMAND_PALETTE = True
@@ -276,60 +252,7 @@ class ControlRoom(RunControls, ComparingRuns, ActivityPanes, App[None]):
                 self.post_message(StoreUpdated(snapshot))
             nap(worker, period - (time.monotonic() - started))
 
-    @work(thread=True, exclusive=True, group="engine")
-    def supervise_engine(self) -> None:
-        """Start the engine if it is down; restart it (with backoff) if it dies."""
-        from engine.daemon import engine_status, start_engine
-
-        worker = get_current_worker()
-        backoff = 2.0
-        seen_up = False
-        while not worker.is_cancelled:
-            # Read-only: not even a dead engine's pidfile is removed.
-            status = engine_status(self.home, recover=not self.readonly)
-            if status.state == "up":
-                self.post_message(EngineState("up"))
-                seen_up, backoff = True, 2.0
-            elif (status.stopped_by_user and not self.engine_asked) or not self.auto_engine:
-                self.post_message(EngineState("stopped" if status.stopped_by_user else "down"))
-            else:
-                self.post_message(EngineState("restarting" if seen_up else "starting"))
-                started = False
-                try:
-                    status, started = start_engine(self.home, wait=10.0)
-                except Exception as exc:  # report, keep showing what is stored
-                    self.post_message(EngineState("down", f"engine failed to start: {exc}"))
-                if status.state != "up":
-                    self.post_message(EngineState("down", f"engine did not start; see {status.log_path}"))
-                    nap(worker, backoff)
-                    backoff = min(backoff * 2, 60.0)
-                    continue
-                self.post_message(EngineState("up", started_pid=status.pid if started else None))
-                seen_up = True
-            nap(worker, 2.0)
-
     # -- messages from workers -------------------------------------------------------------
-
-    @on(EngineState)
-    def engine_changed(self, event: EngineState) -> None:
-        if self.widgets_gone():
-            return
-        if event.detail and event.detail != self.message:
-            self.notify(event.detail, title="engine", severity="error", timeout=8)
-        if event.started_pid is not None:
-            # The engine outlives this control room: say so now, and (cli.py) again after `q`.
-            from engine.daemon import started_line
-
-            self.engine_started_pid = event.started_pid
-            self.notify(
-                started_line(event.started_pid, after="you quit"), title="engine", timeout=12, markup=False
-            )
-        down = event.state in DOWN
-        if self.readonly and down and not self.engine_found_down:  # once, until it has been up again
-            self.notify(READONLY_ENGINE_DOWN, title="engine", severity="warning", timeout=30, markup=False)
-        self.engine_found_down = down
-        self.engine_state = event.state
-        self.update_status()
 
     @on(CommandSender.Queued)
     def command_queued(self, event: CommandSender.Queued) -> None:
@@ -454,10 +377,6 @@ class ControlRoom(RunControls, ComparingRuns, ActivityPanes, App[None]):
         )
         self.main.query_one(StatusBar).show(info)
 
-    def apply_chart_mode(self) -> None:
-        for chart in self.main.query(Chart):
-            chart.mode = self.config.chart_mode
-
     def queued_suffix(self) -> str:
         return "" if self.engine_state == "up" else QUEUED_UNTIL_UP
 
@@ -485,124 +404,6 @@ class ControlRoom(RunControls, ComparingRuns, ActivityPanes, App[None]):
         self.last_key[action] = now
         return False
 
-    def action_help(self) -> None:
-        """Keys from the same binding tables that drive the footer, as the keymap maps them: the
-        control room's own first, then those of the widget that has focus, then Textual's app-wide ones."""
-        active = self.screen.active_bindings
-        own = bindings_of(type(self))
-        rows: list[tuple[str, str]] = [("", "Control room")]
-        rows += [(keys_in_force(b, self.keymap), b.description) for b in own if b.description]
-        rows.append(("", "Here"))
-        seen = {d for _, d in rows}
-        own_actions = {b.action for b in own}
-        for entry in active.values():
-            b = entry.binding
-            if (
-                b.description
-                and b.description not in seen
-                and b.action not in own_actions
-                and entry.node is not self
-            ):
-                seen.add(b.description)
-                rows.append((self.get_key_display(b), b.tooltip or b.description))  # the longer one
-        rows.append(("", "Everywhere"))
-        rows += [
-            ("ctrl+p", "Command palette: themes, chart mode, observe, engine, panes"),
-            ("tab", "Next pane"),
-        ]
-        for entry in active.values():
-            b = entry.binding
-            if (
-                b.description
-                and b.description not in seen
-                and entry.node is self
-                and b.action != "command_palette"
-            ):
-                seen.add(b.description)
-                rows.append((self.get_key_display(b), b.description))
-        extra = f"Store: {self.db_path}\nConfig: {config_path(self.home)}"
-        from .screens import HelpScreen  # modal screens load on first use, not at start-up
-
-        self.push_screen(HelpScreen(rows, extra))
-
-    def filter_box(self) -> Input | None:
-        boxes = self.main.query("#run-filter")
-        return boxes.first() if boxes else None  # type: ignore[return-value]
-
-    def action_filter(self) -> None:
-        box = self.filter_box()
-        if box is None:
-            from textual.widgets import Input  # mounted on first use: one widget less at start-up
-
-            box = Input(placeholder="filter (regex)", id="run-filter")
-            self.main.query_one("#runs-pane").mount(box, before=0)
-        box.display = True
-        box.focus()
-
-    def on_input_changed(self, event: Input.Changed) -> None:
-        if event.input.id == "run-filter":
-            self.filter_text = event.value
-            self.fill_run_list()
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        if event.input.id == "run-filter":
-            self.run_list.focus()
-
-    def action_escape(self) -> None:
-        box = self.filter_box()
-        if box is not None and box.display:
-            box.value = ""
-            box.display = False
-            self.run_list.focus()
-        elif self.maximized:
-            self.action_maximize(self.maximized)
-
-    def action_maximize(self, pane: str) -> None:
-        """Toggle one pane filling the main area (LEET's digit keys)."""
-        main = self.main.query_one("#main")
-        for name in PANES:
-            main.remove_class(f"-max-{name}")
-        self.maximized = None if self.maximized == pane else pane
-        if self.maximized:
-            main.add_class(f"-max-{pane}")
-            lists = {"trajectories": TrajectoriesPane, "agents": AgentsPane}
-            if pane in lists:  # its keys work at once (the pane that had focus may be hidden now)
-                self.main.query_one(lists[pane]).focus()
-
-    def action_next_theme(self) -> None:
-        names = list(THEME_NAMES)
-        index = names.index(self.theme) if self.theme in names else -1
-        self.theme = names[(index + 1) % len(names)]
-
-    def theme_changed(self, theme: Theme) -> None:
-        if theme.name in THEME_NAMES and theme.name != self.config.theme:
-            self.config = self.config.replace(theme=theme.name)
-            self.save_config()
-        if self.view is not None:
-            draw_run(self.main, self.view, comparing=self.comparison.comparing)  # bar colours: the theme's
-        if self.comparison.marks:
-            self.fill_run_list()  # so are the marks' colours
-            self.draw_compare()
-        self.main.query_one(AgentsPane).redraw()
-        self.main.query_one(StatusBar).info = StatusInfo()  # force the status line to recolour
-        self.update_status()
-
-    def action_toggle_chart_mode(self) -> None:
-        mode = "block" if self.config.chart_mode == "braille" else "braille"
-        self.config = self.config.replace(chart_mode=mode)
-        self.save_config()
-        self.apply_chart_mode()
-
-    def save_config(self) -> None:
-        if self.config_error:
-            return  # never overwrite a file the user has to fix by hand
-        if self.readonly:
-            return  # a watch-only session writes nothing: the theme and chart mode hold for this session
-        try:
-            save_config(self.home, self.config)
-        except OSError as exc:
-            self.notify(f"cannot save {config_path(self.home)}: {exc}", severity="warning")
-
     # -- the command palette ------------------------------------------------------------------
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
@@ -625,15 +426,6 @@ class ControlRoom(RunControls, ComparingRuns, ActivityPanes, App[None]):
                 "Toggle the pane filling the screen",
                 lambda p=pane: self.action_maximize(p),
             )
-
-    def start_engine_now(self) -> None:
-        """Asked for by name (the palette): start it even if `carl engine stop` stopped it."""
-        if self.readonly:
-            self.notify(READONLY_ENGINE_DOWN, title="engine", severity="warning", markup=False)
-            return
-        self.auto_engine = True
-        self.engine_asked = True
-        self.supervise_engine()
 
 
 def trajectory_summary(domains: list[dict], plasticity: dict | None) -> str:

@@ -70,10 +70,9 @@ class CommandSender:
             self.app.notify(f"read-only session: {what}", title=title, severity=severity, markup=False)
         return self.readonly
 
-    def send(self, request: CommandRequest, *, readonly_hint: str | None = None) -> bool:
-        """Queue the command from a worker; False when refused (a read-only session, told
-        `readonly_hint` or that the verb writes to the store)."""
-        if self.refused(readonly_hint or f"{request.verb} writes to the store"):
+    def send(self, request: CommandRequest) -> bool:
+        """Queue the command from a worker; False when refused (a read-only session)."""
+        if self.refused(f"{request.verb} writes to the store"):
             return False
         self.pending.append(request)  # known at once: a second key waits for it
         self.app.run_worker(

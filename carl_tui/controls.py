@@ -8,6 +8,7 @@ A mixin of the control room (its actions are the app's); `self` is the ControlRo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,14 +68,18 @@ class RunControls:
         return self.sender.send(request)
 
     def send_to_engine(
-        self: ControlRoom, verb: str, args: dict[str, Any], notice: str, title: str, **options: Any
+        self: ControlRoom,
+        verb: str,
+        args: dict[str, Any],
+        notice: str,
+        title: str,
+        then: Callable[[int], None] | None = None,
     ) -> bool:
         """Queue a command for the engine daemon; the notice says when it waits for the engine."""
-        request = CommandRequest(
-            verb, args, target="engine", notice=notice + self.queued_suffix(), title=title
+        notice += self.queued_suffix()
+        return self.sender.send(
+            CommandRequest(verb, args, target="engine", notice=notice, title=title, then=then)
         )
-        request.then = options.pop("then", None)
-        return self.sender.send(request, **options)
 
     # -- the selected run's runner ------------------------------------------------------------------
 

@@ -54,7 +54,7 @@ async def test_a_sleeping_worker_does_not_hold_the_quit() -> None:
     from textual.app import App
     from textual.worker import get_current_worker
 
-    from carl_tui.app import nap
+    from carl_tui.supervisor import nap
 
     class Sleeper(App[None]):
         woke = False
