@@ -248,7 +248,7 @@ class RunControls:
         if self.view is None:
             self.notify("no run selected: nothing to diagnose", title="diagnose")
             return
-        if not self.db_path.exists():
+        if self.sender.refused("the diagnosis chat stores its conversations") or not self.db_path.exists():
             return
         from .chat import ChatScreen
 

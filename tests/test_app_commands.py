@@ -74,6 +74,7 @@ async def test_a_readonly_session_never_writes_whoever_asks(home: Path) -> None:
         app.lr_chosen("0.5")
         app.send_agents("agents_add_worker", "adding a worker")
         app.action_observe()  # the palette's "Observe a run" reaches it without check_action
+        app.action_diagnose()  # the chat stores its conversations
         await settled(pilot)
         assert commands(home) == [] and app.screen.__class__.__name__ == "Screen"
         assert not [w for w in app.workers if w.group == "commands"], "no writer was started"
