@@ -145,14 +145,7 @@ def _state_colour(state: str, colours: tuple[str, str, str]) -> str:
 class AgentTaskScreen(ModalScreen[None]):
     """Scrolls with the arrows, page up/down and home/end; escape closes."""
 
-    BINDINGS = [Binding("escape,q,enter", "dismiss", "Close")]
-    DEFAULT_CSS = """
-    AgentTaskScreen { align: center middle; }
-    AgentTaskScreen > VerticalScroll {
-        width: 100; max-width: 95%; height: auto; max-height: 90%;
-        border: round $primary; background: $surface; padding: 0 1;
-    }
-    """
+    BINDINGS = [Binding("escape,q,enter", "dismiss", "Close", id="task.close")]
 
     def __init__(self, task: dict[str, Any]) -> None:
         super().__init__()

@@ -3,12 +3,14 @@
 A screen over the control room: the run's stored conversations on the left (enter resumes one,
 delete removes it), the transcript in the middle, a multi-line input at the bottom. A turn runs
 in a thread worker; its events reach the transcript batched, a few updates a second, and every
-tool call is shown as it happens. Questions and answers are stored per run in carl.db.
+tool call is shown as it happens. Questions and answers are stored per run in carl.db. Every read
+and write of the stored conversations runs in a thread worker too, and comes back as a message.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
@@ -38,18 +41,11 @@ SLASH_HELP = """\
 
 class ChatScreen(Screen[None]):
     BINDINGS = [
-        Binding("escape", "leave", "Back to the control room"),
-        Binding("ctrl+n", "new_conversation", "New conversation"),
-        Binding("ctrl+l", "focus_list", "Conversations"),
-        Binding("delete", "delete_selected", "Delete conversation", show=False),
+        Binding("escape", "leave", "Back to the control room", id="chat.leave"),
+        Binding("ctrl+n", "new_conversation", "New conversation", id="chat.new"),
+        Binding("ctrl+l", "focus_list", "Conversations", id="chat.conversations"),
+        Binding("delete", "delete_selected", "Delete conversation", show=False, id="chat.delete"),
     ]
-    DEFAULT_CSS = """
-    ChatScreen #chat-title { height: 1; background: $panel; padding: 0 1; }
-    ChatScreen #chat-list { width: 30; border: round $panel-lighten-2; }
-    ChatScreen #chat-list:focus { border: round $primary; }
-    ChatScreen #chat-main { width: 1fr; }
-    ChatScreen #chat-status { height: 1; color: $text-muted; padding: 0 1; }
-    """
 
     def __init__(
         self,
@@ -106,12 +102,45 @@ class ChatScreen(Screen[None]):
     def _store(self) -> Conversations:
         return Conversations(self.db_path)
 
+    # -- the stored conversations, off the UI thread ------------------------------------------------
+
+    class Stored(Message):
+        """A read or write of the conversations finished: `then(result)` runs on the UI thread."""
+
+        def __init__(self, result: Any, then: Callable[[Any], None]) -> None:
+            super().__init__()
+            self.result = result
+            self.then = then
+
+    def in_store(self, job: Callable[[Conversations], Any], then: Callable[[Any], None]) -> None:
+        """Run `job` on the conversations in a thread worker; `then` gets its result. A failure is a
+        line in the transcript: the chat stays usable."""
+
+        def run() -> None:
+            try:
+                store = self._store()
+                try:
+                    result = job(store)
+                finally:
+                    store.close()
+            except Exception as exc:  # an unreadable store
+                self.post_message(self.Stored(f"cannot read the conversations: {exc}", self._store_failed))
+                return
+            self.post_message(self.Stored(result, then))
+
+        self.run_worker(run, thread=True, group="chat-store", exit_on_error=False)
+
+    def on_chat_screen_stored(self, event: ChatScreen.Stored) -> None:
+        event.then(event.result)
+
+    def _store_failed(self, error: str) -> None:
+        self.query_one(ChatLog).add_error(error)
+
     def _refresh_list(self) -> None:
-        store = self._store()
-        try:
-            self.conversations = store.list(self.run_id)
-        finally:
-            store.close()
+        self.in_store(lambda store: store.list(self.run_id), self._show_list)
+
+    def _show_list(self, conversations: list[dict[str, Any]]) -> None:
+        self.conversations = conversations
         options = [
             Option(
                 Text(f"{c['title'][:26]}\n", overflow="ellipsis").append(
@@ -128,6 +157,7 @@ class ChatScreen(Screen[None]):
         for index, c in enumerate(self.conversations):
             if c["id"] == self.conversation:
                 box.highlighted = index
+        self._show_title()  # a new conversation's title comes with the list
 
     @on(OptionList.OptionSelected, "#chat-list")
     def _resume(self, event: OptionList.OptionSelected) -> None:
@@ -138,11 +168,12 @@ class ChatScreen(Screen[None]):
         self._fit_list()
 
     def load_conversation(self, conversation_id: int) -> None:
-        store = self._store()
-        try:
-            messages = store.messages(conversation_id)
-        finally:
-            store.close()
+        self.in_store(
+            lambda store: store.messages(conversation_id),
+            lambda messages: self._show_conversation(conversation_id, messages),
+        )
+
+    def _show_conversation(self, conversation_id: int, messages: list[dict[str, Any]]) -> None:
         self.conversation = conversation_id
         log = self.query_one(ChatLog)
         log.clear()
@@ -193,13 +224,10 @@ class ChatScreen(Screen[None]):
         title = next((c["title"] for c in self.conversations if c["id"] == conversation_id), "?")
 
         def confirmed(yes: bool | None) -> None:
-            if not yes:
-                return
-            store = self._store()
-            try:
-                store.delete(conversation_id)
-            finally:
-                store.close()
+            if yes:
+                self.in_store(lambda store: store.delete(conversation_id), deleted)
+
+        def deleted(_: object) -> None:
             if self.conversation == conversation_id:
                 self.action_new_conversation()
             self._refresh_list()
@@ -265,20 +293,27 @@ class ChatScreen(Screen[None]):
             log.add_error(f"unknown command {command}; /help lists them")
 
     def _show_context(self) -> None:
+        """What is sent to Claude: the context (the run's digest, read from the store) and the history."""
+        conversation = self.conversation
+
+        def read(store: Conversations) -> tuple[dict[str, Any] | str, list[Any]]:
+            try:
+                parts: dict[str, Any] | str = self.diagnoser.context()
+            except Exception as exc:  # an unreadable store: say so, stay usable
+                parts = f"cannot build the context: {exc}"
+            return parts, store.history(conversation)
+
+        self.in_store(read, self._context_read)
+
+    def _context_read(self, read: tuple[dict[str, Any] | str, list[Any]]) -> None:
         from .screens import TextScreen
 
-        try:
-            parts = self.diagnoser.context()
-        except Exception as exc:  # an unreadable store: say so, stay usable
-            self.query_one(ChatLog).add_error(f"cannot build the context: {exc}")
+        parts, history = read
+        if isinstance(parts, str):
+            self.query_one(ChatLog).add_error(parts)
             return
         system = "\n\n".join(block["text"] for block in parts["system"])
         tools = "\n".join(f"- {t['name']}: {t['description']}" for t in parts["tools"])
-        store = self._store()
-        try:
-            history = store.history(self.conversation)
-        finally:
-            store.close()
         text = (
             f"model: {parts['model']}   max_tokens: {parts['max_tokens']}   "
             f"history: {len(history)} earlier messages   cached: digest and tools\n"

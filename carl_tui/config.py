@@ -3,7 +3,9 @@
 Read with tomllib, written with tomli-w, each imported only when used: a start without a file
 reads no TOML, and only a change of theme or chart mode writes one. A bad file gives a one-line
 error naming the file and the line or field; the control room then starts on defaults and leaves
-the file alone rather than overwrite what the user wrote. The fields are checked by hand:
+the file alone rather than overwrite what the user wrote. The `[keymap]` table is kept as written;
+its entries are checked where the bindings are known (carl_tui/keymap.py), and a bad one is left
+out there, not here. The fields are checked by hand:
 importing pydantic here would add about 0.1 s to every start of the control room.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ class TuiConfig:
     chart_mode: str = "braille"
     refresh_hz: float = 4.0
     claude_model: str | None = None  # the diagnosis model; $CARL_CLAUDE_MODEL and /model override it
+    keymap: dict[str, Any] = field(default_factory=dict)  # binding id -> keys, as written in [keymap]
 
     def replace(self, **changes: Any) -> TuiConfig:
         return dataclasses.replace(self, **changes)
@@ -54,7 +57,10 @@ class TuiConfig:
         model = data.get("claude_model")
         if model is not None and (not isinstance(model, str) or not model.strip()):
             raise ValueError(f"claude_model: must be a model name such as 'claude-sonnet-5-5', not {model!r}")
-        return cls(theme=theme, chart_mode=mode, refresh_hz=float(hz), claude_model=model)
+        keymap = data.get("keymap", {})
+        if not isinstance(keymap, dict):
+            raise ValueError("keymap: must be a table of binding id = keys, such as [keymap] help = 'h'")
+        return cls(theme=theme, chart_mode=mode, refresh_hz=float(hz), claude_model=model, keymap=keymap)
 
 
 def config_path(home: Path) -> Path:
@@ -85,6 +91,7 @@ def save_config(home: Path, config: TuiConfig) -> None:
 
     path = config_path(home)
     tmp = path.with_suffix(".toml.tmp")
-    values = {k: v for k, v in dataclasses.asdict(config).items() if v is not None}  # TOML has no null
+    # TOML has no null; an empty keymap is no table
+    values = {k: v for k, v in dataclasses.asdict(config).items() if v is not None and v != {}}
     tmp.write_text(tomli_w.dumps(values), encoding="utf-8")
     os.replace(tmp, path)

@@ -2,13 +2,17 @@
 
 `StoreWatcher.poll()` is cheap when nothing changed (one `PRAGMA data_version`); when the
 store moved it re-reads the run list and extends the selected run's series with the rows
-that arrived since the last poll.
+that arrived since the last poll. What the control room wants read (the selected run, the
+compared runs, the followed experiment, the commands to watch) reaches it through a request
+queue that each poll drains first, so the polling thread alone owns the watcher's state
+(Toolong's LineReader, fed by a request queue).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import queue
 import re
 import time
 from dataclasses import dataclass, field
@@ -84,6 +88,7 @@ class Snapshot:
     """One poll's news. `None` fields did not change since the previous snapshot."""
 
     version: int
+    selected: int | None = None  # the run the watcher reads in full (it picks the newest when asked none)
     runs: list[RunRow] | None = None
     view: RunView | None = None
     trajectories: list[dict[str, Any]] | None = None
@@ -124,12 +129,15 @@ class FirstRead:
 
 
 class StoreWatcher:
-    """Follows carl.db for one reader thread. Not thread-safe: one thread polls."""
+    """Follows carl.db for one reader thread. Its state belongs to the thread that polls; any
+    thread may ask for a change (select, compare, follow_experiment, watch_command): the request
+    is queued and applied at the start of the next poll."""
 
     def __init__(self, db_path: Path, *, max_points: int = 2048) -> None:
         self.db_path = db_path
         self.max_points = max_points
         self.reader: StoreReader | None = None
+        self.requests: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self.selected: int | None = None
         self._version = -1
         self._runs: list[RunRow] = []
@@ -138,8 +146,7 @@ class StoreWatcher:
         self._agents_signature: tuple[int, float] | None = None
         self._watched_commands: set[int] = set()
         self._source_errors: dict[str, str] = {}
-        # Asked for by the UI thread (one tuple assignment each), read by the polling thread; a poll
-        # reads the store again while what was asked differs from what it last read.
+        # A poll reads the store again while what was asked differs from what it last read.
         self._compare_wanted: tuple[int, ...] = ()
         self._compare_have: tuple[int, ...] = ()
         self._compared: dict[int, CompareRun] = {}
@@ -147,22 +154,43 @@ class StoreWatcher:
         self._experiment_have: int | None = None
         self._experiment: ExperimentView | None = None
 
+    # -- requests, from any thread ---------------------------------------------------------------
+
     def watch_command(self, command_id: int) -> None:
-        self._watched_commands.add(command_id)
+        """Report this command once it is done or failed."""
+        self.requests.put(("watch_command", command_id))
 
     def select(self, run_id: int | None) -> None:
-        if run_id != self.selected:
-            self.selected = run_id
-            self._view = None
-            self._version = -1  # force a full read of the new run on the next poll
+        """Read this run in full (its series, commands, events, gate and eval)."""
+        self.requests.put(("select", run_id))
 
     def compare(self, run_ids: list[int]) -> None:
         """Read these runs' COMPARE_KEYS series too (an empty list: none)."""
-        self._compare_wanted = tuple(run_ids)
+        self.requests.put(("compare", tuple(run_ids)))
 
     def follow_experiment(self, experiment_id: int | None) -> None:
         """Report the experiment's cells whenever they change (a cell starting gets its run)."""
-        self._experiment_wanted = experiment_id
+        self.requests.put(("follow_experiment", experiment_id))
+
+    def _drain(self) -> None:
+        """Apply the queued requests, in the order they were made."""
+        while True:
+            try:
+                kind, value = self.requests.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "watch_command":
+                self._watched_commands.add(value)
+            elif kind == "select" and value != self.selected:
+                self.selected = value
+                self._view = None
+                self._version = -1  # this poll reads the new run in full
+            elif kind == "compare":
+                self._compare_wanted = value
+            elif kind == "follow_experiment":
+                self._experiment_wanted = value
+
+    # -- the polling thread ----------------------------------------------------------------------
 
     def _open(self) -> StoreReader | None:
         if self.reader is None and self.db_path.exists():
@@ -171,6 +199,7 @@ class StoreWatcher:
 
     def poll(self) -> Snapshot | None:
         """News since the last poll, or None when the store did not change."""
+        self._drain()
         try:
             reader = self._open()
             if reader is None:
@@ -194,6 +223,7 @@ class StoreWatcher:
             snap.runs = runs
         if self.selected is None and runs:
             self.selected = runs[-1].id
+        snap.selected = self.selected
         run = next((r for r in runs if r.id == self.selected), None)
         if run is not None:
             view = self._read_view(reader, run)
@@ -228,7 +258,7 @@ class StoreWatcher:
     def _read_comparison(self, reader: StoreReader, runs: list[RunRow], snap: Snapshot) -> None:
         """The compared runs' series (a run whose row did not move keeps its object, so its chart
         lines are not redrawn) and the followed experiment's cells, each posted only when changed."""
-        wanted, experiment_id = self._compare_wanted, self._experiment_wanted  # read once
+        wanted, experiment_id = self._compare_wanted, self._experiment_wanted
         by_id = {r.id: r for r in runs}
         fresh: dict[int, CompareRun] = {}
         for run_id in wanted:

@@ -1,12 +1,27 @@
-"""Feeding the Phi and Rewards panes from a RunView: which series go where, and the pane titles."""
+"""Feeding the Phi and Rewards panes: from a RunView (one run) or a ComparePlan (marked runs), which
+series go where, the pane titles and the reward bars or the comparison's legend."""
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
+
+from rich.style import Style
+from rich.text import Text
+from textual.content import Content
+from textual.screen import Screen
+from textual.widget import Widget
 
 from widgets.chart import LINE_COLOURS, AxisScale, Chart, entropy_axis
+from widgets.command_log import CommandLog
+from widgets.reward_bars import RewardBars
 
 from .model import CompareRun, RunView
+
+if TYPE_CHECKING:
+    from widgets.legend import Legend
+
+    from .comparison import ComparePlan
 
 # Each axis' smallest span, so a flat series' noise reads as the wiggle it is. Φ lives in [0, 1]:
 # a window widened near either end is shifted to stay inside.
@@ -112,8 +127,6 @@ def reward_colors(chart: Chart, count: int) -> list[str]:
 
 # -- comparing runs ------------------------------------------------------------------------------
 
-COMPARE_REWARDS = {"reward": "total", "rewards/task/mean": "task"}  # the Rewards pane's two readings
-
 
 def draw_compare_phi(chart: Chart, runs: list[CompareRun], colors: list[int]) -> None:
     """Each run's Φ mean in its colour, the first drawn on top; entropy on the right axis when
@@ -129,3 +142,85 @@ def draw_compare_rewards(chart: Chart, runs: list[CompareRun], colors: list[int]
     """Each run's total (or task) reward in its colour, aligned by step."""
     chart.left_scale = REWARD_SCALE
     _feed(chart, *(c.series.get(key) for c in runs), colors=tuple(colors))
+
+
+# -- the panes of the control room's screen ----------------------------------------------------------
+
+
+def short_name(reward_name: str) -> str:
+    """TRL names reward keys after the function: `format_reward` reads better as `format`."""
+    return reward_name.removesuffix("_reward") or reward_name
+
+
+def draw_run(screen: Screen, view: RunView, *, comparing: bool) -> None:
+    """The selected run: its command log, and (unless a comparison holds them) its Φ and Rewards."""
+    screen.query_one(CommandLog).set_commands(view.commands)
+    if comparing:
+        return  # the Φ and Rewards panes show the comparison
+    phi_chart = screen.query_one("#phi-chart", Chart)  # the Φ pane is its chart
+    phi_chart.border_title = draw_phi(phi_chart, view)
+    reward_chart = screen.query_one("#reward-chart", Chart)
+    colors = reward_colors(reward_chart, len(view.reward_names))
+    screen.query_one("#rewards-pane").border_title = draw_rewards(reward_chart, view, colors)
+    bars = [(short_name(name), view.latest(f"rewards/{name}/mean")) for name in view.reward_names]
+    if "reward" in view.series:
+        bars.append(("total", view.latest("reward")))
+    screen.query_one(RewardBars).set_values(bars, colors + ([""] if "reward" in view.series else []))
+    phi_chart.set_markers(view.markers("gate_open", "crystallization"))
+    reward_chart.set_markers(view.markers("gate_open"))
+    set_subtitle(phi_chart, None)
+
+
+def line_style(screen: Screen, color: int) -> Style:
+    """A comparison colour index as the charts draw it (the theme decides)."""
+    return screen.query_one("#phi-chart", Chart).line_style(color)
+
+
+def draw_comparison(screen: Screen, plan: ComparePlan) -> None:
+    """Overlay the marked runs on the Φ and reward charts, with a legend of their latest values."""
+    from widgets.legend import LegendRow
+
+    phi_chart = screen.query_one("#phi-chart", Chart)
+    reward_chart = screen.query_one("#reward-chart", Chart)
+    draw_compare_phi(phi_chart, plan.runs, plan.colors)
+    draw_compare_rewards(reward_chart, plan.runs, plan.colors, plan.reward_key)
+    phi_chart.set_markers(())
+    reward_chart.set_markers(())
+    set_title(phi_chart, plan.phi_title)
+    compact = Text()
+    for name, color in plan.compact:
+        compact.append(" ━ " + name, line_style(screen, color))
+    compact.append(" ")
+    set_subtitle(phi_chart, compact)
+    set_title(screen.query_one("#rewards-pane"), plan.rewards_title)
+    rows = [LegendRow(e.label, line_style(screen, e.color), e.values) for e in plan.legend]
+    legend(screen).set_rows(rows, header=plan.legend_header)
+
+
+def legend(screen: Screen) -> Legend:
+    """The comparison's legend, mounted in the Rewards pane the first time runs are compared:
+    the first frame, which compares nothing, neither imports nor styles it."""
+    from widgets.legend import Legend
+
+    legends = screen.query(Legend)
+    if legends:
+        return legends.first(Legend)
+    mounted = Legend(id="compare-legend")
+    screen.query_one("#rewards-pane").mount(mounted)
+    return mounted
+
+
+def set_title(pane: Widget, title: str) -> None:
+    set_border(pane, "title", title)
+
+
+def set_subtitle(pane: Widget, subtitle: Text | None) -> None:
+    set_border(pane, "subtitle", subtitle)
+
+
+def set_border(pane: Widget, which: str, text: str | Text | None) -> None:
+    """Set a border title as plain text (a run name is not markup), and only when it changed:
+    setting one repaints the pane even when it is the same."""
+    new = None if text is None else Content.from_rich_text(text if isinstance(text, Text) else Text(text))
+    if getattr(pane, f"_border_{which}", None) != new:
+        setattr(pane, f"border_{which}", new)

@@ -30,14 +30,7 @@ def bindings_table(rows: list[tuple[str, str]]) -> Table:
 class HelpScreen(ModalScreen[None]):
     """Every binding active where `?` was pressed, from the same table that drives the footer."""
 
-    BINDINGS = [Binding("escape,q,question_mark,f1", "dismiss", "Close help")]
-    DEFAULT_CSS = """
-    HelpScreen { align: center middle; }
-    HelpScreen > VerticalScroll {
-        width: 72; max-width: 100%; height: auto; max-height: 90%;
-        border: round $primary; background: $surface; padding: 0 1;
-    }
-    """
+    BINDINGS = [Binding("escape,q,question_mark,f1", "dismiss", "Close help", id="help.close")]
 
     def __init__(self, rows: list[tuple[str, str]], extra: str = "") -> None:
         super().__init__()
@@ -85,7 +78,10 @@ def eval_table(evaluation: dict[str, Any]) -> Table:
 class EvalScreen(HelpScreen):
     """The run's newest held-out evaluation; `r` runs it again (the screen returns True)."""
 
-    BINDINGS = [Binding("escape,q,e", "dismiss", "Close"), Binding("r", "again", "Evaluate again")]
+    BINDINGS = [
+        Binding("escape,q,e", "dismiss", "Close", id="eval.close"),
+        Binding("r", "again", "Evaluate again", id="eval.again"),
+    ]
 
     def action_again(self) -> None:
         self.dismiss(True)
@@ -108,10 +104,7 @@ class EvalScreen(HelpScreen):
 class TextScreen(HelpScreen):
     """A long text to read and scroll (what is sent to Claude)."""
 
-    BINDINGS = [Binding("escape,q", "dismiss", "Close")]
-    DEFAULT_CSS = """
-    TextScreen > VerticalScroll { width: 100; max-height: 95%; }
-    """
+    BINDINGS = [Binding("escape,q", "dismiss", "Close", id="text.close")]
 
     def __init__(self, title: str, text: str) -> None:
         super().__init__([])
@@ -128,14 +121,7 @@ class Dialog(ModalScreen[Any]):
     """A centred box over the control room; `escape` cancels with `CANCELLED`. Subclasses add only
     what differs (width, border colour, their own widgets)."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
-    DEFAULT_CSS = """
-    Dialog { align: center middle; }
-    Dialog > Vertical {
-        width: 76; max-width: 100%; height: auto; max-height: 90%; border: round $primary;
-        background: $surface; padding: 0 1;
-    }
-    """
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="dialog.cancel")]
     CANCELLED: Any = None
 
     def action_cancel(self) -> None:
@@ -151,12 +137,6 @@ class ObserveRequest:
 
 class ObserveScreen(Dialog):
     """Ask for a path to observe: a Trackio db, a trainer_state.json or its directory, a JSONL."""
-
-    DEFAULT_CSS = """
-    ObserveScreen Input { margin: 0 0 1 0; }
-    ObserveScreen #observe-error { color: $error; height: auto; }
-    ObserveScreen Horizontal { height: auto; }
-    """
 
     def __init__(self, validate: callable | None = None) -> None:  # type: ignore[valid-type]
         super().__init__()
@@ -204,11 +184,6 @@ class ConfirmScreen(Dialog):
     tab then enter (k9s' confirmation) or the action's own key pressed again."""
 
     CANCELLED = False
-    DEFAULT_CSS = """
-    ConfirmScreen > Vertical { width: 64; border: round $error; }
-    ConfirmScreen Horizontal { height: auto; align: right middle; }
-    ConfirmScreen Button { margin: 0 1; }
-    """
 
     def __init__(self, title: str, message: str, confirm_label: str, confirm_key: str) -> None:
         super().__init__()
@@ -231,7 +206,7 @@ class ConfirmScreen(Dialog):
         self.query_one("#confirm-cancel", Button).focus()
 
     def on_key(self, event: events.Key) -> None:
-        if event.key == self.confirm_key:
+        if self.confirm_key in (event.key, event.character):  # a keymap may name it either way
             event.stop()  # the key is spent here: under the dialog it would ask again
             event.prevent_default()
             self.dismiss(True)
@@ -243,11 +218,6 @@ class ConfirmScreen(Dialog):
 
 class ValueScreen(Dialog):
     """Ask for one value (a learning rate, a reward weight) with a check before it is sent."""
-
-    DEFAULT_CSS = """
-    ValueScreen > Vertical { width: 64; }
-    ValueScreen #value-error { color: $error; height: auto; }
-    """
 
     def __init__(self, title: str, label: str, value: str, check: callable) -> None:  # type: ignore[valid-type]
         super().__init__()
@@ -271,10 +241,6 @@ class ValueScreen(Dialog):
 
 class ChoiceScreen(Dialog):
     """Pick one of a few labelled choices (a training config for a new run)."""
-
-    DEFAULT_CSS = """
-    ChoiceScreen OptionList { height: auto; max-height: 16; }
-    """
 
     def __init__(self, title: str, label: str, choices: list[tuple[str, str]]) -> None:
         super().__init__()
@@ -307,15 +273,7 @@ class SamplesScreen(ModalScreen[None]):
     """Recent completions of the run, each token coloured by the Phi of the distribution that
     produced it (red: uncertain, green: committed)."""
 
-    BINDINGS = [Binding("escape,v,q", "dismiss", "Close")]
-    DEFAULT_CSS = """
-    SamplesScreen { align: center middle; }
-    SamplesScreen > Vertical {
-        width: 96%; height: 90%; border: round $primary; background: $surface; padding: 0 1;
-    }
-    SamplesScreen #sample-list { height: 1fr; min-height: 4; }
-    SamplesScreen #sample-text { height: 2fr; border-top: solid $panel-lighten-2; }
-    """
+    BINDINGS = [Binding("escape,v,q", "dismiss", "Close", id="samples.close")]
 
     def __init__(self, samples: list[dict[str, Any]], vocab_size: int | None) -> None:
         super().__init__()

@@ -122,16 +122,7 @@ def domains_view(domains: list[dict[str, Any]], plasticity: dict[str, Any] | Non
 
 
 class TrajectoryScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,q,enter", "dismiss", "Close")]
-    DEFAULT_CSS = """
-    TrajectoryScreen { align: center middle; }
-    TrajectoryScreen > Horizontal {
-        width: 95%; height: 90%; border: round $primary; background: $surface; padding: 0 1;
-    }
-    TrajectoryScreen #trajectory-detail { width: 2fr; }
-    TrajectoryScreen #domains-below { margin-top: 1; }
-    TrajectoryScreen #trajectory-domains { width: 1fr; min-width: 40; border-left: solid $panel-lighten-2; padding-left: 1; }
-    """
+    BINDINGS = [Binding("escape,q,enter", "dismiss", "Close", id="trajectory.close")]
 
     def __init__(
         self, trajectory: dict[str, Any], domains: list[dict[str, Any]], plasticity: dict[str, Any] | None

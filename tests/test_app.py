@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from support import status_text, until
 
-from carl_tui.app import ControlRoom, RunList
+from carl_tui.app import ControlRoom
 from carl_tui.config import load_config
+from carl_tui.runs import RunList
 from engine.store import SCHEMA_VERSION, Store
 from widgets.activity import TRAJECTORIES_EMPTY
 from widgets.agents import AGENTS_EMPTY

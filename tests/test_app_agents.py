@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from rich.style import Style
 from support import status_text, until
+from test_app_control import settled
 from textual.color import Color
 from textual.content import Content
 
@@ -335,6 +336,7 @@ async def test_keys_queue_engine_commands_and_report_the_outcome(home: Path, siz
     async with app.run_test(size=size) as pilot:
         pane = await focus_agents(app, pilot, maximize=True)
         await pilot.press("p")
+        await settled(pilot)
         assert commands(home) == [("agents_pause", {}, "engine")]
         with Store(home / "carl.db") as store:  # the plane answers: the audit finishes the command
             command_id = store.conn.execute("SELECT max(id) FROM commands").fetchone()[0]
@@ -351,15 +353,18 @@ async def test_keys_queue_engine_commands_and_report_the_outcome(home: Path, siz
         await until(pilot, lambda: any("manager paused" in n.message for n in app._notifications))
         await until(pilot, lambda: "paused" in pane_title(app))
         await pilot.press("p")  # paused: p resumes
+        await settled(pilot)
         assert commands(home)[-1] == ("agents_resume", {}, "engine")
         await pilot.pause(0.1)
         await pilot.press("plus")
+        await settled(pilot)
         assert commands(home)[-1] == ("agents_add_worker", {}, "engine")
         while pane.highlighted_worker() != "w2":
             await pilot.press("down")
         await pilot.press("x")
         assert app.screen.__class__.__name__ == "ConfirmScreen"
         await pilot.press("escape")  # cancelled: nothing sent
+        await settled(pilot)
         assert len(commands(home)) == 3
         await pilot.pause(0.35)  # destructive keys are debounced
         await pilot.press("x")
@@ -379,6 +384,7 @@ async def test_keys_say_so_when_the_plane_is_down(home: Path) -> None:
         await focus_agents(app, pilot, maximize=False)
         await pilot.press("p")
         await until(pilot, lambda: any("not up" in n.message for n in app._notifications))
+        await settled(pilot)
         assert commands(home) == []
         assert "nats" not in status_text(app)
 
@@ -391,6 +397,7 @@ async def test_readonly_hides_the_control_keys(home: Path) -> None:
         bound = {entry.binding.key for entry in app.screen.active_bindings.values()}
         assert "enter" in bound and not {"p", "plus", "x"} & bound
         await pilot.press("p", "plus", "x")
+        await settled(pilot)
         assert commands(home) == [] and app.screen.__class__.__name__ == "Screen"
         await pilot.press("question_mark")
         descriptions = " ".join(description for _, description in app.screen.rows)

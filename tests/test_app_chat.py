@@ -139,6 +139,9 @@ async def test_a_stored_conversation_is_resumed_and_deleted(home: Path, server: 
     app = ControlRoom(home, start_engine=False, api_key=KEY, claude_base_url=server.base_url)
     async with app.run_test(size=(120, 40)) as pilot:
         await open_chat(pilot, app)
+        await until(
+            pilot, lambda: app.screen.query_one("#chat-list").option_count == 1
+        )  # read off the UI thread
         await pilot.press("ctrl+l")
         await pilot.press("enter")
         await until(pilot, lambda: "Because **the gate** was closed." in log_text(app))

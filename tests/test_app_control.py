@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import status_text, until
@@ -37,6 +38,16 @@ def commands(home: Path) -> list[tuple[str, dict, str]]:
     return [(verb, json.loads(args), target) for verb, args, target in rows]
 
 
+async def settled(pilot: Any) -> None:
+    """Let the workers the last key started finish: commands are written, and short reads made, off
+    the UI thread, and their results come back as messages."""
+    app = pilot.app
+    started = [w for w in app.workers if w.group in ("commands", "reads")]  # the finished ones are gone
+    if started:  # (an empty list would wait for every worker, the store's watcher too)
+        await app.workers.wait_for_complete(started)
+    await pilot.pause()
+
+
 def finish_all(home: Path, ok: bool = True, result: str = "applied at step 5") -> None:
     with Store(home / "carl.db") as store:
         for row in store.conn.execute("SELECT id FROM commands WHERE state='pending'").fetchall():
@@ -49,12 +60,15 @@ async def test_keys_queue_commands_for_the_selected_run(home: Path) -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: app.view is not None and app.view.run.id == run_id)
         await pilot.press("space")
+        await settled(pilot)
         assert commands(home) == [("pause", {}, "run")]
         await pilot.press("c")  # refused: the pause is still pending
+        await settled(pilot)
         assert len(commands(home)) == 1
         finish_all(home)
         await until(pilot, lambda: "✓" in str(app.query_one(CommandLog).render()))
         await pilot.press("c")
+        await settled(pilot)
         assert commands(home)[-1] == ("checkpoint", {}, "run")
         finish_all(home)
         await until(pilot, lambda: all(c["state"] == "done" for c in app.view.commands))
@@ -65,12 +79,14 @@ async def test_keys_queue_commands_for_the_selected_run(home: Path) -> None:
         assert "positive" in str(app.screen.query_one("#value-error").render())
         app.screen.query_one("#value-input").value = "2e-5"
         await pilot.press("enter")
+        await settled(pilot)
         assert commands(home)[-1] == ("set_lr", {"lr": 2e-5}, "run")
         finish_all(home, ok=False, result="lr must be positive")
         await until(pilot, lambda: "lr must be positive" in str(app.query_one(CommandLog).render()))
         await pilot.press("w")
         app.screen.query_one("#value-input").value = "coherence=0.25"
         await pilot.press("enter")
+        await settled(pilot)
         assert commands(home)[-1] == ("set_weight", {"reward": "coherence", "weight": 0.25}, "run")
 
 
@@ -95,6 +111,7 @@ async def test_new_run_and_resume_go_to_the_engine(home: Path) -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: app.view is not None)
         await pilot.press("space")  # a failed run takes no pause
+        await settled(pilot)
         assert commands(home) == []
         await pilot.press("n")
         assert app.screen.__class__.__name__ == "ChoiceScreen"
@@ -111,6 +128,7 @@ async def test_readonly_hides_control_and_observed_runs_take_none(home: Path, tm
         await until(pilot, lambda: app.view is not None)
         for key in ("space", "c", "s", "n", "l"):
             await pilot.press(key)
+        await settled(pilot)
         assert commands(home) == [] and app.screen.__class__.__name__ == "Screen"
         assert "read-only" in status_text(app)
     with Store(home / "carl.db") as store:
@@ -119,6 +137,7 @@ async def test_readonly_hides_control_and_observed_runs_take_none(home: Path, tm
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: app.view is not None and app.view.run.name == "observed")
         await pilot.press("space", "c")
+        await settled(pilot)
         assert commands(home) == []
 
 
@@ -144,6 +163,7 @@ async def test_samples_view_colours_tokens_by_phi(home: Path) -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: app.view is not None)
         await pilot.press("v")
+        await settled(pilot)
         assert app.screen.__class__.__name__ == "SamplesScreen"
         await pilot.pause(0.1)
         body = app.screen.query_one("#sample-body").render()
@@ -161,10 +181,12 @@ async def test_the_planes_trainer_run_obeys_the_run_keys_but_is_not_resumed_by_c
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: app.view is not None and app.view.run.id == run_id)
         await pilot.press("space")
+        await settled(pilot)
         assert commands(home) == [("pause", {}, "run")]
         with Store(home / "carl.db") as store:
             store.update_run(run_id, status="stopped")
         finish_all(home)
         await until(pilot, lambda: app.view is not None and app.view.run.status == "stopped")
         await pilot.press("r")
+        await settled(pilot)
         assert commands(home) == [("pause", {}, "run")]  # nothing more: the trainer resumes itself

@@ -54,14 +54,14 @@ async def test_a_sleeping_worker_does_not_hold_the_quit() -> None:
     from textual.app import App
     from textual.worker import get_current_worker
 
-    from carl_tui.app import _nap
+    from carl_tui.supervisor import nap
 
     class Sleeper(App[None]):
         woke = False
 
         @work(thread=True)
         def backoff(self) -> None:
-            _nap(get_current_worker(), 60.0)
+            nap(get_current_worker(), 60.0)
             self.woke = True
 
     app = Sleeper()

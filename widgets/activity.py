@@ -31,11 +31,6 @@ def _num(value: float | None, spec: str = "+.2f") -> str:
 class ActivityPane(Static):
     """A bounded list of the newest rows of one table, rendered as plain lines."""
 
-    DEFAULT_CSS = """
-    ActivityPane { height: 1fr; }
-    ActivityPane.-empty { color: $text-muted; }
-    """
-
     def __init__(self, empty_text: str, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(empty_text, id=id, classes=classes)
         self.empty_text = empty_text
@@ -69,13 +64,10 @@ class TrajectoriesPane(ActivityPane):
 
     can_focus = True
     BINDINGS = [
-        Binding("up,k", "move(-1)", "Previous", show=False),
-        Binding("down,j", "move(1)", "Next", show=False),
-        Binding("enter", "open", "Open trajectory"),
+        Binding("up,k", "move(-1)", "Previous", show=False, id="trajectories.previous"),
+        Binding("down,j", "move(1)", "Next", show=False, id="trajectories.next"),
+        Binding("enter", "open", "Open trajectory", id="trajectories.open"),
     ]
-    DEFAULT_CSS = """
-    TrajectoriesPane { height: 1fr; text-wrap: nowrap; text-overflow: ellipsis; }
-    """
 
     class Selected(Message):
         def __init__(self, row: dict[str, Any]) -> None:

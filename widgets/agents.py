@@ -117,27 +117,41 @@ class AgentsPane(Static):
 
     can_focus = True
     BINDINGS = [
-        Binding("up,k", "move(-1)", "Previous row", show=False),
-        Binding("down,j", "move(1)", "Next row", show=False),
-        Binding("home", "newest", "Back to the newest event", show=False),
-        Binding("end", "move(100000)", "The oldest event shown", show=False),
+        Binding("up,k", "move(-1)", "Previous row", show=False, id="agents.previous"),
+        Binding("down,j", "move(1)", "Next row", show=False, id="agents.next"),
+        Binding("home", "newest", "Back to the newest event", show=False, id="agents.newest"),
+        Binding("end", "move(100000)", "The oldest event shown", show=False, id="agents.oldest"),
         Binding(
             "enter",
             "open",
             "Open task",
             tooltip="Open the highlighted row's task (an alarm: its whole reason)",
+            id="agents.open",
         ),
-        Binding("p", "control('pause_resume')", "Pause/resume", tooltip="Pause or resume task assignment"),
-        Binding("plus", "control('add_worker')", "Add worker", key_display="+", tooltip="Add a worker"),
         Binding(
-            "x", "control('stop_worker')", "Stop worker", tooltip="Stop the highlighted worker (asks first)"
+            "p",
+            "control('pause_resume')",
+            "Pause/resume",
+            tooltip="Pause or resume task assignment",
+            id="agents.pause-resume",
+        ),
+        Binding(
+            "plus",
+            "control('add_worker')",
+            "Add worker",
+            key_display="+",
+            tooltip="Add a worker",
+            id="agents.add-worker",
+        ),
+        Binding(
+            "x",
+            "control('stop_worker')",
+            "Stop worker",
+            tooltip="Stop the highlighted worker (asks first)",
+            id="agents.stop-worker",
         ),
     ]
     CONTROLS = frozenset({"control"})
-    DEFAULT_CSS = """
-    AgentsPane { height: 1fr; text-wrap: nowrap; text-overflow: ellipsis; }
-    AgentsPane.-empty { color: $text-muted; text-wrap: wrap; }
-    """
 
     class OpenTask(Message):
         def __init__(self, task_id: str) -> None:

@@ -127,7 +127,8 @@ class Chart(Widget):
         *(f"chart--line-{i}" for i in range(LINE_COLOURS)),
     }
 
-    # Defaults for any theme; carl themes override colours through `chart-*` variables (see top).
+    # Defaults for any theme; carl themes override colours through `chart-*` variables (see top). The
+    # one widget that keeps DEFAULT_CSS (themes/carl.tcss says why): it is drawn outside the app too.
     DEFAULT_CSS = """
     Chart { width: 1fr; height: 1fr; }
     Chart > .chart--axis { color: $foreground-muted; }

@@ -22,15 +22,6 @@ from textual.widgets.markdown import MarkdownStream
 class ChatLog(VerticalScroll):
     """The conversation: questions, answers (Markdown), tool calls, notes and errors."""
 
-    DEFAULT_CSS = """
-    ChatLog { height: 1fr; padding: 0 1; }
-    ChatLog > .chat-user { margin: 1 0 0 0; color: $text-accent; text-style: bold; }
-    ChatLog > Markdown { margin: 0; padding: 0; }
-    ChatLog > .chat-tool { color: $text-muted; }
-    ChatLog > .chat-error { color: $error; }
-    ChatLog > .chat-note { color: $text-muted; text-style: italic; }
-    """
-
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.answer: Markdown | None = None
@@ -95,13 +86,9 @@ class ChatInput(TextArea):
     """Multi-line input: `enter` sends, `ctrl+j` / `alt+enter` break the line, `up` / `down` on the
     first / last line walk the history of what was sent."""
 
-    DEFAULT_CSS = """
-    ChatInput { height: auto; min-height: 3; max-height: 8; border: round $panel-lighten-2; padding: 0 1; }
-    ChatInput:focus { border: round $primary; }
-    """
     BINDINGS = [
-        Binding("enter", "send", "Send"),  # shown in the footer; handled in _on_key before TextArea's insert
-        Binding("ctrl+j,alt+enter", "newline", "New line"),
+        Binding("enter", "send", "Send", id="chat.send"),  # handled in _on_key, before TextArea inserts
+        Binding("ctrl+j,alt+enter", "newline", "New line", id="chat.newline"),
     ]
 
     class Submitted(Message):
@@ -129,15 +116,15 @@ class ChatInput(TextArea):
         self.insert("\n")
 
     async def _on_key(self, event: events.Key) -> None:
-        if event.key == "enter":
+        # TextArea takes enter for itself: this input's own keys (as the app's keymap binds them) go first.
+        bound = self.screen.active_bindings.get(event.key)
+        if bound is not None and bound.node is self and bound.binding.action in ("send", "newline"):
             event.prevent_default()
             event.stop()
-            self.action_send()
-            return
-        if event.key in ("ctrl+j", "alt+enter"):
-            event.prevent_default()
-            event.stop()
-            self.action_newline()
+            if bound.binding.action == "send":
+                self.action_send()
+            else:
+                self.action_newline()
             return
         row = self.cursor_location[0]
         if event.key == "up" and row == 0 and self.sent:

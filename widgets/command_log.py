@@ -28,11 +28,6 @@ def describe(command: dict[str, Any]) -> str:
 
 
 class CommandLog(Static):
-    DEFAULT_CSS = """
-    CommandLog { height: auto; max-height: 12; color: $foreground; text-wrap: nowrap; text-overflow: ellipsis; }
-    CommandLog.-empty { color: $text-muted; }
-    """
-
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(EMPTY, id=id, classes="-empty")
         self.commands: list[dict[str, Any]] = []

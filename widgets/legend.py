@@ -28,10 +28,6 @@ class LegendRow:
 class Legend(Widget):
     """Rows of swatch, label and values; redrawn only when the rows change."""
 
-    DEFAULT_CSS = """
-    Legend { height: auto; }
-    Legend > .legend--header { color: $foreground-muted; }
-    """
     COMPONENT_CLASSES = {"legend--header"}
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:

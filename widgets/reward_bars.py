@@ -32,10 +32,6 @@ class RewardBars(Widget):
     With no values it takes no room (class `-empty`): the chart beside it then spans the pane,
     and its "no data yet" is the pane's one empty state, centred in the whole pane."""
 
-    DEFAULT_CSS = """
-    RewardBars { height: auto; }
-    RewardBars.-empty { display: none; }
-    """
     COMPONENT_CLASSES = {"reward-bars--name", "reward-bars--bar", "reward-bars--negative", "reward-bars--dim"}
 
     def __init__(self, *, id: str | None = None) -> None:

@@ -35,10 +35,6 @@ class StatusInfo:
 
 
 class StatusBar(Static):
-    DEFAULT_CSS = """
-    StatusBar { height: 1; width: 1fr; background: $panel; color: $foreground; padding: 0 1; }
-    """
-
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__("", id=id)
         self.info = StatusInfo()

@@ -1,0 +1,127 @@
+"""The activity panes' messages: the Agents pane's title, its task view and its keys (`p`, `+`,
+`x`: engine commands the plane itself answers), and the Trajectories pane's trajectory view. Each
+view is a short read of the store, made off the UI thread.
+
+A mixin of the control room (its message handlers are the app's, found by their names: Textual's
+`@on` registers handlers of message pumps only); `self` is the ControlRoom.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from widgets.activity import TrajectoriesPane
+from widgets.agents import AgentsPane
+
+from .commands import CommandRequest
+
+if TYPE_CHECKING:
+    from .app import ControlRoom
+
+
+class ActivityPanes:
+    def on_agents_pane_title_changed(self: ControlRoom, event: AgentsPane.TitleChanged) -> None:
+        if self.widgets_gone():
+            return
+        pane = self.main.query_one("#agents")
+        pane.border_title, pane.border_subtitle = event.title, event.subtitle or None
+
+    def on_agents_pane_open_task(self: ControlRoom, event: AgentsPane.OpenTask) -> None:
+        task_id = event.task_id
+        self.reads.read(
+            lambda reader: reader.agent_task(task_id),
+            lambda task: self.show_agent_task(task_id, task),
+            title="agents",
+        )
+
+    def show_agent_task(self: ControlRoom, task_id: str, task: dict | None) -> None:
+        if task is None:
+            self.notify(f"task {task_id[:8]} is not in the store (yet)", title="agents", severity="warning")
+            return
+        from .agents import AgentTaskScreen
+
+        self.push_screen(AgentTaskScreen(task))
+
+    def on_trajectories_pane_selected(self: ControlRoom, event: TrajectoriesPane.Selected) -> None:
+        trajectory_id = int(event.row["id"])
+        self.reads.read(
+            lambda reader: reader.trajectory(trajectory_id), self.show_trajectory, title="trajectory"
+        )
+
+    def show_trajectory(self: ControlRoom, trajectory: dict | None) -> None:
+        if trajectory is None:
+            self.notify("that trajectory is gone from the store", severity="warning")
+            return
+        from .trajectories import TrajectoryScreen
+
+        self.push_screen(TrajectoryScreen(trajectory, self.domains, self.plasticity))
+
+    # -- the agents plane's keys ----------------------------------------------------------------------
+
+    def on_agents_pane_control(self: ControlRoom, event: AgentsPane.Control) -> None:
+        """`p`, `+` and `x` on the Agents pane: engine commands, answered by the plane itself."""
+        if self.debounced(f"agents_{event.verb}"):
+            return  # (a read-only session: the pane hides these keys, and the sender refuses them)
+        plane = self.agents_overview.get("plane") or {}
+        if not plane.get("wanted"):
+            self.notify(
+                "the agents plane is not up: start it with `carl agents up`",
+                title="agents",
+                severity="warning",
+            )
+            return
+        if event.verb == "pause_resume":
+            self.agents_pause_resume()
+        elif event.verb == "add_worker":
+            self.send_agents("agents_add_worker", "adding a worker")
+        elif event.verb == "stop_worker":
+            self.agents_stop_worker(event.worker_id)
+
+    def agents_pause_resume(self: ControlRoom) -> None:
+        state = (self.agents_overview.get("manager") or {}).get("state")
+        if state in ("done", "stopped"):
+            self.notify(
+                f"the manager is {state}: there is no assignment to pause", title="agents", severity="warning"
+            )
+            return
+        pending = self.sender.pending_verb("agents_pause", "agents_resume")
+        if pending:
+            self.notify(f"a command is already running: {pending}; wait for it", severity="warning")
+            return
+        if state == "paused":
+            self.send_agents("agents_resume", "resuming task assignment")
+        else:
+            self.send_agents("agents_pause", "pausing task assignment")
+
+    def agents_stop_worker(self: ControlRoom, worker_id: str | None) -> None:
+        if worker_id is None:
+            self.notify(
+                "highlight a worker (or one of its events) to stop it", title="agents", severity="warning"
+            )
+            return
+        workers = self.main.query_one(AgentsPane).agent_workers
+        worker = next((w for w in workers if w["worker_id"] == worker_id), {})
+        if worker.get("state") in ("stopped", "stopping"):
+            self.notify(f"worker {worker_id} is {worker['state']} already", title="agents")
+            return
+        from .screens import ConfirmScreen
+
+        busy = " It finishes the task in hand first." if worker.get("state") == "busy" else ""
+        key, add = self.key_for("agents.stop-worker", "x"), self.key_for("agents.add-worker", "+")
+        message = (
+            f"Stop worker {worker_id!r}?{busy}\nThe {add} key adds a new one.\n\n"
+            f"tab then enter (or {key} again) to stop, esc to cancel."
+        )
+        self.push_screen(
+            ConfirmScreen("Stop worker", message, "Stop", key),
+            lambda ok: (
+                self.send_agents("agents_stop_worker", f"stopping worker {worker_id}", worker_id)
+                if ok
+                else None
+            ),
+        )
+
+    def send_agents(self: ControlRoom, verb: str, notice: str, worker_id: str | None = None) -> None:
+        args = {"worker_id": worker_id} if worker_id is not None else None
+        notice += self.queued_suffix()
+        self.sender.send(CommandRequest(verb, args, target="engine", notice=notice, title="agents"))
