@@ -73,3 +73,27 @@ def test_the_code_reads_as_its_formatter_and_linter_want() -> None:
     assert fmt.returncode == 0, fmt.stdout[-4000:]
     lint = subprocess.run([_tool("ruff"), "check", *dirs], capture_output=True, text=True, cwd=ROOT)
     assert lint.returncode == 0, lint.stdout[-4000:]
+
+
+def test_every_document_the_code_cites_is_in_the_repo() -> None:
+    """A comment citing `docs/reference/karl.md §12(b)` points at a file and a section that exist."""
+    import re
+
+    headings = {
+        path.name: set(re.findall(r"^#+ (\d+(?:\.\d+)*)\.? ", path.read_text(encoding="utf-8"), re.M))
+        for path in (ROOT / "docs" / "reference").glob("*.md")
+    }
+    cited = re.compile(r"docs/reference/([\w-]+\.md)((?:,? (?:and )?§\d+(?:\.\d+)*(?:-\d+)?)*)")
+    missing = set()
+    for top in ("carl_tui", "widgets", "engine", "tests", "bench"):
+        for path in (ROOT / top).rglob("*.py"):
+            for match in cited.finditer(path.read_text(encoding="utf-8")):
+                if match.group(1) not in headings:
+                    missing.add((str(path.relative_to(ROOT)), match.group(1)))
+                for section in re.findall(r"§(\d+(?:\.\d+)*)", match.group(2)):
+                    if section not in headings[match.group(1)]:
+                        missing.add((str(path.relative_to(ROOT)), f"{match.group(1)} §{section}"))
+    assert missing == set()
+    for path in (ROOT / "docs").rglob("*.md"):  # and links between the docs resolve
+        for link in re.findall(r"\]\(([^)#:]+\.md)", path.read_text(encoding="utf-8")):
+            assert (path.parent / link).resolve().exists(), f"{path.relative_to(ROOT)} links to {link}"
