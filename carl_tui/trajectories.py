@@ -51,8 +51,10 @@ def trajectory_view(t: dict[str, Any], baselines: dict[str, dict[str, Any]]) -> 
     table.add_row("prompt", Text(t.get("prompt") or "", overflow="fold"))
     outcome = t.get("outcome") or {}
     flags = ", ".join(
-        f"{k.replace('_detected', '').replace('_', ' ')} {v}" for k, v in outcome.items() if v is not None
-    )
+        f"{k.replace('_detected', '').replace('_', ' ')} {v}"
+        for k, v in outcome.items()
+        if isinstance(v, bool)
+    )  # the cross-turn flags only: `recorded` (a record file's own scores) is not shown
     table.add_row("next prompt", flags or "none yet (correction, redo and continuation come from it)")
     table.add_row("", "")
     domain = baselines.get(t.get("domain") or "_global")

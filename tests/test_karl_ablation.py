@@ -1,5 +1,7 @@
 """`carl trajectories ablate --paper FILE`: KARL's published ablation table (docs/reference/karl.md §11) rebuilt from the
-signals stored in a record file of the paper's format (docs/reference/karl.md §2, §13 item 8), beside our scorer's.
+signals stored in a KARL record file, beside our scorer's. Two shapes, told apart per record: the recorder's per-turn
+records (signals as `outcome.<signal>_score`, docs/reference/karl.md §2) and the published 290-record file (whole
+sessions, signals in `outcome.signals`, docs/reference/karl.md §11, scored by the simplified scorer of §13 item 8).
 
 The expected numbers are computed here independently, in exact rational arithmetic: exact scores, ranks
 by counting (ties share the mean of their positions), Pearson of the ranks, top-20 by sorting
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
+from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -18,8 +22,10 @@ import numpy as np
 import pytest
 
 from engine.cli import main as carl_main
-from engine.trajectories.ablation.karl import paper_ablation
+from engine.trajectories.ablation.karl import Side, format_paper_ablation, paper_ablation
 from engine.trajectories.ablation.leave_one_out import renormalised
+from engine.trajectories.importers.karl_records import record_to_trajectory
+from engine.trajectories.scoring.signals import score_many
 
 SIGNALS = ("outcome", "process", "efficiency", "verification", "consistency")
 PAPER_WEIGHTS = {
@@ -84,7 +90,16 @@ def expected_table(rows: list[list[float]], k: int = 20) -> dict[str, tuple[floa
     return table
 
 
-# --- records in the paper's format (docs/reference/karl.md §2) ------------------------------------------------------------
+def assert_rows(side: Side, want: dict[str, tuple[float, int, float]]) -> None:
+    """Each signal's row on that side of the table is the oracle's."""
+    for s, (rho, overlap, impact) in want.items():
+        got = side.row(s)
+        assert got.rho == pytest.approx(rho, abs=1e-12), s
+        assert got.overlap == overlap, s
+        assert got.impact == pytest.approx(impact, abs=1e-12), s
+
+
+# --- records in the recorder's shape (docs/reference/karl.md §2) ------------------------------------------------
 
 
 def event(tool: str, ok: bool | None = True, exit_code: int | None = None, **params: str) -> dict[str, Any]:
@@ -281,6 +296,98 @@ def simplified_signals(rng: np.random.Generator, n: int) -> list[list[float]]:
     ]
 
 
+# --- records in the published file's shape (docs/reference/karl.md §11) ---------------------------------------
+
+TOOLS = ("Bash", "Read", "Edit", "Grep", "Glob", "Write")
+# Mostly short sessions over few tools, so that tool-count distributions (and so efficiencies) repeat; some
+# long ones, past the 50 stored events.
+TOTALS = (1, 2, 2, 3, 3, 4, 4, 5, 6, 8, 12, 30, 75, 199)
+T_FIRST = 1767258000  # 2026-01-01T09:00:00Z
+
+
+def iso(unix: float) -> str:
+    return datetime.fromtimestamp(unix, UTC).isoformat().replace("+00:00", "Z")
+
+
+def normalised_entropy(counts: Counter[str]) -> float:
+    """§11: the tool counts' Shannon entropy over log2 of the number of tools; 0 for a single tool."""
+    if len(counts) < 2:
+        return 0.0
+    total = sum(counts.values())
+    h = -sum(c / total * math.log2(c / total) for c in counts.values())
+    return h / math.log2(len(counts))
+
+
+def published_record(i: int, rng: np.random.Generator) -> dict[str, Any]:
+    """One whole session as the paper's file keeps it, scored by the simplified scorer (§13 item 8):
+    process = successes / total, efficiency = normalised tool entropy, outcome 0.7 when more than half the
+    calls succeeded (else 0.4), verification 0.3 or 0.7, consistency 0.4 or 0.8; R = Σ w·signal unrounded.
+    The advantage is filled in by `published_records` (a z-score over the whole file)."""
+    total = int(rng.choice(TOTALS))
+    kinds = rng.choice(TOOLS, size=int(rng.integers(1, 4)), replace=False)
+    sequence = [str(rng.choice(kinds)) for _ in range(total)]
+    failed: set[int] = set()
+    if rng.random() < 0.35:
+        failed = set(rng.choice(total, size=int(rng.integers(0, total + 1)), replace=False).tolist())
+    events = [
+        {
+            "tool_name": tool,
+            "success": j not in failed,
+            "exit_code": (1 if j in failed else 0) if tool == "Bash" and rng.random() < 0.5 else None,
+        }
+        for j, tool in enumerate(sequence)
+    ]
+    counts = Counter(sequence)
+    successes = total - len(failed)
+    signals = {
+        "outcome": 0.7 if successes / total > 0.5 else 0.4,
+        "process": round(successes / total, 4),
+        "efficiency": round(normalised_entropy(counts), 4),
+        "verification": 0.7 if rng.random() < 0.08 else 0.3,
+        "consistency": 0.8 if rng.random() < 0.11 else 0.4,
+    }
+    reward = sum(float(PAPER_WEIGHTS[name]) * signals[name] for name in SIGNALS)
+    first = T_FIRST + 3600 * i
+    return {
+        "id": f"traj_{i:012x}",
+        "session_id": f"{i:08x}-1111-4000-8000-000000000000",
+        "skill": {"domain": "unknown" if rng.random() < 0.8 else "infra"},
+        "trajectory": {
+            "tool_sequence": sequence,
+            "tool_counts": dict(counts),
+            "total_tools": total,
+            "successes": successes,
+            "failures": len(failed),
+            "bash_errors": sum(e["tool_name"] == "Bash" and e["exit_code"] != 0 for e in events),
+            "events": events[:50],
+        },
+        "context": {"git_repo": f"repo-{i % 7}"},
+        "timing": {
+            "num_prompts": int(rng.integers(1, 30)),
+            "first": iso(first),
+            "last": iso(first + int(rng.integers(60, 3000))),
+        },
+        "outcome": {"reward_score": reward, "signals": signals, "advantage": None},
+    }
+
+
+def published_records(rng: np.random.Generator, n: int) -> list[dict[str, Any]]:
+    """n records, each advantage the global z-score of its reward (population sd), to 4 decimals (§11)."""
+    records = [published_record(i, rng) for i in range(n)]
+    rewards = np.array([r["outcome"]["reward_score"] for r in records])
+    for r in records:
+        r["outcome"]["advantage"] = round((r["outcome"]["reward_score"] - rewards.mean()) / rewards.std(), 4)
+    return records
+
+
+def stored_row(r: dict[str, Any]) -> list[float]:
+    """The five stored signals of a record of either shape."""
+    outcome = r["outcome"]
+    if "signals" in outcome:
+        return [outcome["signals"][name] for name in SIGNALS]
+    return [outcome[f"{name}_score"] for name in SIGNALS]
+
+
 # --- (1) the ablation arithmetic ---------------------------------------------------------------------------
 
 
@@ -293,11 +400,7 @@ def test_paper_table_matches_hand_computation(tmp_path: Path) -> None:
     assert result.tool_calls == sum(len(SESSIONS[k]["events"]) for k in kinds)
 
     want = expected_table(rows)
-    for s, (rho, overlap, impact) in want.items():
-        got = result.paper.row(s)
-        assert got.rho == pytest.approx(rho, abs=1e-12), s
-        assert got.overlap == overlap, s
-        assert got.impact == pytest.approx(impact, abs=1e-12), s
+    assert_rows(result.paper, want)
     assert [r.signal for r in result.paper.rows] == sorted(SIGNALS, key=lambda s: -want[s][2])
     assert any(o < 20 for _, o, _ in want.values())  # the case exercises the overlap term
     assert min(r for r, _, _ in want.values()) < 0.99  # and the correlation term
@@ -307,10 +410,7 @@ def test_paper_table_matches_hand_computation(tmp_path: Path) -> None:
     ours_rows = [by_hand[k] for k in kinds]
     ours_want = expected_table(ours_rows)
     assert min(o for _, o, _ in ours_want.values()) < 20 and min(r for r, _, _ in ours_want.values()) < 0.99
-    for s, (rho, overlap, impact) in ours_want.items():
-        got = result.ours.row(s)
-        assert (got.rho, got.overlap) == (pytest.approx(rho, abs=1e-12), overlap), s
-        assert got.impact == pytest.approx(impact, abs=1e-12), s
+    assert_rows(result.ours, ours_want)
     for j, s in enumerate(SIGNALS):
         assert result.ours.signal_means[s] == pytest.approx(np.mean([r[j] for r in ours_rows]), abs=1e-12)
         assert result.paper.signal_means[s] == pytest.approx(np.mean([r[j] for r in rows]), abs=1e-12)
@@ -476,8 +576,20 @@ def test_cli_json_shape(
     out = capsys.readouterr().out
     assert out.count("\n") == 1  # one JSON object on one line
     data = json.loads(out)
-    assert set(data) == {"file", "records", "tool_calls", "top_k", "weights", "rows", "paper", "ours"}
-    assert data["records"] == 25 and data["top_k"] == 20 and data["file"] == str(path)
+    assert set(data) == {
+        "file",
+        "records",
+        "tool_calls",
+        "top_k",
+        "weights",
+        "rows",
+        "paper",
+        "ours",
+        "skipped",
+    }
+    assert (
+        data["records"] == 25 and data["top_k"] == 20 and data["file"] == str(path) and data["skipped"] == []
+    )
     assert data["weights"] == {
         "outcome": 0.30,
         "process": 0.25,
@@ -497,6 +609,9 @@ def test_cli_json_shape(
         assert set(data[side]["reward"]) == {"mean", "sd", "min", "max", "source"}
     assert data["paper"]["reward"]["source"] == "outcome.reward_score"
     assert data["paper"]["reward_gap"] < 1e-4
+    assert data["paper"]["shapes"] == {"recorder": 25}
+    assert set(data["paper"]["advantage"]) == {"records", "z_gap", "top", "top_reward"}
+    assert data["paper"]["advantage"]["records"] == 25
 
 
 def test_rewards_scored_with_other_weights_are_flagged(
@@ -529,12 +644,11 @@ def fails(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     return err.strip()
 
 
-def test_bad_input_is_one_line(
+def test_a_file_that_cannot_be_ablated_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CARL_HOME", str(tmp_path / "home"))
     good = [record(i, r) for i, r in enumerate(simplified_signals(np.random.default_rng(1), 4))]
-    lines = [json.dumps(r) for r in good]
 
     assert (
         fails(capsys, "--paper", str(tmp_path / "nope.jsonl"))
@@ -542,42 +656,91 @@ def test_bad_input_is_one_line(
     )
     assert fails(capsys, "--paper", str(tmp_path)) == f"carl: {tmp_path}: not a file"
 
-    bad_json = tmp_path / "bad.jsonl"
-    bad_json.write_text("\n".join([lines[0], lines[1], "{not json", lines[2]]) + "\n")
-    assert fails(capsys, "--paper", str(bad_json)) == f"carl: {bad_json}:3: invalid JSON"
-
-    not_object = tmp_path / "list.jsonl"
-    not_object.write_text("\n".join([lines[0], "[1, 2]"]) + "\n")
-    assert fails(capsys, "--paper", str(not_object), "--json") == f"carl: {not_object}:2: not a JSON object"
-
-    missing = tmp_path / "missing.jsonl"
-    write_records(missing, [*good[:3], record(9, [0.7, 0.9, 0.5, 0.3, 0.4], omit="efficiency_score")])
-    assert fails(capsys, "--paper", str(missing)) == f"carl: {missing}:4: outcome.efficiency_score missing"
-
-    wrong = dict(good[1], outcome={**good[1]["outcome"], "verification_score": "high"})
-    write_records(tmp_path / "wrong.jsonl", [good[0], wrong])
-    assert fails(capsys, "--paper", str(tmp_path / "wrong.jsonl")) == (
-        f"carl: {tmp_path / 'wrong.jsonl'}:2: outcome.verification_score is not a number ('high')"
-    )
-    out_of_range = dict(good[0], outcome={**good[0]["outcome"], "process_score": 1.5})
-    write_records(tmp_path / "range.jsonl", [out_of_range, good[1]])
-    assert fails(capsys, "--paper", str(tmp_path / "range.jsonl")).endswith(
-        "range.jsonl:1: outcome.process_score = 1.5 is outside [0, 1]"
-    )
-
-    no_outcome = {k: v for k, v in good[2].items() if k != "outcome"}
-    write_records(tmp_path / "no_outcome.jsonl", [good[0], good[1], no_outcome])
-    err = fails(capsys, "--paper", str(tmp_path / "no_outcome.jsonl"))
-    assert err.startswith(f"carl: {tmp_path / 'no_outcome.jsonl'}:3: no outcome object")
-
-    no_body = {k: v for k, v in good[2].items() if k != "trajectory"}
-    write_records(tmp_path / "no_body.jsonl", [good[0], no_body])
-    assert fails(capsys, "--paper", str(tmp_path / "no_body.jsonl")).startswith(
-        f"carl: {tmp_path / 'no_body.jsonl'}:2: no trajectory object"
-    )
-
     write_records(tmp_path / "one.jsonl", good[:1])
     assert "1 record(s)" in fails(capsys, "--paper", str(tmp_path / "one.jsonl"))
+
+    # One usable record left once the bad one is skipped: still nothing to rank, and the line says why.
+    wrong = dict(good[1], outcome={**good[1]["outcome"], "verification_score": "high"})
+    path = write_records(tmp_path / "wrong.jsonl", [good[0], wrong])
+    assert fails(capsys, "--paper", str(path), "--json") == (
+        f"carl: {path}: 1 record(s) to rank; an ablation ranks at least 2 (1 skipped; the first: "
+        f"{path}:2: outcome.verification_score is not a number ('high'))"
+    )
+
+
+def test_bad_records_are_one_line_each_and_the_rest_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every kind of bad record, in both shapes, between good ones: one `file:line: field ...` line each, and
+    the tables are those of the good records alone."""
+    monkeypatch.setenv("CARL_HOME", str(tmp_path / "home"))
+    rng = np.random.default_rng(1)
+    good = [record(i, r) for i, r in enumerate(simplified_signals(rng, 12))]
+    published = published_records(np.random.default_rng(2), 12)
+    pub = published[0]
+
+    def outcome(base: dict[str, Any], **fields: Any) -> dict[str, Any]:
+        return dict(base, outcome={**base["outcome"], **fields})
+
+    def signals(base: dict[str, Any], **fields: Any) -> dict[str, Any]:
+        return outcome(base, signals={**base["outcome"]["signals"], **fields})
+
+    no_efficiency = {k: v for k, v in pub["outcome"]["signals"].items() if k != "efficiency"}
+    bad: list[tuple[Any, str]] = [
+        ("{not json", "invalid JSON"),
+        ([1, 2], "not a JSON object"),
+        (record(90, [0.7, 0.9, 0.5, 0.3, 0.4], omit="efficiency_score"), "outcome.efficiency_score missing"),
+        (outcome(good[1], verification_score="high"), "outcome.verification_score is not a number ('high')"),
+        (outcome(good[1], process_score=1.5), "outcome.process_score = 1.5 is outside [0, 1]"),
+        (
+            {k: v for k, v in good[2].items() if k != "outcome"},
+            "no outcome object (the signals are read from outcome.signals or outcome.*)",
+        ),
+        (
+            {k: v for k, v in good[2].items() if k != "trajectory"},
+            "no trajectory object (our scorer re-scores trajectory.events)",
+        ),
+        (outcome(pub, signals=no_efficiency), "outcome.signals.efficiency missing"),
+        (signals(pub, process=None), "outcome.signals.process missing"),
+        (signals(pub, outcome="0.7"), "outcome.signals.outcome is not a number ('0.7')"),
+        (outcome(pub, signals=[0.7, 1.0]), "outcome.signals is not an object"),
+        (outcome(pub, reward_score=7), "outcome.reward_score = 7.0 is outside [0, 1]"),
+        (outcome(pub, advantage="high"), "outcome.advantage is not a number ('high')"),
+        (
+            dict(pub, timing={**pub["timing"], "num_prompts": -3}),
+            "timing.num_prompts is not a count of prompts ('-3')",
+        ),
+        (
+            dict(pub, trajectory={**pub["trajectory"], "events": [{"tool_name": "Bash"}, "Read"]}),
+            "trajectory.events[1] is not an object",
+        ),
+        (dict(pub, trajectory={**pub["trajectory"], "events": "Bash"}), "trajectory.events is not a list"),
+        (dict(pub, context="repo"), "context is not an object"),
+    ]
+    usable = good + published[1:]
+    lines = [json.dumps(r) for r in usable]
+    for i, (item, _) in enumerate(bad):  # each bad record after a good one
+        lines.insert(2 * i + 1, item if isinstance(item, str) else json.dumps(item))
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    want_skipped = [f"{path}:{2 * i + 2}: {reason}" for i, (_, reason) in enumerate(bad)]
+
+    assert carl_main(["trajectories", "ablate", "--paper", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["skipped"] == want_skipped
+    assert data["records"] == len(usable)
+    assert data["paper"]["shapes"] == {"recorder": 12, "published": 11}
+    want = expected_table([stored_row(r) for r in usable])
+    for row in data["rows"]:
+        rho, overlap, impact = want[row["signal"]]
+        assert (row["paper"]["rho"], row["paper"]["overlap"]) == (pytest.approx(rho, abs=1e-12), overlap)
+        assert row["paper"]["impact"] == pytest.approx(impact, abs=1e-12)
+
+    assert carl_main(["trajectories", "ablate", "--paper", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    at = out.index(f"skipped {len(bad)} record(s); the tables cover the other {len(usable)}:")
+    assert out[at + 1 : at + 11] == [f"  {line}" for line in want_skipped[:10]]
+    assert out[at + 11] == f"  … and {len(bad) - 10} more"
 
 
 def test_store_mode_is_unchanged_and_has_json(
@@ -603,3 +766,105 @@ def test_store_mode_is_unchanged_and_has_json(
             pytest.approx(ours.row(row["signal"]).rho),
             ours.row(row["signal"]).overlap,
         )
+
+
+# --- (6) the published file's shape -------------------------------------------------------------------------
+
+
+def edge_tied(scores: list[Fraction], k: int = 20) -> bool:
+    """The k-th and (k+1)-th highest scores are equal: which records make the top set is up to the tie rule."""
+    ordered = sorted(scores, reverse=True)
+    return ordered[k - 1] == ordered[k]
+
+
+def test_published_file_gives_the_oracle_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """290 whole sessions in the published shape, two-valued signals so that ties are everywhere: ρ from
+    average ranks, top-20 sets of exactly 20 (the earlier record wins a tie at the edge), impacts by §11."""
+    monkeypatch.setenv("CARL_HOME", str(tmp_path / "home"))
+    records = published_records(np.random.default_rng(11), 290)
+    path = write_records(tmp_path / "karl-ablation-290.jsonl", records)
+    before = path.read_bytes()
+    result = paper_ablation(path)
+    assert path.read_bytes() == before  # read, never written
+    assert (result.records, result.top_k, result.skipped, result.shapes) == (290, 20, [], {"published": 290})
+    assert result.tool_calls == sum(r["trajectory"]["total_tools"] for r in records)
+
+    rows = [stored_row(r) for r in records]
+    full = exact_scores(rows, exact_weights())
+    assert len(set(full)) < len(full) * 0.8  # ties are frequent
+    ablated = {s: exact_scores(rows, exact_weights(drop=s)) for s in SIGNALS}
+    assert any(edge_tied(scores) for scores in ablated.values())  # the tie rule at the edge is exercised
+    want = expected_table(rows)
+    assert_rows(result.paper, want)
+    assert [r.signal for r in result.paper.rows] == sorted(SIGNALS, key=lambda s: -want[s][2])
+    assert any(
+        abs(pearson(ordinal_ranks(full), ordinal_ranks(ablated[s])) - result.paper.row(s).rho) > 1e-3
+        for s in SIGNALS
+    )  # ordinal ranks would not do
+    for j, s in enumerate(SIGNALS):
+        assert result.paper.signal_means[s] == pytest.approx(np.mean([r[j] for r in rows]), abs=1e-12)
+
+    # The reward check: reward_score is Σ w·signal with the ablation-time weights, so it passes.
+    stored = np.array([r["outcome"]["reward_score"] for r in records])
+    assert result.paper.reward_source == "outcome.reward_score" and result.reward_gap < 1e-12
+    assert result.paper.reward["mean"] == pytest.approx(stored.mean())
+    assert result.paper.reward["sd"] == pytest.approx(stored.std())
+
+    # The advantage is read: the global z-score of R, and the 35 of highest advantage.
+    advantages = [r["outcome"]["advantage"] for r in records]
+    best = sorted(range(290), key=lambda i: (-advantages[i], i))[:35]
+    check = result.advantage
+    assert (check.records, check.top) == (290, 35)
+    assert check.z_gap is not None and check.z_gap <= 5e-5 + 1e-12
+    assert check.top_reward == pytest.approx(np.mean(stored[best]), abs=1e-12)
+    assert check.top_reward > result.paper.reward["mean"]
+
+    # Our side: the same sessions re-scored (events past the 50th come back from tool_sequence).
+    ours = [
+        [getattr(x, s) for s in SIGNALS] for x in score_many([record_to_trajectory(path, r) for r in records])
+    ]
+    assert_rows(result.ours, expected_table(ours))
+
+    assert carl_main(["trajectories", "ablate", "--paper", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "paper signals from outcome.signals (the published file's shape): 290 records" in out
+    assert "not scored with these weights" not in out
+    assert "advantage: outcome.advantage in all 290 records: the global z-score of the reward" in out
+    assert f"top 35 by advantage: mean reward {np.mean(stored[best]):.3f}" in out
+    assert "skipped" not in out
+
+
+def test_shapes_are_told_apart_per_record(tmp_path: Path) -> None:
+    """The same signals kept as outcome.signals or as outcome.*_score give the same table, one file or mixed."""
+    records = published_records(np.random.default_rng(4), 60)
+
+    def as_recorder(r: dict[str, Any]) -> dict[str, Any]:
+        outcome = {k: v for k, v in r["outcome"].items() if k != "signals"}
+        return dict(r, outcome=outcome | {f"{s}_score": v for s, v in r["outcome"]["signals"].items()})
+
+    published = paper_ablation(write_records(tmp_path / "published.jsonl", records))
+    recorder = paper_ablation(write_records(tmp_path / "recorder.jsonl", [as_recorder(r) for r in records]))
+    mixed_records = [as_recorder(r) if i % 3 == 0 else r for i, r in enumerate(records)]
+    mixed = paper_ablation(write_records(tmp_path / "mixed.jsonl", mixed_records))
+    assert recorder.shapes == {"recorder": 60} and mixed.shapes == {"recorder": 20, "published": 40}
+    want = expected_table([stored_row(r) for r in records])
+    for result in (published, recorder, mixed):
+        assert_rows(result.paper, want)
+        assert result.reward_gap < 1e-12 and result.advantage.records == 60
+
+
+def test_other_advantages_are_flagged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An advantage that is not the global z-score (R − 0.5, as the recorder wrote it) is said to differ."""
+    records = published_records(np.random.default_rng(8), 40)
+    for r in records:
+        r["outcome"]["advantage"] = round(r["outcome"]["reward_score"] - 0.5, 4)
+    result = paper_ablation(write_records(tmp_path / "a.jsonl", records))
+    assert result.advantage.z_gap is not None and result.advantage.z_gap > 0.1
+    text = format_paper_ablation(result)
+    assert "differs from the global z-score of the reward by up to" in text
+    del records[3]["outcome"]["advantage"]
+    result = paper_ablation(write_records(tmp_path / "b.jsonl", records))
+    assert (result.advantage.records, result.advantage.top_reward) == (39, None)
+    assert "advantage: outcome.advantage in 39 of 40 records only" in format_paper_ablation(result)

@@ -6,6 +6,7 @@ The fixtures follow docs/reference/agent-traces.md §2-§3 and docs/reference/ka
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from engine.cli import main as carl_main
 from engine.trajectories.importers import files
 from engine.trajectories.importers.common import prompt_of
 from engine.trajectories.importers.files import ImportResult, import_paths
@@ -597,6 +599,167 @@ def test_karl_records(tmp_path: Path) -> None:
     assert (exec_cmd.success, read.success, read.params) == (None, None, {})
     assert result.skipped == [f"{path}:2: not a KARL trajectory record"]
     assert (result.files, result.sessions, result.empty_sessions) == (1, 1, 0)
+
+
+def published_session(number: int, sequence: list[str], failed: set[int], **signals: float) -> dict[str, Any]:
+    """A whole session as KARL's published 290-record file keeps it (docs/reference/karl.md §11)."""
+    events = [
+        {"tool_name": tool, "success": i not in failed, "exit_code": 1 if i in failed else None}
+        for i, tool in enumerate(sequence)
+    ]
+    counts: dict[str, int] = {}
+    for tool in sequence:
+        counts[tool] = counts.get(tool, 0) + 1
+    stored = {"outcome": 0.7, "process": 1.0, "efficiency": 0.5078, "verification": 0.3, "consistency": 0.8}
+    stored |= signals
+    return {
+        "id": f"traj_published_{number}",
+        "session_id": f"sess-published-{number}",
+        "skill": {"domain": "unknown"},
+        "trajectory": {
+            "tool_sequence": sequence,
+            "tool_counts": counts,
+            "total_tools": len(sequence),
+            "successes": len(sequence) - len(failed),
+            "failures": len(failed),
+            "bash_errors": counts.get("Bash", 0),
+            "events": events[:50],
+        },
+        "context": {"git_repo": "carl-tui"},
+        "timing": {"num_prompts": 26, "first": iso(0), "last": iso(5400)},
+        "outcome": {
+            "reward_score": sum(
+                w * stored[k] for k, w in zip(stored, (0.30, 0.25, 0.15, 0.15, 0.15), strict=True)
+            ),
+            "signals": stored,
+            "advantage": 0.6949,
+        },
+    }
+
+
+def test_karl_published_file(tmp_path: Path) -> None:
+    """Each record of the published shape is one trajectory, a whole session; its stored signals, reward and
+    advantage are kept beside (`recorded`), and the recorder's shape still reads in the same file."""
+    long_session = ["Bash", "Read", "Edit"] * 25  # 75 calls, 50 of them stored as events
+    path = write_jsonl(
+        tmp_path / "karl-ablation.jsonl",
+        [
+            published_session(1, long_session, failed={2, 60}),
+            published_session(2, ["Read", "Read"], failed=set(), efficiency=0.0),
+            karl_record("traj_sess-kar_1772355900", [{"tool_name": "Bash", "success": True}], ["Bash"]),
+        ],
+    )
+    result = import_paths([path])
+    assert result.skipped == [] and (result.files, result.sessions, result.empty_sessions) == (1, 3, 0)
+    first, second, turn = result.trajectories
+    assert (first.uid, first.agent, first.session_id, first.source) == (
+        make_uid("karl", "traj_published_1"),
+        "karl",
+        "sess-published-1",
+        str(path),
+    )
+    assert (first.prompt, first.cwd, first.git_repo, first.skill, first.domain) == (
+        "",
+        None,
+        "carl-tui",
+        None,
+        "unknown",
+    )
+    assert (first.correction, first.redo, first.build_success, first.session_continued) == (None,) * 4
+    assert (first.started_at, first.ended_at, first.duration_s) == (unix(0), unix(5400), 5400.0)
+    assert first.total == 75 and first.tool_sequence == long_session
+    assert [e.success for e in first.events[:4]] == [True, True, False, True]
+    assert first.events[2].exit_code == 1 and first.events[0].exit_code is None
+    assert {e.success for e in first.events[50:]} == {None}  # past the stored events: outcome unknown
+    signals = {"outcome": 0.7, "process": 1.0, "efficiency": 0.5078, "verification": 0.3, "consistency": 0.8}
+    assert first.recorded == {
+        "shape": "published",
+        "reward_score": pytest.approx(0.70117),
+        "signals": signals,
+        "advantage": 0.6949,
+        "num_prompts": 26,
+    }
+    assert second.recorded["signals"]["efficiency"] == 0.0 and second.total == 2
+    assert turn.recorded == {"shape": "recorder", "reward_score": 0.7}
+    bare = {
+        k: v for k, v in karl_record("traj_bare", [{"tool_name": "Read"}], ["Read"]).items() if k != "outcome"
+    }
+    (unscored,) = import_paths([write_jsonl(tmp_path / "bare.jsonl", [bare])]).trajectories
+    assert unscored.recorded == {}  # nothing stored, nothing kept
+
+
+def test_karl_published_file_into_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`carl trajectories import`: our own re-scoring in reward/signals/advantage, what the file stored in
+    outcome.recorded beside it; a second import changes nothing."""
+    monkeypatch.setenv("CARL_HOME", str(tmp_path / "home"))
+    path = write_jsonl(
+        tmp_path / "karl-ablation.jsonl",
+        [published_session(i, ["Bash", "Read", "Edit", "Read"] * (i + 1), failed={i}) for i in range(3)],
+    )
+    assert carl_main(["trajectories", "import", str(path)]) == 0
+    assert "3 trajectories — 3 new" in capsys.readouterr().out
+    db = sqlite3.connect(tmp_path / "home" / "carl.db")
+    rows = db.execute(
+        "SELECT agent, domain, tool_count, reward, signals, outcome FROM trajectories ORDER BY id"
+    ).fetchall()
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("karl", "unknown", 4),
+        ("karl", "unknown", 8),
+        ("karl", "unknown", 12),
+    ]
+    for *_, reward, signals, outcome in rows:
+        ours, flags = json.loads(signals), json.loads(outcome)
+        assert set(ours) == {"outcome", "process", "efficiency", "verification", "consistency"}
+        assert flags["recorded"]["shape"] == "published" and flags["recorded"]["advantage"] == 0.6949
+        assert flags["recorded"]["signals"]["efficiency"] == 0.5078
+        assert reward != pytest.approx(flags["recorded"]["reward_score"])  # ours is our scorer's
+        assert flags["session_continued"] is None
+    db.close()
+    assert carl_main(["trajectories", "import", str(path)]) == 0
+    assert "0 new, 0 updated, 3 unchanged" in capsys.readouterr().out
+
+
+def test_karl_bad_records_are_one_line_each(tmp_path: Path) -> None:
+    good = published_session(1, ["Bash", "Read"], failed=set())
+
+    def with_outcome(**fields: Any) -> dict[str, Any]:
+        return dict(good, outcome={**good["outcome"], **fields})
+
+    bad = [
+        (
+            with_outcome(signals={**good["outcome"]["signals"], "process": "high"}),
+            "outcome.signals.process is not a number ('high')",
+        ),
+        (with_outcome(signals="0.7"), "outcome.signals is not an object"),
+        (with_outcome(reward_score=1.7), "outcome.reward_score = 1.7 is outside [0, 1]"),
+        (with_outcome(advantage=[1]), "outcome.advantage is not a number ('[1]')"),
+        (
+            dict(good, trajectory={**good["trajectory"], "events": {"0": "Bash"}}),
+            "trajectory.events is not a list",
+        ),
+        (
+            dict(good, trajectory={**good["trajectory"], "events": [None]}),
+            "trajectory.events[0] is not an object",
+        ),
+        (
+            dict(good, trajectory={**good["trajectory"], "tool_sequence": "Bash"}),
+            "trajectory.tool_sequence is not a list",
+        ),
+        (
+            dict(good, timing={**good["timing"], "num_prompts": 1e12}),
+            "timing.num_prompts is not a count of prompts ('1000000000000.0')",
+        ),
+        (dict(good, skill="ios"), "skill is not an object"),
+    ]
+    lines: list[Any] = []
+    for i, (record, _) in enumerate(bad):
+        lines += [dict(good, id=f"good-{i}", session_id=f"s-{i}"), record]
+    path = write_jsonl(tmp_path / "damaged.jsonl", lines)
+    result = import_paths([path])
+    assert result.skipped == [f"{path}:{2 * i + 2}: {reason}" for i, (_, reason) in enumerate(bad)]
+    assert len(result.trajectories) == len(bad)  # every good record read, the bad ones only skipped
 
 
 # --- Files that cannot be read ----------------------------------------------------------------------------

@@ -125,6 +125,9 @@ class Trajectory:
     skill: str | None = None
     domain: str | None = None
     turn_index: int = 0
+    # What the source file stored about its own score (a KARL record's reward, signals, advantage), kept
+    # beside ours as `outcome.recorded` in the store; scoring never reads it.
+    recorded: dict[str, Any] = field(default_factory=dict)
 
     @property
     def total(self) -> int:

@@ -40,12 +40,13 @@ class SaveResult:
 
 
 def _outcome(t: Trajectory) -> dict[str, Any]:
-    return {
+    flags = {
         "correction_detected": t.correction,
         "redo_detected": t.redo,
         "build_success": t.build_success,
         "session_continued": t.session_continued,
     }
+    return (flags | {"recorded": t.recorded}) if t.recorded else flags
 
 
 def _row(

@@ -1,24 +1,25 @@
 """KARL's published ablation table (docs/reference/karl.md §11) rebuilt from a record file, beside ours.
 
-The paper's 290 ablation records are KARL `trajectories.jsonl` records (docs/reference/karl.md §2), one whole session
-each, scored by a simplified scorer (docs/reference/karl.md §13 item 8). A record keeps each signal where scoring
-writes it, in its `outcome` block (§2.1), rounded to 4 decimals:
-
-    outcome.outcome_score   outcome.process_score   outcome.efficiency_score
-    outcome.verification_score   outcome.consistency_score      (outcome.reward_score: R)
-
+The file is read as published: the paper's 290 records, one whole session a line, keep the five signals in
+`outcome.signals` (docs/reference/karl.md §11); the recorder's own per-turn records keep them as
+`outcome.<signal>_score` (§2.1). `karl_records` tells the two apart per record, so a file may hold both. Either
+way each signal is read as stored, with `outcome.reward_score` (R) and `outcome.advantage` beside it.
 The sub-scores in `reward_components` (§3.6) belong to the full scorer, not to what §11 ablates, and
 `quality.success_rate` is rounded to 3 decimals: neither is read.
 
 Paper side: the stored signals, ranked with the weights of the paper's code at the time of the
 ablation (0.30/0.25/0.15/0.15/0.15, docs/reference/karl.md §13 item 1). Our side: the same records mapped back to
 trajectories by `karl_records` and re-scored by our scorer (docs/reference/karl.md §3 with the rules of §12). Both are
-ablated by `ablation.ablate`, the §11 method.
+ablated by `ablation.ablate`, the §11 method: ties share their average rank in ρ, and a top-20 set holds exactly 20
+records (the paper counts "5 of 20 displaced"), a tie at its edge going to the earlier record in the file.
+
+A record that cannot be used (not JSON, no outcome or trajectory object, a signal missing or not a number in
+[0, 1], ...) costs one `file:line: field ...` line in `skipped`; the tables cover the rest of the file.
 """
 
 from __future__ import annotations
 
-import math
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,14 @@ from engine.errors import CarlError
 from engine.trajectories.ablation.leave_one_out import TOP_K, AblationRow, ablate, renormalised, signal_matrix
 from engine.trajectories.importers.common import Line
 from engine.trajectories.importers.files import read_jsonl
-from engine.trajectories.importers.karl_records import record_to_trajectory
+from engine.trajectories.importers.karl_records import (
+    PUBLISHED,
+    RecordError,
+    record_to_trajectory,
+    signal_field,
+    stored_scores,
+)
+from engine.trajectories.model import Trajectory
 from engine.trajectories.scoring.signals import SIGNALS, score_many
 
 # The paper's code at the time of the ablation (docs/reference/karl.md §13 item 1); the same numbers as ours.
@@ -40,10 +48,14 @@ PAPER_WEIGHTS = {
     "verification": 0.15,
     "consistency": 0.15,
 }
-SIGNAL_FIELDS = {name: f"{name}_score" for name in SIGNALS}  # keys of the record's `outcome` block
 REWARD_FIELD = "reward_score"
-# Stored signals and R are each rounded to 4 decimals: a larger gap means other weights.
+# Stored signals and R may each be rounded to 4 decimals: a larger gap means other weights.
 REWARD_GAP_TOLERANCE = 1e-3
+# The published advantage is a global z-score of R (docs/reference/karl.md §11), stored to 4 decimals.
+ADVANTAGE_GAP_TOLERANCE = 1e-3
+# The paper compares the mean reward of the 35 records of highest advantage with 35 at random (§11).
+ADVANTAGE_TOP = 35
+SHOWN_SKIPS = 10  # skipped-record lines printed under the table (the JSON has them all)
 
 
 class KarlAblationError(CarlError):
@@ -65,6 +77,31 @@ class Side:
 
 
 @dataclass(frozen=True)
+class AdvantageCheck:
+    """What the file's own `outcome.advantage` says, against its rewards."""
+
+    records: int  # records that store an advantage
+    z_gap: float | None  # largest |A − (R − mean R) / sd R| (population sd), when every record stores A
+    top: int  # records in the highest-advantage set (ADVANTAGE_TOP at most)
+    top_reward: float | None  # the mean reward of that set (a tie at its edge goes to the earlier record)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"records": self.records, "z_gap": self.z_gap, "top": self.top, "top_reward": self.top_reward}
+
+
+@dataclass(frozen=True)
+class PaperRecords:
+    """The usable records of a file: their stored signals, rewards and advantages, and as trajectories."""
+
+    signals: np.ndarray  # N×5, columns in SIGNALS order
+    rewards: list[float | None]  # outcome.reward_score
+    advantages: list[float | None]  # outcome.advantage
+    trajectories: list[Trajectory]
+    shapes: Counter[str]  # records per shape (published, recorder)
+    skipped: list[str]  # `file:line: reason`, one per record not used
+
+
+@dataclass(frozen=True)
 class PaperAblation:
     path: str
     records: int
@@ -74,6 +111,9 @@ class PaperAblation:
     paper: Side
     ours: Side
     reward_gap: float | None  # largest |outcome.reward_score − weighted stored signals|, if stored
+    advantage: AdvantageCheck
+    shapes: dict[str, int]
+    skipped: list[str]
 
     def to_json(self) -> dict[str, Any]:
         def cells(r: AblationRow) -> dict[str, Any]:
@@ -98,6 +138,12 @@ class PaperAblation:
             }
             for r in self.paper.rows
         ]
+        paper = {
+            **side(self.paper),
+            "reward_gap": self.reward_gap,
+            "advantage": self.advantage.to_json(),
+            "shapes": self.shapes,
+        }
         return {
             "file": self.path,
             "records": self.records,
@@ -105,63 +151,73 @@ class PaperAblation:
             "top_k": self.top_k,
             "weights": self.weights,
             "rows": rows,
-            "paper": {**side(self.paper), "reward_gap": self.reward_gap},
+            "paper": paper,
             "ours": side(self.ours),
+            "skipped": self.skipped,
         }
 
 
-def read_records(path: Path) -> list[Line]:
-    """Every line of the file as a JSON object; the first bad line is an error."""
+def read_records(path: Path) -> tuple[list[Line], list[str]]:
+    """The file's JSON objects with their line numbers, and one line per line that is not one."""
     if not path.exists():
         raise KarlAblationError(f"{path}: no such file")
     if not path.is_file():
         raise KarlAblationError(f"{path}: not a file")
     try:
-        lines, bad = read_jsonl(path)
+        return read_jsonl(path)
     except OSError as exc:
         raise KarlAblationError(f"{path}: unreadable ({exc.strerror or exc})") from None
-    if bad:
-        raise KarlAblationError(bad[0])
-    if len(lines) < 2:
-        raise KarlAblationError(f"{path}: {len(lines)} record(s); an ablation ranks at least 2")
-    return lines
 
 
-def stored_signals(path: Path, lines: list[Line]) -> tuple[np.ndarray, np.ndarray | None]:
-    """The N×5 matrix of the stored signals (columns in SIGNALS order), and the stored rewards
-    (None unless every record has one)."""
+def paper_records(path: Path, lines: list[Line], skipped: list[str] | None = None) -> PaperRecords:
+    """Each record's stored signals (read where its shape keeps them), reward, advantage and trajectory;
+    a record missing any of the five signals, or malformed, is skipped with one line."""
+    skipped = list(skipped or [])
     rows: list[list[float]] = []
     rewards: list[float | None] = []
+    advantages: list[float | None] = []
+    trajectories: list[Trajectory] = []
+    shapes: Counter[str] = Counter()
     for number, record in lines:
         where = f"{path}:{number}"
-        outcome = record.get("outcome")
-        if not isinstance(outcome, dict):
-            raise KarlAblationError(f"{where}: no outcome object (the signals are read from outcome.*_score)")
+        if not isinstance(record.get("outcome"), dict):
+            skipped.append(
+                f"{where}: no outcome object (the signals are read from outcome.signals or outcome.*)"
+            )
+            continue
         if not isinstance(record.get("trajectory"), dict):
-            raise KarlAblationError(f"{where}: no trajectory object (our scorer re-scores trajectory.events)")
-        rows.append([_signal(where, outcome, SIGNAL_FIELDS[name]) for name in SIGNALS])
-        rewards.append(_number(where, outcome, REWARD_FIELD))
-    stored = None if any(r is None for r in rewards) else np.array(rewards, dtype=float)
-    return np.array(rows, dtype=float).reshape(-1, len(SIGNALS)), stored
+            skipped.append(f"{where}: no trajectory object (our scorer re-scores trajectory.events)")
+            continue
+        try:
+            scores = stored_scores(record)
+            missing = [name for name in SIGNALS if name not in scores.signals]
+            if missing:
+                raise RecordError(f"{signal_field(scores.shape, missing[0])} missing")
+            trajectory = record_to_trajectory(path, record)
+        except RecordError as err:
+            skipped.append(f"{where}: {err}")
+            continue
+        rows.append([scores.signals[name] for name in SIGNALS])
+        rewards.append(scores.reward)
+        advantages.append(scores.advantage)
+        trajectories.append(trajectory)
+        shapes[scores.shape] += 1
+    matrix = np.array(rows, dtype=float).reshape(-1, len(SIGNALS))
+    return PaperRecords(matrix, rewards, advantages, trajectories, shapes, skipped)
 
 
-def _signal(where: str, outcome: dict[str, Any], key: str) -> float:
-    value = _number(where, outcome, key)
-    if value is None:
-        raise KarlAblationError(f"{where}: outcome.{key} missing")
-    return value
-
-
-def _number(where: str, outcome: dict[str, Any], key: str) -> float | None:
-    """outcome[key] as a float in [0, 1]; None when absent or null."""
-    value = outcome.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise KarlAblationError(f"{where}: outcome.{key} is not a number ({str(value)[:40]!r})")
-    if not 0.0 <= value <= 1.0:
-        raise KarlAblationError(f"{where}: outcome.{key} = {value} is outside [0, 1]")
-    return float(value)
+def advantage_check(advantages: list[float | None], rewards: np.ndarray) -> AdvantageCheck:
+    """How the stored advantages relate to the rewards: the gap to the global z-score, and the mean
+    reward of the records of highest advantage (both only when every record stores one)."""
+    stored = sum(a is not None for a in advantages)
+    if not stored or stored < len(advantages):
+        return AdvantageCheck(stored, None, 0, None)
+    a = np.array(advantages, dtype=float)
+    sd = float(rewards.std())
+    z_gap = float(np.abs(a - (rewards - rewards.mean()) / sd).max()) if sd > 0 else None
+    top = min(ADVANTAGE_TOP, len(a))
+    best = np.argsort(-a, kind="stable")[:top]
+    return AdvantageCheck(stored, z_gap, top, float(rewards[best].mean()))
 
 
 def _reward_stats(rewards: np.ndarray) -> dict[str, float]:
@@ -179,25 +235,30 @@ def _means(matrix: np.ndarray) -> dict[str, float]:
 
 def paper_ablation(path: Path, k: int = TOP_K) -> PaperAblation:
     """The §11 table from the file's stored signals, and the same records re-scored and ablated by ours."""
-    lines = read_records(path)
-    paper_matrix, stored = stored_signals(path, lines)
+    lines, bad = read_records(path)
+    records = paper_records(path, lines, bad)
+    n = len(records.trajectories)
+    if n < 2:
+        first = (
+            f" ({len(records.skipped)} skipped; the first: {records.skipped[0]})" if records.skipped else ""
+        )
+        raise KarlAblationError(f"{path}: {n} record(s) to rank; an ablation ranks at least 2{first}")
     weights = [PAPER_WEIGHTS[name] for name in SIGNALS]
-    weighted = paper_matrix @ np.asarray(weights)
-    if stored is None:
+    weighted = records.signals @ np.asarray(weights)
+    if any(r is None for r in records.rewards):
         paper_rewards, source, gap = weighted, "weighted stored signals", None
     else:
-        paper_rewards, source = stored, f"outcome.{REWARD_FIELD}"
-        gap = float(np.abs(stored - weighted).max())
+        paper_rewards, source = np.array(records.rewards, dtype=float), f"outcome.{REWARD_FIELD}"
+        gap = float(np.abs(paper_rewards - weighted).max())
     paper = Side(
-        "paper file: stored outcome.*_score (simplified scorer, docs/reference/karl.md §13 item 8)",
-        ablate(paper_matrix, weights, SIGNALS, k),
-        _means(paper_matrix),
+        "paper file: stored signals (simplified scorer, docs/reference/karl.md §13 item 8)",
+        ablate(records.signals, weights, SIGNALS, k),
+        _means(records.signals),
         _reward_stats(paper_rewards),
         source,
     )
 
-    trajectories = [record_to_trajectory(path, record) for _, record in lines]
-    scored = score_many(trajectories)
+    scored = score_many(records.trajectories)
     our_matrix = signal_matrix(scored)
     ours = Side(
         "ours: docs/reference/karl.md §3 with the rules of §12 (scoring/signals.py)",
@@ -208,13 +269,16 @@ def paper_ablation(path: Path, k: int = TOP_K) -> PaperAblation:
     )
     return PaperAblation(
         str(path),
-        len(lines),
-        sum(t.total for t in trajectories),
-        min(k, len(lines)),
+        n,
+        sum(t.total for t in records.trajectories),
+        min(k, n),
         dict(PAPER_WEIGHTS),
         paper,
         ours,
         gap,
+        advantage_check(records.advantages, paper_rewards),
+        dict(records.shapes),
+        records.skipped,
     )
 
 
@@ -244,14 +308,47 @@ def format_paper_ablation(result: PaperAblation) -> str:
         lines.append(
             f"{'reward ' + stat:<18} {result.paper.reward[stat]:>10.3f} {result.ours.reward[stat]:>10.3f}"
         )
+    lines.append(f"paper signals from {_shapes(result.shapes)}")
     lines.append(f"paper reward from {result.paper.reward_source}; sd is the population sd")
     if result.reward_gap is not None and result.reward_gap > REWARD_GAP_TOLERANCE:
         lines.append(
             f"note: outcome.{REWARD_FIELD} differs from the weighted stored signals by up to "
             f"{result.reward_gap:.4f}: the file was not scored with these weights"
         )
+    lines += _advantage_lines(result)
     if k >= result.records:
         lines.append(
             f"note: {result.records} records, so the top set holds all of them and overlap is always {k}"
         )
+    if result.skipped:
+        lines.append(f"skipped {len(result.skipped)} record(s); the tables cover the other {result.records}:")
+        lines += [f"  {line}" for line in result.skipped[:SHOWN_SKIPS]]
+        if len(result.skipped) > SHOWN_SKIPS:
+            lines.append(f"  … and {len(result.skipped) - SHOWN_SKIPS} more")
     return "\n".join(lines)
+
+
+def _shapes(shapes: dict[str, int]) -> str:
+    where = {
+        PUBLISHED: "outcome.signals (the published file's shape)",
+        "recorder": "outcome.*_score (the recorder's shape)",
+    }
+    return "; ".join(f"{where[shape]}: {count} records" for shape, count in sorted(shapes.items()))
+
+
+def _advantage_lines(result: PaperAblation) -> list[str]:
+    check, reward = result.advantage, result.paper.reward
+    if not check.records:
+        return ["advantage: not stored (no outcome.advantage)"]
+    if check.top_reward is None:
+        return [f"advantage: outcome.advantage in {check.records} of {result.records} records only"]
+    if check.z_gap is None:
+        how = "every reward is the same, so it is no z-score"
+    elif check.z_gap <= ADVANTAGE_GAP_TOLERANCE:
+        how = f"the global z-score of the reward, (R − {reward['mean']:.5f}) / {reward['sd']:.5f}"
+    else:
+        how = f"differs from the global z-score of the reward by up to {check.z_gap:.4f}"
+    return [
+        f"advantage: outcome.advantage in all {check.records} records: {how}",
+        f"top {check.top} by advantage: mean reward {check.top_reward:.3f} (all: {reward['mean']:.3f})",
+    ]
