@@ -69,19 +69,28 @@ class ControlRoom(RunControls, ComparingRuns, ActivityPanes, ScreenKeys, EngineS
         Binding("slash", "filter", "Filter runs", key_display="/", show=False, id="filter"),
         Binding("o", "observe", "Observe", id="observe"),
         Binding("n", "new_run", "New run", id="new-run"),
+        # One key, two bindings: the key bar says what space will do (check_action shows one of them).
         Binding(
             "space",
-            "pause_resume",
+            "pause_resume('pause')",
             "Pause",
             key_display="space",
-            tooltip="Pause or resume the run",
-            id="pause-resume",
+            tooltip="Pause the run",
+            id="pause",
+        ),
+        Binding(
+            "space",
+            "pause_resume('resume')",
+            "Resume",
+            key_display="space",
+            tooltip="Resume the run",
+            id="resume",
         ),
         Binding("c", "checkpoint", "Checkpoint", id="checkpoint"),
         Binding("s", "stop_run", "Stop", id="stop"),
         Binding("l", "set_lr", "Learning rate", show=False, id="learning-rate"),
         Binding("w", "set_weight", "Reward weight", show=False, id="reward-weight"),
-        Binding("r", "resume_run", "Resume a stopped or crashed run", show=False, id="resume"),
+        Binding("r", "resume_run", "Resume a stopped or crashed run", show=False, id="resume-run"),
         Binding("v", "samples", "Samples (per-token Φ)", show=False, id="samples"),
         Binding("d", "diagnose", "Diagnose", id="diagnose"),
         Binding(
@@ -363,6 +372,7 @@ class ControlRoom(RunControls, ComparingRuns, ActivityPanes, ScreenKeys, EngineS
             step=run.last_step if run else None,
             max_steps=run.max_steps if run else None,
             eta_s=view.eta_s if view and run_state(view.run) == "live" else None,
+            eta_label=view.eta_label if view else None,
             phase=run.phase if run else None,
             health=run.health if run else None,
             health_reason=reason if run and run.health != "green" else None,
@@ -387,6 +397,10 @@ class ControlRoom(RunControls, ComparingRuns, ActivityPanes, ScreenKeys, EngineS
         no carl runner listens to (observed runs)."""
         if action in CONTROL_ACTIONS and self.sender.readonly:
             return False
+        if action == "pause_resume":
+            paused = self.view is not None and self.view.run.status == "paused"
+            if parameters == (("resume",) if not paused else ("pause",)):
+                return False  # the other of the pair is the one in force
         if action in RUN_ACTIONS and not self.runs_controllable():
             return None
         return True
@@ -407,7 +421,9 @@ class ControlRoom(RunControls, ComparingRuns, ActivityPanes, ScreenKeys, EngineS
     # -- the command palette ------------------------------------------------------------------
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
+        # Textual's own, but its "Theme" picker: it offers every theme Textual knows, where ours below
+        # offers the control room's four (and two "Theme" entries read as a mistake).
+        yield from (command for command in super().get_system_commands(screen) if command.title != "Theme")
         yield SystemCommand(
             "Observe a run", "Import a Trackio db, trainer_state.json or JSONL", self.action_observe
         )

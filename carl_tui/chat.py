@@ -84,6 +84,7 @@ class ChatScreen(Screen[None]):
         who = "Claude " + self.diagnoser.model if not self.diagnoser.offline else "the offline analyst"
         log.add_note(f"Ask about run {self.run_name}: {who} answers from its numbers. /help lists commands.")
         self.query_one(ChatInput).focus()
+        self.call_after_refresh(self._fit_list)  # a screen gets no Resize when pushed at a size already set
 
     # -- header, list ------------------------------------------------------------------------
 

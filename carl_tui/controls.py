@@ -83,10 +83,12 @@ class RunControls:
 
     # -- the selected run's runner ------------------------------------------------------------------
 
-    def action_pause_resume(self: ControlRoom) -> None:
+    def action_pause_resume(self: ControlRoom, verb: str | None = None) -> None:
+        """`verb` is what the key bar said (pause or resume); the run's state decides when none is given."""
         if self.debounced("pause_resume") or self.view is None:
             return
-        verb = "resume" if self.view.run.status == "paused" else "pause"
+        if verb not in ("pause", "resume"):
+            verb = "resume" if self.view.run.status == "paused" else "pause"
         self.send_to_run(verb, notice=f"{verb} {self.view.run.name}: applied at the next step boundary")
 
     def action_checkpoint(self: ControlRoom) -> None:

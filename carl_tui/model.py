@@ -11,6 +11,7 @@ queue that each poll drains first, so the polling thread alone owns the watcher'
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import queue
 import re
@@ -43,6 +44,8 @@ class RunView:
     reward_names: list[str] = field(default_factory=list)  # reward functions, in key order
     steps_per_s: float | None = None
     eta_s: float | None = None
+    eta_label: str | None = None  # what the ETA is of when not the whole run ("warm-up")
+    warmup_steps: int = 0  # SFT steps before GRPO: rewards start after them
     commands: list[dict[str, Any]] = field(default_factory=list)  # newest first: the audit log
     events: list[dict[str, Any]] = field(default_factory=list)  # gate opened, crystallization, ...
     gate: dict[str, Any] | None = None  # the cascade gate's newest state
@@ -344,7 +347,8 @@ class StoreWatcher:
                 view.series[key] = reader.series(run.id, key, max_points=self.max_points)
             else:
                 view.series[key] = reader.extend_series(run.id, key, old, max_points=self.max_points)
-        view.steps_per_s, view.eta_s = _progress(reader, run)
+        view.steps_per_s, view.eta_s, view.eta_label = _progress(reader, run)
+        view.warmup_steps = warmup_steps(reader.run_config(run.id))
         view.commands = commands
         view.events = reader.events(run.id)
         view.gate = reader.gate_state(run.id)
@@ -363,19 +367,38 @@ def find_experiment(reader: StoreReader, ref: str | int) -> ExperimentView | Non
     return StoreWatcher._read_experiment(reader, int(record["id"]))
 
 
-def _progress(reader: StoreReader, run: RunRow) -> tuple[float | None, float | None]:
-    """Steps per second over the newest steps, and the ETA when max_steps is known."""
-    if run.status not in ("running",):
-        return None, None
+def warmup_steps(config: dict[str, Any]) -> int:
+    """The SFT warm-up steps a GRPO run takes before GRPO (0: none, or not a run of ours)."""
+    steps = config.get("sft_warmup_steps") if config.get("method", "grpo") == "grpo" else 0
+    return steps if type(steps) is int and steps > 0 else 0
+
+
+def _progress(reader: StoreReader, run: RunRow) -> tuple[float | None, float | None, str | None]:
+    """Steps per second, the ETA and what it is of, measured within the run's current phase.
+
+    A GRPO run with an SFT warm-up has two phases whose steps take very different times (the demo's
+    GRPO steps take ~2x its SFT steps), so a rate measured on one is never applied to the other: during
+    the warm-up the ETA is the warm-up's ("ETA warm-up 40s"), afterwards the run's. A step's time is the
+    median over the newest steps of the phase, so a pause (or any one stall) does not inflate it.
+    """
+    if run.status != "running":
+        return None, None, None
     times = reader.wall_times(run.id, last=50)
     if len(times) < 2:
-        return None, None
-    (s0, t0), (s1, t1) = times[0], times[-1]
-    if t1 <= t0 or s1 <= s0:
-        return None, None
-    rate = (s1 - s0) / (t1 - t0)
-    eta = (run.max_steps - s1) / rate if run.max_steps and run.max_steps > s1 else None
-    return rate, eta
+        return None, None, None
+    warmup = warmup_steps(reader.run_config(run.id))
+    step = times[-1][0]
+    in_warmup = step <= warmup
+    phase = [(s, t) for s, t in times if (s <= warmup) == in_warmup]
+    per_step = sorted(
+        (t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in itertools.pairwise(phase) if s1 > s0 and t1 >= t0
+    )
+    if not per_step or per_step[len(per_step) // 2] <= 0:
+        return None, None, None
+    seconds = per_step[len(per_step) // 2]
+    end = warmup if in_warmup and run.max_steps and run.max_steps > warmup else run.max_steps
+    eta = (end - step) * seconds if end and end > step else None
+    return 1.0 / seconds, eta, "warm-up" if end == warmup and warmup else None
 
 
 def run_state(run: RunRow, now: float | None = None) -> str:

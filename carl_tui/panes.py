@@ -160,6 +160,10 @@ def draw_run(screen: Screen, view: RunView, *, comparing: bool) -> None:
     phi_chart = screen.query_one("#phi-chart", Chart)  # the Φ pane is its chart
     phi_chart.border_title = draw_phi(phi_chart, view)
     reward_chart = screen.query_one("#reward-chart", Chart)
+    if view.warmup_steps and (view.run.last_step or 0) <= view.warmup_steps:
+        reward_chart.empty_text = f"rewards start after the SFT warm-up (step {view.warmup_steps:,})"
+    else:
+        reward_chart.empty_text = "no reward data yet"
     colors = reward_colors(reward_chart, len(view.reward_names))
     screen.query_one("#rewards-pane").border_title = draw_rewards(reward_chart, view, colors)
     bars = [(short_name(name), view.latest(f"rewards/{name}/mean")) for name in view.reward_names]

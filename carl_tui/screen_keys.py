@@ -18,7 +18,7 @@ from widgets.chart import Chart
 from widgets.status_bar import StatusBar, StatusInfo
 
 from .config import config_path, save_config
-from .keymap import bindings_of, keys_in_force
+from .keymap import bindings_of, key_display, keys_in_force
 from .panes import draw_run
 
 if TYPE_CHECKING:
@@ -32,40 +32,30 @@ PANES = ("phi", "rewards", "trajectories", "agents")
 class ScreenKeys:
     def action_help(self: ControlRoom) -> None:
         """Keys from the same binding tables that drive the footer, as the keymap maps them: the
-        control room's own first, then those of the widget that has focus, then Textual's app-wide ones."""
+        control room's own first, then those of the widget that has focus, then the two that work
+        everywhere. Textual's generic bindings (cursor, scroll, copy, the palette's own) have no id: they are not
+        the control room's keys and are left out."""
         active = self.screen.active_bindings
         own = bindings_of(type(self))
         rows: list[tuple[str, str]] = [("", "Control room")]
         rows += [(keys_in_force(b, self.keymap), b.description) for b in own if b.description]
-        rows.append(("", "Here"))
         seen = {d for _, d in rows}
-        own_actions = {b.action for b in own}
+        here: list[tuple[str, str]] = []
         for entry in active.values():
             b = entry.binding
-            if (
-                b.description
-                and b.description not in seen
-                and b.action not in own_actions
-                and entry.node is not self
-            ):
+            # Ours have ids; Textual's generic widget keys (cursor, scroll, copy) have none.
+            if b.description and b.id and b.description not in seen and entry.node is not self:
                 seen.add(b.description)
-                rows.append((self.get_key_display(b), b.tooltip or b.description))  # the longer one
-        rows.append(("", "Everywhere"))
+                here.append((self.get_key_display(b), b.tooltip or b.description))  # the longer one
+        if here:
+            rows += [("", "Here"), *here]
         rows += [
+            ("", "Everywhere"),
             ("ctrl+p", "Command palette: themes, chart mode, observe, engine, panes"),
             ("tab", "Next pane"),
         ]
-        for entry in active.values():
-            b = entry.binding
-            if (
-                b.description
-                and b.description not in seen
-                and entry.node is self
-                and b.action != "command_palette"
-            ):
-                seen.add(b.description)
-                rows.append((self.get_key_display(b), b.description))
-        extra = f"Store: {self.db_path}\nConfig: {config_path(self.home)}"
+        close = key_display(self.keymap.get("help.close", "escape")).split(" / ")[0]
+        extra = f"{close} closes this · Store: {self.db_path}\nConfig: {config_path(self.home)}"
         from .screens import HelpScreen  # modal screens load on first use, not at start-up
 
         self.push_screen(HelpScreen(rows, extra))

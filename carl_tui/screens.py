@@ -56,22 +56,28 @@ def eval_table(evaluation: dict[str, Any]) -> Table:
     passed = evaluation["passed"]
     table.add_row("verdict", Text("✓ passed" if passed else "✕ failed", style="green" if passed else "red"))
     for reason in evaluation["reasons"]:
-        table.add_row("", reason)
-    labels = {
-        "task": "task reward (mean)",
-        "solved": "solved",
-        "format": "format-compliant",
-        "phi": "Φ (mean)",
-        "entropy": "entropy (nats)",
-        "answer_tokens": "answer tokens",
-        "prompts": "held-out prompts",
-        "step": "step",
-        "model_dir": "model",
-        "seconds": "took (s)",
+        table.add_row("", Text(str(reason)))
+    # key -> (label, how its value reads): shares as percentages, a mean count to one decimal.
+    labels: dict[str, tuple[str, Any]] = {
+        "task": ("task reward (mean)", "{:.3f}".format),
+        "solved": ("solved", "{:.0%}".format),
+        "format": ("format-compliant", "{:.0%}".format),
+        "phi": ("Φ (mean)", "{:.4f}".format),
+        "entropy": ("entropy (nats)", "{:.3f}".format),
+        "answer_tokens": ("answer tokens (mean)", "{:.1f}".format),
+        "prompts": ("held-out prompts", "{:,}".format),
+        "step": ("step", "{:,}".format),
+        "model_dir": ("model", str),
+        "seconds": ("took", lambda s: f"{s:.1f} s"),
     }
-    for key, label in labels.items():
-        if evaluation["metrics"].get(key) is not None:
-            table.add_row(label, str(evaluation["metrics"][key]))
+    for key, (label, shown) in labels.items():
+        value = evaluation["metrics"].get(key)
+        if value is not None:
+            try:
+                text = shown(value)
+            except (TypeError, ValueError):  # a stored value of another type: shown as it is
+                text = str(value)
+            table.add_row(label, Text(text))
     return table
 
 

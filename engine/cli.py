@@ -120,7 +120,8 @@ EXTRAS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["hook"]:  # an agent's hook: no parser, no imports, no output, always 0
+    if argv[:1] == ["hook"] and not {"-h", "--help"} & set(argv[1:]):
+        # An agent's hook: no parser, no imports, no output, always 0 (help is for people, below).
         from engine.trajectories.capture.recorder import main as record_hook
 
         return record_hook(argv[1:])

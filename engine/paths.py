@@ -34,3 +34,11 @@ def models_dir(home: Path | None = None) -> Path:
     path = (home or carl_home()) / "models"
     path.mkdir(parents=True, mode=0o700, exist_ok=True)
     return path
+
+
+def shown(path: Path) -> str:
+    """A path as a person reads it: under the home directory it starts with `~`."""
+    try:
+        return "~/" + str(path.relative_to(Path.home()))
+    except ValueError:
+        return str(path)

@@ -295,8 +295,8 @@ async def test_enter_opens_the_task_with_its_steps_feedback_and_rollout(
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=size) as pilot:
         pane = await focus_agents(app, pilot, maximize=True)
-        while pane.highlighted_task() != task_id:
-            await pilot.press("down")
+        # The first enter opens a task: the cursor rests on the newest event of one, not on a status line.
+        assert pane.highlighted_task() == task_id
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, AgentTaskScreen))
         await pilot.pause()
@@ -359,8 +359,11 @@ async def test_keys_queue_engine_commands_and_report_the_outcome(home: Path, siz
         await pilot.press("plus")
         await settled(pilot)
         assert commands(home)[-1] == ("agents_add_worker", {}, "engine")
-        while pane.highlighted_worker() != "w2":
-            await pilot.press("down")
+        for key in ["up"] * 40 + ["down"] * 80:  # to a row of w2's, wherever the cursor rests
+            if pane.highlighted_worker() == "w2":
+                break
+            await pilot.press(key)
+        assert pane.highlighted_worker() == "w2"
         await pilot.press("x")
         assert app.screen.__class__.__name__ == "ConfirmScreen"
         await pilot.press("escape")  # cancelled: nothing sent

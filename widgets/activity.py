@@ -11,11 +11,10 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import Static
 
-TRAJECTORIES_EMPTY = (
-    "No trajectories yet.\n"
-    "Agent sessions (Claude Code hooks and transcripts, Codex rollouts) are scored with the "
-    "5-signal trajectory reward and land in the store's `trajectories` table; they stream "
-    "in here, newest first."
+TRAJECTORIES_EMPTY = (  # what to do first: a pane may have room for two or three lines only
+    "No trajectories yet. `carl hooks install` records Claude Code sessions as they happen; "
+    "`carl trajectories import` reads past Claude Code and Codex sessions. Each is scored with the "
+    "5-signal trajectory reward and streams in here, newest first."
 )
 MAX_ROWS = 200
 

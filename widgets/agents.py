@@ -19,10 +19,9 @@ from textual.widgets import Static
 from .status_bar import ENGINE_MARK
 
 AGENTS_EMPTY = (
-    "No agent events yet.\n"
-    "`carl agents up` starts the agents plane (a local NATS server, a manager and workers on the demo "
-    "tasks); `carl-tui --demo` starts one beside the demo run. Every task, result, score, feedback and "
-    "alarm streams in here, newest first."
+    "No agent events yet. `carl agents up` starts the agents plane (a local NATS server, a manager and "
+    "workers on the demo tasks); `carl-tui --demo` starts one beside the demo run. Every task, result, "
+    "score, feedback and alarm streams in here, newest first."
 )
 MAX_EVENTS = 200
 KIND_NAMES = {"worker_status": "status", "manager_status": "manager", "model_update": "model"}
@@ -293,7 +292,7 @@ class AgentsPane(Static):
         width, height = self.size.width or 80, self.size.height or 24
         head, body = self._layout(width, height)
         keys = [key for _, key in head + body if key is not None]
-        newest = next((key for _, key in body if key is not None), None)
+        newest = self._newest(head, body, height)
         if self.follow or self.cursor not in keys:
             self.cursor = newest or (keys[0] if keys else None)
         at = next((i for i, (_, key) in enumerate(body) if key == self.cursor), None)
@@ -508,8 +507,18 @@ class AgentsPane(Static):
             return
         at = keys.index(self.cursor) if self.cursor in keys else 0
         self.cursor = keys[max(0, min(len(keys) - 1, at + delta))]
-        self.follow = self.cursor == next((k for k in keys if k[0] == "event"), None)
+        height = self.size.height or 24
+        self.follow = self.cursor == self._newest(*self._layout(self.size.width or 80, height), height)
         self._draw()
+
+    def _newest(self, head: list[Line], body: list[Line], height: int) -> tuple[str, Any] | None:
+        """Where a following cursor rests: the newest event of a task on the first screen, so that enter
+        opens one (a status line, the newest event most of the time, has no task to open); else the
+        newest event. The newest events stay on top either way."""
+        with_task = {e["id"] for e in self.agent_events if e.get("task_id")}
+        room = max(1, height - len(head) - (1 if len(head) > 1 and body else 0))
+        keys = [key for _, key in body if key is not None]
+        return next((key for key in keys[:room] if key[1] in with_task), keys[0] if keys else None)
 
     def action_open(self) -> None:
         """The task of the row; an alarm or a rejected payload without one shows its whole reason."""

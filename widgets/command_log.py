@@ -11,7 +11,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 STATE_MARK = {"pending": "…", "running": "▸", "done": "✓", "failed": "✕"}
-EMPTY = "No commands yet. space pause/resume · c checkpoint · s stop · l learning rate · w weight"
+EMPTY = "No commands yet: space pause · c checkpoint · s stop · l learning rate · w weight"
 
 
 def describe(command: dict[str, Any]) -> str:

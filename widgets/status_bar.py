@@ -22,6 +22,7 @@ class StatusInfo:
     step: int | None = None
     max_steps: int | None = None
     eta_s: float | None = None
+    eta_label: str | None = None  # what the ETA is of, when not the whole run (e.g. "warm-up")
     phase: str | None = None
     health: str | None = None
     health_reason: str | None = None
@@ -45,57 +46,72 @@ class StatusBar(Static):
             self.update(self.render_info(info))
 
     def render_info(self, info: StatusInfo) -> Text:
+        """The parts in reading order; when the line is too narrow, the least needed go first: the
+        agents plane's NATS, the backend, the health reason, the ETA, the phase, the eval, then the
+        engine's hint. The run and its state, the step, the health and the engine always stay."""
         theme = self.app.current_theme
         health_color = {"green": theme.success, "yellow": theme.warning, "red": theme.error}
-        text = Text(no_wrap=True, overflow="ellipsis")
+        parts: list[tuple[int, Text]] = []  # (priority: lower is dropped first, text)
+
+        def part(priority: int, *pieces: str | tuple[str, str]) -> None:
+            text = Text()
+            for piece in pieces:
+                if isinstance(piece, tuple):
+                    text.append(piece[0], style=piece[1])
+                else:
+                    text.append(piece)
+            parts.append((priority, text))
+
         if info.message:
-            text.append(f"✕ {info.message}  ", style=f"bold {theme.error}")
+            part(99, (f"✕ {info.message}  ", f"bold {theme.error}"))
         if info.run is None:
-            text.append("no run selected", style="dim")
+            part(98, ("no run selected", "dim"))
         else:
-            text.append(info.run, style="bold")
+            part(98, (info.run, "bold"))
             if info.state:
-                text.append(f" {info.state}", style=theme.success if info.state == "live" else "")
+                part(97, (f" {info.state}", theme.success if info.state == "live" else ""))
             if info.backend:
-                text.append(f" · {info.backend}", style="dim")
+                part(1, (f" · {info.backend}", "dim"))
             if info.step is not None:
                 total = f"/{info.max_steps:,}" if info.max_steps else ""
-                text.append(f" │ step {info.step:,}{total}")
-                if info.max_steps and info.step <= info.max_steps:
-                    text.append(f" {info.step / info.max_steps:.0%}")
+                share = (
+                    f" {info.step / info.max_steps:.0%}"
+                    if info.max_steps and info.step <= info.max_steps
+                    else ""
+                )
+                part(96, f" │ step {info.step:,}{total}{share}")
             if info.eta_s is not None:
-                text.append(f" ETA {compact_duration(info.eta_s)}")
-            text.append(f" │ phase {info.phase or '—'}")
+                label = f" {info.eta_label}" if info.eta_label else ""
+                part(5, f" ETA{label} {compact_duration(info.eta_s)}")
+            part(6, f" │ phase {info.phase or '—'}")
             if info.eval_passed is not None:
-                text.append(" │ eval ")
-                mark = "✓" if info.eval_passed else "✕"
-                text.append(mark, style=theme.success if info.eval_passed else theme.error)
-                if info.eval_task is not None:
-                    text.append(f" {info.eval_task:.2f}")
+                mark = ("✓", theme.success) if info.eval_passed else ("✕", theme.error)
+                task = f" {info.eval_task:.2f}" if info.eval_task is not None else ""
+                part(7, " │ eval ", mark, task)
+            if info.health:
+                mark = f"{HEALTH_MARK.get(info.health, '?')} {info.health}"
+                part(95, " │ ", (mark, health_color.get(info.health, "")))
+                if info.health_reason:
+                    part(3, (f" {info.health_reason}", "dim"))
         engine_color = theme.success if info.engine == "up" else theme.warning
-        text.append(" │ engine ")
-        text.append(f"{ENGINE_MARK.get(info.engine, '?')} {info.engine}", style=engine_color)
-        hint = f": {info.engine_hint}" if info.engine_hint else ""
-        if hint and self._fits(text.cell_len + len(hint) + (len(READ_ONLY) if info.readonly else 0)):
-            text.append(hint)  # whole or not at all (a cut one reads as nonsense); the notice says it too
+        part(94, " │ engine ", (f"{ENGINE_MARK.get(info.engine, '?')} {info.engine}", engine_color))
+        if info.engine_hint:
+            part(8, f": {info.engine_hint}")  # whole or not at all: a cut one reads as nonsense
         if info.nats:
-            text.append(" │ nats ")
             nats_color = theme.success if info.nats in ("up", "external") else theme.warning
-            text.append(f"{ENGINE_MARK.get(info.nats, '?')} {info.nats}", style=nats_color)
-        if info.run is not None and info.health:
-            text.append(" │ ")
-            text.append(
-                f"{HEALTH_MARK.get(info.health, '?')} {info.health}", style=health_color.get(info.health)
-            )
-            if info.health_reason:  # last: the longest part, the one to cut on a narrow screen
-                text.append(f" {info.health_reason}", style="dim")
+            part(0, " │ nats ", (f"{ENGINE_MARK.get(info.nats, '?')} {info.nats}", nats_color))
         if info.readonly:
-            text.append(READ_ONLY, style="dim")
-        return text
-
-    def _fits(self, cells: int) -> bool:
+            part(93, (READ_ONLY, "dim"))
         width = self.content_size.width
-        return not width or cells <= width  # not laid out yet: the resize that follows draws it again
+        while width and len(parts) > 1 and sum(t.cell_len for _, t in parts) > width:
+            lowest = min(range(len(parts)), key=lambda i: parts[i][0])
+            if parts[lowest][0] >= 93:
+                break  # only what always stays is left: the line is cut at its end
+            del parts[lowest]
+        line = Text(no_wrap=True, overflow="ellipsis")
+        for _, text in parts:
+            line.append_text(text)
+        return line
 
     def on_resize(self) -> None:
         self.update(self.render_info(self.info))

@@ -43,7 +43,8 @@ def start_demo(home: Path, steps: int | None, backend: str | None = None) -> Non
         }
         store.enqueue_command("train", args, target="engine", origin="cli")
         plane = _demo_plane(store)
-    print("demo training queued: the engine starts it (logs in ~/.carl/logs/train-*.log)")
+    logs = paths.shown(paths.logs_dir(home) / "train-*.log")
+    print(f"demo training queued: the engine starts it (logs in {logs})")
     if plane:
         print(plane)
 

@@ -57,11 +57,22 @@ def list_runs(args: argparse.Namespace, home: Path) -> int:
             for run in reader.runs():
                 print(json.dumps(run_record(reader, run)))
             return 0
-        for run in reader.runs():
-            steps = f"{run.last_step:,}" if run.last_step is not None else "-"
-            print(
-                f"{run.id:>4}  {run.name:<28} {run.status:<9} step {steps:>9}  {run.source_kind:<13}"
-                f" {run.health or '-':<6} {run.phase or '-'}"
+        rows = [
+            (
+                str(run.id),
+                run.name,
+                run.status,
+                f"{run.last_step:,}" if run.last_step is not None else "-",
+                run.source_kind,
+                run.framework or "-",
+                run.health or "-",
+                run.phase or "-",
+            )
+            for run in reader.runs()
+        ]
+        if rows:
+            print_table(
+                ("ID", "NAME", "STATUS", "STEP", "SOURCE", "FRAMEWORK", "HEALTH", "PHASE"), rows, right=(0, 3)
             )
     finally:
         reader.close()
@@ -121,3 +132,19 @@ def _mean_ci(figure: dict[str, object]) -> str:
         return f"{'—':<22}"
     text = f"{mean:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")  # type: ignore[index]
     return f"{text:<22}"
+
+
+def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]], *, right: tuple[int, ...] = ()) -> None:
+    """Columns as wide as their widest cell (names at most 40), numbers right-aligned, a header line."""
+    widths = [min(max(len(r[i]) for r in (header, *rows)), 40) for i in range(len(header))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        out = []
+        for i, cell in enumerate(cells):
+            cell = cell if len(cell) <= widths[i] else cell[: widths[i] - 1] + "…"
+            out.append(cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]))
+        return "  ".join(out).rstrip()
+
+    print(line(header))
+    for row in rows:
+        print(line(row))

@@ -74,6 +74,12 @@ def run(args: argparse.Namespace, home: Path) -> int:
 
 def add_hook_arguments(parser: argparse.ArgumentParser) -> None:
     """`carl hook` takes no arguments: the payload comes on stdin."""
+    parser.description = (
+        "Record one Claude Code hook payload, read from stdin, into the spool of $CARL_HOME (or --home). This is"
+        " what the hooks `carl hooks install` writes into settings.json run for every event; it prints nothing"
+        " and always exits 0, so a hook can never disturb Claude Code. The engine reads the spool and assembles"
+        " the payloads into scored trajectories."
+    )
 
 
 def run_hook(args: argparse.Namespace, home: Path) -> int:
