@@ -134,6 +134,51 @@ def test_trl_completions_become_rollouts_with_groups_rewards_and_advantages(
     assert conversation["prompt"] == "user: question 2.0" and conversation["completion"] == "answer 2.0"
 
 
+@pytest.mark.slow
+def test_a_real_trl_grpo_run_with_log_completions(
+    store: Store, tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer itself: TRL's GRPOTrainer on the tiny model, two steps, `log_completions=True`."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    def short(completions: list[str], **_: Any) -> list[float]:
+        return [1.0 / (1 + len(c)) for c in completions]
+
+    def has_a(completions: list[str], log_extra: Any = None, **_: Any) -> list[float]:
+        if log_extra is not None:
+            log_extra("has_a_text", ["a" in c for c in completions])
+        return [float("a" in c) for c in completions]
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=8,
+        log_completions=True,
+        report_to=[],
+        use_cpu=True,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    prompts = Dataset.from_list([{"prompt": f"hello {i}"} for i in range(8)])
+    GRPOTrainer(model=str(tiny_model), reward_funcs=[short, has_a], args=args, train_dataset=prompts).train()
+    source_id = register(store, tmp_path / "out" / "completions", "rollouts-trl")
+    assert drain(store, source_id).rows == 8
+    rows = rollouts(store, only_run(store, source_id))
+    assert [(r["step"], r["idx"], r["group_id"]) for r in rows] == [
+        (step, i, str(i // 2)) for step in (1, 2) for i in range(4)
+    ]
+    for row in rows:
+        assert set(row["rewards"]) == {"short", "has_a"} and row["advantage"] is not None
+        assert row["total"] == pytest.approx(row["rewards"]["short"] + row["rewards"]["has_a"])
+        assert row["extra"] == {"has_a_text": row["rewards"]["has_a"] == 1.0}
+        assert row["prompt"].startswith("hello ") and row["completion"]
+
+
 def test_trl_follows_new_step_files_and_reads_each_once(store: Store, tmp_path: Path) -> None:
     out = tmp_path / "run"
     trl_step(out, 1)
