@@ -8,15 +8,19 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from engine.observe import IngestResult, ObserveError, ingest_source
 from engine.observe.ingest import finish_import
+from engine.observe.rollouts import dumps
 from engine.store import Store, StoreReader
 
 REPO = Path(__file__).resolve().parent.parent
@@ -559,6 +563,73 @@ def test_verifiers_results_are_followed_as_they_are_appended(store: Store, tmp_p
     assert [r["idx"] for r in rollouts(store, run_id)] == [0, 1, 2, 3]
     finish_import(store, source_id)  # stops following: what was read stays
     assert store.run(run_id)["status"] == "imported" and len(rollouts(store, run_id)) == 4
+
+
+def test_an_over_long_line_is_skipped_without_being_held_even_while_written(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dumps, "MAX_LINE", 800)  # the reader's bounds, made small enough to cross here
+    monkeypatch.setattr(dumps, "CHUNK", 64)
+    folder = tmp_path / "eval"
+    path = vf_save_outputs(folder, [vf_output(0, "4", 1.0)])
+    with open(path, "a") as f:
+        f.write(json.dumps(vf_output(1, "x" * 3000, 0.0))[:1500])  # a long line, still being written
+    source_id = register(store, folder, "rollouts-verifiers", follow=True)
+    result = drain(store, source_id)
+    assert result.rows == 1 and len(result.problems) == 1
+    assert result.problems[0].startswith("eval/results.jsonl:2: line longer than")
+    with open(path, "a") as f:
+        f.write("x" * 2000 + "\n")
+    vf_save_outputs(folder, [vf_output(2, "4", 1.0)])
+    result = drain(store, source_id)
+    assert result.rows == 1 and result.bad_lines == 0  # said once; the line after it is read
+    rows = rollouts(store, only_run(store, source_id))
+    assert [(r["group_id"], r["idx"]) for r in rows] == [("0", 0), ("2", 1)]
+    assert store.source(source_id)["cursor"]["line"] == 3
+
+
+GARBAGE = st.one_of(
+    st.binary(max_size=80).map(lambda b: b.replace(b"\n", b"")),
+    st.sampled_from(
+        [
+            b"[1]",
+            b"null",
+            b'{"traces": [1, "x", {"nodes": 3}]}',
+            b'{"traces": [{"nodes": [{"message": 1, "logprobs": "x"}], "rewards": {"r": 2}}]}',
+            b'{"prompt": {"role": 5}, "completion": [null], "metrics": [1], "token_usage": 3}',
+            b'{"input": [], "output": {}, "score": "high", "step": 1e400}',
+            b"[" * 3000,
+            b'{"prompt": "\\ud800", "completion": "\\udfff"}',
+        ]
+    ),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.one_of(GARBAGE, st.just(b"GOOD")), max_size=12),
+    st.sampled_from(["rollouts-verl", "rollouts-verifiers", "rollouts-prime"]),
+    st.sampled_from([10, 30, 1000]),
+)
+def test_fuzz_garbage_lines_never_stop_a_dump_reader(lines: list[bytes], kind: str, max_rows: int) -> None:
+    good = {
+        "rollouts-verl": json.dumps({"input": "q", "output": "a", "score": 1.0, "step": 1}).encode(),
+        "rollouts-verifiers": json.dumps(vf_output(0, "4", 1.0)).encode(),
+        "rollouts-prime": json.dumps(episode(1, "g", "4", 1.0, 0.0)).encode(),
+    }[kind]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        name = {"rollouts-verl": "1.jsonl", "rollouts-verifiers": "results.jsonl"}.get(kind)
+        path = folder / (name or "rollouts/step_1/train/effective/traces.jsonl")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"\n".join(good if line == b"GOOD" else line for line in lines) + b"\n")
+        with Store(folder / "carl.db") as store:
+            source_id = register(store, folder, kind)
+            result = drain(store, source_id, max_rows=max_rows)
+            expected = sum(1 for line in lines if line == b"GOOD")
+            stored = store.conn.execute("SELECT count(*) FROM rollouts").fetchone()[0]
+            assert stored >= expected and result.rows == stored
+            assert all(p.startswith(path.parent.name + "/") for p in result.problems)
 
 
 def test_a_missing_source_is_transient_while_followed(store: Store, tmp_path: Path) -> None:

@@ -33,7 +33,8 @@ class BadRecord(ValueError):
 @dataclass(frozen=True)
 class DumpFormat:
     kind: str
-    files: Callable[[Path], tuple[Path, list[tuple[int, str]]]]  # (folder, [(step, path in folder)]), sorted
+    # (root, since) -> (folder, [(step, path in folder)]) in order, those of steps >= since at least
+    files: Callable[[Path, int], tuple[Path, list[tuple[int, str]]]]
     samples: Callable[[Any, int], list[dict[str, Any]]]  # (record, the file's step) -> samples; or BadRecord
     run_name: Callable[[Path], str]  # the name of the run of its own, from the source's path
 
@@ -59,11 +60,11 @@ def ingest(fmt: DumpFormat, store: Store, source: dict[str, Any], budget: Budget
     run = attached_run(store, source)
     if not root.exists():
         raise ObserveError(f"{root}: no such file or directory (moved or deleted?)", transient=True)
-    folder, listing = fmt.files(root)
     cursor = source["cursor"]
     pos = Position(**cursor) if cursor else Position()
+    folder, listing = fmt.files(root, pos.key)
     todo = [f for f in listing if f >= (pos.key, pos.file)]
-    result = IngestResult(caught_up=True, total=len(listing))
+    result = IngestResult(caught_up=True, total=listing[-1][0] if listing else None)
     rows: list[dict[str, Any]] = []
     read = 0
     for n, (key, name) in enumerate(todo):
@@ -74,7 +75,7 @@ def ingest(fmt: DumpFormat, store: Store, source: dict[str, Any], budget: Budget
         if state != "done":
             result.caught_up = state == "eof"
             break
-    result.done = sum(1 for f in listing if f < (pos.key, pos.file))
+    result.done = max(pos.key, 0)  # progress in steps
     if pos.cursor() != cursor:
         write_batch(store, source, run, fmt.run_name(root), rows, pos.cursor(), result)
     return result
@@ -115,7 +116,7 @@ def _read_file(
                 if line is not None:
                     _parse(fmt, path, pos, line, rows, result)
                 if spent(budget, len(rows)) or read >= MAX_BYTES:
-                    return ("done" if end == st.st_size and final else "budget"), read
+                    return "budget", read
     except FileNotFoundError:
         return ("done" if final else "eof"), read  # gone: nothing more will come from it
     except OSError as exc:

@@ -35,7 +35,7 @@ def rollouts_dir(root: Path) -> Path:
     return root / "rollouts" if (root / "rollouts").is_dir() else root
 
 
-def files(root: Path) -> tuple[Path, list[tuple[int, str]]]:
+def files(root: Path, since: int) -> tuple[Path, list[tuple[int, str]]]:
     if root.is_file():
         step = next((int(m[1]) for m in map(STEP.fullmatch, (p.name for p in root.parents)) if m), 0)
         return root.parent, [(step, root.name)]
@@ -46,7 +46,7 @@ def files(root: Path) -> tuple[Path, list[tuple[int, str]]]:
         names = []
     found = []
     for match in filter(None, map(STEP.fullmatch, names)):
-        if (folder / match[0] / TRACES).is_file():
+        if int(match[1]) >= since and (folder / match[0] / TRACES).is_file():  # a stat only for steps to come
             found.append((int(match[1]), str(Path(match[0]) / TRACES)))
     return folder, sorted(found)
 

@@ -33,13 +33,6 @@ STALE_SECONDS = 30.0
 WAIT = object()
 
 
-def is_completions(path: Path) -> bool:
-    """Whether `path` is a completions parquet file, or a directory holding some."""
-    if path.is_file():
-        return path.suffix == ".parquet"
-    return path.is_dir() and any(FILE.match(name) for name in _names(path))
-
-
 def run_name(root: Path) -> str:
     """The output directory's name (the parent of `completions/`)."""
     folder = root.parent if root.is_file() else root
@@ -53,7 +46,7 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
     cursor = source["cursor"]
     at = (cursor.get("key", -1), cursor.get("file", ""))
     todo = [f for f in listing if f > at or (f == at and not cursor.get("done", False))]
-    result = IngestResult(caught_up=True, total=len(listing))
+    result = IngestResult(caught_up=True, total=listing[-1][0] if listing else None)
     rows: list[dict[str, Any]] = []
     new_cursor = dict(cursor)
     for key, name in todo:
@@ -70,7 +63,7 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
         if stop < table.num_rows:
             result.caught_up = False
             break
-    result.done = sum(1 for f in listing if f < (new_cursor.get("key", -1), new_cursor.get("file", "")))
+    result.done = max(new_cursor.get("key", 0), 0)  # progress in steps
     if new_cursor != cursor:
         write_batch(store, source, run, run_name(root), rows, new_cursor, result)
     return result

@@ -24,7 +24,7 @@ LEFT_OUT = frozenset(
 )
 
 
-def files(root: Path) -> tuple[Path, list[tuple[int, str]]]:
+def files(root: Path, since: int) -> tuple[Path, list[tuple[int, str]]]:
     if root.is_file():
         return root.parent, [(0, root.name)]
     return root, [(0, FILE_NAME)] if (root / FILE_NAME).is_file() else []

@@ -25,7 +25,7 @@ FILE = re.compile(r"(\d+)\.jsonl$")
 OWN = frozenset({"input", "output", "score", "reward", "step"})
 
 
-def files(root: Path) -> tuple[Path, list[tuple[int, str]]]:
+def files(root: Path, since: int) -> tuple[Path, list[tuple[int, str]]]:
     if root.is_file():
         match = FILE.fullmatch(root.name)
         return root.parent, [(int(match[1]) if match else 0, root.name)]
@@ -33,7 +33,7 @@ def files(root: Path) -> tuple[Path, list[tuple[int, str]]]:
         names = [entry.name for entry in os.scandir(root)]
     except OSError:
         names = []
-    return root, sorted((int(m[1]), m[0]) for m in map(FILE.fullmatch, names) if m)
+    return root, sorted((int(m[1]), m[0]) for m in map(FILE.fullmatch, names) if m and int(m[1]) >= since)
 
 
 def samples(record: Any, step: int) -> list[dict[str, Any]]:
