@@ -1,13 +1,13 @@
 """The cost of storing a GRPO step's rollouts, per-token entropy included, as a share of the step's time.
 
-Real runs of the built-in tiny model with the demo's GRPO settings (4 prompts x 8 completions of up to 24 tokens
-a step, every one of the 32 kept: rollouts_per_step 64), on the torch backend and, where mlx is installed, the
-MLX one. Each step logs `timing/rollouts_s`: building the step's rollout rows (texts, rewards, the per-token
-token texts, entropies and log-probabilities, which the Φ path already computed) and writing them to the store.
-It is set against the step's own time (TRL's `step_time` on torch, `timing/step_s` on MLX).
+Real runs of the built-in tiny model with the demo's GRPO settings (4 prompts x 8 completions of up to 24
+tokens a step, every one of the 32 kept: rollouts_per_step 64), on the torch backend and, where mlx is
+installed, the MLX one. Each step logs `timing/rollouts_s`: building the step's rollout rows (texts, rewards,
+the per-token token texts, entropies and log-probabilities, which the Φ path already computed) and writing
+them to the store. It is set against the step's own time (TRL's `step_time` on torch, `timing/step_s` on MLX).
 
-The per-token part alone is then measured apart: the same stored rollouts written again into a fresh store, with
-and without their per-token values, step by step.
+The per-token part alone is then measured apart: the same stored rollouts written again into a fresh store,
+with and without their per-token values, step by step.
 
     python bench/bench_rollouts.py      # about a minute on 2 cores
 """
@@ -70,7 +70,7 @@ def series(reader: StoreReader, run_id: int, key: str) -> dict[int, float]:
 def rewrite_seconds(
     reader: StoreReader, run_id: int, steps: list[int], home: Path, per_token: bool
 ) -> list[float]:
-    """Seconds to write each step's stored rollouts again into a fresh store, with or without per-token values."""
+    """Seconds to write each step's stored rollouts again into a new store, with or without per-token data."""
     out = []
     with Store(home / f"rewrite-{run_id}-{per_token}.db") as store:
         target = store.create_run("rewrite", source_kind="bench")

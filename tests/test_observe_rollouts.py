@@ -244,7 +244,7 @@ def test_one_parquet_file_alone(store: Store, tmp_path: Path) -> None:
     assert {r["step"] for r in rollouts(store, only_run(store, source_id))} == {7}
 
 
-# -- attached to the run of another source --------------------------------------------------------------------
+# -- attached to the run of another source ---------------------------------------------------------------
 
 
 def test_rollouts_join_the_run_of_the_source_they_are_attached_to(store: Store, tmp_path: Path) -> None:
@@ -276,7 +276,8 @@ def verl_dump_generations(
     scores: list[float],
     reward_extra_infos_dict: dict[str, list[Any]],
 ) -> Path:
-    """RayPPOTrainer._dump_generations (verl/trainer/ppo/ray_trainer.py, volcengine/verl b178a3c), line for line."""
+    """RayPPOTrainer._dump_generations (verl/trainer/ppo/ray_trainer.py, volcengine/verl b178a3c), line for
+    line."""
     os.makedirs(dump_path, exist_ok=True)
     filename = os.path.join(dump_path, f"{global_steps}.jsonl")
     n = len(inputs)
@@ -408,8 +409,8 @@ def test_kill_9_mid_import_then_resume_stores_every_sample_once(tmp_path: Path) 
 def node(
     role: str, text: str, *, sampled: bool = False, tokens: int = 0, advantage: float | None = None
 ) -> dict:
-    """A MessageNode as Episode.to_record() dumps it (verifiers/v1/graph.py: parent, message, sampled, timestamp,
-    token_ids, mask, is_content, logprobs, advantages, reference_logprobs, loss_weights)."""
+    """A MessageNode as Episode.to_record() dumps it (verifiers/v1/graph.py: parent, message, sampled,
+    timestamp, token_ids, mask, is_content, logprobs, advantages, reference_logprobs, loss_weights)."""
     return {
         "parent": None,
         "message": {"role": role, "content": text},
@@ -461,7 +462,8 @@ def episode(step: int, group: str, answer: str, score: float, advantage: float) 
 
 
 def prime_log_episodes(run_dir: Path, step: int, kind: str, subset: str, episodes: list[dict]) -> Path:
-    """FileMonitor.log_episodes (prime-rl src/prime_rl/monitors/file.py): one record a line, appended ("ab")."""
+    """FileMonitor.log_episodes (prime-rl src/prime_rl/monitors/file.py): one record a line, appended
+    ("ab")."""
     path = run_dir / "rollouts" / f"step_{step}" / kind / subset / "traces.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab") as f:
@@ -500,7 +502,8 @@ def test_prime_rl_traces_are_read_from_the_trained_subset(store: Store, tmp_path
 
 
 def vf_save_outputs(results_path: Path, outputs: list[dict]) -> Path:
-    """save_outputs (verifiers/legacy/utils/save_utils.py): json.dumps(output) + "\\n", appended to results.jsonl."""
+    """save_outputs (verifiers/legacy/utils/save_utils.py): json.dumps(output) + "\\n", appended to
+    results.jsonl."""
     results_path.mkdir(parents=True, exist_ok=True)
     path = results_path / "results.jsonl"
     with open(path, "a") as f:

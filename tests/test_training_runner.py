@@ -136,8 +136,9 @@ def test_a_short_grpo_run_reports_every_step(tmp_path: Path, tiny_model: Path, s
 
 def check_rollouts(store: Store, run_id: int, steps: range, group: int) -> None:
     """Every GRPO step stored all its samples (8, under the default cap of 64) as rollouts: one group, each
-    reward function's value, the total and TRL's advantage, and per token the text, the log-probability and the
-    entropy the run's Phi came from (the same numbers as the samples table and phi_stats, within float16)."""
+    reward function's value, the total and TRL's advantage, and per token the text, the log-probability and
+    the entropy the run's Phi came from (the same numbers as the samples table and phi_stats, within
+    float16)."""
     reader = StoreReader(store.path)
     assert reader.rollout_steps(run_id) == [(step, group) for step in steps]
     picked = {

@@ -131,7 +131,7 @@ class Reporter:
         now = time.time()
         with self.store.transaction():
             if record.rollouts:
-                # The time it takes joins what building them took (timing/rollouts_s, bench/bench_rollouts.py).
+                # Its time joins what building them took (timing/rollouts_s; bench/bench_rollouts.py).
                 started = time.perf_counter()
                 self.store.add_rollouts(
                     self.run_id, [{**r, "step": record.step, "wall_time": now} for r in record.rollouts]

@@ -165,8 +165,8 @@ class TrainConfig(_Section):
     rollouts_per_step: int = Field(
         64,
         ge=0,
-        description="GRPO samples stored a step for the rollouts viewer, with per-token entropy (whole groups,"
-        " the first ones; 0: none)",
+        description="GRPO samples stored a step for the rollouts viewer, with per-token entropy"
+        " (whole groups, the first ones; 0: none)",
     )
     save_steps: int = Field(20, gt=0, description="checkpoint every this many steps")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter")

@@ -1,13 +1,13 @@
-"""One GRPO step's samples as rollout rows (engine/store/rollouts.py), the same from the torch and MLX backends.
+"""One GRPO step's samples as rollout rows (engine/store/rollouts.py), alike from the torch and MLX backends.
 
 Each sample keeps its prompt, completion, each reward function's value, the weighted total, the advantage the
-trainer computed, its GRPO group (the step's i-th group of `num_generations` samples) and, per token, the token's
-text, the entropy of the distribution that generated it (nats, at the sampling temperature) and the chosen
-token's log-probability. The per-token values are the very arrays the run's Φ comes from (the loss forward), so
-the rollouts viewer and the Φ charts can never disagree.
+trainer computed, its GRPO group (the step's i-th group of `num_generations` samples) and, per token, the
+token's text, the entropy of the distribution that generated it (nats, at the sampling temperature) and the
+chosen token's log-probability. The per-token values are the very arrays the run's Φ comes from (the loss
+forward), so the rollouts viewer and the Φ charts can never disagree.
 
-At most `rollouts_per_step` samples are kept a step: whole groups, the first ones of the step, so a group is shown
-with all its members (a cap below the group size keeps the first group's first samples).
+At most `rollouts_per_step` samples are kept a step: whole groups, the first ones of the step, so a group is
+shown with all its members (a cap below the group size keeps the first group's first samples).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the rollout readers share: the run their samples join, conversations as text, and the write of a batch.
+"""What the rollout readers share: the run their samples join, conversations as text, a batch's write.
 
 A rollout source's samples join the run of the source named in `sources.attach_to` (the metrics of the same
 training run: its TensorBoard events, W&B run or trainer_state.json), or, when it names none, a run of its own
@@ -29,8 +29,9 @@ def spent(budget: Budget, rows: int) -> bool:
 
 
 def attached_run(store: Store, source: dict[str, Any]) -> RunInfo | None:
-    """The run this source's samples join when it is attached to another source (that source's first run), else
-    None. Raises a transient ObserveError while that source has not made its run yet: the samples wait."""
+    """The run this source's samples join when it is attached to another source (that source's first run),
+    else None. Raises a transient ObserveError while that source has not made its run yet: the samples
+    wait."""
     other = source.get("attach_to")
     if not other:
         return None
@@ -76,7 +77,7 @@ def write_batch(
 
 
 def not_a_file(path: Path) -> str | None:
-    """Why `path` cannot be read as a dump file (a FIFO, device or socket would block or never end), or None."""
+    """Why `path` cannot be read as a dump file (a FIFO, device or socket would block), or None."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -90,8 +91,8 @@ def not_a_file(path: Path) -> str | None:
 
 
 def chat_text(value: Any) -> str | None:
-    """A prompt or completion as text: a string as it is; a conversation as 'role: content' lines, except a lone
-    assistant message, which is its content; anything else as JSON. Cut at MAX_TEXT characters."""
+    """A prompt or completion as text: a string as it is; a conversation as 'role: content' lines, except a
+    lone assistant message, which is its content; anything else as JSON. Cut at MAX_TEXT characters."""
     if value is None:
         return None
     if isinstance(value, str):

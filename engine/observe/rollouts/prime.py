@@ -1,15 +1,15 @@
 """prime-rl's rollouts: `<run dir>/rollouts/step_N/train/effective/traces.jsonl`.
 
 prime-rl's FileMonitor (src/prime_rl/monitors/file.py, `log_episodes`) appends one verifiers episode a line
-(`Episode.to_record()`, verifiers/v1/episode.py) to `rollouts/step_N/{train,eval}/{all,effective}/traces.jsonl`.
-`train/effective` holds the episodes step N trained on, written when the batch ships; `all` holds every episode
-that arrived (failures and unused ones too) and `eval` the evaluations, so those are left out here. An episode
-carries its rollout group (`group.id`) and one trace per agent (verifiers/v1/trace.py): the message graph
-(`nodes`, each with `message`, `sampled`, `mask`, and for sampled tokens `logprobs` and `advantages`), named
-weighted rewards (`rewards: {name: {score, weight}}`) and `metrics`. Each trace is one sample: the messages
-before its first sampled one are the prompt, the rest the completion; its reward is Σ score·weight, its
-advantage the mean of its sampled tokens' advantages (GRPO gives them all the same), and the sampled tokens'
-log-probabilities are kept per token.
+(`Episode.to_record()`, verifiers/v1/episode.py) to
+`rollouts/step_N/{train,eval}/{all,effective}/traces.jsonl`. `train/effective` holds the episodes step N
+trained on, written when the batch ships; `all` holds every episode that arrived (failures and unused ones
+too) and `eval` the evaluations, so those are left out here. An episode carries its rollout group (`group.id`)
+and one trace per agent (verifiers/v1/trace.py): the message graph (`nodes`, each with `message`, `sampled`,
+`mask`, and for sampled tokens `logprobs` and `advantages`), named weighted rewards (`rewards: {name: {score,
+weight}}`) and `metrics`. Each trace is one sample: the messages before its first sampled one are the prompt,
+the rest the completion; its reward is Σ score·weight, its advantage the mean of its sampled tokens'
+advantages (GRPO gives them all the same), and the sampled tokens' log-probabilities are kept per token.
 """
 
 from __future__ import annotations

@@ -1,15 +1,16 @@
-"""TRL's completions: `completions/completions_{step:05d}.parquet`, one file per logged step, read with pyarrow.
+"""TRL's completions: `completions/completions_{step:05d}.parquet`, a file per logged step, read by pyarrow.
 
-GRPOTrainer with `log_completions=True` writes, at each log (trl/trainer/grpo_trainer.py, `GRPOTrainer.log`), the
-last generation batch through `pd.DataFrame(table).to_parquet(...)`: columns `step`, `prompt`, `completion`, one
-float column per reward function (named after it), the columns reward functions add with `log_extra`, and
-`advantage`. The reward columns are the float columns right after `completion`; the first other column and every
-column after it (but `advantage`) are extras. A GRPO group is a run of consecutive rows with the same prompt. The
-file has no reward weights, so a sample's total is the plain sum of its reward columns.
+GRPOTrainer with `log_completions=True` writes, at each log (trl/trainer/grpo_trainer.py, `GRPOTrainer.log`),
+the last generation batch through `pd.DataFrame(table).to_parquet(...)`: columns `step`, `prompt`,
+`completion`, one float column per reward function (named after it), the columns reward functions add with
+`log_extra`, and `advantage`. The reward columns are the float columns right after `completion`; the first
+other column and every column after it (but `advantage`) are extras. A GRPO group is a run of consecutive rows
+with the same prompt. The file has no reward weights, so a sample's total is the plain sum of its reward
+columns.
 
-Files are read in step order. The cursor is the file being read and how many of its rows are stored. A file that
-cannot be read yet (pandas writes it in place) is waited for while it is the newest one and was written to in the
-last STALE_SECONDS; otherwise it is one problem line and reading goes on with the next file.
+Files are read in step order. The cursor is the file being read and how many of its rows are stored. A file
+that cannot be read yet (pandas writes it in place) is waited for while it is the newest one and was written
+to in the last STALE_SECONDS; otherwise it is one problem line and reading goes on with the next file.
 """
 
 from __future__ import annotations
@@ -113,9 +114,8 @@ def _read(path: Path, result: IngestResult, *, waiting: bool) -> Any:
         return None
     missing = [c for c in REQUIRED if c not in table.column_names]
     if missing:
-        result.add_problem(
-            f"{path.name}: no {' or '.join(missing)} column (it has: {', '.join(table.column_names) or 'none'})"
-        )
+        columns = ", ".join(table.column_names) or "none"
+        result.add_problem(f"{path.name}: no {' or '.join(missing)} column (it has: {columns})")
         return None
     return table
 
@@ -128,7 +128,8 @@ def _mtime(path: Path) -> float:
 
 
 def _rows(table: Any, path: Path, key: int, first: int, out: list[dict[str, Any]], budget: Budget) -> int:
-    """Append the table's samples from row `first` on until the budget is spent; returns the row after them."""
+    """Append the table's samples from row `first` on until the budget is spent; returns the row after
+    them."""
     import pyarrow as pa
 
     names = table.column_names

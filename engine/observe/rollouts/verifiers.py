@@ -2,9 +2,9 @@
 
 `save_outputs` (verifiers/legacy/utils/save_utils.py) appends one rollout a line, `json.dumps(output) + "\n"`,
 where `state_to_output` makes the output: `example_id`, `prompt` and `completion` (messages, or text),
-`reward` (the rubric's weighted total), `metrics` (each rubric function's score, also copied to the top level),
-`answer`, `info`, `error`, `timing`, `is_completed`, `is_truncated`, `stop_condition`, `token_usage`. An
-evaluation has no training step: every sample is step 0, and the rollouts of one example form a group.
+`reward` (the rubric's weighted total), `metrics` (each rubric function's score, also copied to the top
+level), `answer`, `info`, `error`, `timing`, `is_completed`, `is_truncated`, `stop_condition`, `token_usage`.
+An evaluation has no training step: every sample is step 0, and the rollouts of one example form a group.
 """
 
 from __future__ import annotations

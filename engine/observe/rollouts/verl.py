@@ -1,8 +1,8 @@
 """veRL's rollout dumps: `trainer.rollout_data_dir/{step}.jsonl` (and `validation_data_dir`, the same shape).
 
-`RayPPOTrainer._dump_generations` (verl/trainer/ppo/ray_trainer.py) writes each step's file in one go, one JSON
-object per sample: `input` (the decoded prompt), `output` (the decoded response), `gts` (the ground truth),
-`score` (the sequence's summed token-level score; older versions call it `reward`), `step`, and every
+`RayPPOTrainer._dump_generations` (verl/trainer/ppo/ray_trainer.py) writes each step's file in one go, one
+JSON object per sample: `input` (the decoded prompt), `output` (the decoded response), `gts` (the ground
+truth), `score` (the sequence's summed token-level score; older versions call it `reward`), `step`, and every
 `reward_extra_info` list as a field of its own. The dump has no advantages and no group ids: samples of one
 prompt (veRL's `uid` group) are told by their identical input, which becomes the group id (a short hash).
 """
