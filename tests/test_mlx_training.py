@@ -18,6 +18,7 @@ pytest.importorskip("mlx.core")
 
 from test_training_runner import (  # noqa: E402
     PAUSED_POLLS,
+    check_rollouts,
     done,
     finish,
     held_polls,
@@ -93,6 +94,7 @@ def test_a_short_mlx_grpo_run_reports_every_step_like_torch(
     for _, tokens, phi_json, entropy_json, rewards in samples:
         assert len(json.loads(tokens)) == len(json.loads(phi_json)) == len(json.loads(entropy_json)) > 0
         assert {"task", "format", "coherence", "total"} <= set(json.loads(rewards))
+    check_rollouts(store, run_id, range(3, 9), group=8)
     assert run["last_checkpoint_step"] == 8 and Path(run["last_checkpoint"]).name == "checkpoint-8"
     final = Path(run["output_dir"]) / "final"
     assert (final / "model.safetensors").is_file() and (final / "config.json").is_file()

@@ -105,6 +105,13 @@ def test_two_processes_write_each_step_once_with_phi_over_both_ranks(
     ):
         assert tokens == round(lengths[step] * GLOBAL_BATCH), step
         assert sum(json.loads(hist)) == tokens
+    # Every completion of the global batch is a rollout, with both ranks' advantages and per-token values.
+    assert per_step(store, run_id, "rollouts") == [(1, GLOBAL_BATCH), (2, GLOBAL_BATCH), (3, GLOBAL_BATCH)]
+    assert store.conn.execute(
+        "SELECT count(*) FROM rollouts WHERE run_id=? AND advantage IS NOT NULL AND entropy IS NOT NULL"
+        " AND length(entropy) = 2 * length AND length(logprob) = 2 * length",
+        (run_id,),
+    ).fetchone() == (3 * GLOBAL_BATCH,)
     samples = store.conn.execute("SELECT idx, tokens, phi FROM samples WHERE run_id=?", (run_id,)).fetchall()
     assert all(0 <= idx < GLOBAL_BATCH for idx, _, _ in samples)
     assert all(len(json.loads(t)) == len(json.loads(p)) for _, t, p in samples)

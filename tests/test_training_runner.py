@@ -17,7 +17,7 @@ import pytest
 from support import OFFLINE, ROOT, finish, wait_for
 from support import start_training as start
 
-from engine.store import ROLLUP_LEVELS, Store
+from engine.store import ROLLUP_LEVELS, Store, StoreReader
 from engine.training.backend import paused_polls_key
 
 pytestmark = pytest.mark.slow
@@ -127,10 +127,46 @@ def test_a_short_grpo_run_reports_every_step(tmp_path: Path, tiny_model: Path, s
     for _, _, _, tokens, phi_json, entropy_json, rewards in samples:
         assert len(json.loads(tokens)) == len(json.loads(phi_json)) == len(json.loads(entropy_json))
         assert {"task", "format", "coherence", "total"} <= set(json.loads(rewards))
+    check_rollouts(store, run_id, range(3, 9), group=8)
     # Checkpoints, each with the gate's state beside it, recorded on the run.
     assert run["last_checkpoint_step"] == 8 and Path(run["last_checkpoint"]).name == "checkpoint-6"
     assert (Path(run["last_checkpoint"]) / "carl_gate.json").is_file()
     assert "grpo step 8/8" in out
+
+
+def check_rollouts(store: Store, run_id: int, steps: range, group: int) -> None:
+    """Every GRPO step stored all its samples (8, under the default cap of 64) as rollouts: one group, each
+    reward function's value, the total and TRL's advantage, and per token the text, the log-probability and
+    the entropy the run's Phi came from (the same numbers as the samples table and phi_stats, within
+    float16)."""
+    reader = StoreReader(store.path)
+    assert reader.rollout_steps(run_id) == [(step, group) for step in steps]
+    picked = {
+        (step, idx): (json.loads(entropy), json.loads(rewards))
+        for step, idx, entropy, rewards in store.conn.execute(
+            "SELECT step, idx, entropy, rewards FROM samples WHERE run_id=?", (run_id,)
+        )
+    }
+    for step in steps:
+        rows = reader.rollouts(run_id, step)
+        assert [r["idx"] for r in rows] == list(range(group)) and {r["group_id"] for r in rows} == {"0"}
+        assert sum(r["advantage"] for r in rows) == pytest.approx(0.0, abs=1e-4)  # TRL normalises them
+        for row in rows:
+            assert set(row["rewards"]) == {"task", "format", "coherence"} and row["total"] is not None
+            assert row["length"] == len(row["tokens"]) == len(row["entropy"]) == len(row["logprob"]) > 0
+            assert max(row["logprob"]) <= 1e-3 and min(row["entropy"]) >= 0
+            if (step, row["idx"]) in picked:
+                entropy, rewards = picked[step, row["idx"]]
+                assert row["entropy"] == pytest.approx(entropy, rel=1e-3, abs=1e-3)
+                assert row["total"] == pytest.approx(rewards["total"], abs=1e-5)
+        pooled = [h for r in rows for h in r["entropy"]]
+        mean = store.conn.execute(
+            "SELECT entropy_mean FROM phi_stats WHERE run_id=? AND step=?", (run_id, step)
+        ).fetchone()[0]
+        assert sum(pooled) / len(pooled) == pytest.approx(mean, rel=1e-3)
+    assert {s for s, _ in picked if s in steps} == set(steps)
+    assert sorted(steps_of(store, run_id, "timing/rollouts_s")) == list(steps)
+    reader.close()
 
 
 def json_entropy(store: Store, run_id: int, step: int) -> float:

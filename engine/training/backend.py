@@ -31,6 +31,7 @@ POLL_SECONDS = 0.2  # how often a paused run looks at its command queue
 CPU_THREADS = 1  # tiny matrices: extra intra-op threads only add synchronisation (measured 2-10x slower)
 SAVE_TOTAL_LIMIT = 2  # checkpoints kept on disk per run (the newest ones)
 VERBS = ("pause", "resume", "stop", "checkpoint", "set_lr", "set_weight")
+ROLLOUT_SECONDS = "timing/rollouts_s"  # a GRPO step's cost of building and storing its rollouts
 
 
 def paused_polls_key(run_id: int) -> str:
@@ -106,6 +107,9 @@ class StepRecord:
     gate: dict[str, Any] | None = None
     phi: dict[str, Any] | None = None
     samples: list[dict[str, Any]] = field(default_factory=list)
+    rollouts: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # engine/training/rollouts.py, without the step
     events: list[tuple[str, str]] = field(default_factory=list)  # (kind, detail)
 
 
@@ -126,6 +130,14 @@ class Reporter:
             return
         now = time.time()
         with self.store.transaction():
+            if record.rollouts:
+                # Its time joins what building them took (timing/rollouts_s; bench/bench_rollouts.py).
+                started = time.perf_counter()
+                self.store.add_rollouts(
+                    self.run_id, [{**r, "step": record.step, "wall_time": now} for r in record.rollouts]
+                )
+                spent = record.metrics.get(ROLLOUT_SECONDS) or 0.0
+                record.metrics[ROLLOUT_SECONDS] = spent + time.perf_counter() - started
             rows = [(record.step, key, value, now) for key, value in record.metrics.items()]
             self.store.add_metrics(self.run_id, rows)
             if record.gate is not None:

@@ -162,6 +162,12 @@ class TrainConfig(_Section):
         0.2, gt=0.0, lt=1.0, description="GRPO: the importance ratio is clipped to [1 - epsilon, 1 + epsilon]"
     )
     seed: int = Field(0, ge=0, description="random seed")
+    rollouts_per_step: int = Field(
+        64,
+        ge=0,
+        description="GRPO samples stored a step for the rollouts viewer, with per-token entropy"
+        " (whole groups, the first ones; 0: none)",
+    )
     save_steps: int = Field(20, gt=0, description="checkpoint every this many steps")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter")
     sft_warmup_steps: int = Field(

@@ -13,7 +13,8 @@ called as TRL calls them; advantages are normalised within each group (`aggregat
 the loss is the clipped surrogate of the per-token ratio against the behaviour policy, plus
 `beta` times the k3 KL to the starting model, over every completion token of the batch (TRL's
 default "dapo" normalisation). Φ per token comes from the logits of that same training forward,
-in one fused pass (log-sum-exp and Σp·z at the temperature).
+in one fused pass (log-sum-exp and Σp·z at the temperature); the step's rollouts take their per-token
+entropy and log-probability from it too (engine/training/rollouts.py).
 
 Each step's randomness (which prompts, which samples) derives from the seed and the step number,
 so a run resumed from a checkpoint replays the lost steps exactly as they would have gone.
@@ -42,12 +43,21 @@ from engine.errors import CarlError
 from engine.tasks import completion_text
 
 from .artifacts import FINAL_DIR
-from .backend import SAVE_TOTAL_LIMIT, BadInput, CommandPump, Reporter, StepRecord, TrainingFailed
+from .backend import (
+    ROLLOUT_SECONDS,
+    SAVE_TOTAL_LIMIT,
+    BadInput,
+    CommandPump,
+    Reporter,
+    StepRecord,
+    TrainingFailed,
+)
 from .cascade import RewardSet
 from .config import TrainConfig
 from .data import checked_inputs, dataset_columns, offline_if_local, prompt_text
 from .holdout import holdout_line
 from .mlx_losses import Batch, group_advantages, grpo_loss, pack, per_row, sft_loss, token_stats
+from .rollouts import TokenTexts, step_rollouts
 
 CARL_STATE = "carl_state.json"  # written last into a checkpoint: one without it is incomplete
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -171,6 +181,7 @@ class MLXBackend:
         self.has_completions = False
         self.lora_parameters: dict[str, Any] = {}
         self.sft_data: list[tuple[list[int], list[int]]] = []
+        self.token_texts: TokenTexts | None = None
 
     # -- prepare -------------------------------------------------------------------------------
 
@@ -186,6 +197,7 @@ class MLXBackend:
         self.model, self.tokenizer, model_config = self._load(self.model_path)
         text_config = model_config.get("text_config") or model_config
         self.vocab_size = int(text_config.get("vocab_size") or len(self.tokenizer.vocab))
+        self.token_texts = TokenTexts(self.tokenizer.decode)
         if config.lora.enabled:
             self._add_lora()
         if config.method == "grpo" and config.beta > 0:
@@ -469,6 +481,23 @@ class MLXBackend:
         record.phi, phi_metrics = step_phi_stats(step, phis, entropies, self.vocab_size)
         record.metrics.update(phi_metrics)
         record.samples = self._traces(step, prompts, texts, samples, values, totals, entropies, phis)
+        rolled = time.perf_counter()
+        assert self.token_texts is not None
+        record.rollouts = step_rollouts(
+            prompts=[prompt_text(p) for p in prompts],
+            completions=texts,
+            token_ids=[s.token_ids for s in samples],
+            token_texts=self.token_texts,
+            names=rewards.names,
+            rewards=values,
+            totals=totals,
+            advantages=advantages,
+            entropies=entropies,
+            logprobs=per_row(logp, batch),
+            group=g,
+            cap=config.rollouts_per_step,
+        )
+        record.metrics[ROLLOUT_SECONDS] = time.perf_counter() - rolled
         self._gate(step, values, record)
         return record
 

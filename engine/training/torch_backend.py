@@ -5,6 +5,9 @@ entropies TRL computes in its loss forward (`_get_per_token_logps_and_entropies`
 `compute_entropy=True`, at the sampling temperature), so per-step Phi costs no extra model call.
 Only the gated coherence rewards need Phi *before* that forward, at reward time; they get it from
 one no-grad forward of prompt + completion ids, and only once the cascade gate has opened.
+
+The step's rollouts (engine/training/rollouts.py) take their per-token entropy and log-probability from that
+same loss forward, and their advantages from TRL's own computation: storing them costs no model call.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from engine.tasks import completion_text
 from .artifacts import FINAL_DIR
 from .backend import (
     CPU_THREADS,
+    ROLLOUT_SECONDS,
     SAVE_TOTAL_LIMIT,
     BadInput,
     CommandPump,
@@ -45,6 +49,7 @@ from .data import checked_inputs, dataset_columns, offline_if_local, prompt_text
 from .hf import CommandCallback, entropy_to_phi
 from .holdout import holdout_line
 from .ranks import Ranks, collective_timeout
+from .rollouts import TokenTexts, step_rollouts
 
 CARL_STATE = "carl_gate.json"  # gate, weights and calibration, saved into every checkpoint
 WARMUP_DIR = "sft-warmup"  # the model after the SFT warm-up, the base of the GRPO phase
@@ -65,22 +70,38 @@ class StepCapture:
     rewards: np.ndarray | None = None  # (completions, functions), NaN where a function gave None
     weights: list[float] = field(default_factory=list)  # the reward weights this step used
     entropy: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict)  # sequence -> per-token nats
+    logprob: dict[tuple[int, ...], np.ndarray] = field(
+        default_factory=dict
+    )  # sequence -> chosen tokens' log p
+    advantages: np.ndarray | None = None  # per completion, as TRL computed them
     phi_seconds: float = 0.0  # spent on reward-time Phi (the extra forward), for the overhead figure
 
     def add_forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int, entropies: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        keep: int,
+        entropies: torch.Tensor,
+        logps: torch.Tensor,
     ) -> None:
         ids, mask = input_ids.detach().cpu(), attention_mask.detach().cpu().bool()
-        ent = entropies.detach().float().cpu()
+        ent, logp = entropies.detach().float().cpu(), logps.detach().float().cpu()
         for row in range(ids.shape[0]):
             sequence = tuple(ids[row][mask[row]].tolist())
-            self.entropy[sequence] = ent[row][mask[row, -keep:]].numpy().astype(np.float64)
+            completion = mask[row, -keep:]
+            self.entropy[sequence] = ent[row][completion].numpy().astype(np.float64)
+            self.logprob[sequence] = logp[row][completion].numpy().astype(np.float64)
 
     def entropies(self) -> list[np.ndarray | None]:
         """Per completion, in generation order: its tokens' entropies from the loss forward."""
-        return [
-            self.entropy.get(tuple(p + c)) for p, c in zip(self.prompt_ids, self.completion_ids, strict=True)
-        ]
+        return self._per_completion(self.entropy)
+
+    def logprobs(self) -> list[np.ndarray | None]:
+        """Per completion, in generation order: its tokens' log-probabilities from the loss forward."""
+        return self._per_completion(self.logprob)
+
+    def _per_completion(self, values: dict[tuple[int, ...], np.ndarray]) -> list[np.ndarray | None]:
+        return [values.get(tuple(p + c)) for p, c in zip(self.prompt_ids, self.completion_ids, strict=True)]
 
     def pooled(self, ranks: Ranks) -> StepCapture:
         """Every rank's completions, in rank order: the order of `rewards`, which TRL gathered so."""
@@ -93,18 +114,28 @@ class StepCapture:
                 self.prompt_ids,
                 self.completion_ids,
                 self.entropies(),
+                self.logprobs(),
+                self.advantages,
                 self.phi_seconds,
             )
         )
-        out = StepCapture(rewards=self.rewards, weights=self.weights, phi_seconds=max(p[5] for p in parts))
-        for prompts, completions, prompt_ids, completion_ids, entropies, _ in parts:
+        out = StepCapture(rewards=self.rewards, weights=self.weights, phi_seconds=max(p[-1] for p in parts))
+        advantages = []
+        for prompts, completions, prompt_ids, completion_ids, entropies, logprobs, local, _ in parts:
             out.prompts += prompts
             out.completions += completions
             out.prompt_ids += prompt_ids
             out.completion_ids += completion_ids
-            for prompt, completion, entropy in zip(prompt_ids, completion_ids, entropies, strict=True):
+            advantages.append(local)
+            for prompt, completion, entropy, logprob in zip(
+                prompt_ids, completion_ids, entropies, logprobs, strict=True
+            ):
                 if entropy is not None:
                     out.entropy[tuple(prompt + completion)] = entropy
+                if logprob is not None:
+                    out.logprob[tuple(prompt + completion)] = logprob
+        if all(a is not None for a in advantages):
+            out.advantages = np.concatenate(advantages)
         return out
 
     def task_mean(self, names: list[str], task_names: list[str]) -> float:
@@ -126,6 +157,12 @@ def make_trainer_class() -> type:
 
     class CarlGRPOTrainer(GRPOTrainer):
         capture: StepCapture
+
+        def _generate_and_score_completions(self, inputs: Any) -> Any:
+            out = super()._generate_and_score_completions(inputs)
+            if self.model.training:  # this process's completions' advantages, in generation order
+                self.capture.advantages = out["advantages"].detach().float().cpu().numpy().astype(np.float64)
+            return out
 
         def _generate(self, prompts: list) -> Any:
             out = super()._generate(prompts)
@@ -159,7 +196,7 @@ def make_trainer_class() -> type:
             )
             # compute_entropy=True only in the loss forward: the policy that sampled these tokens.
             if entropies is not None and self.model.training:
-                self.capture.add_forward(input_ids, attention_mask, logits_to_keep, entropies)
+                self.capture.add_forward(input_ids, attention_mask, logits_to_keep, entropies, logps)
             return logps, entropies, aux
 
     return CarlGRPOTrainer
@@ -197,6 +234,7 @@ class TorchBackend:
         self.model: Any = None
         self.rows: list[dict[str, Any]] = []
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.token_texts: TokenTexts | None = None
 
     # -- prepare -------------------------------------------------------------------------------
 
@@ -214,6 +252,7 @@ class TorchBackend:
             self.say(holdout_line(self.rows, held))
         self.tokenizer, self.model = self._load(self.model_path)
         self.vocab_size = int(self.model.config.get_text_config().vocab_size)
+        self.token_texts = TokenTexts(self.tokenizer.decode)
 
     def say(self, message: str) -> None:
         if self.ranks.is_main:
@@ -621,6 +660,10 @@ class GRPOReporter(TrainerCallback):
                 step, [phi_from_entropy(e, vocab) for e in known], known, vocab
             )
             record.samples = self._samples(capture, entropies)
+        if self.backend.ranks.is_main:
+            started = time.perf_counter()
+            record.rollouts = self._rollouts(capture, entropies)
+            record.metrics[ROLLOUT_SECONDS] = time.perf_counter() - started
         if capture.phi_seconds:
             record.metrics["timing/phi_forward"] = capture.phi_seconds
         self.pending = record
@@ -649,6 +692,26 @@ class GRPOReporter(TrainerCallback):
                 }
             )
         return out
+
+    def _rollouts(self, capture: StepCapture, entropies: list[np.ndarray | None]) -> list[dict[str, Any]]:
+        if capture.rewards is None:
+            return []
+        config = self.backend.config
+        assert self.backend.token_texts is not None
+        return step_rollouts(
+            prompts=[prompt_text(p) for p in capture.prompts],
+            completions=[completion_text(c) for c in capture.completions],
+            token_ids=capture.completion_ids,
+            token_texts=self.backend.token_texts,
+            names=self.rewards.names,
+            rewards=capture.rewards,
+            totals=capture.totals(),
+            advantages=capture.advantages,
+            entropies=entropies,
+            logprobs=capture.logprobs(),
+            group=config.num_generations,
+            cap=config.rollouts_per_step,
+        )
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
         if not logs or "train_runtime" in logs:
