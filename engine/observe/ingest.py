@@ -116,16 +116,27 @@ def observe(
     runs 'imported' (those that reached their end stay 'finished').
     """
     source_id = register_source(store, path, follow=follow, name=name)
+    return source_id, import_source(store, source_id, finish=not follow, progress=progress)
+
+
+def import_source(
+    store: Store,
+    source_id: int,
+    *,
+    finish: bool = True,
+    progress: Callable[[int, int | None], None] | None = None,
+) -> IngestResult:
+    """Import a registered source until caught up; `finish` marks it 'done' and its runs 'imported' then."""
     total = IngestResult()
     while not total.caught_up:
         batch = ingest_source(store, source_id, max_rows=OBSERVE_ROWS, max_seconds=OBSERVE_SECONDS)
         total.merge(batch)
         if progress is not None:
             progress(batch.done, batch.total)
-    if not follow:
+    if finish:
         finish_import(store, source_id)
     total.run_ids = source_run_ids(store, source_id)
-    return source_id, total
+    return total
 
 
 def finish_import(store: Store, source_id: int) -> None:
