@@ -403,3 +403,20 @@ def test_carl_observe_a_directory_follows_it(tmp_path: Path, verl_dir: Path) -> 
             assert series(store, run_id, "entropy")[4] == pytest.approx(verl_step(4)["actor/entropy"])
     finally:
         stop_engine(home, timeout=5.0)
+
+
+def test_hostile_file_names(store: Store, tmp_path: Path) -> None:
+    """A name that could drive the terminal or break the one-line listing is shown with U+FFFD; a name that is
+    not UTF-8 on disk is skipped (the store could not hold it)."""
+    odd = tmp_path / "run\x1b[31m\nred"
+    odd.mkdir()
+    (odd / "m.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    os.mkdir(os.path.join(os.fsencode(tmp_path), b"bad\xff"))
+    with open(os.path.join(os.fsencode(tmp_path), b"bad\xff", b"m.jsonl"), "w") as f:
+        f.write('{"step": 1, "loss": 1.0}\n')
+    found = discover(tmp_path)
+    [run] = found.runs
+    assert describe(found, run) == "JSONL log: run\ufffd[31m\ufffdred/m.jsonl"
+    register(store, found, follow=False)
+    [source] = sources(store)
+    assert source["path"] == str(odd / "m.jsonl")  # the real path is what is read

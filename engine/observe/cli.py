@@ -14,7 +14,7 @@ from engine.errors import CliError
 
 from .common import ObserveError
 from .detect import detect_kind
-from .discover import Found, describe, discover, register, relative
+from .discover import Found, describe, discover, register, relative, visible
 
 MAX_VOCAB = 1 << 31
 
@@ -145,7 +145,7 @@ def _observe_dir(args: argparse.Namespace, home: Path, root: Path) -> int:
     from .runkeys import set_vocab_override
 
     found = discover(root)
-    print(f"found {len(found.runs)} run(s) in {root}:")
+    print(f"found {len(found.runs)} run(s) in {visible(str(root))}:")
     for found_run in found.runs:
         print(f"  {describe(found, found_run)}")
     for note in found.notes:
@@ -167,9 +167,10 @@ def _observe_dir(args: argparse.Namespace, home: Path, root: Path) -> int:
             _backfill_sources(store, [s for s, _ in sources], args.vocab_size)
     errors += failed
     for error in errors:
-        print(f"  {error}", file=sys.stderr)
+        print(f"  {visible(error)}", file=sys.stderr)
     if not ok:
-        raise CliError(f"nothing could be read from {root}" + (f" (first: {errors[0]})" if errors else ""))
+        first = f" (first: {visible(errors[0])})" if errors else ""
+        raise CliError(f"nothing could be read from {visible(str(root))}{first}")
     return 0
 
 
@@ -194,7 +195,7 @@ def _import_dir(store: Any, root: Path, sources: list[tuple[int, Found]]) -> tup
         bad = f"; {result.bad_lines:,} malformed skipped" if result.bad_lines else ""
         print(f"{source.kind}: {where}: {result.rows:,} rows{bad}")
         for problem in result.problems[:10]:
-            print(f"  {problem}", file=sys.stderr)
+            print(f"  {visible(problem)}", file=sys.stderr)
     with store.transaction():
         analyze_runs(store.conn, run_ids)
     return len(sources) - len(errors), errors
@@ -216,8 +217,8 @@ def _follow_dir(store: Any, root: Path, sources: list[tuple[int, Found]]) -> tup
         if state == "failed":
             errors.append(result or "observe failed")
         else:
-            print(result)
-    print(f"the engine keeps following {len(sources)} source(s) from {root}")
+            print(visible(result or ""))
+    print(f"the engine keeps following {len(sources)} source(s) from {visible(str(root))}")
     return len(sources) - len(errors), errors
 
 

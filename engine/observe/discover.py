@@ -130,7 +130,7 @@ def discover(root: str | Path) -> Discovery:
     """Every run under `root` (a directory), grouped into training runs; ObserveError when there is none."""
     root = Path(root).expanduser().resolve()
     if not root.is_dir():
-        raise ObserveError(f"{root}: not a directory")
+        raise ObserveError(f"{visible(str(root))}: not a directory")
     seen = Seen()
     _walk(root, 0, seen)
     found = Discovery(root, _group(seen))
@@ -147,7 +147,7 @@ def discover(root: str | Path) -> Discovery:
                 )
     if not found.runs:
         raise ObserveError(
-            f"{root}: no runs found (looked for TensorBoard event files, W&B runs, trainer_state.json,"
+            f"{visible(str(root))}: no runs found (looked for TensorBoard event files, W&B runs, trainer_state.json,"
             " JSONL logs, MLflow and Trackio stores, rollout dumps"
             + (f"; {bounds}" if seen.truncated else "")
             + ")"
@@ -160,7 +160,7 @@ def _walk(folder: Path, depth: int, seen: Seen) -> None:
         seen.truncated = True
         return
     try:
-        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        entries = sorted((e for e in os.scandir(folder) if _storable(e.name)), key=lambda e: e.name)
     except OSError:
         return
     seen.entries += len(entries)
@@ -297,10 +297,28 @@ def _mtime(path: Path) -> float:
 
 
 def relative(path: Path, root: Path) -> str:
+    """`path` under `root`, as text safe to print on one line."""
     try:
-        return str(path.relative_to(root)) or "."
+        return visible(str(path.relative_to(root)) or ".")
     except ValueError:
-        return str(path)
+        return visible(str(path))
+
+
+CONTROLS = {c: "\ufffd" for c in (*range(0x00, 0x20), *range(0x7F, 0xA0))}
+
+
+def visible(text: str) -> str:
+    """A file name as text that cannot drive the terminal or break a line: control characters become U+FFFD."""
+    return text.translate(CONTROLS)
+
+
+def _storable(name: str) -> bool:
+    """A name SQLite can store: one that was not valid UTF-8 on disk (a lone surrogate here) is skipped."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # -- grouping --------------------------------------------------------------------------------------------------
@@ -412,7 +430,9 @@ class Registered:
 def register(store: Store, found: Discovery, *, follow: bool, name: str | None = None) -> list[Registered]:
     """Register every found run's sources, metrics first, rollouts attached to them (`sources.attach_to`)."""
     if name is not None and len(found.runs) != 1:
-        raise ObserveError(f"{found.root}: --name names one run, but {len(found.runs)} were found here")
+        raise ObserveError(
+            f"{visible(str(found.root))}: --name names one run, but {len(found.runs)} were found here"
+        )
     out = []
     for run in found.runs:
         done = Registered(run)
