@@ -189,7 +189,7 @@ def _import_dir(store: Any, root: Path, sources: list[tuple[int, Found]]) -> tup
             with LazyProgress(f"importing {where}") as progress:
                 result = import_source(store, source_id, progress=progress.update)
         except ObserveError as exc:
-            errors.append(f"{source.kind}: {where}: {exc}")
+            errors.append(f"{source.kind}: {exc}")
             continue
         run_ids += [r for r in result.run_ids if r not in run_ids]
         bad = f"; {result.bad_lines:,} malformed skipped" if result.bad_lines else ""
