@@ -420,3 +420,41 @@ def test_hostile_file_names(store: Store, tmp_path: Path) -> None:
     register(store, found, follow=False)
     [source] = sources(store)
     assert source["path"] == str(odd / "m.jsonl")  # the real path is what is read
+
+
+def test_vocab_size_from_a_config_json_beside_the_run(
+    store: Store, trl_output: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    """A TensorBoard run says nothing of |V|: the model's config.json in the newest checkpoint does."""
+    vocab = json.loads((tiny_model / "config.json").read_text())["vocab_size"]
+    out = tmp_path / "out"
+    shutil.copytree(trl_output, out, symlinks=True)
+    checkpoint = out / "checkpoint-2"
+    checkpoint.mkdir()
+    shutil.copy(tiny_model / "config.json", checkpoint / "config.json")  # as Trainer's save writes it
+    shutil.copy(out / "trainer_state.json", checkpoint / "trainer_state.json")
+    [run] = discover(out).runs
+    assert run.metrics.kind == "tensorboard" and run.vocab_size == vocab
+    from engine.observe.runkeys import vocab_key
+
+    register(store, discover(out), follow=False)
+    board = sources(store)[0]
+    assert store.kv(vocab_key(board["id"], fallback=True)) == vocab
+
+    # Read through a reader that exists here: a JSONL log in an output dir with the model's config.json.
+    logged = tmp_path / "logged"
+    logged.mkdir()
+    shutil.copy(tiny_model / "config.json", logged / "config.json")
+    (logged / "log.jsonl").write_text(
+        "".join(json.dumps({"step": s, "entropy": 1.0 + s}) + "\n" for s in range(3))
+    )
+    from engine.observe.ingest import import_source
+
+    [registered] = register(store, discover(logged), follow=False)
+    [(source_id, _)] = registered.sources
+    result = import_source(store, source_id)
+    run_id = result.run_ids[0]
+    assert store.run(run_id)["vocab_size"] == vocab
+    assert series(store, run_id, "phi/mean") == pytest.approx(
+        {s: 1 - (1.0 + s) / math.log(vocab) for s in range(3)}
+    )

@@ -38,16 +38,18 @@ from pathlib import Path
 from engine.store import Store
 
 from . import mlflow_store, trackio, trainer_state
-from .common import ObserveError
+from .common import ObserveError, valid_vocab
 from .detect import SQLITE_HEADER
 from .frameworks import NAMES, detect
 from .ingest import register_source
 from .keys import normalize_key
+from .runkeys import set_vocab_fallback
 
 MAX_DEPTH = 8
 MAX_ENTRIES = 200_000
 PAIR_SECONDS = 120.0
 HEAD_BYTES = 64 * 1024
+MAX_CONFIG_BYTES = 4 << 20  # a model's config.json is a few KiB
 SKIP_DIRS = frozenset({"node_modules", "__pycache__", "site-packages"})
 EVENT_FILE = re.compile(r"events\.out\.tfevents\.(\d+)")
 WANDB_RUN = re.compile(r"(?:offline-)?run-(\d{8}_\d{6})-([A-Za-z0-9]+)$")
@@ -95,6 +97,7 @@ class FoundRun:
     rollouts: list[Found] = field(default_factory=list)
     same: list[Found] = field(default_factory=list)
     name: str | None = None
+    vocab_size: int | None = None  # from a config.json in its output dir or newest checkpoint
 
     @property
     def main(self) -> Found:
@@ -345,6 +348,9 @@ def _group(seen: Seen) -> list[FoundRun]:
         else:
             owner.rollouts.append(rollout)
     _name(runs)
+    for run in runs:
+        if run.metrics is not None and run.metrics.kind not in MULTI_RUN:
+            run.vocab_size = config_vocab(run.metrics.home)
     return sorted(runs, key=lambda r: (str(r.main.home), r.started, str(r.main.path)))
 
 
@@ -402,6 +408,26 @@ def _name(runs: list[FoundRun]) -> None:
             run.name = main.home.name  # prime-rl's file name says nothing of the run
 
 
+def config_vocab(home: Path) -> int | None:
+    """|V| from the model's config.json in a run's output dir, else in its newest checkpoint."""
+    folders = [home]
+    newest = trainer_state.newest_checkpoint(home)
+    if newest is not None:
+        folders.append(newest.parent)
+    for folder in folders:
+        path = folder / "config.json"
+        try:
+            if path.stat().st_size > MAX_CONFIG_BYTES:
+                continue
+            config = json.loads(path.read_bytes())
+        except (OSError, ValueError, RecursionError):
+            continue
+        vocab = valid_vocab(config.get("vocab_size")) if isinstance(config, dict) else None
+        if vocab is not None:
+            return vocab
+    return None
+
+
 def describe(found: Discovery, run: FoundRun) -> str:
     """One line: what the run is read from, what joins it, what else logged it."""
     rel = lambda f: relative(f.path, found.root)  # noqa: E731
@@ -445,6 +471,8 @@ def register(store: Store, found: Discovery, *, follow: bool, name: str | None =
             out.append(done)
             continue
         done.sources.append((main, run.main))
+        if run.vocab_size is not None:
+            set_vocab_fallback(store, main, run.vocab_size)
         attach = main if run.metrics is not None else None
         for rollout in run.rollouts:
             if rollout is run.main:

@@ -19,13 +19,19 @@ Row = tuple[int, str, Any, float]  # (step, key, value, wall time)
 PHI_KEYS = frozenset({"entropy", "phi/mean", "phi/entropy"})
 
 
-def vocab_key(source_id: int) -> str:
-    """The kv entry holding the |V| a user gave for a source's runs (`carl observe --vocab-size`)."""
-    return f"observe.vocab_size.{source_id}"
+def vocab_key(source_id: int, *, fallback: bool = False) -> str:
+    """The kv entry holding a |V| for a source's runs: the one the user gave (`carl observe --vocab-size`), which
+    wins over everything, or the fallback discovery found beside the run (a config.json), used when the source
+    itself says nothing."""
+    return f"observe.vocab_size{'_fallback' if fallback else ''}.{source_id}"
 
 
 def set_vocab_override(store: Store, source_id: int, vocab_size: int) -> None:
     store.set_kv(vocab_key(source_id), vocab_size)
+
+
+def set_vocab_fallback(store: Store, source_id: int, vocab_size: int) -> None:
+    store.set_kv(vocab_key(source_id, fallback=True), vocab_size)
 
 
 def vocab_override(store: Store, source_id: int) -> int | None:
@@ -46,7 +52,8 @@ def finish_rows(
 
     The framework is the run's stored one, else the one the batch's keys tell (then stored on the run); the
     renames go to run_keys under the source's own spelling (`origin`). |V|: the user's `--vocab-size` for the
-    source, else the reader's (the run's own config), else the run's stored one; the run keeps the one used.
+    source, else the reader's (the run's own config), else the run's stored one, else a config.json discovery
+    found beside the run; the run keeps the one used.
     """
     if not rows:
         return rows
@@ -66,7 +73,12 @@ def finish_rows(
         origin = origin or {}
         store.set_key_names(run_id, {new: origin.get(old, old) for old, new in renames.items()})
         names = {renames.get(name, name) for name in names}
-    vocab = vocab_override(store, source_id) or valid_vocab(vocab_size) or valid_vocab(stored_vocab)
+    vocab = (
+        vocab_override(store, source_id)
+        or valid_vocab(vocab_size)
+        or valid_vocab(stored_vocab)
+        or valid_vocab(store.kv(vocab_key(source_id, fallback=True)))
+    )
     if vocab is not None and vocab != stored_vocab:
         store.update_run(run_id, vocab_size=vocab)
     if vocab is not None and ("entropy" in names or "phi/mean" in names):
