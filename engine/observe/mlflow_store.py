@@ -108,6 +108,7 @@ class MlflowBatch:
         self.names: dict[str, str] = {}
         self.vocab: dict[str, int | None] = {}
         self.count = 0
+        self.keys_read = 0  # at least one key a call, however long opening the store took
         self.caught_up = True
 
     def read_run(self, mlflow: Any, run: Any, experiment: str) -> None:
@@ -125,10 +126,11 @@ class MlflowBatch:
         for key in sorted(latest):
             if key in steps and latest[key] <= steps[key]:
                 continue
-            if self.budget.spent(self.count):
+            if self.keys_read and self.budget.spent(self.count):
                 self.caught_up = False
                 return
             self.read_key(mlflow, run_id, key, steps)
+            self.keys_read += 1
 
     def read_key(self, mlflow: Any, run_id: str, key: str, steps: dict[str, int]) -> None:
         last = steps.get(key)
