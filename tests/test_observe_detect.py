@@ -85,6 +85,22 @@ def test_register_resolves_the_path_and_keeps_one_source(store: Store, tmp_path:
     assert source["follow"] == 1 and source["name"] == "n" and source["state"] == "following"
 
 
+def test_register_with_a_kind_and_attach_to(store: Store, tmp_path: Path) -> None:
+    """Discovery names the kind (a rollouts folder has no kind detect_kind tells) and the source it joins."""
+    log = tmp_path / "m.jsonl"
+    log.write_text('{"step": 1, "a": 1}\n')
+    dumps = tmp_path / "rollouts"
+    dumps.mkdir()
+    main = register_source(store, log, follow=False)
+    joined = register_source(store, dumps, follow=True, kind="rollouts-verl", attach_to=main)
+    assert (store.source(joined)["kind"], store.source(joined)["attach_to"]) == ("rollouts-verl", main)
+    assert store.source(main)["attach_to"] is None
+    assert register_source(store, dumps, follow=True, kind="rollouts-verl") == joined  # attach_to kept
+    assert store.source(joined)["attach_to"] == main
+    with pytest.raises(ObserveError, match="was observed as rollouts-verl but now looks like rollouts-prime"):
+        register_source(store, dumps, follow=True, kind="rollouts-prime")
+
+
 def test_a_path_that_changed_format_is_refused(store: Store, tmp_path: Path) -> None:
     path = tmp_path / "metrics.log"
     path.write_text('{"step": 1, "a": 1}\n')

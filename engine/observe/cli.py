@@ -1,4 +1,5 @@
-"""`carl observe PATH [--follow] [--name N]`: import a run another tool wrote, or have the engine follow it."""
+"""`carl observe PATH [--follow] [--name N] [--vocab-size V]`: import runs another tool wrote, or have the engine
+follow them. PATH is a file (one source) or a directory: every run found in it (discover.py), one line each."""
 
 from __future__ import annotations
 
@@ -11,31 +12,65 @@ from typing import Any
 from engine import paths
 from engine.errors import CliError
 
+from .common import ObserveError
 from .detect import detect_kind
+from .discover import Found, describe, discover, register, relative, visible
+
+MAX_VOCAB = 1 << 31
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path")
+    parser.add_argument("path", help="a log file, a store, or a directory to look for runs in")
     parser.add_argument("--follow", "-f", action="store_true", help="keep tailing it (through the engine)")
     parser.add_argument("--name", help="run name (default: from the source)")
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        metavar="N",
+        help="the model's vocabulary size |V|, for Φ from entropy (default: from the run's own config)",
+    )
 
 
 def run(args: argparse.Namespace, home: Path) -> int:
     path = Path(args.path).expanduser().resolve()
+    vocab = args.vocab_size
+    if vocab is not None and not 2 <= vocab < MAX_VOCAB:
+        raise CliError(f"--vocab-size must be between 2 and {MAX_VOCAB - 1}, not {vocab}")
+    if path.is_dir():
+        return _observe_dir(args, home, path)
     kind = detect_kind(path)  # a bad path fails here, before anything is stored
+    if vocab is not None:
+        _register_with_vocab(home, path, args.follow, args.name, kind, vocab)
     if args.follow:
-        return _observe_via_engine(home, path, args.name)
+        return _observe_via_engine(home, path, args.name, vocab)
     from engine.coherence.analysis import analyze_runs
     from engine.store import Store
 
     from .ingest import observe
+    from .runkeys import backfill_phi
 
     with Store(paths.db_path(home)) as store, LazyProgress(f"importing {path.name}") as progress:
         _, result = observe(store, path, follow=False, name=args.name, progress=progress.update)
+        for run_id in result.run_ids if vocab else ():
+            backfill_phi(store, run_id, vocab)  # what an earlier import stored without |V|
         with store.transaction():
             analyze_runs(store.conn, result.run_ids)
     _print_result(kind, path, result)
     return 0
+
+
+def _register_with_vocab(
+    home: Path, path: Path, follow: bool, name: str | None, kind: str, vocab: int
+) -> None:
+    """Register the source before its first batch, with the user's |V| for its runs."""
+    from engine.store import Store
+
+    from .ingest import register_source
+    from .runkeys import set_vocab_override
+
+    with Store(paths.db_path(home)) as store:
+        source_id = register_source(store, path, follow=follow, name=name, kind=kind)
+        set_vocab_override(store, source_id, vocab)
 
 
 def _print_result(kind: str, path: Path, result: object) -> None:
@@ -50,7 +85,7 @@ def _print_result(kind: str, path: Path, result: object) -> None:
         print(f"  {problem}", file=sys.stderr)
 
 
-def _observe_via_engine(home: Path, path: Path, name: str | None) -> int:
+def _observe_via_engine(home: Path, path: Path, name: str | None, vocab: int | None) -> int:
     """Hand a followed source to the engine (its one writer) and wait until it has caught up."""
     from engine.control import ensure_engine
     from engine.store import Store
@@ -58,20 +93,133 @@ def _observe_via_engine(home: Path, path: Path, name: str | None) -> int:
     ensure_engine(home)  # says so on stderr when it starts one: the engine outlives this command
     with Store(paths.db_path(home)) as store:
         command_id = store.enqueue_command("observe", {"path": str(path), "follow": True, "name": name})
-        with LazyProgress(f"engine importing {path.name}") as progress:
-            while True:
-                state, result = store.conn.execute(
-                    "SELECT state, result FROM commands WHERE id=?", (command_id,)
-                ).fetchone()
-                row = store.conn.execute("SELECT rows FROM sources WHERE path=?", (str(path),)).fetchone()
-                progress.update(row[0] if row else 0, None)
-                if state in ("done", "failed"):
-                    break
-                time.sleep(0.2)
+        state, result = _wait(store, [command_id], f"engine importing {path.name}")[0]
+        if vocab is not None:
+            _backfill_sources(store, [_source_id(store, path)], vocab)
     if state == "failed":
         raise CliError(result or "observe failed")
     print(f"{result}; the engine keeps following it")
     return 0
+
+
+def _wait(store: Any, command_ids: list[int], label: str) -> list[tuple[str, str]]:
+    """(state, result) of each command, once every one is done or failed."""
+    marks = ",".join("?" * len(command_ids))
+    with LazyProgress(label) as progress:
+        while True:
+            rows = dict(
+                (r[0], (r[1], r[2]))
+                for r in store.conn.execute(
+                    f"SELECT id, state, result FROM commands WHERE id IN ({marks})", command_ids
+                )
+            )
+            progress.update(sum(1 for s, _ in rows.values() if s in ("done", "failed")), len(command_ids))
+            if all(rows[c][0] in ("done", "failed") for c in command_ids):
+                return [rows[c] for c in command_ids]
+            time.sleep(0.2)
+
+
+def _source_id(store: Any, path: Path) -> int | None:
+    row = store.conn.execute("SELECT id FROM sources WHERE path=?", (str(path),)).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _backfill_sources(store: Any, source_ids: list[int | None], vocab: int) -> None:
+    """Φ for what the sources' runs stored before the user's |V| applied (--vocab-size)."""
+    from .common import source_run_ids
+    from .runkeys import backfill_phi
+
+    for source_id in source_ids:
+        if source_id is not None:
+            for run_id in source_run_ids(store, source_id):
+                backfill_phi(store, run_id, vocab)
+
+
+# -- a directory ---------------------------------------------------------------------------------------------------
+
+
+def _observe_dir(args: argparse.Namespace, home: Path, root: Path) -> int:
+    """Every run found in `root`: one line each, then imported (or handed to the engine to follow)."""
+    from engine.store import Store
+
+    from .runkeys import set_vocab_override
+
+    found = discover(root)
+    print(f"found {len(found.runs)} run(s) in {visible(str(root))}:")
+    for found_run in found.runs:
+        print(f"  {describe(found, found_run)}")
+    for note in found.notes:
+        print(f"  note: {note}", file=sys.stderr)
+    if args.follow:
+        from engine.control import ensure_engine
+
+        ensure_engine(home)
+    with Store(paths.db_path(home)) as store:
+        registered = register(store, found, follow=args.follow, name=args.name)
+        errors = [e for r in registered for e in r.errors]
+        sources = [(source_id, f) for r in registered for source_id, f in r.sources]
+        if args.vocab_size is not None:
+            for source_id, _ in sources:
+                set_vocab_override(store, source_id, args.vocab_size)
+        read = _follow_dir if args.follow else _import_dir
+        ok, failed = read(store, root, sources)
+        if args.vocab_size is not None:
+            _backfill_sources(store, [s for s, _ in sources], args.vocab_size)
+    errors += failed
+    for error in errors:
+        print(f"  {visible(error)}", file=sys.stderr)
+    if not ok:
+        first = f" (first: {visible(errors[0])})" if errors else ""
+        raise CliError(f"nothing could be read from {visible(str(root))}{first}")
+    return 0
+
+
+def _import_dir(store: Any, root: Path, sources: list[tuple[int, Found]]) -> tuple[int, list[str]]:
+    """Import each source until caught up (a run's metrics before the rollouts that join it); returns how many
+    were read, and one line per source that could not be."""
+    from engine.coherence.analysis import analyze_runs
+
+    from .ingest import import_source
+
+    errors: list[str] = []
+    run_ids: list[int] = []
+    for source_id, source in sources:
+        where = relative(source.path, root)
+        try:
+            with LazyProgress(f"importing {where}") as progress:
+                result = import_source(store, source_id, progress=progress.update)
+        except ObserveError as exc:
+            errors.append(f"{source.kind}: {exc}")
+            continue
+        run_ids += [r for r in result.run_ids if r not in run_ids]
+        bad = f"; {result.bad_lines:,} malformed skipped" if result.bad_lines else ""
+        print(f"{source.kind}: {where}: {result.rows:,} rows{bad}")
+        for problem in result.problems[:10]:
+            print(f"  {visible(problem)}", file=sys.stderr)
+    with store.transaction():
+        analyze_runs(store.conn, run_ids)
+    return len(sources) - len(errors), errors
+
+
+def _follow_dir(store: Any, root: Path, sources: list[tuple[int, Found]]) -> tuple[int, list[str]]:
+    """The engine follows every source registered (they are 'following'); wait on those it reports on (rollout
+    folders have no command of their own: the engine follows them all the same)."""
+    commands = []
+    for _, source in sources:
+        try:
+            reportable = detect_kind(source.path) == source.kind
+        except ObserveError:
+            reportable = False
+        if reportable:
+            commands.append(store.enqueue_command("observe", {"path": str(source.path), "follow": True}))
+    errors = []
+    for state, result in _wait(store, commands, "engine importing"):
+        if state == "failed":
+            errors.append(result or "observe failed")
+        else:
+            print(visible(result or ""))
+    print(f"the engine keeps following {len(sources)} source(s) from {visible(str(root))}")
+    return len(sources) - len(errors), errors
 
 
 class LazyProgress:

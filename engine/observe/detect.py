@@ -1,11 +1,11 @@
-"""Which of the three formats a path holds, told from its name and first bytes."""
+"""Which format a path holds, told from its name and first bytes."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from . import trackio, trainer_state
+from . import mlflow_store, trackio, trainer_state
 from .common import ObserveError
 
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -15,13 +15,16 @@ MAX_STATE_BYTES = 256 * 1024 * 1024  # a JSON file read whole to look for log_hi
 
 
 def detect_kind(path: str | Path) -> str:
-    """'trackio' | 'trainer_state' | 'jsonl'; ObserveError for a missing, unreadable or unknown path."""
+    """'trackio' | 'trainer_state' | 'jsonl' | 'mlflow' | ...; ObserveError for a missing, unreadable or
+    unknown path."""
     path = Path(path).expanduser()
     if not path.exists():
         raise ObserveError(f"{path}: no such file or directory")
     if path.is_dir():
         if trainer_state.resolve(path) is not None:
             return "trainer_state"
+        if detect_mlflow(path, b""):
+            return "mlflow"
         raise ObserveError(
             f"{path}: a directory with no trainer_state.json (nor checkpoint-*/trainer_state.json)"
         )
@@ -36,6 +39,8 @@ def detect_kind(path: str | Path) -> str:
         return "trainer_state"
     if path.suffix.lower() in JSONL_SUFFIXES:
         return "jsonl"  # even empty: a log that is about to be written
+    if detect_mlflow(path, head):
+        return "mlflow"
     if head.startswith(SQLITE_HEADER):
         trackio.check(path)
         return "trackio"
@@ -48,6 +53,13 @@ def detect_kind(path: str | Path) -> str:
     raise ObserveError(
         f"{path}: not a Trackio project database, a trainer_state.json or a JSONL metrics file"
     )
+
+
+def detect_mlflow(path: Path, head: bytes) -> bool:
+    """An MLflow store: an `mlruns/` directory, or an SQLite file with MLflow's tables (`mlflow.db`)."""
+    if path.is_dir():
+        return mlflow_store.is_mlruns_dir(path)
+    return head.startswith(SQLITE_HEADER) and mlflow_store.is_mlflow_db(path)
 
 
 def _first_line_is_object(head: bytes) -> bool:

@@ -10,12 +10,13 @@ the policy that sampled and the one being trained (PPO's approx KL, prime-rl's m
     kl                       KL to the reference model;  policy_kl  KL between sampler and learner
     clip_ratio/low_mean      share of tokens clipped below (r < 1 - ε_low, A < 0)
     clip_ratio/high_mean     share clipped above (r > 1 + ε_high, A > 0);  clip_ratio/region_mean  either side
-    completions/mean_length, completions/max_length, completions/clipped_ratio
+    completions/mean_length, completions/min_length, completions/max_length, completions/clipped_ratio
     grad_norm, learning_rate, loss, frac_reward_zero_std
 
-A framework is told from the keys a run logs (`detect`), and only its own table is applied: `entropy_loss` is
-OpenRLHF's entropy, but nothing says the same of a key of that name in another tool's log. A key no table names is
-kept as it is, and can be charted like any other.
+Keys are matched as `keys.normalize_key` leaves them, so with transformers' (and OpenRLHF's, slime's, prime-rl's)
+`train/` prefix already stripped. A framework is told from the keys a run logs (`detect`), and only its own table
+is applied: `entropy_loss` is OpenRLHF's and slime's entropy, but nothing says the same of a key of that name in
+another tool's log. A key no table names is kept as it is, and can be charted like any other.
 """
 
 from __future__ import annotations
@@ -23,75 +24,144 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cache
 
-# framework -> {source key (or "re:" + a pattern matched whole): canonical key}
+# framework -> {source key (or "re:" + a pattern matched whole): canonical key}. Each table was read in the
+# framework's own source at the commit named; when two of a table's keys name the same concept, the one listed
+# first wins (`KeyMapping.renames`).
 TABLES: dict[str, dict[str, str]] = {
-    "trl": {},  # the vocabulary itself
+    "carl": {},  # our own runs write the vocabulary itself (they train through TRL)
+    "trl": {},  # trl/trainer/grpo_trainer.py (TRL 1.16): the vocabulary itself
+    # volcengine/verl b178a3cd: verl/trainer/ppo/metric_utils.py (compute_data_metrics: critic/score/*,
+    # response_length/*), verl/trainer/ppo/core_algos.py (compute_policy_loss: actor/pg_clipfrac is either side,
+    # actor/pg_clipfrac_lower is the dual clip and stays), verl/workers/actor/dp_actor.py (actor/entropy,
+    # actor/kl_loss, actor/pg_loss, actor/grad_norm), verl/workers/fsdp_workers.py (actor/lr).
     "verl": {
         "actor/entropy": "entropy",
+        "critic/score/mean": "reward",
         "actor/kl_loss": "kl",
         "actor/ppo_kl": "policy_kl",
         "actor/pg_clipfrac": "clip_ratio/region_mean",
-        "critic/score/mean": "reward",
-        "critic/score/std": "reward_std",
         "response_length/mean": "completions/mean_length",
+        "response_length/min": "completions/min_length",
         "response_length/max": "completions/max_length",
         "response_length/clip_ratio": "completions/clipped_ratio",
         "actor/grad_norm": "grad_norm",
         "actor/lr": "learning_rate",
         "actor/pg_loss": "loss",
     },
+    # OpenRLHF/OpenRLHF 3c3be623: openrlhf/trainer/ray/ppo_actor.py (training_step: entropy_loss is the
+    # token-mean entropy, not a loss; policy_loss, actor_grad_norm, actor_lr, ppo_kl, ppo_clip_ratio),
+    # openrlhf/models/loss.py (PolicyLoss: the clip ratio counts either side), openrlhf/trainer/ppo_utils/
+    # experience.py (response_length, truncated), experience_maker.py (reward, kl, return). Logged as train/<key>.
     "openrlhf": {
         "entropy_loss": "entropy",
-        "kl": "kl",
-        "reward": "reward",
+        "ppo_kl": "policy_kl",
+        "ppo_clip_ratio": "clip_ratio/region_mean",
         "response_length": "completions/mean_length",
+        "truncated": "completions/clipped_ratio",
         "actor_grad_norm": "grad_norm",
+        "actor_lr": "learning_rate",
         "policy_loss": "loss",
     },
+    # PrimeIntellect-ai/prime-rl 559b4477: src/prime_rl/trainer/rl/train.py (entropy/all, mismatch_kl/all, loss,
+    # optim/*), src/prime_rl/trainer/rl/loss.py (is_masked_{low,high}: DPPO's masked tokens, its clip),
+    # src/prime_rl/orchestrator/metrics.py and orchestrator.py (train/agg/{all,effective}/<agent>/...).
     "prime-rl": {
         "entropy/all/mean": "entropy",
-        "mismatch_kl/mean": "policy_kl",
+        r"re:agg/effective/[^/]+/reward/mean": "reward",
+        "mismatch_kl/all/mean": "policy_kl",
+        "is_masked_low/mean": "clip_ratio/low_mean",
+        "is_masked_high/mean": "clip_ratio/high_mean",
+        "is_masked/mean": "clip_ratio/region_mean",
+        "agg/effective/num_output_tokens/mean": "completions/mean_length",
+        "agg/effective/num_output_tokens/min": "completions/min_length",
+        "agg/effective/num_output_tokens/max": "completions/max_length",
+        r"re:agg/effective/[^/]+/is_truncated/mean": "completions/clipped_ratio",
         "optim/grad_norm": "grad_norm",
         "optim/lr": "learning_rate",
-        r"re:train/agg/effective/[^/]+/reward/mean": "reward",
+        "loss/mean": "loss",
     },
+    # NovaSky-AI/SkyRL a9564572: skyrl/train/trainer.py (policy/<worker status>, reward/avg_raw_reward,
+    # loss/avg_kl: the KL in the reward), skyrl/backends/skyrl_train/workers/worker.py (policy_entropy,
+    # policy_kl: the KL loss, policy_lr, policy_loss), skyrl/backends/skyrl_train/utils/ppo_utils.py (the clip
+    # ratio counts either side), skyrl/train/generators/utils.py (generate/*_num_tokens).
     "skyrl": {
-        "policy_entropy": "entropy",
-        "loss/avg_kl": "kl",
-        "clip_ratio": "clip_ratio/region_mean",
+        "policy/policy_entropy": "entropy",
         "reward/avg_raw_reward": "reward",
+        "policy/policy_kl": "kl",
+        "loss/avg_kl": "kl",
+        "policy/loss_metrics/clip_ratio": "clip_ratio/region_mean",
+        "generate/avg_num_tokens": "completions/mean_length",
+        "generate/min_num_tokens": "completions/min_length",
+        "generate/max_num_tokens": "completions/max_length",
+        "policy/grad_norm": "grad_norm",
+        "policy/policy_lr": "learning_rate",
+        "policy/policy_loss": "loss",
     },
+    # inclusionAI/AReaL 4aef98d8: areal/trainer/ppo/actor.py (ppo_update under the ppo_actor scope, its loss
+    # stats under update/), areal/utils/stats_tracker.py (export adds /avg /min /max), areal/utils/functional/
+    # functional.py (clip_mask counts either side), areal/engine/fsdp_engine.py (train_batch: grad_norm, lr).
     "areal": {
-        "approx_kl": "policy_kl",
-        "clip_ratio": "clip_ratio/region_mean",
+        "ppo_actor/update/entropy/avg": "entropy",
+        "ppo_actor/task_reward/avg": "reward",
+        "ppo_actor/update/approx_kl/avg": "policy_kl",
+        "ppo_actor/update/clip_ratio/avg": "clip_ratio/region_mean",
+        "ppo_actor/no_eos_ratios/avg": "completions/clipped_ratio",
+        "ppo_actor/update/grad_norm": "grad_norm",
+        "ppo_actor/update/lr": "learning_rate",
+        "ppo_actor/update/actor_loss/avg": "loss",
     },
+    # THUDM/slime 624b824a: slime/backends/megatron_utils/loss.py (reported_loss: entropy_loss is the entropy,
+    # pg_clipfrac either side, ppo_kl, kl_loss), slime/backends/megatron_utils/model.py (train/<key>,
+    # train/grad_norm, train/lr-pg_<group>; it logs train/loss too, so pg_loss keeps its name), slime/ray/
+    # rollout.py and slime/observability/train_metric_utils.py (rollout/<field>: raw_reward, response_lengths,
+    # truncated).
     "slime": {
         "entropy_loss": "entropy",
+        "rollout/raw_reward": "reward",
+        "kl_loss": "kl",
         "ppo_kl": "policy_kl",
         "pg_clipfrac": "clip_ratio/region_mean",
-        "pg_loss": "loss",
+        "rollout/response_lengths": "completions/mean_length",
+        "rollout/truncated": "completions/clipped_ratio",
+        "lr-pg_0": "learning_rate",
     },
 }
 
-# Keys (or prefixes, ending in "/") only one framework logs: a run is told by the most of them it has.
+# Keys (or prefixes, ending in "/") that tell a framework: a run is told by the most of them it has. `carl` wins
+# on any one of its own, since our runs also log TRL's keys.
 SIGNATURES: dict[str, tuple[str, ...]] = {
-    "carl": ("phi/mean", "cascade/multiplier", "phi/p10"),
+    "carl": ("cascade/multiplier", "phi/p10", "phi/p90"),
     "trl": (
         "clip_ratio/low_mean",
         "clip_ratio/high_mean",
         "completions/mean_length",
         "completions/clipped_ratio",
+        "completions/mean_terminated_length",
         "frac_reward_zero_std",
         "num_tokens",
     ),
-    "verl": ("actor/", "critic/", "timing_s/", "response_length/", "perf/"),
-    "openrlhf": ("policy_loss", "actor_grad_norm", "return", "entropy_loss"),
-    "prime-rl": ("entropy/all/", "mismatch_kl/", "optim/", "train/agg/", "time/"),
-    "skyrl": ("policy_entropy", "loss/avg_kl", "reward/avg_raw_reward", "policy/"),
-    "areal": ("approx_kl", "dual_clip_ratio", "behave_imp_weight", "importance_weight"),
-    "slime": ("pg_clipfrac", "ppo_kl", "train_rollout_logprob_abs_diff", "pg_loss"),
+    "verl": ("actor/", "critic/", "timing_s/", "response_length/", "perf/time_per_step"),
+    "openrlhf": ("actor_grad_norm", "actor_lr", "ppo_clip_ratio", "return", "logprobs_diff"),
+    "prime-rl": ("entropy/all/", "mismatch_kl/all/", "optim/", "agg/", "time/wait_for_batch"),
+    "skyrl": (
+        "policy/policy_entropy",
+        "policy/policy_loss",
+        "reward/avg_raw_reward",
+        "loss/avg_kl",
+        "generate/avg_num_tokens",
+    ),
+    "areal": ("ppo_actor/", "ppo_actor/update/approx_kl/avg", "ppo_actor/update/dual_clip_ratio/avg"),
+    "slime": (
+        "pg_clipfrac",
+        "pg_loss",
+        "train_rollout_logprob_abs_diff",
+        "rollout/raw_reward",
+        "rollout/response_lengths",
+    ),
 }
+DECISIVE = frozenset({"carl"})
 NAMES = {
     "carl": "carl",
     "trl": "TRL",
@@ -102,49 +172,98 @@ NAMES = {
     "areal": "AReaL",
     "slime": "slime",
 }
+MEMO_LIMIT = 10_000  # a source with endless distinct keys cannot grow a memo without bound
 
 
 def detect(keys: Iterable[str]) -> str | None:
     """The framework whose signature the keys match best (at least one match; ties go to the earlier one in
-    SIGNATURES), or None."""
+    SIGNATURES; a decisive framework wins on one match), or None."""
     keys = set(keys)
+    prefixes = {k[: i + 1] for k in keys for i, c in enumerate(k) if c == "/"}
     best, best_hits = None, 0
     for framework, marks in SIGNATURES.items():
-        hits = sum(
-            1
-            for mark in marks
-            if (any(k.startswith(mark) for k in keys) if mark.endswith("/") else mark in keys)
-        )
+        hits = sum(1 for mark in marks if mark in (prefixes if mark.endswith("/") else keys))
+        if hits and framework in DECISIVE:
+            return framework
         if hits > best_hits:
             best, best_hits = framework, hits
     return best
 
 
+@dataclass(frozen=True)
+class Table:
+    """A framework's table, compiled: exact names, then patterns, each with its rank (its place in the table)."""
+
+    exact: dict[str, tuple[int, str]]
+    patterns: list[tuple[int, re.Pattern[str], str]]
+
+    def lookup(self, key: str) -> tuple[int, str] | None:
+        found = self.exact.get(key)
+        if found is not None:
+            return found
+        return next(((rank, name) for rank, pattern, name in self.patterns if pattern.fullmatch(key)), None)
+
+
+@cache
+def compiled(framework: str | None) -> Table:
+    exact: dict[str, tuple[int, str]] = {}
+    patterns: list[tuple[int, re.Pattern[str], str]] = []
+    for rank, (key, name) in enumerate(TABLES.get(framework or "", {}).items()):
+        if key.startswith("re:"):
+            patterns.append((rank, re.compile(key[3:]), name))
+        else:
+            exact[key] = (rank, name)
+    return Table(exact, patterns)
+
+
 @dataclass
 class KeyMapping:
-    """One run's key map: `canonical(key)` renames what its framework's table names and keeps the rest."""
+    """One run's key map: `canonical(key)` renames what its framework's table names and keeps the rest.
+
+    A canonical name goes to one source key only: the one the run already renamed to it (`claimed`, as stored in
+    run_keys), else the first met. Another key of the same concept keeps its own name, so nothing is lost.
+    """
 
     framework: str | None
+    claimed: dict[str, str] = field(default_factory=dict)  # canonical -> source key, from earlier batches
     renamed: dict[str, str] = field(default_factory=dict)  # canonical -> source key, as met
     _memo: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        table = TABLES.get(self.framework or "", {})
-        self._exact = {k: v for k, v in table.items() if not k.startswith("re:")}
-        self._patterns = [(re.compile(k[3:]), v) for k, v in table.items() if k.startswith("re:")]
+        self.table = compiled(self.framework)
+        self.claimed = dict(self.claimed)
 
     def canonical(self, key: str) -> str:
         found = self._memo.get(key)
         if found is not None:
             return found
-        name = self._exact.get(key)
-        if name is None:
-            name = next((v for pattern, v in self._patterns if pattern.fullmatch(key)), key)
-        if name != key:
-            self.renamed.setdefault(name, key)
-        if len(self._memo) < 10_000:  # a source with endless distinct keys cannot grow it without bound
+        hit = self.table.lookup(key)
+        name = key
+        if hit is not None and self.claimed.setdefault(hit[1], key) == key:
+            name = hit[1]
+            self.renamed[name] = key
+        if len(self._memo) < MEMO_LIMIT:
             self._memo[key] = name
         return name
+
+    def renames(self, names: Iterable[str]) -> dict[str, str]:
+        """{name: canonical} for those of a batch's distinct names that this run renames.
+
+        Decided in the table's order, so of two keys for one concept the one listed first wins whatever order
+        they come in; a canonical name the batch logs itself under that name is left to it."""
+        names = set(names)
+        hits = []
+        for key in names:
+            if key not in self._memo:
+                hit = self.table.lookup(key)
+                if hit is None:
+                    continue
+                if hit[1] in names:
+                    self.claimed.setdefault(hit[1], hit[1])  # the run logs it under that name itself
+                hits.append((hit[0], key))
+        for _, key in sorted(hits):
+            self.canonical(key)
+        return {key: name for key in names if (name := self._memo.get(key, key)) != key}
 
     def take_renamed(self) -> dict[str, str]:
         """The renames met since the last call (for Store.set_key_names)."""

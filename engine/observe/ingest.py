@@ -15,13 +15,14 @@ from typing import Any
 
 from engine.store import Store, StoreError
 
-from . import jsonl, rollouts, trackio, trainer_state
+from . import jsonl, mlflow_store, rollouts, trackio, trainer_state
 from .common import Budget, IngestResult, ObserveError, source_run_ids
 from .detect import detect_kind
 
 Reader = Callable[[Store, dict[str, Any], Budget], IngestResult]
 READERS: dict[str, Reader] = {
     "jsonl": jsonl.ingest,
+    "mlflow": mlflow_store.ingest,
     "trackio": trackio.ingest,
     "trainer_state": trainer_state.ingest,
     **rollouts.READERS,
@@ -31,19 +32,30 @@ OBSERVE_ROWS = 100_000
 OBSERVE_SECONDS = 1.0
 
 
-def register_source(store: Store, path: str | Path, *, follow: bool, name: str | None = None) -> int:
-    """Record `path` (made absolute) as a source of its detected kind; returns the source id.
+def register_source(
+    store: Store,
+    path: str | Path,
+    *,
+    follow: bool,
+    name: str | None = None,
+    kind: str | None = None,
+    attach_to: int | None = None,
+) -> int:
+    """Record `path` (made absolute) as a source of `kind` (else its detected kind); returns the source id.
 
-    Registering a path again keeps its cursor, so nothing already imported is read twice.
+    `attach_to` names the source whose run a rollout source's samples join (`sources.attach_to`), as discovery
+    (discover.py) sets it. Registering a path again keeps its cursor, so nothing already imported is read twice.
     """
     resolved = Path(path).expanduser().resolve()
-    kind = detect_kind(resolved)
+    kind = kind or detect_kind(resolved)
     row = store.conn.execute("SELECT kind FROM sources WHERE path=?", (str(resolved),)).fetchone()
     if row is not None and row[0] != kind:
         raise ObserveError(f"{resolved}: was observed as {row[0]} but now looks like {kind}")
     source_id = store.upsert_source(kind, str(resolved), name=name, follow=follow)
-    if follow:  # following again: what a finished import left 'imported' is live once more
-        with store.transaction():
+    with store.transaction():
+        if attach_to is not None:
+            store.conn.execute("UPDATE sources SET attach_to=? WHERE id=?", (attach_to, source_id))
+        if follow:  # following again: what a finished import left 'imported' is live once more
             _move_runs(store, source_id, "imported", "running")
     return source_id
 
@@ -105,16 +117,27 @@ def observe(
     runs 'imported' (those that reached their end stay 'finished').
     """
     source_id = register_source(store, path, follow=follow, name=name)
+    return source_id, import_source(store, source_id, finish=not follow, progress=progress)
+
+
+def import_source(
+    store: Store,
+    source_id: int,
+    *,
+    finish: bool = True,
+    progress: Callable[[int, int | None], None] | None = None,
+) -> IngestResult:
+    """Import a registered source until caught up; `finish` marks it 'done' and its runs 'imported' then."""
     total = IngestResult()
     while not total.caught_up:
         batch = ingest_source(store, source_id, max_rows=OBSERVE_ROWS, max_seconds=OBSERVE_SECONDS)
         total.merge(batch)
         if progress is not None:
             progress(batch.done, batch.total)
-    if not follow:
+    if finish:
         finish_import(store, source_id)
     total.run_ids = source_run_ids(store, source_id)
-    return source_id, total
+    return total
 
 
 def finish_import(store: Store, source_id: int) -> None:

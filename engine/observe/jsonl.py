@@ -1,5 +1,9 @@
 """JSONL metric logs: one object per line, tailed by byte offset.
 
+Three shapes: a flat object with a step (our own logs, prime-rl's `metrics.jsonl`: `{"step": N, "time": t,
+"entropy/all/mean": ...}`, src/prime_rl/monitors/file.py), veRL's file logger (`{"step": N, "data": {...}}`,
+verl/utils/tracking.py FileLogger), and either with nested objects, flattened with "/".
+
 The cursor is the byte offset just after the last complete line consumed, so a line the
 writer has not finished yet is read again, whole, on a later call. Reads are bounded in rows,
 time and bytes, and a line longer than `MAX_LINE` is skipped without ever being held whole.
@@ -28,7 +32,8 @@ from .common import (
     find_run,
     valid_vocab,
 )
-from .keys import KeyMap, derived_phi
+from .keys import KeyMap
+from .runkeys import finish_rows
 
 CHUNK = 1 << 20  # bytes per read
 MAX_BYTES = 4 << 20  # bytes per call
@@ -40,6 +45,8 @@ STEP_AND_TIME = frozenset((*STEP_FIELDS, *TIME_FIELDS))
 META_FIELDS = (*STEP_AND_TIME, "vocab_size")  # numeric, but not metrics
 KEYS = KeyMap(jsonl=True, extra=dict.fromkeys(META_FIELDS))
 INF = math.inf
+MAX_DEPTH = 8  # levels of nested objects flattened into one key
+MAX_NESTED = 10_000  # values inside nested objects, per line
 SCAN = json.JSONDecoder().scan_once  # accepts NaN and Infinity, like json.loads
 SKIP = object()
 
@@ -86,6 +93,12 @@ class LineParser:
             if type(obj) is not dict:
                 self.bad(lineno + n, "not an object")
                 continue
+            data = obj
+            if "data" in obj and _is_verl_line(obj):
+                data = obj["data"]
+                if type(data) is not dict:
+                    self.bad(lineno + n, '\'data\' is not an object (veRL\'s {"step": N, "data": {...}})')
+                    continue
             step = obj.get("step")
             if step is None:
                 step = obj.get("global_step")
@@ -105,26 +118,53 @@ class LineParser:
             if "vocab_size" in obj:
                 self.note_vocab(obj["vocab_size"])
             before = len(rows)
-            for key, value in obj.items():
+            nested = None
+            for key, value in data.items():
                 kind = type(value)
                 if kind is int:
                     if not -1e308 < value < 1e308:
                         value = INF if value > 0 else -INF
                 elif kind is not float:
+                    if kind is dict:
+                        nested = nested or []
+                        nested.append((key, value))
                     continue
                 name = keys[key]
                 if name is not None:
                     append((step, name, value, wall))
+            if nested is not None:
+                problem = self.add_nested(nested, step, wall)
+                if problem is not None:
+                    del rows[before:]
+                    self.bad(lineno + n, problem)
+                    continue
             if len(rows) == before:
-                if not _has_numbers(obj):
+                if not _has_numbers(data):
                     self.bad(lineno + n, "no numeric values")
                 continue
-            if self.vocab_size:
-                for name, value in derived_phi({r[1]: r[2] for r in rows[before:]}, self.vocab_size):
-                    append((step, name, value, wall))
             if len(rows) >= max_rows or ((n & 255) == 0 and budget.spent(len(rows))):
                 break
         return n
+
+    def add_nested(self, nested: list[tuple[str, Any]], step: int, wall: float) -> str | None:
+        """Rows for the numbers inside a line's nested objects, keys joined with "/"; the reason when the
+        line passes a bound (then it is skipped whole)."""
+        leaves: list[tuple[str, Any]] = []
+        for key, value in nested:
+            problem = _flatten(value, key, 1, leaves)
+            if problem is not None:
+                return problem
+        for key, value in leaves:
+            kind = type(value)
+            if kind is int:
+                if not -1e308 < value < 1e308:
+                    value = INF if value > 0 else -INF
+            elif kind is not float:
+                continue
+            name = KEYS[key]
+            if name is not None:
+                self.rows.append((step, name, value, wall))
+        return None
 
     def load_slowly(self, raw: str | bytes, lineno: int) -> Any:
         """json.loads for what the scanner refused: bytes, a BOM, blank or malformed lines."""
@@ -157,6 +197,28 @@ def _wall_time(obj: dict[str, Any], now: float) -> float:
         if type(value) in (int, float) and 0 < value < 1e11:
             return float(value)
     return now
+
+
+def _is_verl_line(obj: dict[str, Any]) -> bool:
+    """veRL's FileLogger line: a step (and maybe a time) and `data`, nothing else."""
+    return all(key == "data" or key in STEP_AND_TIME for key in obj)
+
+
+def _flatten(obj: dict[str, Any], prefix: str, depth: int, leaves: list[tuple[str, Any]]) -> str | None:
+    """Append ("prefix/key/...", value) for every value under `obj` that is not an object itself."""
+    if depth > MAX_DEPTH:
+        return f"objects nested deeper than {MAX_DEPTH} levels"
+    for key, value in obj.items():
+        name = f"{prefix}/{key}"
+        if type(value) is dict:
+            problem = _flatten(value, name, depth + 1, leaves)
+            if problem is not None:
+                return problem
+        else:
+            leaves.append((name, value))
+            if len(leaves) > MAX_NESTED:
+                return f"more than {MAX_NESTED:,} values in nested objects"
+    return None
 
 
 def _has_numbers(obj: dict[str, Any]) -> bool:
@@ -199,7 +261,10 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
             run = run or _new_run(store, source, path, parser.vocab_size)
             if parser.vocab_changed and run.vocab_size != parser.vocab_size:
                 store.update_run(run.id, vocab_size=parser.vocab_size)
-            result.rows = store.add_metrics(run.id, parser.rows)
+            rows = finish_rows(
+                store, run.id, source["id"], parser.rows, vocab_size=parser.vocab_size, origin=KEYS.origin
+            )
+            result.rows = store.add_metrics(run.id, rows)
             result.run_ids.append(run.id)
         store.save_source_progress(source["id"], new_cursor, rows=result.rows, bad_lines=result.bad_lines)
     return result

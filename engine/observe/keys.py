@@ -64,7 +64,9 @@ def _encodable(key: str) -> bool:
 class KeyMap(dict[str, str | None]):
     """A memo of `normalize_key`: the hot loops look keys up at C speed.
 
-    Bounded, so a source with endless distinct keys cannot grow it without limit.
+    `origin` remembers the source's own spelling of a key normalization changed (`train/x` for `x`), so a
+    framework's rename can be recorded under the name the source used. Bounded, so a source with endless
+    distinct keys cannot grow it without limit.
     """
 
     LIMIT = 10_000
@@ -72,11 +74,14 @@ class KeyMap(dict[str, str | None]):
     def __init__(self, *, jsonl: bool = False, extra: Mapping[str, str | None] | None = None) -> None:
         super().__init__(extra or {})
         self.jsonl = jsonl
+        self.origin: dict[str, str] = {}
 
     def __missing__(self, key: str) -> str | None:
         value = normalize_key(key, jsonl=self.jsonl)
         if len(self) < self.LIMIT:
             self[key] = value
+            if value is not None and value != key:
+                self.origin.setdefault(value, key)
         return value
 
 

@@ -28,7 +28,8 @@ from .common import (
     number,
     valid_vocab,
 )
-from .keys import KeyMap, derived_phi
+from .keys import KeyMap
+from .runkeys import finish_rows
 
 PAGE = 500  # Trackio rows per query
 METRICS_COLUMNS = {"id", "timestamp", "run_name", "step", "metrics"}
@@ -127,9 +128,6 @@ class TrackioBatch:
                 value = _metric(raw)
                 if value is not None:
                     values[name] = value
-        run = self.run(external_id)
-        vocab = valid_vocab(self.configs.get(external_id, {}).get("vocab_size")) or (run and run.vocab_size)
-        values.update(derived_phi(values, vocab))
         rows = self.rows.setdefault(external_id, [])
         rows.extend((step, name, value, wall) for name, value in values.items())
         self.row_count += len(values)
@@ -182,6 +180,8 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
             run = _write_run(batch, external_id, single_run)
             rows = batch.rows.get(external_id)
             if rows:
+                vocab = valid_vocab(batch.configs.get(external_id, {}).get("vocab_size"))
+                rows = finish_rows(store, run.id, source["id"], rows, vocab_size=vocab, origin=KEYS.origin)
                 result.rows += store.add_metrics(run.id, rows)
                 result.run_ids.append(run.id)
         store.save_source_progress(source["id"], new_cursor, rows=result.rows)

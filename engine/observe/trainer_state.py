@@ -28,7 +28,8 @@ from .common import (
     number,
     valid_vocab,
 )
-from .keys import KeyMap, derived_phi
+from .keys import KeyMap
+from .runkeys import finish_rows
 
 FILE_NAME = "trainer_state.json"
 CHECKPOINT = re.compile(r"checkpoint-(\d+)$")
@@ -148,7 +149,6 @@ def _import(
             result.add_problem(f"{where}: no integer step")
             continue
         values = _entry_values(entry)
-        values.update(derived_phi(values, facts.get("vocab_size")))
         rows.extend((step, key, value, now) for key, value in values.items())
         finished = finished or "train_runtime" in entry
     result.caught_up, result.done, result.total = done >= len(history), done, len(history)
@@ -159,6 +159,9 @@ def _import(
         if finished:
             facts.update(status="finished", ended_at=mtime)
         store.update_run(run.id, **facts)
+        rows = finish_rows(
+            store, run.id, source["id"], rows, vocab_size=facts.get("vocab_size"), origin=KEYS.origin
+        )
         result.rows = store.add_metrics(run.id, rows)
         result.run_ids.append(run.id)
         cursor = {"identity": identity, "entries": done, "total": len(history)}

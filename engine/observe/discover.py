@@ -1,0 +1,489 @@
+"""`carl observe DIR`: every training run in an output directory, and the sources to read each from.
+
+What is looked for (docs/guide/observe.md, "How a directory becomes runs"):
+- TensorBoard: each folder holding `events.out.tfevents.*` files is a run (TRL: `<output_dir>/runs/<date_host>/`);
+- W&B: each `run-*` / `offline-run-*` folder holding a `.wandb` file is a run (a `wandb/` folder holds several);
+- transformers/TRL `trainer_state.json` in an output dir (or its newest `checkpoint-*/`);
+- JSONL metric logs: veRL's file logger (`{"step": N, "data": {...}}`), prime-rl's `metrics.jsonl`, flat logs;
+- MLflow stores (`mlruns/`, `mlflow.db`) and Trackio project databases, each read whole (every run in it);
+- rollouts: TRL's `completions/` parquet files, veRL's `rollout_data_dir` dumps (`<step>.jsonl`), prime-rl's
+  `rollouts/step_N/...`, verifiers' `results.jsonl`.
+
+How files become runs, one carl run per training run:
+1. A TensorBoard run and a W&B run that started within PAIR_SECONDS of each other logged the same training run
+   (TensorBoard's start is in its event file's name, W&B's in its run folder's name).
+2. An output dir's `trainer_state.json` belongs to the newest TensorBoard or W&B run of that dir (transformers
+   rewrites it for each run there); with none, it is the run's only metrics source.
+3. Of the trackers that logged one run, one is read: TensorBoard, else W&B, else trainer_state.json (a tracker
+   whose package is not installed comes last); the others are reported as "also found ... (the same run)".
+4. A rollout source joins (`sources.attach_to`) the newest run whose home holds it (an output dir; a log's folder;
+   for veRL's `<root>/<project>/<experiment>.jsonl`, its <root>); with none, the only run found; else it is a run
+   of its own.
+
+The walk is bounded (depth, entries), skips hidden folders, symlinks and checkpoint folders, and reads at most a
+few KiB of a file to tell what it is; nothing found is opened for writing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from functools import cache
+from importlib.util import find_spec
+from pathlib import Path
+
+from engine.store import Store
+
+from . import mlflow_store, trackio, trainer_state
+from .common import ObserveError, valid_vocab
+from .detect import SQLITE_HEADER
+from .frameworks import NAMES, detect
+from .ingest import register_source
+from .keys import normalize_key
+from .runkeys import set_vocab_fallback
+
+MAX_DEPTH = 8
+MAX_ENTRIES = 200_000
+PAIR_SECONDS = 120.0
+HEAD_BYTES = 64 * 1024
+MAX_CONFIG_BYTES = 4 << 20  # a model's config.json is a few KiB
+SKIP_DIRS = frozenset({"node_modules", "__pycache__", "site-packages"})
+EVENT_FILE = re.compile(r"events\.out\.tfevents\.(\d+)")
+WANDB_RUN = re.compile(r"(?:offline-)?run-(\d{8}_\d{6})-([A-Za-z0-9]+)$")
+STEP_FILE = re.compile(r"\d+\.jsonl$")
+STEP_DIR = re.compile(r"step_\d+$")
+SQLITE_SUFFIXES = {".db", ".sqlite", ".sqlite3"}
+METRIC_KINDS = ("tensorboard", "wandb", "trainer_state")  # the order of preference for one run
+# kind -> (the package its reader needs, the extra that installs it)
+PACKAGES = {
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
+    "mlflow": ("mlflow", "mlflow"),
+    "rollouts-trl": ("pyarrow", "parquet"),
+}
+MULTI_RUN = frozenset({"mlflow", "trackio"})  # stores of many runs: no rollouts join them
+
+
+@dataclass
+class Found:
+    """One source: what to register (kind, path) and what it is, for the user."""
+
+    kind: str
+    path: Path
+    what: str
+    home: Path  # the folder of the run it belongs to (an output dir, a log's folder)
+    started: float = 0.0  # for pairing trackers and telling the newest run
+
+    @property
+    def readable(self) -> bool:
+        """Whether the package its reader needs is installed (an extra)."""
+        return self.kind not in PACKAGES or installed(PACKAGES[self.kind][0])
+
+
+@cache
+def installed(package: str) -> bool:
+    return find_spec(package) is not None
+
+
+@dataclass
+class FoundRun:
+    """One training run: the source its metrics come from (None: rollouts only), what joins it, what else
+    logged it."""
+
+    metrics: Found | None
+    rollouts: list[Found] = field(default_factory=list)
+    same: list[Found] = field(default_factory=list)
+    name: str | None = None
+    vocab_size: int | None = None  # from a config.json in its output dir or newest checkpoint
+
+    @property
+    def main(self) -> Found:
+        return self.metrics or self.rollouts[0]
+
+    @property
+    def started(self) -> float:
+        return max((f.started for f in (self.metrics, *self.same) if f is not None), default=0.0)
+
+
+@dataclass
+class Discovery:
+    root: Path
+    runs: list[FoundRun]
+    notes: list[str] = field(default_factory=list)  # one line each: what was seen but not read, bounds hit
+
+
+# -- the walk --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    """What the walk found, before grouping."""
+
+    metrics: list[Found] = field(default_factory=list)  # TensorBoard, W&B, JSONL logs, stores
+    states: list[Found] = field(default_factory=list)  # trainer_state output dirs
+    rollouts: list[Found] = field(default_factory=list)
+    entries: int = 0
+    truncated: bool = False
+
+
+def discover(root: str | Path) -> Discovery:
+    """Every run under `root` (a directory), grouped into training runs; ObserveError when there is none."""
+    root = Path(root).expanduser().resolve()
+    if not root.is_dir():
+        raise ObserveError(f"{visible(str(root))}: not a directory")
+    seen = Seen()
+    _walk(root, 0, seen)
+    found = Discovery(root, _group(seen))
+    bounds = f"stopped looking after {MAX_ENTRIES:,} entries or {MAX_DEPTH} levels: name a subfolder"
+    if seen.truncated:
+        found.notes.append(bounds)
+    for run in found.runs:
+        for source in (run.metrics, *run.rollouts):
+            if source is not None and not source.readable:
+                package, extra = PACKAGES[source.kind]
+                found.notes.append(
+                    f"{relative(source.path, root)}: reading {source.what} needs {package}:"
+                    f" pip install 'carl-tui[{extra}]'"
+                )
+    if not found.runs:
+        raise ObserveError(
+            f"{visible(str(root))}: no runs found (looked for TensorBoard event files, W&B runs, trainer_state.json,"
+            " JSONL logs, MLflow and Trackio stores, rollout dumps"
+            + (f"; {bounds}" if seen.truncated else "")
+            + ")"
+        )
+    return found
+
+
+def _walk(folder: Path, depth: int, seen: Seen) -> None:
+    if depth > MAX_DEPTH or seen.entries >= MAX_ENTRIES:
+        seen.truncated = True
+        return
+    try:
+        entries = sorted((e for e in os.scandir(folder) if _storable(e.name)), key=lambda e: e.name)
+    except OSError:
+        return
+    seen.entries += len(entries)
+    files = [e for e in entries if e.is_file(follow_symlinks=False)]
+    dirs = [e for e in entries if e.is_dir(follow_symlinks=False)]
+    names = {e.name for e in files}
+    if _folder_kind(folder, files, dirs, seen):
+        return  # a TensorBoard or W&B run, a store, rollouts: read whole, not walked into
+    has_state = trainer_state.FILE_NAME in names or any(trainer_state.CHECKPOINT.match(d.name) for d in dirs)
+    if has_state and trainer_state.resolve(folder) is not None:
+        seen.states.append(Found("trainer_state", folder, "trainer_state.json", folder, _mtime(folder)))
+    for entry in files:
+        _file_kind(folder, Path(entry.path), seen)
+    for entry in dirs:
+        if (
+            entry.name.startswith(".")
+            or entry.name in SKIP_DIRS
+            or trainer_state.CHECKPOINT.match(entry.name)
+        ):
+            continue
+        _walk(Path(entry.path), depth + 1, seen)
+
+
+def _folder_kind(folder: Path, files: list[os.DirEntry], dirs: list[os.DirEntry], seen: Seen) -> bool:
+    """Record `folder` when it is a source as a whole; True when its contents are not to be walked."""
+    events = [m for e in files if (m := EVENT_FILE.match(e.name))]
+    if events:  # a TensorBoard run; sub-folders (add_scalars) belong to it
+        home = folder.parent.parent if folder.parent.name == "runs" else folder
+        started = min(float(m[1]) for m in events)
+        seen.metrics.append(Found("tensorboard", folder, "TensorBoard run", home, started))
+        return True
+    wandb = WANDB_RUN.match(folder.name)
+    if wandb and any(e.name.endswith(".wandb") for e in files):
+        try:
+            started = time.mktime(time.strptime(wandb[1], "%Y%m%d_%H%M%S"))  # wandb names it in local time
+        except (ValueError, OverflowError):
+            started = _mtime(folder)
+        home = folder.parent.parent if folder.parent.name == "wandb" else folder.parent
+        seen.metrics.append(Found("wandb", folder, "W&B run", home, started))
+        return True
+    if mlflow_store.is_mlruns_dir(folder):
+        seen.metrics.append(
+            Found("mlflow", folder, "MLflow store (each of its runs)", folder, _mtime(folder))
+        )
+        return True
+    if folder.name == "completions" and any(e.name.endswith(".parquet") for e in files):
+        seen.rollouts.append(Found("rollouts-trl", folder, "TRL completions", folder.parent, _mtime(folder)))
+        return True
+    if folder.name == "rollouts" and any(STEP_DIR.match(d.name) for d in dirs):
+        seen.rollouts.append(
+            Found("rollouts-prime", folder, "prime-rl rollouts", folder.parent, _mtime(folder))
+        )
+        return True
+    steps = sorted((e for e in files if STEP_FILE.match(e.name)), key=lambda e: int(e.name.split(".")[0]))
+    if steps and _is_sample(_first_object(Path(steps[0].path)), ("input", "output")):
+        seen.rollouts.append(
+            Found("rollouts-verl", folder, "veRL rollout dump", folder.parent, _mtime(folder))
+        )
+        # walked on: veRL may dump into the folder its log is in (the step files are not metrics)
+    return False
+
+
+def _file_kind(folder: Path, path: Path, seen: Seen) -> None:
+    if path.suffix.lower() == ".jsonl":
+        first = _first_object(path)
+        if first is None:
+            return
+        if path.name == "results.jsonl" and _is_sample(first, ("prompt", "completion")):
+            seen.rollouts.append(Found("rollouts-verifiers", path, "verifiers results", folder, _mtime(path)))
+        elif _is_metrics_line(first):
+            # veRL's file logger writes <root>/<project>/<experiment>.jsonl, <root> being where the run started
+            home = folder.parent if isinstance(first.get("data"), dict) else folder
+            seen.metrics.append(Found("jsonl", path, _jsonl_what(first), home, _mtime(path)))
+    elif path.suffix.lower() in SQLITE_SUFFIXES and _head(path, 16).startswith(SQLITE_HEADER):
+        if mlflow_store.is_mlflow_db(path):
+            seen.metrics.append(
+                Found("mlflow", path, "MLflow store (each of its runs)", folder, _mtime(path))
+            )
+            return
+        try:
+            trackio.check(path)
+        except ObserveError:
+            return  # another SQLite file (ours included)
+        seen.metrics.append(
+            Found("trackio", path, "Trackio project (each of its runs)", folder, _mtime(path))
+        )
+
+
+def _first_object(path: Path) -> dict | None:
+    line = next((x for x in _head(path, HEAD_BYTES).split(b"\n") if x.strip()), b"")
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _is_sample(obj: dict | None, fields: tuple[str, ...]) -> bool:
+    return obj is not None and all(f in obj for f in fields)
+
+
+def _is_metrics_line(obj: dict) -> bool:
+    """A JSONL metrics line: a step and numbers (flat, or in veRL's `data`), not a rollout sample."""
+    if not any(k in obj for k in ("step", "global_step", "train/global_step")):
+        return False
+    if any(k in obj for k in ("prompt", "completion", "input", "output")):
+        return False
+    data = obj.get("data") if isinstance(obj.get("data"), dict) else obj
+    return any(type(v) in (int, float) and k not in ("step", "time", "timestamp") for k, v in data.items())
+
+
+def _jsonl_what(obj: dict) -> str:
+    verl = isinstance(obj.get("data"), dict)
+    keys = obj["data"].keys() if verl else obj.keys()
+    framework = detect(k for k in (normalize_key(key, jsonl=True) for key in keys) if k is not None)
+    if verl:
+        return "veRL log"
+    return f"{NAMES[framework]} JSONL log" if framework else "JSONL log"
+
+
+def _head(path: Path, size: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(size)
+    except OSError:
+        return b""
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def relative(path: Path, root: Path) -> str:
+    """`path` under `root`, as text safe to print on one line."""
+    try:
+        return visible(str(path.relative_to(root)) or ".")
+    except ValueError:
+        return visible(str(path))
+
+
+CONTROLS = {c: "\ufffd" for c in (*range(0x00, 0x20), *range(0x7F, 0xA0))}
+
+
+def visible(text: str) -> str:
+    """A file name as text that cannot drive the terminal or break a line: control characters become U+FFFD."""
+    return text.translate(CONTROLS)
+
+
+def _storable(name: str) -> bool:
+    """A name SQLite can store: one that was not valid UTF-8 on disk (a lone surrogate here) is skipped."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# -- grouping --------------------------------------------------------------------------------------------------
+
+
+def _group(seen: Seen) -> list[FoundRun]:
+    runs = [FoundRun(m) for m in seen.metrics if m.kind != "wandb"]
+    _pair_wandb(runs, [m for m in seen.metrics if m.kind == "wandb"])
+    for state in seen.states:
+        owners = [r for r in runs if r.metrics is not None and r.metrics.kind == "tensorboard"]
+        owners += [r for r in runs if r.metrics is not None and r.metrics.kind == "wandb"]
+        owners = [r for r in owners if state.home in {f.home for f in (r.metrics, *r.same) if f is not None}]
+        if owners:
+            max(owners, key=lambda r: r.started).same.append(state)
+        else:
+            runs.append(FoundRun(state))
+    for run in runs:
+        _prefer_readable(run)
+    metric_runs = list(runs)
+    for rollout in seen.rollouts:
+        owner = _owner(rollout, metric_runs)
+        if owner is None:
+            runs.append(FoundRun(None, [rollout]))
+        else:
+            owner.rollouts.append(rollout)
+    _name(runs)
+    for run in runs:
+        if run.metrics is not None and run.metrics.kind not in MULTI_RUN:
+            run.vocab_size = config_vocab(run.metrics.home)
+    return sorted(runs, key=lambda r: (str(r.main.home), r.started, str(r.main.path)))
+
+
+def _pair_wandb(runs: list[FoundRun], wandb: list[Found]) -> None:
+    """A W&B run joins the TensorBoard run that started nearest it, within PAIR_SECONDS, one to one."""
+    boards = [r for r in runs if r.metrics is not None and r.metrics.kind == "tensorboard"]
+    pairs = sorted(
+        (abs(w.started - r.main.started), i, j)
+        for i, w in enumerate(wandb)
+        for j, r in enumerate(boards)
+        if abs(w.started - r.main.started) <= PAIR_SECONDS
+    )
+    taken_w: set[int] = set()
+    taken_r: set[int] = set()
+    for _, i, j in pairs:
+        if i not in taken_w and j not in taken_r:
+            boards[j].same.append(wandb[i])
+            taken_w.add(i)
+            taken_r.add(j)
+    runs.extend(FoundRun(w) for i, w in enumerate(wandb) if i not in taken_w)
+
+
+def _prefer_readable(run: FoundRun) -> None:
+    """The metrics come from the first of TensorBoard, W&B, trainer_state.json whose package is installed."""
+    trackers = [f for f in (run.metrics, *run.same) if f is not None]
+    if run.metrics is None or run.metrics.kind not in METRIC_KINDS:
+        return
+    ranked = sorted(trackers, key=lambda f: METRIC_KINDS.index(f.kind))
+    run.metrics = next((f for f in ranked if f.readable), ranked[0])
+    run.same = [f for f in ranked if f is not run.metrics]
+
+
+def _owner(rollout: Found, runs: list[FoundRun]) -> FoundRun | None:
+    """The newest run whose home holds the rollouts (the deepest home wins); else the only run found."""
+    runs = [r for r in runs if r.metrics is not None and r.metrics.kind not in MULTI_RUN]
+    holders = []
+    for run in runs:
+        for f in (run.metrics, *run.same):
+            if f is not None and rollout.path.is_relative_to(f.home):
+                holders.append((len(f.home.parts), run.started, run))
+                break
+    if holders:
+        return max(holders, key=lambda h: (h[0], h[1]))[2]
+    return runs[0] if len(runs) == 1 else None
+
+
+def _name(runs: list[FoundRun]) -> None:
+    """A TensorBoard run in an output dir is named after the dir (its own folder is a date and a host)."""
+    for run in runs:
+        main = run.main
+        if main.kind == "tensorboard" and main.path.parent.name == "runs":
+            siblings = [r for r in runs if r.main.kind == "tensorboard" and r.main.home == main.home]
+            run.name = main.home.name if len(siblings) == 1 else f"{main.home.name}/{main.path.name}"
+        elif main.kind == "jsonl" and main.path.name == "metrics.jsonl":
+            run.name = main.home.name  # prime-rl's file name says nothing of the run
+
+
+def config_vocab(home: Path) -> int | None:
+    """|V| from the model's config.json in a run's output dir, else in its newest checkpoint."""
+    folders = [home]
+    newest = trainer_state.newest_checkpoint(home)
+    if newest is not None:
+        folders.append(newest.parent)
+    for folder in folders:
+        path = folder / "config.json"
+        try:
+            if path.stat().st_size > MAX_CONFIG_BYTES:
+                continue
+            config = json.loads(path.read_bytes())
+        except (OSError, ValueError, RecursionError):
+            continue
+        vocab = valid_vocab(config.get("vocab_size")) if isinstance(config, dict) else None
+        if vocab is not None:
+            return vocab
+    return None
+
+
+def describe(found: Discovery, run: FoundRun) -> str:
+    """One line: what the run is read from, what joins it, what else logged it."""
+    rel = lambda f: relative(f.path, found.root)  # noqa: E731
+    line = f"{run.main.what}: {rel(run.main)}"
+    if run.metrics is None:
+        line += " (rollouts only)"
+    line += "".join(f" + {f.what}: {rel(f)}" for f in run.rollouts[(0 if run.metrics else 1) :])
+    if run.same:
+        line += "; also found " + ", ".join(f"{f.what}: {rel(f)}" for f in run.same) + " (the same run)"
+    return line
+
+
+# -- registering -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Registered:
+    """A found run's sources as registered: the main one (metrics, or the rollouts of a rollouts-only run), then
+    the rollout sources attached to it. `errors`: one line per source that could not be registered."""
+
+    run: FoundRun
+    sources: list[tuple[int, Found]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def register(store: Store, found: Discovery, *, follow: bool, name: str | None = None) -> list[Registered]:
+    """Register every found run's sources, metrics first, rollouts attached to them (`sources.attach_to`)."""
+    if name is not None and len(found.runs) != 1:
+        raise ObserveError(
+            f"{visible(str(found.root))}: --name names one run, but {len(found.runs)} were found here"
+        )
+    out = []
+    for run in found.runs:
+        done = Registered(run)
+        try:
+            main = register_source(
+                store, run.main.path, follow=follow, name=name or run.name, kind=run.main.kind
+            )
+        except ObserveError as exc:
+            done.errors.append(str(exc))
+            out.append(done)
+            continue
+        done.sources.append((main, run.main))
+        if run.vocab_size is not None:
+            set_vocab_fallback(store, main, run.vocab_size)
+        attach = main if run.metrics is not None else None
+        for rollout in run.rollouts:
+            if rollout is run.main:
+                continue
+            try:
+                source_id = register_source(
+                    store, rollout.path, follow=follow, kind=rollout.kind, attach_to=attach
+                )
+            except ObserveError as exc:
+                done.errors.append(str(exc))
+                continue
+            done.sources.append((source_id, rollout))
+        out.append(done)
+    return out

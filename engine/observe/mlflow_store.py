@@ -1,0 +1,262 @@
+"""MLflow tracking stores, read without a server: a sqlite `mlflow.db` or an `mlruns/` directory.
+
+Read through `mlflow.tracking.MlflowClient` (the `mlflow` extra); every run of every experiment becomes a carl run
+(external id = MLflow's run id), its params the run's config, |V| from a `vocab_size` param. The cursor, per run
+and key, is the last step stored; a key whose latest step (MLflow keeps it per run) has not moved costs nothing, so
+following a store re-reads only what is new. A later value at a step already stored is ignored, as everywhere.
+
+The user's store is never written: the sqlite file is opened read-only (`mode=ro`, through SQLAlchemy's URI form,
+which also keeps MLflow from creating tables or parent folders), and an `mlruns/` directory is opened only when it
+has the `.trash` folder MLflow's file store would otherwise create on opening.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from engine.store import Store
+
+from .common import Budget, IngestResult, ObserveError, WriteCost, ensure_run, find_run, number, valid_vocab
+from .keys import KeyMap
+from .runkeys import finish_rows
+
+INSTALL = "pip install 'carl-tui[mlflow]'"
+DB_TABLES = {"experiments", "runs", "metrics", "params", "latest_metrics", "alembic_version"}
+STATUS = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "stopped"}  # else running
+MODEL_PARAMS = ("model_name_or_path", "_name_or_path", "model_name", "model")
+PAGE = 1000  # runs per search
+KEYS = KeyMap()
+
+
+def is_mlflow_db(path: Path) -> bool:
+    """Whether an SQLite file holds MLflow's tracking tables (read-only; no mlflow import)."""
+    try:
+        conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=1.0)
+    except sqlite3.Error:
+        return False
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
+    return DB_TABLES.issubset(tables)
+
+
+def is_mlruns_dir(path: Path) -> bool:
+    """Whether a directory is MLflow's file store: experiment folders (numbered, with a meta.yaml)."""
+    try:
+        entries = [e for _, e in zip(range(1000), os.scandir(path), strict=False)]
+    except OSError:
+        return False
+    return any(
+        e.name.isdigit() and e.is_dir() and os.path.isfile(os.path.join(e.path, "meta.yaml")) for e in entries
+    )
+
+
+def tracking_uri(path: Path) -> str:
+    """The URI MlflowClient opens `path` with: read-only for sqlite, the file store's for a directory."""
+    if path.is_dir():
+        if not (path / ".trash").is_dir():
+            raise ObserveError(
+                f"{path}: an mlruns directory without its .trash folder; MLflow would create it on opening,"
+                " and carl never writes into a store it reads"
+            )
+        return path.absolute().as_uri()
+    import sqlalchemy  # comes with mlflow
+
+    # "file:" + a percent-encoded path is SQLite's URI form (mode=ro: never written, never created); the URL
+    # object quotes it once more for SQLAlchemy. The `+pysqlite` spelling also keeps MLflow from creating the
+    # "parent folder" of what it would take for a relative path.
+    url = sqlalchemy.engine.URL.create(
+        "sqlite+pysqlite", database="file:" + quote(str(path.absolute())), query={"mode": "ro", "uri": "true"}
+    )
+    return url.render_as_string(hide_password=False)
+
+
+def client(path: Path) -> Any:
+    try:
+        from mlflow.tracking import MlflowClient
+    except ImportError:
+        raise ObserveError(f"{path}: reading an MLflow store needs the mlflow extra: {INSTALL}") from None
+    if path.is_dir():
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks file-store users to opt in
+    return MlflowClient(tracking_uri=tracking_uri(path))
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+# -- ingest ------------------------------------------------------------------------------------------------------
+
+
+class MlflowBatch:
+    """What one call read: per MLflow run, its rows and facts, and the cursor that covers them."""
+
+    def __init__(self, cursor: dict[str, Any], budget: Budget) -> None:
+        self.cursor = {
+            run_id: {**done, "steps": dict(done.get("steps", {}))} for run_id, done in cursor.items()
+        }
+        self.budget = budget
+        self.rows: dict[str, list[tuple[int, str, float | None, float]]] = {}
+        self.facts: dict[str, dict[str, Any]] = {}
+        self.names: dict[str, str] = {}
+        self.vocab: dict[str, int | None] = {}
+        self.count = 0
+        self.keys_read = 0  # at least one key a call, however long opening the store took
+        self.caught_up = True
+
+    def read_run(self, mlflow: Any, run: Any, experiment: str) -> None:
+        run_id = run.info.run_id
+        done = self.cursor.setdefault(run_id, {"steps": {}})
+        params = dict(run.data.params)
+        self.names[run_id] = run.info.run_name or run_id
+        self.vocab[run_id] = _vocab(params)
+        state = [len(params), run.info.status]
+        if done.get("state") != state:
+            self.facts[run_id] = _facts(run, params, experiment)
+            done["state"] = state
+        steps = done["steps"]
+        latest = {m.key: m.step for m in run.data.to_proto().metrics}
+        for key in sorted(latest):
+            if key in steps and latest[key] <= steps[key]:
+                continue
+            if self.keys_read and self.budget.spent(self.count):
+                self.caught_up = False
+                return
+            self.read_key(mlflow, run_id, key, steps)
+            self.keys_read += 1
+
+    def read_key(self, mlflow: Any, run_id: str, key: str, steps: dict[str, int]) -> None:
+        last = steps.get(key)
+        points = sorted(
+            (m for m in mlflow.get_metric_history(run_id, key) if last is None or m.step > last),
+            key=lambda m: (m.step, m.timestamp),
+        )
+        room = max(self.budget.max_rows - self.count, 1)
+        if len(points) > room:  # cut at a step boundary: the rest of the key waits for the next call
+            cut = room
+            while cut < len(points) and points[cut].step == points[cut - 1].step:
+                cut += 1
+            points = points[:cut]
+            self.caught_up = False
+        name = KEYS[key]
+        rows = self.rows.setdefault(run_id, [])
+        for m in points:
+            if name is not None:
+                rows.append((m.step, name, number(m.value), m.timestamp / 1000))
+        self.count += len(points)
+        if points:
+            steps[key] = points[-1].step
+
+
+def _vocab(params: dict[str, str]) -> int | None:
+    """|V| from a `vocab_size` param, also nested (veRL flattens its config with "/" into params)."""
+    for key, value in params.items():
+        if key == "vocab_size" or key.endswith(("/vocab_size", ".vocab_size")):
+            try:
+                vocab = valid_vocab(int(value))
+            except ValueError:
+                continue
+            if vocab:
+                return vocab
+    return None
+
+
+def _facts(run: Any, params: dict[str, str], experiment: str) -> dict[str, Any]:
+    info = run.info
+    facts: dict[str, Any] = {"config": {"experiment": experiment, "params": params}}
+    vocab = _vocab(params)
+    if vocab:
+        facts["vocab_size"] = vocab
+    model = next((params[k] for k in MODEL_PARAMS if params.get(k)), None)
+    if model:
+        facts["model"] = model
+    if params.get("max_steps", "").isdigit() and int(params["max_steps"]) > 0:
+        facts["max_steps"] = int(params["max_steps"])
+    if info.start_time:
+        facts["started_at"] = info.start_time / 1000
+    status = STATUS.get(info.status)
+    if status is not None:
+        facts["status"] = status
+        if info.end_time:
+            facts["ended_at"] = info.end_time / 1000
+    return facts
+
+
+def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult:
+    path = Path(source["path"])
+    if not path.exists():
+        raise ObserveError(f"{path}: the MLflow store is gone (moved or deleted?)", transient=True)
+    if path.is_file() and not is_mlflow_db(path):
+        raise ObserveError(
+            f"{path}: not an MLflow tracking database (or it cannot be read now)", transient=True
+        )
+    cursor = source["cursor"]
+    batch = MlflowBatch(cursor.get("runs", {}), budget)
+    runs: list[tuple[Any, str]] = []
+    try:
+        mlflow = client(path)
+        from mlflow.entities import ViewType
+
+        for experiment in mlflow.search_experiments(view_type=ViewType.ACTIVE_ONLY):
+            token = None
+            while True:
+                page = mlflow.search_runs([experiment.experiment_id], max_results=PAGE, page_token=token)
+                runs.extend((run, experiment.name) for run in page)
+                token = page.token
+                if not token:
+                    break
+        runs.sort(key=lambda r: (r[0].info.start_time or 0, r[0].info.run_id))
+        for run, experiment in runs:
+            batch.read_run(mlflow, run, experiment)
+            if not batch.caught_up:
+                break
+    except ObserveError:
+        raise
+    except Exception as exc:  # MlflowException, SQLAlchemy's errors: one line, never a traceback
+        transient = "locked" in str(exc) or "busy" in str(exc)
+        raise ObserveError(
+            f"{path}: cannot read the MLflow store ({_one_line(exc)})", transient=transient
+        ) from None
+    result = IngestResult(caught_up=batch.caught_up, done=len(batch.cursor), total=len(runs))
+    new_cursor = {"runs": batch.cursor}
+    if new_cursor == cursor:
+        return result
+    single = len(runs) == 1 and bool(source["name"])
+    with WriteCost.measure(batch.count), store.transaction():
+        for run_id in batch.names:
+            run = _write_run(store, source, batch, run_id, source["name"] if single else None)
+            rows = batch.rows.get(run_id)
+            if rows:
+                rows = finish_rows(
+                    store, run.id, source["id"], rows, vocab_size=batch.vocab[run_id], origin=KEYS.origin
+                )
+                result.rows += store.add_metrics(run.id, rows)
+                result.run_ids.append(run.id)
+        store.save_source_progress(source["id"], new_cursor, rows=result.rows)
+    return result
+
+
+def _write_run(
+    store: Store, source: dict[str, Any], batch: MlflowBatch, run_id: str, name: str | None
+) -> Any:
+    """The carl run of an MLflow run, created on first sight; its facts updated when they changed."""
+    facts = dict(batch.facts.get(run_id, {}))
+    run = find_run(store, source["id"], run_id)
+    if run is None:
+        created = {k: facts.pop(k) for k in CREATE_FIELDS if k in facts}
+        run = ensure_run(store, source, name or batch.names[run_id], external_id=run_id, **created)
+    else:
+        facts.pop("started_at", None)
+    if facts:  # status, end time, and whatever changed since the run was made
+        store.update_run(run.id, **facts)
+    return run
+
+
+CREATE_FIELDS = ("config", "model", "max_steps", "vocab_size", "started_at")  # what Store.create_run takes

@@ -1,0 +1,119 @@
+"""A batch's metric rows, made the run's own: its framework's key map, then Φ derived from entropy.
+
+Every reader calls `finish_rows` inside the transaction that writes the rows and the cursor, so the framework
+stored on the run, the renames kept in run_keys and the rows never disagree, whatever moment a process dies at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from engine.store import Store
+
+from .common import valid_vocab
+from .frameworks import KeyMapping, detect
+from .keys import derived_phi
+
+Row = tuple[int, str, Any, float]  # (step, key, value, wall time)
+PHI_KEYS = frozenset({"entropy", "phi/mean", "phi/entropy"})
+
+
+def vocab_key(source_id: int, *, fallback: bool = False) -> str:
+    """The kv entry holding a |V| for a source's runs: the one the user gave (`carl observe --vocab-size`), which
+    wins over everything, or the fallback discovery found beside the run (a config.json), used when the source
+    itself says nothing."""
+    return f"observe.vocab_size{'_fallback' if fallback else ''}.{source_id}"
+
+
+def set_vocab_override(store: Store, source_id: int, vocab_size: int) -> None:
+    store.set_kv(vocab_key(source_id), vocab_size)
+
+
+def set_vocab_fallback(store: Store, source_id: int, vocab_size: int) -> None:
+    store.set_kv(vocab_key(source_id, fallback=True), vocab_size)
+
+
+def vocab_override(store: Store, source_id: int) -> int | None:
+    return valid_vocab(store.kv(vocab_key(source_id)))
+
+
+def finish_rows(
+    store: Store,
+    run_id: int,
+    source_id: int,
+    rows: list[Row],
+    *,
+    vocab_size: int | None = None,
+    origin: Mapping[str, str] | None = None,
+) -> list[Row]:
+    """The rows to store for one run's batch (keys as `normalize_key` left them): renamed by the run's key map,
+    with Φ or its entropy derived per step where only the other is known.
+
+    The framework is the run's stored one, else the one the batch's keys tell (then stored on the run); the
+    renames go to run_keys under the source's own spelling (`origin`). |V|: the user's `--vocab-size` for the
+    source, else the reader's (the run's own config), else the run's stored one, else a config.json discovery
+    found beside the run; the run keeps the one used.
+    """
+    if not rows:
+        return rows
+    framework, stored_vocab = store.conn.execute(
+        "SELECT framework, vocab_size FROM runs WHERE id=?", (run_id,)
+    ).fetchone()
+    names = {row[1] for row in rows}
+    if framework is None:
+        framework = detect(names)
+        if framework is not None:
+            store.update_run(run_id, framework=framework)
+    claimed = dict(store.conn.execute("SELECT key, source_key FROM run_keys WHERE run_id=?", (run_id,)))
+    mapping = KeyMapping(framework, claimed)
+    renames = mapping.renames(names)
+    if renames:
+        rows = [(step, renames.get(key, key), value, wall) for step, key, value, wall in rows]
+        origin = origin or {}
+        store.set_key_names(run_id, {new: origin.get(old, old) for old, new in renames.items()})
+        names = {renames.get(name, name) for name in names}
+    vocab = (
+        vocab_override(store, source_id)
+        or valid_vocab(vocab_size)
+        or valid_vocab(stored_vocab)
+        or valid_vocab(store.kv(vocab_key(source_id, fallback=True)))
+    )
+    if vocab is not None and vocab != stored_vocab:
+        store.update_run(run_id, vocab_size=vocab)
+    if vocab is not None and ("entropy" in names or "phi/mean" in names):
+        rows = with_derived_phi(rows, vocab)
+    return rows
+
+
+def with_derived_phi(rows: list[Row], vocab_size: int) -> list[Row]:
+    """`rows` plus, per step, Φ from the entropy or the entropy from Φ (keys.derived_phi)."""
+    per_step: dict[int, dict[str, Any]] = {}
+    walls: dict[int, float] = {}
+    for step, key, value, wall in rows:
+        if key in PHI_KEYS:
+            per_step.setdefault(step, {}).setdefault(key, value)  # the first, as INSERT OR IGNORE keeps it
+            walls.setdefault(step, wall)
+    derived = [
+        (step, name, value, walls[step])
+        for step, values in per_step.items()
+        for name, value in derived_phi(values, vocab_size)
+    ]
+    return rows + derived if derived else rows
+
+
+def backfill_phi(store: Store, run_id: int, vocab_size: int) -> int:
+    """Φ for the steps a run stored an entropy but no Φ for (its |V| came later); returns rows added."""
+    rows = store.conn.execute(
+        "SELECT step, value, wall_time FROM metrics WHERE run_id=? AND key='entropy' AND step NOT IN"
+        " (SELECT step FROM metrics WHERE run_id=? AND key='phi/mean')",
+        (run_id, run_id),
+    ).fetchall()
+    derived = [
+        (step, name, value, wall)
+        for step, entropy, wall in rows
+        for name, value in derived_phi({"entropy": entropy}, vocab_size)
+    ]
+    with store.transaction():
+        store.update_run(run_id, vocab_size=vocab_size)
+        return store.add_metrics(run_id, derived)
