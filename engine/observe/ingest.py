@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.store import Store, StoreError
 
-from . import jsonl, trackio, trainer_state
+from . import jsonl, tensorboard, trackio, trainer_state, wandb_run
 from .common import Budget, IngestResult, ObserveError, source_run_ids
 from .detect import detect_kind
 
@@ -24,6 +24,8 @@ READERS: dict[str, Reader] = {
     "jsonl": jsonl.ingest,
     "trackio": trackio.ingest,
     "trainer_state": trainer_state.ingest,
+    "tensorboard": tensorboard.ingest,
+    "wandb": wandb_run.ingest,
 }
 # `observe` runs in the foreground with nothing else to serve: bigger batches go faster.
 OBSERVE_ROWS = 100_000

@@ -1,0 +1,350 @@
+"""TensorBoard event files (`events.out.tfevents.*`): every scalar, read with tensorboard's own record reader.
+
+A source is one event file or a directory tree of runs: each directory holding event files is one run, named
+after its path relative to the root, and a run's files are read in name order. Every scalar is read (no
+reservoir): `simple_value` as torch's SummaryWriter writes it, and 0-d tensors of the scalars plugin as
+tf2-style writers do. Histograms, images, text and other summaries are skipped and counted.
+
+The reader is the stub that tensorboard uses without TensorFlow (`PyRecordReader_New`): unlike the loaders
+built on it, it tells a record cut off at the end of a file still being written ("truncated record", waited
+for) from a damaged one ("failed ... crc32 check": one problem line, and the file stops there, since the
+stub cannot step over it). It cannot start at an offset, so the cursor counts each file's records (and bytes,
+16 + len(record) a record); a restarted engine skips that many, and a followed file's reader is kept open
+between batches so that only a restart pays for the skip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.store import Store
+
+from .common import Budget, IngestResult, ObserveError, WriteCost, ensure_run, find_run
+from .keys import KeyMap
+from .mapping import Row, map_rows
+
+EVENT_MARK = "tfevents"  # tensorboard's own test of an event file's name (io_wrapper.IsSummaryEventsFile)
+EMPTY_PROFILE = ".profile-empty"  # the profiler's placeholder files: named like event files, no summaries
+MAX_DEPTH = 8  # directories below the root searched for runs
+MAX_DIRS = 10_000  # directories visited per search
+OPEN_READERS = 16  # readers kept between batches (each may buffer up to 16 MiB of a file not yet read)
+RECORD_OVERHEAD = 16  # TFRecord framing: length (8) + its CRC (4) + the data's CRC (4)
+SCALAR_PLUGIN = "scalars"
+KEYS = KeyMap()
+
+
+def is_event_file(name: str) -> bool:
+    return EVENT_MARK in name and not name.endswith(EMPTY_PROFILE)
+
+
+def event_runs(root: Path) -> dict[str, list[Path]]:
+    """Run (directory relative to `root`, "" for a single file) -> its event files in name order."""
+    if root.is_file():
+        return {"": [root]}
+    runs: dict[str, list[Path]] = {}
+    pending = [(root, 0)]
+    visited = 0
+    while pending and visited < MAX_DIRS:
+        directory, depth = pending.pop()
+        visited += 1
+        try:
+            with os.scandir(directory) as it:
+                entries = list(it)
+        except OSError as exc:
+            if directory == root:
+                raise ObserveError(
+                    f"{root}: cannot read the directory ({exc.strerror})", transient=True
+                ) from None
+            continue  # a run directory removed or closed to us: the others go on
+        files = sorted(e.name for e in entries if is_event_file(e.name) and _regular(e))
+        if files:
+            runs[directory.relative_to(root).as_posix()] = [directory / name for name in files]
+        if depth < MAX_DEPTH:
+            pending.extend(
+                (Path(e.path), depth + 1)
+                for e in entries
+                if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)
+            )
+    return dict(sorted(runs.items()))
+
+
+def has_event_files(root: Path) -> bool:
+    try:
+        return bool(event_runs(root))
+    except ObserveError:
+        return False
+
+
+def _regular(entry: os.DirEntry[str]) -> bool:
+    """A regular file (a FIFO or socket named like an event file is never opened)."""
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
+
+
+# -- one event file ----------------------------------------------------------------------------
+
+
+@dataclass
+class EventFile:
+    """An open reader of one event file and how far it has read."""
+
+    reader: Any
+    inode: int
+    records: int = 0
+    bytes: int = 0
+    plugins: dict[str, str] = field(default_factory=dict)  # tag -> plugin of its first metadata
+
+
+OPEN: OrderedDict[tuple[int, str], EventFile] = (
+    OrderedDict()
+)  # (source id, path) -> reader, least recent first
+
+
+def tensorboard_api() -> tuple[Any, Any, Any]:
+    """(the stub's record reader constructor, its errors module, the Event message), or ObserveError."""
+    try:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.tensorflow_stub import errors, pywrap_tensorflow
+    except ImportError:
+        raise ObserveError(
+            "reading TensorBoard event files needs the tensorboard extra: pip install 'carl-tui[tensorboard]'"
+        ) from None
+    return pywrap_tensorflow.PyRecordReader_New, errors, Event
+
+
+def open_event_file(source_id: int, path: Path, inode: int, records: int) -> EventFile:
+    """The kept reader of `path` when it is at or before `records`, else a new one from the top."""
+    key = (source_id, str(path))
+    kept = OPEN.pop(key, None)
+    if kept is not None and kept.inode == inode and kept.records <= records:
+        OPEN[key] = kept
+        return kept
+    new_reader, errors, _ = tensorboard_api()
+    try:
+        reader = new_reader(os.fsencode(path))
+    except (errors.NotFoundError, OSError):
+        raise ObserveError(f"{path}: the event file is gone (moved or deleted?)", transient=True) from None
+    opened = EventFile(reader, inode)
+    OPEN[key] = opened
+    while len(OPEN) > OPEN_READERS:
+        OPEN.popitem(last=False)
+    return opened
+
+
+def forget_source(source_id: int) -> None:
+    """Drop the readers kept for a source (its import is over)."""
+    for key in [k for k in OPEN if k[0] == source_id]:
+        del OPEN[key]
+
+
+@dataclass
+class FileRead:
+    """What one call read from one event file."""
+
+    rows: list[Row]
+    state: str  # "end" (caught up), "cut" (a record still being written), "broken", "budget", "changed"
+    skipped: int = 0  # summaries that are not scalars
+
+
+def read_events(
+    opened: EventFile, start: int, start_bytes: int, budget: Budget, rows_before: int
+) -> FileRead:
+    """Read records until the file ends, a record is cut off or damaged, or the budget is spent.
+
+    The first `start` records (`start_bytes` bytes) were stored by an earlier batch: they are read again only
+    to reach the rest (and to learn their tags' plugins), never turned into rows. State "changed": they are
+    not there as the cursor says (the file was rewritten in place).
+    """
+    _, errors, event_class = tensorboard_api()
+    from_string = event_class.FromString
+    reader = opened.reader
+    plugins = opened.plugins
+    rows: list[Row] = []
+    append = rows.append
+    keys = KEYS
+    skipped = 0
+    while True:
+        if (opened.records & 255) == 0 and budget.spent(rows_before + len(rows)):
+            return FileRead(rows, "budget", skipped)
+        try:
+            reader.GetNext()
+        except errors.OutOfRangeError:
+            return FileRead(rows, "changed" if opened.records < start else "end", skipped)
+        except errors.DataLossError as exc:
+            if opened.records < start:
+                return FileRead(rows, "changed", skipped)
+            return FileRead(rows, "cut" if "truncated" in str(exc) else "broken", skipped)
+        record = reader.record()
+        opened.records += 1
+        opened.bytes += len(record) + RECORD_OVERHEAD
+        if opened.records == start and opened.bytes != start_bytes:
+            return FileRead(rows, "changed", skipped)
+        event = from_string(record)
+        values = event.summary.value
+        if not values:
+            continue  # the file version, a graph, a session log: no summaries
+        fresh = opened.records > start
+        step, wall = event.step, event.wall_time
+        for value in values:
+            kind = value.WhichOneof("value")
+            if kind == "simple_value":
+                number: float | None = value.simple_value
+            elif kind == "tensor" or kind is None:
+                number = tensor_scalar(value, plugins)
+                if number is None:
+                    skipped += fresh
+                    continue
+            else:  # a histogram, image or audio summary of the v1 kind
+                skipped += fresh
+                continue
+            if fresh:
+                name = keys[value.tag]
+                if name is not None:
+                    append((step, name, number, wall))
+
+
+def tensor_scalar(value: Any, plugins: dict[str, str]) -> float | None:
+    """The number a 0-d numeric tensor of the scalars plugin holds, else None.
+
+    Writers put a tag's metadata on its first value only, so the plugin is remembered per tag.
+    """
+    tag = value.tag
+    if value.HasField("metadata") and tag not in plugins and len(plugins) < KEYS.LIMIT:
+        plugins[tag] = value.metadata.plugin_data.plugin_name
+    if plugins.get(tag, SCALAR_PLUGIN) != SCALAR_PLUGIN or not value.HasField("tensor"):
+        return None
+    tensor = value.tensor
+    if tensor.tensor_shape.dim:
+        return None
+    from tensorboard.util import tensor_util
+
+    try:
+        array = tensor_util.make_ndarray(tensor)
+    except (TypeError, ValueError):
+        return None
+    return float(array) if array.dtype.kind in "fiu" else None
+
+
+# -- ingest ------------------------------------------------------------------------------------
+
+
+def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult:
+    root = Path(source["path"])
+    if not root.exists():
+        raise ObserveError(f"{root}: the event file or directory is gone (moved or deleted?)", transient=True)
+    runs = event_runs(root)
+    old_files: dict[str, dict[str, Any]] = source["cursor"].get("files", {})
+    files = dict(old_files)
+    result = IngestResult(caught_up=True)
+    rows: dict[str, list[Row]] = {}
+    row_count = 0
+    for run_dir, paths in runs.items():
+        for path in paths:
+            name = path.name if run_dir == "" else path.relative_to(root).as_posix()
+            entry, read = _read_file(
+                source["id"],
+                path,
+                name,
+                files.get(name, {}),
+                budget,
+                row_count,
+                result,
+                bool(source["follow"]),
+            )
+            files[name] = entry
+            if read is None:
+                continue
+            if read.rows:
+                rows.setdefault(run_dir, []).extend(read.rows)
+                row_count += len(read.rows)
+            if read.state == "budget":
+                result.caught_up = False
+                break
+        if not result.caught_up:
+            break
+    result.done = sum(entry.get("bytes", 0) for entry in files.values())
+    result.total = max(_total_bytes(runs), result.done)
+    if result.caught_up and not source["follow"]:
+        forget_source(source["id"])
+    if files == old_files:
+        return result  # nothing moved: no write, so an idle source costs a directory walk per tick
+    with WriteCost.measure(row_count), store.transaction():
+        for run_dir, run_rows in rows.items():
+            run = find_run(store, source["id"], run_dir) or ensure_run(
+                store, source, _run_name(source, root, run_dir, len(runs)), external_id=run_dir
+            )
+            result.rows += store.add_metrics(run.id, map_rows(store, run.id, run_rows, run.vocab_size))
+            result.run_ids.append(run.id)
+        store.save_source_progress(
+            source["id"], {"files": files}, rows=result.rows, bad_lines=result.bad_lines
+        )
+    return result
+
+
+def _read_file(
+    source_id: int,
+    path: Path,
+    name: str,
+    entry: dict[str, Any],
+    budget: Budget,
+    rows_before: int,
+    result: IngestResult,
+    follow: bool,
+) -> tuple[dict[str, Any], FileRead | None]:
+    """Read what is new in one file; returns its new cursor entry and what was read (None: nothing new)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return entry, None  # gone between the directory walk and now: what was read stays stored
+    if entry.get("inode", st.st_ino) != st.st_ino or st.st_size < entry.get("bytes", 0):
+        entry = {}  # replaced or truncated: read it again from the top; rows already stored are ignored
+    if entry.get("broken") or st.st_size == entry.get("bytes", 0):
+        return entry, None
+    records, consumed = entry.get("records", 0), entry.get("bytes", 0)
+    opened = open_event_file(source_id, path, st.st_ino, records)
+    read = read_events(opened, records, consumed, budget, rows_before)
+    if read.state == "changed":  # not the file the cursor describes: read it again from the top
+        OPEN.pop((source_id, str(path)), None)
+        return {}, FileRead([], "budget")
+    if opened.records < records:
+        return entry, read  # still skipping what an earlier batch stored (the budget ran out)
+    new_entry = {
+        "inode": st.st_ino,
+        "records": opened.records,
+        "bytes": opened.bytes,
+        "skipped": entry.get("skipped", 0) + read.skipped,
+    }
+    where = f"{name}: record {opened.records + 1}"
+    if read.state == "broken":
+        OPEN.pop((source_id, str(path)), None)
+        result.add_problem(f"{where}: failed its CRC check (damaged); the rest of the file is not read")
+        new_entry["broken"] = opened.records + 1
+    elif read.state == "cut" and not follow:
+        result.add_problem(f"{where}: cut off at the end of the file (still being written?); not read yet")
+    return new_entry, read
+
+
+def _run_name(source: dict[str, Any], root: Path, run_dir: str, run_count: int) -> str:
+    """The source's name for a single run, else the run's directory relative to the root."""
+    default = root.parent.name if run_dir == "" else root.name if run_dir == "." else run_dir
+    if source["name"] and (run_count == 1 or run_dir in ("", ".")):
+        return str(source["name"])
+    if source["name"]:
+        return f"{source['name']}/{run_dir}"
+    return default or root.name
+
+
+def _total_bytes(runs: dict[str, list[Path]]) -> int:
+    total = 0
+    for paths in runs.values():
+        for path in paths:
+            with contextlib.suppress(OSError):
+                total += path.stat().st_size
+    return total
