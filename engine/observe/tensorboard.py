@@ -1,7 +1,7 @@
 """TensorBoard event files (`events.out.tfevents.*`): every scalar, read with tensorboard's own record reader.
 
 A source is one event file or a directory tree of runs: each directory holding event files is one run, named
-after its path relative to the root, and a run's files are read in name order. Every scalar is read (no
+after its path relative to the root, and a run's files are read in name order (numbers as numbers). Every scalar is read (no
 reservoir): `simple_value` as torch's SummaryWriter writes it, and 0-d tensors of the scalars plugin as
 tf2-style writers do. Histograms, images, text and other summaries are skipped and counted.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ OPEN_READERS = 16  # readers kept between batches (each may buffer up to 16 MiB 
 RECORD_OVERHEAD = 16  # TFRecord framing: length (8) + its CRC (4) + the data's CRC (4)
 SCALAR_PLUGIN = "scalars"
 KEYS = KeyMap()
+DIGITS = re.compile(r"(\d+)")
 
 
 def is_event_file(name: str) -> bool:
@@ -61,7 +63,7 @@ def event_runs(root: Path) -> dict[str, list[Path]]:
                     f"{root}: cannot read the directory ({exc.strerror})", transient=True
                 ) from None
             continue  # a run directory removed or closed to us: the others go on
-        files = sorted(e.name for e in entries if is_event_file(e.name) and _regular(e))
+        files = sorted((e.name for e in entries if is_event_file(e.name) and _regular(e)), key=name_order)
         if files:
             runs[directory.relative_to(root).as_posix()] = [directory / name for name in files]
         if depth < MAX_DEPTH:
@@ -71,6 +73,12 @@ def event_runs(root: Path) -> dict[str, list[Path]]:
                 if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)
             )
     return dict(sorted(runs.items()))
+
+
+def name_order(name: str) -> list[Any]:
+    """Name order with numbers compared as numbers: a writer's 10th file of a second (`....pid.10`) comes after
+    its 9th (`....pid.9`)."""
+    return [int(part) if part.isdigit() else part for part in DIGITS.split(name)]
 
 
 def has_event_files(root: Path) -> bool:

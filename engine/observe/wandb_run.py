@@ -16,6 +16,7 @@ one line naming the file and the record.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
@@ -87,6 +88,7 @@ def run_id_of(path: Path) -> str:
 # -- the record reader -------------------------------------------------------------------------
 
 
+@functools.cache
 def wandb_api() -> tuple[type, Any, str]:
     """(a read-only DataStore class, the Record message, wandb's version), or ObserveError."""
     try:
@@ -143,7 +145,7 @@ class RunRead:
     config: list[tuple[list[str], Any]] = field(
         default_factory=list
     )  # (nested key, value or REMOVE), in order
-    summary: list[tuple[str, Any]] = field(default_factory=list)  # ("a/b", value or REMOVE), in order
+    summary: dict[str, Any] = field(default_factory=dict)  # "a/b" -> its latest JSON text, or REMOVE
     exit_code: int | None = None
     wall: float | None = None  # the newest `_timestamp`
 
@@ -158,9 +160,10 @@ class RunScan:
         self.path, self.name, self.result = path, name, result
         self.entry = dict(entry)
         self.read = RunRead()
+        self.cut: str | None = None  # where a record still being written begins, when the read stopped at one
 
-    def where(self, offset: int) -> str:
-        return f"{self.name}: record {self.entry.get('records', 0) + 1} (byte {offset})"
+    def where(self, number: int, offset: int) -> str:
+        return f"{self.name}: record {number} (byte {offset})"
 
     def run(self, budget: Budget, rows_before: int) -> bool:
         """Read until the end, a record still being written, or the budget; returns whether caught up."""
@@ -205,41 +208,41 @@ class RunScan:
             except (AssertionError, IndexError):  # DataStore's checks of framing, length and CRC
                 if data_store.get_offset() >= size:
                     break  # it ran into the end of the file: a record still being written
-                offset = self.skip_damage(data_store, offset)
+                offset = self.skip_damage(data_store, records + 1, offset, size)
                 continue
             if data is None:
                 break  # the end, or a record whose last part is still to be written
             records += 1
             entry["records"] = records
+            start, offset = offset, data_store.get_offset()
+            entry.pop("resync", None)
             try:
                 record = parse(data)
             except DecodeError:
-                self.result.add_problem(f"{self.where(offset)}: not a W&B record; skipped")
-                record = None
-            offset = data_store.get_offset()
-            entry.pop("resync", None)
-            if record is not None:
-                self.take(record, version, offset)
+                self.result.add_problem(f"{self.where(records, start)}: not a W&B record; skipped")
+                continue
+            self.take(record, version, self.where(records, start))
         entry["offset"], entry["records"] = offset, records
+        if offset < size:
+            self.cut = self.where(records + 1, offset)
         return True
 
-    def skip_damage(self, data_store: Any, offset: int) -> int:
-        """One line for a damaged record (not for the fragments after it), and on at the next block."""
+    def skip_damage(self, data_store: Any, number: int, offset: int, size: int) -> int:
+        """One line for a damaged record (none for what follows it until a record reads whole again), and on at
+        the first record that starts in a later block; returns where reading resumes."""
         if not self.entry.get("resync"):
             self.result.add_problem(
-                f"{self.where(offset)}: damaged (framing or checksum); skipped to the next block"
+                f"{self.where(number, offset)}: damaged (framing or checksum); read on from the next block"
             )
             self.entry["resync"] = True
-        next_block = (offset // BLOCK + 1) * BLOCK
-        data_store.seek(next_block)
-        return next_block
+        return next_record_start(data_store, (offset // BLOCK + 1) * BLOCK, size)
 
-    def take(self, record: Any, version: str, offset: int) -> None:
+    def take(self, record: Any, version: str, where: str) -> None:
         kind = record.WhichOneof("record_type")
         if kind == "history":
             self.take_history(record.history)
         elif kind == "summary":
-            self.read.summary.extend(_summary_updates(record.summary))
+            self.take_summary(record.summary)
         elif kind == "config":
             self.read.config.extend(_config_updates(record.config))
         elif kind == "run":
@@ -256,8 +259,7 @@ class RunScan:
             else:
                 self.entry["newer"] = self.entry.get("records", 0)
                 self.result.add_problem(
-                    f"{self.where(offset)}: a record type wandb {version} does not know (written by a newer"
-                    " wandb?); skipped"
+                    f"{where}: a record type wandb {version} does not know (written by a newer wandb?); skipped"
                 )
 
     def take_history(self, history: Any) -> None:
@@ -266,13 +268,8 @@ class RunScan:
         wall = self.read.wall
         values: list[tuple[str, float]] = []
         for item in history.item:
-            nested = item.nested_key
-            if nested:
-                top = nested[0]
-                key = top if len(nested) == 1 else "/".join(nested)
-            else:
-                key = top = item.key
-            if top[:1] == "_":  # wandb's own: the step, the time, the runtime, media counters
+            key = "/".join(item.nested_key) or item.key
+            if key[:1] == "_":  # wandb's own: the step, the time, the runtime, media counters
                 if key == "_step":
                     step = as_step(_json(item.value_json))
                 elif key == "_timestamp":
@@ -291,6 +288,40 @@ class RunScan:
             wall = time.time()
         self.read.wall = wall
         self.read.rows.extend((step, name, value, wall) for name, value in values)
+
+    def take_summary(self, summary: Any) -> None:
+        """wandb updates the summary after every step: only each key's latest text is kept, and decoded once."""
+        latest = self.read.summary
+        for item in summary.update:
+            latest["/".join(item.nested_key) or item.key] = item.value_json
+        for item in summary.remove:
+            latest["/".join(item.nested_key) or item.key] = REMOVE
+
+
+def next_record_start(data_store: Any, position: int, size: int) -> int:
+    """The first position from `position` on where a record begins (a whole one or the first part of a long
+    one), found with DataStore's own fragment reader: a block begins with the rest of the record that crossed
+    into it, and a damaged fragment sends the search on to the next block. The store is left there."""
+    from wandb.sdk.internal import datastore
+
+    starts = (datastore.LEVELDBLOG_FULL, datastore.LEVELDBLOG_FIRST)
+    while position < size:
+        if BLOCK - position % BLOCK < datastore.LEVELDBLOG_HEADER_LEN:
+            position += BLOCK - position % BLOCK  # the block's zero trailer
+            continue
+        data_store.seek(position)
+        try:
+            fragment = data_store.scan_record()
+        except (AssertionError, IndexError):
+            if data_store.get_offset() >= size:
+                break  # a fragment still being written: looked at again when there is more
+            position = (position // BLOCK + 1) * BLOCK
+            continue
+        if fragment is None or fragment[0] in starts:
+            break
+        position = data_store.get_offset()
+    data_store.seek(position)
+    return position
 
 
 def _json(text: str) -> Any:
@@ -319,15 +350,16 @@ def _config_updates(config: Any) -> list[tuple[list[str], Any]]:
     return updates
 
 
-def _summary_updates(summary: Any) -> list[tuple[str, Any]]:
-    """A summary record's changes, flat ("a/b"): short values only (tables and media are left out)."""
-    updates: list[tuple[str, Any]] = []
-    for item in summary.update:
-        keys = _nested(item)
-        if not keys[0].startswith("_") and len(item.value_json) <= MAX_VALUE_JSON:
-            updates.append(("/".join(keys), _json(item.value_json)))
-    updates.extend(("/".join(_nested(item)), REMOVE) for item in summary.remove)
-    return updates
+def _apply_summary(summary: dict[str, Any], latest: dict[str, Any]) -> None:
+    """The summary's changes, flat ("a/b"), wandb's own `_` keys left out; values longer than MAX_VALUE_JSON
+    (tables, media) are left out too."""
+    for key, text in latest.items():
+        if key.startswith("_"):
+            continue
+        if text is REMOVE or len(text) > MAX_VALUE_JSON:
+            summary.pop(key, None)
+        else:
+            summary[key] = _json(text)
 
 
 def _has_unknown_fields(record: Any) -> bool:
@@ -364,6 +396,10 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
         scan = RunScan(path, name, {**entry, "inode": st.st_ino}, result)
         caught_up = scan.run(budget, row_count)
         files[name] = scan.entry
+        if scan.cut and not source["follow"]:
+            result.add_problem(
+                f"{scan.cut}: cut off at the end of the file (still being written?); not read yet"
+            )
         if scan.read.seen():
             reads.append((path, scan.read))
             row_count += len(scan.read.rows)
@@ -401,12 +437,8 @@ def _write_run(
         config = json.loads(store.run(run.id)["config"] or "{}")
         for keys, value in read.config:
             _apply(config, keys, value)
-        summary = config.setdefault("summary", {}) if read.summary else None
-        for key, value in read.summary:
-            if value is REMOVE:
-                summary.pop(key, None)  # type: ignore[union-attr]
-            else:
-                summary[key] = value  # type: ignore[index]
+        if read.summary:
+            _apply_summary(config.setdefault("summary", {}), read.summary)
         facts.update(config=config, **_run_facts(config))
         if vocab_size is None and facts.get("vocab_size"):
             vocab_size = facts["vocab_size"]
