@@ -344,8 +344,8 @@ def test_kill_9_mid_follow_loses_and_duplicates_nothing(home: Path, tmp_path: Pa
         tmp_path / "w",
         {"name": "big", "steps": [[s, {k: s / 1000 + i for i, k in enumerate(keys)}] for s in range(steps)]},
     )
-    with Store(paths.db_path(home)) as store:
-        register_source(store, run_dir, follow=True)
+    with Store(paths.db_path(home)) as store:  # as `carl observe --follow RUN_DIR` asks the engine
+        store.enqueue_command("observe", {"path": str(run_dir), "follow": True})
 
     first, _ = start_engine(home)
     assert first.pid is not None

@@ -156,9 +156,12 @@ def forget_source(source_id: int) -> None:
 class FileRead:
     """What one call read from one event file."""
 
-    rows: list[Row]
-    state: str  # "end" (caught up), "cut" (a record still being written), "broken", "budget", "changed"
+    rows: list[Row] = field(default_factory=list)
+    state: str = (
+        "end"  # "end" (caught up), "cut" (a record still being written), "broken", "budget", "changed"
+    )
     skipped: int = 0  # summaries that are not scalars
+    not_events: list[int] = field(default_factory=list)  # whole records that are not Event messages
 
 
 def read_events(
@@ -170,35 +173,43 @@ def read_events(
     to reach the rest (and to learn their tags' plugins), never turned into rows. State "changed": they are
     not there as the cursor says (the file was rewritten in place).
     """
+    from google.protobuf.message import DecodeError
+
     _, errors, event_class = tensorboard_api()
     from_string = event_class.FromString
-    reader = opened.reader
-    plugins = opened.plugins
-    rows: list[Row] = []
-    append = rows.append
-    keys = KEYS
-    skipped = 0
+    reader, plugins, keys = opened.reader, opened.plugins, KEYS
+    read = FileRead()
+    append = read.rows.append
     while True:
-        if (opened.records & 255) == 0 and budget.spent(rows_before + len(rows)):
-            return FileRead(rows, "budget", skipped)
+        if (opened.records & 255) == 0 and budget.spent(rows_before + len(read.rows)):
+            read.state = "budget"
+            return read
         try:
             reader.GetNext()
         except errors.OutOfRangeError:
-            return FileRead(rows, "changed" if opened.records < start else "end", skipped)
+            read.state = "changed" if opened.records < start else "end"
+            return read
         except errors.DataLossError as exc:
-            if opened.records < start:
-                return FileRead(rows, "changed", skipped)
-            return FileRead(rows, "cut" if "truncated" in str(exc) else "broken", skipped)
+            read.state = (
+                "changed" if opened.records < start else "cut" if "truncated" in str(exc) else "broken"
+            )
+            return read
         record = reader.record()
         opened.records += 1
         opened.bytes += len(record) + RECORD_OVERHEAD
+        fresh = opened.records > start
         if opened.records == start and opened.bytes != start_bytes:
-            return FileRead(rows, "changed", skipped)
-        event = from_string(record)
+            read.state = "changed"
+            return read
+        try:
+            event = from_string(record)
+        except DecodeError:  # whole and checksummed, yet not an Event (a tag that is not UTF-8, say)
+            if fresh:
+                read.not_events.append(opened.records)
+            continue
         values = event.summary.value
         if not values:
             continue  # the file version, a graph, a session log: no summaries
-        fresh = opened.records > start
         step, wall = event.step, event.wall_time
         for value in values:
             kind = value.WhichOneof("value")
@@ -207,10 +218,10 @@ def read_events(
             elif kind == "tensor" or kind is None:
                 number = tensor_scalar(value, plugins)
                 if number is None:
-                    skipped += fresh
+                    read.skipped += fresh
                     continue
             else:  # a histogram, image or audio summary of the v1 kind
-                skipped += fresh
+                read.skipped += fresh
                 continue
             if fresh:
                 name = keys[value.tag]
@@ -320,7 +331,7 @@ def _read_file(
     read = read_events(opened, records, consumed, budget, rows_before)
     if read.state == "changed":  # not the file the cursor describes: read it again from the top
         OPEN.pop((source_id, str(path)), None)
-        return {}, FileRead([], "budget")
+        return {}, FileRead(state="budget")
     if opened.records < records:
         return entry, read  # still skipping what an earlier batch stored (the budget ran out)
     new_entry = {
@@ -329,6 +340,8 @@ def _read_file(
         "bytes": opened.bytes,
         "skipped": entry.get("skipped", 0) + read.skipped,
     }
+    for number in read.not_events:
+        result.add_problem(f"{name}: record {number}: not a TensorBoard event; skipped")
     where = f"{name}: record {opened.records + 1}"
     if read.state == "broken":
         OPEN.pop((source_id, str(path)), None)

@@ -37,6 +37,7 @@ BLOCK = 32 * 1024  # the log's block size (wandb.sdk.internal.datastore.LEVELDBL
 MAX_VALUE_JSON = 1024  # longer summary values (tables, media) are left out of the run's config
 MAX_CONFIG_JSON = 64 * 1024  # a config value longer than this is left out
 MAX_CONFIG_DEPTH = 6  # how deep a config is searched for `vocab_size`
+MAX_NAME = 200  # characters of a display name kept as the run's name
 KEYS = KeyMap()
 
 
@@ -66,10 +67,6 @@ def _files_in(directory: Path) -> list[Path]:
         return sorted(p for p in directory.iterdir() if is_run_file(p.name) and p.is_file())
     except OSError:
         return []
-
-
-def is_run_dir(path: Path) -> bool:
-    return bool(_files_in(path))
 
 
 def has_runs(path: Path) -> bool:
@@ -142,9 +139,7 @@ class RunRead:
     rows: list[Row] = field(default_factory=list)
     name: str | None = None  # the display name, from the run record
     started_at: float | None = None
-    config: list[tuple[list[str], Any]] = field(
-        default_factory=list
-    )  # (nested key, value or REMOVE), in order
+    config: list[tuple[list[str], Any]] = field(default_factory=list)  # (keys, value or REMOVE) in order
     summary: dict[str, Any] = field(default_factory=dict)  # "a/b" -> its latest JSON text, or REMOVE
     exit_code: int | None = None
     wall: float | None = None  # the newest `_timestamp`
@@ -344,7 +339,7 @@ def _config_updates(config: Any) -> list[tuple[list[str], Any]]:
     updates: list[tuple[list[str], Any]] = []
     for item in config.update:
         keys = _nested(item)
-        if not keys[0].startswith("_") and len(item.value_json) <= MAX_CONFIG_JSON:
+        if keys[0] != "_wandb" and len(item.value_json) <= MAX_CONFIG_JSON:
             updates.append((keys, _json(item.value_json)))
     updates.extend((_nested(item), REMOVE) for item in config.remove)
     return updates
@@ -427,7 +422,7 @@ def _write_run(
     external_id = run_id_of(path)
     run = find_run(store, source["id"], external_id)
     if run is None:
-        name = read.name or external_id
+        name = (read.name or external_id)[:MAX_NAME]
         if source["name"]:
             name = str(source["name"]) if single else f"{source['name']}/{name}"
         run = ensure_run(store, source, name, external_id=external_id, started_at=read.started_at)
@@ -438,7 +433,9 @@ def _write_run(
         for keys, value in read.config:
             _apply(config, keys, value)
         if read.summary:
-            _apply_summary(config.setdefault("summary", {}), read.summary)
+            if not isinstance(config.get("summary"), dict):
+                config["summary"] = {}
+            _apply_summary(config["summary"], read.summary)
         facts.update(config=config, **_run_facts(config))
         if vocab_size is None and facts.get("vocab_size"):
             vocab_size = facts["vocab_size"]
