@@ -22,6 +22,7 @@ import os
 import struct
 import time
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -261,9 +262,11 @@ class RunScan:
         keys = KEYS
         step: int | None = None
         wall = self.read.wall
-        values: list[tuple[str, float]] = []
+        names: list[str] = []
+        values: list[float] = []
         for item in history.item:
-            key = "/".join(item.nested_key) or item.key
+            nested = item.nested_key
+            key = nested[0] if len(nested) == 1 else "/".join(nested) or item.key  # the first: twice as fast
             if key[:1] == "_":  # wandb's own: the step, the time, the runtime, media counters
                 if key == "_step":
                     step = as_step(_json(item.value_json))
@@ -276,19 +279,22 @@ class RunScan:
                 continue  # strings, booleans, lists, tables and media are not metrics
             name = keys[key]
             if name is not None:
-                values.append((name, value))
+                names.append(name)
+                values.append(value)
         if step is None:
             step = history.step.num
         if wall is None:
             wall = time.time()
         self.read.wall = wall
-        self.read.rows.extend((step, name, value, wall) for name, value in values)
+        count = len(names)  # the rows' tuples built in C: a third of the loop's time otherwise
+        self.read.rows.extend(zip(repeat(step, count), names, values, repeat(wall, count), strict=True))
 
     def take_summary(self, summary: Any) -> None:
         """wandb updates the summary after every step: only each key's latest text is kept, and decoded once."""
         latest = self.read.summary
         for item in summary.update:
-            latest["/".join(item.nested_key) or item.key] = item.value_json
+            nested = item.nested_key
+            latest[nested[0] if len(nested) == 1 else "/".join(nested) or item.key] = item.value_json
         for item in summary.remove:
             latest["/".join(item.nested_key) or item.key] = REMOVE
 
