@@ -1,5 +1,5 @@
-"""`carl observe` of a TensorBoard event file and of a W&B run file of about 1M scalars each, against the tracker's
-own reader alone on the same file in the same run. Goal: our overhead at most 25% (ratio <= 1.25).
+"""`carl observe` of a TensorBoard event file and of a W&B run file of about 1M scalars each, against the
+tracker's own reader alone on the same file in the same run. Goal: our overhead at most 25% (ratio <= 1.25).
 
 - TensorBoard: 1M scalars written by torch's SummaryWriter (5 tags x 200,000 steps). Baseline: iterating
   tensorboard's EventFileLoader over the file (what a script reading every scalar without TensorFlow uses);
@@ -7,8 +7,8 @@ own reader alone on the same file in the same run. Goal: our overhead at most 25
 - W&B: 1M scalars written by wandb 0.29 offline (50 keys x 20,000 steps). Baseline: wandb's DataStore scanning
   every record plus Record.FromString on each (no values decoded). Printed beside it: the same, reading each
   history item's key and value text, the least any reader of the values does.
-- Ours: `observe` into a fresh store (reading, key maps, SQLite writes with rollups, the cursor), and the reader
-  alone (rows made, nothing written) to show where the time goes.
+- Ours: `observe` into a fresh store (reading, key maps, SQLite writes with rollups, the cursor), and the
+  reader alone (rows made, nothing written) to show where the time goes.
 
 Run: python bench/bench_observe_formats.py [--scalars N]
 """

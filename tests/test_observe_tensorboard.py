@@ -1,5 +1,5 @@
-"""TensorBoard event files written by the real writers: torch's SummaryWriter (simple_value) and tensorboard's own
-summary Writer (0-d tensors of the scalars plugin), read back and compared with tensorboard's EventFileLoader."""
+"""TensorBoard event files written by the real writers: torch's SummaryWriter (simple_value) and tensorboard's
+own summary Writer (0-d tensors of the scalars plugin), read back and compared with its EventFileLoader."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     stop_engine(home, timeout=5.0)  # never leave a daemon behind
 
 
-def summary_writer(logdir: Path):  # noqa: ANN201 (torch's SummaryWriter, imported late: torch is slow to load)
+def summary_writer(logdir: Path):  # noqa: ANN201 (torch's SummaryWriter, imported late: torch loads slowly)
     from torch.utils.tensorboard import SummaryWriter
 
     return SummaryWriter(str(logdir), max_queue=1000)
@@ -124,7 +124,7 @@ def test_tensor_scalars_of_tf2_style_writers(store: Store, tmp_path: Path) -> No
 
 
 def test_a_tree_of_runs_read_in_name_order(store: Store, tmp_path: Path) -> None:
-    """Two runs; one was restarted, so it has two event files; TRL's keys tell the framework; |V| gives Phi."""
+    """Two runs; one restarted, so it has two event files; TRL's keys tell the framework; |V| gives Phi."""
     root = tmp_path / "logs"
     first = summary_writer(root / "grpo" / "seed-1")
     for step in range(10):

@@ -77,8 +77,9 @@ def _has_log_history(path: Path) -> bool:
 
 
 def tracker_kind(path: Path) -> str | None:
-    """'tensorboard' or 'wandb' for a tracker's own files, told by their names (no tracker library is imported):
-    an event file or a tree of them; a `.wandb` file, a W&B run directory or a directory of W&B runs."""
+    """'tensorboard' or 'wandb' for a tracker's own files, told by their names (no tracker library is
+    imported): an event file or a tree of them; a `.wandb` file, a W&B run directory or a directory of
+    them."""
     if path.is_dir():
         if wandb_run.has_runs(path):
             return "wandb"  # checked first: a W&B run directory may hold a copy of TensorBoard's files

@@ -1,9 +1,9 @@
 """A batch's metric rows through their run's key map: the framework told once, the renames kept, Phi derived.
 
-Readers collect rows under `keys.normalize_key` names, then, inside the transaction that stores them, pass each
-run's rows through here: the run's framework is the stored one, else the one its keys tell (stored when told),
-its table renames what it names (the source names go to `run_keys`), and Phi or its entropy is derived per step
-once |V| is known.
+Readers collect rows under `keys.normalize_key` names, then, inside the transaction that stores them, pass
+each run's rows through here: the run's framework is the stored one, else the one its keys tell (stored when
+told), its table renames what it names (the source names go to `run_keys`), and Phi or its entropy is
+derived per step once |V| is known.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ PHI_KEYS = frozenset({"entropy", "phi/mean", "phi/entropy"})  # what derived_phi
 
 
 def map_rows(store: Store, run_id: int, rows: list[Row], vocab_size: int | None) -> list[Row]:
-    """`rows` under their canonical names, with derived Phi rows added; call inside the batch's transaction."""
+    """`rows` under their canonical names, with derived Phi rows added; inside the batch's transaction."""
     if not rows:
         return rows
     keys = {row[1] for row in rows}

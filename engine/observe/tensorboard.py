@@ -1,9 +1,10 @@
 """TensorBoard event files (`events.out.tfevents.*`): every scalar, read with tensorboard's own record reader.
 
 A source is one event file or a directory tree of runs: each directory holding event files is one run, named
-after its path relative to the root, and a run's files are read in name order (numbers as numbers). Every scalar is read (no
-reservoir): `simple_value` as torch's SummaryWriter writes it, and 0-d tensors of the scalars plugin as
-tf2-style writers do. Histograms, images, text and other summaries are skipped and counted.
+after its path relative to the root, and a run's files are read in name order (numbers as numbers). Every
+scalar is read (no reservoir): `simple_value` as torch's SummaryWriter writes it, and 0-d tensors of the
+scalars plugin as tf2-style writers do. Histograms, images, text and other summaries are skipped and counted
+(`skipped` in the file's cursor).
 
 The reader is the stub that tensorboard uses without TensorFlow (`PyRecordReader_New`): unlike the loaders
 built on it, it tells a record cut off at the end of a file still being written ("truncated record", waited
@@ -16,6 +17,7 @@ between batches so that only a restart pays for the skip.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 from collections import OrderedDict
@@ -76,8 +78,8 @@ def event_runs(root: Path) -> dict[str, list[Path]]:
 
 
 def name_order(name: str) -> list[Any]:
-    """Name order with numbers compared as numbers: a writer's 10th file of a second (`....pid.10`) comes after
-    its 9th (`....pid.9`)."""
+    """Name order with numbers compared as numbers: a writer's 10th file of a second (`....pid.10`) comes
+    after its 9th (`....pid.9`)."""
     return [int(part) if part.isdigit() else part for part in DIGITS.split(name)]
 
 
@@ -110,11 +112,12 @@ class EventFile:
     plugins: dict[str, str] = field(default_factory=dict)  # tag -> plugin of its first metadata
 
 
-OPEN: OrderedDict[tuple[int, str], EventFile] = (
-    OrderedDict()
-)  # (source id, path) -> reader, least recent first
+# (source id, path) -> its reader, least recently used first. A stub reader holds no file descriptor (it opens
+# the file for each read), only what it has read and not yet returned.
+OPEN: OrderedDict[tuple[int, str], EventFile] = OrderedDict()
 
 
+@functools.cache
 def tensorboard_api() -> tuple[Any, Any, Any]:
     """(the stub's record reader constructor, its errors module, the Event message), or ObserveError."""
     try:
@@ -260,46 +263,27 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
         raise ObserveError(f"{root}: the event file or directory is gone (moved or deleted?)", transient=True)
     runs = event_runs(root)
     old_files: dict[str, dict[str, Any]] = source["cursor"].get("files", {})
-    files = dict(old_files)
-    result = IngestResult(caught_up=True)
-    rows: dict[str, list[Row]] = {}
-    row_count = 0
+    batch = EventBatch(source, budget, old_files)
     for run_dir, paths in runs.items():
         for path in paths:
             name = path.name if run_dir == "" else path.relative_to(root).as_posix()
-            entry, read = _read_file(
-                source["id"],
-                path,
-                name,
-                files.get(name, {}),
-                budget,
-                row_count,
-                result,
-                bool(source["follow"]),
-            )
-            files[name] = entry
-            if read is None:
-                continue
-            if read.rows:
-                rows.setdefault(run_dir, []).extend(read.rows)
-                row_count += len(read.rows)
-            if read.state == "budget":
-                result.caught_up = False
+            if not batch.read_file(path, name, run_dir):
                 break
-        if not result.caught_up:
+        if not batch.result.caught_up:
             break
+    result, files = batch.result, batch.files
     result.done = sum(entry.get("bytes", 0) for entry in files.values())
     result.total = max(_total_bytes(runs), result.done)
     if result.caught_up and not source["follow"]:
         forget_source(source["id"])
     if files == old_files:
         return result  # nothing moved: no write, so an idle source costs a directory walk per tick
-    with WriteCost.measure(row_count), store.transaction():
-        for run_dir, run_rows in rows.items():
+    with WriteCost.measure(batch.row_count), store.transaction():
+        for run_dir, rows in batch.rows.items():
             run = find_run(store, source["id"], run_dir) or ensure_run(
                 store, source, _run_name(source, root, run_dir, len(runs)), external_id=run_dir
             )
-            result.rows += store.add_metrics(run.id, map_rows(store, run.id, run_rows, run.vocab_size))
+            result.rows += store.add_metrics(run.id, map_rows(store, run.id, rows, run.vocab_size))
             result.run_ids.append(run.id)
         store.save_source_progress(
             source["id"], {"files": files}, rows=result.rows, bad_lines=result.bad_lines
@@ -307,49 +291,69 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
     return result
 
 
-def _read_file(
-    source_id: int,
-    path: Path,
-    name: str,
-    entry: dict[str, Any],
-    budget: Budget,
-    rows_before: int,
-    result: IngestResult,
-    follow: bool,
-) -> tuple[dict[str, Any], FileRead | None]:
-    """Read what is new in one file; returns its new cursor entry and what was read (None: nothing new)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return entry, None  # gone between the directory walk and now: what was read stays stored
-    if entry.get("inode", st.st_ino) != st.st_ino or st.st_size < entry.get("bytes", 0):
-        entry = {}  # replaced or truncated: read it again from the top; rows already stored are ignored
-    if entry.get("broken") or st.st_size == entry.get("bytes", 0):
-        return entry, None
-    records, consumed = entry.get("records", 0), entry.get("bytes", 0)
-    opened = open_event_file(source_id, path, st.st_ino, records)
-    read = read_events(opened, records, consumed, budget, rows_before)
-    if read.state == "changed":  # not the file the cursor describes: read it again from the top
-        OPEN.pop((source_id, str(path)), None)
-        return {}, FileRead(state="budget")
-    if opened.records < records:
-        return entry, read  # still skipping what an earlier batch stored (the budget ran out)
-    new_entry = {
-        "inode": st.st_ino,
-        "records": opened.records,
-        "bytes": opened.bytes,
-        "skipped": entry.get("skipped", 0) + read.skipped,
-    }
-    for number in read.not_events:
-        result.add_problem(f"{name}: record {number}: not a TensorBoard event; skipped")
-    where = f"{name}: record {opened.records + 1}"
-    if read.state == "broken":
-        OPEN.pop((source_id, str(path)), None)
-        result.add_problem(f"{where}: failed its CRC check (damaged); the rest of the file is not read")
-        new_entry["broken"] = opened.records + 1
-    elif read.state == "cut" and not follow:
-        result.add_problem(f"{where}: cut off at the end of the file (still being written?); not read yet")
-    return new_entry, read
+class EventBatch:
+    """One call's reading of a source's event files: the rows by run, the files' new cursor entries."""
+
+    def __init__(self, source: dict[str, Any], budget: Budget, files: dict[str, dict[str, Any]]) -> None:
+        self.source_id, self.follow, self.budget = source["id"], bool(source["follow"]), budget
+        self.files = dict(files)
+        self.result = IngestResult(caught_up=True)
+        self.rows: dict[str, list[Row]] = {}
+        self.row_count = 0
+
+    def read_file(self, path: Path, name: str, run_dir: str) -> bool:
+        """Read what is new in one file; False when the batch is full."""
+        entry = self.files.get(name, {})
+        try:
+            st = os.stat(path)
+        except OSError:
+            return True  # gone between the directory walk and now: what was read stays stored
+        if entry.get("inode", st.st_ino) != st.st_ino or st.st_size < entry.get("bytes", 0):
+            entry = {}  # replaced or truncated: read it again from the top; rows already stored are ignored
+        self.files[name] = entry
+        if entry.get("broken") or st.st_size == entry.get("bytes", 0):
+            return True
+        records = entry.get("records", 0)
+        opened = open_event_file(self.source_id, path, st.st_ino, records)
+        read = read_events(opened, records, entry.get("bytes", 0), self.budget, self.row_count)
+        if read.state == "changed":  # not the file the cursor describes: read again from the top next time
+            OPEN.pop((self.source_id, str(path)), None)
+            self.files[name] = {}
+            self.result.caught_up = False
+            return False
+        if read.rows:
+            self.rows.setdefault(run_dir, []).extend(read.rows)
+            self.row_count += len(read.rows)
+        if opened.records >= records:  # else still skipping what an earlier batch stored
+            self.files[name] = self.new_entry(path, name, entry, st.st_ino, opened, read)
+        if read.state == "budget":
+            self.result.caught_up = False
+            return False
+        return True
+
+    def new_entry(
+        self, path: Path, name: str, entry: dict[str, Any], inode: int, opened: EventFile, read: FileRead
+    ) -> dict[str, Any]:
+        new = {
+            "inode": inode,
+            "records": opened.records,
+            "bytes": opened.bytes,
+            "skipped": entry.get("skipped", 0) + read.skipped,
+        }
+        for number in read.not_events:
+            self.result.add_problem(f"{name}: record {number}: not a TensorBoard event; skipped")
+        where = f"{name}: record {opened.records + 1}"
+        if read.state == "broken":
+            OPEN.pop((self.source_id, str(path)), None)
+            self.result.add_problem(
+                f"{where}: failed its CRC check (damaged); the rest of the file is not read"
+            )
+            new["broken"] = opened.records + 1
+        elif read.state == "cut" and not self.follow:
+            self.result.add_problem(
+                f"{where}: cut off at the end of the file (still being written?); not read yet"
+            )
+        return new
 
 
 def _run_name(source: dict[str, Any], root: Path, run_dir: str, run_count: int) -> str:

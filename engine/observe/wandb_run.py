@@ -2,16 +2,17 @@
 
 A source is a run directory (`run-*` or `offline-run-*`), its `.wandb` file, or a `wandb/` directory holding
 several runs; each W&B run becomes one carl run (a resumed run's second directory joins the first: same run
-id), named from its display name, else its id. From the records: history (every key, nested keys joined with
-"/"; `_step` is the step, `_timestamp` the wall time, other `_` keys are not metrics), config (the run's config,
-and |V| when a `vocab_size` appears anywhere in it), summary (kept in the config as `summary`), the run's name,
-and its exit.
+id), named from its display name, else its id. From the records: history (every key, nested keys joined
+with "/"; `_step` is the step, `_timestamp` the wall time, other `_` keys are not metrics), config (the
+run's config, and |V| when a `vocab_size` appears anywhere in it), summary (kept in the config as
+`summary`), the run's name, and its exit.
 
-The file is LevelDB-log framed (32 KiB blocks) and read with wandb's DataStore, which wandb 0.30 removed (hence
-the extra's pin). The cursor per file is the byte offset after the last whole record, so a record still being
-written is read again, whole, later; a damaged one is one problem line, and reading goes on at the next block.
-A file written by a newer wandb (another log format version, or record types these protobufs do not know) is
-one line naming the file and the record.
+The file is LevelDB-log framed (32 KiB blocks) and read with wandb's DataStore, which wandb 0.30 removed
+(hence the extra's pin). The cursor per file is the byte offset after the last whole record, so a record
+still being written is read again, whole, later (wandb itself writes the file a block at a time); a damaged
+one is one problem line, and reading goes on at the first record that starts in a later block. A file
+written by a newer wandb (another log format version, or record types these protobufs do not know) is one
+line naming the file and the record.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ def header_problem(path: Path, version: str) -> str:
     if ident == datastore.LEVELDBLOG_HEADER_IDENT.encode() and magic == datastore.LEVELDBLOG_HEADER_MAGIC:
         return (
             f"record 0 (the file header): log format version {format_version}, but wandb {version} reads"
-            f" version {datastore.LEVELDBLOG_HEADER_VERSION} (written by a newer wandb?); the file is not read"
+            f" version {datastore.LEVELDBLOG_HEADER_VERSION} (written by a newer wandb?);"
+            " the file is not read"
         )
     return "record 0 (the file header): not a W&B run file; the file is not read"
 
@@ -224,7 +226,7 @@ class RunScan:
         return True
 
     def skip_damage(self, data_store: Any, number: int, offset: int, size: int) -> int:
-        """One line for a damaged record (none for what follows it until a record reads whole again), and on at
+        """One line for a damaged record (none for what follows until a record reads whole again), and on at
         the first record that starts in a later block; returns where reading resumes."""
         if not self.entry.get("resync"):
             self.result.add_problem(
@@ -255,7 +257,8 @@ class RunScan:
             else:
                 self.entry["newer"] = self.entry.get("records", 0)
                 self.result.add_problem(
-                    f"{where}: a record type wandb {version} does not know (written by a newer wandb?); skipped"
+                    f"{where}: a record type wandb {version} does not know (written by a newer wandb?);"
+                    " skipped"
                 )
 
     def take_history(self, history: Any) -> None:
@@ -290,7 +293,7 @@ class RunScan:
         self.read.rows.extend(zip(repeat(step, count), names, values, repeat(wall, count), strict=True))
 
     def take_summary(self, summary: Any) -> None:
-        """wandb updates the summary after every step: only each key's latest text is kept, and decoded once."""
+        """wandb updates the summary after every step: each key's latest text is kept, and decoded once."""
         latest = self.read.summary
         for item in summary.update:
             nested = item.nested_key
