@@ -3,6 +3,7 @@ own summary Writer (0-d tensors of the scalars plugin), read back and compared w
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -164,6 +165,27 @@ def test_a_tree_of_runs_read_in_name_order(store: Store, tmp_path: Path) -> None
     more.close()
     ingest_source(store, source_id)
     assert series(store, grpo["id"], "phi/mean")[15] == pytest.approx(1 - 2.0 / np.log(64))
+
+
+def test_the_config_texts_of_transformers_give_the_vocabulary(store: Store, tmp_path: Path) -> None:
+    """transformers' TensorBoardCallback.on_train_begin writes the TrainingArguments and the model's config as
+    text (transformers/integrations/integration_utils.py), then on_log the metrics: the same calls here."""
+    writer = summary_writer(tmp_path / "runs" / "Nov27_12-00-00_box")
+    writer.add_text("args", json.dumps({"output_dir": "out", "max_steps": 20, "learning_rate": 1e-5}))
+    writer.add_text("model_config", json.dumps({"_name_or_path": "tiny-llama", "vocab_size": 512}))
+    for step in range(1, 21):
+        writer.add_scalar("train/entropy", 2.0 + step / 100, step)
+        writer.add_scalar("train/reward", step / 20, step)
+        writer.add_text("train/note", "text logged by the trainer", step)
+    writer.close()
+
+    _, result = observe(store, tmp_path / "runs")
+    [run_id] = result.run_ids
+    run = store.run(run_id)
+    assert (run["vocab_size"], run["model"], run["max_steps"]) == (512, "tiny-llama", 20)
+    phi = series(store, run_id, "phi/mean")
+    assert sorted(phi) == list(range(1, 21))
+    assert phi[10] == pytest.approx(1 - np.float32(2.1) / np.log(512))  # the entropy as float32, as written
 
 
 def test_following_a_file_while_it_is_written(store: Store, tmp_path: Path) -> None:

@@ -4,7 +4,8 @@ A source is one event file or a directory tree of runs: each directory holding e
 after its path relative to the root, and a run's files are read in name order (numbers as numbers). Every
 scalar is read (no reservoir): `simple_value` as torch's SummaryWriter writes it, and 0-d tensors of the
 scalars plugin as tf2-style writers do. Histograms, images, text and other summaries are skipped and counted
-(`skipped` in the file's cursor).
+(`skipped` in the file's cursor), except the two texts transformers' TensorBoardCallback writes first
+(`model_config` and `args`, as JSON): they give the run its |V|, model and step budget.
 
 The reader is the stub that tensorboard uses without TensorFlow (`PyRecordReader_New`): unlike the loaders
 built on it, it tells a record cut off at the end of a file still being written ("truncated record", waited
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import re
 from collections import OrderedDict
@@ -27,7 +29,7 @@ from typing import Any
 
 from engine.store import Store
 
-from .common import Budget, IngestResult, ObserveError, WriteCost, ensure_run, find_run
+from .common import Budget, IngestResult, ObserveError, WriteCost, ensure_run, find_run, valid_vocab
 from .keys import KeyMap
 from .mapping import Row, map_rows
 
@@ -38,6 +40,9 @@ MAX_DIRS = 10_000  # directories visited per search
 OPEN_READERS = 16  # readers kept between batches (each may buffer up to 16 MiB of a file not yet read)
 RECORD_OVERHEAD = 16  # TFRecord framing: length (8) + its CRC (4) + the data's CRC (4)
 SCALAR_PLUGIN = "scalars"
+CONFIG_TEXTS = ("model_config/text_summary", "args/text_summary")  # SummaryWriter.add_text appends the suffix
+MAX_CONFIG_TEXT = 1 << 20  # bytes of such a text parsed
+MAX_MODEL_NAME = 200
 KEYS = KeyMap()
 DIGITS = re.compile(r"(\d+)")
 
@@ -165,6 +170,7 @@ class FileRead:
     )
     skipped: int = 0  # summaries that are not scalars
     not_events: list[int] = field(default_factory=list)  # whole records that are not Event messages
+    facts: dict[str, Any] = field(default_factory=dict)  # vocab_size, model, max_steps from config texts
 
 
 def read_events(
@@ -222,6 +228,8 @@ def read_events(
                 number = tensor_scalar(value, plugins)
                 if number is None:
                     read.skipped += fresh
+                    if fresh and value.tag in CONFIG_TEXTS:
+                        read.facts.update(config_facts(value))
                     continue
             else:  # a histogram, image or audio summary of the v1 kind
                 read.skipped += fresh
@@ -254,6 +262,31 @@ def tensor_scalar(value: Any, plugins: dict[str, str]) -> float | None:
     return float(array) if array.dtype.kind in "fiu" else None
 
 
+def config_facts(value: Any) -> dict[str, Any]:
+    """|V|, the model and the step budget from a config that transformers' TensorBoardCallback wrote as text
+    (`model_config`: the model's config.json; `args`: the TrainingArguments), when they are there."""
+    texts = value.tensor.string_val
+    if len(texts) != 1 or len(texts[0]) > MAX_CONFIG_TEXT:
+        return {}
+    try:
+        config = json.loads(texts[0])
+    except (ValueError, RecursionError):
+        return {}
+    if not isinstance(config, dict):
+        return {}
+    facts: dict[str, Any] = {}
+    vocab = valid_vocab(config.get("vocab_size"))
+    if vocab:
+        facts["vocab_size"] = vocab
+    max_steps = config.get("max_steps")
+    if type(max_steps) is int and max_steps > 0:
+        facts["max_steps"] = max_steps
+    model = config.get("_name_or_path")
+    if isinstance(model, str) and model:
+        facts["model"] = model[:MAX_MODEL_NAME]
+    return facts
+
+
 # -- ingest ------------------------------------------------------------------------------------
 
 
@@ -279,11 +312,19 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
     if files == old_files:
         return result  # nothing moved: no write, so an idle source costs a directory walk per tick
     with WriteCost.measure(batch.row_count), store.transaction():
-        for run_dir, rows in batch.rows.items():
+        for run_dir in {**batch.rows, **batch.facts}:
             run = find_run(store, source["id"], run_dir) or ensure_run(
                 store, source, _run_name(source, root, run_dir, len(runs)), external_id=run_dir
             )
-            result.rows += store.add_metrics(run.id, map_rows(store, run.id, rows, run.vocab_size))
+            vocab_size = run.vocab_size
+            facts = batch.facts.get(run_dir, {})
+            if vocab_size is not None:
+                facts.pop("vocab_size", None)  # a size given by the user (or found first) stays
+            if facts:
+                store.update_run(run.id, **facts)
+                vocab_size = vocab_size or facts.get("vocab_size")
+            rows = batch.rows.get(run_dir, [])
+            result.rows += store.add_metrics(run.id, map_rows(store, run.id, rows, vocab_size))
             result.run_ids.append(run.id)
         store.save_source_progress(
             source["id"], {"files": files}, rows=result.rows, bad_lines=result.bad_lines
@@ -298,7 +339,8 @@ class EventBatch:
         self.source_id, self.follow, self.budget = source["id"], bool(source["follow"]), budget
         self.files = dict(files)
         self.result = IngestResult(caught_up=True)
-        self.rows: dict[str, list[Row]] = {}
+        self.rows: dict[str, list[Row]] = {}  # by run directory
+        self.facts: dict[str, dict[str, Any]] = {}  # by run directory: what its config texts tell
         self.row_count = 0
 
     def read_file(self, path: Path, name: str, run_dir: str) -> bool:
@@ -324,6 +366,8 @@ class EventBatch:
         if read.rows:
             self.rows.setdefault(run_dir, []).extend(read.rows)
             self.row_count += len(read.rows)
+        if read.facts:
+            self.facts.setdefault(run_dir, {}).update(read.facts)
         if opened.records >= records:  # else still skipping what an earlier batch stored
             self.files[name] = self.new_entry(path, name, entry, st.st_ino, opened, read)
         if read.state == "budget":
