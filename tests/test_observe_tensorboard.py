@@ -17,11 +17,16 @@ from test_daemon import metric_count, wait_for
 
 from engine import paths
 from engine.control import engine_status, start_engine, stop_engine
-from engine.observe import ObserveError, detect_kind, ingest_source, observe, register_source
+from engine.observe import IngestResult, ObserveError, detect_kind, ingest_source, observe, register_source
 from engine.observe import tensorboard as tb
 from engine.store import Store
 
 pytestmark = pytest.mark.slow
+
+
+def ingest(store: Store, source_id: int) -> IngestResult:
+    """One batch with room for everything these small files hold, however loaded the machine is."""
+    return ingest_source(store, source_id, max_rows=1_000_000, max_seconds=60)
 
 
 @pytest.fixture
@@ -145,7 +150,7 @@ def test_a_tree_of_runs_read_in_name_order(store: Store, tmp_path: Path) -> None
 
     assert detect_kind(root) == "tensorboard"
     source_id = register_source(store, root, follow=True)
-    result = ingest_source(store, source_id, max_rows=10_000, max_seconds=10)
+    result = ingest(store, source_id)
     assert result.caught_up and result.bad_lines == 0
     runs = {store.run(r)["name"]: store.run(r) for r in result.run_ids}
     assert set(runs) == {"grpo/seed-1", "sft"}
@@ -163,7 +168,7 @@ def test_a_tree_of_runs_read_in_name_order(store: Store, tmp_path: Path) -> None
     more = summary_writer(root / "grpo" / "seed-1")
     more.add_scalar("train/entropy", 2.0, 15)
     more.close()
-    ingest_source(store, source_id)
+    ingest(store, source_id)
     assert series(store, grpo["id"], "phi/mean")[15] == pytest.approx(1 - 2.0 / np.log(64))
 
 
@@ -194,21 +199,21 @@ def test_following_a_file_while_it_is_written(store: Store, tmp_path: Path) -> N
         writer.add_scalar("train/loss", step / 100, step)
     writer.flush()
     source_id = register_source(store, tmp_path / "run", follow=True)
-    first = ingest_source(store, source_id)
+    first = ingest(store, source_id)
     assert first.caught_up and first.rows == 100
-    assert ingest_source(store, source_id).rows == 0  # nothing new: nothing read, nothing written
+    assert ingest(store, source_id).rows == 0  # nothing new: nothing read, nothing written
 
     for step in range(100, 250):
         writer.add_scalar("train/loss", step / 100, step)
     writer.flush()
-    assert ingest_source(store, source_id).rows == 150
+    assert ingest(store, source_id).rows == 150
 
     # A restart (the kept reader is gone) skips the 251 records already stored, then reads on.
     tb.OPEN.clear()
     for step in range(250, 260):
         writer.add_scalar("train/loss", step / 100, step)
     writer.close()
-    assert ingest_source(store, source_id).rows == 10
+    assert ingest(store, source_id).rows == 10
     [run_id] = first.run_ids
     assert series(store, run_id, "loss") == loader_scalars(*event_files(tmp_path / "run"))["train/loss"]
     assert row_count(store) == 260
@@ -226,14 +231,14 @@ def test_a_record_cut_off_at_the_end_is_waited_for(store: Store, tmp_path: Path)
     followed.write_bytes(data[:-7])  # the writer is mid-way through its last record
 
     source_id = register_source(store, followed, follow=True)
-    result = ingest_source(store, source_id)
+    result = ingest(store, source_id)
     assert result.caught_up and result.bad_lines == 0 and result.rows == 29
-    assert ingest_source(store, source_id).rows == 0  # still waiting, and quietly
+    assert ingest(store, source_id).rows == 0  # still waiting, and quietly
     tb.OPEN.clear()  # a restarted engine waits the same way
-    assert ingest_source(store, source_id).rows == 0
+    assert ingest(store, source_id).rows == 0
     with open(followed, "ab") as f:
         f.write(data[-7:])
-    result = ingest_source(store, source_id)
+    result = ingest(store, source_id)
     assert result.rows == 1 and result.bad_lines == 0
     assert series(store, result.run_ids[0], "loss") == loader_scalars(written)["train/loss"]
 
@@ -254,7 +259,7 @@ def test_a_damaged_record_is_one_line_and_the_next_file_is_read(store: Store, tm
     writer.close()
     [damaged] = event_files(run)
     source_id = register_source(store, run, follow=True)
-    assert ingest_source(store, source_id).rows == 40
+    assert ingest(store, source_id).rows == 40
 
     # The writer goes on in a new file whose 21st record (step 19) the disk damages.
     later = summary_writer(run)
@@ -270,13 +275,13 @@ def test_a_damaged_record_is_one_line_and_the_next_file_is_read(store: Store, tm
     third.add_scalar("train/loss", 9.0, 80)
     third.close()
 
-    result = ingest_source(store, source_id)
+    result = ingest(store, source_id)
     assert result.bad_lines == 1 and len(result.problems) == 1
     assert result.problems[0].startswith(f"{newest.name}: record 21: failed its CRC check")
     run_id = result.run_ids[0]
     loss = series(store, run_id, "loss")
     assert sorted(loss) == [*range(40), *range(40, 59), 80]  # before the damage, and the next file
-    assert ingest_source(store, source_id).bad_lines == 0  # said once
+    assert ingest(store, source_id).bad_lines == 0  # said once
     assert damaged.exists() and len(series(store, run_id, "loss")) == 60  # nothing stored was lost
 
 

@@ -40,6 +40,7 @@ MAX_VALUE_JSON = 1024  # longer summary values (tables, media) are left out of t
 MAX_CONFIG_JSON = 64 * 1024  # a config value longer than this is left out
 MAX_CONFIG_DEPTH = 6  # how deep a config is searched for `vocab_size`
 MAX_NAME = 200  # characters of a display name kept as the run's name
+MEDIA_TYPE = "/_type"  # wandb logs a media object's fields flat, beside its type
 KEYS = KeyMap()
 
 
@@ -262,28 +263,9 @@ class RunScan:
                 )
 
     def take_history(self, history: Any) -> None:
-        keys = KEYS
-        step: int | None = None
-        wall = self.read.wall
-        names: list[str] = []
-        values: list[float] = []
-        for item in history.item:
-            nested = item.nested_key
-            key = nested[0] if len(nested) == 1 else "/".join(nested) or item.key  # the first: twice as fast
-            if key[:1] == "_":  # wandb's own: the step, the time, the runtime, media counters
-                if key == "_step":
-                    step = as_step(_json(item.value_json))
-                elif key == "_timestamp":
-                    wall = _wall(_json(item.value_json), wall)
-                continue
-            try:
-                value = float(item.value_json)  # a JSON number (or NaN, Infinity) without the JSON decoder
-            except ValueError:
-                continue  # strings, booleans, lists, tables and media are not metrics
-            name = keys[key]
-            if name is not None:
-                names.append(name)
-                values.append(value)
+        step, wall, names, values, media = _history_values(history, self.read.wall, ())
+        if media:  # a media object's numbers (a table's size, rows, columns) are not metrics: read it again
+            step, wall, names, values, _ = _history_values(history, wall, tuple(f"{p}/" for p in media))
         if step is None:
             step = history.step.num
         if wall is None:
@@ -328,6 +310,42 @@ def next_record_start(data_store: Any, position: int, size: int) -> int:
     return position
 
 
+def _history_values(
+    history: Any, wall: float | None, media: tuple[str, ...]
+) -> tuple[int | None, float | None, list[str], list[float], list[str]]:
+    """(`_step`, `_timestamp` or `wall`, metric names, their values, keys of media objects met) of one history
+    record, leaving out the keys under `media`."""
+    keys = KEYS
+    step: int | None = None
+    names: list[str] = []
+    values: list[float] = []
+    found: list[
+        str
+    ] = []  # a media object (a table, an image) is logged flat: `<key>/_type`, `<key>/size`, ...
+    for item in history.item:
+        nested = item.nested_key
+        key = nested[0] if len(nested) == 1 else "/".join(nested) or item.key  # the first: twice as fast
+        if key[:1] == "_":  # wandb's own: the step, the time, the runtime, media counters
+            if key == "_step":
+                step = as_step(_json(item.value_json))
+            elif key == "_timestamp":
+                wall = _wall(_json(item.value_json), wall)
+            continue
+        try:
+            value = float(item.value_json)  # a JSON number (or NaN, Infinity) without the JSON decoder
+        except ValueError:
+            if key.endswith(MEDIA_TYPE):
+                found.append(key[: -len(MEDIA_TYPE)])
+            continue  # strings, booleans and lists are not metrics
+        if media and key.startswith(media):
+            continue
+        name = keys[key]
+        if name is not None:
+            names.append(name)
+            values.append(value)
+    return step, wall, names, values, found
+
+
 def _json(text: str) -> Any:
     try:
         return json.loads(text)
@@ -357,8 +375,9 @@ def _config_updates(config: Any) -> list[tuple[list[str], Any]]:
 def _apply_summary(summary: dict[str, Any], latest: dict[str, Any]) -> None:
     """The summary's changes, flat ("a/b"), wandb's own `_` keys left out; values longer than MAX_VALUE_JSON
     (tables, media) are left out too."""
+    media = [key[: -len(MEDIA_TYPE)] for key in latest if key.endswith(MEDIA_TYPE)]
     for key, text in latest.items():
-        if key.startswith("_"):
+        if key.startswith("_") or any(key.startswith(f"{prefix}/") for prefix in media):
             continue
         if text is REMOVE or len(text) > MAX_VALUE_JSON:
             summary.pop(key, None)
