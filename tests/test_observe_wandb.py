@@ -41,7 +41,7 @@ run = wandb.init(project="carl-test", name=spec.get("name"), config=spec.get("co
 for step, metrics in spec["steps"]:
     if spec.get("table_every") and step % spec["table_every"] == 0:  # as TRL logs its completions
         metrics = {**metrics, "completions": wandb.Table(columns=["prompt", "completion"], data=[["p", "c"]])}
-    wandb.log(metrics, step=step)
+    wandb.log(metrics, step=step) if step is not None else wandb.log(metrics)
 for key, value in spec.get("summary", {}).items():
     run.summary[key] = value
 print("logged", flush=True)
@@ -202,6 +202,18 @@ def test_a_wandb_directory_with_two_runs(store: Store, tmp_path: Path) -> None:
     assert runs["first"]["status"] == "finished" and runs[unnamed_id]["status"] == "failed"  # its exit code
     assert series(store, runs["first"]["id"], "loss") == {s: 1 / (s + 1) for s in range(5)}
     assert named != unnamed
+
+
+def test_the_trainers_global_step_is_the_step(store: Store, tmp_path: Path) -> None:
+    """transformers' WandbCallback logs without a step, adding `train/global_step`; TRL logs its profiling
+    timings in calls of their own: wandb's `_step` counts all of them."""
+    logs: list[list[Any]] = []
+    for step in range(1, 6):
+        logs.append([None, {"profiling/Time taken: GRPOTrainer.generate": 0.2}])
+        logs.append([None, {"train/loss": step / 10, "train/global_step": step}])
+    run_dir = write_run(tmp_path, {"name": "trl", "steps": logs})
+    _, result = observe(store, run_dir)
+    assert series(store, result.run_ids[0], "loss") == {step: step / 10 for step in range(1, 6)}
 
 
 def test_following_a_run_being_written(store: Store, tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 A source is a run directory (`run-*` or `offline-run-*`), its `.wandb` file, or a `wandb/` directory holding
 several runs; each W&B run becomes one carl run (a resumed run's second directory joins the first: same run
 id), named from its display name, else its id. From the records: history (every key, nested keys joined
-with "/"; `_step` is the step, `_timestamp` the wall time, other `_` keys are not metrics), config (the
+with "/"; the step is transformers' `train/global_step` where its WandbCallback logged one, else `_step`;
+`_timestamp` is the wall time, other `_` keys are not metrics), config (the
 run's config, and |V| when a `vocab_size` appears anywhere in it), summary (kept in the config as
 `summary`), the run's name, and its exit.
 
@@ -40,6 +41,9 @@ MAX_VALUE_JSON = 1024  # longer summary values (tables, media) are left out of t
 MAX_CONFIG_JSON = 64 * 1024  # a config value longer than this is left out
 MAX_CONFIG_DEPTH = 6  # how deep a config is searched for `vocab_size`
 MAX_NAME = 200  # characters of a display name kept as the run's name
+GLOBAL_STEP_KEYS = frozenset(
+    {"train/global_step", "global_step"}
+)  # transformers' WandbCallback logs the first
 MEDIA_TYPE = "/_type"  # wandb logs a media object's fields flat, beside its type
 KEYS = KeyMap()
 
@@ -313,10 +317,11 @@ def next_record_start(data_store: Any, position: int, size: int) -> int:
 def _history_values(
     history: Any, wall: float | None, media: tuple[str, ...]
 ) -> tuple[int | None, float | None, list[str], list[float], list[str]]:
-    """(`_step`, `_timestamp` or `wall`, metric names, their values, keys of media objects met) of one history
-    record, leaving out the keys under `media`."""
+    """(the step, `_timestamp` or `wall`, metric names, their values, keys of media objects met) of one
+    history record, leaving out the keys under `media`."""
     keys = KEYS
     step: int | None = None
+    global_step: int | None = None
     names: list[str] = []
     values: list[float] = []
     found: list[
@@ -343,7 +348,9 @@ def _history_values(
         if name is not None:
             names.append(name)
             values.append(value)
-    return step, wall, names, values, found
+        elif key in GLOBAL_STEP_KEYS:  # the trainer's step: wandb's own `_step` counts every log call
+            global_step = as_step(value)
+    return step if global_step is None else global_step, wall, names, values, found
 
 
 def _json(text: str) -> Any:
