@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import mlflow_store, trackio, trainer_state
+from . import mlflow_store, tensorboard, trackio, trainer_state, wandb_run
 from .common import ObserveError
 
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -15,8 +15,8 @@ MAX_STATE_BYTES = 256 * 1024 * 1024  # a JSON file read whole to look for log_hi
 
 
 def detect_kind(path: str | Path) -> str:
-    """'trackio' | 'trainer_state' | 'jsonl' | 'mlflow' | ...; ObserveError for a missing, unreadable or
-    unknown path."""
+    """'trackio' | 'trainer_state' | 'jsonl' | 'mlflow' | 'tensorboard' | 'wandb'; ObserveError for a missing,
+    unreadable or unknown path."""
     path = Path(path).expanduser()
     if not path.exists():
         raise ObserveError(f"{path}: no such file or directory")
@@ -25,9 +25,16 @@ def detect_kind(path: str | Path) -> str:
             return "trainer_state"
         if detect_mlflow(path, b""):
             return "mlflow"
+        tracker = tracker_kind(path)
+        if tracker is not None:
+            return tracker
         raise ObserveError(
-            f"{path}: a directory with no trainer_state.json (nor checkpoint-*/trainer_state.json)"
+            f"{path}: a directory with no trainer_state.json (nor checkpoint-*/trainer_state.json),"
+            " TensorBoard event files or W&B runs"
         )
+    tracker = tracker_kind(path)
+    if tracker is not None:
+        return tracker
     try:
         with open(path, "rb") as f:
             head = f.read(SNIFF_BYTES)
@@ -78,3 +85,18 @@ def _has_log_history(path: Path) -> bool:
     except (OSError, ValueError, RecursionError):
         return False
     return isinstance(data, dict) and isinstance(data.get("log_history"), list)
+
+
+def tracker_kind(path: Path) -> str | None:
+    """'tensorboard' or 'wandb' for a tracker's own files, told by their names (no tracker library is
+    imported): an event file or a tree of them; a `.wandb` file, a W&B run directory or a directory of
+    them."""
+    if path.is_dir():
+        if wandb_run.has_runs(path):
+            return "wandb"  # checked first: a W&B run directory may hold a copy of TensorBoard's files
+        return "tensorboard" if tensorboard.has_event_files(path) else None
+    if not path.is_file():
+        return None  # a FIFO, socket or device is never taken for a tracker's file
+    if tensorboard.is_event_file(path.name):
+        return "tensorboard"
+    return "wandb" if path.suffix == wandb_run.FILE_SUFFIX else None

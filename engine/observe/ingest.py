@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.store import Store, StoreError
 
-from . import jsonl, mlflow_store, rollouts, trackio, trainer_state
+from . import jsonl, mlflow_store, rollouts, tensorboard, trackio, trainer_state, wandb_run
 from .common import Budget, IngestResult, ObserveError, source_run_ids
 from .detect import detect_kind
 
@@ -25,6 +25,8 @@ READERS: dict[str, Reader] = {
     "mlflow": mlflow_store.ingest,
     "trackio": trackio.ingest,
     "trainer_state": trainer_state.ingest,
+    "tensorboard": tensorboard.ingest,
+    "wandb": wandb_run.ingest,
     **rollouts.READERS,
 }
 # `observe` runs in the foreground with nothing else to serve: bigger batches go faster.

@@ -1,0 +1,421 @@
+"""TensorBoard event files (`events.out.tfevents.*`): every scalar, read with tensorboard's own record reader.
+
+A source is one event file or a directory tree of runs: each directory holding event files is one run, named
+after its path relative to the root, and a run's files are read in name order (numbers as numbers). Every
+scalar is read (no reservoir): `simple_value` as torch's SummaryWriter writes it, and 0-d tensors of the
+scalars plugin as tf2-style writers do. Histograms, images, text and other summaries are skipped and counted
+(`skipped` in the file's cursor), except the two texts transformers' TensorBoardCallback writes first
+(`model_config` and `args`, as JSON): they give the run its |V|, model and step budget.
+
+The reader is the stub that tensorboard uses without TensorFlow (`PyRecordReader_New`): unlike the loaders
+built on it, it tells a record cut off at the end of a file still being written ("truncated record", waited
+for) from a damaged one ("failed ... crc32 check": one problem line, and the file stops there, since the
+stub cannot step over it). It cannot start at an offset, so the cursor counts each file's records (and bytes,
+16 + len(record) a record); a restarted engine skips that many, and a followed file's reader is kept open
+between batches so that only a restart pays for the skip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.store import Store
+
+from .common import Budget, IngestResult, ObserveError, WriteCost, ensure_run, find_run, valid_vocab
+from .keys import KeyMap
+from .runkeys import Row, finish_rows
+
+EVENT_MARK = "tfevents"  # tensorboard's own test of an event file's name (io_wrapper.IsSummaryEventsFile)
+EMPTY_PROFILE = ".profile-empty"  # the profiler's placeholder files: named like event files, no summaries
+MAX_DEPTH = 8  # directories below the root searched for runs
+MAX_DIRS = 10_000  # directories visited per search
+OPEN_READERS = 16  # readers kept between batches (each may buffer up to 16 MiB of a file not yet read)
+RECORD_OVERHEAD = 16  # TFRecord framing: length (8) + its CRC (4) + the data's CRC (4)
+SCALAR_PLUGIN = "scalars"
+CONFIG_TEXTS = ("model_config/text_summary", "args/text_summary")  # SummaryWriter.add_text appends the suffix
+MAX_CONFIG_TEXT = 1 << 20  # bytes of such a text parsed
+MAX_MODEL_NAME = 200
+KEYS = KeyMap()
+DIGITS = re.compile(r"(\d+)")
+
+
+def is_event_file(name: str) -> bool:
+    return EVENT_MARK in name and not name.endswith(EMPTY_PROFILE)
+
+
+def event_runs(root: Path) -> dict[str, list[Path]]:
+    """Run (directory relative to `root`, "" for a single file) -> its event files in name order."""
+    if root.is_file():
+        return {"": [root]}
+    runs: dict[str, list[Path]] = {}
+    pending = [(root, 0)]
+    visited = 0
+    while pending and visited < MAX_DIRS:
+        directory, depth = pending.pop()
+        visited += 1
+        try:
+            with os.scandir(directory) as it:
+                entries = list(it)
+        except OSError as exc:
+            if directory == root:
+                raise ObserveError(
+                    f"{root}: cannot read the directory ({exc.strerror})", transient=True
+                ) from None
+            continue  # a run directory removed or closed to us: the others go on
+        files = sorted((e.name for e in entries if is_event_file(e.name) and _regular(e)), key=name_order)
+        if files:
+            runs[directory.relative_to(root).as_posix()] = [directory / name for name in files]
+        if depth < MAX_DEPTH:
+            pending.extend(
+                (Path(e.path), depth + 1)
+                for e in entries
+                if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)
+            )
+    return dict(sorted(runs.items()))
+
+
+def name_order(name: str) -> list[Any]:
+    """Name order with numbers compared as numbers: a writer's 10th file of a second (`....pid.10`) comes
+    after its 9th (`....pid.9`)."""
+    return [int(part) if part.isdigit() else part for part in DIGITS.split(name)]
+
+
+def has_event_files(root: Path) -> bool:
+    try:
+        return bool(event_runs(root))
+    except ObserveError:
+        return False
+
+
+def _regular(entry: os.DirEntry[str]) -> bool:
+    """A regular file (a FIFO or socket named like an event file is never opened)."""
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
+
+
+# -- one event file ----------------------------------------------------------------------------
+
+
+@dataclass
+class EventFile:
+    """An open reader of one event file and how far it has read."""
+
+    reader: Any
+    inode: int
+    records: int = 0
+    bytes: int = 0
+    plugins: dict[str, str] = field(default_factory=dict)  # tag -> plugin of its first metadata
+
+
+# (source id, path) -> its reader, least recently used first. A stub reader holds no file descriptor (it opens
+# the file for each read), only what it has read and not yet returned.
+OPEN: OrderedDict[tuple[int, str], EventFile] = OrderedDict()
+
+
+@functools.cache
+def tensorboard_api() -> tuple[Any, Any, Any]:
+    """(the stub's record reader constructor, its errors module, the Event message), or ObserveError."""
+    try:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.tensorflow_stub import errors, pywrap_tensorflow
+    except ImportError:
+        raise ObserveError(
+            "reading TensorBoard event files needs the tensorboard extra: pip install 'carl-tui[tensorboard]'"
+        ) from None
+    return pywrap_tensorflow.PyRecordReader_New, errors, Event
+
+
+def open_event_file(source_id: int, path: Path, inode: int, records: int) -> EventFile:
+    """The kept reader of `path` when it is at or before `records`, else a new one from the top."""
+    key = (source_id, str(path))
+    kept = OPEN.pop(key, None)
+    if kept is not None and kept.inode == inode and kept.records <= records:
+        OPEN[key] = kept
+        return kept
+    new_reader, errors, _ = tensorboard_api()
+    try:
+        reader = new_reader(os.fsencode(path))
+    except (errors.NotFoundError, OSError):
+        raise ObserveError(f"{path}: the event file is gone (moved or deleted?)", transient=True) from None
+    opened = EventFile(reader, inode)
+    OPEN[key] = opened
+    while len(OPEN) > OPEN_READERS:
+        OPEN.popitem(last=False)
+    return opened
+
+
+def forget_source(source_id: int) -> None:
+    """Drop the readers kept for a source (its import is over)."""
+    for key in [k for k in OPEN if k[0] == source_id]:
+        del OPEN[key]
+
+
+@dataclass
+class FileRead:
+    """What one call read from one event file."""
+
+    rows: list[Row] = field(default_factory=list)
+    state: str = (
+        "end"  # "end" (caught up), "cut" (a record still being written), "broken", "budget", "changed"
+    )
+    skipped: int = 0  # summaries that are not scalars
+    not_events: list[int] = field(default_factory=list)  # whole records that are not Event messages
+    facts: dict[str, Any] = field(default_factory=dict)  # vocab_size, model, max_steps from config texts
+
+
+def read_events(
+    opened: EventFile, start: int, start_bytes: int, budget: Budget, rows_before: int
+) -> FileRead:
+    """Read records until the file ends, a record is cut off or damaged, or the budget is spent.
+
+    The first `start` records (`start_bytes` bytes) were stored by an earlier batch: they are read again only
+    to reach the rest (and to learn their tags' plugins), never turned into rows. State "changed": they are
+    not there as the cursor says (the file was rewritten in place).
+    """
+    from google.protobuf.message import DecodeError
+
+    _, errors, event_class = tensorboard_api()
+    from_string = event_class.FromString
+    reader, plugins, keys = opened.reader, opened.plugins, KEYS
+    read = FileRead()
+    append = read.rows.append
+    while True:
+        if (opened.records & 255) == 0 and budget.spent(rows_before + len(read.rows)):
+            read.state = "budget"
+            return read
+        try:
+            reader.GetNext()
+        except errors.OutOfRangeError:
+            read.state = "changed" if opened.records < start else "end"
+            return read
+        except errors.DataLossError as exc:
+            read.state = (
+                "changed" if opened.records < start else "cut" if "truncated" in str(exc) else "broken"
+            )
+            return read
+        record = reader.record()
+        opened.records += 1
+        opened.bytes += len(record) + RECORD_OVERHEAD
+        fresh = opened.records > start
+        if opened.records == start and opened.bytes != start_bytes:
+            read.state = "changed"
+            return read
+        try:
+            event = from_string(record)
+        except DecodeError:  # whole and checksummed, yet not an Event (a tag that is not UTF-8, say)
+            if fresh:
+                read.not_events.append(opened.records)
+            continue
+        values = event.summary.value
+        if not values:
+            continue  # the file version, a graph, a session log: no summaries
+        step, wall = event.step, event.wall_time
+        for value in values:
+            kind = value.WhichOneof("value")
+            if kind == "simple_value":
+                number: float | None = value.simple_value
+            elif kind == "tensor" or kind is None:
+                number = tensor_scalar(value, plugins)
+                if number is None:
+                    read.skipped += fresh
+                    if fresh and value.tag in CONFIG_TEXTS:
+                        read.facts.update(config_facts(value))
+                    continue
+            else:  # a histogram, image or audio summary of the v1 kind
+                read.skipped += fresh
+                continue
+            if fresh:
+                name = keys[value.tag]
+                if name is not None:
+                    append((step, name, number, wall))
+
+
+def tensor_scalar(value: Any, plugins: dict[str, str]) -> float | None:
+    """The number a 0-d numeric tensor of the scalars plugin holds, else None.
+
+    Writers put a tag's metadata on its first value only, so the plugin is remembered per tag.
+    """
+    tag = value.tag
+    if value.HasField("metadata") and tag not in plugins and len(plugins) < KEYS.LIMIT:
+        plugins[tag] = value.metadata.plugin_data.plugin_name
+    if plugins.get(tag, SCALAR_PLUGIN) != SCALAR_PLUGIN or not value.HasField("tensor"):
+        return None
+    tensor = value.tensor
+    if tensor.tensor_shape.dim:
+        return None
+    from tensorboard.util import tensor_util
+
+    try:
+        array = tensor_util.make_ndarray(tensor)
+    except (TypeError, ValueError):
+        return None
+    return float(array) if array.dtype.kind in "fiu" else None
+
+
+def config_facts(value: Any) -> dict[str, Any]:
+    """|V|, the model and the step budget from a config that transformers' TensorBoardCallback wrote as text
+    (`model_config`: the model's config.json; `args`: the TrainingArguments), when they are there."""
+    texts = value.tensor.string_val
+    if len(texts) != 1 or len(texts[0]) > MAX_CONFIG_TEXT:
+        return {}
+    try:
+        config = json.loads(texts[0])
+    except (ValueError, RecursionError):
+        return {}
+    if not isinstance(config, dict):
+        return {}
+    facts: dict[str, Any] = {}
+    vocab = valid_vocab(config.get("vocab_size"))
+    if vocab:
+        facts["vocab_size"] = vocab
+    max_steps = config.get("max_steps")
+    if type(max_steps) is int and max_steps > 0:
+        facts["max_steps"] = max_steps
+    model = config.get("_name_or_path")
+    if isinstance(model, str) and model:
+        facts["model"] = model[:MAX_MODEL_NAME]
+    return facts
+
+
+# -- ingest ------------------------------------------------------------------------------------
+
+
+def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult:
+    root = Path(source["path"])
+    if not root.exists():
+        raise ObserveError(f"{root}: the event file or directory is gone (moved or deleted?)", transient=True)
+    runs = event_runs(root)
+    old_files: dict[str, dict[str, Any]] = source["cursor"].get("files", {})
+    batch = EventBatch(source, budget, old_files)
+    for run_dir, paths in runs.items():
+        for path in paths:
+            name = path.name if run_dir == "" else path.relative_to(root).as_posix()
+            if not batch.read_file(path, name, run_dir):
+                break
+        if not batch.result.caught_up:
+            break
+    result, files = batch.result, batch.files
+    result.done = sum(entry.get("bytes", 0) for entry in files.values())
+    result.total = max(_total_bytes(runs), result.done)
+    if result.caught_up and not source["follow"]:
+        forget_source(source["id"])
+    if files == old_files:
+        return result  # nothing moved: no write, so an idle source costs a directory walk per tick
+    with WriteCost.measure(batch.row_count), store.transaction():
+        for run_dir in {**batch.rows, **batch.facts}:
+            run = find_run(store, source["id"], run_dir) or ensure_run(
+                store, source, _run_name(source, root, run_dir, len(runs)), external_id=run_dir
+            )
+            vocab_size = run.vocab_size
+            facts = batch.facts.get(run_dir, {})
+            if vocab_size is not None:
+                facts.pop("vocab_size", None)  # a size given by the user (or found first) stays
+            if facts:
+                store.update_run(run.id, **facts)
+                vocab_size = vocab_size or facts.get("vocab_size")
+            rows = batch.rows.get(run_dir, [])
+            result.rows += store.add_metrics(
+                run.id, finish_rows(store, run.id, source["id"], rows, vocab_size=vocab_size)
+            )
+            result.run_ids.append(run.id)
+        store.save_source_progress(
+            source["id"], {"files": files}, rows=result.rows, bad_lines=result.bad_lines
+        )
+    return result
+
+
+class EventBatch:
+    """One call's reading of a source's event files: the rows by run, the files' new cursor entries."""
+
+    def __init__(self, source: dict[str, Any], budget: Budget, files: dict[str, dict[str, Any]]) -> None:
+        self.source_id, self.follow, self.budget = source["id"], bool(source["follow"]), budget
+        self.files = dict(files)
+        self.result = IngestResult(caught_up=True)
+        self.rows: dict[str, list[Row]] = {}  # by run directory
+        self.facts: dict[str, dict[str, Any]] = {}  # by run directory: what its config texts tell
+        self.row_count = 0
+
+    def read_file(self, path: Path, name: str, run_dir: str) -> bool:
+        """Read what is new in one file; False when the batch is full."""
+        entry = self.files.get(name, {})
+        try:
+            st = os.stat(path)
+        except OSError:
+            return True  # gone between the directory walk and now: what was read stays stored
+        if entry.get("inode", st.st_ino) != st.st_ino or st.st_size < entry.get("bytes", 0):
+            entry = {}  # replaced or truncated: read it again from the top; rows already stored are ignored
+        self.files[name] = entry
+        if entry.get("broken") or st.st_size == entry.get("bytes", 0):
+            return True
+        records = entry.get("records", 0)
+        opened = open_event_file(self.source_id, path, st.st_ino, records)
+        read = read_events(opened, records, entry.get("bytes", 0), self.budget, self.row_count)
+        if read.state == "changed":  # not the file the cursor describes: read again from the top next time
+            OPEN.pop((self.source_id, str(path)), None)
+            self.files[name] = {}
+            self.result.caught_up = False
+            return False
+        if read.rows:
+            self.rows.setdefault(run_dir, []).extend(read.rows)
+            self.row_count += len(read.rows)
+        if read.facts:
+            self.facts.setdefault(run_dir, {}).update(read.facts)
+        if opened.records >= records:  # else still skipping what an earlier batch stored
+            self.files[name] = self.new_entry(path, name, entry, st.st_ino, opened, read)
+        if read.state == "budget":
+            self.result.caught_up = False
+            return False
+        return True
+
+    def new_entry(
+        self, path: Path, name: str, entry: dict[str, Any], inode: int, opened: EventFile, read: FileRead
+    ) -> dict[str, Any]:
+        new = {
+            "inode": inode,
+            "records": opened.records,
+            "bytes": opened.bytes,
+            "skipped": entry.get("skipped", 0) + read.skipped,
+        }
+        for number in read.not_events:
+            self.result.add_problem(f"{name}: record {number}: not a TensorBoard event; skipped")
+        where = f"{name}: record {opened.records + 1}"
+        if read.state == "broken":
+            OPEN.pop((self.source_id, str(path)), None)
+            self.result.add_problem(
+                f"{where}: failed its CRC check (damaged); the rest of the file is not read"
+            )
+            new["broken"] = opened.records + 1
+        elif read.state == "cut" and not self.follow:
+            self.result.add_problem(
+                f"{where}: cut off at the end of the file (still being written?); not read yet"
+            )
+        return new
+
+
+def _run_name(source: dict[str, Any], root: Path, run_dir: str, run_count: int) -> str:
+    """The source's name for a single run, else the run's directory relative to the root."""
+    default = root.parent.name if run_dir == "" else root.name if run_dir == "." else run_dir
+    if source["name"] and (run_count == 1 or run_dir in ("", ".")):
+        return str(source["name"])
+    if source["name"]:
+        return f"{source['name']}/{run_dir}"
+    return default or root.name
+
+
+def _total_bytes(runs: dict[str, list[Path]]) -> int:
+    total = 0
+    for paths in runs.values():
+        for path in paths:
+            with contextlib.suppress(OSError):
+                total += path.stat().st_size
+    return total
