@@ -289,11 +289,16 @@ def weight_problem(text: str) -> str | None:
 
 
 def observe_problem(path: str) -> str | None:
-    """A one-line reason the path cannot be observed, checked before anything is queued."""
+    """A one-line reason the path cannot be observed, checked before anything is queued: a directory is fine
+    when discovery finds a run in it (a TRL output dir, a wandb/ dir...), anything else when its kind is told."""
     from engine.observe import ObserveError, detect_kind
+    from engine.observe.discover import discover
 
+    target = Path(path).expanduser()
     try:
-        detect_kind(Path(path).expanduser())
+        if target.is_dir() and discover(target).runs:
+            return None
+        detect_kind(target)
     except ObserveError as exc:
         return str(exc)
     return None

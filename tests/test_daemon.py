@@ -253,3 +253,29 @@ def test_kill_9_mid_ingest_loses_and_duplicates_nothing(home: Path, tmp_path: Pa
     assert runs == 1
     assert source["rows"] == total  # the cursor's count moved with the rows, through both stops
     assert engine_row(home)["pid"] == third.pid
+
+
+def test_an_observe_command_of_a_directory_imports_every_run_found_in_it(home: Path, tmp_path: Path) -> None:
+    """What `o` in the control room queues for a veRL experiment folder: its log and its rollout dump (found by
+    discovery, the dump attached to the log's run), imported by the engine, and the command says so."""
+    from test_observe_discover import dump_generations
+    from test_observe_jsonl_frameworks import VerlFileLogger, verl_step
+
+    root = tmp_path / "verl-exp"
+    (root / "proj").mkdir(parents=True)
+    logger = VerlFileLogger(root / "proj" / "grpo.jsonl")
+    for step in range(1, 4):
+        logger.log(verl_step(step), step)
+        dump_generations(root / "rollouts", step, ["2+2="] * 2, ["4", "5"], [1.0, 0.0])
+    logger.finish()
+    start_engine(home)
+    with Store(paths.db_path(home)) as store:
+        command = store.enqueue_command("observe", {"path": str(root), "follow": False})
+        state, result = wait_for(lambda: finished(store, command), what="observe command", timeout=60)
+        assert state == "done" and result.startswith("imported verl-exp as run 'grpo'"), result
+        [(run_id, framework, status)] = store.conn.execute(
+            "SELECT id, framework, status FROM runs"
+        ).fetchall()
+        assert (framework, status) == ("verl", "imported")
+        rollouts = store.conn.execute("SELECT count(*) FROM rollouts WHERE run_id=?", (run_id,)).fetchone()[0]
+        assert rollouts == 6  # 2 samples in each of 3 steps, on the log's run

@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 from types import FrameType
@@ -86,14 +86,19 @@ def plural(n: int, noun: str) -> str:
 
 @dataclass
 class Observe:
-    """An `observe` command still catching up with its source."""
+    """An `observe` command still catching up with its sources (one file, or every run found in a directory)."""
 
     command_id: int
-    source_id: int
-    path: str
+    paths: dict[int, str]  # source id -> path, for every source the command registered
+    path: str  # what the command named
     follow: bool
+    pending: set[int] = field(default_factory=set)  # sources not caught up yet
+    errors: list[str] = field(default_factory=list)
     rows: int = 0
     bad_lines: int = 0
+
+    def __post_init__(self) -> None:
+        self.pending = set(self.paths)
 
 
 RESUMABLE_VERBS = {"observe", "eval"}  # safe to run again after an engine died mid-way
@@ -463,33 +468,68 @@ class Engine:
             return
         follow = bool(args.get("follow", False))
         try:
-            source_id = register_source(self.store, path, follow=follow, name=name)
+            paths = self.register_observed(path, follow=follow, name=name)
         except Exception as exc:
             self.finish(command_id, False, one_line(exc))
             return
-        self.failing.pop(source_id, None)  # asked for again: retry it now
-        self.observing[command_id] = Observe(command_id, source_id, path, follow)
+        for source_id in paths:
+            self.failing.pop(source_id, None)  # asked for again: retry it now
+        self.observing[command_id] = Observe(command_id, paths, path, follow)
         verb = "following" if follow else "importing"
-        log.info("command %d: %s %s as source %d", command_id, verb, path, source_id)
+        log.info("command %d: %s %s as source(s) %s", command_id, verb, path, ", ".join(map(str, paths)))
+
+    def register_observed(self, path: str, *, follow: bool, name: str | None) -> dict[int, str]:
+        """The sources of what an observe command names: a file, a run's folder, or a directory of runs found
+        by discovery (a TRL output dir, a wandb/ dir...), metrics first and rollouts attached."""
+        from engine.observe import ObserveError
+        from engine.observe.discover import discover, register
+
+        root = Path(path).expanduser()
+        if root.is_dir():
+            found = discover(root)
+            kinds = [
+                f.kind for run in found.runs for f in {id(x): x for x in (run.main, *run.rollouts)}.values()
+            ]
+            # A folder holding one trainer_state.json (and nothing else found) stays one source, as it always was.
+            if len(kinds) > 1 or kinds[:1] not in ([], ["trainer_state"]):
+                registered = register(self.store, found, follow=follow, name=name)
+                paths = {sid: str(f.path) for r in registered for sid, f in r.sources}
+                if not paths:
+                    errors = [e for r in registered for e in r.errors]
+                    raise ObserveError(errors[0] if errors else f"{root}: nothing could be registered")
+                return paths
+        source_id = register_source(self.store, path, follow=follow, name=name)
+        return {source_id: path}
 
     def observe_progress(self, source_id: int, result: IngestResult) -> None:
-        for obs in [o for o in self.observing.values() if o.source_id == source_id]:
+        for obs in [o for o in self.observing.values() if source_id in o.pending]:
             obs.rows += result.rows
             obs.bad_lines += result.bad_lines
             if result.caught_up:  # settled before it is forgotten, so a store error retries it
                 if not obs.follow:  # a one-off import: the source is done, its runs 'imported'
                     finish_import(self.store, source_id)
-                self.finish(obs.command_id, True, self.describe(obs))
-                del self.observing[obs.command_id]
+                obs.pending.discard(source_id)
+                self.observe_settled(obs)
 
     def observe_failed(self, source_id: int, error: str) -> None:
-        for obs in [o for o in self.observing.values() if o.source_id == source_id]:
-            self.finish(obs.command_id, False, error)
-            del self.observing[obs.command_id]
+        for obs in [o for o in self.observing.values() if source_id in o.pending]:
+            obs.pending.discard(source_id)
+            obs.errors.append(error)
+            self.observe_settled(obs)
+
+    def observe_settled(self, obs: Observe) -> None:
+        """A command is done when every one of its sources caught up or failed; it failed when all failed."""
+        if obs.pending:
+            return
+        ok = len(obs.errors) < len(obs.paths)
+        failed = f"; {plural(len(obs.errors), 'source')} failed: {obs.errors[0]}" if obs.errors and ok else ""
+        self.finish(obs.command_id, ok, self.describe(obs) + failed if ok else obs.errors[0])
+        del self.observing[obs.command_id]
 
     def describe(self, obs: Observe, *, so_far: str = "") -> str:
         """e.g. "observing metrics.jsonl as run 'x' (1,234 rows)"."""
-        names = self.run_names(obs.source_id)
+        names = [name for source_id in obs.paths for name in self.run_names(source_id)]
+        names = list(dict.fromkeys(names))  # rollouts attached to a run name it again
         runs = ""
         if names:
             runs = f" as run {names[0]!r}" if len(names) == 1 else " as runs " + ", ".join(map(repr, names))
@@ -518,7 +558,7 @@ class Engine:
 
     def due_sources(self) -> dict[int, str]:
         """Source id -> path: sources of running observe commands, then followed sources."""
-        due = {obs.source_id: obs.path for obs in self.observing.values()}
+        due = {sid: obs.paths[sid] for obs in self.observing.values() for sid in obs.pending}
         now = time.monotonic()
         for source in self.store.followed_sources():
             failing = self.failing.get(source["id"])
