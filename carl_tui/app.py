@@ -425,7 +425,9 @@ class ControlRoom(RunControls, ComparingRuns, ActivityPanes, ScreenKeys, EngineS
         # offers the control room's four (and two "Theme" entries read as a mistake).
         yield from (command for command in super().get_system_commands(screen) if command.title != "Theme")
         yield SystemCommand(
-            "Observe a run", "Import a Trackio db, trainer_state.json or JSONL", self.action_observe
+            "Observe a run",
+            "Import or follow a run: TensorBoard, W&B, MLflow, Trackio, trainer_state.json, JSONL, rollouts",
+            self.action_observe,
         )
         yield SystemCommand("Toggle chart mode", "Braille or block characters", self.action_toggle_chart_mode)
         for theme in THEME_NAMES:

@@ -142,7 +142,7 @@ class ObserveRequest:
 
 
 class ObserveScreen(Dialog):
-    """Ask for a path to observe: a Trackio db, a trainer_state.json or its directory, a JSONL."""
+    """Ask for a path to observe: a run's files, or a directory of runs (discovery finds them)."""
 
     def __init__(self, validate: callable | None = None) -> None:  # type: ignore[valid-type]
         super().__init__()
@@ -152,9 +152,10 @@ class ObserveScreen(Dialog):
         with Vertical() as box:
             box.border_title = "Observe a run"
             yield Label(
-                "Path: Trackio project .db, trainer_state.json (or its output/checkpoint dir), or JSONL"
+                "Path: a training output dir (TensorBoard, W&B, completions, trainer_state.json), a wandb/ or"
+                " mlruns/ dir, an event file, a .wandb file, a Trackio .db, or a JSONL log"
             )
-            yield Input(placeholder="~/runs/out/trainer_state.json", id="observe-path")
+            yield Input(placeholder="~/runs/grpo-out", id="observe-path")
             yield Label("Run name (optional)")
             yield Input(placeholder="derived from the source", id="observe-name")
             with Horizontal():
@@ -178,7 +179,7 @@ class ObserveScreen(Dialog):
         if self.validate_path is not None:
             problem = self.validate_path(path)
             if problem:
-                self.query_one("#observe-error", Static).update(problem)
+                self.query_one("#observe-error", Static).update(Text(problem))  # a path is text, not markup
                 return
         name = self.query_one("#observe-name", Input).value.strip() or None
         follow = self.query_one("#observe-follow", Checkbox).value

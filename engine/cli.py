@@ -33,7 +33,10 @@ class Command(NamedTuple):
 # In the order `carl --help` lists them.
 COMMANDS = {
     "engine": Command("engine.daemon.cli", "the engine daemon"),
-    "observe": Command("engine.observe.cli", "import a run from a Trackio db, trainer_state.json or JSONL"),
+    "observe": Command(
+        "engine.observe.cli",
+        "import or follow runs: TensorBoard, W&B, MLflow, Trackio, trainer_state.json, JSONL, rollout dumps",
+    ),
     "train": Command(
         "engine.training.cli",
         "train a model with the CARL reward cascade (its own process)",
