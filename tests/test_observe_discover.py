@@ -68,6 +68,7 @@ def trl_output(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, wandb
         per_device_train_batch_size=4,
         num_generations=4,
         max_completion_length=8,
+        beta=0.04,  # a reference model, so TRL logs its KL too
         logging_steps=1,
         report_to=["tensorboard", "wandb"],
         log_completions=True,
@@ -458,3 +459,76 @@ def test_vocab_size_from_a_config_json_beside_the_run(
     assert series(store, run_id, "phi/mean") == pytest.approx(
         {s: 1 - (1.0 + s) / math.log(vocab) for s in range(3)}
     )
+
+
+# -- the issue's end to end: a TRL output dir, and a W&B run on its own, in the control room ------------------------
+
+
+def carl_observe(home: Path, path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "engine.cli", "--home", str(home), "observe", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+
+
+WATCHED = (
+    "entropy",
+    "phi/mean",  # from the entropy: |V| comes from the model config TensorBoardCallback writes
+    "reward",
+    "rewards/brevity/mean",
+    "kl",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "completions/mean_length",
+)
+
+
+async def test_a_trl_output_dir_shows_up_in_the_control_room(trl_output: Path, tmp_path: Path) -> None:
+    """TensorBoard and W&B and completions from one real TRL GRPO run: one run with its steps, rewards, entropy,
+    Φ, KL and clip fractions, and its rollouts, and the control room draws it."""
+    from support import status_text, until
+
+    from carl_tui.app import ControlRoom
+    from engine.store import StoreReader
+
+    home = tmp_path / "home"
+    done = carl_observe(home, trl_output)
+    assert done.returncode == 0, done.stderr
+    reader = StoreReader(home / "carl.db")
+    [run] = reader.runs()
+    assert (run.name, run.framework, run.vocab_size, run.last_step) == ("grpo-out", "trl", 512, 2)
+    keys = set(reader.metric_keys(run.id))
+    assert set(WATCHED) <= keys, set(WATCHED) - keys
+    assert [step for step, _ in reader.rollout_steps(run.id)] == [1, 2]
+    sample = reader.rollouts(run.id, 1)[0]
+    assert sample["prompt"].startswith("count to") and "brevity" in sample["rewards"]
+    assert sample["advantage"] is not None
+    reader.close()
+
+    app = ControlRoom(home, start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: "grpo-out" in status_text(app) and "step 2" in status_text(app))
+        await until(pilot, lambda: "Φ" in str(app.query_one("#phi-chart").border_title))
+        assert "brevity" in str(app.query_one("#rewards-pane").border_title) or app.view.reward_names == [
+            "brevity"
+        ]
+
+
+def test_a_wandb_offline_run_on_its_own_shows_the_same(trl_output: Path, tmp_path: Path) -> None:
+    from engine.store import StoreReader
+
+    [run_dir] = list((trl_output / "wandb").glob("offline-run-*"))
+    home = tmp_path / "home"
+    done = carl_observe(home, run_dir)
+    assert done.returncode == 0, done.stderr
+    reader = StoreReader(home / "carl.db")
+    [run] = reader.runs()
+    assert (run.framework, run.last_step) == ("trl", 2)
+    keys = set(reader.metric_keys(run.id))
+    assert set(WATCHED) - {"phi/mean"} <= keys, (
+        set(WATCHED) - keys
+    )  # Φ once |V| is known (W&B config has it?)
+    reader.close()
