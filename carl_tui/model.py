@@ -367,6 +367,23 @@ def find_experiment(reader: StoreReader, ref: str | int) -> ExperimentView | Non
     return StoreWatcher._read_experiment(reader, int(record["id"]))
 
 
+PAUSE_FACTOR = 20.0  # a gap this many typical steps long is a pause (or a stall), not a step
+
+
+def step_seconds(points: list[tuple[int, float]]) -> float | None:
+    """Seconds a step takes over (step, wall time) points: the span over the steps, less the gaps longer than
+    PAUSE_FACTOR typical steps (a pause leaves its time out). Rows written in bursts (an import, a batch of
+    steps in one transaction) share a wall time: only the positive gaps tell what a step typically takes."""
+    gaps = [(s1 - s0, t1 - t0) for (s0, t0), (s1, t1) in itertools.pairwise(points) if s1 > s0 and t1 >= t0]
+    per_step = sorted(dt / ds for ds, dt in gaps if dt > 0)
+    if not per_step:
+        return None
+    typical = per_step[len(per_step) // 2]
+    kept = [(ds, dt) for ds, dt in gaps if dt <= PAUSE_FACTOR * typical * ds]
+    steps = sum(ds for ds, _ in kept)
+    return sum(dt for _, dt in kept) / steps if steps else None
+
+
 def warmup_steps(config: dict[str, Any]) -> int:
     """The SFT warm-up steps a GRPO run takes before GRPO (0: none, or not a run of ours)."""
     steps = config.get("sft_warmup_steps") if config.get("method", "grpo") == "grpo" else 0
@@ -378,8 +395,8 @@ def _progress(reader: StoreReader, run: RunRow) -> tuple[float | None, float | N
 
     A GRPO run with an SFT warm-up has two phases whose steps take very different times (the demo's
     GRPO steps take ~2x its SFT steps), so a rate measured on one is never applied to the other: during
-    the warm-up the ETA is the warm-up's ("ETA warm-up 40s"), afterwards the run's. A step's time is the
-    median over the newest steps of the phase, so a pause (or any one stall) does not inflate it.
+    the warm-up the ETA is the warm-up's ("ETA warm-up 40s"), afterwards the run's. A step's time is measured
+    over the newest steps of the phase, leaving pauses out (step_seconds).
     """
     if run.status != "running":
         return None, None, None
@@ -390,12 +407,9 @@ def _progress(reader: StoreReader, run: RunRow) -> tuple[float | None, float | N
     step = times[-1][0]
     in_warmup = step <= warmup
     phase = [(s, t) for s, t in times if (s <= warmup) == in_warmup]
-    per_step = sorted(
-        (t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in itertools.pairwise(phase) if s1 > s0 and t1 >= t0
-    )
-    if not per_step or per_step[len(per_step) // 2] <= 0:
+    seconds = step_seconds(phase)
+    if seconds is None:
         return None, None, None
-    seconds = per_step[len(per_step) // 2]
     end = warmup if in_warmup and run.max_steps and run.max_steps > warmup else run.max_steps
     eta = (end - step) * seconds if end and end > step else None
     return 1.0 / seconds, eta, "warm-up" if end == warmup and warmup else None

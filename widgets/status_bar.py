@@ -52,6 +52,7 @@ class StatusBar(Static):
         theme = self.app.current_theme
         health_color = {"green": theme.success, "yellow": theme.warning, "red": theme.error}
         parts: list[tuple[int, Text]] = []  # (priority: lower is dropped first, text)
+        health_part: Text | None = None  # the health reason follows it, cut to the room that is left
 
         def part(priority: int, *pieces: str | tuple[str, str]) -> None:
             text = Text()
@@ -91,8 +92,7 @@ class StatusBar(Static):
             if info.health:
                 mark = f"{HEALTH_MARK.get(info.health, '?')} {info.health}"
                 part(95, " │ ", (mark, health_color.get(info.health, "")))
-                if info.health_reason:
-                    part(3, (f" {info.health_reason}", "dim"))
+                health_part = parts[-1][1]
         engine_color = theme.success if info.engine == "up" else theme.warning
         part(94, " │ engine ", (f"{ENGINE_MARK.get(info.engine, '?')} {info.engine}", engine_color))
         if info.engine_hint:
@@ -108,6 +108,14 @@ class StatusBar(Static):
             if parts[lowest][0] >= 93:
                 break  # only what always stays is left: the line is cut at its end
             del parts[lowest]
+        if info.health_reason and health_part is not None:
+            room = (width or 10_000) - sum(t.cell_len for _, t in parts)
+            reason = f" {info.health_reason}"
+            if room >= 12:  # enough for a few words; else the health mark alone says it
+                if len(reason) > room:
+                    reason = reason[: room - 1] + "…"
+                at = next(i for i, (_, text) in enumerate(parts) if text is health_part) + 1
+                parts.insert(at, (3, Text(reason, style="dim")))
         line = Text(no_wrap=True, overflow="ellipsis")
         for _, text in parts:
             line.append_text(text)
