@@ -189,11 +189,16 @@ def _entropy_collapse(sig: RunSignals, health: Health, now: float) -> None:
         return
     early = float(entropy[: max(MIN_POINTS, len(entropy) // 10)].mean())
     late = float(entropy[-trailing_window(len(entropy)) :].mean())
-    if early > 0 and late < early * ENTROPY_COLLAPSE_RATIO and early - late >= ENTROPY_COLLAPSE_MIN_DROP:
+    if entropy_collapsed(early, late):
         since = f" since RL began at step {sig.rl_start}" if sig.rl_start is not None else ""
         health.flag(
             "yellow", f"entropy collapsed from {early:.3g} to {late:.3g} nats{since}", "entropy_collapse"
         )
+
+
+def entropy_collapsed(early: float, late: float) -> bool:
+    """Below ENTROPY_COLLAPSE_RATIO of where it started, and ENTROPY_COLLAPSE_MIN_DROP nats lower."""
+    return early > 0 and late < early * ENTROPY_COLLAPSE_RATIO and early - late >= ENTROPY_COLLAPSE_MIN_DROP
 
 
 def _coherence_trap(sig: RunSignals, health: Health, now: float) -> None:

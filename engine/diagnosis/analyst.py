@@ -6,7 +6,8 @@ collapse, groups with no reward variance, a NaN loss, a stalled or failed run �
 numbers behind it.
 
 `answer` answers the question asked: the router (router.py) finds the topics it names (the gate,
-Φ, entropy, the rewards, the eval, the loss, the run's status, trajectories, agents), and each
+Φ, entropy, the rewards, the eval, the loss, the KL, the clip fractions, Cov(log π, A), completion length
+(those four in rl_health.py), the run's status, trajectories, agents), and each
 topic's answer leads with the direct answer from the digest's numbers ("the gate opened at step 42:
 3 of the last 5 task-reward means were at or above the threshold…"), then the findings follow,
 those on the question's topics first. Where the digest cannot answer (trajectories and agents
@@ -20,15 +21,24 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from engine.coherence.health import ENTROPY_COLLAPSE_MIN_DROP, ENTROPY_COLLAPSE_RATIO, entropy_collapsed
 from engine.llm.redact import redact
 
 from .digest import task_keys
+from .rl_health import (
+    clip_answer,
+    clip_finding,
+    covariance_answer,
+    kl_answer,
+    kl_finding,
+    length_answer,
+    length_finding,
+)
 from .router import TOPICS, route
 from .wording import Finding, fmt, is_flat, level_text, movement
 
 SEVERITY_ORDER = {"red": 0, "yellow": 1, "info": 2}
 OFFLINE_LABEL = "**Offline analyst** (deterministic, from the store; not Claude)"
-ENTROPY_COLLAPSE = 0.5  # late entropy below this share of the early entropy
 ZERO_STD_SHARE = 0.5  # groups with one reward for every completion: no advantage, no gradient
 HACK_FORMAT = 0.9
 HACK_GAP = 0.3  # format reward at least this far above the task reward
@@ -206,27 +216,38 @@ def _trap(d: dict[str, Any]) -> list[Finding]:
     return []
 
 
-def _entropy(d: dict[str, Any]) -> list[Finding]:
+def _entropy_judged(d: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(the run's entropy trend, the trend it is judged on): over the rewarded steps when an SFT warm-up came
+    first (its entropy drop is learning, not a collapse; as the control room's health judges it), else the run."""
     t = d["trends"].get("phi/entropy") or d["trends"].get("entropy")
-    during = d.get("rewarded_trends", {}).get("phi/entropy")
-    if not t or not t["early"] or t["late"] is None:
+    during = d.get("rewarded_trends", {}).get(t["key"]) if t else None
+    if during and during["early"] and during["late"] is not None:
+        return t, during
+    return t, t
+
+
+def _entropy(d: dict[str, Any]) -> list[Finding]:
+    t, judged = _entropy_judged(d)
+    if not t or not judged or not judged["early"] or judged["late"] is None:
         return []
-    if t["late"] < ENTROPY_COLLAPSE * t["early"]:
-        warmup = (d["config"] or {}).get("sft_warmup_steps")
-        note = f" (an SFT warm-up of {warmup} steps explains part of it)" if warmup else ""
-        if during and during["early"] and during["late"] is not None:
-            note += f"; over the rewarded steps {fmt(during['early'])}→{fmt(during['late'])}"
-        return [
-            Finding(
-                "yellow",
-                "entropy",
-                "Entropy collapsed",
-                f"{t['key']} fell from {fmt(t['early'])} to {fmt(t['late'])} nats "
-                f"({(t['late'] / t['early'] - 1):+.0%}; min {fmt(t['vmin'])}){note}",
-                "a collapsed policy explores little: raise the temperature or add an entropy bonus",
-            )
-        ]
-    return []
+    if not entropy_collapsed(judged["early"], judged["late"]):
+        return []
+    where = ""
+    if judged is not t:
+        where = (
+            f" over the rewarded steps {judged['first_step']}–{judged['last_step']} (across the SFT warm-up before "
+            f"them it went {fmt(t['early'])}→{fmt(t['late'])}, which is learning)"
+        )
+    return [
+        Finding(
+            "yellow",
+            "entropy",
+            "Entropy collapsed",
+            f"{t['key']} fell from {fmt(judged['early'])} to {fmt(judged['late'])} nats{where} "
+            f"({(judged['late'] / judged['early'] - 1):+.0%}; min {fmt(judged['vmin'])})",
+            "a collapsed policy explores little: raise the temperature or add an entropy bonus",
+        )
+    ]
 
 
 def _variance(d: dict[str, Any]) -> list[Finding]:
@@ -241,21 +262,6 @@ def _variance(d: dict[str, Any]) -> list[Finding]:
             f"{t['late']:.0%} of recent groups gave every completion the same reward (early {t['early']:.0%}):"
             " those prompts contribute no advantage, so no gradient",
             "use partial-credit rewards, a larger group (num_generations) or a higher temperature",
-        )
-    ]
-
-
-def _clipped(d: dict[str, Any]) -> list[Finding]:
-    t = d["trends"].get("completions/clipped_ratio")
-    if not t or t["late"] is None or t["late"] < 0.5:
-        return []
-    return [
-        Finding(
-            "yellow",
-            "length",
-            "Most completions hit the length limit",
-            f"{t['late']:.0%} of recent completions were cut at max_completion_length",
-            "raise max_completion_length or reward shorter answers (concise)",
         )
     ]
 
@@ -290,7 +296,21 @@ def _health(d: dict[str, Any], found: list[Finding]) -> list[Finding]:
     ]
 
 
-CHECKS = (_failed, _nan, _stalled, _trap, _hacking, _plateau, _gate, _entropy, _variance, _clipped, _eval)
+CHECKS = (
+    _failed,
+    _nan,
+    _stalled,
+    _trap,
+    _hacking,
+    _plateau,
+    _gate,
+    _entropy,
+    _variance,
+    kl_finding,
+    clip_finding,
+    length_finding,
+    _eval,
+)
 
 
 def analyze(digest: dict[str, Any]) -> list[Finding]:
@@ -311,6 +331,10 @@ FINDINGS_OF = {
     "rewards": {"plateau", "hacking", "variance", "length"},
     "eval": {"eval"},
     "loss": {"nan"},
+    "kl": {"kl"},
+    "clip": {"clip"},
+    "covariance": {"entropy"},
+    "length": {"length"},
     "status": {"failed", "stalled", "health"},
     "trajectories": set(),
     "agents": set(),
@@ -464,16 +488,20 @@ def _entropy_answer(d: dict[str, Any], question: str) -> list[str]:
             "answer about its entropy."
         ]
     lead = f"Entropy (`{t['key']}`) is {level_text(t, ' nats')}, {movement(t)}"
-    if t["early"] and t["late"] is not None:
-        ratio = t["late"] / t["early"]
-        verdict = "that is a collapse" if ratio < ENTROPY_COLLAPSE else "no collapse"
+    _, judged = _entropy_judged(d)
+    if judged and judged["early"] and judged["late"] is not None:
+        ratio = judged["late"] / judged["early"]
+        verdict = (
+            "that is a collapse" if entropy_collapsed(judged["early"], judged["late"]) else "no collapse"
+        )
+        over = " of the rewarded steps" if judged is not t else ""
         lead += (
-            f"; {verdict}: the last quarter is at {ratio:.0%} of the first (the analyst warns below "
-            f"{ENTROPY_COLLAPSE:.0%})"
+            f"; {verdict}: the last quarter{over} is at {ratio:.0%} of the first (the analyst warns below "
+            f"{ENTROPY_COLLAPSE_RATIO:.0%} and {ENTROPY_COLLAPSE_MIN_DROP:g} nats lower)"
         )
     lines = [lead + "."]
     lines.append(f"- Lowest: {fmt(t['vmin'])} nats; highest: {fmt(t['vmax'])} nats.")
-    if during := d.get("rewarded_trends", {}).get("phi/entropy"):
+    if during := d.get("rewarded_trends", {}).get(t["key"]):
         lines.append(
             f"- Over the rewarded steps only ({during['first_step']}–{during['last_step']}): "
             f"{fmt(during['early'])} → {fmt(during['late'])} nats."
@@ -645,6 +673,10 @@ ANSWERS = {
     "rewards": _rewards_answer,
     "eval": _eval_answer,
     "loss": _loss_answer,
+    "kl": kl_answer,
+    "clip": clip_answer,
+    "covariance": covariance_answer,
+    "length": length_answer,
     "status": _status_answer,
     "trajectories": _trajectories_answer,
     "agents": _agents_answer,
