@@ -243,16 +243,16 @@ class Engine:
         runs, self.dirty_runs = sorted(self.dirty_runs), set()
         with self.store.transaction():
             judged = analyze_runs(self.store.conn, runs)
-        self.alerts_due(judged)
+        self.isolated_alerts(self.alerts.runs_judged, judged)
 
-    def alerts_due(self, judged: dict[int, Any] | None = None) -> None:
-        """Alerts for runs just judged red, new agents alarms, and the tries due. Isolated: a failure here is
-        logged (once while it repeats) and the engine goes on."""
+    def alerts_due(self) -> None:
+        """New agents alarms, and the alert tries now due."""
+        self.isolated_alerts(self.alerts.tick)
+
+    def isolated_alerts(self, job: Callable[..., None], *args: Any) -> None:
+        """The alert job is isolated: a failure in it is logged (once while it repeats) and the engine goes on."""
         try:
-            if judged:
-                self.alerts.runs_judged(judged)
-            else:
-                self.alerts.tick()
+            job(*args)
         except Exception as exc:
             self.say("alerts", logging.ERROR, f"alerts: {one_line(exc)}")
 
