@@ -228,6 +228,91 @@ def test_tools_answer_from_the_store(store: Store) -> None:
         reader.close()
 
 
+def rollout_run(store: Store, name: str = "rolled") -> int:
+    """Ten GRPO steps whose reward drops at step 6, each with 2 groups of 4 stored rollouts (per-token
+    entropy and log-probability as our trainers store them); at step 6 the worst answers refuse."""
+    drop = {"reward": lambda s: 0.2 if s == 6 else 0.8, "clip_ratio/region_mean": lambda s: 0.01}
+    run_id = grpo_run(store, name, 10, **drop, **{"clip_ratio/low_mean": lambda s: 0.004})
+    rows = []
+    for step in range(1, 11):
+        for idx in range(8):
+            bad = step == 6 and idx % 4 == 0
+            completion = (
+                "I cannot help with that."
+                if bad
+                else f'{{"tool": "get_time", "args": {{"city": "Oslo{idx}"}}}}'
+            )
+            tokens = completion.split(" ")
+            rows.append(
+                {
+                    "step": step,
+                    "idx": idx,
+                    "group_id": str(idx // 4),
+                    "prompt": f"user: what time is it in Oslo? (step {step})",
+                    "completion": completion,
+                    "rewards": {"task": 0.0 if bad else 1.0, "format": 0.0 if bad else 1.0},
+                    "advantage": -1.5 if bad else 0.5,
+                    "length": len(tokens),
+                    "tokens": tokens,
+                    "entropy": [0.1 * (i + 1) + 0.01 * idx for i in range(len(tokens))],
+                    "logprob": [-0.05 * (i + 1) for i in range(len(tokens))],
+                }
+            )
+    store.add_rollouts(run_id, rows)
+    return run_id
+
+
+def test_glob_and_rollout_tools_answer_from_the_store(store: Store) -> None:
+    run_id = rollout_run(store)
+    plain = grpo_run(store, "plain", 20)
+    reader = StoreReader(store.path)
+    try:
+        names = [t["name"] for t in tools_for(reader, run_id)]
+        assert {"find_metrics", "get_rollouts", "get_rollout_tokens"} <= set(names)
+        assert "get_rollouts" not in [t["name"] for t in tools_for(reader, plain)]  # no rollouts stored
+        # Any key by glob or substring, with its series.
+        found = json.loads(run_tool(reader, run_id, "find_metrics", {"pattern": "clip_ratio/*"}))
+        assert found["keys"] == ["clip_ratio/low_mean", "clip_ratio/region_mean"]
+        assert found["series"]["clip_ratio/region_mean"]["points"][0] == [1, 0.01]
+        by_substring = json.loads(
+            run_tool(reader, run_id, "find_metrics", {"pattern": "REWARD", "max_points": 10})
+        )
+        assert {"reward", "rewards/task/mean", "rewards/format/mean"} <= set(by_substring["keys"])
+        assert by_substring["series"]["reward"]["points"][5] == [6, 0.2]
+        with pytest.raises(ToolError, match="no metric key matches 'kl'; this run's keys: "):
+            run_tool(reader, run_id, "find_metrics", {"pattern": "kl"})
+        # The worst rollouts of the step nearest the one asked, then the best, then one group side by side.
+        worst = json.loads(run_tool(reader, run_id, "get_rollouts", {"step": 6, "pick": "worst", "limit": 2}))
+        assert (worst["step"], worst["rollouts_at_step"], worst["groups_at_step"]) == (6, 8, 2)
+        assert [r["completion"] for r in worst["rollouts"]] == ["I cannot help with that."] * 2
+        assert [r["idx"] for r in worst["rollouts"]] == [0, 4] and worst["rollouts"][0]["advantage"] == -1.5
+        best = json.loads(run_tool(reader, run_id, "get_rollouts", {"step": 60, "pick": "best", "limit": 1}))
+        assert best["step"] == 10 and best["rollouts"][0]["total"] == 2.0
+        group = json.loads(
+            run_tool(reader, run_id, "get_rollouts", {"step": 6, "pick": "group", "group_id": "1"})
+        )
+        assert [r["idx"] for r in group["rollouts"]] == [4, 5, 6, 7]
+        assert (
+            json.loads(run_tool(reader, plain, "get_rollouts", {"step": 1}))["note"]
+            == "this run stored no rollouts"
+        )
+        # A rollout's tokens with their entropies, and its forks (the top fifth by entropy).
+        rollout_id = worst["rollouts"][0]["id"]
+        tokens = json.loads(run_tool(reader, run_id, "get_rollout_tokens", {"rollout_id": rollout_id}))
+        stored = reader.rollout(rollout_id)
+        assert (
+            [t[0] for t in tokens["tokens"]] == stored["tokens"] == ["I", "cannot", "help", "with", "that."]
+        )
+        assert [t[1] for t in tokens["tokens"]] == pytest.approx(stored["entropy"], abs=1e-6)
+        assert tokens["forks"] == [[4, "that.", pytest.approx(0.5, abs=1e-3)]]
+        with pytest.raises(ToolError, match="no rollout 999999 in this run"):
+            run_tool(reader, run_id, "get_rollout_tokens", {"rollout_id": 999999})
+        with pytest.raises(ToolError, match="pick must be best, worst, group or all"):
+            run_tool(reader, run_id, "get_rollouts", {"step": 6, "pick": "median"})
+    finally:
+        reader.close()
+
+
 @pytest.mark.parametrize(
     ("text", "kept"),
     [

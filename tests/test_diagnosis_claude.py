@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from messages_server import MessagesServer
-from test_diagnosis import grpo_run
+from messages_server import MessagesServer, Reply
+from test_diagnosis import grpo_run, rollout_run
 
 from engine.diagnosis.chat import ChatEvent, Diagnoser
 from engine.store import Store
@@ -97,6 +97,49 @@ def test_a_tool_round_trip_answers_from_the_store(store: Store, server: Messages
     )
     assert [p[0] for p in points] == [1, 2, 3]
     assert [p[1] for p in points] == pytest.approx([stored[s] for s in (1, 2, 3)], abs=1e-6)
+
+
+def test_what_the_policy_says_when_reward_drops(store: Store, server: MessagesServer) -> None:
+    """The model looks for the drop, reads that step's worst rollouts, then one rollout's token entropies: each
+    tool call is answered from the rollouts table."""
+    run_id = rollout_run(store)
+    server.tool_use("find_metrics", {"pattern": "reward"}, text_before="Let me find the drop. ")
+    server.tool_use("get_rollouts", {"step": 6, "pick": "worst", "limit": 2})
+
+    def respond(body: dict) -> Reply | None:
+        result = json.loads(body["messages"][-1]["content"][0]["content"])
+        if "rollouts" in result:  # read the worst one's tokens
+            return Reply.tool_use("get_rollout_tokens", {"rollout_id": result["rollouts"][0]["id"]})
+        worst = "".join(t[0] + " " for t in result["tokens"]).strip()
+        return Reply.text([f"At step {result['step']} the worst answers refuse: {worst!r}."])
+
+    server.responder = respond
+    events = turn(diagnoser(store, server, run_id), "show me what the policy says when reward drops")
+    calls = [e.data for e in events if e.kind == "tool_call"]
+    assert [c["name"] for c in calls] == ["find_metrics", "get_rollouts", "get_rollout_tokens"]
+    assert not any(e.data.get("error") for e in events if e.kind == "tool_result")
+    assert (
+        events[-1].data["answer"]
+        == "Let me find the drop. At step 6 the worst answers refuse: 'I cannot help with that.'."
+    )
+    assert {t["name"] for t in server.requests[0].json["tools"]} >= {"get_rollouts", "get_rollout_tokens"}
+    sent = [json.loads(r.json["messages"][-1]["content"][0]["content"]) for r in server.requests[1:]]
+    assert [p for p in sent[0]["series"]["reward"]["points"] if p[1] < 0.5] == [[6, 0.2]]
+    stored = {
+        idx: (completion, total)
+        for idx, completion, total in store.conn.execute(
+            "SELECT idx, completion, total FROM rollouts WHERE run_id=? AND step=6", (run_id,)
+        )
+    }
+    worst = sorted(stored.items(), key=lambda item: item[1][1])[:2]
+    assert [(r["idx"], r["completion"], r["total"]) for r in sent[1]["rollouts"]] == [
+        (idx, completion, total) for idx, (completion, total) in worst
+    ]
+    assert sent[2]["id"] == sent[1]["rollouts"][0]["id"] and sent[2]["columns"] == [
+        "token",
+        "entropy",
+        "logprob",
+    ]
 
 
 def first_tool_use_id(body: dict) -> str:

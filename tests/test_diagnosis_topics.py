@@ -135,6 +135,17 @@ def last_value(store: Store, run_id: int, key: str) -> tuple[int, float]:
         ("how do I aggregate these?", []),  # "gate" only at the start of a word
         ("what's the weather like?", []),
         ("How is this run doing? Is anything wrong, and what should I change?", ["status"]),
+        ("is the KL too high?", ["kl"]),
+        ("Is the KL divergence blowing up?", ["kl"]),  # not the loss's "diverge"
+        ("did training diverge?", ["loss"]),
+        ("what is the clip fraction?", ["clip"]),
+        ("is the trust region too tight?", ["clip"]),
+        ("what does the covariance say?", ["covariance"]),
+        ("what drives the entropy down?", ["covariance"]),
+        ("are the completions getting longer?", ["length"]),
+        ("how many answers are truncated?", ["length"]),
+        ("how long are the answers?", ["length"]),
+        ("how long until it finishes?", ["status"]),
     ],
 )
 def test_the_router_finds_the_topics_in_order(question: str, topics: list[str]) -> None:
@@ -376,6 +387,102 @@ def test_status_questions_give_the_general_picture(store: Store, question: str) 
     lead, text = ask(store, run_id, question)
     assert lead == "Run good is finished at step 120 of 120; nothing looks wrong in its numbers."
     assert "Nothing looks wrong in the numbers the store holds." in text
+
+
+# -- RL health: KL, clip fractions, covariance, length ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "question", ["is the KL too high?", "KL?", "has the policy drifted from the reference model?"]
+)
+def test_kl_questions_get_a_direct_answer_from_the_stored_numbers(store: Store, question: str) -> None:
+    calm = grpo_run(store, "calm", 100, kl=lambda s: 0.02 + 0.001 * s)
+    lead, text = ask(store, calm, question)
+    step, last = last_value(store, calm, "kl")
+    assert lead.startswith(f"The KL to the reference (`kl`) is {last:.3g} nats at step {step} (mean ")
+    assert lead.endswith("; not too high: the control room warns from 1 nat per token and calls 5 a blow-up.")
+    assert "could not tell" not in text
+    high = grpo_run(store, "high", 100, kl=lambda s: 0.05 * s)
+    lead, text = ask(store, high, question)
+    assert "; that is high: the control room warns from 1 nat per token." in lead
+    assert (
+        text.split("**Findings**")[1].splitlines()[1].startswith("- 🟡 **The KL to the reference is high**")
+    )
+    blown = grpo_run(store, "blown", 100, kl=lambda s: 0.05 if s < 60 else 2.0 ** ((s - 55) / 3))
+    lead, text = ask(store, blown, question)
+    assert "; that is a blow-up (the control room's health is red from 5 nats per token, or NaN)." in lead
+    assert "- 🔴 **The KL to the reference blew up**" in text
+    # No KL term at all: beta is 0, so nothing was computed, and the answer says why.
+    plain = grpo_run(store, "no-beta", 50)
+    config = json.loads(store.run(plain)["config"])
+    store.update_run(plain, config=config | {"beta": 0.0})
+    lead, _ = ask(store, plain, question)
+    assert lead.startswith("This run has no KL term: `beta` is 0 in its config")
+
+
+def test_clip_questions(store: Store) -> None:
+    spiky = grpo_run(
+        store,
+        "spiky",
+        100,
+        **{
+            "clip_ratio/region_mean": lambda s: 0.35 if s == 70 else 0.01,
+            "clip_ratio/low_mean": lambda s: 0.3 if s == 70 else 0.004,
+            "clip_ratio/high_mean": lambda s: 0.05 if s == 70 else 0.006,
+        },
+    )
+    config = json.loads(store.run(spiky)["config"])
+    store.update_run(spiky, config=config | {"epsilon": 0.2})
+    lead, text = ask(store, spiky, "is the clip fraction ok?")
+    assert lead.startswith(
+        "The clip fraction (`clip_ratio/region_mean`, tokens whose ratio the clip held, either"
+    )
+    assert "it spiked to 35% (the control room calls a step above 20% a spike)." in lead
+    assert "- `clip_ratio/low_mean` (below 1 - ε, A < 0): 0.004 at step 100, max 0.3." in text
+    assert "- ε is 0.2 in the config: the ratio is clipped to [0.8, 1.2]." in text
+    assert "- 🟡 **The clip fraction spiked**" in text
+    calm = grpo_run(store, "calm", 100, **{"clip_ratio/region_mean": lambda s: 0.0})
+    lead, _ = ask(store, calm, "clipping?")
+    assert "; within bounds: the control room calls a step above 20% a spike and 50% sustained red." in lead
+    none = grpo_run(store, "none", 20)
+    assert ask(store, none, "clip ratio?")[0].startswith("This run logs no clip fraction (`clip_ratio/*`)")
+
+
+def test_covariance_questions(store: Store) -> None:
+    run_id = grpo_run(
+        store,
+        "cov",
+        100,
+        **{"cov/logp_adv": lambda s: 0.02 - 0.0001 * s, "phi/entropy": lambda s: 2.0 - 0.01 * s},
+    )
+    lead, text = ask(store, run_id, "what does the covariance say?")
+    step, last = last_value(store, run_id, "cov/logp_adv")
+    assert lead.startswith(f"Cov(log π, A) (`cov/logp_adv`) is {last:.3g} at step {step} (mean ")
+    assert "; positive on average: the tokens the policy was already sure of are the rewarded ones" in lead
+    assert "- Entropy (`phi/entropy`) over the run: falling from " in text
+    lead, _ = ask(store, grpo_run(store, "observed", 20), "Cov(log π, A)? the logprob covariance")
+    assert lead.startswith("This run has no `cov/logp_adv`: Cov(log π, A) is recorded by carl's own trainers")
+
+
+def test_length_questions(store: Store) -> None:
+    run_id = grpo_run(
+        store,
+        "long",
+        100,
+        **{
+            "completions/mean_length": lambda s: 10 + 0.2 * s,
+            "completions/max_length": lambda s: 32.0,
+            "completions/clipped_ratio": lambda s: min(1.0, s / 80),
+        },
+    )
+    config = json.loads(store.run(run_id)["config"])
+    store.update_run(run_id, config=config | {"max_completion_length": 32})
+    lead, text = ask(store, run_id, "are the completions getting longer?")
+    assert lead.startswith("Completions average 30 tokens at step 100 (mean ") and ", rising from " in lead
+    assert "- 100% of recent completions hit max_completion_length (32) without ending" in text
+    assert "most answers are cut off." in text and "- Longest at step 100: 32 tokens." in text
+    findings = text.split("**Findings**")[1].splitlines()
+    assert findings[1].startswith("- 🟡 **Most completions hit the length limit**")
 
 
 # -- what the offline analyst cannot answer -----------------------------------------------------------------

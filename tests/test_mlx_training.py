@@ -18,6 +18,7 @@ pytest.importorskip("mlx.core")
 
 from test_training_runner import (  # noqa: E402
     PAUSED_POLLS,
+    check_health_keys,
     check_rollouts,
     done,
     finish,
@@ -50,7 +51,7 @@ def mlx_config(path: Path, tiny: Path, **settings: Any) -> Path:
 def test_a_short_mlx_grpo_run_reports_every_step_like_torch(
     tmp_path: Path, tiny_model: Path, store: Store
 ) -> None:
-    config = mlx_config(tmp_path / "carl.yaml", tiny_model, sft_warmup_steps=2)
+    config = mlx_config(tmp_path / "carl.yaml", tiny_model, sft_warmup_steps=2, beta=0.04)
     code, out, err = finish(start(tmp_path / "home", "--config", str(config), "--name", "short"))
     assert code == 0, err
     run = run_row(store, "short")
@@ -95,6 +96,8 @@ def test_a_short_mlx_grpo_run_reports_every_step_like_torch(
         assert len(json.loads(tokens)) == len(json.loads(phi_json)) == len(json.loads(entropy_json)) > 0
         assert {"task", "format", "coherence", "total"} <= set(json.loads(rewards))
     check_rollouts(store, run_id, range(3, 9), group=8)
+    check_health_keys(store, run_id, range(3, 9), kl=True)  # beta 0.04: the k3 KL to the starting model
+    assert all(v >= 0 for v in steps_of(store, run_id, "kl").values())
     assert run["last_checkpoint_step"] == 8 and Path(run["last_checkpoint"]).name == "checkpoint-8"
     final = Path(run["output_dir"]) / "final"
     assert (final / "model.safetensors").is_file() and (final / "config.json").is_file()

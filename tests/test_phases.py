@@ -1,4 +1,4 @@
-"""Phases, the crystallization step and health, on constructed Phi series."""
+"""Phases and the crystallization step, on constructed Phi series (health: test_health.py)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,13 @@ import time
 import numpy as np
 import pytest
 
+from engine.coherence.phases import _running_noise as running_noise
 from engine.coherence.phases import (
-    RunSignals,
-    assess_health,
     classify_phase,
     crystallization_step,
     phases_per_step,
     robust_noise,
 )
-from engine.coherence.phases import _running_noise as running_noise
 
 
 def sigmoid_series(
@@ -110,41 +108,3 @@ def test_phases_per_step_is_fast() -> None:
     assert time.perf_counter() - start < 1.0
     assert len(phases) == 10_000 and phases[-1] == classify_phase(phi)
     assert phases_per_step(np.array([])) == []
-
-
-# --- health (unchanged behaviour) -------------------------------------------------------------
-
-
-def signals(**overrides: object) -> RunSignals:
-    empty = np.array([])
-    base: dict = {
-        "status": "finished",
-        "last_update": None,
-        "phi": empty,
-        "loss": empty,
-        "loss_steps": empty,
-        "reward": empty,
-        "entropy": empty,
-        "zero_std": empty,
-    }
-    return RunSignals(**{**base, **overrides})
-
-
-def test_health_flags() -> None:
-    assert assess_health(signals()).level == "green"
-    assert assess_health(signals()).reasons == ["training dynamics healthy"]
-    crashed = assess_health(signals(status="running", last_update=1000.0), now=1700.0)
-    assert crashed.level == "red" and "presumed crashed" in crashed.reasons[0]
-    assert assess_health(signals(status="running", last_update=1000.0), now=1200.0).level == "yellow"
-    bad = assess_health(signals(loss=np.array([1.0, np.nan]), loss_steps=np.array([10, 20])))
-    assert bad.level == "red" and bad.reasons == ["loss is not finite at step 20"]
-    assert assess_health(signals(zero_std=np.full(10, 0.95))).level == "red"
-    assert assess_health(signals(zero_std=np.full(10, 0.6))).level == "yellow"
-    assert "starvation" in assess_health(signals(reward=np.zeros(10))).reasons[0]
-    collapse = assess_health(signals(entropy=np.r_[np.full(10, 2.0), np.full(10, 0.5)]))
-    assert collapse.level == "yellow" and "entropy collapsed" in collapse.reasons[0]
-    flat_reward = 0.5 + np.random.default_rng(0).normal(0, 0.01, 40)
-    trap = assess_health(signals(reward=flat_reward, phase="crystallizing"))
-    assert trap.level == "yellow" and "coherence trap" in trap.reasons[0]
-    rising = assess_health(signals(reward=np.linspace(0.1, 0.9, 40), phase="crystallizing"))
-    assert rising.level == "green"

@@ -128,6 +128,7 @@ def test_a_short_grpo_run_reports_every_step(tmp_path: Path, tiny_model: Path, s
         assert len(json.loads(tokens)) == len(json.loads(phi_json)) == len(json.loads(entropy_json))
         assert {"task", "format", "coherence", "total"} <= set(json.loads(rewards))
     check_rollouts(store, run_id, range(3, 9), group=8)
+    check_health_keys(store, run_id, range(3, 9), kl=False)  # beta 0: no KL term, no kl key
     # Checkpoints, each with the gate's state beside it, recorded on the run.
     assert run["last_checkpoint_step"] == 8 and Path(run["last_checkpoint"]).name == "checkpoint-6"
     assert (Path(run["last_checkpoint"]) / "carl_gate.json").is_file()
@@ -167,6 +168,51 @@ def check_rollouts(store: Store, run_id: int, steps: range, group: int) -> None:
     assert {s for s, _ in picked if s in steps} == set(steps)
     assert sorted(steps_of(store, run_id, "timing/rollouts_s")) == list(steps)
     reader.close()
+
+
+HEALTH_KEYS = (
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "frac_reward_zero_std",
+    "entropy/p10",
+    "entropy/p50",
+    "entropy/p90",
+    "cov/logp_adv",
+)
+
+
+def check_health_keys(store: Store, run_id: int, steps: range, *, kl: bool) -> None:
+    """Every GRPO step recorded the RL health keys under TRL's names, and the entropy percentiles and
+    Cov(log π, A) agree with the step's stored rollouts (every sample of the step; float16 per token)."""
+    import numpy as np
+
+    for key in HEALTH_KEYS:
+        assert sorted(steps_of(store, run_id, key)) == list(steps), key
+    assert sorted(steps_of(store, run_id, "kl")) == (list(steps) if kl else [])
+    reader = StoreReader(store.path)
+    try:
+        for step in steps:
+            values = {key: steps_of(store, run_id, key)[step] for key in HEALTH_KEYS}
+            low, high, region = (values[f"clip_ratio/{k}_mean"] for k in ("low", "high", "region"))
+            assert 0 <= low <= region <= 1 and 0 <= high <= region and region == pytest.approx(low + high)
+            rows = reader.rollouts(run_id, step)
+            entropy = np.concatenate([r["entropy"] for r in rows])
+            assert values["entropy/p10"] <= values["entropy/p50"] <= values["entropy/p90"]
+            assert values["entropy/p50"] == pytest.approx(np.median(entropy), rel=1e-2, abs=1e-3)
+            logp = np.concatenate([r["logprob"] for r in rows])
+            advantage = np.concatenate([[r["advantage"]] * len(r["logprob"]) for r in rows])
+            covariance = np.mean((logp - logp.mean()) * (advantage - advantage.mean()))
+            assert values["cov/logp_adv"] == pytest.approx(covariance, rel=2e-2, abs=2e-3)
+            lengths = [r["length"] for r in rows]
+            assert values["completions/mean_length"] == pytest.approx(np.mean(lengths))
+            unended = [r["tokens"][-1] != "</s>" for r in rows]  # TRL's clipped: no end-of-sequence token
+            assert values["completions/clipped_ratio"] == pytest.approx(np.mean(unended))
+            assert all(n == 12 for r, n in zip(rows, lengths, strict=True) if r["tokens"][-1] != "</s>")
+    finally:
+        reader.close()
 
 
 def json_entropy(store: Store, run_id: int, step: int) -> float:

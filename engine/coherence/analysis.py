@@ -1,4 +1,8 @@
-"""Write each run's phase and health into the store, from the rows the store already has."""
+"""Write each run's phase and health into the store, from the rows the store already has.
+
+Health's RL rules read the run from the start of RL (`rl_start`): the first step with a reward, or, while a run
+is still in its SFT warm-up, the step after the warm-up its config names. Entropy collapse is judged from there.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +12,13 @@ import time
 
 import numpy as np
 
-from .phases import RunSignals, assess_health, classify_phase, crystallization_step
+from .health import Health, RunSignals, assess_health
+from .phases import classify_phase, crystallization_step
 
 CRYSTALLIZATION_CONFIDENCE = 0.8  # below this the chart shows no crystallization marker
 HORIZON_STEPS = 2000  # phase and health look at the newest steps only, so a 1M-step run costs the same
+EARLY_ENTROPY_STEPS = 200  # the start of RL's entropy, kept as the collapse baseline past the horizon
+EVALS_READ = 50  # the newest held-out evals the hacking rule compares
 
 
 def _series(
@@ -30,38 +37,110 @@ def _series(
     return np.empty(0, dtype=np.int64), np.empty(0)
 
 
-def early_entropy(conn: sqlite3.Connection, run_id: int) -> np.ndarray:
+def rl_start(conn: sqlite3.Connection, run_id: int) -> int | None:
+    """The first step of RL: the first with a reward, else (a run still in its SFT warm-up) the step after the
+    warm-up its config names; None for a run with neither (SFT, or a source that logs no reward)."""
+    for key in ("reward", "rewards/task/mean"):
+        row = conn.execute("SELECT min(step) FROM metrics WHERE run_id=? AND key=?", (run_id, key)).fetchone()
+        if row[0] is not None:
+            return int(row[0])
+    row = conn.execute("SELECT config FROM runs WHERE id=?", (run_id,)).fetchone()
+    try:
+        config = json.loads(row[0]) if row and row[0] else {}
+    except ValueError:
+        return None
+    if not isinstance(config, dict) or config.get("method") != "grpo":
+        return None
+    warmup = config.get("sft_warmup_steps")
+    return int(warmup) + 1 if isinstance(warmup, int) and warmup >= 0 else 1
+
+
+def early_entropy(conn: sqlite3.Connection, run_id: int, since: int) -> np.ndarray:
+    """The run's entropy over the first steps of RL (from `since`)."""
     for key in ("phi/entropy", "entropy"):
         rows = conn.execute(
-            "SELECT value FROM metrics WHERE run_id=? AND key=? ORDER BY step LIMIT ?", (run_id, key, 200)
+            "SELECT value FROM metrics WHERE run_id=? AND key=? AND step>=? ORDER BY step LIMIT ?",
+            (run_id, key, since, EARLY_ENTROPY_STEPS),
         ).fetchall()
         if rows:
             return np.array([np.nan if r[0] is None else r[0] for r in rows], dtype=np.float64)
     return np.empty(0)
 
 
-def analyze_run(conn: sqlite3.Connection, run_id: int, now: float | None = None) -> None:
-    """Recompute phase and health of one run and store them (one short transaction)."""
+def held_out_scores(conn: sqlite3.Connection, run_id: int) -> list[tuple[int, float]]:
+    """(step, task reward) of the run's held-out evals, oldest first."""
+    rows = conn.execute(
+        "SELECT metrics FROM evals WHERE run_id=? ORDER BY id DESC LIMIT ?", (run_id, EVALS_READ)
+    ).fetchall()
+    out = []
+    for (text,) in reversed(rows):
+        try:
+            metrics = json.loads(text or "{}")
+        except ValueError:
+            continue
+        if not isinstance(metrics, dict):
+            continue
+        step, task = metrics.get("step"), metrics.get("task")
+        if isinstance(step, int) and isinstance(task, int | float) and not isinstance(task, bool):
+            out.append((step, float(task)))
+    return out
+
+
+def run_signals(conn: sqlite3.Connection, run_id: int) -> RunSignals | None:
+    """What health looks at, read from the store (None: no such run)."""
     row = conn.execute("SELECT status, last_step, last_update FROM runs WHERE id=?", (run_id,)).fetchone()
     if row is None:
-        return
+        return None
     status, last_step, last_update = row
     since = max(0, (last_step or 0) - HORIZON_STEPS)
     phi_steps, phi = _series(conn, run_id, ("phi/mean",), since)
     loss_steps, loss = _series(conn, run_id, ("loss",), since)
-    _, reward = _series(conn, run_id, ("reward", "rewards/task/mean"), since)
-    _, entropy = _series(conn, run_id, ("phi/entropy", "entropy"), since)
-    if since > 0:  # keep the run's early entropy as the collapse baseline
-        entropy = np.concatenate([early_entropy(conn, run_id), entropy])
-    _, zero_std = _series(conn, run_id, ("frac_reward_zero_std",), since)
-    phase = classify_phase(phi)
-    signals = RunSignals(status, last_update, phi, loss, loss_steps, reward, entropy, zero_std, phase)
+    start = rl_start(conn, run_id)
+    signals = RunSignals(status, last_update, phi, loss, loss_steps, np.empty(0), np.empty(0), np.empty(0))
+    signals.phi_steps = phi_steps
+    signals.phase = classify_phase(phi)
+    signals.rl_start = start
+    if start is None:
+        return signals
+    rl_since = max(since, start)
+    signals.reward_steps, signals.reward = _series(conn, run_id, ("reward", "rewards/task/mean"), rl_since)
+    signals.task_steps, signals.task = _series(conn, run_id, ("rewards/task/mean", "reward"), rl_since)
+    _, entropy = _series(conn, run_id, ("phi/entropy", "entropy"), rl_since)
+    if rl_since > start:  # keep the start of RL's entropy as the collapse baseline
+        entropy = np.concatenate([early_entropy(conn, run_id, start), entropy])
+    signals.entropy = entropy
+    _, signals.zero_std = _series(conn, run_id, ("frac_reward_zero_std",), rl_since)
+    signals.clip_steps, signals.clip = _clip_series(conn, run_id, rl_since)
+    signals.kl_steps, signals.kl = _series(conn, run_id, ("kl",), rl_since)
+    signals.evals = held_out_scores(conn, run_id)
+    signals.verifier_steps, signals.verifier = _series(conn, run_id, ("rewards/verifier/mean",), rl_since)
+    return signals
+
+
+def _clip_series(conn: sqlite3.Connection, run_id: int, since: int) -> tuple[np.ndarray, np.ndarray]:
+    """The share of tokens clipped either side: clip_ratio/region_mean, else low + high."""
+    steps, values = _series(conn, run_id, ("clip_ratio/region_mean",), since)
+    if len(values):
+        return steps, values
+    low_steps, low = _series(conn, run_id, ("clip_ratio/low_mean",), since)
+    high_steps, high = _series(conn, run_id, ("clip_ratio/high_mean",), since)
+    if not len(low) or not np.array_equal(low_steps, high_steps):
+        return np.empty(0, dtype=np.int64), np.empty(0)
+    return low_steps, low + high
+
+
+def analyze_run(conn: sqlite3.Connection, run_id: int, now: float | None = None) -> Health | None:
+    """Recompute phase and health of one run and store them (one short transaction); the health (None: no run)."""
+    signals = run_signals(conn, run_id)
+    if signals is None:
+        return None
     health = assess_health(signals, now)
     conn.execute(
         "UPDATE runs SET phase=?, health=?, health_reasons=? WHERE id=?",
-        (phase, health.level, json.dumps(health.reasons), run_id),
+        (signals.phase, health.level, json.dumps(health.reasons), run_id),
     )
-    mark_crystallization(conn, run_id, phi_steps, phi)
+    mark_crystallization(conn, run_id, signals.phi_steps, signals.phi)
+    return health
 
 
 def mark_crystallization(conn: sqlite3.Connection, run_id: int, steps: np.ndarray, phi: np.ndarray) -> None:
@@ -87,7 +166,12 @@ def mark_crystallization(conn: sqlite3.Connection, run_id: int, steps: np.ndarra
     )
 
 
-def analyze_runs(conn: sqlite3.Connection, run_ids: list[int], now: float | None = None) -> None:
+def analyze_runs(conn: sqlite3.Connection, run_ids: list[int], now: float | None = None) -> dict[int, Health]:
+    """Phase and health of each run; the health of each that exists."""
     now = time.time() if now is None else now
+    judged = {}
     for run_id in run_ids:
-        analyze_run(conn, run_id, now)
+        health = analyze_run(conn, run_id, now)
+        if health is not None:
+            judged[run_id] = health
+    return judged

@@ -27,6 +27,7 @@ from types import FrameType
 from typing import Any
 
 from engine import __version__, paths
+from engine.alerts import Alerts
 from engine.coherence.analysis import analyze_runs
 from engine.control.pidfile import (
     PidRecord,
@@ -150,6 +151,7 @@ class Engine:
         self.published_children: list[dict[str, Any]] | None = None  # as last written to the store
         self.next_sweep = 0.0  # re-assembly of recent hook sessions (turns that ended without Stop)
         self.plane: Any = None  # the agents plane (engine.agents.plane.Plane), made on first use
+        self.alerts = Alerts(store, home)  # red runs and agents alarms to the user's webhook or command
 
     @property
     def stopping(self) -> bool:
@@ -172,6 +174,7 @@ class Engine:
             log.info("received %s; stopping", signal.Signals(self.stop_signal).name)
             self.interrupt_observes()
         finally:
+            self.alerts.close()  # tries still due resume with the next engine (their state is in the store)
             if self.plane is not None:
                 self.plane.shutdown()  # it comes back up with the next engine
 
@@ -196,6 +199,7 @@ class Engine:
             backlog = self.ingest_due()
             backlog = self.trajectories_due() or backlog
             self.analyze_due()
+            self.alerts_due()
             self.reap_children()
             self.publish_children()
             if self.plane is not None:
@@ -238,7 +242,19 @@ class Engine:
         self.next_analysis = now + ANALYZE_EVERY
         runs, self.dirty_runs = sorted(self.dirty_runs), set()
         with self.store.transaction():
-            analyze_runs(self.store.conn, runs)
+            judged = analyze_runs(self.store.conn, runs)
+        self.isolated_alerts(self.alerts.runs_judged, judged)
+
+    def alerts_due(self) -> None:
+        """New agents alarms, and the alert tries now due."""
+        self.isolated_alerts(self.alerts.tick)
+
+    def isolated_alerts(self, job: Callable[..., None], *args: Any) -> None:
+        """The alert job is isolated: a failure in it is logged (once while it repeats) and the engine goes on."""
+        try:
+            job(*args)
+        except Exception as exc:
+            self.say("alerts", logging.ERROR, f"alerts: {one_line(exc)}")
 
     def trajectories_due(self) -> bool:
         """Hook payloads from the spool into scored turns; now and then, close turns whose Stop never

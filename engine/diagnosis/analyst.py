@@ -6,7 +6,8 @@ collapse, groups with no reward variance, a NaN loss, a stalled or failed run �
 numbers behind it.
 
 `answer` answers the question asked: the router (router.py) finds the topics it names (the gate,
-Φ, entropy, the rewards, the eval, the loss, the run's status, trajectories, agents), and each
+Φ, entropy, the rewards, the eval, the loss, the KL, the clip fractions, Cov(log π, A), completion length
+(those four in rl_health.py), the run's status, trajectories, agents), and each
 topic's answer leads with the direct answer from the digest's numbers ("the gate opened at step 42:
 3 of the last 5 task-reward means were at or above the threshold…"), then the findings follow,
 those on the question's topics first. Where the digest cannot answer (trajectories and agents
@@ -17,47 +18,31 @@ names a step ("since step 40") also gets the before/after figures around that st
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass
 from typing import Any
 
+from engine.coherence.health import ENTROPY_COLLAPSE_MIN_DROP, ENTROPY_COLLAPSE_RATIO, entropy_collapsed
 from engine.llm.redact import redact
 
 from .digest import task_keys
+from .rl_health import (
+    clip_answer,
+    clip_finding,
+    covariance_answer,
+    kl_answer,
+    kl_finding,
+    length_answer,
+    length_finding,
+)
 from .router import TOPICS, route
+from .wording import Finding, fmt, is_flat, level_text, movement
 
 SEVERITY_ORDER = {"red": 0, "yellow": 1, "info": 2}
 OFFLINE_LABEL = "**Offline analyst** (deterministic, from the store; not Claude)"
-ENTROPY_COLLAPSE = 0.5  # late entropy below this share of the early entropy
 ZERO_STD_SHARE = 0.5  # groups with one reward for every completion: no advantage, no gradient
 HACK_FORMAT = 0.9
 HACK_GAP = 0.3  # format reward at least this far above the task reward
 SILENT_S, CRASHED_S = 120.0, 600.0
-
-
-@dataclass
-class Finding:
-    severity: str  # red | yellow | info
-    topic: str  # plateau, hacking, gate, trap, entropy, variance, nan, stalled, failed, eval, ...
-    title: str
-    detail: str
-    advice: str = ""
-
-
-def _f(value: float | None) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "—"
-    return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
-
-
-def _is_flat(t: dict[str, Any]) -> bool:
-    """No movement beyond noise: flat for the last quarter or more, or an early→late change
-    within two noise widths."""
-    if t["flat_since"] is not None:
-        return True
-    change, noise = t.get("change"), t.get("noise") or 0.0
-    return change is not None and abs(change) <= 2 * noise
 
 
 def _steps(t: dict[str, Any]) -> int:
@@ -75,7 +60,7 @@ def _failed(d: dict[str, Any]) -> list[Finding]:
                 "red",
                 "failed",
                 "The run failed",
-                f"at step {_f(run['step'])}: {run['error'] or 'no reason recorded'}",
+                f"at step {fmt(run['step'])}: {run['error'] or 'no reason recorded'}",
                 "fix the cause, then resume from the last checkpoint (r in the control room)",
             )
         ]
@@ -96,7 +81,7 @@ def _nan(d: dict[str, Any]) -> list[Finding]:
                     "red",
                     "nan",
                     "The loss became NaN",
-                    f"{key} is NaN/inf from about step {first} (last finite value {_f(t['vmax'])} at most)",
+                    f"{key} is NaN/inf from about step {first} (last finite value {fmt(t['vmax'])} at most)",
                     "lower the learning rate or clip gradients harder, and resume from a checkpoint before it",
                 )
             ]
@@ -117,7 +102,7 @@ def _stalled(d: dict[str, Any]) -> list[Finding]:
             severity,
             "stalled",
             "The run has stopped writing steps",
-            f"no step since {mins:.0f} min (last step {_f(run['step'])}); status still says running",
+            f"no step since {mins:.0f} min (last step {fmt(run['step'])}); status still says running",
             "check the training process and its log (logs/train-*.log under $CARL_HOME)",
         )
     ]
@@ -133,8 +118,8 @@ def _plateau(d: dict[str, Any]) -> list[Finding]:
         share = span / _steps(t)
         level = t["flat_level"]
         detail = (
-            f"{key} has stayed at {_f(level)} ± {_f(t['noise'])} since step {t['flat_since']} "
-            f"({span} steps, {share:.0%} of the steps it was logged; range {_f(t['vmin'])}–{_f(t['vmax'])})"
+            f"{key} has stayed at {fmt(level)} ± {fmt(t['noise'])} since step {t['flat_since']} "
+            f"({span} steps, {share:.0%} of the steps it was logged; range {fmt(t['vmin'])}–{fmt(t['vmax'])})"
         )
         ceiling = t["vmax"] is not None and level is not None and level >= 0.95 * t["vmax"] and level >= 0.95
         if ceiling:
@@ -155,21 +140,21 @@ def _plateau(d: dict[str, Any]) -> list[Finding]:
 
 def _hacking(d: dict[str, Any]) -> list[Finding]:
     trends = d["trends"]
-    fmt = trends.get("rewards/format/mean")
+    form = trends.get("rewards/format/mean")
     tasks = [trends[k] for k in task_keys(d) if k.startswith("rewards/")]
-    if not fmt or not tasks or fmt["late"] is None:
+    if not form or not tasks or form["late"] is None:
         return []
     task = tasks[0]
     # The shape learned far better than the task; a task reward flat near the top is success, not hacking.
-    behind = task["late"] is not None and fmt["late"] - task["late"] >= HACK_GAP
-    if fmt["late"] >= HACK_FORMAT and _is_flat(task) and behind:
+    behind = task["late"] is not None and form["late"] - task["late"] >= HACK_GAP
+    if form["late"] >= HACK_FORMAT and is_flat(task) and behind:
         return [
             Finding(
                 "yellow",
                 "hacking",
                 "Reward hacking: the format is learned, the task is not",
-                f"format reward at {_f(fmt['late'])} (from {_f(fmt['early'])}) while {task['key']} stays flat at "
-                f"{_f(task['late'])} (change {_f(task['change'])}, noise {_f(task['noise'])})",
+                f"format reward at {fmt(form['late'])} (from {fmt(form['early'])}) while {task['key']} stays flat at "
+                f"{fmt(task['late'])} (change {fmt(task['change'])}, noise {fmt(task['noise'])})",
                 "raise the task weight or lower the format weight; check the task reward on samples (v)",
             )
         ]
@@ -189,7 +174,7 @@ def _gate(d: dict[str, Any]) -> list[Finding]:
                 "info",
                 "gate",
                 "The cascade gate is open",
-                f"since step {step}; coherence weights at ×{_f(gate['multiplier'])}: {gate['reason']}",
+                f"since step {step}; coherence weights at ×{fmt(gate['multiplier'])}: {gate['reason']}",
             )
         ]
     first = transitions[0]["step"] if transitions else gate["step"]
@@ -202,7 +187,7 @@ def _gate(d: dict[str, Any]) -> list[Finding]:
             "gate",
             "The cascade gate has never opened",
             f"closed for {closed_for} steps (since step {first}): {gate['above']}/{gate['window']} recent "
-            f"steps above the threshold {_f(gate['threshold'])}; {gate['reason']}",
+            f"steps above the threshold {fmt(gate['threshold'])}; {gate['reason']}",
             "the coherence rewards are not acting; the task reward is not showing sustained progress — "
             "lower cascade.percentile or cascade.min_above if that progress is real",
         )
@@ -216,14 +201,14 @@ def _trap(d: dict[str, Any]) -> list[Finding]:
         return []
     task = d["trends"][keys[0]]
     rise = phi["late"] - phi["early"]
-    if rise > max(0.05, 3 * (phi["noise"] or 0)) and phi["late"] >= 0.9 and _is_flat(task):
+    if rise > max(0.05, 3 * (phi["noise"] or 0)) and phi["late"] >= 0.9 and is_flat(task):
         return [
             Finding(
                 "red",
                 "trap",
                 "The coherence trap: Φ rises while the task does not",
-                f"Φ {_f(phi['early'])}→{_f(phi['late'])} (max {_f(phi['vmax'])}) while {task['key']} stays at "
-                f"{_f(task['late'])} (change {_f(task['change'])}): the policy is becoming certain, not correct",
+                f"Φ {fmt(phi['early'])}→{fmt(phi['late'])} (max {fmt(phi['vmax'])}) while {task['key']} stays at "
+                f"{fmt(task['late'])} (change {fmt(task['change'])}): the policy is becoming certain, not correct",
                 "keep the coherence weights below the task's (cascade.cap_ratio), or close the gate by "
                 "lowering their weights (w) until the task reward moves",
             )
@@ -231,27 +216,38 @@ def _trap(d: dict[str, Any]) -> list[Finding]:
     return []
 
 
-def _entropy(d: dict[str, Any]) -> list[Finding]:
+def _entropy_judged(d: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(the run's entropy trend, the trend it is judged on): over the rewarded steps when an SFT warm-up came
+    first (its entropy drop is learning, not a collapse; as the control room's health judges it), else the run."""
     t = d["trends"].get("phi/entropy") or d["trends"].get("entropy")
-    during = d.get("rewarded_trends", {}).get("phi/entropy")
-    if not t or not t["early"] or t["late"] is None:
+    during = d.get("rewarded_trends", {}).get(t["key"]) if t else None
+    if during and during["early"] and during["late"] is not None:
+        return t, during
+    return t, t
+
+
+def _entropy(d: dict[str, Any]) -> list[Finding]:
+    t, judged = _entropy_judged(d)
+    if not t or not judged or not judged["early"] or judged["late"] is None:
         return []
-    if t["late"] < ENTROPY_COLLAPSE * t["early"]:
-        warmup = (d["config"] or {}).get("sft_warmup_steps")
-        note = f" (an SFT warm-up of {warmup} steps explains part of it)" if warmup else ""
-        if during and during["early"] and during["late"] is not None:
-            note += f"; over the rewarded steps {_f(during['early'])}→{_f(during['late'])}"
-        return [
-            Finding(
-                "yellow",
-                "entropy",
-                "Entropy collapsed",
-                f"{t['key']} fell from {_f(t['early'])} to {_f(t['late'])} nats "
-                f"({(t['late'] / t['early'] - 1):+.0%}; min {_f(t['vmin'])}){note}",
-                "a collapsed policy explores little: raise the temperature or add an entropy bonus",
-            )
-        ]
-    return []
+    if not entropy_collapsed(judged["early"], judged["late"]):
+        return []
+    where = ""
+    if judged is not t:
+        where = (
+            f" over the rewarded steps {judged['first_step']}–{judged['last_step']} (across the SFT warm-up before "
+            f"them it went {fmt(t['early'])}→{fmt(t['late'])}, which is learning)"
+        )
+    return [
+        Finding(
+            "yellow",
+            "entropy",
+            "Entropy collapsed",
+            f"{t['key']} fell from {fmt(judged['early'])} to {fmt(judged['late'])} nats{where} "
+            f"({(judged['late'] / judged['early'] - 1):+.0%}; min {fmt(judged['vmin'])})",
+            "a collapsed policy explores little: raise the temperature or add an entropy bonus",
+        )
+    ]
 
 
 def _variance(d: dict[str, Any]) -> list[Finding]:
@@ -270,28 +266,13 @@ def _variance(d: dict[str, Any]) -> list[Finding]:
     ]
 
 
-def _clipped(d: dict[str, Any]) -> list[Finding]:
-    t = d["trends"].get("completions/clipped_ratio")
-    if not t or t["late"] is None or t["late"] < 0.5:
-        return []
-    return [
-        Finding(
-            "yellow",
-            "length",
-            "Most completions hit the length limit",
-            f"{t['late']:.0%} of recent completions were cut at max_completion_length",
-            "raise max_completion_length or reward shorter answers (concise)",
-        )
-    ]
-
-
 def _eval(d: dict[str, Any]) -> list[Finding]:
     e = d.get("eval")
     if not e:
         return []
     m = e["metrics"]
     figures = ", ".join(
-        f"{k} {_f(m[k])}" for k in ("task", "solved", "format", "phi") if m.get(k) is not None
+        f"{k} {fmt(m[k])}" for k in ("task", "solved", "format", "phi") if m.get(k) is not None
     )
     if e["passed"]:
         return [Finding("info", "eval", "The held-out eval passed", f"{figures}: {'; '.join(e['reasons'])}")]
@@ -315,7 +296,21 @@ def _health(d: dict[str, Any], found: list[Finding]) -> list[Finding]:
     ]
 
 
-CHECKS = (_failed, _nan, _stalled, _trap, _hacking, _plateau, _gate, _entropy, _variance, _clipped, _eval)
+CHECKS = (
+    _failed,
+    _nan,
+    _stalled,
+    _trap,
+    _hacking,
+    _plateau,
+    _gate,
+    _entropy,
+    _variance,
+    kl_finding,
+    clip_finding,
+    length_finding,
+    _eval,
+)
 
 
 def analyze(digest: dict[str, Any]) -> list[Finding]:
@@ -336,6 +331,10 @@ FINDINGS_OF = {
     "rewards": {"plateau", "hacking", "variance", "length"},
     "eval": {"eval"},
     "loss": {"nan"},
+    "kl": {"kl"},
+    "clip": {"clip"},
+    "covariance": {"entropy"},
+    "length": {"length"},
     "status": {"failed", "stalled", "health"},
     "trajectories": set(),
     "agents": set(),
@@ -350,26 +349,6 @@ FINDING_WORDS = {
 ASK_CLAUDE = "ask Claude (set ANTHROPIC_API_KEY: it reads the store with its tools)"
 
 
-def _level(t: dict[str, Any], unit: str = "") -> str:
-    """A series' latest value and its mean over the run."""
-    text = f"{_f(t['last'])}{unit} at step {t['last_step']}"
-    if t.get("mean") is not None:
-        text += f" (mean {_f(t['mean'])}{unit} over steps {t['first_step']}–{t['last_step']})"
-    return text
-
-
-def _movement(t: dict[str, Any]) -> str:
-    """How a series moved: flat since a step, flat within its noise, or rising/falling early→late."""
-    if t["flat_since"] is not None:
-        return f"flat at {_f(t['flat_level'])} ± {_f(t['noise'])} since step {t['flat_since']}"
-    if t["change"] is None:
-        return "too short to have a trend"
-    if _is_flat(t):
-        return f"flat: {_f(t['early'])} in the first quarter, {_f(t['late'])} in the last (within its noise)"
-    way = "rising" if t["change"] > 0 else "falling"
-    return f"{way} from {_f(t['early'])} in the first quarter to {_f(t['late'])} in the last ({t['change']:+.3g})"
-
-
 def _around(d: dict[str, Any], step: int, keys: list[str] | None = None) -> list[str]:
     """Each series' mean before `step` and from it on."""
     lines = []
@@ -381,9 +360,11 @@ def _around(d: dict[str, Any], step: int, keys: list[str] | None = None) -> list
         after = [v for s, v in points if s >= step]
         if before and after:
             b, a = sum(before) / len(before), sum(after) / len(after)
-            lines.append(f"- `{key}`: mean {_f(b)} before step {step}, {_f(a)} from it on ({a - b:+.3g})")
+            lines.append(f"- `{key}`: mean {fmt(b)} before step {step}, {fmt(a)} from it on ({a - b:+.3g})")
         elif after:
-            lines.append(f"- `{key}`: {_f(after[0])} at step {step}, {_f(after[-1])} now (no data before it)")
+            lines.append(
+                f"- `{key}`: {fmt(after[0])} at step {step}, {fmt(after[-1])} now (no data before it)"
+            )
     return lines
 
 
@@ -406,7 +387,7 @@ def _gate_answer(d: dict[str, Any], question: str) -> list[str]:
     elif opened:
         lines = [
             f"The cascade gate opened at step {opened['step']}: {opened['above']} of the last {opened['window']} "
-            f"task-reward means were at or above the threshold {_f(opened['threshold'])} (the {pct} of the "
+            f"task-reward means were at or above the threshold {fmt(opened['threshold'])} (the {pct} of the "
             f"{opened['history']} means so far) and above 0, and the rule needs {rule['min_above']} of "
             f"{rule['window']} (cascade.min_above of cascade.window)."
         ]
@@ -416,7 +397,7 @@ def _gate_answer(d: dict[str, Any], question: str) -> list[str]:
                 f"- At step {before['step']} it was still closed: {_why_closed(before, rule, now=False)}."
             )
         lines.append(
-            f"- Now (step {now['step']}): {now['reason']}; coherence weights ×{_f(now['multiplier'])}."
+            f"- Now (step {now['step']}): {now['reason']}; coherence weights ×{fmt(now['multiplier'])}."
         )
         lines += _around(d, opened["step"], [*task_keys(d)[:1], "phi/mean"])
     else:
@@ -428,7 +409,7 @@ def _gate_answer(d: dict[str, Any], question: str) -> list[str]:
         if closest and closest["step"] != now["step"] and (closest["above"] or 0) > (now["above"] or 0):
             lines.append(
                 f"- Closest it came: {closest['above']}/{closest['window']} at step {closest['step']} "
-                f"(threshold {_f(closest['threshold'])} then)."
+                f"(threshold {fmt(closest['threshold'])} then)."
             )
         lines.append("- While it is closed the coherence rewards are not called: their weight is 0.")
     source = (
@@ -452,13 +433,13 @@ def _why_closed(row: dict[str, Any], rule: dict[str, Any], *, now: bool) -> str:
         return f"it {has} {n} task-reward means and needs {rule['min_points']} before it may open (cascade.min_points)"
     if threshold <= 0:
         return (
-            f"its threshold, the {pct} of the {n} task-reward means so far, {is_} {_f(threshold)}, and it opens "
+            f"its threshold, the {pct} of the {n} task-reward means so far, {is_} {fmt(threshold)}, and it opens "
             f"only on a positive threshold: the task reward {has} been 0 or less on more than {rule['percentile']:.0%} "
             "of the steps"
         )
     return (
         f"{row['above']} of the last {row['window']} task-reward means {are} at or above the threshold "
-        f"{_f(threshold)} (the {pct} of the {n} so far), and it needs {rule['min_above']} (cascade.min_above)"
+        f"{fmt(threshold)} (the {pct} of the {n} so far), and it needs {rule['min_above']} (cascade.min_above)"
     )
 
 
@@ -466,7 +447,7 @@ def _gate_window(gate: dict[str, Any], fed: str) -> list[str]:
     window = gate["window"]
     if not window:
         return []
-    values = ", ".join(_f(v) for _, v in window)
+    values = ", ".join(fmt(v) for _, v in window)
     return [f"- The task reward the gate looked at ({fed}), steps {window[0][0]}–{window[-1][0]}: {values}."]
 
 
@@ -477,12 +458,12 @@ def _phi_answer(d: dict[str, Any], question: str) -> list[str]:
             "This run has no Φ series (`phi/mean`), so the offline analyst cannot answer about its coherence: "
             "Φ is logged by carl's own training and by CarlCallback, not by every source."
         ]
-    lines = [f"Φ (`phi/mean`) is {_level(t)}, {_movement(t)}; range {_f(t['vmin'])}–{_f(t['vmax'])}."]
+    lines = [f"Φ (`phi/mean`) is {level_text(t)}, {movement(t)}; range {fmt(t['vmin'])}–{fmt(t['vmax'])}."]
     p10, p90 = d["trends"].get("phi/p10"), d["trends"].get("phi/p90")
     if p10 and p90:
         lines.append(
-            f"- Band at step {p90['last_step']}: p10 {_f(p10['last'])} to p90 {_f(p90['last'])} "
-            f"(mean over the run {_f(p10.get('mean'))} to {_f(p90.get('mean'))})."
+            f"- Band at step {p90['last_step']}: p10 {fmt(p10['last'])} to p90 {fmt(p90['last'])} "
+            f"(mean over the run {fmt(p10.get('mean'))} to {fmt(p90.get('mean'))})."
         )
     if d["run"]["phase"]:
         lines.append(f"- Phase: {d['run']['phase']} (the engine's reading of the recent Φ trend).")
@@ -492,10 +473,10 @@ def _phi_answer(d: dict[str, Any], question: str) -> list[str]:
     if during := d.get("rewarded_trends", {}).get("phi/mean"):
         lines.append(
             f"- Over the rewarded steps only ({during['first_step']}–{during['last_step']}): "
-            f"{_f(during['early'])} → {_f(during['late'])}."
+            f"{fmt(during['early'])} → {fmt(during['late'])}."
         )
     if d["eval"] and d["eval"]["metrics"].get("phi") is not None:
-        lines.append(f"- The held-out eval's answers: Φ {_f(d['eval']['metrics']['phi'])}.")
+        lines.append(f"- The held-out eval's answers: Φ {fmt(d['eval']['metrics']['phi'])}.")
     return lines
 
 
@@ -506,26 +487,30 @@ def _entropy_answer(d: dict[str, Any], question: str) -> list[str]:
             "This run has no entropy series (`phi/entropy` or `entropy`), so the offline analyst cannot "
             "answer about its entropy."
         ]
-    lead = f"Entropy (`{t['key']}`) is {_level(t, ' nats')}, {_movement(t)}"
-    if t["early"] and t["late"] is not None:
-        ratio = t["late"] / t["early"]
-        verdict = "that is a collapse" if ratio < ENTROPY_COLLAPSE else "no collapse"
+    lead = f"Entropy (`{t['key']}`) is {level_text(t, ' nats')}, {movement(t)}"
+    _, judged = _entropy_judged(d)
+    if judged and judged["early"] and judged["late"] is not None:
+        ratio = judged["late"] / judged["early"]
+        verdict = (
+            "that is a collapse" if entropy_collapsed(judged["early"], judged["late"]) else "no collapse"
+        )
+        over = " of the rewarded steps" if judged is not t else ""
         lead += (
-            f"; {verdict}: the last quarter is at {ratio:.0%} of the first (the analyst warns below "
-            f"{ENTROPY_COLLAPSE:.0%})"
+            f"; {verdict}: the last quarter{over} is at {ratio:.0%} of the first (the analyst warns below "
+            f"{ENTROPY_COLLAPSE_RATIO:.0%} and {ENTROPY_COLLAPSE_MIN_DROP:g} nats lower)"
         )
     lines = [lead + "."]
-    lines.append(f"- Lowest: {_f(t['vmin'])} nats; highest: {_f(t['vmax'])} nats.")
-    if during := d.get("rewarded_trends", {}).get("phi/entropy"):
+    lines.append(f"- Lowest: {fmt(t['vmin'])} nats; highest: {fmt(t['vmax'])} nats.")
+    if during := d.get("rewarded_trends", {}).get(t["key"]):
         lines.append(
             f"- Over the rewarded steps only ({during['first_step']}–{during['last_step']}): "
-            f"{_f(during['early'])} → {_f(during['late'])} nats."
+            f"{fmt(during['early'])} → {fmt(during['late'])} nats."
         )
     temperature = d["run"]["temperature"] or (d["config"] or {}).get("temperature")
     if temperature is not None:
-        lines.append(f"- Sampling temperature: {_f(temperature)}.")
+        lines.append(f"- Sampling temperature: {fmt(temperature)}.")
     if d["eval"] and d["eval"]["metrics"].get("entropy") is not None:
-        lines.append(f"- The held-out eval's answers: {_f(d['eval']['metrics']['entropy'])} nats.")
+        lines.append(f"- The held-out eval's answers: {fmt(d['eval']['metrics']['entropy'])} nats.")
     return lines
 
 
@@ -543,16 +528,16 @@ def _hacking_verdict(d: dict[str, Any]) -> str:
     found = _hacking(d)
     if found:
         return f"Yes, this looks like reward hacking: {found[0].detail}."
-    fmt = d["trends"].get("rewards/format/mean")
+    form = d["trends"].get("rewards/format/mean")
     tasks = [d["trends"][k] for k in task_keys(d) if k.startswith("rewards/")]
-    if not fmt or not tasks:
+    if not form or not tasks:
         return (
             "The offline analyst cannot check for format hacking: the run has no format and task reward pair."
         )
     return (
         f"No reward hacking in the numbers: the analyst calls it hacking when the format reward is at least "
-        f"{HACK_FORMAT} and at least {HACK_GAP} above a flat task reward; here format {_f(fmt['late'])} and "
-        f"`{tasks[0]['key']}` {_f(tasks[0]['late'])} in the last quarter, the task {_movement(tasks[0])}."
+        f"{HACK_FORMAT} and at least {HACK_GAP} above a flat task reward; here format {fmt(form['late'])} and "
+        f"`{tasks[0]['key']}` {fmt(tasks[0]['late'])} in the last quarter, the task {movement(tasks[0])}."
     )
 
 
@@ -560,7 +545,7 @@ def _rewards_answer(d: dict[str, Any], question: str) -> list[str]:
     keys = _reward_keys(d, question)
     if not keys:
         return ["This run has no reward series, so the offline analyst cannot answer about its rewards."]
-    lines = [f"`{k}` is {_level(d['trends'][k])}, {_movement(d['trends'][k])}." for k in keys]
+    lines = [f"`{k}` is {level_text(d['trends'][k])}, {movement(d['trends'][k])}." for k in keys]
     if re.search(r"hack|cheat|gaming", question):
         lines.insert(0, _hacking_verdict(d))
     lines[1:] = [f"- {line}" for line in lines[1:]]
@@ -592,10 +577,10 @@ def _eval_answer(d: dict[str, Any], question: str) -> list[str]:
         f" on {m['prompts']} held-out prompts" if m.get("prompts") else ""
     )
     figures = [
-        f"task reward {_f(m['task'])}" if m.get("task") is not None else "",
+        f"task reward {fmt(m['task'])}" if m.get("task") is not None else "",
         f"solved {m['solved']:.0%}" if m.get("solved") is not None else "",
         f"format-compliant {m['format']:.0%}" if m.get("format") is not None else "",
-        f"Φ {_f(m['phi'])}" if m.get("phi") is not None else "",
+        f"Φ {fmt(m['phi'])}" if m.get("phi") is not None else "",
     ]
     lines = [
         f"The held-out eval {'passed' if e['passed'] else 'failed'}{where}: "
@@ -605,7 +590,7 @@ def _eval_answer(d: dict[str, Any], question: str) -> list[str]:
     lines += [f"- {reason}" for reason in e["reasons"]]
     if keys := task_keys(d):
         t = d["trends"][keys[0]]
-        lines.append(f"- In training, `{keys[0]}` was {_f(t['last'])} at step {t['last_step']}.")
+        lines.append(f"- In training, `{keys[0]}` was {fmt(t['last'])} at step {t['last_step']}.")
     return lines
 
 
@@ -617,13 +602,13 @@ def _loss_answer(d: dict[str, Any], question: str) -> list[str]:
     if nan := _nan(d):
         lines = [
             f"The loss became NaN or inf: {nan[0].detail}.",
-            f"- Its finite values: {_f(t['vmin'])}–{_f(t['vmax'])}, {_movement(t)}.",
+            f"- Its finite values: {fmt(t['vmin'])}–{fmt(t['vmax'])}, {movement(t)}.",
         ]
     else:
-        lines = [f"The loss (`{key}`) is {_level(t)}, {_movement(t)}; no NaN or inf."]
+        lines = [f"The loss (`{key}`) is {level_text(t)}, {movement(t)}; no NaN or inf."]
     for other in ("grad_norm", "learning_rate", "kl"):
         if o := d["trends"].get(other):
-            lines.append(f"- `{other}` is {_f(o['last'])} at step {o['last_step']}, {_movement(o)}.")
+            lines.append(f"- `{other}` is {fmt(o['last'])} at step {o['last_step']}, {movement(o)}.")
     return lines
 
 
@@ -636,8 +621,8 @@ def _status_answer(d: dict[str, Any], question: str) -> list[str]:
         else "nothing looks wrong in its numbers"
     )
     lines = [
-        f"Run {run['name']} is {run['status']} at step {_f(run['step'])}"
-        + (f" of {_f(run['max_steps'])}" if run["max_steps"] else "")
+        f"Run {run['name']} is {run['status']} at step {fmt(run['step'])}"
+        + (f" of {fmt(run['max_steps'])}" if run["max_steps"] else "")
         + f"; {verdict}."
     ]
     if run["status"] == "running" and run["last_update"]:
@@ -688,6 +673,10 @@ ANSWERS = {
     "rewards": _rewards_answer,
     "eval": _eval_answer,
     "loss": _loss_answer,
+    "kl": kl_answer,
+    "clip": clip_answer,
+    "covariance": covariance_answer,
+    "length": length_answer,
     "status": _status_answer,
     "trajectories": _trajectories_answer,
     "agents": _agents_answer,
@@ -716,14 +705,14 @@ def answer(digest: dict[str, Any], question: str = "", *, reason: str = "") -> s
     if not topics:
         lines += [*_not_understood(), ""]
     headline = [
-        f"Run **{run['name']}**: {run['status']}, step {_f(run['step'])}"
-        + (f" of {_f(run['max_steps'])}" if run["max_steps"] else "")
+        f"Run **{run['name']}**: {run['status']}, step {fmt(run['step'])}"
+        + (f" of {fmt(run['max_steps'])}" if run["max_steps"] else "")
         + (f", phase {run['phase']}" if run["phase"] else "")
     ]
     for key in (*task_keys(digest)[:1], "phi/mean", "phi/entropy"):
         t = digest["trends"].get(key)
         if t:
-            headline.append(f"`{key}` {_f(t['first'])}→{_f(t['last'])}")
+            headline.append(f"`{key}` {fmt(t['first'])}→{fmt(t['last'])}")
     lines.append("; ".join(headline) + ".")
     if match := re.search(r"step\s+(\d+)", q):
         around = _around(digest, int(match.group(1)))

@@ -42,6 +42,11 @@ frac_reward_zero_std is the share of GRPO groups whose completions all got the s
 - The cascade gate keeps the coherence rewards (coherence, commitment) at weight 0 until the task reward \
 shows sustained progress, then ramps them in, capped below the task weight.
 - The coherence trap: Phi rising while the task reward stays flat (certainty without competence).
+- RL health keys (find_metrics): kl (to the reference; absent when beta is 0), clip_ratio/* (share of tokens \
+the PPO clip held), entropy/p10|p50|p90, cov/logp_adv (Cov(log π, A) over the completion tokens; positive \
+drives entropy down), completions/mean_length and clipped_ratio, frac_reward_zero_std.
+- Rollouts (get_rollouts, get_rollout_tokens): every sample a step stored, with its rewards, advantage and, \
+for carl's own runs, per-token entropy. Read them to show what the policy actually says.
 
 How to answer:
 - Ground every claim in the run's numbers: quote steps and values. The digest below is downsampled; \
@@ -121,7 +126,7 @@ class Diagnoser:
         reader = self._reader()
         try:
             digest = build_digest(reader, self.run_id)
-            tools = tools_for(reader)
+            tools = tools_for(reader, self.run_id)
         finally:
             reader.close()
         return self._request_parts(digest, tools)
@@ -167,7 +172,7 @@ class Diagnoser:
     def _claude(
         self, reader: StoreReader, digest: dict[str, Any], question: str, history: list[dict[str, str]]
     ) -> Iterator[ChatEvent]:
-        parts = self._request_parts(digest, tools_for(reader))
+        parts = self._request_parts(digest, tools_for(reader, self.run_id))
         messages: list[dict[str, Any]] = [*history, {"role": "user", "content": redact(question)}]
         result = TurnResult(model=self.model)
         for _ in range(MAX_TOOL_ROUNDS):

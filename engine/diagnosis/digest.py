@@ -44,7 +44,20 @@ KEYS = (
     "train/loss",
     "train/reward",
 )
-MAX_KEYS = 20
+# RL health (engine/coherence/health.py, docs/reference/carl.md §6.1), after the rewards: the offline analyst
+# answers on these, and Claude sees their trends.
+HEALTH_KEYS = (
+    "policy_kl",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "cov/logp_adv",
+    "entropy/p10",
+    "entropy/p50",
+    "entropy/p90",
+    "completions/max_length",
+)
+MAX_KEYS = 40
 NON_TASK = {"format", "concise", "coherence", "commitment"}  # rewards that do not measure the task
 
 
@@ -166,8 +179,8 @@ def trend(reader: StoreReader, run_id: int, key: str, since: int | None = None) 
 
 def chosen_keys(keys: list[str]) -> list[str]:
     rewards = sorted(k for k in keys if k.startswith("rewards/") and k.endswith("/mean"))
-    wanted = [k for k in KEYS if k in keys] + rewards
-    return wanted[:MAX_KEYS]
+    wanted = [k for k in KEYS if k in keys] + rewards + [k for k in HEALTH_KEYS if k in keys]
+    return list(dict.fromkeys(wanted))[:MAX_KEYS]
 
 
 def _run_fields(run: RunRow) -> dict[str, Any]:
@@ -303,11 +316,11 @@ def build_digest(reader: StoreReader, run_id: int, *, now: float | None = None) 
     config = reader.run_config(run_id)
     # Phi and entropy over the steps the task reward covers (an SFT warm-up has no rewards):
     # what the coherence trap compares.
-    rewarded = [t.first_step for k, t in trends.items() if k.startswith("rewards/")]
+    rewarded = [t.first_step for k, t in trends.items() if k == "reward" or k.startswith("rewards/")]
     window: dict[str, Any] = {}
     if rewarded:
         since = min(rewarded)
-        for key in ("phi/mean", "phi/entropy"):
+        for key in ("phi/mean", "phi/entropy", "entropy"):
             if key in trends and trends[key].first_step < since and (t := trend(reader, run_id, key, since)):
                 window[key] = t.__dict__ | {"change": t.change}
     return {

@@ -14,7 +14,9 @@ the loss is the clipped surrogate of the per-token ratio against the behaviour p
 `beta` times the k3 KL to the starting model, over every completion token of the batch (TRL's
 default "dapo" normalisation). Φ per token comes from the logits of that same training forward,
 in one fused pass (log-sum-exp and Σp·z at the temperature); the step's rollouts take their per-token
-entropy and log-probability from it too (engine/training/rollouts.py).
+entropy and log-probability from it too (engine/training/rollouts.py). Each step records the RL health keys
+under TRL's names (kl when beta > 0, clip_ratio/*, completions/*, frac_reward_zero_std), and the entropy
+percentiles and Cov(log π, A) of engine/coherence/tokens.py, from that same forward.
 
 Each step's randomness (which prompts, which samples) derives from the seed and the step number,
 so a run resumed from a checkpoint replays the lost steps exactly as they would have gone.
@@ -39,6 +41,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from engine.coherence.phi import phi_from_entropy
 from engine.coherence.summary import pick_traces, step_phi_stats
+from engine.coherence.tokens import step_token_metrics
 from engine.errors import CarlError
 from engine.tasks import completion_text
 
@@ -460,7 +463,7 @@ class MLXBackend:
         for row, sample in enumerate(samples):
             behaviour[row][mask[row]] = sample.logprobs
         reference = self._reference_logps(batch) if self.reference is not None else None
-        (loss, entropy, logp, clipped, kl), norm = self._update(
+        (loss, entropy, logp, clip_low, clip_high, kl), norm = self._update(
             grpo_loss,
             batch,
             mx.array(behaviour),
@@ -470,11 +473,12 @@ class MLXBackend:
             config.epsilon,
             config.beta,
         )
-        entropies = per_row(entropy, batch)
+        entropies, logprobs = per_row(entropy, batch), per_row(logp, batch)
         record = StepRecord(step)
         record.metrics = self._grpo_metrics(
-            values, totals, zero_std, samples, loss, clipped, kl, norm, entropies
+            values, totals, zero_std, samples, loss, (float(clip_low), float(clip_high)), kl, norm, entropies
         )
+        record.metrics.update(step_token_metrics(entropies, logprobs, advantages))
         record.metrics["timing/sampling_s"] = sampled - started
         record.metrics["timing/step_s"] = time.perf_counter() - started
         phis = [phi_from_entropy(h, self.vocab_size) for h in entropies]
@@ -493,7 +497,7 @@ class MLXBackend:
             totals=totals,
             advantages=advantages,
             entropies=entropies,
-            logprobs=per_row(logp, batch),
+            logprobs=logprobs,
             group=g,
             cap=config.rollouts_per_step,
         )
@@ -566,13 +570,14 @@ class MLXBackend:
         zero_std: float,
         samples: list[Sample],
         loss: Any,
-        clipped: Any,
+        clipped: tuple[float, float],
         kl: Any,
         norm: float,
         entropies: list[np.ndarray],
     ) -> dict[str, float | None]:
         assert self.rewards is not None
         lengths = np.array([len(s.token_ids) for s in samples], dtype=np.float64)
+        ends = self._eos_ids() | {self.tokenizer.pad_token_id}
         tokens = np.concatenate(entropies) if entropies else np.zeros(0)
         metrics: dict[str, float | None] = {
             "loss": float(loss),
@@ -582,13 +587,19 @@ class MLXBackend:
             "entropy": float(tokens.mean()) if tokens.size else None,
             "grad_norm": norm,
             "learning_rate": self.lr,
-            "clip_ratio/region_mean": float(clipped),
+            # As TRL logs them: below, above, and either side (the two never overlap).
+            "clip_ratio/low_mean": clipped[0],
+            "clip_ratio/high_mean": clipped[1],
+            "clip_ratio/region_mean": clipped[0] + clipped[1],
             "completions/mean_length": float(lengths.mean()),
             "completions/max_length": float(lengths.max()),
-            "completions/clipped_ratio": float((lengths >= self.config.max_completion_length).mean()),
+            # As TRL counts it: a completion is clipped when it did not end on an end-of-sequence token.
+            "completions/clipped_ratio": float(
+                np.mean([not s.token_ids or s.token_ids[-1] not in ends for s in samples])
+            ),
             "num_tokens": float(lengths.sum()),
         }
-        if self.config.beta > 0:
+        if self.config.beta > 0:  # as TRL: no KL term, no kl key (rather than a 0 that was never measured)
             metrics["kl"] = float(kl)
         for j, name in enumerate(self.rewards.names):
             metrics[f"rewards/{name}/mean"] = _mean(values[:, j])

@@ -99,7 +99,8 @@ def grpo_loss(
 ) -> tuple[mx.array, tuple[mx.array, ...]]:
     """The clipped surrogate of the per-token ratio to the behaviour policy, plus beta * k3 KL to the
     reference, over every completion token of the batch; aux: per-token entropy and log-prob, the
-    share of tokens the clip held, the mean KL."""
+    shares of tokens the clip held below (r < 1 - ε, A < 0) and above (r > 1 + ε, A > 0), as TRL counts
+    them, and the mean KL."""
     logits = model(batch.inputs)[:, :-1, :]
     logp, entropy = token_stats(logits, batch.targets, temperature)
     ratio = mx.exp(logp - behaviour)
@@ -113,11 +114,13 @@ def grpo_loss(
         per_token = per_token + beta * kl
     n = mx.maximum(batch.mask.sum(), 1.0)
     loss = (per_token * batch.mask).sum() / n
-    held = ((ratio * advantage) > (mx.clip(ratio, 1 - epsilon, 1 + epsilon) * advantage)).astype(mx.float32)
+    low = ((ratio < 1 - epsilon) & (advantage < 0)).astype(mx.float32)
+    high = ((ratio > 1 + epsilon) & (advantage > 0)).astype(mx.float32)
     return loss, (
         mx.stop_gradient(entropy),
         mx.stop_gradient(logp),
-        mx.stop_gradient((held * batch.mask).sum() / n),
+        mx.stop_gradient((low * batch.mask).sum() / n),
+        mx.stop_gradient((high * batch.mask).sum() / n),
         mx.stop_gradient((kl * batch.mask).sum() / n),
     )
 

@@ -7,7 +7,9 @@ Only the gated coherence rewards need Phi *before* that forward, at reward time;
 one no-grad forward of prompt + completion ids, and only once the cascade gate has opened.
 
 The step's rollouts (engine/training/rollouts.py) take their per-token entropy and log-probability from that
-same loss forward, and their advantages from TRL's own computation: storing them costs no model call.
+same loss forward, and their advantages from TRL's own computation: storing them costs no model call. So do the
+entropy percentiles and Cov(log π, A) of engine/coherence/tokens.py; TRL logs the other RL health keys itself
+(kl only when beta > 0, clip_ratio/*, completions/*, frac_reward_zero_std).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from transformers import PrinterCallback, TrainerCallback
 
 from engine.coherence.phi import phi_from_entropy, phi_from_model
 from engine.coherence.summary import pick_traces, step_phi_stats
+from engine.coherence.tokens import step_token_metrics
 from engine.errors import CarlError
 from engine.tasks import completion_text
 
@@ -660,6 +663,9 @@ class GRPOReporter(TrainerCallback):
                 step, [phi_from_entropy(e, vocab) for e in known], known, vocab
             )
             record.samples = self._samples(capture, entropies)
+        # Entropy percentiles and Cov(log π, A) from the same loss forward; TRL logs the rest of RL health
+        # itself (kl when beta > 0, clip_ratio/*, completions/*, frac_reward_zero_std).
+        record.metrics.update(step_token_metrics(entropies, capture.logprobs(), capture.advantages))
         if self.backend.ranks.is_main:
             started = time.perf_counter()
             record.rollouts = self._rollouts(capture, entropies)

@@ -1,0 +1,296 @@
+"""A run's health: green, yellow or red, with the reasons that made it so (docs/reference/carl.md §6.1).
+
+Every rule reads the run's own stored series, and every threshold below is a named constant with its reason.
+The RL rules (entropy collapse, zero-std groups, clip fractions, KL, reward hacking) look at the steps of RL
+only, from the first step with a reward: an SFT warm-up is meant to make the policy certain, so its entropy
+drop is learning, not a collapse. The caller (engine/coherence/analysis.py) cuts the series there.
+
+Each flag has a stable cause (`CAUSES`), so that an alert about a cause is sent once per run
+(engine/alerts/), however its reason's numbers change.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .phases import K_NOISE, MIN_POINTS, robust_noise, trailing_window
+
+LEVELS = {"green": 0, "yellow": 1, "red": 2}
+
+# A running run that writes nothing for this long is silent (yellow), then presumed crashed (red): a GRPO step of
+# a large model takes tens of seconds, a checkpoint or an eval a few minutes; LEET's RunCrashTimeout is 10 min.
+SILENT_AFTER_S = 120.0
+CRASHED_AFTER_S = 600.0
+
+# Share of GRPO groups whose completions all got one reward, over the trailing window. Such a group has no
+# advantage and so no gradient: above half, most of each step's samples teach nothing (yellow); above 0.9
+# the run has all but stopped learning (red).
+ZERO_STD_YELLOW = 0.5
+ZERO_STD_RED = 0.9
+
+# Steps whose total reward is exactly 0: more than half means the rewards almost never fire, and GRPO has
+# nothing to rank (red).
+STARVED_SHARE = 0.5
+
+# Entropy collapse, judged over RL only: the trailing window's mean token entropy below this share of the
+# entropy at the start of RL ...
+ENTROPY_COLLAPSE_RATIO = 0.5
+# ... and lower by at least this many nats per token. A policy that enters RL already nearly certain (the demo's
+# tool calls: 0.06 nats, about 1% of each token's probability off its top choice) halves its entropy by moving a
+# fraction of a percent of probability; a ratio alone calls that a collapse. What a lost exploration costs shows
+# in the groups themselves, which the zero-std rule watches.
+ENTROPY_COLLAPSE_MIN_DROP = 0.1
+
+# Clip fractions (share of completion tokens whose ratio the PPO clip held, either side). With one policy update
+# per batch of samples (GRPO's default, and ours) the ratio starts at 1 and the fraction stays near 0; PPO practice
+# reads a fraction above about 0.2 as updates too large for the trust region. One step above it is a spike
+# (yellow); the trailing window's mean above half means most of each update is being clipped away (red).
+CLIP_SPIKE = 0.2
+CLIP_RED = 0.5
+
+# KL to the reference model, nats per token (TRL's k3 estimate), trailing-window mean. GRPO runs with the usual
+# beta (0.001-0.04) stay well below 1 nat per token for hundreds of steps; at 1 the policy has moved far from its
+# reference (yellow), at 5 it has left it and the KL term usually blows up next (red). A non-finite KL is red.
+KL_YELLOW = 1.0
+KL_RED = 5.0
+
+# Possible reward hacking: the reward trained on rose by at least HACKING_MIN_RISE (rewards in 0..1) and beyond
+# its noise, while the independent score (the held-out eval's task reward, or the agents plane's verifier) gained
+# less than HACKING_CARRY of that rise. A real gain carries over to prompts never trained on and to the verifier;
+# a quarter leaves room for an eval of a few dozen prompts, whose own noise is about 0.05.
+HACKING_MIN_RISE = 0.1
+HACKING_CARRY = 0.25
+
+CAUSES = (
+    "silent",
+    "crashed",
+    "loss",
+    "zero_std",
+    "starvation",
+    "entropy_collapse",
+    "coherence_trap",
+    "clip",
+    "kl",
+    "hacking_eval",
+    "hacking_verifier",
+)
+
+
+@dataclass
+class Flag:
+    level: str  # yellow | red
+    cause: str  # one of CAUSES
+    reason: str
+
+
+@dataclass
+class Health:
+    level: str = "green"
+    reasons: list[str] = field(default_factory=list)
+    flags: list[Flag] = field(default_factory=list)
+
+    def flag(self, level: str, reason: str, cause: str) -> None:
+        if LEVELS[level] > LEVELS[self.level]:
+            self.level = level
+        self.reasons.append(reason)
+        self.flags.append(Flag(level, cause, reason))
+
+    def red(self) -> dict[str, str]:
+        """Cause -> reason of every red flag."""
+        return {f.cause: f.reason for f in self.flags if f.level == "red"}
+
+
+@dataclass
+class RunSignals:
+    """The recent signals of a run that health looks at; any may be empty. The RL series (reward onwards) hold
+    the RL steps only; `rl_start` is the first of them (None: the run has not reached RL)."""
+
+    status: str
+    last_update: float | None
+    phi: np.ndarray
+    loss: np.ndarray
+    loss_steps: np.ndarray
+    reward: np.ndarray
+    entropy: np.ndarray
+    zero_std: np.ndarray
+    phase: str | None = None
+    phi_steps: np.ndarray = field(default_factory=lambda: np.empty(0))
+    rl_start: int | None = None
+    reward_steps: np.ndarray = field(default_factory=lambda: np.empty(0))
+    task: np.ndarray = field(default_factory=lambda: np.empty(0))  # the task reward, what an eval scores
+    task_steps: np.ndarray = field(default_factory=lambda: np.empty(0))
+    clip: np.ndarray = field(default_factory=lambda: np.empty(0))
+    clip_steps: np.ndarray = field(default_factory=lambda: np.empty(0))
+    kl: np.ndarray = field(default_factory=lambda: np.empty(0))
+    kl_steps: np.ndarray = field(default_factory=lambda: np.empty(0))
+    evals: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out task reward)
+    verifier: np.ndarray = field(default_factory=lambda: np.empty(0))
+    verifier_steps: np.ndarray = field(default_factory=lambda: np.empty(0))
+
+
+def assess_health(sig: RunSignals, now: float | None = None) -> Health:
+    health = Health()
+    for rule in RULES:
+        rule(sig, health, time.time() if now is None else now)
+    if not health.reasons:
+        health.reasons.append("training dynamics healthy")
+    return health
+
+
+def _finite(values: np.ndarray, steps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    values = np.asarray(values, dtype=np.float64)
+    steps = np.arange(len(values)) if steps is None or len(steps) != len(values) else np.asarray(steps)
+    keep = np.isfinite(values)
+    return values[keep], steps[keep]
+
+
+def _silence(sig: RunSignals, health: Health, now: float) -> None:
+    if sig.status != "running" or not sig.last_update:
+        return
+    quiet = now - sig.last_update
+    if quiet >= CRASHED_AFTER_S:
+        health.flag("red", f"no new step for {quiet / 60:.0f} min: presumed crashed", "crashed")
+    elif quiet >= SILENT_AFTER_S:
+        health.flag("yellow", f"silent for {quiet / 60:.0f} min", "silent")
+
+
+def _loss(sig: RunSignals, health: Health, now: float) -> None:
+    bad = ~np.isfinite(sig.loss)
+    if bad.any():
+        health.flag("red", f"loss is not finite at step {int(sig.loss_steps[np.argmax(bad)])}", "loss")
+
+
+def _zero_std(sig: RunSignals, health: Health, now: float) -> None:
+    zero_std, _ = _finite(sig.zero_std)
+    if not len(zero_std):
+        return
+    frac = float(zero_std[-trailing_window(len(zero_std)) :].mean())
+    if frac >= ZERO_STD_RED:
+        health.flag("red", f"no learning signal: {frac:.0%} of groups have zero reward std", "zero_std")
+    elif frac > ZERO_STD_YELLOW:
+        health.flag("yellow", f"{frac:.0%} of groups have zero reward std", "zero_std")
+
+
+def _starvation(sig: RunSignals, health: Health, now: float) -> None:
+    reward, _ = _finite(sig.reward)
+    if len(reward) >= MIN_POINTS:
+        starved = float(np.mean(np.abs(reward) < 1e-6))
+        if starved > STARVED_SHARE:
+            health.flag("red", f"reward starvation: {starved:.0%} of steps have zero reward", "starvation")
+
+
+def _entropy_collapse(sig: RunSignals, health: Health, now: float) -> None:
+    entropy, _ = _finite(sig.entropy)
+    if len(entropy) < 2 * MIN_POINTS:
+        return
+    early = float(entropy[: max(MIN_POINTS, len(entropy) // 10)].mean())
+    late = float(entropy[-trailing_window(len(entropy)) :].mean())
+    if entropy_collapsed(early, late):
+        since = f" since RL began at step {sig.rl_start}" if sig.rl_start is not None else ""
+        health.flag(
+            "yellow", f"entropy collapsed from {early:.3g} to {late:.3g} nats{since}", "entropy_collapse"
+        )
+
+
+def entropy_collapsed(early: float, late: float) -> bool:
+    """Below ENTROPY_COLLAPSE_RATIO of where it started, and ENTROPY_COLLAPSE_MIN_DROP nats lower."""
+    return early > 0 and late < early * ENTROPY_COLLAPSE_RATIO and early - late >= ENTROPY_COLLAPSE_MIN_DROP
+
+
+def _coherence_trap(sig: RunSignals, health: Health, now: float) -> None:
+    reward, _ = _finite(sig.reward)
+    if sig.phase != "crystallizing" or len(reward) < 2 * MIN_POINTS:
+        return
+    w = trailing_window(len(reward))
+    noise = max(robust_noise(reward), 1e-9) * math.sqrt(w)
+    rise = float(reward[-w:].mean() - reward[-2 * w : -w].mean()) if len(reward) >= 2 * w else 0.0
+    if abs(rise) <= K_NOISE * noise:
+        health.flag("yellow", "coherence trap: Phi rising while task reward is flat", "coherence_trap")
+
+
+def _clip(sig: RunSignals, health: Health, now: float) -> None:
+    clip, steps = _finite(sig.clip, sig.clip_steps)
+    if not len(clip):
+        return
+    w = trailing_window(len(clip))
+    recent, recent_steps = clip[-w:], steps[-w:]
+    if float(recent.mean()) >= CLIP_RED:
+        health.flag("red", f"clip fraction {recent.mean():.0%} over the last {len(recent)} steps", "clip")
+    elif float(recent.max()) >= CLIP_SPIKE:
+        at = int(recent_steps[int(np.argmax(recent))])
+        health.flag("yellow", f"clip fraction spiked to {recent.max():.0%} at step {at}", "clip")
+
+
+def _kl(sig: RunSignals, health: Health, now: float) -> None:
+    kl = np.asarray(sig.kl, dtype=np.float64)
+    if not len(kl):
+        return
+    w = trailing_window(len(kl))
+    recent = kl[-w:]
+    steps = np.asarray(sig.kl_steps)[-w:] if len(sig.kl_steps) == len(kl) else None
+    bad = ~np.isfinite(recent)
+    if bad.any():
+        at = f" at step {int(steps[np.argmax(bad)])}" if steps is not None else ""
+        health.flag("red", f"KL to the reference is not finite{at}", "kl")
+        return
+    mean = float(recent.mean())
+    if mean >= KL_RED:
+        health.flag("red", f"KL blow-up: {mean:.3g} nats per token to the reference", "kl")
+    elif mean >= KL_YELLOW:
+        health.flag("yellow", f"KL to the reference at {mean:.3g} nats per token", "kl")
+
+
+def _window_mean(values: np.ndarray, steps: np.ndarray, end: int, width: int) -> float | None:
+    """Mean of the `width` finite values at or before step `end`."""
+    part = values[steps <= end][-width:]
+    return float(part.mean()) if len(part) else None
+
+
+def _hacking(sig: RunSignals, health: Health, now: float) -> None:
+    """Reward rising while the held-out eval, or the verifier, stays flat."""
+    task, task_steps = _finite(sig.task, sig.task_steps)
+    evals = sorted({step: score for step, score in sig.evals if math.isfinite(score)}.items())
+    if len(task) >= MIN_POINTS and len(evals) >= 2 and evals[-1][0] > evals[0][0]:
+        w = trailing_window(len(task))
+        (first_step, first), (last_step, last) = evals[0], evals[-1]
+        before = _window_mean(task, task_steps, first_step, w)
+        after = _window_mean(task, task_steps, last_step, w)
+        if before is not None and after is not None and _flat_beside(after - before, last - first, task, w):
+            health.flag(
+                "yellow",
+                f"possible reward hacking: the task reward rose {after - before:+.2f} from step {first_step} to "
+                f"{last_step} while the held-out eval moved {last - first:+.2f}",
+                "hacking_eval",
+            )
+    reward, reward_steps = _finite(sig.reward, sig.reward_steps)
+    verifier, verifier_steps = _finite(sig.verifier, sig.verifier_steps)
+    if len(reward) >= 2 * MIN_POINTS and len(verifier) >= 2 * MIN_POINTS:
+        w = trailing_window(len(reward))
+        lo, hi = max(reward_steps[0], verifier_steps[0]), min(reward_steps[-1], verifier_steps[-1])
+        early = [
+            _window_mean(v, s, lo + (hi - lo) // 4, w)
+            for v, s in ((reward, reward_steps), (verifier, verifier_steps))
+        ]
+        late = [_window_mean(v, s, hi, w) for v, s in ((reward, reward_steps), (verifier, verifier_steps))]
+        if None not in early + late:
+            rise, carried = late[0] - early[0], late[1] - early[1]  # type: ignore[operator]
+            if _flat_beside(rise, carried, reward, w):
+                health.flag(
+                    "yellow",
+                    f"possible reward hacking: the reward rose {rise:+.2f} while the verifier moved {carried:+.2f}",
+                    "hacking_verifier",
+                )
+
+
+def _flat_beside(rise: float, carried: float, trained: np.ndarray, window: int) -> bool:
+    """The trained-on reward rose (by HACKING_MIN_RISE, and beyond its noise) and the independent score did not
+    follow (less than HACKING_CARRY of the rise)."""
+    noise = robust_noise(trained) * math.sqrt(2.0 / window)  # of a difference of two window means
+    return rise >= HACKING_MIN_RISE and rise > K_NOISE * noise and carried < HACKING_CARRY * rise
+
+
+RULES = (_silence, _loss, _zero_std, _starvation, _entropy_collapse, _coherence_trap, _clip, _kl, _hacking)
