@@ -152,6 +152,7 @@ class ExplorerScreen(ModalScreen[None]):
         self.top = 0  # the grid's first row in view
         self.plans: dict[str, tuple[tuple, ChartPlan]] = {}  # key -> (what it was made of, the plan)
         self.error: str | None = None
+        self.header_plain = ""
 
     # -- layout ------------------------------------------------------------------------------------
 
@@ -175,9 +176,7 @@ class ExplorerScreen(ModalScreen[None]):
 
     def on_mount(self) -> None:
         self.set_layout()
-        width, height = self.app.size
-        first = 1 if not self.wide else ChartGrid.columns_for(width) * max(1, (height - 2) // CHART_HEIGHT)
-        self.feed = ExplorerFeed(self.db_path, [run.id for run in self.runs], first=first)
+        self.feed = ExplorerFeed(self.db_path, [run.id for run in self.runs], first=self.first_screen)
         self.update_header()
         self.follow()
 
@@ -230,6 +229,15 @@ class ExplorerScreen(ModalScreen[None]):
             self.apply_filter()
         else:
             self.draw_charts()
+
+    def first_screen(self, keys: list[KeyInfo]) -> list[str]:
+        """The keys the first screen shows (called on the feed's thread, with the first listing): the
+        first key, or the grid's rows that fit the screen as it is now."""
+        if not self.wide:
+            return [info.key for info in keys[:1]]
+        width, height = self.app.size
+        rows = grid_rows(keys, ChartGrid.columns_for(width))
+        return [key for row in rows[: rows_in_view(rows, 0, height - 2, CHART_HEIGHT)] for key in row.keys]
 
     def want_visible(self) -> None:
         """Ask the feed for the series of the keys in view (of every run shown)."""
@@ -383,10 +391,9 @@ class ExplorerScreen(ModalScreen[None]):
         if self.error:
             parts.append(self.error)
         header = Text(" · ".join(parts))
-        widget = self.query_one("#explorer-header", Static)
-        if getattr(widget, "shown", None) != header.plain:
-            widget.shown = header.plain  # type: ignore[attr-defined]
-            widget.update(header)
+        if header.plain != self.header_plain:  # an update repaints, even with the same text
+            self.header_plain = header.plain
+            self.query_one("#explorer-header", Static).update(header)
 
     # -- keys --------------------------------------------------------------------------------------
 

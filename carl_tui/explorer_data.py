@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,10 +80,17 @@ class ExplorerFeed:
     """Follows the store for the explorer, on one thread. Any thread may call `want` (the keys in
     view, read at the next poll); `poll` and `wait` belong to the thread that reads."""
 
-    def __init__(self, db_path: Path, run_ids: Sequence[int], *, first: int = 0) -> None:
+    def __init__(
+        self,
+        db_path: Path,
+        run_ids: Sequence[int],
+        *,
+        first: Callable[[list[KeyInfo]], list[str]] | None = None,
+    ) -> None:
         self.db_path = db_path
         self.run_ids = list(run_ids)
-        self.first = first  # the first listing reads this many keys' series at once: the first screen
+        # the keys of the first screen, from the first listing: read with it, in the same poll
+        self.first = first
         self.requests: queue.SimpleQueue[tuple[Pair, ...]] = queue.SimpleQueue()
         self.reader: StoreReader | None = None
         self.version = -1
@@ -128,10 +135,10 @@ class ExplorerFeed:
             self.version = version
             news.listing = self._relist(reader)
         wanted = self.wanted
-        if news.listing is not None and self.first and not wanted:
-            keys = [info.key for info in news.listing.keys[: self.first]]
+        if news.listing is not None and self.first is not None and not wanted:
+            keys = self.first(news.listing.keys)
             wanted = tuple((run_id, key) for key in keys for run_id in self.run_ids)
-            self.first = 0
+            self.first = None
         news.series = read_series(reader, wanted, self.cache, self.stale)
         return news if news.listing is not None or news.series else None
 
