@@ -166,6 +166,7 @@ class ExplorerScreen(ModalScreen[None]):
                 yield OptionList(id="explorer-keys")
                 yield Chart(mode=self.chart_mode, empty_text="reading…", id="explorer-chart")
             yield ChartGrid(id="explorer-grid")
+            yield Static("", id="explorer-empty")  # the grid's empty state
             yield Chart(mode=self.chart_mode, empty_text="reading…", id="explorer-zoom")
         yield Footer()
 
@@ -272,6 +273,10 @@ class ExplorerScreen(ModalScreen[None]):
                 self.show_grid()
             else:
                 self.fill_list()
+            empty = self.query_one("#explorer-empty", Static)
+            empty.display = self.wide and not self.zoomed and not self.keys
+            if empty.display:
+                empty.update(Text("no keys match the filter" if self.filter_text else "no metrics yet"))
             self.update_header()
             self.want_visible()
             self.draw_charts()
@@ -371,7 +376,7 @@ class ExplorerScreen(ModalScreen[None]):
         """The step cursor, a vertical line, and each run's value there in the chart's bottom border."""
         if self.cursor_step is None or self.current is None:
             chart.set_markers(())
-            set_subtitle(chart, Text(" ← → move the cursor · i inspects its step "))
+            set_subtitle(chart, Text(" ← → cursor · i inspects a step "))
             return
         chart.set_markers([self.cursor_step])
         parts = [f"step {self.cursor_step:,}"]
@@ -387,7 +392,7 @@ class ExplorerScreen(ModalScreen[None]):
         parts = ["Metrics", what, count_line(len(self.keys), total) if self.listing else "reading…"]
         if self.filter_text:
             parts.append(f"filter {self.filter_text}")
-        parts.append(self.smoothing.label)
+        parts.append(self.smoothing.label + (" ([ ] change it)" if self.smoothing.kind != "none" else ""))
         if self.error:
             parts.append(self.error)
         header = Text(" · ".join(parts))
