@@ -165,8 +165,8 @@ class ExplorerScreen(ModalScreen[None]):
             with Horizontal(id="explorer-list-view"):
                 yield OptionList(id="explorer-keys")
                 yield Chart(mode=self.chart_mode, empty_text="reading…", id="explorer-chart")
-            yield ChartGrid(id="explorer-grid")
             yield Static("", id="explorer-empty")  # the grid's empty state
+            yield ChartGrid(id="explorer-grid")
             yield Chart(mode=self.chart_mode, empty_text="reading…", id="explorer-zoom")
         yield Footer()
 
@@ -283,7 +283,8 @@ class ExplorerScreen(ModalScreen[None]):
 
     def fill_list(self) -> None:
         keys_list = self.query_one("#explorer-keys", OptionList)
-        width = max(keys_list.scrollable_content_region.width, 20)
+        # a column kept for the scrollbar, which comes once the keys outgrow the list
+        width = max(keys_list.scrollable_content_region.width - 1, 20)
         options: list[Option] = []
         index = None
         for group, members in itertools.groupby(self.keys, key=lambda info: info.group):
@@ -387,15 +388,24 @@ class ExplorerScreen(ModalScreen[None]):
         set_subtitle(chart, Text(" " + " · ".join(parts) + " "))
 
     def update_header(self) -> None:
-        what = f"run {self.runs[0].name}" if len(self.runs) == 1 else f"{len(self.runs)} runs compared"
+        """Metrics · the run (or the runs compared, each in its line's colour) · the count · the filter ·
+        the smoothing."""
+        header = Text("Metrics · ")
+        if len(self.runs) == 1:
+            header.append(f"run {self.runs[0].name}")
+        else:
+            header.append(f"{len(self.runs)} runs:")
+            chart = self.query_one("#explorer-zoom", Chart)
+            for run in self.runs:
+                header.append(" ━ " + run.name, chart.line_style(run.color))
         total = len(self.listing.keys) if self.listing else 0
-        parts = ["Metrics", what, count_line(len(self.keys), total) if self.listing else "reading…"]
+        parts = [count_line(len(self.keys), total) if self.listing else "reading…"]
         if self.filter_text:
             parts.append(f"filter {self.filter_text}")
         parts.append(self.smoothing.label + (" ([ ] change it)" if self.smoothing.kind != "none" else ""))
         if self.error:
             parts.append(self.error)
-        header = Text(" · ".join(parts))
+        header.append(" · " + " · ".join(parts))
         if header.plain != self.header_plain:  # an update repaints, even with the same text
             self.header_plain = header.plain
             self.query_one("#explorer-header", Static).update(header)

@@ -123,9 +123,11 @@ class InspectorScreen(ModalScreen[None]):
         with Vertical() as box:
             box.border_title = "Record"
             yield Static(Text("reading…"), id="inspector-title")
-            yield Input(
+            search = Input(
                 placeholder="filter rows: a substring, or a glob such as rewards/*", id="inspector-filter"
             )
+            search.display = False  # until `/`
+            yield search
             yield DataTable(cursor_type="row", zebra_stripes=True, id="inspector-table")
             yield Static(Text("/ filters · esc closes", style="dim"), id="inspector-hint")
 

@@ -493,7 +493,7 @@ async def test_marked_runs_are_overlaid_in_their_colours(home: Path, size: tuple
         await pilot.press("x", "j", "x")  # grpo-other, then grpo-ours (highlighted, so drawn on top)
         assert app.comparison.comparing
         screen = await open_explorer(pilot, app, "grpo-ours")
-        assert "2 runs compared · 19 of 19 keys" in header(screen)
+        assert "Metrics · 2 runs: ━ grpo-ours ━ grpo-other · 19 of 19 keys" in header(screen)
         assert [run.id for run in screen.runs] == [ours, other]
         await pilot.press("slash", *"rewar[d]", "enter")
         await until(pilot, lambda: screen.current == "reward" and loaded(screen))
