@@ -445,6 +445,12 @@ class ControlRoom(
             self.action_observe,
         )
         yield SystemCommand("Toggle chart mode", "Braille or block characters", self.action_toggle_chart_mode)
+        yield SystemCommand(
+            "Metrics explorer", "Every key of the run, or of the marked runs (m)", self.action_explore
+        )
+        yield SystemCommand(
+            "Record inspector", "The stored row of the run's newest step (i)", self.action_inspect
+        )
         for theme in THEME_NAMES:
             yield SystemCommand(
                 f"Theme: {theme}", "Switch theme (remembered)", lambda t=theme: setattr(self, "theme", t)

@@ -31,6 +31,22 @@ if TYPE_CHECKING:
 PIN_WIDTH = 26  # a pinned chart's least width: as many show side by side as fit
 
 
+class PinsRow(Horizontal):
+    """The pinned charts, side by side: as many as fit its width (again at each resize), the last
+    saying how many more there are."""
+
+    def fit(self) -> None:
+        charts = list(self.query(Chart))
+        fit = max(1, self.size.width // PIN_WIDTH) if self.size.width else len(charts)
+        more = len(charts) - fit
+        for index, chart in enumerate(charts):
+            chart.display = index < fit
+            set_subtitle(chart, f"+{more} more · m" if index == fit - 1 and more > 0 else None)
+
+    def on_resize(self) -> None:
+        self.fit()
+
+
 def read_pins(reader: StoreReader, run_id: int, keys: list[str], old: dict[str, Series]) -> dict[str, Series]:
     """The pinned keys' series: read, or extended with the rows past those already read."""
     fresh = {}
@@ -103,9 +119,9 @@ class ExplorerKeys:
         self.draw_pins()
         return self.config.pinned(run_name)
 
-    def pins_row(self: ControlRoom) -> Horizontal | None:
-        rows = self.main.query("#pins")
-        return rows.first(Horizontal) if rows else None
+    def pins_row(self: ControlRoom) -> PinsRow | None:
+        rows = self.main.query(PinsRow)
+        return rows.first(PinsRow) if rows else None
 
     def draw_pins(self: ControlRoom) -> None:
         """The selected run's pinned charts (mounted on first use), and a read of their series."""
@@ -120,7 +136,7 @@ class ExplorerKeys:
                 self.place_pins()
             return
         if row is None:
-            row = Horizontal(id="pins")
+            row = PinsRow(id="pins")
             self.main.query_one("#main").mount(row, before="#activity")
         row.display = True
         charts = list(row.query(Chart))
@@ -136,14 +152,13 @@ class ExplorerKeys:
         if self.pins_run != run.id:
             self.pins_run, self.pins_series = run.id, {}
         self.show_pins(charts[: len(keys)], keys)
+        row.fit()
         self.place_pins()
         self.read_pins()
 
     def show_pins(self: ControlRoom, charts: list[Chart], keys: list[str]) -> None:
-        fit = max(1, self.main.query_one("#main").size.width // PIN_WIDTH)
         series = self.pins_series or {}
-        for index, (chart, key) in enumerate(zip(charts, keys, strict=True)):
-            chart.display = index < fit
+        for chart, key in zip(charts, keys, strict=True):
             data = series.get(key)
             if data is not None:
                 chart.empty_text = "no finite values"
@@ -151,8 +166,6 @@ class ExplorerKeys:
                     chart.set_series(data)
             latest = f" {short_value(data.latest)}" if data is not None and len(data) else ""
             set_title(chart, one_line(key) + latest)
-            more = len(keys) - fit
-            set_subtitle(chart, f"+{more} more · m" if index == fit - 1 and more > 0 else None)
 
     def read_pins(self: ControlRoom) -> None:
         """Read (or extend) the pinned series off the UI thread; one read at a time."""

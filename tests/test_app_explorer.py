@@ -539,3 +539,20 @@ async def test_hostile_names_are_shown_as_text(home: Path) -> None:
         await until(pilot, lambda: isinstance(app.screen, InspectorScreen) and app.screen.record is not None)
         names = [name for name, _, _ in table_rows(app.screen)]  # type: ignore[arg-type]
         assert "[bold]k\ufffd[31m\ufffdy" in names
+
+
+async def test_the_pinned_charts_show_as_many_as_fit_and_say_how_many_more(home: Path) -> None:
+    (home / "tui.toml").write_text('[pins]\ngrpo-ours = ["kl", "loss", "reward", "entropy"]\n')
+    app = ControlRoom(home, start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(
+            pilot, lambda: len(app.query(".pin-chart")) == 4 and all(c.lines for c in app.query(".pin-chart"))
+        )
+        await pilot.pause()
+        charts = list(app.query(".pin-chart").results(Chart))
+        shown = [chart for chart in charts if chart.display]
+        assert [str(chart.border_title).split()[0] for chart in charts] == ["kl", "loss", "reward", "entropy"]
+        assert len(shown) == 2 and str(shown[-1].border_subtitle) == "+2 more · m"
+        await pilot.resize_terminal(160, 50)
+        await until(pilot, lambda: all(chart.display for chart in charts))
+        assert not any(chart.border_subtitle for chart in charts)
