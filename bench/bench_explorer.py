@@ -5,7 +5,8 @@ process on a pty, its screen read through pyte (bench/harness.py).
 For each size (160×50: the grid; 80×24: the list and one chart), in the same run:
 - the control room's own first paint (from the process start: the run's name and its Φ chart on screen);
 - `m` pressed, until the explorer has drawn every chart in view (160×50) or the list and its chart (80×24).
-Prints the medians in seconds and the explorer's first paint as a ratio to the main screen's.
+Prints the medians in seconds and the explorer's first paint as a ratio to the main screen's; then the bytes
+the open explorer writes to the terminal over 10 s while the store does not move.
 
     python bench/bench_explorer.py       # builds bench/out/store-explorer once (a few minutes)
 
@@ -29,6 +30,7 @@ from harness import OUT, ROOT, PtyApp, tui_argv  # noqa: E402
 
 KEYS = 200
 STEPS = 100_000
+IDLE_S = 10.0
 RUNS = 5  # the median of several: start-up times on a shared 2-core box are noisy
 RUN_NAME = "bench-200x100k"
 PACKAGES = ("carl_tui", "engine", "widgets", "themes")
@@ -142,8 +144,9 @@ def explorer_painted(text: str, least: int) -> bool:
     return drawn is not None and drawn >= least
 
 
-def measure(home: Path, cols: int, rows: int, least: int) -> tuple[float, float]:
-    """(main screen's first paint from the start, the explorer's first paint from `m`), in seconds."""
+def measure(home: Path, cols: int, rows: int, least: int, idle_s: float = 0.0) -> tuple[float, float, int]:
+    """(main screen's first paint from the start, the explorer's first paint from `m`, in seconds; the
+    bytes written over `idle_s` seconds after that, the store not moving)."""
     app = PtyApp(tui_argv(home), cols=cols, rows=rows, env={"TEXTUAL_ANIMATIONS": "none"}).start()
     try:
         main_s = app.wait_for(main_painted, timeout=60)
@@ -152,12 +155,17 @@ def measure(home: Path, cols: int, rows: int, least: int) -> tuple[float, float]
         app.send(b"m")
         deadline = pressed + 60
         changed = True
-        while True:
-            if changed and explorer_painted(app.text(), least):
-                return main_s, time.perf_counter() - pressed
+        while not (changed and explorer_painted(app.text(), least)):
             if time.perf_counter() > deadline:
                 raise TimeoutError(f"the explorer never painted; last screen:\n{app.text()}")
             changed = app.pump(0.005) > 0
+        explorer_s = time.perf_counter() - pressed
+        if not idle_s:
+            return main_s, explorer_s, 0
+        app.pump(2.0)
+        before = app.bytes_read
+        app.pump(idle_s)
+        return main_s, explorer_s, app.bytes_read - before
     finally:
         app.stop()
 
@@ -170,7 +178,7 @@ def main() -> None:
     for cols, rows, least, what in ((160, 50, 12, "grid"), (80, 24, 1, "list")):
         mains, explorers = [], []
         for _ in range(RUNS):
-            main_s, explorer_s = measure(home, cols, rows, least)
+            main_s, explorer_s, _ = measure(home, cols, rows, least)
             mains.append(main_s)
             explorers.append(explorer_s)
         main_s, explorer_s = statistics.median(mains), statistics.median(explorers)
@@ -178,6 +186,8 @@ def main() -> None:
             f"explorer_first_paint_{cols}x{rows}_{what}_{KEYS}keys_x_{STEPS // 1000}k_steps_s={explorer_s:.3f} "
             f"baseline_main_screen_first_paint_s={main_s:.3f} ratio={explorer_s / main_s:.2f}"
         )
+    _, _, idle = measure(home, 160, 50, 12, idle_s=IDLE_S)
+    print(f"explorer_idle_bytes_{IDLE_S:.0f}s={idle} (the store not moving; the grid open)")
 
 
 if __name__ == "__main__":

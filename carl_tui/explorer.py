@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -303,9 +304,9 @@ class ExplorerScreen(ModalScreen[None]):
         value = short_value(latest)
         name = (f"{PIN_MARK} " if info.key in self.pinned else "  ") + info.label
         room = width - len(value) - 1
-        if len(name) > room:
-            name = name[: max(room - 1, 1)] + "…"
-        line = Text(name.ljust(room) + " ")
+        if cell_len(name) > room:
+            name = set_cell_size(name, max(room - 1, 1)) + "…"
+        line = Text(set_cell_size(name, room) + " ")
         line.append(value, style="bold")
         return line
 
@@ -479,12 +480,6 @@ class ExplorerScreen(ModalScreen[None]):
         if self.current is None or self.pin_callback is None:
             return
         self.pinned = set(self.pin_callback(self.current))
-        pinned = self.current in self.pinned
-        self.notify(
-            f"{self.current} {'pinned to' if pinned else 'unpinned from'} the main screen",
-            title="pins",
-            markup=False,
-        )
         self.show_keys()
 
     def action_inspect(self) -> None:

@@ -30,6 +30,7 @@ class GridSlot(Vertical):
             Chart(mode=mode, empty_text="reading…", classes="explorer-cell") for _ in range(columns)
         ]
         self.keys: tuple[str, ...] = ()
+        self.group: str | None = None  # the heading shown
 
     def compose(self) -> ComposeResult:
         yield self.heading
@@ -70,8 +71,9 @@ class ChartGrid(Vertical):
                 continue
             slot.keys = row.keys
             slot.heading.display = row.group is not None
-            if row.group is not None:
+            if row.group is not None and row.group != slot.group:  # an update repaints: only on change
                 slot.heading.update(Text(row.group))
+                slot.group = row.group
             for column, chart in enumerate(slot.charts):
                 chart.visible = column < len(row.keys)  # hidden, not removed: the row keeps its widths
 

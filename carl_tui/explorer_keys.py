@@ -117,7 +117,11 @@ class ExplorerKeys:
         self.config = self.config.toggle_pin(run_name, key)
         self.save_config()
         self.draw_pins()
-        return self.config.pinned(run_name)
+        pinned = self.config.pinned(run_name)
+        where = "pinned to" if key in pinned else "unpinned from"
+        session = " for this session (read-only)" if self.readonly else ""
+        self.notify(f"{one_line(key)} {where} the main screen{session}", title="pins", markup=False)
+        return pinned
 
     def pins_row(self: ControlRoom) -> PinsRow | None:
         rows = self.main.query(PinsRow)
