@@ -133,7 +133,7 @@ class InspectorScreen(ModalScreen[None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("field", "value", "the source's name")
+        table.add_columns("field", "value")
         table.focus()
         self.read()
 
@@ -179,10 +179,9 @@ class InspectorScreen(ModalScreen[None]):
                 continue
             if where != section:  # a section's heading, over its first row that shows
                 section = where
-                table.add_row(Text(where, style="bold underline"), Text(""), Text(""))
-            table.add_row(
-                Text(one_line(name)), Text(one_line(value)), Text(one_line(source or ""), style="dim")
-            )
+                table.add_row(Text(where, style="bold underline"), Text(""))
+            # a renamed key shows both names, as in the explorer: `entropy  (actor/entropy)`
+            table.add_row(Text(KeyInfo(name, source).label), Text(one_line(value)))
 
     def action_filter(self) -> None:
         box = self.query_one("#inspector-filter", Input)
