@@ -8,7 +8,8 @@ touches the store: the watcher reads it (carl_tui/model.py), short reads run in 
 
 The keys live by concern, in mixins of the app (so their actions are the app's): training control
 (controls.py), comparing runs (comparing.py), the activity panes (activity.py), what the screen
-shows (screen_keys.py); and the engine's supervision (supervisor.py).
+shows (screen_keys.py), the metrics explorer, the record inspector and the pinned charts
+(explorer_keys.py); and the engine's supervision (supervisor.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from .comparing import ComparingRuns
 from .comparison import Comparison
 from .config import ConfigError, TuiConfig, config_path, load_config
 from .controls import CONTROL_ACTIONS, RUN_ACTIONS, RunControls
+from .explorer_keys import ExplorerKeys
 from .keymap import check_keymap, keymap_line, known_ids
 from .model import FirstRead, RunView, Snapshot, StoreWatcher, run_state
 from .panes import draw_run, line_style
@@ -60,7 +62,9 @@ class StoreUpdated(Message):
         self.snapshot = snapshot
 
 
-class ControlRoom(RunControls, ComparingRuns, ActivityPanes, ScreenKeys, EngineSupervision, App[None]):
+class ControlRoom(
+    RunControls, ComparingRuns, ActivityPanes, ScreenKeys, ExplorerKeys, EngineSupervision, App[None]
+):
     TITLE = "carl-tui"
     CSS_PATH = str(STYLESHEET)
     ENABLE_COMMAND_PALETTE = True
@@ -93,6 +97,14 @@ class ControlRoom(RunControls, ComparingRuns, ActivityPanes, ScreenKeys, EngineS
         Binding("r", "resume_run", "Resume a stopped or crashed run", show=False, id="resume-run"),
         Binding("v", "samples", "Samples (per-token Φ)", show=False, id="samples"),
         Binding("d", "diagnose", "Diagnose", id="diagnose"),
+        Binding(
+            "m",
+            "explore",
+            "Metrics explorer: every key of the run, or of the marked runs",
+            show=False,
+            id="explorer",
+        ),
+        Binding("i", "inspect", "Record inspector: the newest step's stored row", show=False, id="inspect"),
         Binding(
             "e", "show_eval", "Held-out eval: show it, or run it when there is none", show=False, id="eval"
         ),
@@ -307,6 +319,7 @@ class ControlRoom(RunControls, ComparingRuns, ActivityPanes, ScreenKeys, EngineS
                 status_changed = self.view is None or self.view.run.status != snap.view.run.status
                 self.view = snap.view
                 draw_run(self.main, self.view, comparing=self.comparison.comparing)
+                self.draw_pins()
                 if status_changed:
                     self.refresh_bindings()  # run controls depend on the run's state
             if snap.trajectories is not None:
@@ -329,6 +342,8 @@ class ControlRoom(RunControls, ComparingRuns, ActivityPanes, ScreenKeys, EngineS
                     severity="information" if ok else "error",
                     timeout=8,
                 )
+            if snap.trajectories is not None or snap.agent_events is not None:
+                self.place_pins()  # pinned charts take the activity row's place while it is empty
             if snap.source_errors is not None:
                 errors = snap.source_errors
                 path = self.view.run.source_path if self.view else None
@@ -430,6 +445,12 @@ class ControlRoom(RunControls, ComparingRuns, ActivityPanes, ScreenKeys, EngineS
             self.action_observe,
         )
         yield SystemCommand("Toggle chart mode", "Braille or block characters", self.action_toggle_chart_mode)
+        yield SystemCommand(
+            "Metrics explorer", "Every key of the run, or of the marked runs (m)", self.action_explore
+        )
+        yield SystemCommand(
+            "Record inspector", "The stored row of the run's newest step (i)", self.action_inspect
+        )
         for theme in THEME_NAMES:
             yield SystemCommand(
                 f"Theme: {theme}", "Switch theme (remembered)", lambda t=theme: setattr(self, "theme", t)

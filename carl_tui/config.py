@@ -1,11 +1,17 @@
 """The user's control-room preferences, kept in $CARL_HOME/tui.toml.
 
 Read with tomllib, written with tomli-w, each imported only when used: a start without a file
-reads no TOML, and only a change of theme or chart mode writes one. A bad file gives a one-line
+reads no TOML, and only a change of theme, chart mode or pins writes one. A bad file gives a one-line
 error naming the file and the line or field; the control room then starts on defaults and leaves
 the file alone rather than overwrite what the user wrote. The `[keymap]` table is kept as written;
 its entries are checked where the bindings are known (carl_tui/keymap.py), and a bad one is left
-out there, not here. The fields are checked by hand:
+out there, not here. The `[pins]` table names, per run (by its name), the metric keys pinned to the
+main screen from the metrics explorer (`p`, carl_tui/explorer.py):
+
+    [pins]
+    grpo-1 = ["kl", "clip_ratio/high_mean"]
+
+The fields are checked by hand:
 importing pydantic here would add about 0.1 s to every start of the control room.
 """
 
@@ -34,6 +40,7 @@ class TuiConfig:
     refresh_hz: float = 4.0
     claude_model: str | None = None  # the diagnosis model; $CARL_CLAUDE_MODEL and /model override it
     keymap: dict[str, Any] = field(default_factory=dict)  # binding id -> keys, as written in [keymap]
+    pins: dict[str, list[str]] = field(default_factory=dict)  # run name -> metric keys pinned, in [pins]
 
     def replace(self, **changes: Any) -> TuiConfig:
         return dataclasses.replace(self, **changes)
@@ -60,7 +67,34 @@ class TuiConfig:
         keymap = data.get("keymap", {})
         if not isinstance(keymap, dict):
             raise ValueError("keymap: must be a table of binding id = keys, such as [keymap] help = 'h'")
-        return cls(theme=theme, chart_mode=mode, refresh_hz=float(hz), claude_model=model, keymap=keymap)
+        pins = data.get("pins", {})
+        if not isinstance(pins, dict) or not all(
+            isinstance(keys, list) and all(isinstance(k, str) for k in keys) for keys in pins.values()
+        ):
+            raise ValueError(
+                "pins: must be a table of run name = [metric keys], such as [pins] grpo-1 = ['kl']"
+            )
+        return cls(
+            theme=theme,
+            chart_mode=mode,
+            refresh_hz=float(hz),
+            claude_model=model,
+            keymap=keymap,
+            pins={name: list(keys) for name, keys in pins.items() if keys},
+        )
+
+    def pinned(self, run_name: str) -> list[str]:
+        """The keys pinned for this run, in the order pinned."""
+        return list(self.pins.get(run_name, []))
+
+    def toggle_pin(self, run_name: str, key: str) -> TuiConfig:
+        """This config with `key` pinned for the run, or unpinned when it was."""
+        keys = self.pinned(run_name)
+        keys = [k for k in keys if k != key] if key in keys else [*keys, key]
+        pins = {name: list(pinned) for name, pinned in self.pins.items() if name != run_name}
+        if keys:
+            pins[run_name] = keys
+        return self.replace(pins=pins)
 
 
 def config_path(home: Path) -> Path:
@@ -87,11 +121,11 @@ def load_config(home: Path) -> TuiConfig:
 
 def save_config(home: Path, config: TuiConfig) -> None:
     """Write atomically (temp file + rename) so a crash never leaves half a file."""
-    import tomli_w  # only a change of theme or chart mode writes; the start never does
+    import tomli_w  # only a change of theme, chart mode or pins writes; the start never does
 
     path = config_path(home)
     tmp = path.with_suffix(".toml.tmp")
-    # TOML has no null; an empty keymap is no table
+    # TOML has no null; an empty keymap or pins is no table
     values = {k: v for k, v in dataclasses.asdict(config).items() if v is not None and v != {}}
     tmp.write_text(tomli_w.dumps(values), encoding="utf-8")
     os.replace(tmp, path)

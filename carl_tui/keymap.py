@@ -26,6 +26,8 @@ BINDING_MODULES = (
     "carl_tui.chat",
     "carl_tui.agents",
     "carl_tui.trajectories",
+    "carl_tui.explorer",
+    "carl_tui.inspector",
     "widgets.activity",
     "widgets.agents",
     "widgets.chat",
