@@ -152,7 +152,14 @@ def carl(home: Path, *args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=sigint_as_at_a_terminal,
     )
+
+
+def sigint_as_at_a_terminal() -> None:
+    """A shell starts a background command (`pytest &`) with SIGINT ignored, and every child inherits that:
+    the command would never see the test's Ctrl-C. It gets SIGINT's default, as a command at a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 280) -> tuple[int, str, str]:
@@ -266,7 +273,7 @@ def test_an_interrupted_experiment_adopts_its_running_run_and_a_stopped_arm_is_r
         code, _, err = finish(first)
     finally:
         first.kill()
-    assert code == 130 and "carries on in the engine" in err
+    assert code == 130 and "carries on in the engine" in err, (code, err)
     adopted = cells(home)[("task-only", 0)]["run_id"]
     code, out, err = finish(carl(home, *args, "--json"))
     assert code == 0, err
