@@ -21,7 +21,7 @@ def series(store: Store, run_id: int, key: str) -> dict[int, float | None]:
     return dict(rows.fetchall())
 
 
-async def until(pilot: Any, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+async def until(pilot: Any, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
     """Let a Pilot-driven app run until `predicate` holds (the store watcher polls at 4 Hz)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

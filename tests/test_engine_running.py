@@ -99,7 +99,7 @@ async def test_a_readonly_control_room_starts_no_engine_and_says_how_to(home: Pa
     async with app.run_test(size=(80, 24)) as pilot:
         # The supervisor's first look at the engine: the status line says it is down and how to start it.
         await until(
-            pilot, lambda: "engine ✕ down: `carl engine start` starts it" in status_text(app), timeout=20
+            pilot, lambda: "engine ✕ down: `carl engine start` starts it" in status_text(app), timeout=60
         )
         notes = [n.message for n in app._notifications]
         assert any("watch-only" in n and "`carl engine start`" in n for n in notes), notes
@@ -133,7 +133,7 @@ def test_carl_tui_says_after_its_screen_that_it_left_the_engine_running(
     notes: list[str] = []
 
     async def until_engine_up_then_quit(pilot: Any) -> None:
-        await until(pilot, lambda: pilot.app.engine_state == "up", timeout=30)
+        await until(pilot, lambda: pilot.app.engine_state == "up", timeout=60)
         notes.extend(n.message for n in pilot.app._notifications)
         await pilot.press("q")
 
