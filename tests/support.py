@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +81,11 @@ def start_training(home: Path, *args: str) -> subprocess.Popen[str]:
 def finish(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str, str]:
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out, err
+
+
+def end_all(procs: Iterable[subprocess.Popen[str]]) -> None:
+    """Kill those of `procs` still running (a test's finally: none outlives it, also when it failed)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

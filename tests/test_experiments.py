@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import wait_for
+from support import end_all, wait_for
 
 from engine.control import stop_engine
 from engine.experiments.arms import ExperimentError, cell_config, check_base, parse_arms, parse_seeds
@@ -231,17 +231,24 @@ def test_an_experiment_trains_every_arm_through_the_engine_and_reruns_nothing_fi
         evals = store.conn.execute("SELECT run_id FROM evals").fetchall()
     assert sorted(r[0] for r in evals) == sorted(run["id"] for run in trained.values())
 
-    code, out, err = finish(carl(home, "experiment", "--name", "e1", "--config", str(base), "--seeds", "1"))
-    assert code == 0, err
-    assert sorted(runs(home)) == sorted(trained)  # nothing trained again
-    assert "held-out task" in out and "cascade" in out and "(baseline)" in out
-    code, shown, _ = finish(carl(home, "experiment", "--name", "e1", "--show", "--json"))
-    assert code == 0 and json.loads(shown)["arms"] == summary["arms"]
-    code, _, err = finish(carl(home, "experiment", "--name", "e1", "--config", str(base), "--seeds", "5,6"))
-    assert code == 2 and err.strip().endswith(
-        "experiment 'e1' exists with another --seeds; run it as it was,"
-        " with more seeds or arms, or pick another --name"
-    )
+    # Run again, shown, and asked with other seeds: side by side, as none of them trains or changes a cell.
+    again = carl(home, "experiment", "--name", "e1", "--config", str(base), "--seeds", "1")
+    show = carl(home, "experiment", "--name", "e1", "--show", "--json")
+    other_seeds = carl(home, "experiment", "--name", "e1", "--config", str(base), "--seeds", "5,6")
+    try:
+        code, out, err = finish(again)
+        assert code == 0, err
+        assert sorted(runs(home)) == sorted(trained)  # nothing trained again
+        assert "held-out task" in out and "cascade" in out and "(baseline)" in out
+        code, shown, _ = finish(show)
+        assert code == 0 and json.loads(shown)["arms"] == summary["arms"]
+        code, _, err = finish(other_seeds)
+        assert code == 2 and err.strip().endswith(
+            "experiment 'e1' exists with another --seeds; run it as it was,"
+            " with more seeds or arms, or pick another --name"
+        )
+    finally:
+        end_all([again, show, other_seeds])
 
 
 @pytest.mark.slow
@@ -310,17 +317,25 @@ def test_an_interrupted_experiment_adopts_its_running_run_and_a_stopped_arm_is_r
 
 def test_bad_input_is_one_line_before_anything_trains(tmp_path: Path, home: Path) -> None:
     base = write_base(tmp_path, rewards=[{"name": "task"}])
-    for args, message in [
+    cases = [
         (("--arms", "sft-only,bogus"), "--arms: unknown arm 'bogus'"),
         (("--seeds", "0"), "--seeds: at least one seed is needed"),
         (("--arms", "cascade"), "rewards: arm cascade needs coherence or commitment"),
         (("--show",), "--show needs --name"),
-    ]:
-        code, out, err = finish(carl(home, "experiment", "--config", str(base), *args))
-        assert code == 2 and err.strip().splitlines() == [f"carl: {err.strip().removeprefix('carl: ')}"], err
-        assert message in err and "Traceback" not in err
-    code, _, err = finish(carl(home, "experiment", "--name", "ghost", "--show"))
-    assert code == 2 and "no experiment 'ghost'" in err
+    ]
+    started = [carl(home, "experiment", "--config", str(base), *args) for args, _ in cases]  # side by side
+    ghost = carl(home, "experiment", "--name", "ghost", "--show")
+    try:
+        for proc, (_, message) in zip(started, cases, strict=True):
+            code, out, err = finish(proc)
+            assert code == 2 and err.strip().splitlines() == [
+                f"carl: {err.strip().removeprefix('carl: ')}"
+            ], err
+            assert message in err and "Traceback" not in err
+        code, _, err = finish(ghost)
+        assert code == 2 and "no experiment 'ghost'" in err
+    finally:
+        end_all([*started, ghost])
     assert not (home / "runs").exists() or not any((home / "runs").iterdir())
 
 

@@ -16,6 +16,7 @@ import pytest
 
 pytest.importorskip("mlx.core")
 
+from support import end_all  # noqa: E402
 from test_training_runner import (  # noqa: E402
     PAUSED_POLLS,
     done,
@@ -231,23 +232,27 @@ def test_the_mlx_warmup_reaches_the_torch_loss_on_the_demo(
     the mean loss of the last 10 of 80 steps agrees within 25% (their batches differ: each backend orders the
     data its own way), and both have learned (from ~6.3 nats to well under 1)."""
     losses = {}
-    for backend in ("torch", "mlx"):
-        config = write_config(
-            tmp_path / f"{backend}.yaml",
-            tiny_model,
-            backend=backend,
-            method="sft",
-            max_steps=80,
-            save_steps=1000,
-            per_device_train_batch_size=32,
-            learning_rate=2.5e-3,
-            rewards=[{"name": "task"}],
-        )
-        code, _, err = finish(
-            start(tmp_path / "home", "--config", str(config), "--name", backend), timeout=300
-        )
-        assert code == 0, err
-        series = steps_of(store, run_row(store, backend)["id"], "loss")
-        losses[backend] = float(np.mean([series[s] for s in range(71, 81)]))
-        assert series[1] > 5.0 and losses[backend] < 1.0
+    runs = {}
+    try:
+        for backend in ("torch", "mlx"):  # side by side: one run alone leaves a core of two idle
+            config = write_config(
+                tmp_path / f"{backend}.yaml",
+                tiny_model,
+                backend=backend,
+                method="sft",
+                max_steps=80,
+                save_steps=1000,
+                per_device_train_batch_size=32,
+                learning_rate=2.5e-3,
+                rewards=[{"name": "task"}],
+            )
+            runs[backend] = start(tmp_path / "home", "--config", str(config), "--name", backend)
+        for backend, proc in runs.items():
+            code, _, err = finish(proc, timeout=300)
+            assert code == 0, err
+            series = steps_of(store, run_row(store, backend)["id"], "loss")
+            losses[backend] = float(np.mean([series[s] for s in range(71, 81)]))
+            assert series[1] > 5.0 and losses[backend] < 1.0
+    finally:
+        end_all(runs.values())
     assert losses["mlx"] == pytest.approx(losses["torch"], rel=0.25), losses

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import OFFLINE, ROOT, finish, wait_for
+from support import OFFLINE, ROOT, end_all, finish, wait_for
 from support import start_training as start
 
 from engine.store import ROLLUP_LEVELS, Store
@@ -362,35 +362,38 @@ def test_bad_input_fails_with_one_line(tmp_path: Path, tiny_model: Path, store: 
     (tmp_path / "carl_user_rewards.py").write_text(
         "def explode(prompts, completions, **kwargs):\n    return [1 / 0 for _ in completions]\n"
     )
-    procs = []
-    for name, settings, _, _ in cases:
-        config = write_config(tmp_path / f"{name}.yaml", tiny_model, **settings)
-        env = {**os.environ, **OFFLINE, "PYTHONPATH": str(tmp_path)}
-        argv = [
-            sys.executable,
-            "-m",
-            "engine.training",
-            "--home",
-            str(home),
-            "--config",
-            str(config),
-            "--name",
-            name,
-        ]
-        procs.append(
-            subprocess.Popen(
-                argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    procs: list[subprocess.Popen[str]] = []  # side by side: each fails on its own
+    try:
+        for name, settings, _, _ in cases:
+            config = write_config(tmp_path / f"{name}.yaml", tiny_model, **settings)
+            env = {**os.environ, **OFFLINE, "PYTHONPATH": str(tmp_path)}
+            argv = [
+                sys.executable,
+                "-m",
+                "engine.training",
+                "--home",
+                str(home),
+                "--config",
+                str(config),
+                "--name",
+                name,
+            ]
+            procs.append(
+                subprocess.Popen(
+                    argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                )
             )
-        )
-    for proc, (name, _, code, reason) in zip(procs, cases, strict=True):
-        returncode, _, err = finish(proc)
-        lines = err.strip().splitlines()
-        assert returncode == code, (name, err)
-        assert lines and reason in lines[-1], (name, err)
-        assert lines[-1].startswith("carl train: ")
-        run = run_row(store, name)
-        assert run["status"] == "failed" and reason in run["error"], name
-        assert "\n" not in run["error"]
+        for proc, (name, _, code, reason) in zip(procs, cases, strict=True):
+            returncode, _, err = finish(proc)
+            lines = err.strip().splitlines()
+            assert returncode == code, (name, err)
+            assert lines and reason in lines[-1], (name, err)
+            assert lines[-1].startswith("carl train: ")
+            run = run_row(store, name)
+            assert run["status"] == "failed" and reason in run["error"], name
+            assert "\n" not in run["error"]
+    finally:
+        end_all(procs)
     assert store.conn.execute(
         "SELECT count(*) FROM metrics WHERE run_id=?", (run_row(store, "nocols")["id"],)
     ).fetchone() == (0,)
