@@ -6,7 +6,9 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +91,30 @@ def end_all(procs: Iterable[subprocess.Popen[str]]) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@dataclass
+class Launched:
+    """A training run started ahead of the test that checks it: its process, and the store of its own home."""
+
+    proc: subprocess.Popen[str]
+    store: Store
+
+    def finish(self) -> tuple[int, str, str]:
+        return finish(self.proc)
+
+
+@contextmanager
+def launched_together(runs: dict[str, tuple[Path, list[str]]]) -> Iterator[dict[str, Launched]]:
+    """Start the runs `name: (home, args)` side by side (each is mostly one core's work), each home's store
+    made before its run opens it. None outlives the block, finished or not."""
+    started: dict[str, Launched] = {}
+    try:
+        for name, (home, args) in runs.items():
+            store = Store(home / "carl.db")
+            started[name] = Launched(start_training(home, *args), store)
+        yield started
+    finally:
+        end_all(launched.proc for launched in started.values())
+        for launched in started.values():
+            launched.store.close()

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("mlx.core")
 
-from support import end_all  # noqa: E402
+from support import Launched, end_all, launched_together  # noqa: E402
 from test_training_runner import (  # noqa: E402
     PAUSED_POLLS,
     done,
@@ -47,11 +47,31 @@ def mlx_config(path: Path, tiny: Path, **settings: Any) -> Path:
     return write_config(path, tiny, backend="mlx", **settings)
 
 
-def test_a_short_mlx_grpo_run_reports_every_step_like_torch(
-    tmp_path: Path, tiny_model: Path, store: Store
-) -> None:
-    config = mlx_config(tmp_path / "carl.yaml", tiny_model, sft_warmup_steps=2)
-    code, out, err = finish(start(tmp_path / "home", "--config", str(config), "--name", "short"))
+LORA = {"enabled": True, "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+
+
+@pytest.fixture(scope="module")
+def one_shot(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Launched]]:
+    """The runs that need nothing from their tests while they train, started together when the first is
+    wanted, each in a home of its own: their tests wait for their end and read their stores."""
+    root = tmp_path_factory.mktemp("one-shot")
+    configs = {
+        "short": mlx_config(root / "short.yaml", tiny_model, sft_warmup_steps=2),
+        "sft": mlx_config(root / "sft.yaml", tiny_model, method="sft", max_steps=5, save_steps=5, lora=LORA),
+        "bad": mlx_config(
+            root / "bad.yaml", tiny_model, lora={"enabled": True, "target_modules": ["c_attn"]}
+        ),
+    }
+    runs = {
+        name: (root / name, ["--config", str(config), "--name", name]) for name, config in configs.items()
+    }
+    with launched_together(runs) as started:
+        yield started
+
+
+def test_a_short_mlx_grpo_run_reports_every_step_like_torch(one_shot: dict[str, Launched]) -> None:
+    store = one_shot["short"].store
+    code, out, err = one_shot["short"].finish()
     assert code == 0, err
     run = run_row(store, "short")
     assert (run["status"], run["backend"], run["source_kind"]) == ("finished", "mlx", "carl")
@@ -100,16 +120,9 @@ def test_a_short_mlx_grpo_run_reports_every_step_like_torch(
     assert "grpo step 8/8" in out
 
 
-def test_an_mlx_lora_sft_run_saves_an_adapter(tmp_path: Path, tiny_model: Path, store: Store) -> None:
-    config = mlx_config(
-        tmp_path / "carl.yaml",
-        tiny_model,
-        method="sft",
-        max_steps=5,
-        save_steps=5,
-        lora={"enabled": True, "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
-    )
-    code, out, err = finish(start(tmp_path / "home", "--config", str(config), "--name", "sft"))
+def test_an_mlx_lora_sft_run_saves_an_adapter(one_shot: dict[str, Launched], tiny_model: Path) -> None:
+    store = one_shot["sft"].store
+    code, out, err = one_shot["sft"].finish()
     assert code == 0, err
     run = run_row(store, "sft")
     assert (run["status"], run["backend"], run["last_step"]) == ("finished", "mlx", 5)
@@ -129,11 +142,8 @@ def test_an_mlx_lora_sft_run_saves_an_adapter(tmp_path: Path, tiny_model: Path, 
     assert model is not None
 
 
-def test_a_lora_target_mlx_cannot_honour_is_one_line(tmp_path: Path, tiny_model: Path, store: Store) -> None:
-    config = mlx_config(
-        tmp_path / "carl.yaml", tiny_model, lora={"enabled": True, "target_modules": ["c_attn"]}
-    )
-    code, _, err = finish(start(tmp_path / "home", "--config", str(config), "--name", "bad"))
+def test_a_lora_target_mlx_cannot_honour_is_one_line(one_shot: dict[str, Launched]) -> None:
+    code, _, err = one_shot["bad"].finish()
     assert code == 2
     [line] = [line for line in err.splitlines() if line.strip()]
     assert line.startswith(

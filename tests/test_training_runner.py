@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import OFFLINE, ROOT, end_all, finish, wait_for
+from support import OFFLINE, ROOT, Launched, end_all, finish, launched_together, wait_for
 from support import start_training as start
 
 from engine.store import ROLLUP_LEVELS, Store
@@ -83,9 +83,46 @@ def held_polls(store: Store, run_id: int, step: int) -> int:
 # -- a real run ------------------------------------------------------------------------------------
 
 
-def test_a_short_grpo_run_reports_every_step(tmp_path: Path, tiny_model: Path, store: Store) -> None:
-    config = write_config(tmp_path / "carl.yaml", tiny_model, sft_warmup_steps=2)
-    code, out, err = finish(start(tmp_path / "home", "--config", str(config), "--name", "short"))
+def sum_rows() -> list[dict[str, str]]:
+    """A dataset with a `reference` column: the rewards know no task, the reference task checks it."""
+    return [
+        {
+            "prompt": f"What is {a} + {b}?",
+            "reference": str(a + b),
+            "verifier": "number",
+            "completion": f"<answer>{a + b}</answer>",
+        }
+        for a in range(6)
+        for b in range(4)
+    ]
+
+
+@pytest.fixture(scope="module")
+def one_shot(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Launched]]:
+    """The runs that need nothing from their tests while they train, started together when the first is
+    wanted, each in a home of its own: their tests wait for their end and read their stores."""
+    root = tmp_path_factory.mktemp("one-shot")
+    short = write_config(root / "short.yaml", tiny_model, sft_warmup_steps=2)
+    runs = {"short": (root / "short", ["--config", str(short), "--name", "short"])}
+    dataset = root / "sums.jsonl"
+    dataset.write_text("".join(json.dumps(row) + "\n" for row in sum_rows()))
+    for backend in ("torch", "mlx"):
+        config = write_config(
+            root / f"sums-{backend}.yaml",
+            tiny_model,
+            dataset=str(dataset),
+            max_steps=2,
+            backend=backend,
+            rewards=[{"name": "task"}, {"name": "format", "weight": 0.5}],
+        )
+        runs[f"sums-{backend}"] = (root / f"sums-{backend}", ["--config", str(config), "--name", "sums"])
+    with launched_together(runs) as started:
+        yield started
+
+
+def test_a_short_grpo_run_reports_every_step(one_shot: dict[str, Launched]) -> None:
+    store = one_shot["short"].store
+    code, out, err = one_shot["short"].finish()
     assert code == 0, err
     run = run_row(store, "short")
     assert run["status"] == "finished" and run["error"] is None and run["source_kind"] == "carl"
@@ -144,36 +181,17 @@ def json_entropy(store: Store, run_id: int, step: int) -> float:
 
 @pytest.mark.parametrize("backend", ["torch", "mlx"])
 def test_a_reference_answer_dataset_trains_on_either_backend_with_its_own_checks(
-    tmp_path: Path, tiny_model: Path, store: Store, backend: str
+    one_shot: dict[str, Launched], backend: str
 ) -> None:
     """The rewards know no task: a dataset with a `reference` column is checked by the reference task."""
     from engine.tasks import ReferenceTask
 
-    rows = [
-        {
-            "prompt": f"What is {a} + {b}?",
-            "reference": str(a + b),
-            "verifier": "number",
-            "completion": f"<answer>{a + b}</answer>",
-        }
-        for a in range(6)
-        for b in range(4)
-    ]
-    dataset = tmp_path / "sums.jsonl"
-    dataset.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    config = write_config(
-        tmp_path / "carl.yaml",
-        tiny_model,
-        dataset=str(dataset),
-        max_steps=2,
-        backend=backend,
-        rewards=[{"name": "task"}, {"name": "format", "weight": 0.5}],
-    )
-    code, _, err = finish(start(tmp_path / "home", "--config", str(config), "--name", "sums"))
+    store = one_shot[f"sums-{backend}"].store
+    code, _, err = one_shot[f"sums-{backend}"].finish()
     assert code == 0, err
     run_id = run_row(store, "sums")["id"]
     assert sorted(steps_of(store, run_id, "rewards/task/mean")) == [1, 2]
-    reference = {row["prompt"]: row["reference"] for row in rows}
+    reference = {row["prompt"]: row["reference"] for row in sum_rows()}
     samples = store.conn.execute("SELECT prompt, completion, rewards FROM samples WHERE run_id=?", (run_id,))
     checked = 0
     task = ReferenceTask()
