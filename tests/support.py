@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from engine.store import Store
 
@@ -118,3 +122,20 @@ def launched_together(runs: dict[str, tuple[Path, list[str]]]) -> Iterator[dict[
         end_all(launched.proc for launched in started.values())
         for launched in started.values():
             launched.store.close()
+
+
+def kill_runs(home: Path) -> None:
+    """Training runs outlive the engine (they are their own processes): end the test's, those that
+    opened their run and those the engine had started before (its list in the store)."""
+    db = home / "carl.db"
+    if not db.exists():
+        return
+    with Store(db) as store:
+        pids = [r[0] for r in store.conn.execute("SELECT pid FROM runs WHERE pid IS NOT NULL").fetchall()]
+        row = store.conn.execute("SELECT value FROM kv WHERE key='engine.children'").fetchone()
+    pids += [child["pid"] for child in (json.loads(row[0])["children"] if row else [])]
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            process = psutil.Process(pid)
+            if str(home) in process.cmdline():  # `--home HOME`: never a reused pid's process
+                process.kill()

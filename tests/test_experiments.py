@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import end_all, wait_for
+from support import end_all, kill_runs, wait_for
 
 from engine.control import stop_engine
 from engine.experiments.arms import ExperimentError, cell_config, check_base, parse_arms, parse_seeds
@@ -141,6 +141,7 @@ def test_more_seeds_or_arms_extend_a_stored_experiment_and_keep_its_finished_cel
 def home(tmp_path: Path, tiny_home: Path) -> Iterator[Path]:
     yield tiny_home
     stop_engine(tiny_home, timeout=10.0)  # never leave a daemon behind
+    kill_runs(tiny_home)  # nor a run it started (runs outlive the engine), when a test failed midway
 
 
 def carl(home: Path, *args: str) -> subprocess.Popen[str]:

@@ -214,11 +214,14 @@ def test_kill_9_then_resume_replays_the_lost_steps_exactly(
     unbroken = steps_of(store, run_row(store, "unbroken")["id"], "loss")
 
     proc = start(tmp_path / "home", "--config", str(config), "--name", "crash")
-    run_id = wait_for(lambda: store.run_id_by_name("crash"), proc=proc)
-    held = paused_at(store, run_id, proc, after_step=9)  # past the checkpoint at step 8
-    expected = last_checkpoint_before(store, run_id, held)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    try:  # a run left paused would wait for its commands for ever
+        run_id = wait_for(lambda: store.run_id_by_name("crash"), proc=proc)
+        held = paused_at(store, run_id, proc, after_step=9)  # past the checkpoint at step 8
+        expected = last_checkpoint_before(store, run_id, held)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        end_all([proc])
     code, out, err = finish(start(tmp_path / "home", "--resume", "crash"))
     assert code == 0, err
     run = store.run(run_id)

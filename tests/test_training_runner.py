@@ -297,11 +297,14 @@ def test_kill_9_then_resume_leaves_every_step_exactly_once(
 ) -> None:
     config = write_config(tmp_path / "carl.yaml", tiny_model, max_steps=16, save_steps=4, sft_warmup_steps=2)
     proc = start(tmp_path / "home", "--config", str(config), "--name", "crash")
-    run_id = wait_for(lambda: store.run_id_by_name("crash"), proc=proc)
-    held = paused_at(store, run_id, proc, after_step=11)  # past the checkpoints at store steps 6 and 10
-    expected = last_checkpoint_before(store, run_id, held)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    try:  # a run left paused would wait for its commands for ever
+        run_id = wait_for(lambda: store.run_id_by_name("crash"), proc=proc)
+        held = paused_at(store, run_id, proc, after_step=11)  # past the checkpoints at store steps 6 and 10
+        expected = last_checkpoint_before(store, run_id, held)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        end_all([proc])
     assert store.run(run_id)["status"] == "paused"  # what a crash leaves
 
     code, out, err = finish(start(tmp_path / "home", "--resume", "crash"))
