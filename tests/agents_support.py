@@ -61,7 +61,7 @@ def cluster_url(*nodes: LocalServer) -> str:
     return ",".join(node.url for node in nodes)
 
 
-async def meta_leader(address: Address, timeout: float = 30.0) -> None:
+async def meta_leader(address: Address, timeout: float = 60.0) -> None:
     """Until the cluster has a JetStream meta leader: only then does `$JS.API.INFO` get an answer."""
     nc = await connect(address, "cluster-probe")
     try:
@@ -90,7 +90,7 @@ async def jetstream(address: Address, name: str = "test") -> tuple[Any, Any]:
     return nc, js
 
 
-async def drained(js: Any, consumer: str, timeout: float = 30.0) -> None:
+async def drained(js: Any, consumer: str, timeout: float = 60.0) -> None:
     """Until `consumer` has acknowledged everything in its filter (the audit stored it all)."""
     import nats
 

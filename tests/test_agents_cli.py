@@ -18,7 +18,7 @@ import pytest
 from agents_support import nats_server
 from messages_server import MessagesServer
 from openai_server import OpenAIServer
-from support import wait_for
+from support import end_all, wait_for
 from test_agents_plane import arithmetic_tasks, http_settings, solve
 
 from engine.agents.cli import headless
@@ -59,9 +59,28 @@ def test_events_are_printed_filtered_and_as_json_lines(tmp_path: Path) -> None:
             f"agents:\n  workers: 2\n  worker_kind: http\n  endpoint: {llm.base_url}\n  endpoint_model: {llm.model}\n"
             "  task_type: math\n"
         )
-        result = carl(home, "agents", "run", "--tasks", str(tasks), "--json")
-    assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stdout)
+        # The worker that pulls task 0 waits on it until both workers have said they are up: on a loaded
+        # machine one could do all six before the other has started, and the other would never be seen.
+        llm.hold(lambda body: "(task 0)" in body["messages"][-1]["content"])
+        out, err = tmp_path / "run.out", tmp_path / "run.err"
+        with out.open("w") as stdout, err.open("w") as stderr:
+            run = subprocess.Popen(
+                [sys.executable, "-m", "engine.cli", "agents", "run", "--tasks", str(tasks), "--json"],
+                env={**os.environ, "CARL_HOME": str(home)},
+                stdout=stdout,
+                stderr=stderr,
+                text=True,
+            )
+        try:
+            assert llm.wait_held(1, 60.0)
+            wait_for(lambda: workers_seen(home) == {"w1", "w2"}, what="both workers up", proc=run)
+            llm.release()
+            run.wait(180)
+        finally:
+            llm.release()
+            end_all([run])
+    assert run.returncode == 0, err.read_text()
+    summary = json.loads(out.read_text())
     assert summary["done"] == 6 and summary["stored"]["rollout"] == 6
 
     lines = carl(home, "agents", "events", "--json", "--limit", "0").stdout.splitlines()
@@ -98,11 +117,25 @@ def test_events_are_printed_filtered_and_as_json_lines(tmp_path: Path) -> None:
         "feedback",
     }  # busy: on it
     assert {e["task_id"] for e in of_task} == {one}
-    of_worker = carl(home, "agents", "events", "--worker", "w1", "--type", "result").stdout.splitlines()
-    assert of_worker and all(" w1 " in line and "result" in line for line in of_worker)
     status = json.loads(carl(home, "agents", "status", "--json").stdout)
     assert sorted(w["worker_id"] for w in status["workers"]) == ["w1", "w2"]
     assert sum(w["tasks_done"] for w in status["workers"]) == 6
+    # Which worker pulls which task is a race (under load one may take all six): each worker's filtered
+    # results are the ones the store counts for it, the other worker's none.
+    for worker in status["workers"]:
+        ident = worker["worker_id"]
+        of_worker = carl(home, "agents", "events", "--worker", ident, "--type", "result").stdout.splitlines()
+        assert len(of_worker) == worker["tasks_done"]
+        assert all(f" {ident} " in line and "result" in line for line in of_worker)
+
+
+def workers_seen(home: Path) -> set[str]:
+    """The workers whose status the audit has stored."""
+    reader = StoreReader(home / "carl.db")
+    try:
+        return {w["worker_id"] for w in reader.agent_workers()}
+    finally:
+        reader.close()
 
 
 def test_bad_input_is_one_line_naming_the_place(tmp_path: Path) -> None:
@@ -190,9 +223,11 @@ def test_the_engine_runs_the_plane_and_obeys_the_control_room(tmp_path: Path) ->
     home.mkdir(mode=0o700)
     with OpenAIServer(responder=solve) as llm:
         tasks = arithmetic_tasks(tmp_path / "tasks.jsonl", 10)
+        # The ack wait outlasts the test: the held task is never redelivered to w2 (it would hold w2 too,
+        # and w2's stop would wait for it), however slowly a loaded machine gets through the steps below.
         (home / "agents.yaml").write_text(
             f"agents:\n  worker_kind: http\n  endpoint: {llm.base_url}\n  endpoint_model: {llm.model}\n"
-            "  task_type: math\n  concurrency: 4\n"
+            "  task_type: math\n  concurrency: 4\n  ack_wait_s: 600\n"
         )
         # Task 2 stays in the worker's hands until released: the manager cannot finish before that.
         llm.hold(lambda body: "(task 2)" in body["messages"][-1]["content"])

@@ -152,7 +152,7 @@ async def test_a_killed_node_leaves_the_plane_running_and_every_task_handled_onc
             for ident, proc in workers.items():
                 ports = {node_of[ident].port}
                 await asyncio.to_thread(
-                    wait_for, lambda p=proc.pid, w=ports: node_ports(p, nodes) == w, 30, ident
+                    wait_for, lambda p=proc.pid, w=ports: node_ports(p, nodes) == w, 60, ident
                 )
             # Both workers are up (their consumer made, their status stored) before a node dies. (A worker
             # still starting when the cluster loses a leader stops on a JetStream timeout; the engine
@@ -180,7 +180,7 @@ async def test_a_killed_node_leaves_the_plane_running_and_every_task_handled_onc
             node.proc.wait(10)
             survivors = [n for n in nodes if n is not node]
             pid = workers[victim["worker_id"]].pid
-            await asyncio.to_thread(wait_for, lambda: node_ports(pid, survivors), 30, "a failover")
+            await asyncio.to_thread(wait_for, lambda: node_ports(pid, survivors), 60, "a failover")
             llm.release()  # the victim answers the held task over its new node
             summary = await asyncio.wait_for(run, 240)
 

@@ -5,6 +5,7 @@ a real store; and the faults: a worker killed mid-task, the server restarted mid
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -80,8 +81,23 @@ def one_result_per_task(store: Store) -> None:
 
 async def test_two_workers_handle_a_hundred_tasks_exactly_once(tmp_path: Path) -> None:
     specs = load_tasks(arithmetic_tasks(tmp_path / "tasks.jsonl", 100))
+    db = tmp_path / "home" / "carl.db"
     with OpenAIServer(responder=solve) as llm:
-        summary = await headless(tmp_path / "home", http_settings(llm), specs, limit=None)
+        # Whichever worker pulls task 0 waits on it until the other has answered a task: both take part
+        # even when one starts seconds before the other (under load it could take all hundred). The ack
+        # wait is longer than the hold, so no task is redelivered and answered twice meanwhile.
+        llm.hold(lambda body: "(task 0)" in body["messages"][-1]["content"])
+        run = asyncio.create_task(
+            headless(tmp_path / "home", http_settings(llm, ack_wait_s=60), specs, limit=None)
+        )
+        try:
+            assert await asyncio.to_thread(llm.wait_held, 1, 60.0)
+            holder = await _busy_worker(db, "What is 0 + 1")
+            await _done_by_another(db, holder["worker_id"])
+            llm.release()
+            summary = await asyncio.wait_for(run, 120)
+        finally:
+            await _settled(llm, run)
     assert (summary["assigned"], summary["done"], summary["failed"]) == (100, 100, 0)
     assert summary["mean_verifier"] == 1.0
     with Store(tmp_path / "home" / "carl.db") as store:
@@ -98,7 +114,7 @@ async def test_two_workers_handle_a_hundred_tasks_exactly_once(tmp_path: Path) -
     assert len([r for r in llm.requests if r.path.endswith("/chat/completions")]) == 100  # no task done twice
 
 
-async def _busy_worker(db: Path, task_prefix: str, timeout: float = 30.0) -> dict[str, Any]:
+async def _busy_worker(db: Path, task_prefix: str, timeout: float = 60.0) -> dict[str, Any]:
     """The worker that reported it is busy with the task whose prompt starts with `task_prefix`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -118,6 +134,32 @@ async def _busy_worker(db: Path, task_prefix: str, timeout: float = 30.0) -> dic
     raise AssertionError("no worker reported it was busy with the held task")
 
 
+async def _done_by_another(db: Path, worker_id: str, timeout: float = 60.0) -> None:
+    """Until a worker other than `worker_id` has a task done in the store."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reader = StoreReader(db)
+        try:
+            done = reader.conn.execute(
+                "SELECT count(*) FROM agent_tasks WHERE state='done' AND worker_id!=?", (worker_id,)
+            ).fetchone()[0]
+        finally:
+            reader.close()
+        if done:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no worker but {worker_id} finished a task")
+
+
+async def _settled(llm: OpenAIServer, run: asyncio.Task[Any]) -> None:
+    """Nothing held, and the plane's run over (cancelled when the test failed first: it stops its processes)."""
+    llm.release()
+    if not run.done():
+        run.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):  # the test's own failure is the one to see
+        await run
+
+
 async def test_a_worker_killed_mid_task_leaves_its_task_to_another_and_nothing_is_lost_or_doubled(
     tmp_path: Path,
 ) -> None:
@@ -126,11 +168,14 @@ async def test_a_worker_killed_mid_task_leaves_its_task_to_another_and_nothing_i
     with OpenAIServer(responder=solve) as llm:
         llm.hold(lambda body: "(task 7)" in body["messages"][-1]["content"])
         run = asyncio.create_task(headless(home, http_settings(llm), specs, limit=None))
-        assert await asyncio.to_thread(llm.wait_held, 1, 60.0)
-        victim = await _busy_worker(home / "carl.db", "What is 7 + 8")
-        os.kill(victim["pid"], signal.SIGKILL)
-        llm.release()  # the dead worker's request is answered into the void
-        summary = await asyncio.wait_for(run, 120)
+        try:
+            assert await asyncio.to_thread(llm.wait_held, 1, 60.0)
+            victim = await _busy_worker(home / "carl.db", "What is 7 + 8")
+            os.kill(victim["pid"], signal.SIGKILL)
+            llm.release()  # the dead worker's request is answered into the void
+            summary = await asyncio.wait_for(run, 120)
+        finally:
+            await _settled(llm, run)
     assert (summary["done"], summary["failed"], summary["timed_out"]) == (20, 0, 0)
     with Store(home / "carl.db") as store:
         kinds = counts(store)
@@ -151,11 +196,14 @@ async def test_a_restarted_nats_server_loses_no_acknowledged_event_and_the_clien
         settings = http_settings(llm, url=server.url, token_file=str(token_path(home)))
         llm.hold(lambda body: "(task 20)" in body["messages"][-1]["content"])
         run = asyncio.create_task(headless(home, settings, specs, limit=None))
-        assert await asyncio.to_thread(llm.wait_held, 1, 60.0)  # mid-run: a worker is inside task 20
-        await asyncio.to_thread(server.stop)  # SIGTERM; JetStream flushes its files
-        await asyncio.to_thread(server.start)  # the same port, store and token
-        llm.release()
-        summary = await asyncio.wait_for(run, 180)
+        try:
+            assert await asyncio.to_thread(llm.wait_held, 1, 60.0)  # mid-run: a worker is inside task 20
+            await asyncio.to_thread(server.stop)  # SIGTERM; JetStream flushes its files
+            await asyncio.to_thread(server.start)  # the same port, store and token
+            llm.release()
+            summary = await asyncio.wait_for(run, 180)
+        finally:
+            await _settled(llm, run)
     assert (summary["done"], summary["failed"]) == (40, 0)
     with Store(home / "carl.db") as store:
         kinds = counts(store)
@@ -307,10 +355,13 @@ async def test_alarms_fire_on_live_data_and_are_stored_with_their_reason(tmp_pat
         run = asyncio.create_task(
             headless(home, settings, specs, limit=None, api_key="sk-test", base_url=claude.base_url)
         )
-        assert await asyncio.to_thread(llm.wait_held, 1, 60.0)
-        await _alarm(home / "carl.db", "stuck_worker")  # the held task is past the 2 s ack wait
-        llm.release()
-        summary = await asyncio.wait_for(run, 120)
+        try:
+            assert await asyncio.to_thread(llm.wait_held, 1, 60.0)
+            await _alarm(home / "carl.db", "stuck_worker")  # the held task is past the 2 s ack wait
+            llm.release()
+            summary = await asyncio.wait_for(run, 120)
+        finally:
+            await _settled(llm, run)
     assert summary["done"] == n and summary["mean_verifier"] == 0.0
     reader = StoreReader(home / "carl.db")
     try:
@@ -322,7 +373,7 @@ async def test_alarms_fire_on_live_data_and_are_stored_with_their_reason(tmp_pat
     assert "w1" in alarms["stuck_worker"]["reason"]
 
 
-async def _alarm(db: Path, kind: str, timeout: float = 30.0) -> dict[str, Any]:
+async def _alarm(db: Path, kind: str, timeout: float = 60.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if db.exists():

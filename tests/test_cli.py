@@ -101,7 +101,7 @@ def test_engine_lifecycle_and_followed_observe(home: Path, tmp_path: Path) -> No
         reader = StoreReader(home / "carl.db")
         import time
 
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline and (reader.runs()[0].last_step or 0) < 10:
             time.sleep(0.1)
         assert reader.runs()[0].last_step == 10

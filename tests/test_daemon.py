@@ -32,8 +32,9 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     stop_engine(home, timeout=5.0)  # never leave a daemon behind
 
 
-def wait_for(check: Callable[[], T], *, timeout: float = 10.0, what: str = "condition") -> T:
-    """Poll `check` until it returns something truthy; fail after `timeout` seconds."""
+def wait_for(check: Callable[[], T], *, timeout: float = 60.0, what: str = "condition") -> T:
+    """Poll `check` until it returns something truthy; fail after `timeout` seconds (a bound for a loaded
+    machine: a passing wait returns as soon as its point is reached)."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
@@ -129,7 +130,7 @@ def test_kill_9_leaves_a_stale_pidfile_that_is_recovered(home: Path) -> None:
 def test_a_second_engine_exits_at_once(home: Path) -> None:
     status, _ = start_engine(home)
     other = subprocess.run(
-        [sys.executable, "-m", "engine.daemon", "run", "--home", str(home)], timeout=20, capture_output=True
+        [sys.executable, "-m", "engine.daemon", "run", "--home", str(home)], timeout=60, capture_output=True
     )
     assert other.returncode == 0
     assert f"engine already running (pid {status.pid})" in log_text(home)
@@ -144,7 +145,7 @@ def test_an_unreadable_store_stops_the_engine_with_exit_2(home: Path) -> None:
     assert status.state == "down" and not started
     assert time.monotonic() - began < 8  # it noticed the failed child, it did not wait out the timeout
     assert "cannot open the store" in log_text(home)
-    result = subprocess.run([sys.executable, "-m", "engine.daemon", "run", "--home", str(home)], timeout=20)
+    result = subprocess.run([sys.executable, "-m", "engine.daemon", "run", "--home", str(home)], timeout=60)
     assert result.returncode == 2
 
 
@@ -219,7 +220,7 @@ def test_kill_9_mid_ingest_loses_and_duplicates_nothing(home: Path, tmp_path: Pa
 
     first, _ = start_engine(home)
     assert first.pid is not None
-    wait_for(lambda: metric_count(home) > 0, what="the first rows", timeout=20)
+    wait_for(lambda: metric_count(home) > 0, what="the first rows")
     os.kill(first.pid, signal.SIGKILL)
     wait_for(lambda: engine_status(home).state == "down", what="the killed engine to be gone")
     partial = metric_count(home)
@@ -229,7 +230,7 @@ def test_kill_9_mid_ingest_loses_and_duplicates_nothing(home: Path, tmp_path: Pa
     # the backlog finishes the batch at hand and exits cleanly, fast.
     second, started = start_engine(home)
     assert started and second.pid != first.pid
-    wait_for(lambda: metric_count(home) > partial, what="progress after the restart", timeout=20)
+    wait_for(lambda: metric_count(home) > partial, what="progress after the restart")
     began = time.monotonic()
     assert stop_engine(home, timeout=5.0)
     assert time.monotonic() - began < 3
@@ -239,7 +240,7 @@ def test_kill_9_mid_ingest_loses_and_duplicates_nothing(home: Path, tmp_path: Pa
     assert state == "done" and "so far; resumes with the engine" in (result or ""), result
 
     third, _ = start_engine(home)
-    wait_for(lambda: metric_count(home) >= lines * keys, what="catching up", timeout=45)
+    wait_for(lambda: metric_count(home) >= lines * keys, what="catching up", timeout=180)
 
     with Store(paths.db_path(home)) as store:
         assert store.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

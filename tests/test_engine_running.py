@@ -12,7 +12,6 @@ the control room under Pilot. Waits are on known points (a status line, a store 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -21,9 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
-from support import ROOT, status_text, until, wait_for
+from support import ROOT, kill_runs, status_text, until, wait_for
 
 from carl_tui.app import ControlRoom
 from carl_tui.cli import tui_main
@@ -69,23 +67,6 @@ def tui_env(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(name, value)
 
 
-def _kill_runs(home: Path) -> None:
-    """Training runs outlive the engine (they are their own processes): end the test's, those that
-    opened their run and those the engine had started before (its list in the store)."""
-    db = home / "carl.db"
-    if not db.exists():
-        return
-    with Store(db) as store:
-        pids = [r[0] for r in store.conn.execute("SELECT pid FROM runs WHERE pid IS NOT NULL").fetchall()]
-        row = store.conn.execute("SELECT value FROM kv WHERE key='engine.children'").fetchone()
-    pids += [child["pid"] for child in (json.loads(row[0])["children"] if row else [])]
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            process = psutil.Process(pid)
-            if str(home) in process.cmdline():  # `--home HOME`: never a reused pid's process
-                process.kill()
-
-
 # -- point 5: a read-only session starts nothing ---------------------------------------------------
 
 
@@ -99,7 +80,7 @@ async def test_a_readonly_control_room_starts_no_engine_and_says_how_to(home: Pa
     async with app.run_test(size=(80, 24)) as pilot:
         # The supervisor's first look at the engine: the status line says it is down and how to start it.
         await until(
-            pilot, lambda: "engine ✕ down: `carl engine start` starts it" in status_text(app), timeout=20
+            pilot, lambda: "engine ✕ down: `carl engine start` starts it" in status_text(app), timeout=60
         )
         notes = [n.message for n in app._notifications]
         assert any("watch-only" in n and "`carl engine start`" in n for n in notes), notes
@@ -133,7 +114,7 @@ def test_carl_tui_says_after_its_screen_that_it_left_the_engine_running(
     notes: list[str] = []
 
     async def until_engine_up_then_quit(pilot: Any) -> None:
-        await until(pilot, lambda: pilot.app.engine_state == "up", timeout=30)
+        await until(pilot, lambda: pilot.app.engine_state == "up", timeout=60)
         notes.extend(n.message for n in pilot.app._notifications)
         await pilot.press("q")
 
@@ -204,9 +185,9 @@ def test_carl_demo_says_it_started_the_engine_and_engine_status_lists_what_it_ru
         assert stopped.stdout.startswith("engine stopped\nstill training: demo (pid ")
         assert engine_status(home).state == "down"
     finally:
-        _kill_runs(home)
+        kill_runs(home)
         stop_engine(home, timeout=10.0)
-        _kill_runs(home)
+        kill_runs(home)
 
 
 def importlib_has(module: str) -> bool:

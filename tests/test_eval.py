@@ -12,6 +12,7 @@ import os
 import random
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -142,14 +143,18 @@ def test_the_end_of_run_eval_is_stored_and_held_out_prompts_never_trained(traine
 
 @pytest.mark.slow
 def test_carl_eval_reevaluates_with_the_runs_thresholds(trained: Path) -> None:
-    done = carl(trained, "eval", "ev", "--json", "--max-prompts", "8")
+    # Two evals side by side (each mostly one core's work): neither needs the other.
+    with ThreadPoolExecutor(2) as pool:
+        done, repeated = pool.map(
+            lambda _: carl(trained, "eval", "ev", "--json", "--max-prompts", "8"), range(2)
+        )
     result = json.loads(done.stdout)
     assert done.returncode == (0 if result["passed"] else 1)
     assert result["metrics"]["prompts"] == 8 and len(result["answers"]) == 8
     answer = result["answers"][0]
     assert set(answer) >= {"prompt", "answer", "task", "format"}
     # Re-running gives the same greedy answers: the figures are the model's, not the sampler's.
-    again = json.loads(carl(trained, "eval", "ev", "--json", "--max-prompts", "8").stdout)
+    again = json.loads(repeated.stdout)
     assert again["metrics"]["task"] == result["metrics"]["task"]
     with Store(trained / "carl.db") as store:
         assert store.conn.execute("SELECT count(*) FROM evals").fetchone()[0] == 3
@@ -182,8 +187,9 @@ def test_bad_runs_are_one_line(tmp_path: Path, store: Store) -> None:
         "young": "carl: run 'young' has no saved model yet (no final/ or checkpoint-* in",
         str(holdout_off): "carl: run 'all-in' held no prompts out of training (eval.holdout is 0.0)",
     }
-    for ref, message in cases.items():
-        done = carl(home, "eval", ref)
+    with ThreadPoolExecutor(len(cases)) as pool:  # side by side: each is refused on its own
+        answers = pool.map(lambda ref: carl(home, "eval", ref), cases)
+    for (ref, message), done in zip(cases.items(), answers, strict=True):
         assert done.returncode == 2, (ref, done.stdout)
         assert done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
         assert "Traceback" not in done.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import wait_for
+from support import end_all, kill_runs, wait_for
 
 from engine.control import stop_engine
 from engine.experiments.arms import ExperimentError, cell_config, check_base, parse_arms, parse_seeds
@@ -141,6 +141,7 @@ def test_more_seeds_or_arms_extend_a_stored_experiment_and_keep_its_finished_cel
 def home(tmp_path: Path, tiny_home: Path) -> Iterator[Path]:
     yield tiny_home
     stop_engine(tiny_home, timeout=10.0)  # never leave a daemon behind
+    kill_runs(tiny_home)  # nor a run it started (runs outlive the engine), when a test failed midway
 
 
 def carl(home: Path, *args: str) -> subprocess.Popen[str]:
@@ -152,7 +153,14 @@ def carl(home: Path, *args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=sigint_as_at_a_terminal,
     )
+
+
+def sigint_as_at_a_terminal() -> None:
+    """A shell starts a background command (`pytest &`) with SIGINT ignored, and every child inherits that:
+    the command would never see the test's Ctrl-C. It gets SIGINT's default, as a command at a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 280) -> tuple[int, str, str]:
@@ -224,17 +232,24 @@ def test_an_experiment_trains_every_arm_through_the_engine_and_reruns_nothing_fi
         evals = store.conn.execute("SELECT run_id FROM evals").fetchall()
     assert sorted(r[0] for r in evals) == sorted(run["id"] for run in trained.values())
 
-    code, out, err = finish(carl(home, "experiment", "--name", "e1", "--config", str(base), "--seeds", "1"))
-    assert code == 0, err
-    assert sorted(runs(home)) == sorted(trained)  # nothing trained again
-    assert "held-out task" in out and "cascade" in out and "(baseline)" in out
-    code, shown, _ = finish(carl(home, "experiment", "--name", "e1", "--show", "--json"))
-    assert code == 0 and json.loads(shown)["arms"] == summary["arms"]
-    code, _, err = finish(carl(home, "experiment", "--name", "e1", "--config", str(base), "--seeds", "5,6"))
-    assert code == 2 and err.strip().endswith(
-        "experiment 'e1' exists with another --seeds; run it as it was,"
-        " with more seeds or arms, or pick another --name"
-    )
+    # Run again, shown, and asked with other seeds: side by side, as none of them trains or changes a cell.
+    again = carl(home, "experiment", "--name", "e1", "--config", str(base), "--seeds", "1")
+    show = carl(home, "experiment", "--name", "e1", "--show", "--json")
+    other_seeds = carl(home, "experiment", "--name", "e1", "--config", str(base), "--seeds", "5,6")
+    try:
+        code, out, err = finish(again)
+        assert code == 0, err
+        assert sorted(runs(home)) == sorted(trained)  # nothing trained again
+        assert "held-out task" in out and "cascade" in out and "(baseline)" in out
+        code, shown, _ = finish(show)
+        assert code == 0 and json.loads(shown)["arms"] == summary["arms"]
+        code, _, err = finish(other_seeds)
+        assert code == 2 and err.strip().endswith(
+            "experiment 'e1' exists with another --seeds; run it as it was,"
+            " with more seeds or arms, or pick another --name"
+        )
+    finally:
+        end_all([again, show, other_seeds])
 
 
 @pytest.mark.slow
@@ -266,7 +281,7 @@ def test_an_interrupted_experiment_adopts_its_running_run_and_a_stopped_arm_is_r
         code, _, err = finish(first)
     finally:
         first.kill()
-    assert code == 130 and "carries on in the engine" in err
+    assert code == 130 and "carries on in the engine" in err, (code, err)
     adopted = cells(home)[("task-only", 0)]["run_id"]
     code, out, err = finish(carl(home, *args, "--json"))
     assert code == 0, err
@@ -303,17 +318,25 @@ def test_an_interrupted_experiment_adopts_its_running_run_and_a_stopped_arm_is_r
 
 def test_bad_input_is_one_line_before_anything_trains(tmp_path: Path, home: Path) -> None:
     base = write_base(tmp_path, rewards=[{"name": "task"}])
-    for args, message in [
+    cases = [
         (("--arms", "sft-only,bogus"), "--arms: unknown arm 'bogus'"),
         (("--seeds", "0"), "--seeds: at least one seed is needed"),
         (("--arms", "cascade"), "rewards: arm cascade needs coherence or commitment"),
         (("--show",), "--show needs --name"),
-    ]:
-        code, out, err = finish(carl(home, "experiment", "--config", str(base), *args))
-        assert code == 2 and err.strip().splitlines() == [f"carl: {err.strip().removeprefix('carl: ')}"], err
-        assert message in err and "Traceback" not in err
-    code, _, err = finish(carl(home, "experiment", "--name", "ghost", "--show"))
-    assert code == 2 and "no experiment 'ghost'" in err
+    ]
+    started = [carl(home, "experiment", "--config", str(base), *args) for args, _ in cases]  # side by side
+    ghost = carl(home, "experiment", "--name", "ghost", "--show")
+    try:
+        for proc, (_, message) in zip(started, cases, strict=True):
+            code, out, err = finish(proc)
+            assert code == 2 and err.strip().splitlines() == [
+                f"carl: {err.strip().removeprefix('carl: ')}"
+            ], err
+            assert message in err and "Traceback" not in err
+        code, _, err = finish(ghost)
+        assert code == 2 and "no experiment 'ghost'" in err
+    finally:
+        end_all([*started, ghost])
     assert not (home / "runs").exists() or not any((home / "runs").iterdir())
 
 

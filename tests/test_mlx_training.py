@@ -16,6 +16,7 @@ import pytest
 
 pytest.importorskip("mlx.core")
 
+from support import Launched, end_all, launched_together  # noqa: E402
 from test_training_runner import (  # noqa: E402
     PAUSED_POLLS,
     check_health_keys,
@@ -48,11 +49,31 @@ def mlx_config(path: Path, tiny: Path, **settings: Any) -> Path:
     return write_config(path, tiny, backend="mlx", **settings)
 
 
-def test_a_short_mlx_grpo_run_reports_every_step_like_torch(
-    tmp_path: Path, tiny_model: Path, store: Store
-) -> None:
-    config = mlx_config(tmp_path / "carl.yaml", tiny_model, sft_warmup_steps=2, beta=0.04)
-    code, out, err = finish(start(tmp_path / "home", "--config", str(config), "--name", "short"))
+LORA = {"enabled": True, "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+
+
+@pytest.fixture(scope="module")
+def one_shot(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Launched]]:
+    """The runs that need nothing from their tests while they train, started together when the first is
+    wanted, each in a home of its own: their tests wait for their end and read their stores."""
+    root = tmp_path_factory.mktemp("one-shot")
+    configs = {
+        "short": mlx_config(root / "short.yaml", tiny_model, sft_warmup_steps=2, beta=0.04),
+        "sft": mlx_config(root / "sft.yaml", tiny_model, method="sft", max_steps=5, save_steps=5, lora=LORA),
+        "bad": mlx_config(
+            root / "bad.yaml", tiny_model, lora={"enabled": True, "target_modules": ["c_attn"]}
+        ),
+    }
+    runs = {
+        name: (root / name, ["--config", str(config), "--name", name]) for name, config in configs.items()
+    }
+    with launched_together(runs) as started:
+        yield started
+
+
+def test_a_short_mlx_grpo_run_reports_every_step_like_torch(one_shot: dict[str, Launched]) -> None:
+    store = one_shot["short"].store
+    code, out, err = one_shot["short"].finish()
     assert code == 0, err
     run = run_row(store, "short")
     assert (run["status"], run["backend"], run["source_kind"]) == ("finished", "mlx", "carl")
@@ -104,16 +125,9 @@ def test_a_short_mlx_grpo_run_reports_every_step_like_torch(
     assert "grpo step 8/8" in out
 
 
-def test_an_mlx_lora_sft_run_saves_an_adapter(tmp_path: Path, tiny_model: Path, store: Store) -> None:
-    config = mlx_config(
-        tmp_path / "carl.yaml",
-        tiny_model,
-        method="sft",
-        max_steps=5,
-        save_steps=5,
-        lora={"enabled": True, "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
-    )
-    code, out, err = finish(start(tmp_path / "home", "--config", str(config), "--name", "sft"))
+def test_an_mlx_lora_sft_run_saves_an_adapter(one_shot: dict[str, Launched], tiny_model: Path) -> None:
+    store = one_shot["sft"].store
+    code, out, err = one_shot["sft"].finish()
     assert code == 0, err
     run = run_row(store, "sft")
     assert (run["status"], run["backend"], run["last_step"]) == ("finished", "mlx", 5)
@@ -133,11 +147,8 @@ def test_an_mlx_lora_sft_run_saves_an_adapter(tmp_path: Path, tiny_model: Path, 
     assert model is not None
 
 
-def test_a_lora_target_mlx_cannot_honour_is_one_line(tmp_path: Path, tiny_model: Path, store: Store) -> None:
-    config = mlx_config(
-        tmp_path / "carl.yaml", tiny_model, lora={"enabled": True, "target_modules": ["c_attn"]}
-    )
-    code, _, err = finish(start(tmp_path / "home", "--config", str(config), "--name", "bad"))
+def test_a_lora_target_mlx_cannot_honour_is_one_line(one_shot: dict[str, Launched]) -> None:
+    code, _, err = one_shot["bad"].finish()
     assert code == 2
     [line] = [line for line in err.splitlines() if line.strip()]
     assert line.startswith(
@@ -208,11 +219,14 @@ def test_kill_9_then_resume_replays_the_lost_steps_exactly(
     unbroken = steps_of(store, run_row(store, "unbroken")["id"], "loss")
 
     proc = start(tmp_path / "home", "--config", str(config), "--name", "crash")
-    run_id = wait_for(lambda: store.run_id_by_name("crash"), proc=proc)
-    held = paused_at(store, run_id, proc, after_step=9)  # past the checkpoint at step 8
-    expected = last_checkpoint_before(store, run_id, held)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    try:  # a run left paused would wait for its commands for ever
+        run_id = wait_for(lambda: store.run_id_by_name("crash"), proc=proc)
+        held = paused_at(store, run_id, proc, after_step=9)  # past the checkpoint at step 8
+        expected = last_checkpoint_before(store, run_id, held)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        end_all([proc])
     code, out, err = finish(start(tmp_path / "home", "--resume", "crash"))
     assert code == 0, err
     run = store.run(run_id)
@@ -236,23 +250,27 @@ def test_the_mlx_warmup_reaches_the_torch_loss_on_the_demo(
     the mean loss of the last 10 of 80 steps agrees within 25% (their batches differ: each backend orders the
     data its own way), and both have learned (from ~6.3 nats to well under 1)."""
     losses = {}
-    for backend in ("torch", "mlx"):
-        config = write_config(
-            tmp_path / f"{backend}.yaml",
-            tiny_model,
-            backend=backend,
-            method="sft",
-            max_steps=80,
-            save_steps=1000,
-            per_device_train_batch_size=32,
-            learning_rate=2.5e-3,
-            rewards=[{"name": "task"}],
-        )
-        code, _, err = finish(
-            start(tmp_path / "home", "--config", str(config), "--name", backend), timeout=300
-        )
-        assert code == 0, err
-        series = steps_of(store, run_row(store, backend)["id"], "loss")
-        losses[backend] = float(np.mean([series[s] for s in range(71, 81)]))
-        assert series[1] > 5.0 and losses[backend] < 1.0
+    runs = {}
+    try:
+        for backend in ("torch", "mlx"):  # side by side: one run alone leaves a core of two idle
+            config = write_config(
+                tmp_path / f"{backend}.yaml",
+                tiny_model,
+                backend=backend,
+                method="sft",
+                max_steps=80,
+                save_steps=1000,
+                per_device_train_batch_size=32,
+                learning_rate=2.5e-3,
+                rewards=[{"name": "task"}],
+            )
+            runs[backend] = start(tmp_path / "home", "--config", str(config), "--name", backend)
+        for backend, proc in runs.items():
+            code, _, err = finish(proc, timeout=300)
+            assert code == 0, err
+            series = steps_of(store, run_row(store, backend)["id"], "loss")
+            losses[backend] = float(np.mean([series[s] for s in range(71, 81)]))
+            assert series[1] > 5.0 and losses[backend] < 1.0
+    finally:
+        end_all(runs.values())
     assert losses["mlx"] == pytest.approx(losses["torch"], rel=0.25), losses

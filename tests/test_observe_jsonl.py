@@ -301,11 +301,25 @@ def test_observing_again_imports_nothing_twice(store: Store, tmp_path: Path) -> 
     assert source["rows"] == 100 and source["bad_lines"] == 1
 
 
+# The import, held at a known point for the kill: its first batch committed, its second batch's rows written
+# in a transaction whose cursor is not saved yet (it waits there, the real save_source_progress after it).
 KILLED_IMPORT = """
-import sys
+import sys, time
 from engine.store import Store
 from engine.observe import observe
-observe(Store(sys.argv[1]), sys.argv[2])
+
+store = Store(sys.argv[1])
+save, batches = store.save_source_progress, []
+
+def save_then_hold(source_id, cursor, *args, **kwargs):
+    if cursor.get("offset", 0) > 0:
+        batches.append(cursor["offset"])
+        if len(batches) == 2:
+            time.sleep(600)
+    return save(source_id, cursor, *args, **kwargs)
+
+store.save_source_progress = save_then_hold
+observe(store, sys.argv[2])
 """
 
 

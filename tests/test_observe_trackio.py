@@ -153,7 +153,7 @@ def test_single_run_takes_the_requested_name(store: Store, trackio: ModuleType) 
     assert [store.run(r)["name"] for r in result.run_ids] == ["mine"]
 
 
-def wait_for(condition: Callable[[], bool], seconds: float = 15.0) -> None:
+def wait_for(condition: Callable[[], bool], seconds: float = 60.0) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
         assert time.monotonic() < deadline, "timed out"

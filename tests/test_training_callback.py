@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -83,17 +85,50 @@ Trainer(
 """
 
 
-def run_script(tmp_path: Path, source: str, model: Path) -> subprocess.CompletedProcess[str]:
-    script = tmp_path / "user_script.py"
+def start_script(where: Path, source: str, model: Path) -> subprocess.Popen[str]:
+    script = where / "user_script.py"
     script.write_text(textwrap.dedent(source))
-    argv = [sys.executable, str(script), str(model), str(tmp_path / "home"), str(tmp_path / "out")]
+    argv = [sys.executable, str(script), str(model), str(where / "home"), str(where / "out")]
     env = {**os.environ, **OFFLINE, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    return subprocess.Popen(
+        argv, cwd=where, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
-def test_a_users_scripts_stream_into_the_store_and_obey_stop(tmp_path: Path, tiny_model: Path) -> None:
-    done = run_script(tmp_path, SCRIPT, tiny_model)
-    assert done.returncode == 0, done.stderr[-3000:]
+@dataclass
+class Script:
+    """A user's script running in `where` (its home, its output)."""
+
+    where: Path
+    proc: subprocess.Popen[str]
+
+    def finish(self) -> tuple[int, str]:
+        """Its exit status and stderr, once it has ended."""
+        _, err = self.proc.communicate(timeout=180)
+        return self.proc.returncode, err
+
+
+@pytest.fixture(scope="module")
+def scripts(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Script]]:
+    """Both users' scripts, started together (each trains on one thread: side by side they use both cores),
+    each in a directory of its own; a test waits for its own. Neither outlives the module."""
+    started: dict[str, Script] = {}
+    try:
+        for name, source in (("streams", SCRIPT), ("dies", FAILING)):
+            where = tmp_path_factory.mktemp(name)
+            started[name] = Script(where, start_script(where, source, tiny_model))
+        yield started
+    finally:
+        for script in started.values():
+            if script.proc.poll() is None:
+                script.proc.kill()
+            script.proc.communicate()
+
+
+def test_a_users_scripts_stream_into_the_store_and_obey_stop(scripts: dict[str, Script]) -> None:
+    tmp_path = scripts["streams"].where
+    code, err = scripts["streams"].finish()
+    assert code == 0, err[-3000:]
     with Store(tmp_path / "home" / "carl.db") as store:
         sft = store.run(store.run_id_by_name("sft-script"))
         assert sft is not None and sft["source_kind"] == "callback" and sft["status"] == "finished"
@@ -129,9 +164,10 @@ def test_a_users_scripts_stream_into_the_store_and_obey_stop(tmp_path: Path, tin
         assert json.loads(plain["config"]) == {"output_dir": str(tmp_path / "out" / "plain")}
 
 
-def test_a_script_that_dies_leaves_its_run_failed_with_the_reason(tmp_path: Path, tiny_model: Path) -> None:
-    done = run_script(tmp_path, FAILING, tiny_model)
-    assert done.returncode == 1 and "the user's script broke" in done.stderr
+def test_a_script_that_dies_leaves_its_run_failed_with_the_reason(scripts: dict[str, Script]) -> None:
+    tmp_path = scripts["dies"].where
+    code, err = scripts["dies"].finish()
+    assert code == 1 and "the user's script broke" in err
     with Store(tmp_path / "home" / "carl.db") as store:
         run = store.run(store.run_id_by_name("broken"))
         assert run is not None and run["status"] == "failed"

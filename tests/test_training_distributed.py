@@ -14,7 +14,7 @@ from typing import Any
 
 import psutil
 import pytest
-from support import finish, wait_for
+from support import end_all, finish, wait_for
 from support import start_training as start
 from test_training_runner import PAUSED_POLLS, held_polls
 
@@ -256,16 +256,19 @@ def test_more_processes_than_cores_or_on_mlx_is_one_line(
         pytest.skip("the limit counts GPUs here")
     config = write_config(tmp_path / "carl.yaml", tiny_model)
     cores = len(os.sched_getaffinity(0))
-    code, _, err = finish(start(tmp_path / "home", "--config", str(config), "--processes", str(cores + 1)))
-    assert code == 2
-    assert err.strip() == (
-        f"carl train: --processes {cores + 1}: no GPU, and this machine has {cores} CPU cores (one process per core)"
-    )
-    code, _, err = finish(
-        start(tmp_path / "home", "--config", str(config), "--processes", "2", "--backend", "mlx")
-    )
-    assert code == 2
-    assert err.strip() == "carl train: --processes 2: several processes train on the torch backend only"
+    too_many = start(tmp_path / "home", "--config", str(config), "--processes", str(cores + 1))
+    on_mlx = start(tmp_path / "home", "--config", str(config), "--processes", "2", "--backend", "mlx")
+    try:  # side by side: each is refused on its own
+        code, _, err = finish(too_many)
+        assert code == 2
+        assert err.strip() == (
+            f"carl train: --processes {cores + 1}: no GPU, and this machine has {cores} CPU cores (one process per core)"
+        )
+        code, _, err = finish(on_mlx)
+        assert code == 2
+        assert err.strip() == "carl train: --processes 2: several processes train on the torch backend only"
+    finally:
+        end_all([too_many, on_mlx])
     assert store.conn.execute("SELECT count(*) FROM runs").fetchone() == (0,)
 
 
@@ -274,12 +277,19 @@ def test_bad_input_a_rank_would_meet_is_one_line_before_the_launch(
 ) -> None:
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(8)))
-    for settings, reason in [
+    cases = [
         ({"dataset": str(rows)}, f"dataset {rows}: no 'answer_tool' column, which the task reward needs"),
         ({"model": str(tmp_path / "nowhere")}, f"model {tmp_path / 'nowhere'}: no such directory"),
-    ]:
-        config = write_config(tmp_path / "carl.yaml", tiny_model, **settings)
-        code, _, err = finish(start(tmp_path / "home", "--config", str(config), "--processes", "2"))
-        assert code == 2 and len(err.strip().splitlines()) == 1, err
-        assert err.strip().startswith(f"carl train: {reason}"), err
+    ]
+    started = []  # side by side: each is refused on its own
+    try:
+        for i, (settings, _) in enumerate(cases):
+            config = write_config(tmp_path / f"carl-{i}.yaml", tiny_model, **settings)
+            started.append(start(tmp_path / "home", "--config", str(config), "--processes", "2"))
+        for proc, (_, reason) in zip(started, cases, strict=True):
+            code, _, err = finish(proc)
+            assert code == 2 and len(err.strip().splitlines()) == 1, err
+            assert err.strip().startswith(f"carl train: {reason}"), err
+    finally:
+        end_all(started)
     assert store.conn.execute("SELECT count(*) FROM runs").fetchone() == (0,)  # nothing was launched

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import OFFLINE, ROOT, finish, wait_for
+from support import OFFLINE, ROOT, Launched, end_all, finish, launched_together, wait_for
 from support import start_training as start
 
 from engine.store import ROLLUP_LEVELS, Store, StoreReader
@@ -83,9 +83,46 @@ def held_polls(store: Store, run_id: int, step: int) -> int:
 # -- a real run ------------------------------------------------------------------------------------
 
 
-def test_a_short_grpo_run_reports_every_step(tmp_path: Path, tiny_model: Path, store: Store) -> None:
-    config = write_config(tmp_path / "carl.yaml", tiny_model, sft_warmup_steps=2)
-    code, out, err = finish(start(tmp_path / "home", "--config", str(config), "--name", "short"))
+def sum_rows() -> list[dict[str, str]]:
+    """A dataset with a `reference` column: the rewards know no task, the reference task checks it."""
+    return [
+        {
+            "prompt": f"What is {a} + {b}?",
+            "reference": str(a + b),
+            "verifier": "number",
+            "completion": f"<answer>{a + b}</answer>",
+        }
+        for a in range(6)
+        for b in range(4)
+    ]
+
+
+@pytest.fixture(scope="module")
+def one_shot(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Launched]]:
+    """The runs that need nothing from their tests while they train, started together when the first is
+    wanted, each in a home of its own: their tests wait for their end and read their stores."""
+    root = tmp_path_factory.mktemp("one-shot")
+    short = write_config(root / "short.yaml", tiny_model, sft_warmup_steps=2)
+    runs = {"short": (root / "short", ["--config", str(short), "--name", "short"])}
+    dataset = root / "sums.jsonl"
+    dataset.write_text("".join(json.dumps(row) + "\n" for row in sum_rows()))
+    for backend in ("torch", "mlx"):
+        config = write_config(
+            root / f"sums-{backend}.yaml",
+            tiny_model,
+            dataset=str(dataset),
+            max_steps=2,
+            backend=backend,
+            rewards=[{"name": "task"}, {"name": "format", "weight": 0.5}],
+        )
+        runs[f"sums-{backend}"] = (root / f"sums-{backend}", ["--config", str(config), "--name", "sums"])
+    with launched_together(runs) as started:
+        yield started
+
+
+def test_a_short_grpo_run_reports_every_step(one_shot: dict[str, Launched]) -> None:
+    store = one_shot["short"].store
+    code, out, err = one_shot["short"].finish()
     assert code == 0, err
     run = run_row(store, "short")
     assert run["status"] == "finished" and run["error"] is None and run["source_kind"] == "carl"
@@ -226,36 +263,17 @@ def json_entropy(store: Store, run_id: int, step: int) -> float:
 
 @pytest.mark.parametrize("backend", ["torch", "mlx"])
 def test_a_reference_answer_dataset_trains_on_either_backend_with_its_own_checks(
-    tmp_path: Path, tiny_model: Path, store: Store, backend: str
+    one_shot: dict[str, Launched], backend: str
 ) -> None:
     """The rewards know no task: a dataset with a `reference` column is checked by the reference task."""
     from engine.tasks import ReferenceTask
 
-    rows = [
-        {
-            "prompt": f"What is {a} + {b}?",
-            "reference": str(a + b),
-            "verifier": "number",
-            "completion": f"<answer>{a + b}</answer>",
-        }
-        for a in range(6)
-        for b in range(4)
-    ]
-    dataset = tmp_path / "sums.jsonl"
-    dataset.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    config = write_config(
-        tmp_path / "carl.yaml",
-        tiny_model,
-        dataset=str(dataset),
-        max_steps=2,
-        backend=backend,
-        rewards=[{"name": "task"}, {"name": "format", "weight": 0.5}],
-    )
-    code, _, err = finish(start(tmp_path / "home", "--config", str(config), "--name", "sums"))
+    store = one_shot[f"sums-{backend}"].store
+    code, _, err = one_shot[f"sums-{backend}"].finish()
     assert code == 0, err
     run_id = run_row(store, "sums")["id"]
     assert sorted(steps_of(store, run_id, "rewards/task/mean")) == [1, 2]
-    reference = {row["prompt"]: row["reference"] for row in rows}
+    reference = {row["prompt"]: row["reference"] for row in sum_rows()}
     samples = store.conn.execute("SELECT prompt, completion, rewards FROM samples WHERE run_id=?", (run_id,))
     checked = 0
     task = ReferenceTask()
@@ -361,11 +379,14 @@ def test_kill_9_then_resume_leaves_every_step_exactly_once(
 ) -> None:
     config = write_config(tmp_path / "carl.yaml", tiny_model, max_steps=16, save_steps=4, sft_warmup_steps=2)
     proc = start(tmp_path / "home", "--config", str(config), "--name", "crash")
-    run_id = wait_for(lambda: store.run_id_by_name("crash"), proc=proc)
-    held = paused_at(store, run_id, proc, after_step=11)  # past the checkpoints at store steps 6 and 10
-    expected = last_checkpoint_before(store, run_id, held)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    try:  # a run left paused would wait for its commands for ever
+        run_id = wait_for(lambda: store.run_id_by_name("crash"), proc=proc)
+        held = paused_at(store, run_id, proc, after_step=11)  # past the checkpoints at store steps 6 and 10
+        expected = last_checkpoint_before(store, run_id, held)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        end_all([proc])
     assert store.run(run_id)["status"] == "paused"  # what a crash leaves
 
     code, out, err = finish(start(tmp_path / "home", "--resume", "crash"))
@@ -444,35 +465,38 @@ def test_bad_input_fails_with_one_line(tmp_path: Path, tiny_model: Path, store: 
     (tmp_path / "carl_user_rewards.py").write_text(
         "def explode(prompts, completions, **kwargs):\n    return [1 / 0 for _ in completions]\n"
     )
-    procs = []
-    for name, settings, _, _ in cases:
-        config = write_config(tmp_path / f"{name}.yaml", tiny_model, **settings)
-        env = {**os.environ, **OFFLINE, "PYTHONPATH": str(tmp_path)}
-        argv = [
-            sys.executable,
-            "-m",
-            "engine.training",
-            "--home",
-            str(home),
-            "--config",
-            str(config),
-            "--name",
-            name,
-        ]
-        procs.append(
-            subprocess.Popen(
-                argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    procs: list[subprocess.Popen[str]] = []  # side by side: each fails on its own
+    try:
+        for name, settings, _, _ in cases:
+            config = write_config(tmp_path / f"{name}.yaml", tiny_model, **settings)
+            env = {**os.environ, **OFFLINE, "PYTHONPATH": str(tmp_path)}
+            argv = [
+                sys.executable,
+                "-m",
+                "engine.training",
+                "--home",
+                str(home),
+                "--config",
+                str(config),
+                "--name",
+                name,
+            ]
+            procs.append(
+                subprocess.Popen(
+                    argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                )
             )
-        )
-    for proc, (name, _, code, reason) in zip(procs, cases, strict=True):
-        returncode, _, err = finish(proc)
-        lines = err.strip().splitlines()
-        assert returncode == code, (name, err)
-        assert lines and reason in lines[-1], (name, err)
-        assert lines[-1].startswith("carl train: ")
-        run = run_row(store, name)
-        assert run["status"] == "failed" and reason in run["error"], name
-        assert "\n" not in run["error"]
+        for proc, (name, _, code, reason) in zip(procs, cases, strict=True):
+            returncode, _, err = finish(proc)
+            lines = err.strip().splitlines()
+            assert returncode == code, (name, err)
+            assert lines and reason in lines[-1], (name, err)
+            assert lines[-1].startswith("carl train: ")
+            run = run_row(store, name)
+            assert run["status"] == "failed" and reason in run["error"], name
+            assert "\n" not in run["error"]
+    finally:
+        end_all(procs)
     assert store.conn.execute(
         "SELECT count(*) FROM metrics WHERE run_id=?", (run_row(store, "nocols")["id"],)
     ).fetchone() == (0,)

@@ -111,7 +111,7 @@ async def test_hooks_to_engine_to_control_room(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("CARL_HOME", str(home))
     start_engine(home)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         row = None
         while time.monotonic() < deadline and row is None:
             if (home / "carl.db").exists():
