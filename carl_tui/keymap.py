@@ -26,9 +26,12 @@ BINDING_MODULES = (
     "carl_tui.chat",
     "carl_tui.agents",
     "carl_tui.trajectories",
+    "carl_tui.rollouts_view",
+    "carl_tui.rollouts_detail",
     "widgets.activity",
     "widgets.agents",
     "widgets.chat",
+    "widgets.rollout_list",
 )
 KEY_NAMES = {"question_mark": "?", "slash": "/", "escape": "esc", "plus": "+"}
 
