@@ -130,6 +130,7 @@ class RolloutsScreen(ModalScreen[None]):
         self.query_one("#rollouts-entropy").display = False
         self.query_one(Chart).mode = self.room.config.chart_mode
         self.query_one(RolloutList).focus()
+        self.watch(self.list, "cursor", self.cursor_moved, init=False)
         self.reader.want_band()
         self.read_store()
         self.show_status()
@@ -280,18 +281,18 @@ class RolloutsScreen(ModalScreen[None]):
         parts.append(f"sort {SORT_NAMES[self.sort]} {'↓' if self.descending else '↑'}")
         if self.filter:
             parts.append(f"filter {self.filter_text}")
-        self.query_one("#rollouts-status", Static).update(
-            Text(" · ".join(parts), no_wrap=True, overflow="ellipsis")
-        )
+        line = Text(" · ".join(parts), no_wrap=True, overflow="ellipsis")
+        status = self.query_one("#rollouts-status", Static)
+        if line != status.content:
+            status.update(line, layout=False)  # one line, always: no layout of the screen for it
 
     @on(RolloutList.Wanted)
     def rows_wanted(self, event: RolloutList.Wanted) -> None:
         if self.generation:
             self.reader.want_pages(self.generation, event.pages)
 
-    @on(RolloutList.Highlighted)
-    def row_highlighted(self, event: RolloutList.Highlighted) -> None:
-        self.show_status()
+    def cursor_moved(self) -> None:
+        self.show_status()  # in the same refresh as the list's lines
 
     # -- keys ------------------------------------------------------------------------------------------------
 

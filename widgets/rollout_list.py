@@ -5,19 +5,22 @@ what is shown; it draws only the visible lines, each through an LRU cache of ren
 pages it lacks with a `Wanted` message: whoever feeds it reads them (off the UI thread) and hands them back with
 `set_page`. A row not read yet is drawn as `loading…`. The widget knows nothing of the store or the app.
 
-Keys (their own, not ScrollView's): `↑`/`↓` (`k`/`j`) move the cursor, `pgup`/`pgdn` a screen, `enter` opens the
-row (`Selected`); every move says where the cursor is (`Highlighted`).
+Keys (their own, not ScrollView's): `↑`/`↓` (`k`/`j`) move the cursor (`cursor`), `pgup`/`pgdn` a screen, `enter`
+opens the row (`Selected`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from rich.text import Text
+from rich.cells import cell_len, set_cell_size
+from rich.segment import Segment
+from rich.style import Style
 from textual.binding import Binding
 from textual.cache import LRUCache
 from textual.geometry import Size
 from textual.message import Message
+from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
 MAX_PAGES = 100  # pages kept; past them those farthest from the cursor are forgotten (read again if needed)
 MARGIN = 1  # pages read ahead of the screen, above and below, so a screen's move is drawn at once
 LOADING = "loading…"
+_PARTS = ("loading", "number", "positive", "negative")
 _FLAT = str.maketrans({"\n": " ", "\t": " ", "\r": " "})
 
 
@@ -63,18 +67,16 @@ class RolloutList(ScrollView, can_focus=True, inherit_bindings=False):
         "rollout-list--number",
     }
 
+    cursor: reactive[int] = reactive(0, repaint=False, init=False)
+    """The highlighted row's position. A reactive, so that whoever shows where the cursor is (the viewer's
+    status line) can `watch` it and draw it in the same refresh as the list."""
+
     class Wanted(Message):
         """Pages of rows to read: rows [page * page_size, (page + 1) * page_size)."""
 
         def __init__(self, pages: list[int]) -> None:
             super().__init__()
             self.pages = pages
-
-    class Highlighted(Message):
-        def __init__(self, position: int, row: RolloutRow | None) -> None:
-            super().__init__()
-            self.position = position
-            self.row = row
 
     class Selected(Message):
         def __init__(self, position: int, row: RolloutRow) -> None:
@@ -88,10 +90,10 @@ class RolloutList(ScrollView, can_focus=True, inherit_bindings=False):
         self.total: int | None = None  # None: not counted yet
         self.pages: dict[int, list[RolloutRow]] = {}
         self.pending: set[int] = set()  # asked for, not arrived
-        self.cursor = 0
         self.show_step = True  # the step column (a list of every step's samples)
         self._strips: LRUCache[tuple[object, ...], Strip] = LRUCache(1024)
         self._style_generation = 0
+        self._styles: dict[tuple[int, bool], dict[str, Style]] = {}
 
     # -- feeding ---------------------------------------------------------------------------------------------
 
@@ -115,7 +117,6 @@ class RolloutList(ScrollView, can_focus=True, inherit_bindings=False):
         self._resize()
         self.refresh()
         self.request_rows()
-        self._highlighted()
 
     def set_page(self, number: int, rows: list[RolloutRow]) -> None:
         self.pending.discard(number)
@@ -124,11 +125,12 @@ class RolloutList(ScrollView, can_focus=True, inherit_bindings=False):
             self.total = number * self.page_size + len(rows)  # the list ends here
         self._forget_far_pages()
         self._resize()
-        self.refresh()
-        self.request_rows()
         start = number * self.page_size
-        if start <= self.cursor < start + len(rows):
-            self._highlighted()
+        top, height = int(self.scroll_offset.y), self.size.height
+        first, last = max(start, top), min(start + self.page_size, top + height)
+        if first < last:  # only the lines of this page that are on screen
+            self.refresh_lines(first, last - first)
+        self.request_rows()
 
     def row(self, position: int) -> RolloutRow | None:
         page = self.pages.get(position // self.page_size)
@@ -187,38 +189,46 @@ class RolloutList(ScrollView, can_focus=True, inherit_bindings=False):
         return strip
 
     def _render_row(self, row: RolloutRow | None, width: int, selected: bool) -> Strip:
-        base = self.rich_style
-        if selected:
-            base += self.get_component_rich_style("rollout-list--cursor")
-        text = Text(no_wrap=True, overflow="ellipsis", end="", style=base)
+        """One line as segments (no Text layout: a screen of them is drawn at every scroll)."""
+        styles = self._line_styles(selected)
+        base = styles["base"]
         if row is None:
-            text.append(f"  {LOADING}", style=self.get_component_rich_style("rollout-list--loading"))
-        else:
-            numbers = self.get_component_rich_style("rollout-list--number")
-            if self.show_step:
-                text.append(f"{row.step:>6} ", style=numbers)
-            text.append(f"{row.idx:>5} {printable(row.group_id)[-4:]:>4} ", style=numbers)
-            text.append(number(row.total, 8), style=numbers)
-            sign = None if row.advantage is None or row.advantage == 0 else row.advantage > 0
-            adv_style = {True: "positive", False: "negative", None: "number"}[sign]
-            text.append(
-                " " + number(row.advantage, 8),
-                style=self.get_component_rich_style(f"rollout-list--{adv_style}"),
-            )
-            text.append(
-                " " + ("—" if row.length is None else f"{row.length:,}").rjust(6) + "  ", style=numbers
-            )
-            room = max(8, width - text.cell_len)
-            prompt_width = max(8, room * 2 // 5)
-            text.append(head(row.prompt, prompt_width)[:prompt_width].ljust(prompt_width))
-            text.append(" ▸ ", style=numbers)
-            text.append(head(row.completion, room))
-        text.truncate(width, pad=True)
-        return Strip(list(text.render(self.app.console)), width)
+            return Strip([Segment(f"  {LOADING}", styles["loading"])]).adjust_cell_length(width, base)
+        numbers = styles["number"]
+        sign = None if row.advantage is None or row.advantage == 0 else row.advantage > 0
+        group = printable(row.group_id)[-4:]
+        left = (f"{row.step:>6} " if self.show_step else "") + f"{row.idx:>5} {group:>4} {number(row.total, 8)}"
+        length = ("—" if row.length is None else f"{row.length:,}").rjust(6)
+        used = cell_len(left) + 17
+        room = max(8, width - used)
+        prompt_width = max(8, room * 2 // 5)
+        segments = [
+            Segment(left, numbers),
+            Segment(" " + number(row.advantage, 8), styles[{True: "positive", False: "negative", None: "number"}[sign]]),
+            Segment(f" {length}  ", numbers),
+            Segment(set_cell_size(head(row.prompt, prompt_width), prompt_width), base),
+            Segment(" ▸ ", numbers),
+            Segment(head(row.completion, room), base),
+        ]
+        # Parts in the same style are joined: fewer style changes, fewer bytes to the terminal at each scroll.
+        return Strip(segments).adjust_cell_length(width, base).simplify()
+
+    def _line_styles(self, selected: bool) -> dict[str, Style]:
+        """The styles of a line's parts, over the cursor's when `selected`; made once per theme."""
+        key = (self._style_generation, selected)
+        styles = self._styles.get(key)
+        if styles is None:
+            base = self.rich_style
+            if selected:
+                base += self.get_component_rich_style("rollout-list--cursor")
+            parts = {name: base + self.get_component_rich_style(f"rollout-list--{name}") for name in _PARTS}
+            styles = self._styles[key] = {"base": base, **parts}
+        return styles
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
         self._style_generation += 1  # a theme change: every line is drawn again
+        self._styles.clear()
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
@@ -236,17 +246,20 @@ class RolloutList(ScrollView, can_focus=True, inherit_bindings=False):
         position = max(0, min(position, rows - 1)) if rows else 0
         if position == self.cursor and rows:
             return
+        previous = self.cursor
         self.cursor = position
         height = max(1, self.size.height)
-        top = int(self.scroll_offset.y)
+        top = old_top = int(self.scroll_offset.y)
         if position < top:
             top = position
         elif position >= top + height:
             top = position - height + 1
-        self.scroll_to(y=top, animate=False, immediate=True)
-        self.refresh()
+        if top != old_top:
+            self.scroll_to(y=top, animate=False, immediate=True)  # the whole screen is drawn again
+        else:  # the two lines the cursor left and reached
+            self.refresh_line(previous)
+            self.refresh_line(position)
         self.request_rows()
-        self._highlighted()
 
     def action_move(self, delta: int) -> None:
         self.move_to(self.cursor + delta)
@@ -258,6 +271,3 @@ class RolloutList(ScrollView, can_focus=True, inherit_bindings=False):
         row = self.row(self.cursor)
         if row is not None:
             self.post_message(self.Selected(self.cursor, row))
-
-    def _highlighted(self) -> None:
-        self.post_message(self.Highlighted(self.cursor, self.row(self.cursor)))
