@@ -1,15 +1,15 @@
 """The rollouts viewer at 1,000,000 rollouts: scroll latency, from a key press to its lines on screen.
 
-The store holds one run of 1,000,000 rollouts (1,000 steps of 1,000 samples, past a run's cap: the worst case a
-reader can meet), written with the real schema and every index. `carl-tui` runs on a real pty at 160×50, as a
-person meets it over SSH (as bench/bench_tui.py); the viewer lists every step at once (`a`), in the source's order
-and then by reward (`s`, read along the reward index). 200 keys each (`↓`, `pgdn`, and some `↑`, `pgup`), 30 ms
-apart, as a person holding a key. Two figures for the same keys:
+The store holds one run of 1,000,000 rollouts (1,000 steps of 1,000 samples, past a run's cap: the worst case
+a reader can meet), written with the real schema and every index. `carl-tui` runs on a real pty at 160×50, as
+a person meets it over SSH (as bench/bench_tui.py); the viewer lists every step at once (`a`), in the source's
+order and then by reward (`s`, read along the reward index). 200 keys each (`↓`, `pgdn`, and some `↑`,
+`pgup`), 30 ms apart, as a person holding a key. Two figures for the same keys:
 
-- in the app (the goal's measure, "the app's own refresh timing"): from the key's event (made by Textual's driver
-  as the bytes arrive) to the end of the first screen refresh that draws the cursor on its new row, every list
-  line of the screen read (no `loading…`) and the status line's new row number; the app is `carl-tui` itself,
-  with that timing hooked in from outside (TIMED_APP below);
+- in the app (the goal's measure, "the app's own refresh timing"): from the key's event (made by Textual's
+  driver as the bytes arrive) to the end of the first screen refresh that draws the cursor on its new row,
+  every list line of the screen read (no `loading…`) and the status line's new row number; the app is
+  `carl-tui` itself, with that timing hooked in from outside (TIMED_APP below);
 - on the terminal: from writing the key to the pty until the screen, emulated by pyte, shows the same. pyte
   parses about 0.5 MB/s here, and a scroll redraws some 15 KB, so this adds the emulator's own ~30 ms.
 
@@ -43,14 +43,16 @@ KEYS = 200
 DOWN, UP, PGDN, PGUP = b"\x1b[B", b"\x1b[A", b"\x1b[6~", b"\x1b[5~"
 ROW = re.compile(r"row ([\d,]+) of 1,000,000")
 INDEXES = {
-    "idx_rollouts_run_step_idx": "CREATE UNIQUE INDEX idx_rollouts_run_step_idx ON rollouts (run_id, step, idx)",
+    "idx_rollouts_run_step_idx": (
+        "CREATE UNIQUE INDEX idx_rollouts_run_step_idx ON rollouts (run_id, step, idx)"
+    ),
     **{
         f"idx_rollouts_run_{c}": f"CREATE INDEX idx_rollouts_run_{c} ON rollouts (run_id, {c})"
         for c in ("total", "advantage", "length")
     },
 }
-# `carl-tui` with its key-to-screen time logged: each key event's time (Textual's own, stamped as the driver made it)
-# to the end of the refresh that showed its move, one line of milliseconds per key.
+# `carl-tui` with its key-to-screen time logged: each key event's time (Textual's own, stamped as the driver
+# made it) to the end of the refresh that showed its move, one line of milliseconds per key.
 TIMED_APP = r"""
 import sys, time
 from textual.app import App
@@ -69,8 +71,8 @@ def drawn(screen):
     rows = screen.list
     top = int(rows.scroll_offset.y)
     status = str(screen.query_one("#rollouts-status").content)
-    return all(rows.row(i) is not None for i in range(top, min(top + rows.size.height, rows.known_rows))) and (
-        f"row {rows.cursor + 1:,} of" in status)
+    shown = range(top, min(top + rows.size.height, rows.known_rows))
+    return all(rows.row(i) is not None for i in shown) and f"row {rows.cursor + 1:,} of" in status
 
 refresh = Screen._compositor_refresh
 def compositor_refresh(self):

@@ -1,10 +1,11 @@
 """A sample up close (`enter` in the rollouts viewer) and a GRPO group side by side (`g`).
 
-The sample: its place (step, group, index), each reward function's value, the total, the advantage, the length,
-the source's other fields, the whole prompt and the whole completion. When the run stored per-token values (our
-own runs), the completion is drawn token by token in the colour of each token's entropy, the forking tokens
-underlined, with the legend (widgets/token_text.py). The group: one prompt, and its completions in columns, as
-many as fit, scrolled sideways with `←` `→`. Stored text is shown as text, control characters made visible.
+The sample: its place (step, group, index), each reward function's value, the total, the advantage, the
+length, the source's other fields, the whole prompt and the whole completion. When the run stored per-token
+values (our own runs), the completion is drawn token by token in the colour of each token's entropy, the
+forking tokens underlined, with the legend (widgets/token_text.py). The group: one prompt, and its completions
+in columns, as many as fit, scrolled sideways with `←` `→`. Stored text is shown as text, control characters
+made visible.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from widgets.token_text import LEVELS, legend, token_text
 
 
 def token_styles(app: App[Any]) -> list[Style]:
-    """The token entropy scale's colours: the theme's success (committed) through warning to error (uncertain)."""
+    """The token entropy scale's colours: the theme's success (committed) through its warning to its error
+    (uncertain)."""
     theme = app.current_theme
     low, mid, high = (
         Color.parse(c or fallback)
@@ -145,7 +147,7 @@ def column_view(sample: dict[str, Any], styles: list[Style]) -> Group:
 
 
 class RolloutGroupScreen(ModalScreen[None]):
-    """One prompt and its completions side by side; the highlighted column is the sample the group was opened on."""
+    """One prompt and its completions side by side, the sample it was opened on focused first."""
 
     BINDINGS = [
         Binding("escape,q", "dismiss", "Close", id="rollout-group.close"),

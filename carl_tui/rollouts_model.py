@@ -1,14 +1,15 @@
 """What the rollouts viewer reads, on one thread: no Textual here, so tests and the bench drive it alone.
 
-`RolloutsReader` owns a StoreReader and a request queue (Toolong's LineReader): the viewer asks for pages of its
-list, a step's entropy histogram or the entropy band, from the UI thread; the reader thread answers each with a
-result (`Page`, `Total`, `Steps`, `StepHistogram`, `Band`) that the viewer applies. A list is read a page at a time by
-keyset: the reader remembers the first and last key of every page it read, so the page after (or before) a known
-one starts from its key along an index. Only a far jump (a scroll bar dragged) looks a key up by its position.
+`RolloutsReader` owns a StoreReader and a request queue (Toolong's LineReader): the viewer asks for pages of
+its list, a step's entropy histogram or the entropy band, from the UI thread; the reader thread answers each
+with a result (`Page`, `Total`, `Steps`, `StepHistogram`, `Band`) that the viewer applies. A list is read a
+page at a time by keyset: the reader remembers the first and last key of every page it read, so the page after
+(or before) a known one starts from its key along an index. Only a far jump (a scroll bar dragged) looks a key
+up by its position.
 
 Between requests it follows the store: `PRAGMA data_version`, then the newest rollout id and the run's newest
-step, then the steps of the new rows only. A list whose query changed (another sort, filter or step) gets a new
-generation; answers to an older one are dropped, and a long count of an older one is interrupted.
+step, then the steps of the new rows only. A list whose query changed (another sort, filter or step) gets a
+new generation; answers to an older one are dropped, and a long count of an older one is interrupted.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ class _List:
 
 
 class RolloutsReader:
-    """Reads one run's rollouts for the viewer. The `want_*` and `set_query` methods are for any thread; `answer`
-    and `close` for the reader thread alone."""
+    """Reads one run's rollouts for the viewer. `set_query` and the `want_*` methods are for any thread;
+    `answer` and `close` for the reader thread alone."""
 
     def __init__(self, db_path: Path, run_id: int, *, period: float = 0.25) -> None:
         self.db_path = db_path
@@ -113,7 +114,7 @@ class RolloutsReader:
         """The band over the run's steps, and again whenever steps get rows."""
         self.requests.put(("band",))
 
-    # -- the reader thread -------------------------------------------------------------------------------------
+    # -- the reader thread -----------------------------------------------------------------------------------
 
     def close(self) -> None:
         if self.reader is not None:
@@ -131,8 +132,8 @@ class RolloutsReader:
         return int(self._busy != self.generation)
 
     def answer(self, timeout: float | None = None) -> list[Result]:
-        """Wait up to `timeout` (the poll period by default) for a request, answer every queued one, follow the
-        store when the period has passed; what to apply, in order."""
+        """Wait up to `timeout` (the poll period by default) for a request, answer every queued one, and
+        follow the store when the period has passed; what to apply, in order."""
         out: list[Result] = []
         reader = self._open()
         if reader is None:

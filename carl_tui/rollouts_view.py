@@ -1,9 +1,10 @@
 """The rollouts viewer (`R`): the selected run's samples, a step at a time or every step at once.
 
 Each line is a sample: its place, its total reward, its advantage, its length and the heads of its prompt and
-completion. The list is any length: RolloutList (widgets/rollout_list.py) draws only the visible lines and asks
-for pages, which a reader thread (carl_tui/rollouts_model.py) reads by keyset and posts back; the same thread
-follows the store, so new steps appear, and the view moves to the newest step unless the user moved off it.
+completion. The list is any length: RolloutList (widgets/rollout_list.py) draws only the visible lines and
+asks for pages, which a reader thread (carl_tui/rollouts_model.py) reads by keyset and posts back; the same
+thread follows the store, so new steps appear, and the view moves to the newest step unless the user moved off
+it.
 
 Under the list, for runs that store per-token values (our own), the token entropy of the step as a histogram
 and, over the run, its p10/p50/p90 as a band. `enter` opens a sample, `g` its GRPO group side by side
@@ -40,8 +41,9 @@ if TYPE_CHECKING:
 
 TALL = 36  # rows from which the entropy panel shows without asking
 EMPTY = (
-    "No rollouts stored for this run. carl's own GRPO runs store every step's samples (with per-token entropy); "
-    "`carl observe` reads TRL's completions parquet and veRL, prime-rl and verifiers dumps into the same table."
+    "No rollouts stored for this run. carl's own GRPO runs store every step's samples (with per-token "
+    "entropy); `carl observe` reads TRL's completions parquet and veRL, prime-rl and verifiers dumps "
+    "into the same table."
 )
 SORT_NAMES = {"order": "source order", "reward": "reward", "advantage": "advantage", "length": "length"}
 
@@ -248,7 +250,7 @@ class RolloutsScreen(ModalScreen[None]):
         chart.set_series(mid, band=(low, high))
 
     def place_entropy(self) -> None:
-        """The entropy panel: when asked (`h`), or by default for a run with per-token values on a tall screen."""
+        """The entropy panel: as asked (`h`), else shown for a run with per-token values on a tall screen."""
         shown = (
             self.entropy_shown
             if self.entropy_shown is not None

@@ -1,8 +1,8 @@
-"""The rollouts viewer (`R`) driven by Pilot at 80×24 and 160×50 on a real store: a TensorBoard run observed with
-its TRL completions parquet attached, a GRPO run of ours whose samples carry per-token entropies (the rows our
-trainers write, built by engine/training/rollouts.py), and runs read from veRL, prime-rl and verifiers dumps.
-List, sort, filter, step navigation, live steps, the group and sample views, the token colours with their
-forking marks, the step's entropy histogram and the band over steps."""
+"""The rollouts viewer (`R`) driven by Pilot at 80×24 and 160×50 on a real store: a TensorBoard run observed
+with its TRL completions parquet attached, a GRPO run of ours whose samples carry per-token entropies (the
+rows our trainers write, built by engine/training/rollouts.py), and runs read from veRL, prime-rl and
+verifiers dumps. List, sort, filter, step navigation, live steps, the group and sample views, the token
+colours with their forking marks, the step's entropy histogram and the band over steps."""
 
 from __future__ import annotations
 
@@ -90,8 +90,8 @@ def our_run(store: Store, steps: int = 5, name: str = "grpo-ours") -> int:
 
 
 def tensorboard_trl_run(store: Store, root: Path) -> int:
-    """A TRL output dir: TensorBoard scalars (torch's SummaryWriter) and the completions parquet; observed as one
-    run, its rollouts attached."""
+    """A TRL output dir: TensorBoard scalars (torch's SummaryWriter) and the completions parquet; observed as
+    one run, its rollouts attached."""
     from torch.utils.tensorboard import SummaryWriter
 
     out = root / "grpo-out"

@@ -1,6 +1,7 @@
 """The rollouts viewer on a store holding 1,000,000 rollouts in one run (past a run's cap: the worst case a
-reader can meet): it opens, scrolls by line and by screen, jumps to the end, sorts and filters the whole run, and
-reads pages for it, never the run. Not timed here: bench/bench_rollouts_view.py measures the scroll latency."""
+reader can meet): it opens, scrolls by line and by screen, jumps to the end, sorts and filters the whole run,
+and reads pages for it, never the run. Not timed here: bench/bench_rollouts_view.py measures the scroll
+latency."""
 
 from __future__ import annotations
 
@@ -21,8 +22,11 @@ from engine.store.rollouts import ROLLOUT_COLUMNS, ROLLOUT_WIDTH
 pytestmark = pytest.mark.slow
 ROWS = 1_000_000
 PER_STEP = 1000
-INDEXES = {  # the rollouts table's indexes (schema v6 and v7), built once the rows are in: faster than row by row
-    "idx_rollouts_run_step_idx": "CREATE UNIQUE INDEX idx_rollouts_run_step_idx ON rollouts (run_id, step, idx)",
+# The rollouts table's indexes (schema v6 and v7), built once the rows are in: faster than row by row.
+INDEXES = {
+    "idx_rollouts_run_step_idx": (
+        "CREATE UNIQUE INDEX idx_rollouts_run_step_idx ON rollouts (run_id, step, idx)"
+    ),
     **{
         f"idx_rollouts_run_{c}": f"CREATE INDEX idx_rollouts_run_{c} ON rollouts (run_id, {c})"
         for c in ("total", "advantage", "length")

@@ -1,6 +1,6 @@
-"""What the rollouts viewer reads (engine/store/rollout_reads.py, through StoreReader): the filter language, pages
-by keyset in every order (forward, backward, from a looked-up position) against a plain sort of the same rows,
-the indexes the sorts use, and the token entropy statistics; then the viewer's reader thread
+"""What the rollouts viewer reads (engine/store/rollout_reads.py, through StoreReader): the filter language,
+pages by keyset in every order (forward, backward, from a looked-up position) against a plain sort of the same
+rows, the indexes the sorts use, and the token entropy statistics; then the viewer's reader thread
 (carl_tui/rollouts_model.py) on its own: pages, totals, new steps, a run that went back."""
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ VALUE = {"reward": "total", "advantage": "advantage", "length": "length"}
 
 
 def test_the_filter_language() -> None:
-    parsed = parse_filter('reward<0.2 adv>=0 len > 100 step=3 task==1 accuracy_reward!=0.5 timeout "two words"')
+    parsed = parse_filter(
+        'reward<0.2 adv>=0 len > 100 step=3 task==1 accuracy_reward!=0.5 timeout "two words"'
+    )
     assert parsed.ranges == (
         ("total", "<", 0.2),
         ("advantage", ">=", 0.0),
@@ -46,7 +48,9 @@ def test_the_filter_language() -> None:
             parse_filter(bad)
 
 
-def build(store: Store, seed: int = 0, steps: int = 7, per_step: int = 23) -> tuple[int, list[dict[str, Any]]]:
+def build(
+    store: Store, seed: int = 0, steps: int = 7, per_step: int = 23
+) -> tuple[int, list[dict[str, Any]]]:
     """A run whose values repeat (ties) and are sometimes missing (NULL), and another run beside it."""
     rng = random.Random(seed)
     run_id = store.create_run("keyset", source_kind="carl")
@@ -72,23 +76,30 @@ def build(store: Store, seed: int = 0, steps: int = 7, per_step: int = 23) -> tu
     for row in rows:  # as stored: a total left out is the sum of the rewards when they are all there
         row["task"] = row["rewards"].get("task")
         row["id"], row["total"] = store.conn.execute(
-            "SELECT id, total FROM rollouts WHERE run_id=? AND step=? AND idx=?", (run_id, row["step"], row["idx"])
+            "SELECT id, total FROM rollouts WHERE run_id=? AND step=? AND idx=?",
+            (run_id, row["step"], row["idx"]),
         ).fetchone()
     return run_id, rows
 
 
 def expected(rows: list[dict[str, Any]], query: RolloutQuery, match: Any = None) -> list[int]:
-    """The ids of `query` by a plain sort: the source's order, or the value (ties by id) with the rows that have
-    none last, by id, in the same direction."""
-    chosen = [r for r in rows if (query.step is None or r["step"] == query.step) and (match is None or match(r))]
+    """The ids of `query` by a plain sort: the source's order, or the value (ties by id) with the rows that
+    have none last, by id, in the same direction."""
+    chosen = [
+        r for r in rows if (query.step is None or r["step"] == query.step) and (match is None or match(r))
+    ]
     if query.sort == "order":
         ordered = sorted(chosen, key=lambda r: (r["step"], r["idx"]), reverse=query.descending)
         return [r["id"] for r in ordered]
     column = VALUE[query.sort]
     having = sorted(
-        (r for r in chosen if r[column] is not None), key=lambda r: (r[column], r["id"]), reverse=query.descending
+        (r for r in chosen if r[column] is not None),
+        key=lambda r: (r[column], r["id"]),
+        reverse=query.descending,
     )
-    missing = sorted((r for r in chosen if r[column] is None), key=lambda r: r["id"], reverse=query.descending)
+    missing = sorted(
+        (r for r in chosen if r[column] is None), key=lambda r: r["id"], reverse=query.descending
+    )
     return [r["id"] for r in having + missing]
 
 
@@ -117,7 +128,9 @@ def read_backward(reader: StoreReader, query: RolloutQuery, limit: int) -> list[
 @pytest.mark.parametrize("sort", SORTS)
 @pytest.mark.parametrize("descending", [False, True])
 @pytest.mark.parametrize("step", [None, 3])
-def test_pages_by_keyset_are_the_plain_sort(store: Store, sort: str, descending: bool, step: int | None) -> None:
+def test_pages_by_keyset_are_the_plain_sort(
+    store: Store, sort: str, descending: bool, step: int | None
+) -> None:
     run_id, rows = build(store)
     reader = StoreReader(store.path)
     query = RolloutQuery(run_id, step, sort, descending)
@@ -138,8 +151,10 @@ def test_filters_are_the_plain_filter(store: Store) -> None:
     run_id, rows = build(store, seed=1)
     reader = StoreReader(store.path)
     cases = {
-        "reward<0.5 adv>0": lambda r: (r["total"] is not None and r["total"] < 0.5)
-        and (r["advantage"] is not None and r["advantage"] > 0),
+        "reward<0.5 adv>0": lambda r: (
+            (r["total"] is not None and r["total"] < 0.5)
+            and (r["advantage"] is not None and r["advantage"] > 0)
+        ),
         "len>=4 step!=2": lambda r: r["length"] is not None and r["length"] >= 4 and r["step"] != 2,
         "task=1": lambda r: r["task"] == 1.0,
         "ALPHA": lambda r: "alpha" in r["prompt"],  # any case
@@ -234,7 +249,7 @@ def test_a_store_before_schema_7_is_read_without_its_indexes(tmp_path: Path) -> 
         assert {"idx_rollouts_run_total", "idx_rollouts_run_advantage", "idx_rollouts_run_length"} <= indexes
 
 
-# -- the viewer's reader thread, driven here by hand ----------------------------------------------------------------
+# -- the viewer's reader thread, driven here by hand ---------------------------------------------------------
 
 
 def answers(reader: RolloutsReader, timeout: float = 0.0) -> list[Any]:
@@ -244,7 +259,9 @@ def answers(reader: RolloutsReader, timeout: float = 0.0) -> list[Any]:
 def test_the_reader_thread_reads_pages_counts_and_follows_steps(store: Store) -> None:
     run_id = store.create_run("live", source_kind="carl", vocab_size=64)
     sample = {"prompt": "p", "completion": "c", "tokens": ["a", "b"], "entropy": [0.5, 2.0]}
-    store.add_rollouts(run_id, [dict(sample, step=s, idx=i, total=float(i)) for s in (1, 2) for i in range(250)])
+    store.add_rollouts(
+        run_id, [dict(sample, step=s, idx=i, total=float(i)) for s in (1, 2) for i in range(250)]
+    )
     reader = RolloutsReader(store.path, run_id, period=0.0)
     first = answers(reader)
     assert [r for r in first if isinstance(r, Steps)] == [Steps([1, 2], reset=True)]

@@ -1,8 +1,8 @@
 """Histogram: counts over equal bins as vertical bars in eighth-cell blocks, on the Line API.
 
-`set_data(edges, counts)` draws them: bins are merged or widened to the plot's columns, the left axis gives the
-tallest column's count, the bottom one the bins' range (with a unit). Lines are rebuilt only when the data, the
-size or the theme changed. Knows nothing of the app.
+`set_data(edges, counts)` draws them: bins are merged or widened to the plot's columns, the left axis gives
+the tallest column's count, the bottom one the bins' range (with a unit). Lines are rebuilt only when the
+data, the size or the theme changed. Knows nothing of the app.
 
     Histogram > .histogram--bar { color: $accent; }
     Histogram > .histogram--axis { color: $foreground-muted; }
@@ -118,7 +118,7 @@ class Histogram(Widget):
         return lines
 
     def scale(self, width: int) -> str:
-        """The bins' range under the bars: its low end, its middle when there is room, its high end and unit."""
+        """The bins' range under the bars: low end, middle (when there is room), high end and unit."""
         low, high = self.edges[0], self.edges[-1]
         left, right = f"{low:.3g}", f"{high:.3g} {self.unit}".strip()
         middle = f"{(low + high) / 2:.3g}"

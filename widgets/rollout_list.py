@@ -1,12 +1,13 @@
 """RolloutList: a list of any length of rollout rows on Textual's Line API, as Toolong draws a log.
 
-The list knows how many rows it has (or how many it has seen, until told) and keeps only the pages of rows near
-what is shown; it draws only the visible lines, each through an LRU cache of rendered strips, and asks for the
-pages it lacks with a `Wanted` message: whoever feeds it reads them (off the UI thread) and hands them back with
-`set_page`. A row not read yet is drawn as `loading…`. The widget knows nothing of the store or the app.
+The list knows how many rows it has (or how many it has seen, until told) and keeps only the pages of rows
+near what is shown; it draws only the visible lines, each through an LRU cache of rendered strips, and asks
+for the pages it lacks with a `Wanted` message: whoever feeds it reads them (off the UI thread) and hands them
+back with `set_page`. A row not read yet is drawn as `loading…`. The widget knows nothing of the store or the
+app.
 
-Keys (their own, not ScrollView's): `↑`/`↓` (`k`/`j`) move the cursor (`cursor`), `pgup`/`pgdn` a screen, `enter`
-opens the row (`Selected`).
+Keys (their own, not ScrollView's): `↑`/`↓` (`k`/`j`) move the cursor (`cursor`), `pgup`/`pgdn` a screen,
+`enter` opens the row (`Selected`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ MAX_PAGES = 100  # pages kept; past them those farthest from the cursor are forg
 MARGIN = 1  # pages read ahead of the screen, above and below, so a screen's move is drawn at once
 LOADING = "loading…"
 _PARTS = ("loading", "number", "positive", "negative")
+SIGNS = {True: "positive", False: "negative", None: "number"}  # the advantage's style by its sign
 _FLAT = str.maketrans({"\n": " ", "\t": " ", "\r": " "})
 
 
@@ -197,14 +199,15 @@ class RolloutList(ScrollView, can_focus=True, inherit_bindings=False):
         numbers = styles["number"]
         sign = None if row.advantage is None or row.advantage == 0 else row.advantage > 0
         group = printable(row.group_id)[-4:]
-        left = (f"{row.step:>6} " if self.show_step else "") + f"{row.idx:>5} {group:>4} {number(row.total, 8)}"
+        step = f"{row.step:>6} " if self.show_step else ""
+        left = f"{step}{row.idx:>5} {group:>4} {number(row.total, 8)}"
         length = ("—" if row.length is None else f"{row.length:,}").rjust(6)
         used = cell_len(left) + 17
         room = max(8, width - used)
         prompt_width = max(8, room * 2 // 5)
         segments = [
             Segment(left, numbers),
-            Segment(" " + number(row.advantage, 8), styles[{True: "positive", False: "negative", None: "number"}[sign]]),
+            Segment(" " + number(row.advantage, 8), styles[SIGNS[sign]]),
             Segment(f" {length}  ", numbers),
             Segment(set_cell_size(head(row.prompt, prompt_width), prompt_width), base),
             Segment(" ▸ ", numbers),

@@ -1,10 +1,10 @@
 """A completion drawn token by token, each coloured by the entropy of the distribution that produced it.
 
-The colour is one of `LEVELS` steps of a sequential scale (committed → uncertain) whose colours the caller takes
-from its theme; the edges are fixed in nats, so a colour means the same in every sample of every run. The
-sample's "forking" tokens, the top `FORKING` share of its tokens by entropy (the few high-entropy tokens where
-the policy chooses between continuations), are underlined. The legend gives each step in nats and, when the
-vocabulary size is known, in Φ = 1 - H / ln|V|.
+The colour is one of `LEVELS` steps of a sequential scale (committed → uncertain) whose colours the caller
+takes from its theme; the edges are fixed in nats, so a colour means the same in every sample of every run.
+The sample's "forking" tokens, the top `FORKING` share of its tokens by entropy (the few high-entropy tokens
+where the policy chooses between continuations), are underlined. The legend gives each step in nats and, when
+the vocabulary size is known, in Φ = 1 - H / ln|V|.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def level(entropy: float) -> int:
 
 
 def forking_tokens(entropy: Sequence[float], share: float = FORKING) -> set[int]:
-    """The positions of the top `share` of the tokens by entropy (at least one; ties go to the earlier token)."""
+    """The positions of the top `share` of the tokens by entropy (at least one; a tie goes to the earlier)."""
     finite = [(value, i) for i, value in enumerate(entropy) if math.isfinite(value)]
     if not finite:
         return set()

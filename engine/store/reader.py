@@ -405,7 +405,7 @@ class StoreReader:
         return int(newest), last_step
 
     def rollout_steps_since(self, run_id: int, after_id: int) -> list[int]:
-        """The steps of a run that rollouts stored after row `after_id` belong to (a range of new rows only)."""
+        """The steps of the run's rollouts stored after row `after_id` (a range of the new rows only)."""
         if self.version < 6:
             return []
         rows = self.conn.execute(

@@ -1,17 +1,18 @@
 """Reading the rollouts table a page at a time, in any order the viewer lists it, at any size.
 
-A list of a run's samples (one step's, or every step's) is a `RolloutQuery`: its scope, its order (the source's
-order, or by total reward, advantage or length, either way) and its filter. Pages are read by keyset: each row
-carries its key (where it sits in the order) and the next page starts after the last key shown, along an index
-(schema v7), so reading page 10,000 costs what page 1 costs. A row without the value sorted by (a source with no
-advantage) comes after those with one, whichever the direction.
+A list of a run's samples (one step's, or every step's) is a `RolloutQuery`: its scope, its order (the
+source's order, or by total reward, advantage or length, either way) and its filter. Pages are read by keyset:
+each row carries its key (where it sits in the order) and the next page starts after the last key shown, along
+an index (schema v7), so reading page 10,000 costs what page 1 costs. A row without the value sorted by (a
+source with no advantage) comes after those with one, whichever the direction.
 
 The filter language (docs/guide/control-room.md, "The rollouts viewer"): words separated by spaces, every one
 must hold.
 - `reward<0.2`, `adv>=0`, `len>200`, `step=12`: a comparison (`<`, `<=`, `>`, `>=`, `=`, `!=`) of the total
   reward (`reward`, `total`, `r`), the advantage (`adv`, `advantage`, `a`), the length (`len`, `length`), the
   step, or any reward function by its name (`task>0.5`, `accuracy_reward=1`);
-- any other word, or "a quoted phrase": a substring of the prompt or the completion (ASCII letters in any case).
+- any other word, or "a quoted phrase": a substring of the prompt or the completion (ASCII letters in any
+  case).
 
 The token entropy statistics (a step's histogram, the p10/p50/p90 band over steps) are computed here from the
 stored per-token values, bounded: a few hundred samples a step, a few hundred steps.
@@ -92,7 +93,8 @@ def parse_filter(text: str) -> RolloutFilter:
             word = match["word"]
             if _HALF_COMPARISON.match(word) or word.startswith(OPERATORS):
                 raise FilterError(
-                    f"{word}: a comparison is name<number, e.g. reward<0.2 or adv>0 (quote text to search for it)"
+                    f"{word}: a comparison is name<number, e.g. reward<0.2 or adv>0"
+                    " (quote text to search for it)"
                 )
             words.append(word)
     return RolloutFilter(tuple(words), tuple(ranges))
@@ -135,7 +137,7 @@ class RolloutRow:
 
 @dataclass(frozen=True)
 class _Segment:
-    """A stretch of the order read along one index: its rows' condition and the columns they are ordered by."""
+    """A stretch of the order, read along one index: its rows' condition, the columns they are ordered by."""
 
     condition: str
     columns: tuple[str, ...]
@@ -304,7 +306,7 @@ def rollout_group(
     return [rollout_dict(r) for r in rows]
 
 
-# -- token entropy ---------------------------------------------------------------------------------------------
+# -- token entropy -------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -339,7 +341,8 @@ def entropy_histogram(
     if not values:
         return None
     samples = conn.execute(
-        "SELECT count(*) FROM (SELECT 1 FROM rollouts WHERE run_id=? AND step=? AND entropy IS NOT NULL LIMIT 256)",
+        "SELECT count(*) FROM (SELECT 1 FROM rollouts"
+        " WHERE run_id=? AND step=? AND entropy IS NOT NULL LIMIT 256)",
         (run_id, step),
     ).fetchone()[0]
     high = max(top or 0.0, max(values), 1e-6)
