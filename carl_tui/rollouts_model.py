@@ -174,7 +174,8 @@ class RolloutsReader:
                     rows = self._page(reader, current, number)
                 except sqlite3.OperationalError:  # interrupted: a newer list was asked for
                     return
-                out.append(Page(generation, number, rows))
+                if rows is not None:
+                    out.append(Page(generation, number, rows))
             self._busy = self.generation
         elif kind == "histogram":
             _, step, top = request
@@ -185,8 +186,9 @@ class RolloutsReader:
             if self._steps is not None:
                 out.append(self._read_band(reader))
 
-    def _page(self, reader: StoreReader, current: _List, number: int) -> list[RolloutRow]:
-        """Page `number` by keyset from the nearest page known (or an end of the list)."""
+    def _page(self, reader: StoreReader, current: _List, number: int) -> list[RolloutRow] | None:
+        """Page `number` by keyset from the nearest page known (or an end of the list); None: a far page
+        before the list's size is known (the viewer asks again once it is)."""
         query, bounds, total = current.query, current.bounds, current.total
         start = number * PAGE
         if total is not None and start >= total:
@@ -205,7 +207,7 @@ class RolloutsReader:
             key = reader.rollout_key_at(query, start, total)
             rows = [] if key is None else reader.rollout_page(query, after=key, limit=PAGE, inclusive=True)
         else:
-            return []  # a far page before the list's size is known: asked again once it is
+            return None
         self.rows_read += len(rows)
         if rows:
             bounds[number] = (rows[0].key, rows[-1].key)

@@ -175,27 +175,26 @@ def test_filters_are_the_plain_filter(store: Store) -> None:
 def test_the_sorts_read_along_an_index(store: Store) -> None:
     run_id, _ = build(store)
     assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
-    from engine.store.rollout_reads import _read
-
-    plans = []
+    reader = StoreReader(store.path)
+    plans: list[str] = []
 
     def trace(sql: str) -> None:
-        if sql.startswith("SELECT"):
-            plans.append(str(store.conn.execute("EXPLAIN QUERY PLAN " + sql.replace("?", "1")).fetchall()))
+        if sql.startswith("SELECT") and "PRAGMA" not in sql:
+            plan = store.conn.execute("EXPLAIN QUERY PLAN " + sql.replace("?", "1")).fetchall()
+            plans.append(str(plan))
 
+    reader.conn.set_trace_callback(trace)
     for sort in ("reward", "advantage", "length"):
+        reader.rollout_page(RolloutQuery(run_id, None, sort, True), after=(0, 1.0, 5), limit=10)
         column = VALUE[sort]
-        query = RolloutQuery(run_id, None, sort, True)
-        conn = store.conn
-        conn.set_trace_callback(trace)
-        _read(conn, query, 0, (1.0, 5), 10, backward=False, inclusive=False)
-        conn.set_trace_callback(None)
         assert f"idx_rollouts_run_{column}" in plans[-1] and "TEMP B-TREE" not in plans[-1], plans[-1]
     # One step: its rows come from the (run, step, idx) index, never a walk of the run along a value index.
-    store.conn.set_trace_callback(trace)
-    _read(store.conn, RolloutQuery(run_id, 3, "reward", True), 0, None, 10, backward=False, inclusive=False)
-    store.conn.set_trace_callback(None)
+    reader.rollout_page(RolloutQuery(run_id, 3, "reward", True), limit=10)
     assert "idx_rollouts_run_step_idx" in plans[-1], plans[-1]
+    # New rows' steps: read along the new ids only.
+    assert reader.rollout_steps_since(run_id, 5) == list(range(7))
+    assert "INTEGER PRIMARY KEY" in plans[-1], plans[-1]
+    reader.close()
 
 
 def test_step_lists_groups_and_token_entropy(store: Store) -> None:
@@ -267,10 +266,10 @@ def test_the_reader_thread_reads_pages_counts_and_follows_steps(store: Store) ->
     assert [r for r in first if isinstance(r, Steps)] == [Steps([1, 2], reset=True)]
 
     generation = reader.set_query(RolloutQuery(run_id, None, "reward", True))
-    reader.want_pages(generation, [0, 2])  # page 2 is far: asked again once the size is known
+    reader.want_pages(generation, [0, 2])  # page 2 is far: not answered, asked again once the size is known
     got = answers(reader)
     pages = {r.number: r for r in got if isinstance(r, Page)}
-    assert [r.total for r in pages[0].rows[:3]] == [249.0, 249.0, 248.0] and pages[2].rows == []
+    assert [r.total for r in pages[0].rows[:3]] == [249.0, 249.0, 248.0] and 2 not in pages
     assert [r for r in got if isinstance(r, Total)] == [Total(generation, 500)]
     reader.want_pages(generation, [4, 2, 3])  # the last page from the end, then by keyset either way
     pages = {r.number: r.rows for r in answers(reader) if isinstance(r, Page)}

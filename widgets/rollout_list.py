@@ -114,6 +114,7 @@ class RolloutList(ScrollView, can_focus=True, inherit_bindings=False):
 
     def set_total(self, total: int) -> None:
         self.total = total
+        self.pending.clear()  # a page asked for before the size was known may have gone unanswered
         if self.cursor >= total:
             self.cursor = max(0, total - 1)
         self._resize()

@@ -408,8 +408,8 @@ class StoreReader:
         """The steps of the run's rollouts stored after row `after_id` (a range of the new rows only)."""
         if self.version < 6:
             return []
-        rows = self.conn.execute(
-            "SELECT DISTINCT step FROM rollouts WHERE id>? AND run_id=? ORDER BY step", (after_id, run_id)
+        rows = self.conn.execute(  # `+`: along the new ids, not the run's index (a walk of all its rows)
+            "SELECT DISTINCT step FROM rollouts WHERE id>? AND +run_id=? ORDER BY step", (after_id, run_id)
         ).fetchall()
         return [int(s) for (s,) in rows]
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .rollouts import unpack_half
+from .rollouts import ROLLOUT_COLUMNS, rollout_dict, unpack_half
 
 SORTS = ("order", "reward", "advantage", "length")
 SORT_COLUMNS = {"reward": "total", "advantage": "advantage", "length": "length"}
@@ -294,8 +294,6 @@ def rollout_group(
 ) -> list[dict[str, Any]]:
     """The samples of one GRPO group, in their step's order: its group id's, or (a source with no groups)
     those of the step with the same prompt."""
-    from .rollouts import ROLLOUT_COLUMNS, rollout_dict
-
     if group_id:
         where, params = "run_id=? AND step=? AND group_id=?", (run_id, step, group_id)
     else:
