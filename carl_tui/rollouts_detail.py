@@ -15,7 +15,6 @@ import math
 from typing import Any
 
 from rich.console import Group
-from rich.markup import escape
 from rich.style import Style
 from rich.table import Table
 from rich.text import Text
@@ -94,7 +93,7 @@ def summary(run: RunRow, sample: dict[str, Any]) -> Table:
     table.add_column(no_wrap=True, style="bold")
     table.add_column()
     group = printable(sample.get("group_id")) or "—"
-    table.add_row("sample", f"step {sample['step']:,} · group {group} · #{sample['idx']}")
+    table.add_row("sample", Text(f"step {sample['step']:,} · group {group} · #{sample['idx']}"))
     table.add_row("", numbers(sample))
     for name, score in (sample.get("rewards") or {}).items():
         table.add_row(Text(printable(name), style="dim"), value(score))
@@ -123,7 +122,7 @@ class RolloutSampleScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         styles = token_styles(self.app)
         with VerticalScroll(id="rollout-sample") as box:
-            box.border_title = f"Sample · {escape(printable(self.run.name))} · step {self.sample['step']:,}"
+            box.border_title = Text(f"Sample · {printable(self.run.name)} · step {self.sample['step']:,}")
             yield Static(summary(self.run, self.sample), id="sample-summary")
             yield Static("prompt", classes="sample-heading")
             yield Static(Text(printable(self.sample.get("prompt"))), id="sample-prompt")
@@ -166,15 +165,14 @@ class RolloutGroupScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         first = self.samples[0] if self.samples else None
         with Vertical(id="rollout-group") as box:
-            name = escape(printable(self.run.name))
+            name = printable(self.run.name)
             if first is None:
-                box.border_title = f"Group · {name}"
+                box.border_title = Text(f"Group · {name}")
                 yield Static("This sample's group could not be read.")
                 return
-            group = escape(printable(first.get("group_id"))) or "same prompt"
-            box.border_title = (
-                f"Group {group} · step {first['step']:,} · {len(self.samples)} completions · {name}"
-            )
+            group = printable(first.get("group_id")) or "same prompt"
+            count = len(self.samples)
+            box.border_title = Text(f"Group {group} · step {first['step']:,} · {count} completions · {name}")
             with VerticalScroll(id="group-prompt"):
                 yield Static(Text(printable(first.get("prompt"))))
             styles = token_styles(self.app)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from rich.markup import escape
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -108,10 +107,9 @@ class RolloutsScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="rollouts") as box:
-            name = escape(printable(self.run.name))
-            box.border_title = f"Rollouts · {name}" + (
-                f" ({self.run.framework})" if self.run.framework else ""
-            )
+            framework = f" ({self.run.framework})" if self.run.framework else ""
+            # Titles of stored text are Text, never markup (a run's name is the source's).
+            box.border_title = Text(f"Rollouts · {printable(self.run.name)}{printable(framework)}")
             yield Static("", id="rollouts-status")
             yield Input(placeholder='reward<0.2 adv>0 len>100 task=1 "some text"', id="rollouts-filter")
             yield Static("", id="rollouts-header")

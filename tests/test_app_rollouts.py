@@ -6,7 +6,10 @@ colours with their forking marks, the step's entropy histogram and the band over
 
 from __future__ import annotations
 
+import dataclasses
+import html
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,7 @@ from textual.widgets import Static
 
 from carl_tui.app import ControlRoom
 from carl_tui.rollouts_detail import RolloutGroupScreen, RolloutSampleScreen, token_styles
+from carl_tui.rollouts_model import RolloutsReader
 from carl_tui.rollouts_view import RolloutsScreen
 from engine.observe.discover import discover, register
 from engine.observe.ingest import import_source, register_source
@@ -430,3 +434,35 @@ async def test_a_run_without_rollouts_says_how_they_get_there(home: Path) -> Non
         assert "no rollouts" in status(app)
         await pilot.press("g", "enter", "s", "a", "left", "end")  # nothing to act on: nothing happens
         assert isinstance(app.screen, RolloutsScreen)
+
+
+async def test_stored_text_stays_text(home: Path) -> None:
+    """A run name, a group id, a prompt and a token with markup and escape sequences: drawn as text, the control
+    characters made visible, in every title and view of the viewer."""
+    hostile = "[link=https://x.invalid]evil[/link] [b]\x1b[31m"
+    with Store(home / "carl.db") as store:
+        run_id = our_run(store, steps=1)
+        with store.transaction():
+            store.conn.execute(
+                "UPDATE rollouts SET group_id=?, tokens=? WHERE run_id=?", (hostile, "[]", run_id)
+            )
+    app = ControlRoom(home, start_engine=False)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await until(pilot, lambda: app.view is not None)
+        run = dataclasses.replace(app.view.run, name=hostile)  # (the run list itself is not under test here)
+        await app.push_screen(RolloutsScreen(run, RolloutsReader(home / "carl.db", run_id)))
+        await settle(pilot)
+        shown = "[link=https://x.invalid]evil[/link] [b]�[31m"
+
+        def screen_text() -> str:
+            return html.unescape(re.sub(r"<[^>]+>", "", app.export_screenshot())).replace("\xa0", " ")
+
+        assert f"Rollouts · {shown}" in screen_text()
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, RolloutSampleScreen))
+        await pilot.pause()
+        assert f"Sample · {shown}" in screen_text() and f"group {shown}" in screen_text()
+        await pilot.press("escape", "g")
+        await until(pilot, lambda: isinstance(app.screen, RolloutGroupScreen))
+        await pilot.pause()
+        assert f"Group {shown} · step 1" in screen_text()
