@@ -50,17 +50,21 @@ def value(number: float | None, spec: str = "+.3f") -> str:
     return "—" if number is None else format(number, spec)
 
 
-def numbers(sample: dict[str, Any]) -> Text:
+def sign_styles(app: App[Any]) -> tuple[Style, Style]:
+    """An advantage's colours, above and below zero: the theme's success and error, as in the list."""
+    theme = app.current_theme
+    return Style(color=theme.success or "green"), Style(color=theme.error or "red")
+
+
+def numbers(sample: dict[str, Any], signs: tuple[Style, Style], *, length: bool = True) -> Text:
     """`reward +1.500 · adv +0.500 · 12 tokens`, the advantage in its sign's colour."""
     text = Text()
     text.append(f"reward {value(sample.get('total'))}", style="bold")
     advantage = sample.get("advantage")
-    style = "" if not advantage else ("green" if advantage > 0 else "red")
     text.append(" · adv ")
-    text.append(value(advantage), style=style)
-    length = sample.get("length")
-    if length is not None:
-        text.append(f" · {length:,} tokens")
+    text.append(value(advantage), style=signs[advantage < 0] if advantage else "")
+    if length and sample.get("length") is not None:
+        text.append(f" · {sample['length']:,} tokens")
     return text
 
 
@@ -87,14 +91,14 @@ def entropy_summary(entropy: list[float], vocab_size: int | None) -> str:
     return line
 
 
-def summary(run: RunRow, sample: dict[str, Any]) -> Table:
+def summary(run: RunRow, sample: dict[str, Any], signs: tuple[Style, Style]) -> Table:
     """Where the sample sits, its numbers, each reward function's value, its entropy, the source's extras."""
     table = Table.grid(padding=(0, 1))
     table.add_column(no_wrap=True, style="bold")
     table.add_column()
     group = printable(sample.get("group_id")) or "—"
     table.add_row("sample", Text(f"step {sample['step']:,} · group {group} · #{sample['idx']}"))
-    table.add_row("", numbers(sample))
+    table.add_row("", numbers(sample, signs))
     for name, score in (sample.get("rewards") or {}).items():
         table.add_row(Text(printable(name), style="dim"), value(score))
     if sample.get("entropy"):
@@ -123,7 +127,7 @@ class RolloutSampleScreen(ModalScreen[None]):
         styles = token_styles(self.app)
         with VerticalScroll(id="rollout-sample") as box:
             box.border_title = Text(f"Sample · {printable(self.run.name)} · step {self.sample['step']:,}")
-            yield Static(summary(self.run, self.sample), id="sample-summary")
+            yield Static(summary(self.run, self.sample, sign_styles(self.app)), id="sample-summary")
             yield Static("prompt", classes="sample-heading")
             yield Static(Text(printable(self.sample.get("prompt"))), id="sample-prompt")
             yield Static("completion", classes="sample-heading")
@@ -135,14 +139,13 @@ class RolloutSampleScreen(ModalScreen[None]):
         self.dismiss(result)
 
 
-def column_view(sample: dict[str, Any], styles: list[Style]) -> Group:
+def column_view(sample: dict[str, Any], styles: list[Style], signs: tuple[Style, Style]) -> Group:
+    """A column of the group: `#3 reward +1.0 · adv -0.5`, then its length and each reward, the completion."""
     head = Text(f"#{sample['idx']} ", style="bold")
-    head.append_text(numbers(sample))
-    scores = Text(
-        " · ".join(f"{printable(k)} {value(v, '.3g')}" for k, v in (sample.get("rewards") or {}).items()),
-        style="dim",
-    )
-    return Group(head, scores, Text(""), completion_text(sample, styles))
+    head.append_text(numbers(sample, signs, length=False))
+    parts = [] if sample.get("length") is None else [f"{sample['length']:,} tokens"]
+    parts += [f"{printable(k)} {value(v, '.3g')}" for k, v in (sample.get("rewards") or {}).items()]
+    return Group(head, Text(" · ".join(parts), style="dim"), Text(""), completion_text(sample, styles))
 
 
 class RolloutGroupScreen(ModalScreen[None]):
@@ -175,11 +178,11 @@ class RolloutGroupScreen(ModalScreen[None]):
             box.border_title = Text(f"Group {group} · step {first['step']:,} · {count} completions · {name}")
             with VerticalScroll(id="group-prompt"):
                 yield Static(Text(printable(first.get("prompt"))))
-            styles = token_styles(self.app)
+            styles, signs = token_styles(self.app), sign_styles(self.app)
             with HorizontalScroll(id="group-columns"):
                 for i, sample in enumerate(self.samples):
                     with VerticalScroll(classes="group-column", id=f"group-column-{i}"):
-                        yield Static(column_view(sample, styles))
+                        yield Static(column_view(sample, styles, signs))
         yield Footer()
 
     def on_mount(self) -> None:

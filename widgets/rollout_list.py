@@ -30,7 +30,7 @@ from .agents import printable
 if TYPE_CHECKING:
     from engine.store.rollout_reads import RolloutRow
 
-MAX_PAGES = 100  # pages kept; past them those farthest from the cursor are forgotten (read again if needed)
+MAX_PAGES = 100  # pages kept; past them those farthest from the screen are forgotten (read again if needed)
 MARGIN = 1  # pages read ahead of the screen, above and below, so a screen's move is drawn at once
 LOADING = "loading…"
 _PARTS = ("loading", "number", "positive", "negative")
@@ -168,7 +168,7 @@ class RolloutList(ScrollView, can_focus=True, inherit_bindings=False):
     def _forget_far_pages(self) -> None:
         if len(self.pages) <= MAX_PAGES:
             return
-        here = self.cursor // self.page_size
+        here = (int(self.scroll_offset.y) + self.size.height // 2) // self.page_size  # the screen's middle
         for number in sorted(self.pages, key=lambda n: abs(n - here))[MAX_PAGES:]:
             del self.pages[number]
 
