@@ -98,7 +98,6 @@ class RolloutsScreen(ModalScreen[None]):
         self.filter = RolloutFilter()
         self.following = True  # on the newest step, and moved there as new ones come
         self.generation = 0
-        self.total: int | None = None
         self.entropy_shown: bool | None = None  # None: shown when the run has per-token values and room
         self.has_tokens = False
         self.band: list[tuple[int, float, float, float]] = []
@@ -172,7 +171,6 @@ class RolloutsScreen(ModalScreen[None]):
                         self.place_entropy()
             elif isinstance(result, Total):
                 if result.generation == self.generation:
-                    self.total = result.total
                     self.list.set_total(result.total)
             elif isinstance(result, Steps):
                 self.steps_read(result)
@@ -208,7 +206,6 @@ class RolloutsScreen(ModalScreen[None]):
             self.filter,
         )
         self.generation = self.reader.set_query(query)
-        self.total = None
         self.list.reset(show_step=self.every_step, cursor=self.list.cursor if keep_cursor else 0)
         self.query_one("#rollouts-header", Static).update(header(self.every_step))
         self.show_status()
