@@ -10,8 +10,8 @@ order and then by reward (`s`, read along the reward index). 200 keys each (`↓
   driver as the bytes arrive) to the end of the first screen refresh that draws the cursor on its new row,
   every list line of the screen read (no `loading…`) and the status line's new row number; the app is
   `carl-tui` itself, with that timing hooked in from outside (TIMED_APP below);
-- on the terminal: from writing the key to the pty until the screen, emulated by pyte, shows the same. pyte
-  parses about 0.5 MB/s here, and a scroll redraws some 15 KB, so this adds the emulator's own ~30 ms.
+- on the terminal: from writing the key to the pty until the screen, emulated by pyte, shows the same. This
+  adds pyte's parsing of what the app wrote (pyte reads about 0.5 MB/s here; a scroll redraws some 15 KB).
 
 Goal: p95 <= 50 ms in the app. Then the cost the sorts' indexes (schema 7) add to storing a GRPO step's
 rollouts: the demo's 64 samples of 24 tokens with their per-token values, with and without the three indexes.
