@@ -96,6 +96,7 @@ class ControlRoom(
         Binding("w", "set_weight", "Reward weight", show=False, id="reward-weight"),
         Binding("r", "resume_run", "Resume a stopped or crashed run", show=False, id="resume-run"),
         Binding("v", "samples", "Samples (per-token Φ)", show=False, id="samples"),
+        Binding("R", "rollouts", "Rollouts viewer", show=False, id="rollouts"),
         Binding("d", "diagnose", "Diagnose", id="diagnose"),
         Binding(
             "m",
@@ -401,6 +402,17 @@ class ControlRoom(
             message=self.message,
         )
         self.main.query_one(StatusBar).show(info)
+
+    def action_rollouts(self) -> None:
+        """The rollouts viewer on the selected run (carl_tui/rollouts_view.py, loaded on first use)."""
+        if self.view is None:
+            self.notify("no run selected: no rollouts to show", title="rollouts")
+            return
+        from .rollouts_model import RolloutsReader
+        from .rollouts_view import RolloutsScreen
+
+        reader = RolloutsReader(self.db_path, self.view.run.id, period=1.0 / self.refresh_hz)
+        self.push_screen(RolloutsScreen(self.view.run, reader))
 
     def queued_suffix(self) -> str:
         return "" if self.engine_state == "up" else QUEUED_UNTIL_UP

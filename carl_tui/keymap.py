@@ -28,9 +28,12 @@ BINDING_MODULES = (
     "carl_tui.trajectories",
     "carl_tui.explorer",
     "carl_tui.inspector",
+    "carl_tui.rollouts_view",
+    "carl_tui.rollouts_detail",
     "widgets.activity",
     "widgets.agents",
     "widgets.chat",
+    "widgets.rollout_list",
 )
 KEY_NAMES = {"question_mark": "?", "slash": "/", "escape": "esc", "plus": "+"}
 

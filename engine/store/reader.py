@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import rollout_reads
 from .base import StoreError, check_schema, connect, read_experiment, read_experiment_runs, read_experiments
+from .rollout_reads import EntropyHistogram, Key, RolloutQuery, RolloutRow
 from .rollouts import ROLLOUT_COLUMNS, rollout_dict
 from .schema import ROLLUP_LEVELS
 
@@ -355,6 +357,73 @@ class StoreReader:
         if self.version < 6:
             return 0
         return int(self.conn.execute("SELECT count(*) FROM rollouts WHERE run_id=?", (run_id,)).fetchone()[0])
+
+    # The rollouts viewer's reads (engine/store/rollout_reads.py): pages by keyset, in any order, filtered.
+
+    def rollout_page(
+        self,
+        query: RolloutQuery,
+        *,
+        after: Key | None = None,
+        limit: int = 100,
+        backward: bool = False,
+        inclusive: bool = False,
+    ) -> list[RolloutRow]:
+        """Up to `limit` list rows of `query` after the row keyed `after` (see rollout_reads.rollout_page)."""
+        if self.version < 6:
+            return []
+        return rollout_reads.rollout_page(
+            self.conn, query, after=after, limit=limit, backward=backward, inclusive=inclusive
+        )
+
+    def rollout_total(self, query: RolloutQuery) -> int:
+        return rollout_reads.rollout_total(self.conn, query) if self.version >= 6 else 0
+
+    def rollout_key_at(self, query: RolloutQuery, position: int, total: int) -> Key | None:
+        return rollout_reads.rollout_key_at(self.conn, query, position, total) if self.version >= 6 else None
+
+    def rollout_step_list(self, run_id: int, after: int | None = None) -> list[int]:
+        """The steps of a run that have rollouts (after `after`), oldest first."""
+        return rollout_reads.rollout_step_list(self.conn, run_id, after) if self.version >= 6 else []
+
+    def rollout_group(
+        self, run_id: int, step: int, group_id: str, prompt: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The samples of one GRPO group (its group id's, or the step's with the same prompt), in order."""
+        if self.version < 6:
+            return []
+        return rollout_reads.rollout_group(self.conn, run_id, step, group_id, prompt)
+
+    def rollouts_signature(self, run_id: int) -> tuple[int, int | None]:
+        """Moves when rollouts are added anywhere or a run's newest step changes (two index reads)."""
+        if self.version < 6:
+            return 0, None
+        newest = self.conn.execute("SELECT coalesce(max(id), 0) FROM rollouts").fetchone()[0]
+        last_step = self.conn.execute("SELECT max(step) FROM rollouts WHERE run_id=?", (run_id,)).fetchone()[
+            0
+        ]
+        return int(newest), last_step
+
+    def rollout_steps_since(self, run_id: int, after_id: int) -> list[int]:
+        """The steps of the run's rollouts stored after row `after_id` (a range of the new rows only)."""
+        if self.version < 6:
+            return []
+        rows = self.conn.execute(  # `+`: along the new ids, not the run's index (a walk of all its rows)
+            "SELECT DISTINCT step FROM rollouts WHERE id>? AND +run_id=? ORDER BY step", (after_id, run_id)
+        ).fetchall()
+        return [int(s) for (s,) in rows]
+
+    def entropy_histogram(
+        self, run_id: int, step: int, *, bins: int = 24, top: float | None = None
+    ) -> EntropyHistogram | None:
+        """A step's token entropies as a histogram (None: the step has no per-token values)."""
+        if self.version < 6:
+            return None
+        return rollout_reads.entropy_histogram(self.conn, run_id, step, bins=bins, top=top)
+
+    def entropy_band(self, run_id: int, steps: Sequence[int]) -> list[tuple[int, float, float, float]]:
+        """(step, p10, p50, p90) of token entropy for each of `steps` with per-token values."""
+        return rollout_reads.entropy_band(self.conn, run_id, steps) if self.version >= 6 else []
 
     def key_names(self, run_id: int) -> dict[str, str]:
         """For each key a framework's key map renamed, the name the source used."""

@@ -500,5 +500,15 @@ def _v6(db: sqlite_utils.Database) -> None:
     db.execute("CREATE UNIQUE INDEX idx_rollouts_run_step_idx ON rollouts (run_id, step, idx)")
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6]
+def _v7(db: sqlite_utils.Database) -> None:
+    """The orders the rollouts viewer lists a run's samples in: by total reward, advantage or length. A page
+    of the best (or worst, longest...) samples is read along one of these indexes from the last row shown
+    (keyset paging, engine/store/rollout_reads.py), never by sorting the run's rows. Within one step the
+    unique (run_id, step, idx) index finds the step's rows and they are sorted there: a step holds at most a
+    few thousand. Each index adds about a tenth to a rollout's insert (bench/bench_rollouts_view.py)."""
+    for column in ("total", "advantage", "length"):
+        db.execute(f"CREATE INDEX idx_rollouts_run_{column} ON rollouts (run_id, {column})")
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
 SCHEMA_VERSION = len(MIGRATIONS)
