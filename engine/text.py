@@ -1,0 +1,49 @@
+"""Text from outside, made safe to keep and to show.
+
+Every string that comes from outside (a file, a NATS message, a hook payload, a flag) is data. Two
+things can go wrong with it: SQLite (and any UTF-8 file) cannot take a lone UTF-16 surrogate, which
+JSON's `\\ud800` escape and Python's `surrogateescape` both produce; and a terminal obeys the control
+characters it holds (ESC, CSI, OSC 52, CR, BS). `storable` fixes the first where text enters the
+store, `visible` the second where text is printed.
+"""
+
+from __future__ import annotations
+
+import re
+
+REPLACEMENT = "\ufffd"
+_SURROGATES = re.compile("[\ud800-\udfff]")
+# C0 controls but tab and newline, DEL, and the C1 controls (\x9b is a one-byte CSI).
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_NAMED = {"\r": "\\r"}
+
+
+def encodable(s: str) -> bool:
+    """Whether UTF-8 (and so SQLite, a file, a NATS message) can take `s` as it is."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def storable(s: str) -> str:
+    """`s` with each code point UTF-8 cannot encode (a lone surrogate) replaced by U+FFFD."""
+    return s if encodable(s) else _SURROGATES.sub(REPLACEMENT, s)
+
+
+def visible(s: str) -> str:
+    """`s` with control characters other than newline and tab written out (`\\x1b`, `\\x9b`, `\\r`),
+    so printing it never moves the cursor, clears the screen or sets the clipboard; storable too."""
+    return _CONTROLS.sub(_escape, storable(s))
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return _NAMED.get(char) or f"\\x{ord(char):02x}"
+
+
+def one_line(s: str, limit: int = 300) -> str:
+    """`s` on one line (runs of whitespace become one space), visible, cut to `limit` characters."""
+    text = visible(" ".join(s.split()))
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
