@@ -10,6 +10,7 @@ store, `visible` the second where text is printed.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 REPLACEMENT = "\ufffd"
 _SURROGATES = re.compile("[\ud800-\udfff]")
@@ -30,6 +31,32 @@ def encodable(s: str) -> bool:
 def storable(s: str) -> str:
     """`s` with each code point UTF-8 cannot encode (a lone surrogate) replaced by U+FFFD."""
     return s if encodable(s) else _SURROGATES.sub(REPLACEMENT, s)
+
+
+def storable_json(value: Any) -> Any:
+    """A parsed JSON value with every string and key made `storable`. Dicts and lists are changed in
+    place (a loop, not recursion: the value may be nested as deep as the parser allowed)."""
+    if isinstance(value, str):
+        return storable(value)
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key in list(node):
+                item = node[key]
+                if isinstance(item, str):
+                    node[key] = storable(item)
+                elif isinstance(item, dict | list):
+                    stack.append(item)
+                if not encodable(key):
+                    node[storable(key)] = node.pop(key)
+        elif isinstance(node, list):
+            for index, item in enumerate(node):
+                if isinstance(item, str):
+                    node[index] = storable(item)
+                elif isinstance(item, dict | list):
+                    stack.append(item)
+    return value
 
 
 def visible(s: str) -> str:

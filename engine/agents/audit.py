@@ -29,7 +29,6 @@ import contextlib
 import gc
 import json
 import logging
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from engine.faults import store_trouble
 from engine.text import one_line, storable
 
 from .admission import refusals
@@ -129,12 +129,6 @@ def _admitted(conn: Any, entries: list[Parsed]) -> list[Parsed]:
         (item, event, EventRejected(refused[i], event.TYPE) if i in refused and event else why)
         for i, (item, event, why) in enumerate(entries)
     ]
-
-
-def store_trouble(exc: BaseException) -> bool:
-    """Whether an error is the store's (locked, full, unreadable: worth trying the batch again) rather
-    than one message's (a value SQLite cannot take: that message is rejected)."""
-    return isinstance(exc, sqlite3.OperationalError | OSError) or type(exc) is sqlite3.DatabaseError
 
 
 def _epoch(value: Any) -> float | None:
