@@ -47,7 +47,11 @@ def refusals(conn: sqlite3.Connection, events: Sequence[PlaneEvent | None]) -> d
     """Index in `events` -> why that result, rollout or feedback is refused (None entries are skipped)."""
     if not any(isinstance(e, CLAIMS) for e in events):
         return {}
-    tasks = _known(conn, {e.task_id for e in events if isinstance(e, CLAIMS)})
+    tasks = _known(
+        conn,
+        {e.task_id for e in events if isinstance(e, CLAIMS)},
+        {e.task_id for e in events if isinstance(e, ResultEvent)},
+    )
     refused: dict[int, str] = {}
     for index, event in enumerate(events):
         if isinstance(event, TaskEvent):
@@ -87,23 +91,30 @@ def _check(event: PlaneEvent, task: Task | None) -> str | None:
     return None
 
 
-def _known(conn: sqlite3.Connection, task_ids: set[str]) -> dict[str, Task]:
-    """The stored tasks among `task_ids`, with the workers that took them and who answered."""
-    ids = sorted(task_ids)
+def _known(conn: sqlite3.Connection, task_ids: set[str], answered: set[str]) -> dict[str, Task]:
+    """The stored tasks among `task_ids`, with who answered them; for those in `answered` (the batch
+    holds results for them) not answered yet, also the workers that took them."""
     tasks: dict[str, Task] = {}
-    for start in range(0, len(ids), CHUNK):
-        chunk = ids[start : start + CHUNK]
-        marks = ",".join("?" * len(chunk))
+    for chunk, marks in _chunks(task_ids):
         for task_id, manager_id, worker_id, status in conn.execute(
             f"SELECT task_id, manager_id, worker_id, status FROM agent_tasks WHERE task_id IN ({marks})",
             chunk,
         ):
             tasks[task_id] = Task(manager_id, answered_by=worker_id if status is not None else None)
+    open_ids = {task_id for task_id in answered if task_id in tasks and tasks[task_id].answered_by is None}
+    for chunk, marks in _chunks(open_ids):
         for task_id, worker_id in conn.execute(
             f"SELECT DISTINCT task_id, worker_id FROM agent_events WHERE task_id IN ({marks})"
             " AND kind='worker_status' AND status='ok'",
             chunk,
         ):
-            if task_id in tasks and worker_id:
+            if worker_id:
                 tasks[task_id].takers.add(worker_id)
     return tasks
+
+
+def _chunks(ids: set[str]) -> list[tuple[list[str], str]]:
+    """`ids` in chunks for `IN (...)`, each with its placeholders."""
+    ordered = sorted(ids)
+    chunks = [ordered[start : start + CHUNK] for start in range(0, len(ordered), CHUNK)]
+    return [(chunk, ",".join("?" * len(chunk))) for chunk in chunks]

@@ -422,35 +422,52 @@ _INSERT = (
 
 
 def _row(item: Incoming, event: PlaneEvent | None, why: EventRejected | None) -> tuple[Any, ...]:
-    """The log row of one message: an event as it came, or (with `why`) a rejected payload, kept up to
-    MAX_PAYLOAD bytes and made storable, with the one-line reason."""
-    if event is None:
-        assert why is not None
-        ids: dict[str, Any] = {"type": why.type_name or "?", "created_at": None}
-    else:
-        ids = event_ids(event)
-    if why is None:
-        payload = item.data.decode("utf-8")
-    else:
-        payload = storable(item.data[:MAX_PAYLOAD].decode("utf-8", errors="replace"))
-    created = _epoch(ids["created_at"])
+    """The log row of one message: an event as it came, or (with `why`) a rejected payload."""
+    if why is not None:
+        return _rejected_row(item, event, why)
+    assert event is not None
+    ids = event_ids(event)
+    return (
+        item.subject,
+        ids["type"],
+        ids["task_id"],
+        ids["manager_id"],
+        ids["worker_id"],
+        ids["score"],
+        item.data.decode("utf-8"),
+        _epoch(ids["created_at"]),
+        ids["environment"],
+        ids["model_version"],
+        item.stream_seq,
+        item.stream_key,
+        item.msg_id,
+        item.received_at,
+        "ok",
+        None,
+    )
+
+
+def _rejected_row(item: Incoming, event: PlaneEvent | None, why: EventRejected) -> tuple[Any, ...]:
+    """A payload refused with its one-line reason: kept up to MAX_PAYLOAD bytes and made storable, with
+    the event's ids where it is a valid event refused all the same (an answer to a task nobody assigned)."""
+    ids: dict[str, Any] = event_ids(event) if event is not None else {}
     return (
         storable(item.subject),
-        ids["type"],
+        ids.get("type") or why.type_name or "?",
         ids.get("task_id"),
         ids.get("manager_id"),
         ids.get("worker_id"),
         ids.get("score"),
-        payload,
-        created if created is not None else item.received_at,
+        storable(item.data[:MAX_PAYLOAD].decode("utf-8", errors="replace")),
+        _epoch(ids.get("created_at")) or item.received_at,
         ids.get("environment"),
         ids.get("model_version"),
         item.stream_seq,
         item.stream_key,
         storable(item.msg_id) if item.msg_id is not None else None,
         item.received_at,
-        "ok" if why is None else "rejected",
-        None if why is None else one_line(str(why), REASON_CHARS),
+        "rejected",
+        one_line(str(why), REASON_CHARS),
     )
 
 
