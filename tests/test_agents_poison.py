@@ -269,3 +269,27 @@ def test_parse_event_refuses_what_no_store_can_keep() -> None:
     ok = b'{"type":"task","manager_id":"m","task_type":"demo","prompt":"\\ud83d\\ude00"}'  # a pair: one emoji
     assert parse_event("tasks.demo", ok).prompt == "\U0001f600"  # type: ignore[union-attr]
     assert json.loads(ok)["prompt"] == "\U0001f600"
+
+
+def test_the_manager_scores_only_results_from_a_worker_that_took_the_task() -> None:
+    """§10, the manager's side: a result from a worker that did not take the task is ignored (no rollout,
+    no feedback); any worker's, while none said it took it; the manager's own answer only when it gave up."""
+    from engine.agents.manager import Manager, Pending
+
+    task = _task()
+    pending = Pending(task, deadline=0.0)
+    assert Manager._from_taker(pending, _result(task, "w9"))  # nobody said yet: nothing to compare with
+    pending.takers.update({"w1", "w2"})
+    assert Manager._from_taker(pending, _result(task, "w2"))
+    assert not Manager._from_taker(pending, _result(task, "w9"))
+    own = ResultEvent(
+        task_id=task.task_id,
+        worker_id="w1",
+        task_type="demo",
+        status="failed",
+        result="timed out",
+        worker_kind="manager",
+    )
+    assert not Manager._from_taker(pending, own)  # a forged give-up
+    pending.given_up = True
+    assert Manager._from_taker(pending, own)

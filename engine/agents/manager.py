@@ -12,7 +12,8 @@ Each result is scored three ways, kept apart (docs/reference/agents-plane.md §1
 - the manager's feedback (offline, or written by Claude), published on `feedback.scored` and never
   part of the reward.
 The rollout on `training.rollouts` carries the reward the trainer optimises (scoring.reward_of).
-The alarms watch all three as they arrive.
+The alarms watch all three as they arrive. A result for a task this manager did not assign, or from a
+worker that did not take it (see admission.py, the audit's same rule), is not scored.
 """
 
 from __future__ import annotations
