@@ -293,3 +293,41 @@ def test_the_manager_scores_only_results_from_a_worker_that_took_the_task() -> N
     assert not Manager._from_taker(pending, own)  # a forged give-up
     pending.given_up = True
     assert Manager._from_taker(pending, own)
+
+
+async def test_a_locked_store_holds_the_stream_back_and_says_so(tmp_path: Path) -> None:
+    """The one thing that may hold the audit back is the store's own trouble: then nothing is skipped or
+    acknowledged, the trouble is reported (the bridge shows it as `audit stalled` in `carl agents
+    status`), and once the store takes writes again everything is stored and the report clears."""
+    import sqlite3
+
+    from engine.agents.audit import run_audit
+
+    with nats_server(tmp_path / "home") as server, Store(tmp_path / "carl.db") as store:
+        store.conn.execute("PRAGMA busy_timeout=100")  # give up on the lock quickly, and try again
+        nc, js = await jetstream(address_of(server))
+        blocker = sqlite3.connect(tmp_path / "carl.db", isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # another writer holding the store
+        reports: list[str | None] = []
+        stop = asyncio.Event()
+        audit = asyncio.create_task(run_audit(js, AuditWriter(store), stop, on_trouble=reports.append))
+        try:
+            tasks = [_task(f"p{i}") for i in range(5)]
+            for task in tasks:
+                await publish(js, task)
+            deadline = time.monotonic() + 30
+            while not reports:
+                assert time.monotonic() < deadline, "the locked store was never reported"
+                await asyncio.sleep(0.05)
+            assert reports[0] is not None and "locked" in reports[0]
+            info = await js.consumer_info(STREAM, AUDIT_CONSUMER)
+            assert info.num_ack_pending == len(tasks)  # nothing acknowledged while nothing is stored
+            blocker.execute("COMMIT")
+            await drained(js, AUDIT_CONSUMER)
+        finally:
+            stop.set()
+            await audit
+            blocker.close()
+        assert reports[-1] is None
+        assert store.conn.execute("SELECT count(*) FROM agent_events WHERE status='ok'").fetchone()[0] == 5
+        await nc.drain()
