@@ -13,7 +13,10 @@ import re
 from typing import Any
 
 REPLACEMENT = "\ufffd"
-_SURROGATES = re.compile("[\ud800-\udfff]")
+SURROGATES = re.compile("[\ud800-\udfff]")
+# A JSON text can only produce a lone surrogate through a \uD800-\uDFFF escape (its own characters were
+# decoded from valid UTF-8): text without one needs no walk over the parsed value.
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
 # C0 controls but tab and newline, DEL, and the C1 controls (\x9b is a one-byte CSI).
 _CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _NAMED = {"\r": "\\r"}
@@ -30,10 +33,10 @@ def encodable(s: str) -> bool:
 
 def storable(s: str) -> str:
     """`s` with each code point UTF-8 cannot encode (a lone surrogate) replaced by U+FFFD."""
-    return s if encodable(s) else _SURROGATES.sub(REPLACEMENT, s)
+    return s if encodable(s) else SURROGATES.sub(REPLACEMENT, s)
 
 
-def storable_json(value: Any) -> Any:
+def storable_value(value: Any) -> Any:
     """A parsed JSON value with every string and key made `storable`. Dicts and lists are changed in
     place (a loop, not recursion: the value may be nested as deep as the parser allowed)."""
     if isinstance(value, str):
@@ -70,7 +73,8 @@ def _escape(match: re.Match[str]) -> str:
     return _NAMED.get(char) or f"\\x{ord(char):02x}"
 
 
-def one_line(s: str, limit: int = 300) -> str:
-    """`s` on one line (runs of whitespace become one space), visible, cut to `limit` characters."""
-    text = visible(" ".join(s.split()))
-    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
+def one_line(text: str, limit: int = 200) -> str:
+    """`text` on one line (runs of whitespace, newlines included, become one space), cut to `limit`
+    characters with an ellipsis. (Kept as text: what prints it makes it `visible`.)"""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: max(limit - 1, 0)] + "…"

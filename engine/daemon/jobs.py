@@ -27,7 +27,7 @@ def describe(exc: BaseException) -> str:
     """An error as one line: its type and message (a CarlError's message says it all)."""
     from engine.errors import CarlError
 
-    return one_line(str(exc) if isinstance(exc, CarlError) else f"{type(exc).__name__}: {exc}")
+    return one_line(str(exc) if isinstance(exc, CarlError) else f"{type(exc).__name__}: {exc}", 300)
 
 
 @dataclass

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine.errors import CarlError
-from engine.text import encodable, one_line, storable_json
+from engine.text import SURROGATE_ESCAPE, encodable, one_line, storable_value
 from engine.trajectories.importers.detect import DEFAULT_DETECTOR, Detector, is_human_text
 from engine.trajectories.model import (
     Event,
@@ -382,10 +382,6 @@ def remove_spool(items: Iterable[SpoolItem]) -> int:
     return removed
 
 
-# JSON's escape of a UTF-16 surrogate (half of a pair, or alone): the only way one gets into a spool file.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
 def _read_item(path: Path) -> tuple[SpoolItem | None, str]:
     """One spool file as an item, or (None, why it is bad). What the store cannot take is decided here,
     so one bad file is moved aside and never stops the files after it (or the engine's other jobs)."""
@@ -408,12 +404,12 @@ def _read_item(path: Path) -> tuple[SpoolItem | None, str]:
     if received_at != received_at or abs(received_at) == float("inf"):
         return None, "received_at is not a time"
     payload = wrapper["payload"]
-    if _SURROGATE_ESCAPE.search(raw):
+    if b"\\u" in raw and SURROGATE_ESCAPE.search(raw.decode("utf-8", "replace")):
         session = payload.get("session_id")
         if isinstance(session, str) and not encodable(session):
             # Replaced, it could merge two sessions into one: the file waits in spool/bad instead.
             return None, "session_id holds a lone surrogate (not UTF-8)"
-        storable_json(payload)  # prompts, tool output: a lone surrogate becomes U+FFFD
+        storable_value(payload)  # prompts, tool output: a lone surrogate becomes U+FFFD
     return SpoolItem(path, float(received_at), payload), ""
 
 
