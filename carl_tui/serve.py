@@ -10,7 +10,11 @@ What this module adds around it:
   `--port 0` prints the port it got;
 - no access log (it would print the token with every request), no banner; one line with the URL;
 - the page's URLs are built from the address the browser used, so an SSH tunnel to another
-  local port, or `--host 0.0.0.0`, works.
+  local port, or `--host 0.0.0.0`, works;
+- a request from a page on another origin is refused (403) even with the token: a browser's
+  `Origin` must be the address it asked for (or one listed in $CARL_SERVE_ORIGINS, for a reverse
+  proxy); and on loopback the `Host` must be a loopback name, so a DNS-rebound name cannot reach it;
+- `/static` serves its files and never lists its folder.
 Imported only by `carl-tui --serve` (aiohttp is a slow import; the control room never loads it).
 """
 
@@ -19,13 +23,17 @@ from __future__ import annotations
 import errno
 import hmac
 import ipaddress
+import os
 import secrets
 import shlex
 import socket
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import aiohttp_jinja2
+import jinja2
 from aiohttp import web
 from textual_serve.server import Server
 
@@ -70,15 +78,78 @@ def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+# More origins a browser may come from (a reverse proxy's), comma-separated.
+ORIGINS_ENV = "CARL_SERVE_ORIGINS"
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin_of(url: str) -> str | None:
+    """`scheme://host:port` of a URL or Origin header, lower-cased with the port written out; None when
+    it is not an http(s) origin (`null`, a file: page, garbage)."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port or DEFAULT_PORTS.get(parts.scheme.lower())
+    except ValueError:
+        return None
+    if parts.scheme.lower() not in DEFAULT_PORTS or not parts.hostname or port is None:
+        return None
+    return f"{parts.scheme.lower()}://{url_host(parts.hostname.lower())}:{port}"
+
+
+def allowed_origins(setting: str | None) -> frozenset[str]:
+    """The origins of $CARL_SERVE_ORIGINS; one that is not an origin is one line for the user."""
+    origins = set()
+    for item in (setting or "").replace(",", " ").split():
+        origin = origin_of(item)
+        if origin is None:
+            raise ServeError(f"${ORIGINS_ENV}: {item!r} is not an origin such as https://carl.example.com")
+        origins.add(origin)
+    return frozenset(origins)
+
+
+def refusal(request: web.Request, *, loopback: bool, allowed: Iterable[str]) -> str | None:
+    """Why a request cannot be served whatever its token (None: it may be). A browser says where the page
+    that makes a request came from (`Origin`, on every websocket and cross-site request): it must be this
+    server as the browser addressed it, or an allowed origin. Served on loopback, the address itself must
+    be a loopback name: a page whose name was re-pointed at 127.0.0.1 (DNS rebinding) has another."""
+    here = origin_of(f"{request.scheme}://{request.host}")
+    if here is None:
+        return "a request without a usable Host"
+    if loopback and not _local_name(urlsplit(here).hostname or "", allowed):
+        return f"Host {request.host!r} is not this machine's loopback address"
+    origin = request.headers.get("Origin")
+    if origin is not None and origin_of(origin) not in (here, *allowed):
+        return f"a page on another origin ({origin[:100]!r})"
+    return None
+
+
+def _local_name(name: str, allowed: Iterable[str]) -> bool:
+    """A name a browser on this machine may use for a server on loopback: a loopback name or address,
+    this machine's own name, or the name of an allowed origin (a reverse proxy passing its Host on)."""
+    if is_loopback(name) or name == socket.gethostname().lower():
+        return True
+    return any(urlsplit(origin).hostname == name for origin in allowed)
+
+
 class ControlRoomServer(Server):
     """textual-serve's Server, behind a token, on a socket bound beforehand."""
 
-    def __init__(self, command: str, sock: socket.socket, token: str, *, title: str) -> None:
+    def __init__(
+        self,
+        command: str,
+        sock: socket.socket,
+        token: str,
+        *,
+        title: str,
+        origins: frozenset[str] = frozenset(),
+    ) -> None:
         host, port = sock.getsockname()[:2]
         super().__init__(command, host=host, port=port, title=title)
         self.sock = sock
         self.token = token
         self.cookie = f"carl_serve_{port}"  # per server: two on one host keep their own
+        self.loopback = is_loopback(host)
+        self.origins = origins
 
     def _authorised(self, request: web.Request) -> bool:
         given = request.query.get("token") or request.cookies.get(self.cookie) or ""
@@ -86,6 +157,9 @@ class ControlRoomServer(Server):
 
     @web.middleware
     async def require_token(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        why = refusal(request, loopback=self.loopback, allowed=self.origins)
+        if why is not None:
+            raise web.HTTPForbidden(text=f"403: forbidden ({why})\n")
         if not self._authorised(request):
             raise web.HTTPForbidden(text="403: forbidden (the URL carl-tui printed carries the token)\n")
         response = await handler(request)
@@ -96,8 +170,20 @@ class ControlRoomServer(Server):
         return response
 
     async def _make_app(self) -> web.Application:
-        app = await super()._make_app()
-        app.middlewares.append(self.require_token)
+        """textual-serve's app (textual_serve/server.py, `Server._make_app`), with the token and origin
+        check in front and a /static that lists no folder (textual-serve asks aiohttp for listings)."""
+        app = web.Application(middlewares=[self.require_token])
+        aiohttp_jinja2.setup(app, loader=jinja2.FileSystemLoader(self.templates_path))
+        app.add_routes(
+            [
+                web.get("/", self.handle_index, name="index"),
+                web.get("/ws", self.handle_websocket, name="websocket"),
+                web.get("/download/{key}", self.handle_download, name="download"),
+                web.static("/static", self.statics_path, show_index=False, name="static"),
+            ]
+        )
+        app.on_startup.append(self.on_startup)
+        app.on_shutdown.append(self.on_shutdown)
         return app
 
     async def handle_index(self, request: web.Request) -> web.StreamResponse:
@@ -137,6 +223,7 @@ def serve(
     start_engine: bool = True,
     experiment: str | None = None,
 ) -> int:
+    origins = allowed_origins(os.environ.get(ORIGINS_ENV))
     sock = bind(host, port)
     bound_port = sock.getsockname()[1]
     token = secrets.token_urlsafe(24)
@@ -153,5 +240,5 @@ def serve(
         flush=True,
     )
     command = session_command(home, readonly=readonly, start_engine=start_engine, experiment=experiment)
-    ControlRoomServer(command, sock, token, title="carl control room").run()
+    ControlRoomServer(command, sock, token, title="carl control room", origins=origins).run()
     return 0

@@ -300,3 +300,87 @@ def test_host_and_port_go_with_serve(
     monkeypatch.setenv("CARL_HOME", str(tmp_path))
     assert tui_main(["--port", "8000", "--home", str(tmp_path)]) == 2
     assert "--serve" in capsys.readouterr().err
+
+
+def _status_with(url: str, headers: dict[str, str]) -> int:
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+async def _handshake(url: str, origin: str) -> int:
+    """The status of a websocket handshake from a page on `origin` (101: connected)."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        try:
+            async with session.ws_connect(url, headers={"Origin": origin}) as ws:
+                await ws.close()
+                return 101
+        except aiohttp.WSServerHandshakeError as exc:
+            return exc.status
+
+
+@pytest.mark.slow
+def test_another_origin_is_refused_even_with_the_token_and_static_lists_nothing(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 22 §10: the websocket did not check `Origin`, so a page on another site could connect with
+    a stolen token, and /static listed its folder. Real HTTP and websocket requests: a page on another
+    origin (or a DNS-rebound name for 127.0.0.1) gets 403 whatever its token; the server's own origin
+    and one allowed in $CARL_SERVE_ORIGINS get through; /static serves files and lists nothing."""
+    import asyncio
+
+    monkeypatch.setenv("CARL_SERVE_ORIGINS", "https://carl.example.com")
+    served = Served(home, free_port(), [])
+    try:
+        url = served.url()
+        base, token = re.fullmatch(r"(http://127\.0\.0\.1:(\d+))/\?token=([\w-]+)", url).group(1, 3)  # type: ignore[union-attr]
+        port = base.rsplit(":", 1)[1]
+
+        code, body = status_of(f"{base}/static/?token={token}")
+        assert code == 403 and "Index of" not in body and "textual.js" not in body
+        code, body = status_of(f"{base}/static/js/?token={token}")
+        assert code == 403 and "textual.js" not in body
+        assert status_of(f"{base}/static/js/textual.js?token={token}")[0] == 200
+
+        page = f"{base}/?token={token}"
+        assert _status_with(page, {"Origin": "http://evil.example"}) == 403
+        assert _status_with(page, {"Origin": "null"}) == 403
+        assert _status_with(page, {"Host": f"evil.example:{port}"}) == 403  # a rebound name, no Origin
+        assert (
+            _status_with(page, {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"})
+            == 403
+        )
+        assert _status_with(page, {"Origin": base}) == 200
+        assert _status_with(page, {"Origin": f"http://localhost:{port}", "Host": f"localhost:{port}"}) == 200
+        assert _status_with(page, {"Origin": "https://carl.example.com"}) == 200  # the allow-list
+
+        ws = f"ws://127.0.0.1:{port}/ws?token={token}&width=80&height=24"
+        assert asyncio.run(_handshake(ws, "http://evil.example")) == 403
+        assert asyncio.run(_handshake(ws, f"http://127.0.0.1:{int(port) + 1}")) == 403  # another port
+        assert asyncio.run(_handshake(ws, base)) == 101
+    finally:
+        assert served.stop() == [], "a session's control room outlived the server"
+    assert "Traceback" not in served.output()
+
+
+def test_a_bad_allowed_origin_is_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "CARL_SERVE_ORIGINS": "carl.example.com"}
+    argv = [
+        sys.executable,
+        "-m",
+        "carl_tui",
+        "--serve",
+        "--port",
+        "0",
+        "--home",
+        str(tmp_path),
+        "--no-engine",
+    ]
+    out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and "CARL_SERVE_ORIGINS" in out.stderr, out.stderr

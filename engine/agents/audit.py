@@ -6,8 +6,13 @@ the stream forgets it was delivered: a crash between the two only redelivers the
 unique stream sequence stores each event once. Events a dying cluster node pushed and never
 delivered show as a gap in the sequences; they are read from the stream before the ack that would
 cover them. A payload that is not a valid event (invalid JSON, a wrong or missing `type`, an
-unknown field, a score out of range) is stored too, as `rejected` with its one-line reason; it
-never stops the audit.
+unknown field, a score out of range, nested too deep, a lone surrogate) is stored too, as
+`rejected` with its one-line reason and its payload cut to MAX_PAYLOAD and made storable; so is an
+answer to a task nobody assigned (admission.py), and an event the store itself refuses (a number
+beyond SQLite's integers). One bad message costs one row: the batch around it is stored, and all of
+it acknowledged. Only the store's own trouble (locked, full) holds the stream back, and the bridge
+says so in `carl agents status`. The totals of rejected (and dead-lettered: not even a rejected row
+could be stored) messages are kept in the store's kv, `agents.audit`.
 
 Besides the event log (`agent_events`), each event keeps two summaries current:
 - `agent_tasks`, one row per task: the prompt, the first result (a redelivered task answered twice
@@ -25,13 +30,17 @@ import gc
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from engine.faults import store_trouble
+from engine.text import one_line, storable
+
+from .admission import refusals
 from .bus import STREAM
 from .events import (
     EventRejected,
@@ -53,6 +62,8 @@ if TYPE_CHECKING:
 AUDIT_CONSUMER = "carl-audit"
 MAX_UNACKED = 20_000  # events pushed to the audit and not yet stored
 MAX_PAYLOAD = 64 * 1024  # a rejected payload is kept up to this many bytes
+REASON_CHARS = 500  # a rejection's reason is kept up to this many characters
+AUDIT_KEY = "agents.audit"  # kv: rejected and dead-lettered totals, and the newest reason
 log = logging.getLogger("carl.agents")
 
 
@@ -71,15 +82,53 @@ class Incoming:
 @dataclass
 class AuditCounts:
     stored: int = 0
-    rejected: int = 0
+    rejected: int = 0  # stored as rejected, with the reason
     duplicates: int = 0  # already stored (a redelivered batch)
+    dead_letters: int = 0  # not even a rejected row could be stored: counted, logged, acknowledged
     reasons: list[str] = field(default_factory=list)  # the first few rejections, for the log
+    last: str | None = None  # the newest rejection
 
     def add(self, other: AuditCounts) -> None:
         self.stored += other.stored
         self.rejected += other.rejected
         self.duplicates += other.duplicates
+        self.dead_letters += other.dead_letters
         self.reasons = (self.reasons + other.reasons)[:5]
+        self.last = other.last or self.last
+
+    def refused(self, item: Incoming, why: EventRejected) -> None:
+        self.rejected += 1
+        self.note(item, str(why))
+
+    def note(self, item: Incoming, why: str) -> None:
+        self.last = one_line(f"{item.subject}: {why}", REASON_CHARS)
+        if len(self.reasons) < 5:
+            self.reasons.append(self.last)
+
+
+# One message as parsed: the event, or why it is not one (then the event is None); or an event
+# refused all the same (an answer to a task nobody assigned: both are set).
+Parsed = tuple[Incoming, PlaneEvent | None, EventRejected | None]
+
+
+def _parse(item: Incoming) -> Parsed:
+    try:
+        return item, parse_event(item.subject, item.data), None
+    except EventRejected as exc:
+        return item, None, exc
+    except Exception as exc:  # parse_event says EventRejected; whatever else it meets is a reason too
+        return item, None, EventRejected(f"unreadable: {type(exc).__name__}: {exc}")
+
+
+def _admitted(conn: Any, entries: list[Parsed]) -> list[Parsed]:
+    """`entries`, with results, rollouts and feedback the plane never asked for marked refused."""
+    refused = refusals(conn, [event if why is None else None for _, event, why in entries])
+    if not refused:
+        return entries
+    return [
+        (item, event, EventRejected(refused[i], event.TYPE) if i in refused and event else why)
+        for i, (item, event, why) in enumerate(entries)
+    ]
 
 
 def _epoch(value: Any) -> float | None:
@@ -99,32 +148,95 @@ class AuditWriter:
         self._tallies: dict[str, list[float]] = {}
 
     def write(self, items: Sequence[Incoming]) -> AuditCounts:
-        """Store a batch: the log rows in one statement, then each new event's summaries, in order."""
+        """Store a batch: the log rows in one statement, then each new event's summaries, in order.
+
+        A message the store refuses (a number beyond SQLite's integers, say) costs its own row, not the
+        batch: the batch is written again one message at a time, and that one is stored as rejected.
+        Only the store's own trouble (locked, full, unreadable) raises, for the caller to try again."""
+        parsed = [_parse(item) for item in items]
+        try:
+            return self._write(parsed, one_by_one=False)
+        except Exception as exc:
+            if store_trouble(exc):
+                raise
+            log.warning("audit: a batch of %d could not be stored whole (%s); one by one", len(items), exc)
+            return self._write(parsed, one_by_one=True)
+
+    def _write(self, parsed: list[Parsed], *, one_by_one: bool) -> AuditCounts:
         counts = AuditCounts()
-        parsed: list[tuple[Incoming, PlaneEvent | None, EventRejected | None]] = []
-        for item in items:
-            try:
-                parsed.append((item, parse_event(item.subject, item.data), None))
-            except EventRejected as exc:
-                parsed.append((item, None, exc))
+        self._tallies.clear()  # what a failed try counted was rolled back with it
         with self.store.transaction():
             new = self._new_only(parsed, counts)
-            # In stream order, accepted and rejected alike: the log's ids are the order things arrived in.
-            self.conn.executemany(
-                _INSERT, [_event_row(i, e) if e is not None else _rejected_row(i, x) for i, e, x in new]
-            )
-            for item, event, exc in new:
-                if exc is not None:
-                    counts.rejected += 1
-                    if len(counts.reasons) < 5:
-                        counts.reasons.append(f"{item.subject}: {exc}")
-                    continue
-                counts.stored += 1
-                apply = _APPLY.get(type(event))
-                if apply is not None:
-                    apply(self, event, item.received_at)
+            new = _admitted(self.conn, new)
+            if one_by_one:
+                for entry in new:
+                    self._store_one(entry, counts)
+            else:
+                # In stream order, accepted and rejected alike: the log's ids are the order things arrived in.
+                self.conn.executemany(_INSERT, [_row(item, event, why) for item, event, why in new])
+                for item, event, why in new:
+                    if why is not None:
+                        counts.refused(item, why)
+                        continue
+                    counts.stored += 1
+                    self._apply(event, item.received_at)
             self._flush_tallies()
+            if counts.rejected or counts.dead_letters:
+                self._count_refusals(counts)
         return counts
+
+    def _store_one(self, entry: Parsed, counts: AuditCounts) -> None:
+        """One message in a savepoint: stored, or else stored as rejected with why, or else dead-lettered."""
+        item, event, why = entry
+        if why is None:
+            tallies = {worker: list(tally) for worker, tally in self._tallies.items()}
+            try:
+                with self._savepoint():
+                    self.conn.execute(_INSERT, _row(item, event, None))
+                    self._apply(event, item.received_at)
+                counts.stored += 1
+                return
+            except Exception as exc:
+                if store_trouble(exc):
+                    raise
+                self._tallies = tallies
+                # Kept bare (the payload and why): whatever in the event the store refused stays out.
+                event, why = None, EventRejected(f"cannot be stored: {type(exc).__name__}: {exc}", event.TYPE)
+        try:
+            with self._savepoint():
+                self.conn.execute(_INSERT, _row(item, event, why))
+            counts.refused(item, why)
+        except Exception as exc:
+            if store_trouble(exc):
+                raise
+            counts.dead_letters += 1  # acknowledged all the same: the stream must go on
+            counts.note(item, f"dead-lettered ({why}; then {type(exc).__name__}: {exc})")
+
+    @contextlib.contextmanager
+    def _savepoint(self) -> Iterator[None]:
+        self.conn.execute("SAVEPOINT audit_one")
+        try:
+            yield
+        except BaseException:
+            self.conn.execute("ROLLBACK TO audit_one")
+            raise
+        finally:
+            self.conn.execute("RELEASE audit_one")
+
+    def _apply(self, event: PlaneEvent | None, received: float) -> None:
+        apply = _APPLY.get(type(event))
+        if apply is not None:
+            apply(self, event, received)
+
+    def _count_refusals(self, counts: AuditCounts) -> None:
+        """The running totals `carl agents status` shows, kept with the rows they count."""
+        row = self.conn.execute("SELECT value FROM kv WHERE key=?", (AUDIT_KEY,)).fetchone()
+        totals = json.loads(row[0]) if row else {}
+        totals["rejected"] = int(totals.get("rejected") or 0) + counts.rejected
+        totals["dead_letters"] = int(totals.get("dead_letters") or 0) + counts.dead_letters
+        totals["last"] = counts.reasons[-1] if counts.reasons else totals.get("last")
+        totals["last_at"] = time.time()
+        self._kv(AUDIT_KEY, totals)
 
     def _new_only(self, parsed: list[Any], counts: AuditCounts) -> list[Any]:
         """The messages not stored yet (a redelivered batch, or a repeat inside this one, is stored once)."""
@@ -193,16 +305,7 @@ class AuditWriter:
             (*values, event.task_id),
         )
         if cur.rowcount == 0:
-            # A task this store never saw assigned (another manager's, or older than the audit): keep
-            # the result; a second result for a known task is ignored, the first one stands.
-            cur = self.conn.execute(
-                "INSERT OR IGNORE INTO agent_tasks (worker_id, status, result, answer, steps, model_version,"
-                " elapsed_s, phi_mean, tokens, state, done_at, updated_at, task_id, task_type, environment,"
-                " prompt) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (*values, event.task_id, event.task_type, event.environment, event.prompt),
-            )
-            if cur.rowcount == 0:
-                return
+            return  # a repeat of the result that stands (a result for a task never assigned is refused)
         tally = self._tally_of(event.worker_id, received)
         tally[0 if event.status == "success" else 1] += 1
 
@@ -318,7 +421,11 @@ _INSERT = (
 )
 
 
-def _event_row(item: Incoming, event: PlaneEvent) -> tuple[Any, ...]:
+def _row(item: Incoming, event: PlaneEvent | None, why: EventRejected | None) -> tuple[Any, ...]:
+    """The log row of one message: an event as it came, or (with `why`) a rejected payload."""
+    if why is not None:
+        return _rejected_row(item, event, why)
+    assert event is not None
     ids = event_ids(event)
     return (
         item.subject,
@@ -340,26 +447,27 @@ def _event_row(item: Incoming, event: PlaneEvent) -> tuple[Any, ...]:
     )
 
 
-def _rejected_row(item: Incoming, exc: EventRejected | None) -> tuple[Any, ...]:
-    """A payload that is not a valid event, kept (up to MAX_PAYLOAD bytes) with why it was refused."""
-    payload = item.data[:MAX_PAYLOAD].decode("utf-8", errors="replace")
+def _rejected_row(item: Incoming, event: PlaneEvent | None, why: EventRejected) -> tuple[Any, ...]:
+    """A payload refused with its one-line reason: kept up to MAX_PAYLOAD bytes and made storable, with
+    the event's ids where it is a valid event refused all the same (an answer to a task nobody assigned)."""
+    ids: dict[str, Any] = event_ids(event) if event is not None else {}
     return (
-        item.subject,
-        (exc.type_name if exc else None) or "?",
-        None,
-        None,
-        None,
-        None,
-        payload,
-        item.received_at,
-        None,
-        None,
+        storable(item.subject),
+        ids.get("type") or why.type_name or "?",
+        ids.get("task_id"),
+        ids.get("manager_id"),
+        ids.get("worker_id"),
+        ids.get("score"),
+        storable(item.data[:MAX_PAYLOAD].decode("utf-8", errors="replace")),
+        _epoch(ids.get("created_at")) or item.received_at,
+        ids.get("environment"),
+        ids.get("model_version"),
         item.stream_seq,
         item.stream_key,
-        item.msg_id,
+        storable(item.msg_id) if item.msg_id is not None else None,
         item.received_at,
         "rejected",
-        str(exc),
+        one_line(str(why), REASON_CHARS),
     )
 
 
@@ -458,6 +566,7 @@ async def run_audit(
     batch: int = 2000,
     wait: float = 0.25,
     on_batch: Callable[[AuditCounts], None] | None = None,
+    on_trouble: Callable[[str | None], None] | None = None,
 ) -> AuditCounts:
     """Store the stream's events until `stop` is set; returns what it stored.
 
@@ -467,6 +576,7 @@ async def run_audit(
     skipped: one ack covers every earlier message. A server restart is waited out; what it had pushed
     and we had not acknowledged comes again after the ack wait, and is stored once. What it counted as
     pushed and never delivered (a cluster node killed mid-push) is read back by sequence (`fill_gaps`).
+    `on_trouble` hears the store's trouble while it lasts (one line), and None once a batch is stored.
     """
     total = AuditCounts()
     arrived: list[Any] = []
@@ -500,7 +610,7 @@ async def run_audit(
                 if filled is None:
                     return total  # stopped before a gap was filled: unacknowledged, they come again
                 items, last_seq = filled
-                counts = await _write_until_stored(writer, items, epoch, stop)
+                counts = await _write_until_stored(writer, items, epoch, stop, on_trouble)
                 if counts is None:
                     return total  # stopped while the store was failing: unacknowledged, they come again
                 await _ack_all(msgs[-1])
@@ -587,23 +697,39 @@ def tune_gc() -> None:
 
 
 async def _write_until_stored(
-    writer: AuditWriter, msgs: list[Any], epoch: str, stop: asyncio.Event
+    writer: AuditWriter,
+    msgs: list[Any],
+    epoch: str,
+    stop: asyncio.Event,
+    on_trouble: Callable[[str | None], None] | None = None,
 ) -> AuditCounts | None:
-    """Write in the thread, reading the messages there too: the event loop's own time goes to receiving."""
+    """Write in the thread, reading the messages there too: the event loop's own time goes to receiving.
+
+    A bad message never raises here (the writer stores it as rejected); what does is the store's own
+    trouble (locked, full), so the batch is tried again, and nothing after it is acknowledged."""
 
     def write() -> AuditCounts:
         return writer.write([m if isinstance(m, Incoming) else incoming(m, epoch) for m in msgs])
 
-    delay = 0.5
+    delay, said = 0.5, None
     while True:
         try:
-            return await asyncio.to_thread(write)
-        except Exception:  # the store in trouble (locked, full): try again; nothing after it is acknowledged
-            log.exception("audit: could not store %d events; trying again", len(msgs))
+            counts = await asyncio.to_thread(write)
+        except Exception as exc:
+            trouble = one_line(f"cannot store events: {type(exc).__name__}: {exc}")
+            if trouble != said:  # once per distinct failure, with its traceback
+                log.exception("audit: could not store %d events; trying again", len(msgs))
+                said = trouble
+            if on_trouble is not None:
+                on_trouble(trouble)
             if stop.is_set():
                 return None
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
+            continue
+        if said is not None and on_trouble is not None:
+            on_trouble(None)
+        return counts
 
 
 async def _ack_all(last: Any) -> None:

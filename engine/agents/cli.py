@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine import paths
 from engine.errors import CarlError
+from engine.text import visible
 
 if TYPE_CHECKING:  # pydantic and yaml load when a command runs, not when `carl` builds its parser
     from .config import AgentsSettings
@@ -192,12 +193,22 @@ def plane_status(home: Path) -> dict[str, Any]:
     """What `carl agents status` shows, read from the store."""
     from engine.store import StoreReader
 
+    from .audit import AUDIT_KEY
+
     db = paths.db_path(home)
     if not db.exists():
-        return {"server": None, "plane": None, "manager": None, "workers": [], "events": 0, "alarms": []}
+        return {
+            "server": None,
+            "plane": None,
+            "manager": None,
+            "workers": [],
+            "events": 0,
+            "alarms": [],
+            "audit": None,
+        }
     reader = StoreReader(db)
     try:
-        return reader.agents_overview()
+        return {**reader.agents_overview(), "audit": reader.kv(AUDIT_KEY)}
     finally:
         reader.close()
 
@@ -242,8 +253,21 @@ def _status(args: argparse.Namespace, home: Path) -> int:
         print("no workers seen")
     for alarm in status.get("alarms") or []:
         print(f"alarm {alarm['kind']}: {alarm['reason']}")
-    print(f"{status.get('events', 0):,} events in the audit")
+    print(f"{status.get('events', 0):,} events in the audit{_refused(status.get('audit'))}")
+    if server.get("audit") not in (None, "storing"):  # the store refuses the audit's batches
+        print(f"audit stalled: {visible(server['audit'])}")
     return 0
+
+
+def _refused(totals: dict[str, Any] | None) -> str:
+    """What the audit refused: messages stored as rejected (with their reasons: `carl agents events
+    --rejected`) and those dead-lettered (not even that could be stored); the newest reason."""
+    if not totals or not (totals.get("rejected") or totals.get("dead_letters")):
+        return ""
+    last = f"; newest: {visible(totals['last'])}" if totals.get("last") else ""
+    return (
+        f", {totals.get('rejected') or 0:,} rejected, {totals.get('dead_letters') or 0:,} dead-lettered{last}"
+    )
 
 
 # -- run ------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from pydantic import (
     field_serializer,
 )
 
+from engine.text import encodable
+
 SCHEMA_VERSION = 1
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # one NATS subject token: no dots, spaces or wildcards
 
@@ -340,11 +342,19 @@ def parse_event(subject: str, data: bytes | str) -> Event:
 def _parse_checked(subject: str, data: bytes | str) -> Event:
     try:
         payload = json.loads(data)
+    except RecursionError:  # a poison message: thousands of nested arrays or objects
+        raise EventRejected("invalid JSON: nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise EventRejected(f"invalid JSON: {' '.join(str(exc).split())}") from None
     if not isinstance(payload, dict):
         raise EventRejected(f"expected a JSON object, got {type(payload).__name__}")
     type_name = payload.get("type")
+    where = unencodable_text(payload)
+    if where is not None:  # JSON's "\ud800" escape: no store, file or publish can encode it
+        raise EventRejected(
+            f"{where}: text holds a lone surrogate, not UTF-8",
+            type_name if isinstance(type_name, str) else None,
+        )
     expected = expected_types(subject)
     if not expected:
         raise EventRejected(
@@ -365,6 +375,26 @@ def _parse_checked(subject: str, data: bytes | str) -> Event:
     if event.subject() != subject and not _subject_fits(event, subject):
         raise EventRejected(f"{type_name} for {event.subject()} published on {subject}", type_name)
     return event  # type: ignore[return-value]
+
+
+def unencodable_text(payload: Any) -> str | None:
+    """Where in a parsed JSON value a string (or key) cannot be encoded as UTF-8, e.g. `prompt` or
+    `metadata.x[2]`; None when all of it can. (pydantic's own JSON parser refuses lone surrogates; the
+    slower json.loads path reads them.) A loop, not recursion: the value may be deeply nested."""
+    stack: list[tuple[str, Any]] = [("", payload)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            if not encodable(value):
+                return where or "payload"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not encodable(key):
+                    return f"{where}.<key>" if where else "<key>"
+                stack.append((f"{where}.{key}" if where else key, item))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+    return None
 
 
 def _subject_fits(event: PlaneEvent, subject: str) -> bool:

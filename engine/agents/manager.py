@@ -12,7 +12,8 @@ Each result is scored three ways, kept apart (docs/reference/agents-plane.md §1
 - the manager's feedback (offline, or written by Claude), published on `feedback.scored` and never
   part of the reward.
 The rollout on `training.rollouts` carries the reward the trainer optimises (scoring.reward_of).
-The alarms watch all three as they arrive.
+The alarms watch all three as they arrive. A result for a task this manager did not assign, or from a
+worker that did not take it (see admission.py, the audit's same rule), is not scored.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from typing import Any, Protocol
 
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from engine.text import visible
 
 from .alarms import AlarmMonitor
 from .bus import STREAM, Address, connect, ensure_stream, publish_retrying, trainer_subscription
@@ -69,7 +72,9 @@ class FeedbackWriter(Protocol):
 class Pending:
     event: TaskEvent
     deadline: float
-    worker_id: str | None = None  # the worker that said it is busy with it
+    worker_id: str | None = None  # the worker that said it is busy with it (the latest, on redelivery)
+    takers: set[str] = field(default_factory=set)  # every worker that said so
+    given_up: bool = False  # timed out: the manager answered it itself
 
 
 @dataclass
@@ -288,6 +293,7 @@ class Manager:
             for pending in list(self.pending.values()):
                 if now >= pending.deadline:
                     pending.deadline = float("inf")  # answered once: by the result published below
+                    pending.given_up = True
                     await self._give_up(pending)
             for alarm in self.alarms.check_stuck(time.time()):
                 await self._alarm(alarm)
@@ -336,6 +342,14 @@ class Manager:
         if not isinstance(result, ResultEvent):
             return
         pending = self.pending.get(result.task_id)
+        if pending is not None and not self._from_taker(pending, result):
+            self.summary.unmatched += 1  # the audit stores it as rejected, with the same reason
+            log.warning(
+                "manager: a result for task %s from worker %s, which did not take it; ignored",
+                result.task_id,
+                visible(result.worker_id),
+            )
+            return
         task = pending.event if pending is not None else None
         if task is None:
             if result.task_id in self.finished_ids:
@@ -377,6 +391,14 @@ class Manager:
         self._count(result, scored, feedback)
         self.pending.pop(result.task_id, None)
         self.room.set()
+
+    @staticmethod
+    def _from_taker(pending: Pending, result: ResultEvent) -> bool:
+        """Whether a result comes from a worker that took the task (any, when none said so yet), or is
+        the manager's own answer to a task it gave up on (see admission.py for the audit's rules)."""
+        if result.worker_kind == "manager":
+            return pending.given_up and result.status == "failed"
+        return not pending.takers or result.worker_id in pending.takers
 
     def _rollout(self, task: TaskEvent, result: ResultEvent, scored: ScoredResult) -> TrainingRolloutEvent:
         return TrainingRolloutEvent(
@@ -463,6 +485,7 @@ class Manager:
             pending = self.pending.get(event.task_id)
             if pending is not None:
                 pending.worker_id = event.worker_id
+                pending.takers.add(event.worker_id)
                 self.alarms.started(event.task_id, event.worker_id, time.time())
 
     async def _on_control(self, msg: Any) -> None:

@@ -148,6 +148,7 @@ class Bridge:
         self.js: Any = None
         self.connected = threading.Event()
         self.error: str | None = None
+        self.audit_trouble: str | None = None  # the store refusing the audit's batches, while it lasts
         self.stored = 0
         self.thread = threading.Thread(target=self._thread, name="carl-agents-bridge", daemon=True)
 
@@ -193,10 +194,16 @@ class Bridge:
                 self.stored += counts.stored + counts.rejected
                 if counts.reasons:
                     log.warning(
-                        "agents: %d rejected payload(s); first: %s", counts.rejected, counts.reasons[0]
+                        "agents: %d rejected payload(s), %d dead-lettered; first: %s",
+                        counts.rejected,
+                        counts.dead_letters,
+                        counts.reasons[0],
                     )
 
-            await run_audit(self.js, AuditWriter(store), self.stop_event, on_batch=stored)
+            def trouble(line: str | None) -> None:
+                self.audit_trouble = line
+
+            await run_audit(self.js, AuditWriter(store), self.stop_event, on_batch=stored, on_trouble=trouble)
         finally:
             store.close()
             with contextlib.suppress(Exception):
@@ -527,6 +534,7 @@ class Plane:
                 if self.bridge
                 else "down"
             ),
+            "audit": (self.bridge.audit_trouble or "storing") if self.bridge else None,
         }
         processes = [c.describe() for c in self.children.values()]
         if (self.store.kv("agents.server"), self._last_processes()) != (server, processes):

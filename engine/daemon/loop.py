@@ -2,9 +2,11 @@
 
 Every tick (about 0.25 s, less while a source has a backlog) the engine beats its heartbeat,
 claims the engine commands queued in the store, and gives each followed source one bounded,
-time-boxed ingest batch. A failure in one source or command is logged and recorded where the
-TUI can see it; it never ends the loop. SIGTERM/SIGINT/SIGHUP set a flag: the current batch
-finishes, then the engine cleans up and exits 0.
+time-boxed ingest batch; then the hook spool, run analysis, alerts, child processes and the agents
+plane each get their turn. Each of those jobs is isolated (jobs.py): one that raises is logged once
+per distinct failure and retried with backoff, and the others still run in the same tick. A failure
+in one source or command is logged and recorded where the TUI can see it; it never ends the loop.
+SIGTERM/SIGINT/SIGHUP set a flag: the current batch finishes, then the engine cleans up and exits 0.
 """
 
 from __future__ import annotations
@@ -40,15 +42,18 @@ from engine.control.pidfile import (
     write_pidfile,
 )
 from engine.control.process import CHILDREN_KEY
+from engine.faults import store_trouble
 from engine.observe import IngestResult, ObserveError, finish_import, ingest_source, register_source
 from engine.store import Store, StoreError
 from engine.training.config import training_config_path
+
+from .jobs import RETRY_MOST_S, Backoff, Jobs, describe
 
 TICK = 0.25  # seconds between ticks when every source is caught up
 BACKLOG_TICK = 0.005  # between ticks while a source still has rows waiting
 HEARTBEAT_EVERY = 2.0
 INGEST_SECONDS = 0.2  # time box of one source's batch
-RETRY_FAILED_SOURCE = 5.0  # a source that raised is retried this much later, not every tick
+RETRY_FAILED_SOURCE = 5.0  # a source that raised is retried this much later, then twice as late each time
 TROUBLE_PAUSE = 1.0  # after a tick that failed as a whole
 ANALYZE_EVERY = 1.0  # phase/health of runs that received rows, at most this often
 RECHECK_RUNNING_EVERY = (
@@ -69,13 +74,8 @@ def on_run_rows(store: Store, run_ids: list[int]) -> list[str]:
         try:
             hook(store, run_ids)
         except Exception as exc:
-            errors.append(f"row hook {getattr(hook, '__name__', hook)!s}: {one_line(exc)}")
+            errors.append(f"row hook {getattr(hook, '__name__', hook)!s}: {describe(exc)}")
     return errors
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc) if isinstance(exc, ObserveError | StoreError) else f"{type(exc).__name__}: {exc}"
-    return " ".join(text.split())[:300]
 
 
 def plural(n: int, noun: str) -> str:
@@ -139,7 +139,8 @@ class Engine:
         self.host = socket.gethostname()
         self.stop_signal: int | None = None  # set by the signal handler, read by the loop
         self.observing: dict[int, Observe] = {}  # by command id
-        self.failing: dict[int, tuple[str, float]] = {}  # source id -> (error, retry at)
+        self.failing = Backoff(RETRY_FAILED_SOURCE, RETRY_MOST_S)  # sources that raised, by id
+        self.jobs = Jobs(log)  # every other job of the tick, isolated
         self.said: dict[str, str] = {}  # last message logged per topic, to log changes only
         self.next_heartbeat = 0.0
         self.dirty_runs: set[int] = set()  # runs with rows not yet analysed
@@ -185,28 +186,29 @@ class Engine:
         try:
             changed = repoint_moved_recorder("user")
         except Exception as exc:  # the user's settings file is theirs: never a reason to stop
-            log.warning("could not check the Claude Code hooks: %s", one_line(exc))
+            log.warning("could not check the Claude Code hooks: %s", describe(exc))
             return
         if changed is not None:
             log.info("hooks: %s pointed at the recorder's new place", changed)
 
     def tick(self) -> bool:
-        """One round of work; True when some source still has a backlog."""
+        """One round of work; True when some source still has a backlog. Each job is isolated: one
+        that raises costs only itself (logged once, retried with backoff)."""
+        run = self.jobs.run
         try:
-            self.heartbeat()
-            for command in self.store.claim_commands("engine"):
-                self.start_command(command)
-            backlog = self.ingest_due()
-            backlog = self.trajectories_due() or backlog
-            self.analyze_due()
-            self.alerts_due()
-            self.reap_children()
-            self.publish_children()
+            run("heartbeat", self.heartbeat, default=None, retry_later=False)
+            run("commands", self.claim_commands, default=None)
+            backlog = run("ingest", self.ingest_due, default=False)  # each source isolated inside
+            backlog = run("trajectories", self.trajectories_due, default=False) or backlog
+            run("analysis", self.analyze_due, default=None)
+            run("alerts", self.alerts_due, default=None)
+            run("children", self.reap_children, default=None)
+            run("children list", self.publish_children, default=None)
             if self.plane is not None:
-                self.plane.tick()
+                run("agents plane", self.plane.tick, default=None)
             return backlog
-        except Exception as exc:  # the store itself in trouble (locked, disk full), or a bug: go on
-            message = f"engine tick failed: {one_line(exc)}"
+        except Exception as exc:  # a bug outside the jobs: go on
+            message = f"engine tick failed: {describe(exc)}"
             if self.said.get("tick") != message:
                 self.said["tick"] = message
                 log.exception("%s", message)  # with the traceback, once per distinct failure
@@ -230,6 +232,10 @@ class Engine:
             write_pidfile(self.home, self.record)
             log.warning("pidfile was missing or wrong; rewrote it")
 
+    def claim_commands(self) -> None:
+        for command in self.store.claim_commands("engine"):
+            self.start_command(command)  # a command that fails fails alone
+
     def analyze_due(self) -> None:
         """Phase and health of runs that received rows, and of running runs gone quiet."""
         now = time.monotonic()
@@ -240,21 +246,34 @@ class Engine:
         if not self.dirty_runs or now < self.next_analysis:
             return
         self.next_analysis = now + ANALYZE_EVERY
-        runs, self.dirty_runs = sorted(self.dirty_runs), set()
-        with self.store.transaction():
-            judged = analyze_runs(self.store.conn, runs)
-        self.isolated_alerts(self.alerts.runs_judged, judged)
+        runs = sorted(self.dirty_runs)
+        try:
+            with self.store.transaction():
+                judged = analyze_runs(self.store.conn, runs)
+        except Exception as exc:  # one run's analysis failing must not hold back the others
+            if store_trouble(exc):
+                raise  # the runs stay dirty: analysed when the job is retried
+            judged = self.analyze_each(runs)
+        self.dirty_runs.difference_update(runs)
+        self.jobs.run("alerts", self.alerts.runs_judged, judged, default=None, retry_later=False)
+
+    def analyze_each(self, runs: list[int]) -> Any:
+        """Runs analysed one by one, after a batch failed: a run whose analysis raises is logged and
+        left out (until it gets rows again), so it cannot hold back the analysis of the others."""
+        judged: dict[int, Any] = {}
+        for run_id in runs:
+            try:
+                with self.store.transaction():
+                    judged.update(analyze_runs(self.store.conn, [run_id]))
+            except Exception as exc:
+                if store_trouble(exc):
+                    raise
+                self.say(f"analysis {run_id}", logging.ERROR, f"analysis of run {run_id}: {describe(exc)}")
+        return judged
 
     def alerts_due(self) -> None:
         """New agents alarms, and the alert tries now due."""
-        self.isolated_alerts(self.alerts.tick)
-
-    def isolated_alerts(self, job: Callable[..., None], *args: Any) -> None:
-        """The alert job is isolated: a failure in it is logged (once while it repeats) and the engine goes on."""
-        try:
-            job(*args)
-        except Exception as exc:
-            self.say("alerts", logging.ERROR, f"alerts: {one_line(exc)}")
+        self.alerts.tick()
 
     def trajectories_due(self) -> bool:
         """Hook payloads from the spool into scored turns; now and then, close turns whose Stop never
@@ -277,7 +296,7 @@ class Engine:
             return False
         if time.monotonic() >= self.next_sweep:
             self.next_sweep = time.monotonic() + SWEEP_EVERY_S
-            sweep_open_turns(self.store, config)
+            self.jobs.run("trajectories sweep", sweep_open_turns, self.store, config, default=None)
         result = ingest_spool(self.store, self.home, config)
         if result.payloads:
             saved = result.saved
@@ -323,7 +342,7 @@ class Engine:
                     f"unknown engine command {verb!r} (known: observe, train, eval, agents_*)",
                 )
         except Exception as exc:  # malformed arguments and the like fail the command, not the engine
-            self.finish(command["id"], False, one_line(exc))
+            self.finish(command["id"], False, describe(exc))
 
     def finish(self, command_id: int, ok: bool, result: str) -> None:
         self.store.finish_command(command_id, ok, result)
@@ -459,7 +478,10 @@ class Engine:
             if proc.poll() is None:
                 running.append((proc, command_id, eval_log))
                 continue
-            ok, result = eval_outcome(proc.returncode, eval_log)
+            try:
+                ok, result = eval_outcome(proc.returncode, eval_log)
+            except OSError as exc:  # its log is gone or unreadable: the exit status must do
+                ok, result = False, f"exit status {proc.returncode}; its log {eval_log} is unreadable: {exc}"
             self.finish(command_id, ok, result)
         self.evals = running
 
@@ -486,10 +508,10 @@ class Engine:
         try:
             paths = self.register_observed(path, follow=follow, name=name)
         except Exception as exc:
-            self.finish(command_id, False, one_line(exc))
+            self.finish(command_id, False, describe(exc))
             return
         for source_id in paths:
-            self.failing.pop(source_id, None)  # asked for again: retry it now
+            self.failing.recovered(source_id)  # asked for again: retry it now
         self.observing[command_id] = Observe(command_id, paths, path, follow)
         verb = "following" if follow else "importing"
         log.info("command %d: %s %s as source(s) %s", command_id, verb, path, ", ".join(map(str, paths)))
@@ -575,10 +597,8 @@ class Engine:
     def due_sources(self) -> dict[int, str]:
         """Source id -> path: sources of running observe commands, then followed sources."""
         due = {sid: obs.paths[sid] for obs in self.observing.values() for sid in obs.pending}
-        now = time.monotonic()
         for source in self.store.followed_sources():
-            failing = self.failing.get(source["id"])
-            if source["id"] not in due and (failing is None or now >= failing[1]):
+            if source["id"] not in due and self.failing.due(source["id"]):
                 due[source["id"]] = source["path"]
         return due
 
@@ -587,10 +607,13 @@ class Engine:
         for source_id, path in self.due_sources().items():
             if self.stopping:
                 break
-            result = self.ingest(source_id, path)
-            if result is not None:
-                backlog |= not result.caught_up
-                self.observe_progress(source_id, result)
+            try:
+                result = self.ingest(source_id, path)
+                if result is not None:
+                    backlog |= not result.caught_up
+                    self.observe_progress(source_id, result)
+            except Exception as exc:  # settling its command failed: this source alone waits
+                self.source_failed(source_id, path, exc)
         return backlog
 
     def ingest(self, source_id: int, path: str) -> IngestResult | None:
@@ -599,7 +622,7 @@ class Engine:
         except Exception as exc:
             self.source_failed(source_id, path, exc)
             return None
-        if self.failing.pop(source_id, None):
+        if self.failing.recovered(source_id):
             log.info("source %d (%s) recovered", source_id, path)
         if result.bad_lines:  # one line per batch, not one per bad line
             first = f" (first: {result.problems[0]})" if result.problems else ""
@@ -613,10 +636,9 @@ class Engine:
         return result
 
     def source_failed(self, source_id: int, path: str, exc: Exception) -> None:
-        error = one_line(exc)
-        previous = self.failing.get(source_id)
-        self.failing[source_id] = (error, time.monotonic() + RETRY_FAILED_SOURCE)
-        if previous is None or previous[0] != error:
+        error = describe(exc)
+        new, _ = self.failing.failed(source_id, error)
+        if new:
             log.warning("source %d (%s): %s", source_id, path, error)
             if not isinstance(exc, ObserveError):  # observe records its own errors (and the state)
                 cursor = self.store.source(source_id)["cursor"]  # unchanged: the batch rolled back

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import errno
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine.errors import CarlError
+from engine.text import SURROGATE_ESCAPE, encodable, one_line, storable_value
 from engine.trajectories.importers.detect import DEFAULT_DETECTOR, Detector, is_human_text
 from engine.trajectories.model import (
     Event,
@@ -381,18 +383,46 @@ def remove_spool(items: Iterable[SpoolItem]) -> int:
 
 
 def _read_item(path: Path) -> tuple[SpoolItem | None, str]:
+    """One spool file as an item, or (None, why it is bad). What the store cannot take is decided here,
+    so one bad file is moved aside and never stops the files after it (or the engine's other jobs)."""
     try:
-        wrapper = json.loads(path.read_bytes())
+        raw = _read_regular(path)
+        wrapper = json.loads(raw)
     except FileNotFoundError:
         return None, "vanished"
-    except (OSError, ValueError) as exc:
+    except RecursionError:
+        return None, "not JSON (nested too deeply)"
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror or exc})"
+    except ValueError as exc:
         return None, f"not JSON ({exc})"
     if not (isinstance(wrapper, dict) and isinstance(wrapper.get("payload"), dict)):
         return None, "no payload object"
     received_at = wrapper.get("received_at")
     if isinstance(received_at, bool) or not isinstance(received_at, int | float):
         return None, "no received_at"
-    return SpoolItem(path, float(received_at), wrapper["payload"]), ""
+    if received_at != received_at or abs(received_at) == float("inf"):
+        return None, "received_at is not a time"
+    payload = wrapper["payload"]
+    if b"\\u" in raw and SURROGATE_ESCAPE.search(raw.decode("utf-8", "replace")):
+        session = payload.get("session_id")
+        if isinstance(session, str) and not encodable(session):
+            # Replaced, it could merge two sessions into one: the file waits in spool/bad instead.
+            return None, "session_id holds a lone surrogate (not UTF-8)"
+        storable_value(payload)  # prompts, tool output: a lone surrogate becomes U+FFFD
+    return SpoolItem(path, float(received_at), payload), ""
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of a regular file; a FIFO, socket or device in the spool is refused, never waited on."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, socket or device)")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read()
+    finally:
+        os.close(fd)
 
 
 def _salvage_tmp(folder: Path, names: list[str], stale_s: float, bad: _BadReporter) -> list[str]:
@@ -422,17 +452,25 @@ class _BadReporter:
     def __call__(self, path: Path, why: str) -> None:
         if why == "vanished":
             return
-        bad_dir = self.home / "spool" / "bad"
-        bad_dir.mkdir(parents=True, mode=0o700, exist_ok=True)
-        moved = bad_dir / path.name.removeprefix(".tmp-")
-        try:
-            os.replace(path, moved)
-        except FileNotFoundError:
-            return
-        log.warning("bad hook spool file moved to %s: %s", moved, why)
-        _append_error_log(self.home, f"bad spool file moved to {moved}: {why}")
-        if self.on_bad is not None:
+        moved = quarantine(self.home, path, why)
+        if moved is not None and self.on_bad is not None:
             self.on_bad(moved, why)
+
+
+def quarantine(home: Path, path: Path, why: str) -> Path | None:
+    """Move a spool file the engine cannot take to spool/bad/, and say why (the engine's log and
+    logs/hook-errors.log); the files after it go on. Returns where it went (None: it had vanished)."""
+    bad_dir = Path(home) / "spool" / "bad"
+    bad_dir.mkdir(parents=True, mode=0o700, exist_ok=True)
+    moved = bad_dir / path.name.removeprefix(".tmp-")
+    try:
+        os.replace(path, moved)
+    except FileNotFoundError:
+        return None
+    why = one_line(why)
+    log.warning("bad hook spool file moved to %s: %s", moved, why)
+    _append_error_log(Path(home), f"bad spool file moved to {moved}: {why}")
+    return moved
 
 
 def _append_error_log(home: Path, line: str) -> None:

@@ -10,16 +10,24 @@ advantage pass over the store (docs/reference/karl.md §12(c)), and the retraini
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from engine.faults import store_trouble
 from engine.store import Store
+from engine.text import one_line, storable
 from engine.trajectories.config import TrajectoryConfig
 from engine.trajectories.store import SaveResult, save
+
+if TYPE_CHECKING:
+    from engine.trajectories.capture.hooks import SpoolItem
+
+log = logging.getLogger("carl.hooks")
 
 SPOOL_BATCH = 2000  # payloads moved per tick: a burst drains over a few ticks, never one long stall
 RECENT_S = 24 * 3600.0  # sessions re-checked for turns that ended without Stop
@@ -42,43 +50,110 @@ def ingest_spool(
     items = read_spool(home, limit=SPOOL_BATCH)
     if not items:
         return LiveResult()
-    with store.transaction():
-        store.conn.executemany(
-            "INSERT INTO hook_events (session_id, event, received_at, payload, assembled) VALUES (?,?,?,?,0)",
-            [
-                (
-                    i.session_id,
-                    str(i.payload.get("hook_event_name") or ""),
-                    i.received_at,
-                    json.dumps(i.payload),
-                )
-                for i in items
-            ],
-        )
+    try:
+        with store.transaction():
+            store.conn.executemany(INSERT_HOOK_EVENT, [_row(i) for i in items])
+    except Exception as exc:
+        if store_trouble(exc):
+            raise  # the store's own trouble: the files stay in the spool for the next tick
+        items = _store_one_by_one(store, home, items)  # one file the store refuses is moved aside
     remove_spool(items)  # only now: a crash before this line re-inserts nothing it lost
     sessions = sorted({i.session_id for i in items if i.session_id})
     saved = assemble_sessions(store, sessions, config, now=now)
     return LiveResult(len(items), len(sessions), saved)
 
 
+INSERT_HOOK_EVENT = (
+    "INSERT INTO hook_events (session_id, event, received_at, payload, assembled) VALUES (?,?,?,?,0)"
+)
+
+
+def _row(item: SpoolItem) -> tuple[str, str, float, str]:
+    # json.dumps escapes what UTF-8 cannot take; the spool reader made the payload's text storable.
+    return (
+        item.session_id,
+        storable(str(item.payload.get("hook_event_name") or "")),
+        item.received_at,
+        json.dumps(item.payload),
+    )
+
+
+def _store_one_by_one(store: Store, home: Path, items: list[SpoolItem]) -> list[SpoolItem]:
+    """Each payload in a transaction of its own; one the store refuses goes to spool/bad with why.
+    Returns those stored."""
+    from engine.trajectories.capture.hooks import quarantine
+
+    stored = []
+    for item in items:
+        try:
+            with store.transaction():
+                store.conn.execute(INSERT_HOOK_EVENT, _row(item))
+        except Exception as exc:
+            if store_trouble(exc):
+                raise
+            quarantine(home, item.path, f"cannot be stored: {type(exc).__name__}: {exc}")
+            continue
+        stored.append(item)
+    return stored
+
+
 def assemble_sessions(
     store: Store, sessions: list[str], config: TrajectoryConfig, *, now: float | None = None
 ) -> SaveResult:
-    """Re-assemble whole sessions from their stored payloads (pure and idempotent: upsert by uid)."""
+    """Re-assemble whole sessions from their stored payloads (pure and idempotent: upsert by uid).
+
+    A session that cannot be assembled or saved is logged (once per session and reason) and left out;
+    the others are saved, and it is tried again with its next payload or sweep."""
     from engine.trajectories.capture.hooks import assemble
 
-    trajectories = []
+    by_session = {}
     for session_id in sessions:
         rows = store.conn.execute(
             "SELECT received_at, payload FROM hook_events WHERE session_id=? ORDER BY id", (session_id,)
         ).fetchall()
-        items = [{"received_at": r[0], "payload": json.loads(r[1])} for r in rows]
-        assembly = assemble(items, detector=config.detector, now=now)
-        trajectories += assembly.trajectories
-    result = save(store, trajectories, table=config.table)
+        try:
+            items = [{"received_at": r[0], "payload": json.loads(r[1])} for r in rows]
+            by_session[session_id] = assemble(items, detector=config.detector, now=now).trajectories
+        except Exception as exc:
+            _session_failed(session_id, exc)
+    trajectories = [t for found in by_session.values() for t in found]
+    try:
+        result = save(store, trajectories, table=config.table)
+    except Exception as exc:
+        if store_trouble(exc) or len(by_session) < 2:
+            raise
+        result = _save_each(store, by_session, config)  # one session the store refuses costs only itself
     if result.stored:
         refresh_plasticity(store, now=now)
     return result
+
+
+def _save_each(store: Store, by_session: dict[str, list[Any]], config: TrajectoryConfig) -> SaveResult:
+    total = SaveResult()
+    for session_id, trajectories in by_session.items():
+        try:
+            result = save(store, trajectories, table=config.table)
+        except Exception as exc:
+            if store_trouble(exc):
+                raise
+            _session_failed(session_id, exc)
+            continue
+        total.new += result.new
+        total.updated += result.updated
+        total.unchanged += result.unchanged
+    return total
+
+
+_said: dict[str, str] = {}  # session -> the last failure logged for it
+
+
+def _session_failed(session_id: str, exc: Exception) -> None:
+    message = one_line(f"hooks: session {session_id}: {type(exc).__name__}: {exc}")
+    if _said.get(session_id) != message:
+        if len(_said) > 1000:  # a memory of the recent failures only
+            _said.clear()
+        _said[session_id] = message
+        log.warning("%s", message)
 
 
 def sweep_open_turns(store: Store, config: TrajectoryConfig, *, now: float | None = None) -> SaveResult:

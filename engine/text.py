@@ -1,0 +1,80 @@
+"""Text from outside, made safe to keep and to show.
+
+Every string that comes from outside (a file, a NATS message, a hook payload, a flag) is data. Two
+things can go wrong with it: SQLite (and any UTF-8 file) cannot take a lone UTF-16 surrogate, which
+JSON's `\\ud800` escape and Python's `surrogateescape` both produce; and a terminal obeys the control
+characters it holds (ESC, CSI, OSC 52, CR, BS). `storable` fixes the first where text enters the
+store, `visible` the second where text is printed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+REPLACEMENT = "\ufffd"
+SURROGATES = re.compile("[\ud800-\udfff]")
+# A JSON text can only produce a lone surrogate through a \uD800-\uDFFF escape (its own characters were
+# decoded from valid UTF-8): text without one needs no walk over the parsed value.
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+# C0 controls but tab and newline, DEL, and the C1 controls (\x9b is a one-byte CSI).
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_NAMED = {"\r": "\\r"}
+
+
+def encodable(s: str) -> bool:
+    """Whether UTF-8 (and so SQLite, a file, a NATS message) can take `s` as it is."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def storable(s: str) -> str:
+    """`s` with each code point UTF-8 cannot encode (a lone surrogate) replaced by U+FFFD."""
+    return s if encodable(s) else SURROGATES.sub(REPLACEMENT, s)
+
+
+def storable_value(value: Any) -> Any:
+    """A parsed JSON value with every string and key made `storable`. Dicts and lists are changed in
+    place (a loop, not recursion: the value may be nested as deep as the parser allowed)."""
+    if isinstance(value, str):
+        return storable(value)
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key in list(node):
+                item = node[key]
+                if isinstance(item, str):
+                    node[key] = storable(item)
+                elif isinstance(item, dict | list):
+                    stack.append(item)
+                if not encodable(key):
+                    node[storable(key)] = node.pop(key)
+        elif isinstance(node, list):
+            for index, item in enumerate(node):
+                if isinstance(item, str):
+                    node[index] = storable(item)
+                elif isinstance(item, dict | list):
+                    stack.append(item)
+    return value
+
+
+def visible(s: str) -> str:
+    """`s` with control characters other than newline and tab written out (`\\x1b`, `\\x9b`, `\\r`),
+    so printing it never moves the cursor, clears the screen or sets the clipboard; storable too."""
+    return _CONTROLS.sub(_escape, storable(s))
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return _NAMED.get(char) or f"\\x{ord(char):02x}"
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    """`text` on one line (runs of whitespace, newlines included, become one space), cut to `limit`
+    characters with an ellipsis. (Kept as text: what prints it makes it `visible`.)"""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: max(limit - 1, 0)] + "…"
