@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from engine.errors import CarlError
+from engine.text import storable
 
 KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -30,6 +31,12 @@ class FileKindError(CarlError):
     """A path that is not what it should be (a FIFO for a file, a loop), in one line."""
 
 
+def named(path: Path | str) -> str:
+    """A path as the text of a message: a name that was not UTF-8 on disk keeps U+FFFD, so the line can be
+    printed and stored."""
+    return storable(str(path))
+
+
 def kind_of(mode: int) -> str:
     """What a stat mode is, as a person says it: 'a FIFO (named pipe)', 'a regular file', ..."""
     if stat.S_ISREG(mode):
@@ -42,7 +49,7 @@ def checked_stat(path: Path | str, error: type[CarlError] = FileKindError) -> os
     try:
         return os.stat(path)
     except OSError as exc:
-        raise error(f"{path}: {reason(exc)}") from None
+        raise error(f"{named(path)}: {reason(exc)}") from None
 
 
 def reason(exc: OSError) -> str:
@@ -60,7 +67,7 @@ def regular_file(
     """The stat of `path` when it is a regular file; `error` naming the path and what it is otherwise."""
     st = checked_stat(path, error)
     if not stat.S_ISREG(st.st_mode):
-        raise error(f"{path}: {kind_of(st.st_mode)}, not a {what}")
+        raise error(f"{named(path)}: {kind_of(st.st_mode)}, not a {what}")
     return st
 
 
@@ -68,7 +75,7 @@ def readable_dir(path: Path | str, what: str = "directory", error: type[CarlErro
     """`path` when it is a directory; `error` naming the path and what it is otherwise."""
     st = checked_stat(path, error)
     if not stat.S_ISDIR(st.st_mode):
-        raise error(f"{path}: {kind_of(st.st_mode)}, not a {what}")
+        raise error(f"{named(path)}: {kind_of(st.st_mode)}, not a {what}")
     return Path(path)
 
 
@@ -89,11 +96,11 @@ def open_regular(
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
-        raise error(f"{path}: {reason(exc)}") from None
+        raise error(f"{named(path)}: {reason(exc)}") from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):  # swapped since the check
-            raise error(f"{path}: {kind_of(mode)}, not a {what}")
+            raise error(f"{named(path)}: {kind_of(mode)}, not a {what}")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -112,9 +119,9 @@ def read_regular(
         try:
             data = f.read() if limit is None else f.read(limit + 1)
         except OSError as exc:
-            raise error(f"{path}: {reason(exc)}") from None
+            raise error(f"{named(path)}: {reason(exc)}") from None
     if limit is not None and len(data) > limit:
-        raise error(f"{path}: larger than {limit:,} bytes; not read")
+        raise error(f"{named(path)}: larger than {limit:,} bytes; not read")
     return data
 
 
@@ -129,7 +136,7 @@ def read_utf8(
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise error(f"{path}: not UTF-8 text (byte {exc.start:,} is {data[exc.start]:#04x})") from None
+        raise error(f"{named(path)}: not UTF-8 text (byte {exc.start:,} is {data[exc.start]:#04x})") from None
 
 
 def resolved(path: Path | str, error: type[CarlError] = FileKindError) -> Path:
@@ -137,6 +144,6 @@ def resolved(path: Path | str, error: type[CarlError] = FileKindError) -> Path:
     try:
         return Path(path).expanduser().resolve()
     except RuntimeError:  # Python 3.11's pathlib on a loop ("Symlink loop from ...")
-        raise error(f"{path}: a symbolic link loop") from None
+        raise error(f"{named(path)}: a symbolic link loop") from None
     except OSError as exc:
-        raise error(f"{path}: {reason(exc)}") from None
+        raise error(f"{named(path)}: {reason(exc)}") from None
