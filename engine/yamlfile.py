@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import CarlError
-from engine.files import read_utf8
+from engine.files import named, read_utf8
 
 MAX_BYTES = 4 << 20  # a settings file is a few KiB
 MAX_DEPTH = 32  # levels of nested mappings and lists; settings use three or four
@@ -22,24 +22,24 @@ def read_mapping(
     import yaml  # only the commands that read such a file pay for it
 
     if not Path(path).exists() and not Path(path).is_symlink():
-        raise error(f"{path}: {missing}")
+        raise error(f"{named(path)}: {missing}")
     text = read_utf8(path, error=error, limit=MAX_BYTES)  # a FIFO is refused, never read
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        where = f"{named(path)}:{mark.line + 1}" if mark is not None else named(path)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise error(f"{where}: invalid YAML: {problem}") from None
     except RecursionError:
-        raise error(f"{path}: invalid YAML: nested too deeply") from None
+        raise error(f"{named(path)}: invalid YAML: nested too deeply") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise error(f"{path}: expected a mapping of {what}, found {type(data).__name__}")
+        raise error(f"{named(path)}: expected a mapping of {what}, found {type(data).__name__}")
     problem = shape_problem(data)
     if problem is not None:
-        raise error(f"{path}: {problem}")
+        raise error(f"{named(path)}: {problem}")
     return data
 
 

@@ -98,15 +98,21 @@ def finish_rows(
 def capped_keys(store: Store, run_id: int, rows: list[Row], result: IngestResult | None) -> list[Row]:
     """`rows` without those of new keys past the run's MAX_KEYS (the first new ones seen are kept); the
     first time keys are dropped, an event on the run and a line in `result` say so."""
-    names = list(dict.fromkeys(row[1] for row in rows))
-    known = run_keys(store.conn, run_id, MAX_KEYS + 1)
-    new = [name for name in names if name not in known]
-    room = MAX_KEYS - len(known)
+    conn = store.conn
+    seen = "SELECT 1 FROM rollups WHERE run_id=? AND key=? LIMIT 1"  # a primary-key seek
+    new = [
+        name
+        for name in dict.fromkeys(row[1] for row in rows)
+        if not conn.execute(seen, (run_id, name)).fetchone()
+    ]
+    if not new:
+        return rows  # the usual batch: every key known, the run's keys never counted
+    room = MAX_KEYS - len(run_keys(conn, run_id, MAX_KEYS + 1))
     if len(new) <= room:
         return rows
     dropped = set(new[max(room, 0) :])
     kept = [row for row in rows if row[1] not in dropped]
-    said = store.conn.execute("SELECT 1 FROM events WHERE run_id=? AND kind=?", (run_id, KEYS_CAPPED))
+    said = conn.execute("SELECT 1 FROM events WHERE run_id=? AND kind=?", (run_id, KEYS_CAPPED))
     if said.fetchone() is None:
         line = (
             f"more than {MAX_KEYS:,} distinct metric keys: the first {MAX_KEYS:,} are kept, later new keys"

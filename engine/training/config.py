@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine.errors import CarlError
+from engine.files import named
 from engine.strict import Count, Name, Real, Seed
 from engine.yamlfile import read_mapping
 
@@ -301,7 +302,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Read carl.yaml (or only the defaults when path is None), apply overrides, validate."""
     data = _read_yaml(Path(path)) if path is not None else {}
-    return config_from_data(data, str(path) if path is not None else "config", overrides)
+    return config_from_data(data, named(path) if path is not None else "config", overrides)
 
 
 def config_from_data(

@@ -60,6 +60,8 @@ def unix_ts(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
+        if not -1e15 < value < 1e15:  # NaN, inf, and what no clock reads (float() of 10**400 raises)
+            return None
         return float(value) / 1000.0 if value > 1e11 else float(value)  # 1e11 s is the year 5138
     if not isinstance(value, str) or not value.strip():
         return None
@@ -105,9 +107,10 @@ def exit_code(value: Any) -> int | None:
 
 
 def as_float(value: Any) -> float | None:
+    """A number as a float; None for bool, text, and an int too large for a float (float() would raise)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    return float(value) if isinstance(value, float) or -1e308 < value < 1e308 else None
 
 
 def as_bool(value: Any) -> bool | None:
