@@ -262,12 +262,12 @@ def test_exit_codes_past_32_bits_in_transcripts(home: Path, tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("yaml_text", "line"),
     [
-        ("max_steps: true\n", "max_steps: expected an integer, not True"),
+        ("max_steps: true\n", "max_steps: Input should be a valid integer, not True"),
         ("max_steps: 1.0e+29\n", f"max_steps: Input should be less than or equal to {COUNT_MAX}"),
-        ("max_steps: '5'\n", "max_steps: expected an integer, not '5'"),
+        ("max_steps: '5'\n", "max_steps: Input should be a valid integer, not '5'"),
         ("seed: 99999999999999999999999\n", "seed: Input should be less than or equal to 4294967295"),
         ("learning_rate: .inf\n", "learning_rate: Input should be a finite number"),
-        ("learning_rate: true\n", "learning_rate: expected a number, not True"),
+        ("learning_rate: true\n", "learning_rate: Input should be a valid number, not True"),
         ("lora: {r: 9223372036854775808}\n", f"lora.r: Input should be less than or equal to {COUNT_MAX}"),
     ],
 )

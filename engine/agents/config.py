@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from engine.errors import CarlError
 from engine.limits import PORT_MAX, PORT_MIN
-from engine.strict import Count, Real
+from engine.strict import Count, Int, Real
 from engine.yamlfile import read_mapping
 
 from .events import TOKEN
@@ -35,9 +35,7 @@ class _Section(BaseModel):
 
 class StreamLimits(_Section):
     max_age_s: Real = Field(7 * 24 * 3600, gt=0, description="events older than this leave the stream")
-    max_bytes: Count = Field(
-        1 << 30, gt=0, description="the stream keeps at most this many bytes (oldest go)"
-    )
+    max_bytes: Int = Field(1 << 30, gt=0, description="the stream keeps at most this many bytes (oldest go)")
     duplicate_window_s: Real = Field(
         120, gt=0, description="a publish repeating a message id within this window is stored once"
     )

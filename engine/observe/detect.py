@@ -6,7 +6,7 @@ import json
 import stat
 from pathlib import Path
 
-from engine.files import checked_stat, kind_of, open_regular, read_regular, reason
+from engine.files import checked_stat, kind_of, named, open_regular, read_regular, reason
 
 from . import mlflow_store, tensorboard, trackio, trainer_state, wandb_run
 from .common import ObserveError
@@ -31,11 +31,11 @@ def detect_kind(path: str | Path) -> str:
         if tracker is not None:
             return tracker
         raise ObserveError(
-            f"{path}: a directory with no trainer_state.json (nor checkpoint-*/trainer_state.json),"
+            f"{named(path)}: a directory with no trainer_state.json (nor checkpoint-*/trainer_state.json),"
             " TensorBoard event files or W&B runs"
         )
     if not stat.S_ISREG(mode):  # a FIFO would block the read below for ever; a device may never end
-        raise ObserveError(f"{path}: {kind_of(mode)}, not a file to import")
+        raise ObserveError(f"{named(path)}: {kind_of(mode)}, not a file to import")
     tracker = tracker_kind(path)
     if tracker is not None:
         return tracker
@@ -43,7 +43,7 @@ def detect_kind(path: str | Path) -> str:
         try:
             head = f.read(SNIFF_BYTES)
         except OSError as exc:
-            raise ObserveError(f"{path}: {reason(exc)}") from None
+            raise ObserveError(f"{named(path)}: {reason(exc)}") from None
     # A name that says what the file is wins over sniffing: a .jsonl file full of garbage is a
     # JSONL log with malformed lines, reported line by line.
     if path.name == trainer_state.FILE_NAME:
@@ -56,13 +56,13 @@ def detect_kind(path: str | Path) -> str:
         trackio.check(path)
         return "trackio"
     if not head.strip():
-        raise ObserveError(f"{path}: the file is empty, so its format cannot be told (name it .jsonl)")
+        raise ObserveError(f"{named(path)}: the file is empty, so its format cannot be told (name it .jsonl)")
     if _first_line_is_object(head):
         return "jsonl"
     if head.lstrip().startswith(b"{") and _has_log_history(path):
         return "trainer_state"
     raise ObserveError(
-        f"{path}: not a Trackio project database, a trainer_state.json or a JSONL metrics file"
+        f"{named(path)}: not a Trackio project database, a trainer_state.json or a JSONL metrics file"
     )
 
 
