@@ -141,7 +141,8 @@ def test_a_fifo_config_json_beside_trainer_state_is_skipped(home: Path, tmp_path
 
 
 def test_a_fifo_trainer_state_in_a_folder_is_not_taken_for_one(tmp_path: Path) -> None:
-    """§4: discovery's walk and the trainer_state reader never open a FIFO named trainer_state.json."""
+    """§4: discovery's walk and the trainer_state reader never open a FIFO named trainer_state.json (this held
+    already; kept as a guard beside the cases that hung)."""
     run = tmp_path / "runs" / "a"
     run.mkdir(parents=True)
     os.mkfifo(run / "trainer_state.json")
@@ -151,7 +152,7 @@ def test_a_fifo_trainer_state_in_a_folder_is_not_taken_for_one(tmp_path: Path) -
 
 
 def test_a_fifo_jsonl_inside_a_folder_given_to_observe(home: Path, tmp_path: Path) -> None:
-    """§4: discovery skips a FIFO named like a log; the good log beside it is imported."""
+    """§4: discovery skips a FIFO named like a log; the good log beside it is imported (held already: a guard)."""
     folder = tmp_path / "logs"
     write_jsonl(folder / "good.jsonl", [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5}])
     os.mkfifo(folder / "fifo.jsonl")
@@ -272,7 +273,8 @@ def foreign_db(path: Path) -> bytes:
 def test_a_foreign_sqlite_carl_db_is_refused_untouched(
     home: Path, tmp_path: Path, command: tuple[str, ...], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """§9: `carl observe` and `carl trajectories list` switched a foreign carl.db to WAL before refusing it."""
+    """§9: `carl observe` and `carl trajectories list` (and status) switched a foreign carl.db to WAL before
+    refusing it; `carl runs`, a reader, never did, and is checked beside them."""
     db = home / "carl.db"
     before = foreign_db(db)
     mode = os.stat(db).st_mode

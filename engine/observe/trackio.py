@@ -220,11 +220,11 @@ def _read_metrics(
         ).fetchall()
         for row_id, external_id, run_name, step, stamp, blob in page:
             after = row_id
-            number = 0 if step is None else as_step(step)  # SQLite reads a NaN step back as NULL
-            if number is None:
+            row_step = 0 if step is None else as_step(step)  # SQLite reads a NaN step back as NULL
+            if row_step is None:
                 batch.result.add_problem(f"metrics row {row_id}: step {shown(step)} is not an integer")
                 continue
-            batch.add_metrics(str(external_id), str(run_name), number, stamp, blob)
+            batch.add_metrics(str(external_id), str(run_name), row_step, stamp, blob)
             if budget.spent(batch.row_count):
                 return after, False
         if len(page) < PAGE:
