@@ -229,7 +229,7 @@ def test_trackio_steps_that_are_not_integers(
 def test_exit_codes_past_32_bits_in_transcripts(home: Path, tmp_path: Path) -> None:
     """§3: an exit code >= 2**63 (Codex metadata, Claude Code's 'Exit code N' text) raised OverflowError when the
     import was saved, losing every file. A code that is no exit code is unknown; the rest is kept."""
-    codex = [line for line in codex_rollout()]
+    codex = codex_rollout()
     for line in codex:
         payload = line.get("payload", {}) if isinstance(line, dict) else {}
         if isinstance(payload.get("output"), str):
@@ -242,17 +242,8 @@ def test_exit_codes_past_32_bits_in_transcripts(home: Path, tmp_path: Path) -> N
     karl = published_session(1, ["Bash", "Read"], failed={0})
     karl["trajectory"]["events"][0]["exit_code"] = 2**63
     write_jsonl(tmp_path / "karl" / "k.jsonl", [karl])
-    assert (
-        carl(
-            home,
-            "trajectories",
-            "import",
-            str(tmp_path / "codex"),
-            str(tmp_path / "claude"),
-            str(tmp_path / "karl"),
-        )
-        == 0
-    )
+    folders = [str(tmp_path / kind) for kind in ("codex", "claude", "karl")]
+    assert carl(home, "trajectories", "import", *folders) == 0
     with Store(home / "carl.db") as store:
         codes = {r[0] for r in store.conn.execute("SELECT exit_code FROM trajectory_events")}
         agents = {r[0] for r in store.conn.execute("SELECT agent FROM trajectories")}
