@@ -16,6 +16,7 @@ from pathlib import Path
 
 from engine import paths
 from engine.errors import CliError, guard
+from engine.limits import PORT_MAX, int_flag
 
 
 def _home(args: argparse.Namespace, *, create: bool = True) -> Path:
@@ -39,7 +40,10 @@ def tui_main(argv: list[str] | None = None) -> int:
         help="start the built-in demo training run (if none is live) and watch it",
     )
     parser.add_argument(
-        "--demo-steps", type=int, default=None, help="GRPO steps of the demo run (default: demo.yaml's)"
+        "--demo-steps",
+        type=int_flag(1),
+        default=None,
+        help="GRPO steps of the demo run (default: demo.yaml's)",
     )
     parser.add_argument(
         "--backend",
@@ -63,7 +67,12 @@ def tui_main(argv: list[str] | None = None) -> int:
         help="serve the control room to a browser (textual-serve), behind a token printed once",
     )
     web.add_argument("--host", default=None, help="address to listen on with --serve (default: 127.0.0.1)")
-    web.add_argument("--port", type=int, default=None, help="port for --serve (default, or 0: a free one)")
+    web.add_argument(
+        "--port",
+        type=int_flag(0, PORT_MAX),
+        default=None,
+        help="port for --serve (default, or 0: a free one)",
+    )
     web.add_argument(
         "--allow-control",
         action="store_true",

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine import paths
 from engine.errors import CarlError
+from engine.limits import int_flag
 from engine.text import visible
 
 if TYPE_CHECKING:  # pydantic and yaml load when a command runs, not when `carl` builds its parser
@@ -46,13 +47,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
     up = sub.add_parser("up", help="start the plane under the engine: nats-server, a manager, K workers")
     _plane_arguments(up)
-    up.add_argument("--limit", type=int, default=None, help="tasks to assign (default: round and round)")
+    up.add_argument(
+        "--limit", type=int_flag(1), default=None, help="tasks to assign (default: round and round)"
+    )
     sub.add_parser("down", help="stop the plane the engine runs")
     status = sub.add_parser("status", help="the plane's server, manager, workers and trainer")
     status.add_argument("--json", action="store_true", help="one JSON object")
     run = sub.add_parser("run", help="run a plane until every task is done, then print a summary")
     _plane_arguments(run)
-    run.add_argument("--limit", type=int, default=None, help="tasks to assign (default: every task once)")
+    run.add_argument(
+        "--limit", type=int_flag(1), default=None, help="tasks to assign (default: every task once)"
+    )
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     worker = sub.add_parser("worker", help="join a plane (on another machine) as one worker")
     _address_arguments(worker)
@@ -70,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     events.add_argument("--worker", default=None)
     events.add_argument("--task", default=None, help="a task id (or its first characters)")
     events.add_argument("--rejected", action="store_true", help="only payloads that were rejected")
-    events.add_argument("--limit", type=int, default=50, help="the newest N (0: all)")
+    events.add_argument("--limit", type=int_flag(0), default=50, help="the newest N (0: all)")
     events.add_argument("--json", action="store_true", help="one JSON object a line")
 
 
@@ -85,7 +90,7 @@ def _address_arguments(parser: argparse.ArgumentParser) -> None:
 def _plane_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", default="demo", help="'demo' or a JSONL file of tasks")
     parser.add_argument(
-        "--workers", type=int, default=None, help="workers to start (default: agents.workers)"
+        "--workers", type=int_flag(0), default=None, help="workers to start (default: agents.workers)"
     )
     parser.add_argument("--train", action="store_true", help="train the served model from the rollouts")
     parser.add_argument("--kind", choices=("model", "http"), default=None, help="the workers' kind")

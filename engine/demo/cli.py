@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from engine.limits import int_flag
+
 from .start import start_demo
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--steps", type=int_flag(1), default=None)
     parser.add_argument("--backend", choices=("auto", "torch", "mlx"), default=None, help="default: auto")
 
 
