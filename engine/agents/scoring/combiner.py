@@ -152,9 +152,9 @@ class CombinedScorer:
         if not evidence.units:
             notes += ("no steps and no answer: outcome 0",)
             return ScoredResult([], 0.0, 0.0, {}, profile, verifier, reward_of(0.0, verifier), notes)
-        if not evidence.steps and "prm" in PROFILES[profile]:
-            notes += ("no steps: prm 0, the answer stands in for the steps",)
         combined = combine(profile, evidence)
+        if not evidence.steps and "prm" in combined.dimensions:
+            notes += ("no steps: prm 0, the answer stands in for the steps",)
         outcome = clamp01(mean(combined.units))
         return ScoredResult(
             step_scores=list(prm.scores),
