@@ -46,6 +46,9 @@ def tui_main(argv: list[str] | None = None) -> int:
         help="GRPO steps of the demo run (default: demo.yaml's)",
     )
     parser.add_argument(
+        "--demo-stay", action="store_true", help="keep the demo's agents plane up after the demo run ends"
+    )
+    parser.add_argument(
         "--backend",
         choices=("auto", "torch", "mlx"),
         default=None,
@@ -86,6 +89,8 @@ def _run_tui(args: argparse.Namespace) -> int:
     home = _home(args, create=not args.readonly)  # watch-only: writes nothing, not even an empty home
     if not args.serve and (args.host is not None or args.port is not None or args.allow_control):
         raise CliError("--host, --port and --allow-control go with --serve")
+    if args.demo_stay and not args.demo:
+        raise CliError("--demo-stay goes with --demo")
     if args.readonly and args.demo:
         raise CliError("--demo starts a training run; a --readonly session starts nothing (leave one out)")
     if args.serve and importlib.util.find_spec("textual_serve") is None:
@@ -95,7 +100,7 @@ def _run_tui(args: argparse.Namespace) -> int:
     if args.demo:
         from engine.demo.start import start_demo
 
-        start_demo(home, args.demo_steps, args.backend)
+        start_demo(home, args.demo_steps, args.backend, stay=args.demo_stay)
     os.environ.setdefault("TEXTUAL_ANIMATIONS", "none")  # nothing moves unless data does
     if args.serve:
         return _serve(home, args)
