@@ -47,10 +47,14 @@ ArrayT = TypeVar("ArrayT")
 # bench/bench_phi.py sweeps chunk_rows on a 2-core CPU: 4-8 rows at that width are fastest, with
 # 1-2 rows paying per-op overhead and 32+ rows falling out of cache.
 CHUNK_ELEMENTS = 1 << 20
+# On a GPU each op of a chunk is a kernel launch (~10 a chunk), so small chunks are launch-bound:
+# 64 MiB per float32 buffer (110 rows at |V| = 151,936). bench/gpu_check.py sweeps it.
+CHUNK_ELEMENTS_GPU = 1 << 24
 
 
-def default_chunk_rows(vocab_size: int) -> int:
-    return max(1, CHUNK_ELEMENTS // max(1, vocab_size))
+def default_chunk_rows(vocab_size: int, device_type: str = "cpu") -> int:
+    elements = CHUNK_ELEMENTS if device_type == "cpu" else CHUNK_ELEMENTS_GPU
+    return max(1, elements // max(1, vocab_size))
 
 
 # -- the kernel -------------------------------------------------------------------------------
@@ -95,7 +99,7 @@ def token_entropy(
     n, v = logits.shape
     entropy = torch.empty(n, dtype=torch.float32, device=logits.device)
     lse = torch.empty(n, dtype=torch.float32, device=logits.device)
-    rows = max(1, min(chunk_rows or default_chunk_rows(v), n))
+    rows = max(1, min(chunk_rows or default_chunk_rows(v, logits.device.type), n))
     shifted = torch.empty(rows, v, dtype=torch.float32, device=logits.device)
     probs = torch.empty_like(shifted)
     for start in range(0, n, rows):
@@ -162,10 +166,16 @@ def _reduce_chunk(chunk: Tensor, temperature: float, shifted: Tensor, probs: Ten
     p = torch.softmax(d, dim=-1, out=probs)
     total = p.sum(dim=-1, keepdim=True)  # P: 1 up to the kernel's rounding of its normaliser
     log_norm = total.log() - p.amax(dim=-1, keepdim=True).log()  # ln sum exp(d)
-    dot = p.mul_(d).sum(dim=-1, keepdim=True)  # T = sum p * d, in place: no third buffer
-    if bool(dot.isnan().any()):
-        # 0 * -inf at masked columns; those columns carry no probability, so drop them.
-        dot = torch.where(dot.isnan(), p.nansum(dim=-1, keepdim=True), dot)
+    # T = sum p * d, in place: no third buffer. A masked column gives 0 * -inf = NaN and carries no
+    # probability, so it is dropped. On the CPU the NaN check is free; on a GPU it would wait for the
+    # device at every chunk (every decoding step, in the generating pass), so nansum drops them there.
+    # A NaN logit still gives NaN: its row's P is NaN.
+    if chunk.device.type != "cpu":
+        dot = p.mul_(d).nansum(dim=-1, keepdim=True)
+    else:
+        dot = p.mul_(d).sum(dim=-1, keepdim=True)
+        if bool(dot.isnan().any()):
+            dot = torch.where(dot.isnan(), p.nansum(dim=-1, keepdim=True), dot)
     entropy = (log_norm - dot / total).clamp_(min=0.0)  # clamp: rounding just below 0 only
     return entropy.squeeze(-1), (m / temperature + log_norm).squeeze(-1)
 
@@ -390,6 +400,7 @@ def _logits_width(model: Any) -> int:
 
 __all__ = [
     "CHUNK_ELEMENTS",
+    "CHUNK_ELEMENTS_GPU",
     "CompletionTokenStats",
     "completion_mask_from_lengths",
     "completion_token_stats",
