@@ -31,7 +31,7 @@ import torch
 from transformers import PrinterCallback, TrainerCallback
 
 from engine.coherence.phi import phi_from_entropy, phi_from_model
-from engine.coherence.summary import pick_traces, step_phi_stats
+from engine.coherence.summary import PHI_FROM_GENERATE, pick_traces, step_phi_stats
 from engine.coherence.tokens import step_token_metrics
 from engine.errors import CarlError
 from engine.tasks import completion_text
@@ -606,7 +606,7 @@ class GRPOReporter(TrainerCallback):
             record.metrics[ROLLOUT_SECONDS] = time.perf_counter() - started
         if capture.phi_source is not None:
             # Which path the coherence rewards took, and its time (the sampling kernel's host time on a GPU).
-            record.metrics["phi/from_generate"] = float(capture.phi_source == "generate")
+            record.metrics[PHI_FROM_GENERATE] = float(capture.phi_source == "generate")
             record.metrics[f"timing/phi_{capture.phi_source}"] = capture.phi_seconds
             if capture.phi_source != self.phi_source:
                 record.events.append(("phi_source", capture.phi_source))
