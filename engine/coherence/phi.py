@@ -25,6 +25,9 @@ On 2,048 x 151,936 float32 logits this is about 2x one softmax and 6-8x faster t
 On the CPU, when numba is installed (the `train` extra), a contiguous float32/bf16/fp16 tensor
 goes to `engine.coherence.phi_numba` instead: one read of the logits with an exp that
 vectorises, about 3x faster again on one thread (its docstring; docs/results/phi-kernel.md).
+On CUDA, when Triton is installed (torch's CUDA wheels bring it), a tensor with unit column stride
+goes to `engine.coherence.phi_triton`: the same one-read reduction, where the torch kernel's chain
+of ops reads a float32 chunk many times (docs/results/phi-kernel.md).
 `kernel="torch"` (or CARL_PHI_KERNEL=torch in the environment) keeps the torch kernel.
 """
 
@@ -65,16 +68,17 @@ def token_entropy(
     *,
     temperature: float = 1.0,
     chunk_rows: int | None = None,
-    kernel: Literal["auto", "torch", "numba"] = "auto",
+    kernel: Literal["auto", "torch", "numba", "triton"] = "auto",
 ) -> tuple[Tensor, Tensor]:
     """Entropy (nats) and log-sum-exp of softmax(logits / temperature), row by row.
 
     logits: [N, V] in float32, bfloat16 or float16 (any floating dtype; reduced in float32).
     Returns two float32 [N] tensors on the logits' device. Masked columns (-inf) carry zero
     probability; a row with no finite logit has no distribution and gives NaN.
-    kernel: "auto" takes the numba kernel where it applies (`numba_applies`) and the torch one
-    elsewhere; "torch" or "numba" insists on one. Extra memory: two [chunk_rows, V] float32
-    buffers for the torch kernel, whatever N is; none for the numba kernel (it ignores chunk_rows).
+    kernel: "auto" takes the numba kernel where it applies (`numba_applies`: CPU), the Triton one
+    where it applies (`triton_applies`: CUDA), and the torch one elsewhere; "torch", "numba" or
+    "triton" insists on one. Extra memory: two [chunk_rows, V] float32 buffers for the torch kernel,
+    whatever N is; none for the numba and Triton kernels (they ignore chunk_rows).
     """
     import torch
 
@@ -84,12 +88,21 @@ def token_entropy(
         raise TypeError(f"logits must be floating point, got {logits.dtype}")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    if kernel not in ("auto", "torch", "numba"):
-        raise ValueError(f"kernel must be 'auto', 'torch' or 'numba', got {kernel!r}")
+    if kernel not in ("auto", "torch", "numba", "triton"):
+        raise ValueError(f"kernel must be 'auto', 'torch', 'numba' or 'triton', got {kernel!r}")
     if kernel == "auto" and os.environ.get("CARL_PHI_KERNEL", "auto") == "torch":
         kernel = "torch"
-    if kernel != "torch" and numba_applies(logits):
+    if kernel in ("auto", "numba") and numba_applies(logits):
         return _numba_entropy(logits, temperature)
+    if kernel in ("auto", "triton") and triton_applies(logits):
+        from engine.coherence import phi_triton
+
+        return phi_triton.token_entropy(logits, temperature=temperature)
+    if kernel == "triton":
+        raise ValueError(
+            "the Triton kernel needs triton installed and a CUDA float32, bfloat16 or float16 tensor with"
+            f" unit column stride; got {logits.dtype} on {logits.device}"
+        )
     if kernel == "numba":
         raise ValueError(
             "the numba kernel needs numba installed and a contiguous float32, bfloat16 or float16 "
@@ -136,6 +149,26 @@ def numba_applies(logits: Tensor) -> bool:
         and logits.is_contiguous()
         and bool(_phi_numba())
     )
+
+
+_has_triton: bool | None = None
+
+
+def triton_applies(logits: Tensor) -> bool:
+    """Whether `token_entropy` can take the Triton kernel for these logits: triton installed, a CUDA
+    tensor, float32, bfloat16 or float16, unit stride along the vocabulary."""
+    import torch
+
+    global _has_triton
+    if logits.device.type != "cuda" or logits.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return False
+    if logits.dim() != 2 or logits.stride(-1) != 1:
+        return False
+    if _has_triton is None:
+        from engine.coherence import phi_triton
+
+        _has_triton = phi_triton.available()
+    return _has_triton
 
 
 def _numba_entropy(logits: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
@@ -411,4 +444,5 @@ __all__ = [
     "reference_entropy",
     "selected_token_stats",
     "token_entropy",
+    "triton_applies",
 ]
