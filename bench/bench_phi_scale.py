@@ -205,8 +205,8 @@ def run_arm(arm: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         save_strategy="no",
         disable_tqdm=True,
         logging_steps=1,
-        activation_checkpointing=False,
         seed=0,
+        **({} if cuda else {"activation_checkpointing": False}),  # as the backend: a CPU-only setting
     )
     funcs: list[Any] = [task_reward] + ([coherence] if arm != "task" else [])
     trainer = make_trainer_class()(

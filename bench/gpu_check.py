@@ -363,7 +363,9 @@ def scale() -> str:
     if proc.returncode != 0:
         say(proc.stderr[-2000:])
         raise AssertionError(f"bench_phi_scale.py exited {proc.returncode}")
-    return next((line for line in reversed(lines) if "coherence cost" in line), "done")
+    return next(
+        (line.strip() for line in lines if "coherence cost per step (generating pass)" in line), "done"
+    )
 
 
 SECTIONS = {"kernel": kernel, "tiny": tiny, "speed": speed, "grpo": grpo, "nccl": nccl, "scale": scale}

@@ -26,7 +26,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import Tensor
 
-BLOCK = 2048  # columns a program reads per iteration (bench/gpu_check.py sweeps it)
+# Columns a program reads per iteration, and its warps. bench/gpu_check.py sweeps them on
+# [8192 x 151,936] bf16: on an H100, 4096 columns with 4 or 8 warps take 1.08-1.09x one read of the
+# logits, 2048 with 8 warps 1.21x, 16 warps 1.36-2.4x (docs/results/phi-kernel.md).
+BLOCK = 4096
 NUM_WARPS = 8
 
 _kernel: Any = None
