@@ -174,12 +174,19 @@ def run_arm(arm: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         def on_step_begin(self, *a: Any, **k: Any) -> None:
             meter.sync()
             meter.phi = meter.lm_head = 0.0
+            meter.phi_rss = meter.forward_rss = 0
             self.started = time.perf_counter()
 
         def on_step_end(self, *a: Any, **k: Any) -> None:
             meter.sync()
             steps.append(
-                {"step": time.perf_counter() - self.started, "phi": meter.phi, "lm_head": meter.lm_head}
+                {
+                    "step": time.perf_counter() - self.started,
+                    "phi": meter.phi,
+                    "lm_head": meter.lm_head,
+                    "phi_rss": meter.phi_rss,
+                    "forward_rss": meter.forward_rss,
+                }
             )
             print(
                 f"  {arm:8} step {len(steps)}: {steps[-1]['step']:.2f}s, phi {meter.phi * 1e3:.1f} ms,"
@@ -238,8 +245,8 @@ def run_arm(arm: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "step": statistics.median(s["step"] for s in kept),
         "phi": statistics.median(s["phi"] for s in kept),
         "lm_head": statistics.median(s["lm_head"] for s in kept),
-        "phi_rss": meter.phi_rss,
-        "forward_rss": meter.forward_rss,
+        "phi_rss": max(s["phi_rss"] for s in kept),
+        "forward_rss": max(s["forward_rss"] for s in kept),
     }
     return result
 
