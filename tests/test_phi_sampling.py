@@ -220,3 +220,28 @@ def test_an_unhookable_generation_falls_back_in_one_line(tiny: tuple[Any, Any]) 
     ]
     phi.wrap(VLLMTrainer(model), lambda: ("ids", None))
     assert len(lines) == 1  # said once
+
+
+def test_runs_json_says_which_path_the_coherence_rewards_took(tmp_path: Path) -> None:
+    """`carl runs --json` carries `phi_source`: the path of the newest step that called the coherence
+    rewards (`phi/from_generate`), null before any did."""
+    from engine.report.records import run_record
+    from engine.store import Store, StoreReader
+
+    with Store(tmp_path / "carl.db") as store:
+        runs = {
+            name: store.create_run(name, source_kind="carl") for name in ("sampled", "fell-back", "gated")
+        }
+        store.add_metrics(
+            runs["sampled"], [(1, "phi/from_generate", 1.0, 0.0), (2, "phi/from_generate", 1.0, 0.0)]
+        )
+        store.add_metrics(
+            runs["fell-back"], [(1, "phi/from_generate", 1.0, 0.0), (2, "phi/from_generate", 0.0, 0.0)]
+        )
+        store.add_metrics(runs["gated"], [(1, "reward", 0.5, 0.0)])
+    reader = StoreReader(tmp_path / "carl.db")
+    try:
+        sources = {run.name: run_record(reader, run)["phi_source"] for run in reader.runs()}
+    finally:
+        reader.close()
+    assert sources == {"sampled": "generate", "fell-back": "forward", "gated": None}
