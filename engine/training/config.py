@@ -168,6 +168,11 @@ class TrainConfig(_Section):
     )
     max_completion_length: Count = Field(24, gt=0, description="tokens generated per completion at most")
     temperature: Real = Field(1.0, gt=0.0, description="sampling temperature (Phi is measured at it)")
+    phi_source: Literal["generate", "forward"] = Field(
+        "generate",
+        description="where the coherence rewards get Phi: generate (while sampling, no extra forward; a"
+        " forward where that cannot be hooked) or forward (always one no-grad forward)",
+    )
     beta: Real = Field(
         0.0, ge=0.0, description="GRPO: weight of the KL to the reference (the starting model); 0 skips it"
     )
