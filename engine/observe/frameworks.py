@@ -6,6 +6,8 @@ since TRL runs and our own runs already write it, plus one concept TRL has no ke
 the policy that sampled and the one being trained (PPO's approx KL, prime-rl's mismatch KL).
 
     entropy                  mean token entropy, nats (gives Φ once |V| is known)
+    entropy/p10, entropy/p50, entropy/p90   percentiles of the per-token entropy (carl's own trainers)
+    cov/logp_adv             Cov(log π, A) over the completion tokens (carl's own trainers; collapse signal)
     reward, reward_std       the total reward's mean and spread;  rewards/<fn>/mean  each reward function
     kl                       KL to the reference model;  policy_kl  KL between sampler and learner
     clip_ratio/low_mean      share of tokens clipped below (r < 1 - ε_low, A < 0)
