@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from engine.text import visible
+
 from .arms import ARMS, ExperimentError, parse_arms, parse_seeds
 
 
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace, home: Path) -> int:
         _engine_up(home)
 
         def say(line: str) -> None:
-            print(f"[{name}] {line}", file=sys.stderr, flush=True)
+            print(visible(f"[{name}] {line}"), file=sys.stderr, flush=True)
 
         try:
             status = Runner(store, home, experiment, say).run()
