@@ -50,7 +50,8 @@ def fill(home: Path) -> dict[str, int | str]:
     with Store(home / "carl.db") as store:
         plain = store.create_run("plain", source_kind="jsonl", vocab_size=512)
         store.add_metrics(plain, [(s, "phi/mean", 0.5, now) for s in range(5)])
-        run_id = store.create_run(storable(SHORT), source_kind="jsonl", vocab_size=512, max_steps=20)
+        # a carl run (its keys send commands): the stop dialog and the weight dialog quote its names
+        run_id = store.create_run(storable(SHORT), source_kind="carl", vocab_size=512, max_steps=20)
         key = storable(f"rewards/{SHORT}/mean")
         rows = []
         for s in range(10):
