@@ -79,7 +79,7 @@ def _near_keyword(match: re.Match[str]) -> str:
 Replacement = str | Callable[[re.Match[str]], str]
 # (markers: the pattern runs only when one of them is in the text), whether the markers are looked for in
 # the lowered text (those of case-insensitive patterns), the pattern, what replaces a match.
-_KEYWORDS = ("pass", "secret", "key", "token", "credential", "pwd", "auth")
+_KEYWORDS = ("passw", "secret", "key", "token", "credential", "pwd")  # every name the two patterns below know
 _CHECKS: list[tuple[tuple[str, ...], bool, re.Pattern[str], Replacement]] = [
     (
         ("PRIVATE KEY-----",),
