@@ -15,7 +15,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from widgets.agents import KIND_NAMES, clock, printable
+from engine.text import visible, visible_line
+from widgets.agents import KIND_NAMES, clock
 from widgets.reward_bars import bar
 
 from .screens import phi_colour
@@ -40,14 +41,21 @@ def score_line(
 
 
 def task_view(task: dict[str, Any], colours: tuple[str, str, str]) -> Table:
+    """Every stored string of the task is a `Text` (a str cell of a Rich table is markup), its control
+    characters written out: `visible_line` for a name or an id, `visible` for a prompt or an answer."""
     table = Table.grid(padding=(0, 1))
     table.add_column(no_wrap=True, style="bold")
     table.add_column(overflow="fold")
-    kind = f"{task.get('task_type') or '?'} · {task.get('environment') or 'chat'}"
+    kind = visible_line(f"{task.get('task_type') or '?'} · {task.get('environment') or 'chat'}")
     state = task.get("state") or "?"
     table.add_row(
         "task",
-        Text.assemble(f"{task['task_id']}  ", (kind, "dim"), "  ", (state, _state_colour(state, colours))),
+        Text.assemble(
+            f"{visible_line(task['task_id'])}  ",
+            (kind, "dim"),
+            "  ",
+            (visible_line(state), _state_colour(state, colours)),
+        ),
     )
     who = [f"worker {task['worker_id']}" if task.get("worker_id") else "no worker yet"]
     if task.get("model_version"):
@@ -59,10 +67,10 @@ def task_view(task: dict[str, Any], colours: tuple[str, str, str]) -> Table:
         who.append(f"{task['tokens']} tokens")
     if task.get("phi_mean") is not None:
         who.append(f"Φ mean {task['phi_mean']:.3f}")
-    table.add_row("by", " · ".join(who))
+    table.add_row("by", Text(visible_line(" · ".join(who))))
     if task.get("group_id"):
-        table.add_row("group", task["group_id"])
-    table.add_row("prompt", Text(printable(task.get("prompt")), overflow="fold"))
+        table.add_row("group", Text(visible_line(task["group_id"])))
+    table.add_row("prompt", Text(visible(task.get("prompt")), overflow="fold"))
     table.add_row("", "")
 
     steps, scores = task.get("steps") or [], task.get("step_scores") or []
@@ -71,34 +79,34 @@ def task_view(task: dict[str, Any], colours: tuple[str, str, str]) -> Table:
     for i, step in enumerate(steps):
         score = scores[i] if i < len(scores) else None
         line = score_line(score, colours)
-        line.append(f"  {printable(step)}")
+        line.append(f"  {visible(step)}")
         table.add_row(f"step {i + 1}", line)
     if steps and not scores:
         table.add_row("", Text("the PRM has not scored these steps yet", style="dim"))
     if task.get("status") == "failed":
-        table.add_row("failed", Text(printable(task.get("result")), style=colours[0]))
+        table.add_row("failed", Text(visible(task.get("result")), style=colours[0]))
     else:
-        table.add_row("answer", Text(printable(task.get("answer")) or "—", style="bold"))
+        table.add_row("answer", Text(visible(task.get("answer")) or "—", style="bold"))
     table.add_row("", "")
 
-    verifier = task.get("verifier")
+    verifier = visible_line(task.get("verifier"))
     reference = (
-        f"{verifier} vs {printable(task['reference'])!r}"
+        f"{verifier} vs {task['reference']!r}"  # repr writes out every character a terminal would obey
         if verifier and task.get("reference")
-        else (verifier or "")
+        else verifier
     )
     table.add_row(
         "verifier", score_line(task.get("verifier_score"), colours, reference or "the task has none")
     )
     scored = task.get("rollout") or {}
     profile = (
-        f"the {printable(scored['profile'])} profile"
+        f"the {visible_line(scored['profile'])} profile"
         if scored.get("profile")
         else "the environment's profile"
     )
     table.add_row("outcome", score_line(task.get("outcome_score"), colours, profile))
     if scored.get("dimensions"):  # those that had evidence; the others were left out, weights renormalised
-        parts = [f"{printable(name)} {value:.2f}" for name, value in scored["dimensions"].items()]
+        parts = [f"{visible_line(name)} {value:.2f}" for name, value in scored["dimensions"].items()]
         table.add_row("", Text("scored on " + " · ".join(parts), style="dim"))
     table.add_row("PRM", score_line(task.get("prm_score"), colours, "mean of the step scores"))
     table.add_row("reward", score_line(task.get("reward"), colours, "what the trainer optimises", bold=True))
@@ -107,10 +115,12 @@ def task_view(task: dict[str, Any], colours: tuple[str, str, str]) -> Table:
     source = task.get("feedback_source")
     table.add_row(
         "feedback",
-        score_line(task.get("feedback_score"), colours, f"from {source}" if source else "none yet"),
+        score_line(
+            task.get("feedback_score"), colours, f"from {visible_line(source)}" if source else "none yet"
+        ),
     )
     if task.get("feedback_text"):
-        table.add_row("", Text(printable(task["feedback_text"]), overflow="fold"))
+        table.add_row("", Text(visible(task["feedback_text"]), overflow="fold"))
     table.add_row("", "")
 
     rollout = task.get("rollout")
@@ -127,7 +137,7 @@ def task_view(task: dict[str, Any], colours: tuple[str, str, str]) -> Table:
         ]
         group = rollout.get("group_id")
         parts.append(f"group {group[:8]} of {rollout.get('group_size') or 1}" if group else "no group")
-        table.add_row("rollout", " · ".join(parts))
+        table.add_row("rollout", Text(visible_line(" · ".join(parts))))
         if rollout.get("token_logprobs"):
             logprobs = rollout["token_logprobs"]
             table.add_row(
@@ -138,8 +148,8 @@ def task_view(task: dict[str, Any], colours: tuple[str, str, str]) -> Table:
         table.add_row("", "")
         for i, event in enumerate(events):
             line = Text(f"{clock(event.get('received_at'))} ", style="dim")
-            line.append(f"{KIND_NAMES.get(event['kind'], event['kind']):<8} ")
-            line.append(event.get("worker_id") or "")
+            line.append(f"{visible_line(KIND_NAMES.get(event['kind'], event['kind'])):<8} ")
+            line.append(visible_line(event.get("worker_id")))
             if event.get("score") is not None:
                 line.append(f"  {event['score']:.2f}")
             table.add_row("events" if i == 0 else "", line)
@@ -164,7 +174,7 @@ class AgentTaskScreen(ModalScreen[None]):
         theme = self.app.current_theme
         colours = (theme.error or "red", theme.warning or "yellow", theme.success or "green")
         with VerticalScroll(id="task-detail") as scroll:
-            scroll.border_title = f"Task {self.agent_task['task_id'][:8]}"
+            scroll.border_title = Text(f"Task {visible_line(self.agent_task['task_id'])[:8]}")
             when = self.agent_task.get("done_at") or self.agent_task.get("assigned_at")
             if when:
                 scroll.border_subtitle = (

@@ -19,17 +19,20 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from rich.text import Text
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.widgets import Footer, OptionList
 from textual.worker import get_current_worker
 
 from engine import paths
 from engine.store import RunRow
+from engine.text import visible, visible_line
 from themes import STYLESHEET, THEME_NAMES, THEMES
 from widgets.activity import TrajectoriesPane
 from widgets.agents import AgentsPane
@@ -202,6 +205,21 @@ class ControlRoom(
     def widgets_gone(self) -> bool:
         """A message that arrives while the app shuts down finds its screen or widgets gone."""
         return not self.screen_stack or not self.screen_stack[0].query(StatusBar)
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = True,
+    ) -> None:
+        """Every notification (a widget's and a screen's land here too) is text, never markup, with its
+        control characters made visible: most quote a run's name, a path or a command's stored result."""
+        super().notify(
+            visible(message), title=visible(title), severity=severity, timeout=timeout, markup=False
+        )
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
@@ -479,11 +497,13 @@ class ControlRoom(
             )
 
 
-def trajectory_summary(domains: list[dict], plasticity: dict | None) -> str:
-    """The Trajectories pane's subtitle: domains and any retraining trigger that fired."""
+def trajectory_summary(domains: list[dict], plasticity: dict | None) -> Text | None:
+    """The Trajectories pane's subtitle: domains and any retraining trigger that fired (as text: a
+    border title given a str is markup)."""
     if not domains:
-        return ""
+        return None
     fired = [t["kind"] for t in (plasticity or {}).get("triggers") or []]
-    return f"{len(domains)} domain{'s' if len(domains) != 1 else ''}" + (
-        f" · ⚑ {', '.join(fired)}" if fired else ""
+    return Text(
+        f"{len(domains)} domain{'s' if len(domains) != 1 else ''}"
+        + (f" · ⚑ {visible_line(', '.join(fired))}" if fired else "")
     )

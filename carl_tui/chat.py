@@ -26,6 +26,7 @@ from textual.widgets.option_list import Option
 
 from engine.diagnosis.chat import ChatEvent, Diagnoser
 from engine.diagnosis.conversations import Conversations
+from engine.text import visible_line
 from widgets.chat import ChatInput, ChatLog
 
 NARROW = 100  # columns below which the conversation list hides until ctrl+l
@@ -92,12 +93,19 @@ class ChatScreen(Screen[None]):
         if self.diagnoser.offline:
             who = Text(f"offline analyst ({self.diagnoser.offline_reason()})", style="bold yellow")
         else:
-            who = Text(f"Claude {self.diagnoser.model}", style="bold")
+            who = Text(f"Claude {visible_line(self.diagnoser.model)}", style="bold")
         title = next(
             (c["title"] for c in self.conversations if c["id"] == self.conversation), "new conversation"
         )
         self.query_one("#chat-title", Static).update(
-            Text.assemble(("Diagnose ", "bold"), (self.run_name, "bold"), " │ ", who, " │ ", title[:60])
+            Text.assemble(
+                ("Diagnose ", "bold"),
+                (visible_line(self.run_name), "bold"),
+                " │ ",
+                who,
+                " │ ",
+                visible_line(title)[:60],
+            )
         )
 
     def _store(self) -> Conversations:
@@ -144,7 +152,7 @@ class ChatScreen(Screen[None]):
         self.conversations = conversations
         options = [
             Option(
-                Text(f"{c['title'][:26]}\n", overflow="ellipsis").append(
+                Text(f"{visible_line(c['title'])[:26]}\n", overflow="ellipsis").append(
                     f"{time.strftime('%m-%d %H:%M', time.localtime(c['updated_at']))} · {c['messages']} msg",
                     style="dim",
                 ),
@@ -324,7 +332,7 @@ class ChatScreen(Screen[None]):
         self.app.push_screen(TextScreen("What is sent to Claude", text))
 
     def _set_status(self, text: str) -> None:
-        self.query_one("#chat-status", Static).update(text)
+        self.query_one("#chat-status", Static).update(Text(visible_line(text)))  # a tool's name is text
 
     # -- a turn, in a thread ---------------------------------------------------------------------
 

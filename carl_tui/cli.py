@@ -123,7 +123,7 @@ def _run_tui(args: argparse.Namespace) -> int:
     )
     app.run()
     _say_engine_left_running(home, app.engine_started_pid)
-    return 0
+    return app.return_code or 0  # an app that died of an error says so (Textual sets 1)
 
 
 def _say_engine_left_running(home: Path, pid: int | None) -> None:

@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING
 from textual.containers import Horizontal
 
 from engine.store import Series, StoreReader
+from engine.text import visible_line
 from widgets.activity import TrajectoriesPane
 from widgets.agents import AgentsPane
 from widgets.chart import Chart
 
 from .explorer_data import MAX_POINTS
-from .explorer_model import ShownRun, one_line, short_value
+from .explorer_model import ShownRun, short_value
 from .panes import set_subtitle, set_title
 
 if TYPE_CHECKING:
@@ -74,10 +75,10 @@ class ExplorerKeys:
         marks = self.comparison.marks
         if self.comparison.comparing:
             order = sorted(marks, key=lambda run_id: run_id != self.selected)
-            return [ShownRun(i, one_line(names.get(i) or marks[i].label), marks[i].color) for i in order]
+            return [ShownRun(i, visible_line(names.get(i) or marks[i].label), marks[i].color) for i in order]
         if self.selected is None or self.selected not in names:
             return []
-        return [ShownRun(self.selected, one_line(names[self.selected]))]
+        return [ShownRun(self.selected, visible_line(names[self.selected]))]
 
     def action_explore(self: ControlRoom) -> None:
         runs = self.shown_runs()
@@ -120,7 +121,7 @@ class ExplorerKeys:
         pinned = self.config.pinned(run_name)
         where = "pinned to" if key in pinned else "unpinned from"
         session = " for this session (read-only)" if self.readonly else ""
-        self.notify(f"{one_line(key)} {where} the main screen{session}", title="pins", markup=False)
+        self.notify(f"{visible_line(key)} {where} the main screen{session}", title="pins", markup=False)
         return pinned
 
     def pins_row(self: ControlRoom) -> PinsRow | None:
@@ -169,7 +170,7 @@ class ExplorerKeys:
                 if chart.lines[:1] != (data,):
                     chart.set_series(data)
             latest = f" {short_value(data.latest)}" if data is not None and len(data) else ""
-            set_title(chart, one_line(key) + latest)
+            set_title(chart, visible_line(key) + latest)
 
     def read_pins(self: ControlRoom) -> None:
         """Read (or extend) the pinned series off the UI thread; one read at a time."""

@@ -11,19 +11,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from engine.store import Series
+from engine.text import visible_line
 
 from .smoothing import Smoothing
 
 NO_PREFIX = "(no prefix)"  # the group of the keys without a "/": loss, reward, entropy, ...
 PIN_MARK = "◆"  # a key pinned to the main screen
 GLOB_CHARS = frozenset("*?[")
-# Stored names are data: a control character (newline and tab included: a key is one line) is shown as �.
-CONTROLS = {c: "\ufffd" for c in (*range(0x00, 0x20), *range(0x7F, 0xA0))}
-
-
-def one_line(text: str) -> str:
-    """Stored text as one line that cannot drive the terminal."""
-    return text.translate(CONTROLS)
 
 
 @dataclass(frozen=True)
@@ -43,12 +37,12 @@ class KeyInfo:
         """The key as shown, with its source's name beside it: `entropy  (actor/entropy)`; text that
         cannot drive the terminal."""
         if self.source and self.source != self.key:
-            return one_line(f"{self.key}  ({self.source})")
-        return one_line(self.key)
+            return visible_line(f"{self.key}  ({self.source})")
+        return visible_line(self.key)
 
 
 def group_title(group: str) -> str:
-    return one_line(group) if group else NO_PREFIX
+    return visible_line(group) if group else NO_PREFIX
 
 
 def order_keys(keys: Sequence[KeyInfo]) -> list[KeyInfo]:

@@ -25,8 +25,9 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Static
 
 from engine.store import StoreReader
+from engine.text import visible_line
 
-from .explorer_model import KeyInfo, key_matches, one_line
+from .explorer_model import KeyInfo, key_matches
 
 TIME_FIELDS = frozenset({"last_update", "started_at", "ended_at"})
 
@@ -158,7 +159,7 @@ class InspectorScreen(ModalScreen[None]):
             return
         record = self.record = event.record
         self.rows = record_rows(record)
-        name = one_line(str(record.run.get("name")))
+        name = visible_line(str(record.run.get("name")))
         if record.step is None:
             line = f"run {name} · no metrics yet"
         else:
@@ -181,7 +182,7 @@ class InspectorScreen(ModalScreen[None]):
                 section = where
                 table.add_row(Text(where, style="bold underline"), Text(""))
             # a renamed key shows both names, as in the explorer: `entropy  (actor/entropy)`
-            table.add_row(Text(KeyInfo(name, source).label), Text(one_line(value)))
+            table.add_row(Text(KeyInfo(name, source).label), Text(visible_line(value)))
 
     def action_filter(self) -> None:
         box = self.query_one("#inspector-filter", Input)

@@ -12,6 +12,7 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widget import Widget
 
+from engine.text import visible_line
 from widgets.chart import LINE_COLOURS, AxisScale, Chart, entropy_axis
 from widgets.command_log import CommandLog
 from widgets.reward_bars import RewardBars
@@ -158,14 +159,14 @@ def draw_run(screen: Screen, view: RunView, *, comparing: bool) -> None:
     if comparing:
         return  # the Φ and Rewards panes show the comparison
     phi_chart = screen.query_one("#phi-chart", Chart)  # the Φ pane is its chart
-    phi_chart.border_title = draw_phi(phi_chart, view)
+    set_title(phi_chart, draw_phi(phi_chart, view))
     reward_chart = screen.query_one("#reward-chart", Chart)
     if view.warmup_steps and (view.run.last_step or 0) <= view.warmup_steps:
         reward_chart.empty_text = f"rewards start after the SFT warm-up (step {view.warmup_steps:,})"
     else:
         reward_chart.empty_text = "no reward data yet"
     colors = reward_colors(reward_chart, len(view.reward_names))
-    screen.query_one("#rewards-pane").border_title = draw_rewards(reward_chart, view, colors)
+    set_title(screen.query_one("#rewards-pane"), draw_rewards(reward_chart, view, colors))
     bars = [(short_name(name), view.latest(f"rewards/{name}/mean")) for name in view.reward_names]
     if "reward" in view.series:
         bars.append(("total", view.latest("reward")))
@@ -193,7 +194,7 @@ def draw_comparison(screen: Screen, plan: ComparePlan) -> None:
     set_title(phi_chart, plan.phi_title)
     compact = Text()
     for name, color in plan.compact:
-        compact.append(" ━ " + name, line_style(screen, color))
+        compact.append(" ━ " + visible_line(name), line_style(screen, color))
     compact.append(" ")
     set_subtitle(phi_chart, compact)
     set_title(screen.query_one("#rewards-pane"), plan.rewards_title)
@@ -223,8 +224,11 @@ def set_subtitle(pane: Widget, subtitle: Text | None) -> None:
 
 
 def set_border(pane: Widget, which: str, text: str | Text | None) -> None:
-    """Set a border title as plain text (a run name is not markup), and only when it changed:
-    setting one repaints the pane even when it is the same."""
-    new = None if text is None else Content.from_rich_text(text if isinstance(text, Text) else Text(text))
+    """Set a border title as plain text (a run name is not markup; a str has its control characters
+    made visible, a Text is built from visible parts), and only when it changed: setting one repaints
+    the pane even when it is the same."""
+    if isinstance(text, str):
+        text = Text(visible_line(text))
+    new = None if text is None else Content.from_rich_text(text)
     if getattr(pane, f"_border_{which}", None) != new:
         setattr(pane, f"border_{which}", new)

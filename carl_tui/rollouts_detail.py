@@ -26,7 +26,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
 from engine.store import RunRow
-from widgets.agents import printable
+from engine.text import visible, visible_line
 from widgets.token_text import LEVELS, legend, token_text
 
 
@@ -73,11 +73,11 @@ def completion_text(sample: dict[str, Any], styles: list[Style]) -> Text:
     tokens, entropy = sample.get("tokens"), sample.get("entropy")
     if tokens and entropy and len(tokens) == len(entropy):
         return token_text(tokens, entropy, styles)
-    return Text(printable(sample.get("completion")))
+    return Text(visible(sample.get("completion")))
 
 
 def extras(extra: dict[str, Any]) -> str:
-    return printable(json.dumps(extra, ensure_ascii=False, indent=1, default=str)) if extra else "—"
+    return visible(json.dumps(extra, ensure_ascii=False, indent=1, default=str)) if extra else "—"
 
 
 def entropy_summary(entropy: list[float], vocab_size: int | None) -> str:
@@ -96,11 +96,11 @@ def summary(run: RunRow, sample: dict[str, Any], signs: tuple[Style, Style]) -> 
     table = Table.grid(padding=(0, 1))
     table.add_column(no_wrap=True, style="bold")
     table.add_column()
-    group = printable(sample.get("group_id")) or "—"
+    group = visible_line(sample.get("group_id")) or "—"
     table.add_row("sample", Text(f"step {sample['step']:,} · group {group} · #{sample['idx']}"))
     table.add_row("", numbers(sample, signs))
     for name, score in (sample.get("rewards") or {}).items():
-        table.add_row(Text(printable(name), style="dim"), value(score))
+        table.add_row(Text(visible_line(name), style="dim"), value(score))
     if sample.get("entropy"):
         table.add_row("entropy", entropy_summary(sample["entropy"], run.vocab_size))
     table.add_row("extra", Text(extras(sample.get("extra") or {})))
@@ -126,10 +126,10 @@ class RolloutSampleScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         styles = token_styles(self.app)
         with VerticalScroll(id="rollout-sample") as box:
-            box.border_title = Text(f"Sample · {printable(self.run.name)} · step {self.sample['step']:,}")
+            box.border_title = Text(f"Sample · {visible_line(self.run.name)} · step {self.sample['step']:,}")
             yield Static(summary(self.run, self.sample, sign_styles(self.app)), id="sample-summary")
             yield Static("prompt", classes="sample-heading")
-            yield Static(Text(printable(self.sample.get("prompt"))), id="sample-prompt")
+            yield Static(Text(visible(self.sample.get("prompt"))), id="sample-prompt")
             yield Static("completion", classes="sample-heading")
             yield Static(completion_text(self.sample, styles), id="sample-completion")
             yield Static(legend_or_note(self.run, self.sample, styles), id="sample-legend")
@@ -144,7 +144,7 @@ def column_view(sample: dict[str, Any], styles: list[Style], signs: tuple[Style,
     head = Text(f"#{sample['idx']} ", style="bold")
     head.append_text(numbers(sample, signs, length=False))
     parts = [] if sample.get("length") is None else [f"{sample['length']:,} tokens"]
-    parts += [f"{printable(k)} {value(v, '.3g')}" for k, v in (sample.get("rewards") or {}).items()]
+    parts += [f"{visible_line(k)} {value(v, '.3g')}" for k, v in (sample.get("rewards") or {}).items()]
     return Group(head, Text(" · ".join(parts), style="dim"), Text(""), completion_text(sample, styles))
 
 
@@ -168,16 +168,16 @@ class RolloutGroupScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         first = self.samples[0] if self.samples else None
         with Vertical(id="rollout-group") as box:
-            name = printable(self.run.name)
+            name = visible_line(self.run.name)
             if first is None:
                 box.border_title = Text(f"Group · {name}")
                 yield Static("This sample's group could not be read.")
                 return
-            group = printable(first.get("group_id")) or "same prompt"
+            group = visible_line(first.get("group_id")) or "same prompt"
             count = len(self.samples)
             box.border_title = Text(f"Group {group} · step {first['step']:,} · {count} completions · {name}")
             with VerticalScroll(id="group-prompt"):
-                yield Static(Text(printable(first.get("prompt"))))
+                yield Static(Text(visible(first.get("prompt"))))
             styles, signs = token_styles(self.app), sign_styles(self.app)
             with HorizontalScroll(id="group-columns"):
                 for i, sample in enumerate(self.samples):

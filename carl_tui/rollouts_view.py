@@ -28,7 +28,7 @@ from textual.worker import get_current_worker
 
 from engine.store import RunRow, Series
 from engine.store.rollout_reads import SORTS, FilterError, RolloutFilter, RolloutQuery, parse_filter
-from widgets.agents import printable
+from engine.text import visible_line
 from widgets.chart import Chart
 from widgets.histogram import Histogram
 from widgets.rollout_list import RolloutList, header
@@ -108,7 +108,7 @@ class RolloutsScreen(ModalScreen[None]):
         with Vertical(id="rollouts") as box:
             framework = f" ({self.run.framework})" if self.run.framework else ""
             # Titles of stored text are Text, never markup (a run's name is the source's).
-            box.border_title = Text(f"Rollouts · {printable(self.run.name)}{printable(framework)}")
+            box.border_title = Text(f"Rollouts · {visible_line(self.run.name)}{visible_line(framework)}")
             yield Static("", id="rollouts-status")
             yield Input(placeholder='reward<0.2 adv>0 len>100 task=1 "some text"', id="rollouts-filter")
             yield Static("", id="rollouts-header")

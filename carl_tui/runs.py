@@ -13,6 +13,7 @@ from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from engine.store import RunRow
+from engine.text import visible_line
 
 from .comparison import Mark
 from .model import run_state
@@ -61,10 +62,11 @@ def visible_runs(runs: list[RunRow], filter_text: str) -> list[RunRow]:
     return [r for r in runs if pattern.search(r.name)]
 
 
-def run_label(run: RunRow, mark: Mark | None, style_of: Callable[[int], Style]) -> str | Text:
-    label = f"{STATE_MARKS.get(run_state(run), '·')} {run.name}"
+def run_label(run: RunRow, mark: Mark | None, style_of: Callable[[int], Style]) -> Text:
+    """The run's state mark and name, as text (a name is not markup: a str prompt of an OptionList is)."""
+    label = f"{STATE_MARKS.get(run_state(run), '·')} {visible_line(run.name)}"
     if mark is None:
-        return " " + label
+        return Text(" " + label)
     # Marked for comparison: a stripe in the run's colour in the first column (the list has no
     # left padding for it).
     return Text.assemble((MARK, style_of(mark.color)), label)

@@ -1,4 +1,7 @@
-"""Modal screens: help (generated from the live bindings) and the observe dialog."""
+"""Modal screens: help (generated from the live bindings) and the observe dialog.
+
+What they show is text, never markup: a title, a message or a cell quotes stored names and values, so it
+is a `Text` with its control characters made visible (engine/text.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Static
 
+from engine.text import visible, visible_line
+
 
 def bindings_table(rows: list[tuple[str, str]]) -> Table:
     table = Table.grid(padding=(0, 2))
@@ -21,7 +26,7 @@ def bindings_table(rows: list[tuple[str, str]]) -> Table:
     table.add_column()
     for key, description in rows:
         if key:
-            table.add_row(key, description)
+            table.add_row(Text(key), Text(description))
         else:  # a section header
             table.add_row(Text(description, style="bold underline"), "")
     return table
@@ -56,7 +61,7 @@ def eval_table(evaluation: dict[str, Any]) -> Table:
     passed = evaluation["passed"]
     table.add_row("verdict", Text("✓ passed" if passed else "✕ failed", style="green" if passed else "red"))
     for reason in evaluation["reasons"]:
-        table.add_row("", Text(str(reason)))
+        table.add_row("", Text(visible(str(reason))))
     # key -> (label, how its value reads): shares as percentages, a mean count to one decimal.
     labels: dict[str, tuple[str, Any]] = {
         "task": ("task reward (mean)", "{:.3f}".format),
@@ -77,7 +82,7 @@ def eval_table(evaluation: dict[str, Any]) -> Table:
                 text = shown(value)
             except (TypeError, ValueError):  # a stored value of another type: shown as it is
                 text = str(value)
-            table.add_row(label, Text(text))
+            table.add_row(label, Text(visible(text)))
     return table
 
 
@@ -101,7 +106,7 @@ class EvalScreen(HelpScreen):
         import datetime
 
         with VerticalScroll() as scroll:
-            scroll.border_title = f"Eval of {self.run_name}"
+            scroll.border_title = Text(f"Eval of {visible_line(self.run_name)}")
             yield Static(eval_table(self.evaluation))
             when = datetime.datetime.fromtimestamp(self.evaluation["created_at"]).strftime("%Y-%m-%d %H:%M")
             yield Static(Text(f"evaluated {when} · r evaluates again · esc closes", style="dim"))
@@ -119,8 +124,8 @@ class TextScreen(HelpScreen):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll() as scroll:
-            scroll.border_title = self.title_text
-            yield Static(Text(self.text))
+            scroll.border_title = Text(visible_line(self.title_text))
+            yield Static(Text(visible(self.text)))
 
 
 class Dialog(ModalScreen[Any]):
@@ -179,7 +184,7 @@ class ObserveScreen(Dialog):
         if self.validate_path is not None:
             problem = self.validate_path(path)
             if problem:
-                self.query_one("#observe-error", Static).update(Text(problem))  # a path is text, not markup
+                self.query_one("#observe-error", Static).update(Text(visible(problem)))  # a path is text
                 return
         name = self.query_one("#observe-name", Input).value.strip() or None
         follow = self.query_one("#observe-follow", Checkbox).value
@@ -203,8 +208,8 @@ class ConfirmScreen(Dialog):
 
     def compose(self) -> ComposeResult:
         with Vertical() as box:
-            box.border_title = self.title_text
-            yield Static(self.message)
+            box.border_title = Text(visible_line(self.title_text))
+            yield Static(Text(visible(self.message)))
             with Horizontal():
                 yield Button("Cancel", id="confirm-cancel")
                 yield Button(self.confirm_label, variant="error", id="confirm-ok")
@@ -232,8 +237,8 @@ class ValueScreen(Dialog):
 
     def compose(self) -> ComposeResult:
         with Vertical() as box:
-            box.border_title = self.title_text
-            yield Label(self.label)
+            box.border_title = Text(visible_line(self.title_text))
+            yield Label(Text(visible(self.label)))
             yield Input(value=self.value, id="value-input")
             yield Static("", id="value-error")
 
@@ -241,7 +246,7 @@ class ValueScreen(Dialog):
         event.stop()
         problem = self.check(event.value.strip())
         if problem:
-            self.query_one("#value-error", Static).update(problem)
+            self.query_one("#value-error", Static).update(Text(visible(problem)))
             return
         self.dismiss(event.value.strip())
 
@@ -258,9 +263,10 @@ class ChoiceScreen(Dialog):
         from textual.widgets.option_list import Option
 
         with Vertical() as box:
-            box.border_title = self.title_text
-            yield Label(self.label)
-            yield OptionList(*[Option(text, id=value) for value, text in self.choices], id="choice-list")
+            box.border_title = Text(visible_line(self.title_text))
+            yield Label(Text(visible(self.label)))
+            options = [Option(Text(visible_line(text)), id=value) for value, text in self.choices]
+            yield OptionList(*options, id="choice-list")
 
     def on_option_list_option_selected(self, event: object) -> None:
         option = getattr(event, "option", None)
@@ -302,15 +308,14 @@ class SamplesScreen(ModalScreen[None]):
             options = []
             for i, s in enumerate(self.samples):
                 rewards = " ".join(
-                    f"{k.removesuffix('_reward')}={v:.2f}"
+                    f"{visible_line(k.removesuffix('_reward'))}={v:.2f}"
                     for k, v in (s["rewards"] or {}).items()
                     if isinstance(v, int | float)
                 )
                 phi = s.get("phi") or []
                 mean = f"Φ̄ {sum(phi) / len(phi):.3f}" if phi else "Φ —"
-                options.append(
-                    Option(f"step {s['step']:>6} {s.get('kind') or '':<7} {mean} {rewards}", id=str(i))
-                )
+                kind = visible_line(s.get("kind"))
+                options.append(Option(Text(f"step {s['step']:>6} {kind:<7} {mean} {rewards}"), id=str(i)))
             yield OptionList(*options, id="sample-list")
             with VerticalScroll(id="sample-text"):
                 yield Static("", id="sample-body")
@@ -329,14 +334,16 @@ class SamplesScreen(ModalScreen[None]):
         theme = self.app.current_theme
         body = Text()
         body.append("prompt: ", style="bold")
-        body.append((sample.get("prompt") or "")[-400:] + "\n\n", style="dim")
+        body.append(visible((sample.get("prompt") or "")[-400:]) + "\n\n", style="dim")
         body.append("completion (coloured by per-token Φ):\n", style="bold")
         tokens, phi = sample.get("tokens"), sample.get("phi")
         if tokens and phi and len(tokens) == len(phi):
             for token, value in zip(tokens, phi, strict=True):
-                body.append(token, style=phi_colour(value, theme.error, theme.warning, theme.success))
+                body.append(
+                    visible(token), style=phi_colour(value, theme.error, theme.warning, theme.success)
+                )
         else:
-            body.append(sample.get("completion") or "")
+            body.append(visible(sample.get("completion")))
         if phi:
             entropy = sample.get("entropy") or []
             body.append(f"\n\nΦ min {min(phi):.3f} · mean {sum(phi) / len(phi):.3f} · max {max(phi):.3f}")

@@ -16,6 +16,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from engine.text import visible, visible_line
 from widgets.reward_bars import bar
 
 SIGNALS = ("outcome", "process", "efficiency", "verification", "consistency")
@@ -28,13 +29,19 @@ def _f(value: float | None, spec: str = ".3f") -> str:
     return "—" if value is None else format(value, spec)
 
 
+def cell(text: str) -> Text:
+    """A table cell of stored text: a `Text` (a str cell of a Rich table is markup), on one line, its
+    control characters written out."""
+    return Text(visible_line(text))
+
+
 def _event_text(event: dict[str, Any]) -> str:
     params = event.get("params") or {}
     keys = ("file_path", "command", "pattern", "query", "url", "description")  # the most specific first
     detail = next((params[k] for k in keys if params.get(k)), "")
     code = event.get("exit_code")
     tail = f"  (exit {code})" if code not in (None, 0) else ""
-    return f"{event['tool']} {detail}"[:90] + tail
+    return visible_line(f"{event['tool']} {detail}")[:90] + tail
 
 
 def trajectory_view(t: dict[str, Any], baselines: dict[str, dict[str, Any]]) -> Table:
@@ -43,19 +50,20 @@ def trajectory_view(t: dict[str, Any], baselines: dict[str, dict[str, Any]]) -> 
     table.add_column()
     started = time.strftime("%Y-%m-%d %H:%M", time.localtime(t["started_at"])) if t.get("started_at") else "—"
     duration = f"{t['duration_s']:.0f}s" if t.get("duration_s") is not None else "—"
-    table.add_row("session", f"{t['session_id']} ({t['agent']}, turn {t.get('turn_index') or 0})")
+    table.add_row("session", cell(f"{t['session_id']} ({t['agent']}, turn {t.get('turn_index') or 0})"))
     table.add_row(
-        "domain", f"{t.get('domain') or '_global'}" + (f" · skill {t['skill']}" if t.get("skill") else "")
+        "domain",
+        cell(f"{t.get('domain') or '_global'}" + (f" · skill {t['skill']}" if t.get("skill") else "")),
     )
     table.add_row("when", f"{started}, {duration}" + (" · holdout" if t.get("holdout") else ""))
-    table.add_row("prompt", Text(t.get("prompt") or "", overflow="fold"))
+    table.add_row("prompt", Text(visible(t.get("prompt")), overflow="fold"))
     outcome = t.get("outcome") or {}
     flags = ", ".join(
         f"{k.replace('_detected', '').replace('_', ' ')} {v}"
         for k, v in outcome.items()
         if isinstance(v, bool)
     )  # the cross-turn flags only: `recorded` (a record file's own scores) is not shown
-    table.add_row("next prompt", flags or "none yet (correction, redo and continuation come from it)")
+    table.add_row("next prompt", cell(flags or "none yet (correction, redo and continuation come from it)"))
     table.add_row("", "")
     domain = baselines.get(t.get("domain") or "_global")
     adv = t.get("advantage")
@@ -77,13 +85,13 @@ def trajectory_view(t: dict[str, Any], baselines: dict[str, dict[str, Any]]) -> 
         base = "baseline not computed yet"
     style = "green" if (adv or 0) > 0 else "red"
     table.add_row(
-        "advantage", Text.assemble((_f(adv, "+.2f") + " σ", f"bold {style}"), f"  vs domain {base}")
+        "advantage",
+        Text.assemble((_f(adv, "+.2f") + " σ", f"bold {style}"), f"  vs domain {visible_line(base)}"),
     )
     fingerprint = t.get("fingerprint") or {}
     if fingerprint.get("signature"):
-        table.add_row(
-            "process", f"{fingerprint['signature']} · flow {' '.join(fingerprint.get('tool_flow') or [])}"
-        )
+        flow = " ".join(fingerprint.get("tool_flow") or [])
+        table.add_row("process", cell(f"{fingerprint['signature']} · flow {flow}"))
     table.add_row("", "")
     events = t.get("events") or []
     total = t.get("total_tools") or len(events)
@@ -107,7 +115,11 @@ def domains_view(domains: list[dict[str, Any]], plasticity: dict[str, Any] | Non
         table.add_column(column, justify="right", no_wrap=True, min_width=4)
     for d in domains[:20]:
         table.add_row(
-            d["domain"], str(d["n"]), _f(d["mean"], ".2f"), _f(d["baseline"], ".2f"), _f(d["sigma"], ".2f")
+            cell(d["domain"]),
+            str(d["n"]),
+            _f(d["mean"], ".2f"),
+            _f(d["baseline"], ".2f"),
+            _f(d["sigma"], ".2f"),
         )
     if not domains:
         table.add_row("no trajectories", "", "", "", "")
@@ -118,8 +130,8 @@ def domains_view(domains: list[dict[str, Any]], plasticity: dict[str, Any] | Non
     elif not triggers:
         text.append("none fired\n", style="green")
     for trigger in triggers:
-        text.append(f"⚑ {trigger['kind']}: ", style="yellow")
-        text.append(f"{trigger['detail']}\n")
+        text.append(f"⚑ {visible_line(trigger['kind'])}: ", style="yellow")
+        text.append(f"{visible(trigger['detail'])}\n")
     return Group(table, text)
 
 
@@ -137,7 +149,7 @@ class TrajectoryScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         baselines = {d["domain"]: d for d in self.domains}
         with Horizontal() as box:
-            box.border_title = f"Trajectory #{self.trajectory['id']}"
+            box.border_title = Text(f"Trajectory #{self.trajectory['id']}")
             with VerticalScroll(id="trajectory-detail"):
                 yield Static(trajectory_view(self.trajectory, baselines))
                 yield Static(domains_view(self.domains, self.plasticity), id="domains-below")

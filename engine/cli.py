@@ -4,6 +4,7 @@ Each capability owns its commands in its own cli.py: a function that adds a comm
 its parser, and one that runs it as `run(args, home) -> int`. Only the module of the command named
 on the line is imported, so `carl engine status` pays for the daemon alone; heavy libraries load
 inside the commands that need them. Every user-facing failure is one line on stderr and exit status 2.
+What a command prints goes through `engine.text.visible`: a stored name cannot drive the terminal.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Literal, NamedTuple
 
 from engine import paths
 from engine.errors import CliError, guard
+from engine.text import visible_streams
 
 
 class Command(NamedTuple):
@@ -128,8 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         from engine.trajectories.capture.recorder import main as record_hook
 
         return record_hook(argv[1:])
-    args = build_parser(named_command(argv)).parse_args(argv)
-    return guard(dispatch, args)
+    # What a command prints holds stored names, keys, prompts and paths: none may drive the terminal
+    # (argparse's own errors quote the line, so they go through it too).
+    with visible_streams("stdout", "stderr"):
+        args = build_parser(named_command(argv)).parse_args(argv)
+    with visible_streams("stdout"):
+        return guard(dispatch, args)
 
 
 def named_command(argv: list[str]) -> str | None:

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable
 from typing import TypeVar
 
+from engine.text import visible
+
 T = TypeVar("T")
 
 
@@ -20,7 +22,9 @@ class CliError(CarlError):
 
 
 def fail(message: str) -> int:
-    print(f"carl: {message}", file=sys.stderr)
+    """The one line on stderr: a message names what the user gave (a run, a path, a key), so it is
+    made `visible` (no control character of a stored name reaches the terminal)."""
+    print(f"carl: {visible(message)}", file=sys.stderr)
     return 2
 
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TextIO
 
 REPLACEMENT = "\ufffd"
 SURROGATES = re.compile("[\ud800-\udfff]")
@@ -73,15 +76,60 @@ def loads_storable(raw: str | bytes) -> Any:
     return value
 
 
-def visible(s: str) -> str:
+def visible(s: str | None) -> str:
     """`s` with control characters other than newline and tab written out (`\\x1b`, `\\x9b`, `\\r`),
-    so printing it never moves the cursor, clears the screen or sets the clipboard; storable too."""
+    so printing it never moves the cursor, clears the screen or sets the clipboard; storable too (a
+    lone surrogate cannot be printed either). None (a stored NULL) shows as nothing."""
+    if not s:
+        return ""
     return _CONTROLS.sub(_escape, storable(s))
+
+
+def visible_line(s: str | None) -> str:
+    """`visible(s)` on one line: newline and tab written out too (`\\n`, `\\t`), for a name or a key
+    shown in a column, a title or a label, where two keys that differ only there must still differ."""
+    return visible(s).replace("\n", "\\n").replace("\t", "\\t")
 
 
 def _escape(match: re.Match[str]) -> str:
     char = match.group()
     return _NAMED.get(char) or f"\\x{ord(char):02x}"
+
+
+class VisibleStream:
+    """A text stream whose every write goes through `visible`: what a command prints can hold stored
+    names, keys, prompts and paths, and none of them may drive the terminal. The rest (fileno, isatty,
+    flush, encoding) is the wrapped stream's."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, s: str) -> int:
+        self.stream.write(visible(s))
+        return len(s)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+@contextmanager
+def visible_streams(*names: str) -> Iterator[None]:
+    """`sys.stdout` and/or `sys.stderr` (by name) through `VisibleStream` while the block runs.
+    A command's stdout is wrapped whole; its stderr is not (the progress bars of the libraries it
+    loads redraw with CR there), so carl's own lines on stderr are made visible where they are
+    printed (`engine.errors.fail`)."""
+    before = {name: getattr(sys, name) for name in names}
+    for name, stream in before.items():
+        setattr(sys, name, VisibleStream(stream))
+    try:
+        yield
+    finally:
+        for name, stream in before.items():
+            setattr(sys, name, stream)
 
 
 def one_line(text: str, limit: int = 200) -> str:

@@ -526,20 +526,20 @@ async def test_the_explorer_follows_a_run_that_grows(home: Path) -> None:
 
 async def test_hostile_names_are_shown_as_text(home: Path) -> None:
     with Store(home / "carl.db") as store:
-        # (a name with [link=...] would break the Runs list, carl_tui/runs.py, before the explorer opens)
         run_id = store.create_run("[b]evil[/b]\x1b[2J", source_kind="jsonl", status="finished")
         store.add_metrics(run_id, [(1, "[bold]k\x1b[31m\ny", 1.0, time.time())])
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        # the store keeps a name printable (engine/names.py): the escape became a space, the markup stays text
+        # the store keeps a name printable (engine/names.py): the escape became a space, the markup stays text;
+        # a key is kept as it came, and shown with its control characters written out
         screen = await open_explorer(pilot, app, "[b]evil[/b] [2J")
         assert "run [b]evil[/b] [2J" in header(screen)
-        assert any("[bold]k\ufffd[31m\ufffdy" in line for line in listed(screen))
-        assert "[bold]k\ufffd[31m\ufffdy 1" in str(screen.query_one("#explorer-chart").border_title)
+        assert any("[bold]k\\x1b[31m\\ny" in line for line in listed(screen))
+        assert "[bold]k\\x1b[31m\\ny 1" in str(screen.query_one("#explorer-chart").border_title)
         await pilot.press("i")
         await until(pilot, lambda: isinstance(app.screen, InspectorScreen) and app.screen.record is not None)
         names = [name for name, _ in table_rows(app.screen)]  # type: ignore[arg-type]
-        assert "[bold]k\ufffd[31m\ufffdy" in names
+        assert "[bold]k\\x1b[31m\\ny" in names
 
 
 async def test_the_pinned_charts_show_as_many_as_fit_and_say_how_many_more(home: Path) -> None:

@@ -201,7 +201,7 @@ async def test_list_sort_filter_and_steps_on_our_run(home: Path, stores: dict[st
         assert "[link=https://x." in first.text  # text, not markup
         assert all(segment.style is None or not segment.style.link for segment in first)
         if size[0] > 100:
-            assert "click[/link] �[31mred" in first.text  # the escape made visible
+            assert "click[/link] \\x1b[31mred" in first.text  # the escape made visible
 
         await pilot.press("s")  # by reward, the best first
         await settle(pilot)
@@ -332,7 +332,7 @@ async def test_group_sample_token_colours_histogram_and_band(
         summary = sample.query_one("#sample-summary", Static)
         await pilot.pause()
         prompt = sample.query_one("#sample-prompt", Static).content
-        assert prompt.plain.startswith("[link=https://x.invalid]click[/link] �[31mred�[0m")
+        assert prompt.plain.startswith("[link=https://x.invalid]click[/link] \\x1b[31mred\\x1b[0m")
         completion = sample.query_one("#sample-completion", Static).content
         assert completion.plain == "".join(TOKENS)
         tokens = styled(completion)
@@ -452,7 +452,7 @@ async def test_stored_text_stays_text(home: Path) -> None:
         run = dataclasses.replace(app.view.run, name=hostile)  # (the run list itself is not under test here)
         await app.push_screen(RolloutsScreen(run, RolloutsReader(home / "carl.db", run_id)))
         await settle(pilot)
-        shown = "[link=https://x.invalid]evil[/link] [b]�[31m"
+        shown = "[link=https://x.invalid]evil[/link] [b]\\x1b[31m"
 
         def screen_text() -> str:
             return html.unescape(re.sub(r"<[^>]+>", "", app.export_screenshot())).replace("\xa0", " ")

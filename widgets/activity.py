@@ -11,6 +11,8 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import Static
 
+from engine.text import visible_line
+
 TRAJECTORIES_EMPTY = (  # what to do first: a pane may have room for two or three lines only
     "No trajectories yet. `carl hooks install` records Claude Code sessions as they happen; "
     "`carl trajectories import` reads past Claude Code and Codex sessions. Each is scored with the "
@@ -54,8 +56,9 @@ class ActivityPane(Static):
         self.update(text)
 
     def format_row(self, row: dict[str, Any]) -> str:
-        """Generic `key=value` line; the panes below format their own tables' columns."""
-        return " ".join(f"{k}={v}" for k, v in row.items() if v is not None)
+        """Generic `key=value` line; the panes below format their own tables' columns. Stored text
+        in it is written out with `visible_line` (each line is one line of the pane)."""
+        return visible_line(" ".join(f"{k}={v}" for k, v in row.items() if v is not None))
 
 
 class TrajectoriesPane(ActivityPane):
@@ -120,10 +123,11 @@ class TrajectoriesPane(ActivityPane):
             self.post_message(self.Selected(self.rows[self.cursor]))
 
     def format_row(self, row: dict[str, Any]) -> str:
-        session = (row.get("session_id") or "")[:8]
+        session = visible_line(row.get("session_id"))[:8]
+        domain = visible_line(row.get("domain") or "-")[:12]
         rate = row.get("success_rate")
         return (
-            f"{_clock(row.get('created_at'))} {session:<8} {(row.get('domain') or '-')[:12]:<12}"
+            f"{_clock(row.get('created_at'))} {session:<8} {domain:<12}"
             f" tools {row.get('tool_count') or 0:>3} ok {_num(rate, '.0%') if rate is not None else '  — '}"
             f" R {_num(row.get('reward'))} A {_num(row.get('advantage'))}"
         )

@@ -16,6 +16,8 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import Static
 
+from engine.text import visible, visible_line
+
 from .status_bar import ENGINE_MARK
 
 AGENTS_EMPTY = (
@@ -33,12 +35,10 @@ STATUS_KINDS = ("worker_status", "manager_status")
 Line = tuple[Text, tuple[str, Any] | None]  # a drawn line and the key of the row it shows (None: a heading)
 
 
-_CONTROLS = {c: "�" for c in (*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), *range(0x7F, 0xA0))}
-
-
-def printable(text: str | None) -> str:
-    """Model output and payloads as text that cannot drive the terminal: control characters become �."""
-    return (text or "").translate(_CONTROLS)
+def shown(row: dict[str, Any]) -> dict[str, Any]:
+    """A stored row as one line of the pane draws it: each text field on one line, its control characters
+    written out (`visible_line`). The row itself keeps its values (its ids are what keys look up)."""
+    return {key: visible_line(value) if isinstance(value, str) else value for key, value in row.items()}
 
 
 def clock(ts: float | None) -> str:
@@ -222,7 +222,7 @@ class AgentsPane(Static):
             for part, role in items:
                 if text.plain:
                     text.append(" · ")
-                text.append(part, style=colours.get(role, ""))
+                text.append(visible_line(part), style=colours.get(role, ""))
         return title, subtitle
 
     def highlighted(self) -> tuple[str, dict[str, Any]] | None:
@@ -340,6 +340,7 @@ class AgentsPane(Static):
         return f"{'worker':<6} {'state':<7} {'done':>4} {'ok':>4} {'score':>5}"
 
     def _worker_line(self, w: dict[str, Any], width: int, now: float, theme: Any) -> Text:
+        w = shown(w)
         state = w.get("state") or "?"
         rate = w.get("success_rate")
         ok = "  — " if rate is None else f"{rate:>4.0%}"
@@ -354,7 +355,7 @@ class AgentsPane(Static):
                 f" {types[:12]:<12} {version_text(w.get('model_version'), 22):<22} {done:>5} {w.get('failures') or 0:>4}"
                 f" {ok} {score:>5} {age(w.get('last_seen'), now):>4}"
             )
-            detail = printable(w.get("detail") or w.get("model"))
+            detail = w.get("detail") or w.get("model")
             if detail:
                 line.append(f"  {detail}", style="dim")
             return line
@@ -373,7 +374,7 @@ class AgentsPane(Static):
         """The workers on one line, for a pane too small for the table: `w1 busy · w2 idle`; stopped
         ones are left out (the table shows them), and many are counted by state."""
         line = Text(no_wrap=True, overflow="ellipsis")
-        live = [w for w in self.agent_workers if w.get("state") != "stopped"]
+        live = [shown(w) for w in self.agent_workers if w.get("state") != "stopped"]
         if not live:
             line.append(f"{len(self.agent_workers)} workers, all stopped", style="dim")
         elif len(live) <= 3:
@@ -407,6 +408,7 @@ class AgentsPane(Static):
     def _event_line(self, e: dict[str, Any], width: int, theme: Any) -> Text:
         """`12:01:03 result   w1       1a2b3c4d 0.82`; a narrow pane keeps the kind, the worker and the
         score. An alarm or a rejected payload gives its reason the rest of the line (enter shows all of it)."""
+        e = shown(e)
         kind = e.get("kind") or "?"
         narrow = width < NARROW
         error = theme.error or ""
@@ -416,9 +418,7 @@ class AgentsPane(Static):
         if e.get("status") == "rejected":
             if not narrow:
                 line.append(f"{KIND_NAMES.get(kind, kind):<8.8} ", style=theme.warning or "")
-            line.append(
-                f"rejected: {printable(e.get('reason')) or 'invalid payload'}", style=theme.warning or ""
-            )
+            line.append(f"rejected: {e.get('reason') or 'invalid payload'}", style=theme.warning or "")
             if width >= WIDE and e.get("subject"):
                 line.append(f"  ({e['subject']})", style="dim")
             return line
@@ -426,7 +426,7 @@ class AgentsPane(Static):
         if kind == "alarm" and width < WIDE:  # the reason needs the room more than the columns do
             line.append(f"⚠ {e.get('alarm_kind') or 'alarm'}", style=f"bold {error}")
             line.append(f" {who}" if who else "", style=error)
-            line.append(f": {printable(e['alarm_reason'])}" if e.get("alarm_reason") else "", style=error)
+            line.append(f": {e['alarm_reason']}" if e.get("alarm_reason") else "", style=error)
             return line
         line.append(f"{KIND_NAMES.get(kind, kind):<8.8} ", style=self._kind_style(kind, theme))
         if narrow:  # the manager is implied: the room is the worker's
@@ -437,7 +437,7 @@ class AgentsPane(Static):
         if kind == "alarm":
             line.append(f"⚠ {e.get('alarm_kind') or 'alarm'}", style=f"bold {error}")
             if e.get("alarm_reason"):
-                line.append(f": {printable(e['alarm_reason'])}", style=error)
+                line.append(f": {e['alarm_reason']}", style=error)
             return line
         if kind == "model_update":
             version = e.get("model_version") or "?"
@@ -452,7 +452,7 @@ class AgentsPane(Static):
                     f" · {e['done']:,}/{'∞' if total is None else f'{total:,}'} tasks done", style="dim"
                 )
             if width >= WIDE and e.get("detail"):
-                line.append(f"  {printable(e['detail'])}", style="dim")
+                line.append(f"  {e['detail']}", style="dim")
             return line
         line.append(score_text(e.get("score")), style=self._score_style(e.get("score"), theme))
         if width >= WIDE:
@@ -530,17 +530,19 @@ class AgentsPane(Static):
             self.post_message(self.OpenTask(row["task_id"]))
         elif kind == "event" and row.get("status") == "rejected":
             self.notify(
-                f"{row.get('subject')}: {printable(row.get('reason'))}",
+                visible(f"{row.get('subject')}: {row.get('reason')}"),
                 title="rejected payload",
                 severity="warning",
+                markup=False,
             )
         elif kind == "event" and row.get("kind") == "alarm":
             who = f" ({row['worker_id']})" if row.get("worker_id") else ""
             self.notify(
-                f"{printable(row.get('alarm_reason')) or '?'}{who}",
-                title=f"alarm: {row.get('alarm_kind')}",
+                visible(f"{row.get('alarm_reason') or '?'}{who}"),
+                title=visible_line(f"alarm: {row.get('alarm_kind')}"),
                 severity="error",
                 timeout=15,
+                markup=False,
             )
         else:
             self.notify("no task on this row: pick an event of a task, or a busy worker", title="agents")

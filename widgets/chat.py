@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from markdown_it import MarkdownIt
 from rich.text import Text
 from textual import events
 from textual.binding import Binding
@@ -17,6 +18,14 @@ from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widgets import Markdown, Static, TextArea
 from textual.widgets.markdown import MarkdownStream
+
+from engine.text import visible, visible_line
+
+
+def answer_parser() -> MarkdownIt:
+    """Markdown as Claude writes it (GitHub's flavour: tables, strikethrough), with links, autolinks, bare
+    URLs and images left as the text they are."""
+    return MarkdownIt("gfm-like").disable(["linkify", "link", "autolink", "image"])
 
 
 class ChatLog(VerticalScroll):
@@ -38,32 +47,36 @@ class ChatLog(VerticalScroll):
         self.stream = None
         self.remove_children()
 
+    # Everything shown is text with its control characters made visible: a question, an answer, a tool's
+    # input or result quote stored names, keys and prompts. Answers are Markdown (Claude writes it) without
+    # links: a URL it quotes from a stored name is text, not a link to follow (`answer_parser`).
+
     def add_user(self, text: str) -> None:
-        self._add(Static(Text("› " + text), classes="chat-user"))
+        self._add(Static(Text("› " + visible(text)), classes="chat-user"))
 
     def add_markdown(self, text: str) -> None:
-        self._add(Markdown(text))
+        self._add(Markdown(visible(text), parser_factory=answer_parser))
 
     def add_tool_call(self, name: str, args: dict[str, Any]) -> None:
         shown = json.dumps(args, ensure_ascii=False)
-        self._add(Static(Text(f"⚙ {name}({shown[:200]})"), classes="chat-tool"))
+        self._add(Static(Text(visible_line(f"⚙ {name}({shown[:200]})")), classes="chat-tool"))
 
     def add_tool_result(self, text: str, error: bool = False) -> None:
         self._add(
             Static(
-                Text(("  ✕ " if error else "  ↳ ") + text[:200]),
+                Text(("  ✕ " if error else "  ↳ ") + visible(text[:200])),
                 classes="chat-error" if error else "chat-tool",
             )
         )
 
     def add_error(self, text: str) -> None:
-        self._add(Static(Text("✕ " + text), classes="chat-error"))
+        self._add(Static(Text("✕ " + visible(text)), classes="chat-error"))
 
     def add_note(self, text: str) -> None:
-        self._add(Static(Text(text), classes="chat-note"))
+        self._add(Static(Text(visible(text)), classes="chat-note"))
 
     async def start_answer(self) -> None:
-        self.answer = Markdown("")
+        self.answer = Markdown("", parser_factory=answer_parser)
         self._add(self.answer)
         self.stream = Markdown.get_stream(self.answer)
 
@@ -71,7 +84,7 @@ class ChatLog(VerticalScroll):
         if self.stream is None:
             await self.start_answer()
         assert self.stream is not None
-        await self.stream.write(fragment)
+        await self.stream.write(visible(fragment))
         if self.is_vertical_scroll_end or self.max_scroll_y - self.scroll_y <= 3:
             self.call_after_refresh(self.scroll_end, animate=False)
 

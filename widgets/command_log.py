@@ -10,6 +10,8 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
+from engine.text import visible_line
+
 STATE_MARK = {"pending": "…", "running": "▸", "done": "✓", "failed": "✕"}
 EMPTY = "No commands yet: space pause · c checkpoint · s stop · l learning rate · w weight"
 
@@ -49,7 +51,7 @@ class CommandLog(Static):
             state = command["state"]
             text.append(time.strftime("%H:%M ", time.localtime(command["created_at"])), style="dim")
             text.append(f"{STATE_MARK.get(state, '?')} ", style=colours.get(state, ""))
-            text.append(describe(command))
+            text.append(visible_line(describe(command)))
             if state == "failed" and command.get("result"):
-                text.append(f": {command['result']}", style=theme.error)
+                text.append(f": {visible_line(command['result'])}", style=theme.error)
         self.update(text)

@@ -8,12 +8,14 @@ column last.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rich.cells import cell_len, set_cell_size
 from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
+
+from engine.text import visible_line
 
 SWATCH = "━ "
 
@@ -36,6 +38,8 @@ class Legend(Widget):
         self.header: tuple[str, ...] = ()
 
     def set_rows(self, rows: list[LegendRow], header: tuple[str, ...] = ()) -> None:
+        # A label is a run's name: stored text, written out on one line before any width is measured.
+        rows = [replace(r, label=visible_line(r.label)) for r in rows]
         if rows == self.rows and header == self.header:
             return
         before = (len(self.rows), bool(self.header), self.get_content_width(None, None))

@@ -7,6 +7,8 @@ import math
 from rich.text import Text
 from textual.widget import Widget
 
+from engine.text import visible_line
+
 BAR = "█"
 EIGHTHS = " ▏▎▍▌▋▊▉"
 
@@ -55,14 +57,15 @@ class RewardBars(Widget):
         if not self._values:
             return Text("")  # hidden (see -empty): the chart beside says there is no data yet
         width = self.size.width
-        name_w = min(max(len(n) for n, _ in self._values), max(6, width // 3))
+        names = [visible_line(n) for n, _ in self._values]  # a reward's name is stored text
+        name_w = min(max(map(len, names)), max(6, width // 3))
         bar_w = max(1, width - name_w - 9)
         finite = [abs(v) for _, v in self._values if v is not None and math.isfinite(v)]
         scale = max(finite) if finite and max(finite) > 0 else 1.0
         name_style = self.get_component_rich_style("reward-bars--name")
         neg_style = self.get_component_rich_style("reward-bars--negative")
         out = Text(no_wrap=True, overflow="crop")
-        for i, (name, value) in enumerate(self._values):
+        for i, (name, (_, value)) in enumerate(zip(names, self._values, strict=True)):
             if i:
                 out.append("\n")
             out.append(name[:name_w].ljust(name_w) + " ", name_style)

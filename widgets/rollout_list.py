@@ -25,7 +25,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from .agents import printable
+from engine.text import visible, visible_line
 
 if TYPE_CHECKING:
     from engine.store.rollout_reads import RolloutRow
@@ -35,12 +35,12 @@ MARGIN = 1  # pages read ahead of the screen, above and below, so a screen's mov
 LOADING = "loading…"
 _PARTS = ("loading", "number", "positive", "negative")
 SIGNS = {True: "positive", False: "negative", None: "number"}  # the advantage's style by its sign
-_FLAT = str.maketrans({"\n": " ", "\t": " ", "\r": " "})
+_FLAT = str.maketrans({"\n": " ", "\t": " "})
 
 
 def head(text: str | None, width: int) -> str:
     """The start of a stored text on one line, control characters made visible."""
-    return printable((text or "")[: width * 2]).translate(_FLAT)
+    return visible((text or "")[: width * 2]).translate(_FLAT)
 
 
 def number(value: float | None, width: int, spec: str = "+.3f") -> str:
@@ -199,7 +199,7 @@ class RolloutList(ScrollView, can_focus=True, inherit_bindings=False):
             return Strip([Segment(f"  {LOADING}", styles["loading"])]).adjust_cell_length(width, base)
         numbers = styles["number"]
         sign = None if row.advantage is None or row.advantage == 0 else row.advantage > 0
-        group = printable(row.group_id)[-4:]
+        group = visible_line(row.group_id)[-4:]
         step = f"{row.step:>6} " if self.show_step else ""
         left = f"{step}{row.idx:>5} {group:>4} {number(row.total, 8)}"
         length = ("—" if row.length is None else f"{row.length:,}").rjust(6)

@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from engine.durations import compact_duration
+from engine.text import visible_line
 
 HEALTH_MARK = {"green": "●", "yellow": "▲", "red": "✕"}
 READ_ONLY = " │ read-only"
@@ -55,12 +56,12 @@ class StatusBar(Static):
         health_part: Text | None = None  # the health reason follows it, cut to the room that is left
 
         def part(priority: int, *pieces: str | tuple[str, str]) -> None:
-            text = Text()
+            text = Text()  # stored names (the run, its phase, a source's error) are text on one line
             for piece in pieces:
                 if isinstance(piece, tuple):
-                    text.append(piece[0], style=piece[1])
+                    text.append(visible_line(piece[0]), style=piece[1])
                 else:
-                    text.append(piece)
+                    text.append(visible_line(piece))
             parts.append((priority, text))
 
         if info.message:
@@ -110,7 +111,7 @@ class StatusBar(Static):
             del parts[lowest]
         if info.health_reason and health_part is not None:
             room = (width or 10_000) - sum(t.cell_len for _, t in parts)
-            reason = f" {info.health_reason}"
+            reason = f" {visible_line(info.health_reason)}"
             if room >= 12:  # enough for a few words; else the health mark alone says it
                 if len(reason) > room:
                     reason = reason[: room - 1] + "…"

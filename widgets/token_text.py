@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from rich.style import Style
 from rich.text import Text
 
-from .agents import printable
+from engine.text import visible
 
 EDGES = (0.1, 0.5, 1.5, 3.0)  # nats: the upper edges of every step of the scale but the last
 LEVELS = len(EDGES) + 1
@@ -47,7 +47,7 @@ def token_text(tokens: Sequence[str], entropy: Sequence[float], colours: Sequenc
     text = Text()
     forks = forking_tokens(entropy)
     for i, (token, value) in enumerate(zip(tokens, entropy, strict=True)):
-        shown = printable(token).replace("\r", "")
+        shown = visible(token)  # a token may be any bytes the tokenizer knows: ESC and CR included
         if not math.isfinite(value):
             text.append(shown)
             continue

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from engine import paths
 from engine.errors import CarlError
 from engine.limits import int_flag
-from engine.text import visible
+from engine.text import visible, visible_line
 
 if TYPE_CHECKING:  # pydantic and yaml load when a command runs, not when `carl` builds its parser
     from .config import AgentsSettings
@@ -300,9 +300,10 @@ def _status(args: argparse.Namespace, home: Path) -> int:
             ok = f"{w['success_rate']:.0%}" if w["success_rate"] is not None else "—"
             score = f"{w['mean_score']:.3f}" if w["mean_score"] is not None else "—"
             seen = f"{time.time() - w['last_seen']:.0f}s ago" if w.get("last_seen") else "—"
+            worker, kind, state = (visible_line(w[field] or "?") for field in ("worker_id", "kind", "state"))
+            version = visible_line(w["model_version"] or "—")[:20]
             print(
-                f"{w['worker_id']:<16} {w['kind'] or '?':<6} {w['state'] or '?':<8} {(w['model_version'] or '—')[:20]:<20}"
-                f" {w['tasks_done']:>5} {ok:>5} {score:>6}  {seen}"
+                f"{worker:<16} {kind:<6} {state:<8} {version:<20} {w['tasks_done']:>5} {ok:>5} {score:>6}  {seen}"
             )
     else:
         print("no workers seen")
@@ -649,7 +650,7 @@ def _events(args: argparse.Namespace, home: Path) -> int:
         raise AgentsCliError(f"--limit {args.limit}: must be 0 (all) or more")
     db = paths.db_path(home)
     if not db.exists():
-        print(f"no events yet (no store at {db})", file=sys.stderr)
+        print(visible(f"no events yet (no store at {db})"), file=sys.stderr)
         return 0
     reader = StoreReader(db)
     try:
@@ -672,9 +673,11 @@ def _events(args: argparse.Namespace, home: Path) -> int:
 
 def _event_line(row: dict[str, Any]) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["received_at"] or row["created_at"] or 0))
-    who = row["worker_id"] or row["manager_id"] or "-"
-    task = (row["task_id"] or "-")[:8]
-    return f"{when} {row['kind']:<14} {row['subject']:<24} {who:<14} {task:<8} {_event_says(row)}".rstrip()
+    # A rejected payload's columns hold whatever it said: written out before the columns are padded.
+    kind, subject = visible_line(row["kind"]), visible_line(row["subject"])
+    who = visible_line(row["worker_id"] or row["manager_id"] or "-")
+    task = visible_line(row["task_id"] or "-")[:8]
+    return f"{when} {kind:<14} {subject:<24} {who:<14} {task:<8} {_event_says(row)}".rstrip()
 
 
 def _event_says(row: dict[str, Any]) -> str:

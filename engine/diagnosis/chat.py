@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.llm import claude
-from engine.llm.redact import redact
+from engine.llm.redact import redact, redact_value
 from engine.store.reader import StoreReader
 
 from .analyst import answer as offline_answer
@@ -173,7 +173,10 @@ class Diagnoser:
         self, reader: StoreReader, digest: dict[str, Any], question: str, history: list[dict[str, str]]
     ) -> Iterator[ChatEvent]:
         parts = self._request_parts(digest, tools_for(reader, self.run_id))
-        messages: list[dict[str, Any]] = [*history, {"role": "user", "content": redact(question)}]
+        # Redacted here, each turn, whatever the store holds: a history written before rows were redacted
+        # (or by another writer) goes out as clean as the new question.
+        earlier = [{"role": m["role"], "content": redact_value(m["content"])} for m in history]
+        messages: list[dict[str, Any]] = [*earlier, {"role": "user", "content": redact(question)}]
         result = TurnResult(model=self.model)
         for _ in range(MAX_TOOL_ROUNDS):
             final = None
@@ -198,8 +201,8 @@ class Diagnoser:
                 )
                 try:
                     output, is_error = run_tool(reader, self.run_id, block.name, block.input), False
-                except ToolError as exc:
-                    output, is_error = f"error: {exc}", True
+                except ToolError as exc:  # its message may list the run's keys: redacted like a result
+                    output, is_error = redact(f"error: {exc}"), True
                 call = {"name": block.name, "input": block.input, "chars": len(output), "error": is_error}
                 result.tool_calls.append(call)
                 yield ChatEvent("tool_result", output if is_error else f"{len(output):,} chars", call)

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 from engine import paths
 from engine.errors import CarlError
 from engine.store.reader import StoreReader
+from engine.text import visible
 
 from .analyst import analyze
 from .chat import Diagnoser
@@ -97,9 +98,12 @@ def diagnose(
     model: str | None = None,
     api_key: str | None = None,
     base_url: str | None = None,
-    out: TextIO = sys.stdout,
-    err: TextIO = sys.stderr,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
 ) -> int:
+    """Ask about a run and stream the answer to `out` (stdout), tool calls and notes to `err` (stderr);
+    what is printed is made `visible` (the answer quotes stored names, keys and prompts)."""
+    out, err = out or sys.stdout, err or sys.stderr
     db = paths.db_path(home)
     reader = StoreReader(db)
     try:
@@ -114,16 +118,16 @@ def diagnose(
     final: dict[str, Any] = {}
     for event in diagnoser.ask(question):
         if event.kind == "text" and not as_json:
-            out.write(event.text)
+            out.write(visible(event.text))
             out.flush()
         elif event.kind == "tool_call" and not as_json:
-            print(f"⚙ {event.text}({json.dumps(event.data['input'])})", file=err, flush=True)
+            print(visible(f"⚙ {event.text}({json.dumps(event.data['input'])})"), file=err, flush=True)
         elif event.kind == "status" and not as_json:
-            print(f"… {event.text}", file=err, flush=True)
+            print(visible(f"… {event.text}"), file=err, flush=True)
         elif event.kind in ("done", "error"):
             final = event.data
             if event.kind == "error" and not as_json:
-                print(f"\ncarl diagnose: {event.text}", file=err, flush=True)
+                print(f"\ncarl diagnose: {visible(event.text)}", file=err, flush=True)
     _save(db, run_id, question, final, diagnoser)
     if as_json:
         print(

@@ -2,7 +2,9 @@
 
 Plain sqlite3 (no sqlite-utils) so the control room can write its chat rows without the heavy
 imports of the engine's writer. Roles: `user`, `assistant` (what is sent back to Claude as the
-history), and `tool` / `error` / `note` (shown in the pane, never sent).
+history), and `tool` / `error` / `note` (shown in the pane, never sent). What is stored is redacted first
+(engine/llm/redact.py): a question may quote a key or a password, and it is stored, listed and sent back
+to Claude as the history of every later turn.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from engine.llm.redact import redact, redact_value
 from engine.store.base import StoreError, check_schema, connect, insert_chat_message
 
 HISTORY_ROLES = ("user", "assistant")
@@ -36,7 +39,9 @@ class Conversations:
         content: str,
         meta: dict[str, Any] | None = None,
     ) -> tuple[int, int]:
-        """Append a message, starting a conversation (titled by its first line) when none is given."""
+        """Append a message, redacted (its text and its meta: a tool's input), starting a conversation
+        (titled by its first line) when none is given."""
+        content, meta = redact(content), redact_value(meta) if meta else meta
         with self._transaction():
             return insert_chat_message(self.conn, conversation_id, run_id, role, content, meta)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from engine.limits import int_flag
 from engine.names import name_arg
+from engine.text import visible
 
 from .arms import ARMS, ExperimentError, parse_arms, parse_seeds
 
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace, home: Path) -> int:
         _engine_up(home)
 
         def say(line: str) -> None:
-            print(f"[{name}] {line}", file=sys.stderr, flush=True)
+            print(visible(f"[{name}] {line}"), file=sys.stderr, flush=True)
 
         try:
             status = Runner(store, home, experiment, say).run()

@@ -14,10 +14,11 @@ from engine.errors import CliError
 from engine.files import resolved
 from engine.limits import COUNT_MAX, int_flag
 from engine.names import name_arg
+from engine.text import visible
 
 from .common import ObserveError
 from .detect import detect_kind
-from .discover import Found, describe, discover, register, relative, visible
+from .discover import Found, describe, discover, register, relative
 
 MAX_VOCAB = COUNT_MAX
 
@@ -95,7 +96,7 @@ def _print_result(kind: str, path: Path, result: object) -> None:
         + (f"; {bad:,} malformed lines skipped" if bad else "")
     )
     for problem in getattr(result, "problems", [])[:10]:
-        print(f"  {problem}", file=sys.stderr)
+        print(f"  {visible(problem)}", file=sys.stderr)
 
 
 def _observe_via_engine(home: Path, path: Path, name: str | None, vocab: int | None) -> int:
@@ -162,7 +163,7 @@ def _observe_dir(args: argparse.Namespace, home: Path, root: Path) -> int:
     for found_run in found.runs:
         print(f"  {describe(found, found_run)}")
     for note in found.notes:
-        print(f"  note: {note}", file=sys.stderr)
+        print(f"  note: {visible(note)}", file=sys.stderr)
     if args.follow:
         from engine.control import ensure_engine
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from engine import paths
 from engine.errors import CliError
+from engine.text import visible_line
 
 if TYPE_CHECKING:
     from engine.store import StoreReader
@@ -135,7 +136,9 @@ def _mean_ci(figure: dict[str, object]) -> str:
 
 
 def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]], *, right: tuple[int, ...] = ()) -> None:
-    """Columns as wide as their widest cell (names at most 40), numbers right-aligned, a header line."""
+    """Columns as wide as their widest cell (names at most 40), numbers right-aligned, a header line.
+    A cell's control characters are written out first (`visible_line`), so a column keeps its width."""
+    rows = [tuple(visible_line(cell) for cell in row) for row in rows]
     widths = [min(max(len(r[i]) for r in (header, *rows)), 40) for i in range(len(header))]
 
     def line(cells: tuple[str, ...]) -> str:

@@ -24,6 +24,7 @@ import numpy as np
 
 from engine.coherence.phi import phi_from_entropy
 from engine.store import Store
+from engine.text import visible
 
 from .artifacts import base_model_of, carl_run, is_adapter, model_dir
 from .backend import BadInput, TrainingFailed, one_line
@@ -412,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return eval_from_args(args.home or paths.carl_home(), args.run, args.max_prompts, args.json)
     except CarlError as exc:
-        print(f"carl eval: {exc}", file=sys.stderr)
+        print(f"carl eval: {visible(str(exc))}", file=sys.stderr)
         return 2
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from engine import paths
 from engine.files import kind_of, resolved
 from engine.store import Store, StoreError
+from engine.text import visible
 
 from .artifacts import lookup_run, process_alive
 from .backend import BadInput, CommandPump, Reporter, TrainingBackend, TrainingFailed, first_signal, one_line
@@ -32,7 +33,7 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def say_error(message: str) -> None:
-    print(f"carl train: {message}", file=sys.stderr, flush=True)
+    print(f"carl train: {visible(message)}", file=sys.stderr, flush=True)
 
 
 def select_backend(config: TrainConfig) -> str:

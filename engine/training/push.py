@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import CarlError
+from engine.text import visible
 
 from .artifacts import base_model_of, carl_run, is_adapter, model_dir, model_files, process_alive
 from .backend import BadInput, one_line
@@ -106,7 +107,7 @@ def push_from_args(args: argparse.Namespace) -> int:
 
 
 def say_error(message: str) -> None:
-    print(f"carl push: {message}", file=sys.stderr, flush=True)
+    print(f"carl push: {visible(message)}", file=sys.stderr, flush=True)
 
 
 # -- the push --------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from engine.errors import CarlError
 from engine.files import named, reason
 from engine.limits import int_flag
 from engine.names import name_arg
+from engine.text import visible, visible_line
 from engine.trajectories.config import load as load_config
 
 
@@ -179,9 +180,11 @@ def _list(args: argparse.Namespace, home: Path) -> int:
     for r in rows:
         ok = "—" if r[5] is None else f"{r[5]:.0%}"
         hold = "h" if r[8] else " "
-        prompt = " ".join((r[9] or "").split())[:50]
+        # Cut after the control characters are written out, so a column keeps its width.
+        session, agent, domain = (visible_line(r[i]) for i in (1, 2, 3))
+        prompt = visible(" ".join((r[9] or "").split()))[:50]
         print(
-            f"{r[0]:>6} {r[1][:8]:<9} {r[2][:12]:<12} {r[3][:14]:<14} {r[4]:>5} {ok:>5} {r[6]:>7.3f} {r[7]:>+7.2f}{hold} {prompt}"
+            f"{r[0]:>6} {session[:8]:<9} {agent[:12]:<12} {domain[:14]:<14} {r[4]:>5} {ok:>5} {r[6]:>7.3f} {r[7]:>+7.2f}{hold} {prompt}"
         )
     return 0
 
@@ -218,7 +221,7 @@ def _status(args: argparse.Namespace, home: Path) -> int:
     if domains:
         print(f"{'domain':<16} {'n':>6} {'mean':>7} {'baseline':>9} {'sigma':>7}")
         for d in domains:
-            print(f"{d[0]:<16} {d[1]:>6} {d[2]:>7.3f} {d[3]:>9.3f} {d[4]:>7.3f}")
+            print(f"{visible_line(d[0]):<16} {d[1]:>6} {d[2]:>7.3f} {d[3]:>9.3f} {d[4]:>7.3f}")
     triggers = plasticity.get("triggers") or []
     print("retraining triggers: " + ("none fired" if not triggers else ""))
     for t in triggers:

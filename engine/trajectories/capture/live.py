@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.faults import store_trouble
+from engine.llm.redact import redact_value
 from engine.store import Store
 from engine.text import one_line, storable
 from engine.trajectories.config import TrajectoryConfig
@@ -69,12 +70,13 @@ INSERT_HOOK_EVENT = (
 
 
 def _row(item: SpoolItem) -> tuple[str, str, float, str]:
-    # json.dumps escapes what UTF-8 cannot take; the spool reader made the payload's text storable.
+    # json.dumps escapes what UTF-8 cannot take; the spool reader made the payload's text storable. The
+    # payload is kept whole (sessions are re-assembled from it), so its secrets go before it is stored.
     return (
         item.session_id,
         storable(str(item.payload.get("hook_event_name") or "")),
         item.received_at,
-        json.dumps(item.payload),
+        json.dumps(redact_value(item.payload)),
     )
 
 
