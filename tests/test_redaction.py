@@ -159,6 +159,16 @@ def test_a_question_is_stored_redacted(store: Store, tmp_path: Path) -> None:
     assert stored_leaks(store.path, ("conversations", "chat_messages")) == []
 
 
+def test_every_writer_of_chat_messages_stores_them_redacted(store: Store) -> None:
+    """§8, at the root: `Store.add_chat_message` (not only the diagnosis pane's `Conversations`) redacts the
+    text and the meta, since both go through `insert_chat_message`."""
+    conversation, _ = store.add_chat_message(
+        None, None, "user", f"keys:\n{EVERY_SECRET}", {"input": EVERY_SECRET}
+    )
+    store.add_chat_message(conversation, None, "assistant", f"noted {SECRETS[0][1]}")
+    assert stored_leaks(store.path, ("conversations", "chat_messages")) == []
+
+
 # -- what is sent to Claude --------------------------------------------------------------------------------
 
 KEY = "sk-ant-test-key-0123456789abcdef"

@@ -14,7 +14,6 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from engine.llm.redact import redact, redact_value
 from engine.store.base import StoreError, check_schema, connect, insert_chat_message
 
 HISTORY_ROLES = ("user", "assistant")
@@ -39,9 +38,8 @@ class Conversations:
         content: str,
         meta: dict[str, Any] | None = None,
     ) -> tuple[int, int]:
-        """Append a message, redacted (its text and its meta: a tool's input), starting a conversation
-        (titled by its first line) when none is given."""
-        content, meta = redact(content), redact_value(meta) if meta else meta
+        """Append a message, redacted (its text and its meta: a tool's input, by `insert_chat_message`),
+        starting a conversation (titled by its first line) when none is given."""
         with self._transaction():
             return insert_chat_message(self.conn, conversation_id, run_id, role, content, meta)
 

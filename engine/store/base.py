@@ -16,6 +16,7 @@ from typing import Any
 
 from engine.errors import CarlError
 from engine.files import kind_of, reason
+from engine.llm.redact import redact, redact_value
 
 from .schema import APPLICATION_ID, SCHEMA_VERSION
 
@@ -106,8 +107,10 @@ def insert_chat_message(
     content: str,
     meta: dict[str, Any] | None = None,
 ) -> tuple[int, int]:
-    """Append a chat message, starting a conversation (titled by its first line) when none is given;
-    returns (conversation, message). The caller owns the transaction."""
+    """Append a chat message, redacted (its text and its meta: a tool's input), starting a conversation
+    (titled by its first line) when none is given; returns (conversation, message). The caller owns the
+    transaction. Redacting here covers every writer of chat messages (docs/guide/diagnosis.md)."""
+    content, meta = redact(content), redact_value(meta) if meta else meta
     now = time.time()
     if conversation_id is None:
         title = content.strip().splitlines()[0][:80] if content.strip() else "conversation"

@@ -14,9 +14,9 @@ from engine.limits import EXIT_CODE_MAX, EXIT_CODE_MIN, int_text, int_within
 from engine.trajectories.model import KEY_PARAMS, Trajectory, cut_prompt, key_params
 
 Line = tuple[int, dict[str, Any]]  # (1-based line number, the JSON object on it)
-# redact() takes time quadratic in the length of a run of word characters (8,000 take seconds), and
-# the model helpers redact before they cut. Only the first 500 (prompt) or 200 (parameter) chars are
-# kept, so text past this window can only matter to a secret that starts inside the kept part.
+# The model helpers redact before they cut, and only the first 500 (prompt) or 200 (parameter) chars are
+# kept, so text past this window can only matter to a secret that starts inside the kept part. redact()
+# is linear (tests/test_redaction.py), but a 10 MB tool input need not be scanned to keep 500 chars.
 REDACT_WINDOW = 2000
 
 
