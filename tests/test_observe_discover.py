@@ -407,8 +407,9 @@ def test_carl_observe_a_directory_follows_it(tmp_path: Path, verl_dir: Path) -> 
 
 
 def test_hostile_file_names(store: Store, tmp_path: Path) -> None:
-    """A name that could drive the terminal or break the one-line listing is shown with U+FFFD; a name that is
-    not UTF-8 on disk is skipped (the store could not hold it)."""
+    """A name that could drive the terminal or break the one-line listing is shown written out (engine/text.py
+    `visible_line`, as every other listing); a name that is not UTF-8 on disk is skipped (the store could not
+    hold it)."""
     odd = tmp_path / "run\x1b[31m\nred"
     odd.mkdir()
     (odd / "m.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
@@ -417,7 +418,7 @@ def test_hostile_file_names(store: Store, tmp_path: Path) -> None:
         f.write('{"step": 1, "loss": 1.0}\n')
     found = discover(tmp_path)
     [run] = found.runs
-    assert describe(found, run) == "JSONL log: run\ufffd[31m\ufffdred/m.jsonl"
+    assert describe(found, run) == "JSONL log: run\\x1b[31m\\nred/m.jsonl"
     register(store, found, follow=False)
     [source] = sources(store)
     assert source["path"] == str(odd / "m.jsonl")  # the real path is what is read

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from engine.files import open_regular, read_regular
 from engine.store import Store
-from engine.text import storable
+from engine.text import storable, visible_line
 
 from . import mlflow_store, trackio, trainer_state
 from .common import ObserveError, valid_vocab
@@ -137,7 +137,7 @@ def discover(root: str | Path) -> Discovery:
     """Every run under `root` (a directory), grouped into training runs; ObserveError when there is none."""
     root = Path(root).expanduser().resolve()
     if not root.is_dir():
-        raise ObserveError(f"{visible(str(root))}: not a directory")
+        raise ObserveError(f"{visible_line(str(root))}: not a directory")
     seen = Seen()
     _walk(root, 0, seen)
     found = Discovery(root, _group(seen), seen.notes)
@@ -154,7 +154,7 @@ def discover(root: str | Path) -> Discovery:
                 )
     if not found.runs:
         raise ObserveError(
-            f"{visible(str(root))}: no runs found (looked for TensorBoard event files, W&B runs, trainer_state.json,"
+            f"{visible_line(str(root))}: no runs found (looked for TensorBoard event files, W&B runs, trainer_state.json,"
             " JSONL logs, MLflow and Trackio stores, rollout dumps"
             + (f"; {bounds}" if seen.truncated else "")
             + ")"
@@ -173,7 +173,7 @@ def _walk(folder: Path, depth: int, seen: Seen) -> None:
     entries = sorted((e for e in listed if storable(e.name) == e.name), key=lambda e: e.name)
     for entry in listed:
         if storable(entry.name) != entry.name and len(seen.notes) < MAX_NOTES:
-            name = visible(storable(entry.path))
+            name = visible_line(storable(entry.path))
             seen.notes.append(f"{name}: skipped, its name is not valid UTF-8 (rename it to import it)")
     seen.entries += len(entries)
     files = [e for e in entries if e.is_file(follow_symlinks=False)]
@@ -312,17 +312,9 @@ def _mtime(path: Path) -> float:
 def relative(path: Path, root: Path) -> str:
     """`path` under `root`, as text safe to print on one line."""
     try:
-        return visible(str(path.relative_to(root)) or ".")
+        return visible_line(str(path.relative_to(root)) or ".")
     except ValueError:
-        return visible(str(path))
-
-
-CONTROLS = {c: "\ufffd" for c in (*range(0x00, 0x20), *range(0x7F, 0xA0))}
-
-
-def visible(text: str) -> str:
-    """A file name as text that cannot drive the terminal or break a line: control characters become U+FFFD."""
-    return text.translate(CONTROLS)
+        return visible_line(str(path))
 
 
 # -- grouping --------------------------------------------------------------------------------------------------
@@ -457,7 +449,7 @@ def register(store: Store, found: Discovery, *, follow: bool, name: str | None =
     """Register every found run's sources, metrics first, rollouts attached to them (`sources.attach_to`)."""
     if name is not None and len(found.runs) != 1:
         raise ObserveError(
-            f"{visible(str(found.root))}: --name names one run, but {len(found.runs)} were found here"
+            f"{visible_line(str(found.root))}: --name names one run, but {len(found.runs)} were found here"
         )
     out = []
     for run in found.runs:
