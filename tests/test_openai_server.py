@@ -1,4 +1,5 @@
-"""The OpenAI-compatible test server itself, driven with httpx: chat completions with log-probs,
+"""The OpenAI-compatible test server itself, driven with httpx: chat completions with log-probs and
+token ids (vLLM's return_tokens_as_token_ids and return_token_ids), or a server that gives neither;
 models, vLLM's runtime LoRA API, scripted errors, a required key, and held requests."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from openai_server import OpenAIServer, tokens_of
+from openai_server import OpenAIServer, logprob_of, token_id_of, tokens_of
 
 USER = [{"role": "user", "content": "Say hello."}]
 
@@ -59,6 +60,28 @@ def test_logprobs_cover_every_token_and_join_back_to_the_content(openai: OpenAIS
     assert all(e["logprob"] < 0 and bytes(e["bytes"]).decode() == e["token"] for e in entries)
     assert [len(e["top_logprobs"]) for e in entries] == [2] * len(entries)
     assert entries[0]["top_logprobs"][0]["token"] == entries[0]["token"]
+
+
+def test_token_ids_come_as_vllm_gives_them(openai: OpenAIServer) -> None:
+    openai.reply("call get_weather now")
+    body = chat(openai, logprobs=True, return_tokens_as_token_ids=True, return_token_ids=True).json()
+    choice = body["choices"][0]
+    ids = [token_id_of(t) for t in tokens_of("call get_weather now")]
+    assert [e["token"] for e in choice["logprobs"]["content"]] == [f"token_id:{i}" for i in ids]
+    assert [e["logprob"] for e in choice["logprobs"]["content"]] == [
+        logprob_of(t) for t in tokens_of("call get_weather now")
+    ]
+    assert choice["token_ids"] == ids and all(0 <= i < 512 for i in ids)
+    assert body["prompt_token_ids"] == [token_id_of(t) for t in tokens_of("Say hello.")]
+
+
+def test_a_server_without_them_gives_neither_log_probs_nor_ids() -> None:
+    with OpenAIServer(behaviour=False) as server:
+        server.reply("call get_weather now")
+        body = chat(server, logprobs=True, return_tokens_as_token_ids=True, return_token_ids=True).json()
+    choice = body["choices"][0]
+    assert choice["logprobs"] is None and "token_ids" not in choice and "prompt_token_ids" not in body
+    assert choice["message"]["content"] == "call get_weather now"
 
 
 def test_max_tokens_cuts_the_reply_with_finish_reason_length(openai: OpenAIServer) -> None:

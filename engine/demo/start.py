@@ -10,11 +10,13 @@ from typing import Any
 from engine import paths
 from engine.errors import CliError
 
+# A task a second: light beside training. The workers serve the demo run itself (each checkpoint it
+# saves, then its final model), asked the way the run was trained: with no system prompt.
 DEMO_PLANE = {
     "workers": 2,
     "tasks": "demo",
-    "overrides": {"rate": 1.0},
-}  # a task a second: light beside training
+    "overrides": {"rate": 1.0, "system_prompt": ""},
+}
 
 
 def start_demo(home: Path, steps: int | None, backend: str | None = None) -> None:
@@ -35,27 +37,40 @@ def start_demo(home: Path, steps: int | None, backend: str | None = None) -> Non
         if live:
             print(f"demo run {live[0]!r} is live; opening the control room on it")
             return
+        name = free_run_name(store, "demo")  # the plane follows the run by this name: it must be the run's
         args = {
             "config": "demo",
-            "name": "demo",
+            "name": name,
             **({"max_steps": steps} if steps else {}),
             **({"backend": backend} if backend else {}),
         }
         store.enqueue_command("train", args, target="engine", origin="cli")
-        plane = _demo_plane(store)
+        plane = _demo_plane(store, name)
     logs = paths.shown(paths.logs_dir(home) / "train-*.log")
     print(f"demo training queued: the engine starts it (logs in {logs})")
     if plane:
         print(plane)
 
 
-def _demo_plane(store: Any) -> str | None:
-    """A small agents plane on the demo task beside the demo run, so the Agents pane is live too
-    (only with the nats extra, and only when no plane is up)."""
+def free_run_name(store: Any, name: str) -> str:
+    """`name`, or the first of name-2, name-3, ... that no run has (what the store would call a new run)."""
+    unique, n = name, 1
+    while store.conn.execute("SELECT 1 FROM runs WHERE name=?", (unique,)).fetchone():
+        n += 1
+        unique = f"{name}-{n}"
+    return unique
+
+
+def _demo_plane(store: Any, run: str) -> str | None:
+    """A small agents plane on the demo task beside the demo run, serving that run as it trains, so
+    the Agents pane is live too (only with the nats extra, and only when no plane is up)."""
     if any(importlib.util.find_spec(m) is None for m in ("nats", "yaml")):
         return "(the Agents pane stays empty: install the nats extra for a live agents plane)"
     row = store.conn.execute("SELECT value FROM kv WHERE key='agents.plane'").fetchone()
     if row is not None and json.loads(row[0]).get("wanted"):
         return None
-    store.enqueue_command("agents_up", DEMO_PLANE, target="engine", origin="cli")
-    return "agents plane queued: a manager and 2 workers on the demo task (carl agents down stops it)"
+    store.enqueue_command("agents_up", {**DEMO_PLANE, "serve_run": run}, target="engine", origin="cli")
+    return (
+        f"agents plane queued: a manager and 2 workers on the demo task, serving {run} at each checkpoint"
+        " (carl agents down stops it)"
+    )
