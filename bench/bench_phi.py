@@ -1,13 +1,16 @@
 """Phi kernel (`engine.coherence.phi.token_entropy`) on [2048 x 151,936] float32 logits, scale 3.
 
 `token_entropy` takes the numba kernel (engine/coherence/phi_numba.py) on the CPU when numba is
-installed, else the torch kernel; both are measured. Figures, each against a baseline measured
-in the same run with the same thread count (1 unless BENCH_THREADS says otherwise):
-  speed     vs one exp pass over the same logits (`torch.exp` chunk by chunk into one reused
-            buffer: one read of the logits and one exp each): goal ratio <= 1.3
+installed, else the torch kernel; both are measured. It first prints the machine: the CPU model
+(/proc/cpuinfo), numba's target (LLVM's CPU name, the features it was given, the vector registers
+of the kernel's hot loop) and whether numba has SVML. Figures, each against a baseline measured in
+the same run with the same thread count (1 unless BENCH_THREADS says otherwise):
+  speed     vs one plain reduction of the same tensor (`logits.sum(-1)`): one read of memory, the
+            floor of any kernel that reads the logits once: goal ratio <= 2.0 (the yardstick that
+            holds across CPUs)
   speed     vs TRL's `entropy_from_logits` CPU path: goal speedup >= 10
-  floor     one plain reduction of the same tensor (`logits.sum(-1)`): one read of memory, the
-            floor of any kernel that reads the logits once
+  speed     vs one exp pass over the same logits (`torch.exp` chunk by chunk into one reused
+            buffer), for reference: torch's exp is vectorised differently on each CPU
   memory    RSS growth around the call (psutil), fresh processes: numba ~0; torch <= 2 chunks
   accuracy  max |H - H_float64| on a 256-row slice, float32 and bf16 inputs: goal <= 1e-5 nats
   first call  numba's compile on a machine's first call, and the cached load after it
@@ -196,9 +199,9 @@ def speed(logits: torch.Tensor, threads: int) -> None:
         kernel_ms, exp_ms = timed_pair(kernel, exp_pass, reps=9)
         kernel_ms2, sum_ms = timed_pair(kernel, plain_sum, reps=5)
         print(
-            f"{tag} {name}_kernel_ms={kernel_ms:.1f} exp_pass_ms={exp_ms:.1f} ratio={kernel_ms / exp_ms:.2f} "
-            f"goal<=1.3 {'OK' if kernel_ms <= 1.3 * exp_ms else 'MISSED'}; "
-            f"vs plain_sum_ms={sum_ms:.1f} ratio={kernel_ms2 / sum_ms:.2f}"
+            f"{tag} {name}_kernel_ms={kernel_ms2:.1f} vs plain_sum_ms={sum_ms:.1f} ratio={kernel_ms2 / sum_ms:.2f} "
+            f"goal<=2.0 {'OK' if kernel_ms2 <= 2.0 * sum_ms else 'MISSED'}; "
+            f"vs exp_pass_ms={exp_ms:.1f} ratio={kernel_ms / exp_ms:.2f}"
         )
     if "numba" in kernels:
         # As many logits again, but from a [64 x V/64] block (0.6 MB) that stays in the L2 cache
@@ -227,7 +230,45 @@ def speed(logits: torch.Tensor, threads: int) -> None:
         )
 
 
+def machine() -> None:
+    """The CPU, and what numba compiles the kernel for on it."""
+    import re
+
+    import numba
+    from llvmlite import binding as llvm
+
+    model = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            "unknown",
+        )
+        if Path("/proc/cpuinfo").exists()
+        else "unknown"
+    )
+    print(f"cpu={model!r} cores={os.cpu_count()} llvm_host_cpu={llvm.get_host_cpu_name()}")
+    if not numba_applies(torch.zeros(2, 64)):
+        print("numba: not installed (the torch kernel runs)")
+        return
+    from numba.core import config
+
+    from engine.coherence import phi_numba
+
+    phi_numba.token_entropy(make_logits(2).numpy())
+    asm = next(iter(phi_numba._block_sums.inspect_asm().values()), "")
+    print(
+        f"numba={numba.__version__} target_cpu={config.CPU_NAME or llvm.get_host_cpu_name()} "
+        f"features: {phi_numba.VECTOR_TARGET}; svml={config.USING_SVML}; hot loop vector registers: "
+        f"zmm={len(re.findall('zmm', asm))} ymm={len(re.findall('ymm', asm))}"
+        + (" (cached code: not inspectable, set NUMBA_CACHE_DIR to an empty folder)" if not asm else "")
+    )
+
+
 def main() -> None:
+    machine()
     logits = make_logits()
     print(
         f"shape=[{N}x{V}] dtype=float32 scale={SCALE} threads={','.join(map(str, THREADS))} "

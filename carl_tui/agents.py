@@ -90,7 +90,16 @@ def task_view(task: dict[str, Any], colours: tuple[str, str, str]) -> Table:
     table.add_row(
         "verifier", score_line(task.get("verifier_score"), colours, reference or "the task has none")
     )
-    table.add_row("outcome", score_line(task.get("outcome_score"), colours, "the environment's profile"))
+    scored = task.get("rollout") or {}
+    profile = (
+        f"the {printable(scored['profile'])} profile"
+        if scored.get("profile")
+        else "the environment's profile"
+    )
+    table.add_row("outcome", score_line(task.get("outcome_score"), colours, profile))
+    if scored.get("dimensions"):  # those that had evidence; the others were left out, weights renormalised
+        parts = [f"{printable(name)} {value:.2f}" for name, value in scored["dimensions"].items()]
+        table.add_row("", Text("scored on " + " · ".join(parts), style="dim"))
     table.add_row("PRM", score_line(task.get("prm_score"), colours, "mean of the step scores"))
     table.add_row("reward", score_line(task.get("reward"), colours, "what the trainer optimises", bold=True))
     table.add_row("", "")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from engine import paths
 from engine.errors import CliError, guard
+from engine.limits import PORT_MAX, int_flag
 
 
 def _home(args: argparse.Namespace, *, create: bool = True) -> Path:
@@ -39,7 +40,13 @@ def tui_main(argv: list[str] | None = None) -> int:
         help="start the built-in demo training run (if none is live) and watch it",
     )
     parser.add_argument(
-        "--demo-steps", type=int, default=None, help="GRPO steps of the demo run (default: demo.yaml's)"
+        "--demo-steps",
+        type=int_flag(1),
+        default=None,
+        help="GRPO steps of the demo run (default: demo.yaml's)",
+    )
+    parser.add_argument(
+        "--demo-stay", action="store_true", help="keep the demo's agents plane up after the demo run ends"
     )
     parser.add_argument(
         "--backend",
@@ -63,7 +70,12 @@ def tui_main(argv: list[str] | None = None) -> int:
         help="serve the control room to a browser (textual-serve), behind a token printed once",
     )
     web.add_argument("--host", default=None, help="address to listen on with --serve (default: 127.0.0.1)")
-    web.add_argument("--port", type=int, default=None, help="port for --serve (default, or 0: a free one)")
+    web.add_argument(
+        "--port",
+        type=int_flag(0, PORT_MAX),
+        default=None,
+        help="port for --serve (default, or 0: a free one)",
+    )
     web.add_argument(
         "--allow-control",
         action="store_true",
@@ -77,6 +89,8 @@ def _run_tui(args: argparse.Namespace) -> int:
     home = _home(args, create=not args.readonly)  # watch-only: writes nothing, not even an empty home
     if not args.serve and (args.host is not None or args.port is not None or args.allow_control):
         raise CliError("--host, --port and --allow-control go with --serve")
+    if args.demo_stay and not args.demo:
+        raise CliError("--demo-stay goes with --demo")
     if args.readonly and args.demo:
         raise CliError("--demo starts a training run; a --readonly session starts nothing (leave one out)")
     if args.serve and importlib.util.find_spec("textual_serve") is None:
@@ -86,7 +100,7 @@ def _run_tui(args: argparse.Namespace) -> int:
     if args.demo:
         from engine.demo.start import start_demo
 
-        start_demo(home, args.demo_steps, args.backend)
+        start_demo(home, args.demo_steps, args.backend, stay=args.demo_stay)
     os.environ.setdefault("TEXTUAL_ANIMATIONS", "none")  # nothing moves unless data does
     if args.serve:
         return _serve(home, args)

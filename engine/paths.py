@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from engine.names import slug
+
 
 def carl_home(create: bool = True) -> Path:
     home = Path(os.environ.get("CARL_HOME") or Path.home() / ".carl").expanduser()
@@ -42,3 +44,9 @@ def shown(path: Path) -> str:
         return "~/" + str(path.relative_to(Path.home()))
     except ValueError:
         return str(path)
+
+
+def run_dir(run_id: int, name: str, home: Path | None = None) -> Path:
+    """A run's own directory under runs/: named by its id, which is unique and safe, with a slug of its
+    name to read a listing by; the name alone never makes a path (`../x` stays under runs/)."""
+    return runs_dir(home) / f"{run_id}-{slug(name)}"

@@ -9,6 +9,7 @@ store, `visible` the second where text is printed.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -59,6 +60,16 @@ def storable_value(value: Any) -> Any:
                     node[index] = storable(item)
                 elif isinstance(item, dict | list):
                     stack.append(item)
+    return value
+
+
+def loads_storable(raw: str | bytes) -> Any:
+    """`json.loads(raw)` with the strings of the result made storable; raises what json.loads raises
+    (ValueError, RecursionError). Costs one substring search on a line without a surrogate escape."""
+    value = json.loads(raw)
+    probe = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
+    if "\\u" in probe and SURROGATE_ESCAPE.search(probe):
+        return storable_value(value)
     return value
 
 

@@ -104,6 +104,10 @@ def test_events_are_printed_filtered_and_as_json_lines(tmp_path: Path) -> None:
         for e in rollouts
     )
     assert all(e["score"] == e["reward"] and e["verifier_score"] == 1.0 for e in rollouts)
+    # Each rollout lists the dimensions that scored it (the others had no evidence and were left out).
+    assert all(
+        e["profile"] == "chat" and set(e["dimensions"]) == {"prm", "halugate", "length"} for e in rollouts
+    )
     one = rollouts[0]["task_id"]
     of_task = [
         json.loads(line)
@@ -368,6 +372,35 @@ def test_a_killed_engine_comes_back_with_one_plane_not_two(tmp_path: Path) -> No
             for pid in old:  # never leave the killed engine's plane behind
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+def test_down_while_the_engine_is_down_keeps_the_plane_down_when_the_engine_starts(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    with OpenAIServer(responder=solve) as llm:
+        tasks = arithmetic_tasks(tmp_path / "tasks.jsonl", 4)
+        (home / "agents.yaml").write_text(
+            f"agents:\n  worker_kind: http\n  endpoint: {llm.base_url}\n  endpoint_model: {llm.model}\n"
+            "  task_type: math\n  rate: 5\n"
+        )
+        try:
+            assert carl(home, "agents", "up", "--workers", "1", "--tasks", str(tasks)).returncode == 0
+            wait_for(
+                lambda: [p["state"] for p in overview(home)["plane"]["processes"]] == ["running", "running"],
+                what="manager and worker running",
+            )
+            stop_engine(home)  # the plane stops with it, and is still wanted
+            assert carl(home, "agents", "status").stdout.startswith("plane up when the engine starts")
+            down = carl(home, "agents", "down")
+            assert down.stdout.startswith("the engine is not running: the agents plane is marked down")
+            from engine.control import start_engine
+
+            start_engine(home)
+            # The engine restores the plane before it takes its first command: a control now finds none.
+            assert command(home, "agents_pause") == ("failed", "the agents plane is not up (carl agents up)")
+            assert overview(home)["plane"] == {"wanted": False}
+        finally:
+            stop_engine(home)
 
 
 def _alive(pid: int) -> bool:

@@ -18,6 +18,10 @@ from openai_server import OpenAIServer
 from engine.agents.events import ResultEvent, TaskEvent
 from engine.agents.feedback import ClaudeFeedback, OfflineFeedback, parse_feedback
 from engine.agents.scoring import (
+    CONTRADICTED,
+    IRRELEVANT,
+    SUPPORTED,
+    UNSUPPORTED,
     ClaudeJudge,
     CombinedScorer,
     Evidence,
@@ -26,9 +30,12 @@ from engine.agents.scoring import (
     OpenAIJudge,
     PRMScorer,
     Source,
+    arithmetic,
     changed_lines,
+    checked_numbers,
     claim_verdict,
     combine,
+    equations,
     halugate_score,
     judge_prompt,
     parse_action,
@@ -43,6 +50,14 @@ KEY = "sk-ant-test-key-0123456789abcdef"
 WEATHER = "Call the weather tool for Paris."
 PARIS_CALL = '{"tool": "get_weather", "args": {"city": "Paris"}}'
 LONDON_CALL = '{"tool": "get_weather", "args": {"city": "London"}}'
+SYDNEY_CALL = '{"tool": "get_weather", "args": {"city": "Sydney"}}'
+# What a worker serving the untrained tiny model answers (a reply captured from one, to "What is the
+# weather in Sydney?"): bytes that do not decode, and city names floating in them.
+BASE_REPLY = (
+    " LondonG\ufffdti\u0006yo\ufffd webain It\ufffd1assis\ufffd\ufffdqu/\ufffdMadridetislo"
+    "\ufffd\ufffd\ufffdWhrainy"
+    '\ufffd\ufffd"~7\u0442aN@ Toronto I\u001a8noerlinokTok\u0010&'
+)
 NATS_SECRET = "nats://s3cr3tTOKENvalue1234@host:4222"
 ANTHROPIC_SECRET = "sk-ant-api03-SECRETsecretSECRET0123456789"
 
@@ -317,17 +332,154 @@ async def test_secrets_never_reach_a_remote_judge_or_reviewer(
 
 def test_halugate_verdicts_against_the_prompt_only() -> None:
     source = Source.of("Alice has 3 apples and Bob has 5 pears. The shop is open on Sunday.")
-    assert claim_verdict("Alice has 3 apples", source) == 1.0
-    assert claim_verdict("Alice has 4 apples", source) == 0.0  # a number that conflicts
-    assert claim_verdict("Carol has 3 apples", source) == 0.0  # a name that conflicts
-    assert claim_verdict("The shop is not open on Sunday", source) == 0.0  # a negation
-    assert claim_verdict("The weather will be sunny tomorrow", source) == 0.5  # unsupported
-    assert claim_verdict("3 + 5 = 9", source) == 0.0  # wrong arithmetic
-    assert halugate_score("Alice has 3 apples. Alice has 4 apples.", source) == 0.5
-    assert halugate_score("Let me think.", source) == 0.8  # no claims
+    assert claim_verdict("Alice has 3 apples", source) == SUPPORTED == 1.0
+    assert claim_verdict("Alice has 4 apples", source) == CONTRADICTED == 0.25  # a number that conflicts
+    assert claim_verdict("Carol has 3 apples", source) == CONTRADICTED  # a name that conflicts
+    assert claim_verdict("The shop is not open on Sunday", source) == CONTRADICTED  # a negation
+    assert claim_verdict("3 + 5 = 9", source) == CONTRADICTED  # wrong arithmetic
+    assert claim_verdict("The weather will be sunny tomorrow", source) == IRRELEVANT == 0.0  # another topic
+    assert claim_verdict("Alice has a basket of apples", source) == SUPPORTED  # its words are the source's
+    assert claim_verdict("Alice has 7 apples, and Bob is her brother", source) == CONTRADICTED
+    assert halugate_score("Alice has 3 apples. Alice has 4 apples.", source) == (1.0 + 0.25) / 2
+    # A claim about something else beside one on the task counts as unsupported; alone, as nothing.
+    assert halugate_score("Alice has 3 apples. The weather will be sunny tomorrow.", source) == 0.75
+    assert halugate_score("The weather will be sunny tomorrow.", source) == 0.0
+    assert halugate_score("Let me think.", source) == 0.0  # no claims: nothing bears on the task
     with_reference = Source.of("Which city hosts the tower?", "Paris")
-    assert claim_verdict("The tower is in Paris", with_reference) == 1.0
-    assert claim_verdict("The tower is in Paris", Source.of("Which city hosts the tower?")) == 0.5
+    assert claim_verdict("The tower is in Paris", with_reference) == SUPPORTED
+    assert claim_verdict("The tower is in Paris", Source.of("Which city hosts the tower?")) == UNSUPPORTED
+    assert claim_verdict("The tower is in Rome", with_reference) == CONTRADICTED  # not the reference's city
+
+
+def test_arithmetic_reads_x_times_and_words_as_operators() -> None:
+    for prompt in (
+        "What is 6 x 7?",
+        "What is 6 × 7?",
+        "What is 6*7?",
+        "What is 6 times 7?",
+        "6 multiplied by 7",
+    ):
+        assert arithmetic(prompt) == {"42"}, prompt
+    assert arithmetic("What is 15 divided by 3.") == {"5"} and arithmetic("10 minus 4, then") == {"6"}
+    assert arithmetic("12 + 30 - 2") == {"40"}
+    # Dates, ranges, hex and equations already stated are not sums to work out.
+    for text in ("on 2024-01-05", "3-4 days", "0x1F", "Is 6 x 7 = 42?", "version 1.2"):
+        assert arithmetic(text) == set(), text
+    assert equations("6 x 7 = 42, 6x7=41, 6 × 7 = 42, 6*7 = 42") == ({"42"}, 1)
+    assert checked_numbers("30 + 12 = 42 and 5 x 5 = 26") == {"12", "30", "42"}
+
+
+# The reference set of the hallucination check: (prompt, reference, right, wrong, irrelevant). Each right
+# answer must score above its wrong one, and that above the irrelevant one.
+REFERENCE_SET = [
+    ("What is 6 x 7?", "42", "The answer is 42.", "The answer is 41.", "banana"),
+    ("What is 6 × 7?", "42", "6 × 7 = 42", "6 × 7 = 48", "I like turtles."),
+    ("What is 6 * 7?", "42", "42", "41", "The weather is nice today in the park."),
+    ("What is 6 x 7?", None, "The answer is 42", "The answer is 41", "banana"),  # the prompt's own sum
+    ("What is 6 times 7?", "42", "Six times seven is forty-two.", "It is 48.", "Cats are mammals."),
+    ("What is 12 + 30?", "42", "12 + 30 = 42", "12 + 30 = 52", "Cats are mammals."),
+    (
+        "What is 100 divided by 4?",
+        "25",
+        "100 divided by 4 is 25.",
+        "It is 20.",
+        "I enjoy hiking in the hills.",
+    ),
+    (
+        "What is 9 minus 3?",
+        "6",
+        "9 - 3 = 6, so the answer is 6.",
+        "The answer is 5.",
+        "purple monkey dishwasher",
+    ),
+    ("What is 7 x 8? Show your work.", "56", "7 x 8 = 56", "7 x 8 = 54", "Let me think about it."),
+    (
+        "What is the capital of France?",
+        "Paris",
+        "The capital of France is Paris.",
+        "The capital of France is Lyon.",
+        "I had pasta for dinner yesterday.",
+    ),
+    (
+        "Who wrote Hamlet?",
+        "William Shakespeare",
+        "Hamlet was written by William Shakespeare.",
+        "Hamlet was written by Charles Dickens.",
+        "The ocean is deep and wide.",
+    ),
+    (
+        "Which planet is known as the Red Planet?",
+        "Mars",
+        "Mars is known as the Red Planet.",
+        "Venus is known as the Red Planet.",
+        "I need to buy some milk and bread.",
+    ),
+    (
+        "How many legs does a spider have?",
+        "8",
+        "A spider has 8 legs.",
+        "A spider has 6 legs.",
+        "Stocks fell sharply.",
+    ),
+    (
+        "In which year did Apollo 11 land on the Moon?",
+        "1969",
+        "Apollo 11 landed on the Moon in 1969.",
+        "Apollo 11 landed on the Moon in 1972.",
+        "My favourite colour is green.",
+    ),
+    (
+        "What colour is a clear daytime sky?",
+        "blue",
+        "A clear daytime sky is blue.",
+        "It is green.",
+        "Trains run late.",
+    ),
+    (
+        "What gas do plants absorb from the air?",
+        "carbon dioxide",
+        "Plants absorb carbon dioxide.",
+        "Plants absorb oxygen.",
+        "My car needs new tyres.",
+    ),
+    (
+        "Which tool tells the time in Madrid?",
+        "get_time",
+        "Use get_time for Madrid.",
+        "Use get_weather.",
+        "banana bread",
+    ),
+    (
+        "What is the weather in Sydney?",
+        SYDNEY_CALL,
+        SYDNEY_CALL,
+        SYDNEY_CALL.replace("get_weather", "get_news"),
+        BASE_REPLY,
+    ),
+    (WEATHER, PARIS_CALL, PARIS_CALL, LONDON_CALL, "<step>%%%</step><answer>!!!</answer>"),
+]
+
+
+@pytest.mark.parametrize(("prompt", "reference", "right", "wrong", "irrelevant"), REFERENCE_SET)
+def test_the_hallucination_check_ranks_right_above_wrong_above_irrelevant(
+    prompt: str, reference: str | None, right: str, wrong: str, irrelevant: str
+) -> None:
+    source = Source.of(prompt, reference)
+    scores = [
+        halugate_score(split_reply(reply)[0] + [split_reply(reply)[1]], source)
+        for reply in (right, wrong, irrelevant)
+    ]
+    assert scores[0] > scores[1] > scores[2], scores
+
+
+def test_the_six_times_seven_case_of_the_issue() -> None:
+    """ "banana" scored 0.8 while "The answer is 42" and "The answer is 41" both scored 0.5."""
+    for times in ("x", "×", "*"):
+        source = Source.of(f"What is 6 {times} 7?", "42")
+        right, wrong, banana = (
+            halugate_score(r, source) for r in ("The answer is 42", "The answer is 41", "banana")
+        )
+        assert (right, wrong, banana) == (1.0, 0.25, 0.0), times
 
 
 def test_length_band() -> None:
@@ -386,43 +538,69 @@ def evidence(
 
 
 def test_terminal_combines_success_and_efficiency() -> None:
-    per_step, dims, notes = combine("terminal", evidence(["ls", "cat x"], {"exit_codes": [0, 1]}))
-    assert per_step == [pytest.approx(1.0), pytest.approx(0.2)] and dims == {
+    combined = combine("terminal", evidence(["ls", "cat x"], {"exit_codes": [0, 1]}))
+    assert combined.units == [pytest.approx(1.0), pytest.approx(0.2)] and combined.dimensions == {
         "success": 0.5,
         "efficiency": 1.0,
     }
+    assert combined.profile == "terminal" and combined.notes == []
     over_budget = evidence(["a"] * 4, {"exit_code": 0, "step_budget": 2})
-    assert combine("terminal", over_budget)[1] == {"success": 1.0, "efficiency": 0.5}
+    assert combine("terminal", over_budget).dimensions == {"success": 1.0, "efficiency": 0.5}
     commands = evidence(
         ["a"], {"exit_codes": [0, 0, 1, 0], "commands": ["a", "b", "c", "d"], "step_budget": 2}
     )
-    assert combine("terminal", commands)[1] == {"success": 0.75, "efficiency": 0.5}
+    assert combine("terminal", commands).dimensions == {"success": 0.75, "efficiency": 0.5}
 
 
-def test_missing_data_renormalises_and_nothing_left_gives_half() -> None:
-    per_step, dims, notes = combine("terminal", evidence(["ls"], {}))
-    assert dims == {"efficiency": 1.0} and per_step == [1.0]
-    assert notes == ["success: no data (metadata exit_code or exit_codes)"]
-    per_step, dims, notes = combine("terminal", evidence([], {}))  # the answer alone: nothing to read
-    assert per_step == [0.5] and dims == {} and len(notes) == 2
+def test_a_dimension_without_evidence_is_left_out_and_cost_alone_decides_nothing() -> None:
+    # Commands but no exit codes: efficiency alone would decide, so the reply's text does (chat profile).
+    combined = combine("terminal", evidence(["ls"], {"commands": ["ls"]}))
+    assert combined.profile == "chat" and set(combined.dimensions) == {"prm", "halugate", "length"}
+    assert combined.notes == [
+        "success: no data (metadata exit_code or exit_codes)",
+        "terminal: only efficiency had evidence: scored with the chat profile",
+    ]
+    nothing = combine("terminal", evidence(["ls"], {}))  # what workers send: no exit codes, no commands
+    assert (
+        nothing.profile == "chat"
+        and "terminal: no dimension had evidence: scored with the chat profile" in (nothing.notes)
+    )
+    # A reply's own step count is no evidence of what ran: efficiency needs the environment's record.
+    assert "efficiency" not in combine("gui", evidence(["click(1, 2)"], {})).dimensions
+    # swe without tests or a diff: the PRM alone, renormalised (it is no cost).
+    swe = combine("swe", evidence(["edit"], {}, scores=[0.4]))
+    assert swe.profile == "swe" and swe.dimensions == {"prm": 0.4} and swe.units == [pytest.approx(0.4)]
+
+
+async def test_symbol_soup_no_longer_scores_1_in_the_terminal() -> None:
+    """Without exit codes, efficiency alone decided, and `<step>%%%</step><answer>!!!</answer>` scored 1.0."""
+    task = task_event(environment="terminal")
+    soup = "<step>%%%</step><answer>!!!</answer>"
+    steps, answer = split_reply(soup)
+    scored = await offline_scorer().score(task, result_event(task, steps, answer), None)
+    assert scored.profile == "chat" and scored.outcome_score == 0.0 and scored.reward == 0.0
+    good = await offline_scorer().score(
+        task, result_event(task, ["I call the weather tool."], PARIS_CALL), None
+    )
+    assert good.outcome_score > 0.8
 
 
 def test_a_dimension_that_raises_is_left_out() -> None:
-    per_step, dims, notes = combine("swe", evidence(["fix"], {"tests_passed": 3, "tests_total": "many"}))
-    assert set(dims) == {"prm"} and per_step == [1.0]
-    assert any(n.startswith("tests failed: metadata.tests_total") for n in notes)
+    combined = combine("swe", evidence(["fix"], {"tests_passed": 3, "tests_total": "many"}))
+    assert set(combined.dimensions) == {"prm"} and combined.units == [1.0]
+    assert any(n.startswith("tests failed: metadata.tests_total") for n in combined.notes)
 
 
 def test_swe_and_gui_profiles() -> None:
     diff = "--- a/f\n+++ b/f\n" + "+x\n" * 100
-    per_step, dims, _ = combine(
+    swe = combine(
         "swe", evidence(["edit"], {"tests_passed": 3, "tests_total": 4, "diff": diff}, scores=[0.5])
     )
-    assert dims == {"tests": 0.75, "prm": 0.5, "diff_size": pytest.approx(1 / 1.5)}
-    assert per_step == [pytest.approx(0.5 * 0.75 + 0.3 * 0.5 + 0.2 / 1.5)]
+    assert swe.dimensions == {"tests": 0.75, "prm": 0.5, "diff_size": pytest.approx(1 / 1.5)}
+    assert swe.units == [pytest.approx(0.5 * 0.75 + 0.3 * 0.5 + 0.2 / 1.5)]
     steps = ["click(1, 2)", "I look at the screen", 'type("x")', "wait(1)"]
-    _, dims, _ = combine("gui", evidence(steps, {"step_budget": 2}, scores=[1.0, 0.0, 1.0, 1.0]))
-    assert dims == {"prm": 0.75, "action_validity": 0.75, "efficiency": 0.5}
+    gui = combine("gui", evidence(steps, {"commands": 4, "step_budget": 2}, scores=[1.0, 0.0, 1.0, 1.0]))
+    assert gui.dimensions == {"prm": 0.75, "action_validity": 0.75, "efficiency": 0.5}
 
 
 async def test_chat_results_with_offline_prm() -> None:

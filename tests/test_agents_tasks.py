@@ -129,7 +129,7 @@ def test_each_mistake_is_one_line_naming_line_and_field(tmp_path: Path, lines: l
 def test_unreadable_files(tmp_path: Path) -> None:
     assert error_of(tmp_path / "tasks.jsonl") == "tasks.jsonl: no such file"
     (tmp_path / "tasks.jsonl").write_bytes(b'{"prompt": "\xff"}\n')
-    assert error_of(tmp_path / "tasks.jsonl") == "tasks.jsonl: not UTF-8 text"
+    assert error_of(tmp_path / "tasks.jsonl") == "tasks.jsonl: not UTF-8 text (byte 12 is 0xff)"
 
 
 @pytest.mark.parametrize(

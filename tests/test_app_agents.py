@@ -136,6 +136,8 @@ def one_task(worker_id: str = "w1", prompt: str = "What is 17 + 25?") -> tuple[s
         step_scores=[0.9, 0.35, 0.8],
         prm_score=0.68,
         outcome_score=0.75,
+        profile="chat",
+        dimensions={"prm": 0.68, "halugate": 1.0, "length": 0.9},
         verifier_score=1.0,
         reward=0.83,
         model_version="agents-v0003",
@@ -319,6 +321,8 @@ async def test_enter_opens_the_task_with_its_steps_feedback_and_rollout(
             "0.83",
             "Φ mean 0.910",
             "1.5s",
+            "the chat profile",
+            "scored on prm 0.68 · halugate 1.00 · length 0.90",
         ):
             assert expected in text, expected
         scroll = app.screen.query_one("#task-detail")

@@ -531,8 +531,9 @@ async def test_hostile_names_are_shown_as_text(home: Path) -> None:
         store.add_metrics(run_id, [(1, "[bold]k\x1b[31m\ny", 1.0, time.time())])
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        screen = await open_explorer(pilot, app, "[b]evil[/b]\x1b[2J")
-        assert "run [b]evil[/b]\ufffd[2J" in header(screen)
+        # the store keeps a name printable (engine/names.py): the escape became a space, the markup stays text
+        screen = await open_explorer(pilot, app, "[b]evil[/b] [2J")
+        assert "run [b]evil[/b] [2J" in header(screen)
         assert any("[bold]k\ufffd[31m\ufffdy" in line for line in listed(screen))
         assert "[bold]k\ufffd[31m\ufffdy 1" in str(screen.query_one("#explorer-chart").border_title)
         await pilot.press("i")

@@ -47,7 +47,7 @@ from engine.observe import derived_phi, normalize_key
         ("", None),
         ("train/", None),
         ("x" * 201, None),
-        ("bad\ud800key", None),
+        ("bad\ud800key", "bad\ufffdkey"),  # made storable where it enters (issue 22 §2), not dropped
     ],
 )
 def test_normalize_key(key: str, expected: str | None) -> None:

@@ -358,7 +358,7 @@ def test_a_fifo_among_the_dumps_is_refused_by_type_without_opening_it(store: Sto
     verl_step(folder, 3, n=2)
     source_id = register(store, folder, "rollouts-verl", follow=True)
     result = drain(store, source_id)
-    assert result.rows == 4 and result.problems == ["dump/2.jsonl:0: not a regular file"]
+    assert result.rows == 4 and result.problems == ["dump/2.jsonl:0: a FIFO (named pipe), not a regular file"]
     assert drain(store, source_id).bad_lines == 0  # said once
 
 

@@ -452,3 +452,41 @@ def test_the_mlx_path_imports_no_torch_and_coherence_imports_no_mlx() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert json.loads(out.stdout) == [False, False]
+
+
+# -- the MLX backend's sampler: Φ from the generating pass -----------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_sampler_measures_what_the_forward_path_measures(
+    tiny_model: Path, tmp_path: Path, temperature: float
+) -> None:
+    """The MLX backend's sampler reduces each decoding step's logits with the fused kernel; the coherence
+    rewards take those entropies. They equal a forward over prompt + completion on the same tokens (1e-5
+    nats), with rows that finish at different steps (the finished rows' later steps are not kept)."""
+    from engine.training.backend import Reporter
+    from engine.training.config import TrainConfig
+    from engine.training.mlx_backend import MLXBackend
+
+    config = TrainConfig(model=str(tiny_model), temperature=temperature, max_completion_length=16)
+    backend = MLXBackend(
+        config, home=tmp_path, output_dir=tmp_path / "out", reporter=Reporter(None, 0), pump=None
+    )
+    backend.prepare()
+    # The untrained tiny model rarely picks its one EOS: 40 more ids that end a sequence make rows finish
+    # at different steps.
+    backend.tokenizer.eos_token_ids = {backend.tokenizer.eos_token_id, *range(100, 140)}
+    prompt = backend.tokenizer.encode("<|user|>\nWhat is the weather in Paris?</s>\n<|assistant|>\n")
+    samples = backend._sample(prompt, 6, mx.random.key(3))
+    lengths = [len(s.token_ids) for s in samples]
+    assert len(set(lengths)) > 1, lengths
+    stats = token_stats_from_mlx_model(
+        backend.model,
+        [s.prompt_ids + s.token_ids for s in samples],
+        [len(s.prompt_ids) for s in samples],
+        temperature=temperature,
+    )
+    for sample, entropy, surprisal in zip(samples, stats.entropy, stats.surprisal, strict=True):
+        np.testing.assert_allclose(sample.entropies, entropy, atol=TOL, rtol=0)
+        np.testing.assert_allclose(sample.logprobs, -surprisal, atol=TOL, rtol=0)
+    assert backend.sampling_phi_seconds > 0

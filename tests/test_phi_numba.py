@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 
 pytest.importorskip("numba")
 
+from llvmlite import binding as llvm_binding  # noqa: E402  (numba's own dependency)
+
 from engine.coherence import phi_numba  # noqa: E402
 from engine.coherence.phi import numba_applies, phi_from_entropy, reference_entropy, token_entropy  # noqa: E402
 
@@ -250,3 +252,42 @@ def test_the_compiled_kernel_is_cached_on_disk(tmp_path: Path) -> None:
 
     assert first_call() == (0, 1)  # compiled, and written to the cache
     assert first_call() == (1, 0)  # loaded from it
+
+
+VECTOR_PROBE = """
+import re, sys
+import numpy as np
+from engine.coherence import phi_numba
+phi_numba.token_entropy(np.zeros((2, 4096), dtype=np.float32))
+asm = next(iter(phi_numba._block_sums.inspect_asm().values()))
+print(phi_numba.VECTOR_TARGET, "|", len(re.findall("zmm", asm)), len(re.findall("ymm", asm)))
+"""
+
+
+def vector_registers(tmp_path: Path, **env: str) -> tuple[str, int, int]:
+    out = subprocess.run(
+        [sys.executable, "-c", VECTOR_PROBE],
+        env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    target, counts = out.rsplit("|", 1)
+    zmm, ymm = map(int, counts.split())
+    return target.strip(), zmm, ymm
+
+
+@pytest.mark.skipif(
+    "+avx512f" not in llvm_binding.get_host_cpu_features().flatten(), reason="the CPU has no AVX-512"
+)
+def test_avx512_parts_get_512_bit_vectors_even_where_llvm_prefers_256(tmp_path: Path) -> None:
+    """LLVM's tuning for Intel's AVX-512 servers prefers 256-bit vectors: compiled for cascadelake, the
+    kernel was ymm code at half the zmm speed. The module lifts that preference before numba's first
+    compile, unless NUMBA_CPU_FEATURES chooses the features."""
+    target, zmm, ymm = vector_registers(tmp_path / "lifted", NUMBA_CPU_NAME="cascadelake")
+    assert target == "AVX-512: host features, -prefer-256-bit" and zmm > 0
+    features = llvm_binding.get_host_cpu_features().flatten()
+    target, zmm, ymm = vector_registers(
+        tmp_path / "kept", NUMBA_CPU_NAME="cascadelake", NUMBA_CPU_FEATURES=features
+    )
+    assert target == "NUMBA_CPU_FEATURES set: left as is" and zmm == 0 and ymm > 0

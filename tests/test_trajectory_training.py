@@ -389,7 +389,7 @@ def test_train_an_adapter_as_a_carl_run_then_evaluate_its_plans(home: Path) -> N
     result = train_adapter(home, strategy="advantage", steps=6, batch_size=2, lora_r=8, lora_alpha=16, seed=0)
     assert result.ok, format_train(result)
     assert result.run_name == "traj-advantage" and result.status == "finished"
-    assert result.model_dir == home / "runs" / "traj-advantage" / "final"
+    assert result.model_dir == home / "runs" / f"{result.run_id}-traj-advantage" / "final"  # from its id
     assert (result.model_dir / "adapter_config.json").is_file()
     assert result.dataset == home / "trajectory-data" / "traj-advantage" / "train_pc.jsonl"
     assert len(result.dataset.read_text().splitlines()) == result.examples == result.export.train_examples

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine import paths
 from engine.errors import CarlError
+from engine.limits import int_flag
 from engine.text import visible
 
 if TYPE_CHECKING:  # pydantic and yaml load when a command runs, not when `carl` builds its parser
@@ -46,7 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
     up = sub.add_parser("up", help="start the plane under the engine: nats-server, a manager, K workers")
     _plane_arguments(up)
-    up.add_argument("--limit", type=int, default=None, help="tasks to assign (default: round and round)")
+    up.add_argument(
+        "--limit", type=int_flag(1), default=None, help="tasks to assign (default: round and round)"
+    )
     up.add_argument(
         "--serve-run",
         default=None,
@@ -58,7 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     status.add_argument("--json", action="store_true", help="one JSON object")
     run = sub.add_parser("run", help="run a plane until every task is done, then print a summary")
     _plane_arguments(run)
-    run.add_argument("--limit", type=int, default=None, help="tasks to assign (default: every task once)")
+    run.add_argument(
+        "--limit", type=int_flag(1), default=None, help="tasks to assign (default: every task once)"
+    )
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     worker = sub.add_parser("worker", help="join a plane (on another machine) as one worker")
     _address_arguments(worker)
@@ -76,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     events.add_argument("--worker", default=None)
     events.add_argument("--task", default=None, help="a task id (or its first characters)")
     events.add_argument("--rejected", action="store_true", help="only payloads that were rejected")
-    events.add_argument("--limit", type=int, default=50, help="the newest N (0: all)")
+    events.add_argument("--limit", type=int_flag(0), default=50, help="the newest N (0: all)")
     events.add_argument("--json", action="store_true", help="one JSON object a line")
 
 
@@ -91,7 +97,7 @@ def _address_arguments(parser: argparse.ArgumentParser) -> None:
 def _plane_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", default="demo", help="'demo' or a JSONL file of tasks")
     parser.add_argument(
-        "--workers", type=int, default=None, help="workers to start (default: agents.workers)"
+        "--workers", type=int_flag(0), default=None, help="workers to start (default: agents.workers)"
     )
     parser.add_argument("--train", action="store_true", help="train the served model from the rollouts")
     parser.add_argument("--kind", choices=("model", "http"), default=None, help="the workers' kind")
@@ -206,15 +212,26 @@ def _served_run(home: Path, ref: str, settings: AgentsSettings) -> str:
 def _down(args: argparse.Namespace, home: Path) -> int:
     from engine.control import engine_status
 
-    if engine_status(home).state != "up":
+    if engine_status(home).state == "up":
+        print(_engine_command(home, "agents_down", {}))
+        return 0
+    if not paths.db_path(home).exists():
         print("the engine is not running, and with it no agents plane")
         return 0
-    print(_engine_command(home, "agents_down", {}))
+    from engine.store import Store
+
+    from .plane import not_wanted
+
+    with Store(paths.db_path(home)) as store:  # recorded, so that `carl engine start` leaves it down
+        print(not_wanted(store, home))
     return 0
 
 
 def plane_status(home: Path) -> dict[str, Any]:
-    """What `carl agents status` shows, read from the store."""
+    """What `carl agents status` shows, read from the store, with every process the store says is up
+    checked: one whose pid is gone is shown `dead`, never `running` (an engine killed with SIGKILL
+    leaves its last word in the store)."""
+    from engine.control import engine_status
     from engine.store import StoreReader
 
     from .audit import AUDIT_KEY
@@ -229,12 +246,45 @@ def plane_status(home: Path) -> dict[str, Any]:
             "events": 0,
             "alarms": [],
             "audit": None,
+            "engine": "down",
         }
     reader = StoreReader(db)
     try:
-        return {**reader.agents_overview(), "audit": reader.kv(AUDIT_KEY)}
+        status = {**reader.agents_overview(), "audit": reader.kv(AUDIT_KEY)}
     finally:
         reader.close()
+    status["engine"] = engine_status(home, recover=False).state
+    return checked_pids(status)
+
+
+LIVE_STATES = {"starting", "running", "restarting", "up", "idle", "busy", "stopping"}
+
+
+def checked_pids(status: dict[str, Any]) -> dict[str, Any]:
+    """`status` with each process the store calls live but whose pid is not alive marked `dead`: the
+    server, the plane's processes, and the workers on this host (another host's pids are not ours)."""
+    from engine.processes import alive
+
+    def dead(entry: dict[str, Any], key: str) -> bool:
+        pid = entry.get("pid")
+        return entry.get(key) in LIVE_STATES and isinstance(pid, int) and not alive(pid, others_count=False)
+
+    server = status.get("server")
+    if server and dead(server, "state"):
+        status["server"] = {**server, "state": "dead"}
+    plane = status.get("plane")
+    if plane and plane.get("processes"):
+        processes = [{**p, "state": "dead"} if dead(p, "state") else p for p in plane["processes"]]
+        status["plane"] = {**plane, "processes": processes}
+        manager = status.get("manager")
+        if manager and any(p["role"] == "manager" and p["state"] == "dead" for p in processes):
+            status["manager"] = {**manager, "state": "dead", "last_state": manager.get("state")}
+    host = socket.gethostname()
+    status["workers"] = [
+        {**w, "state": "dead"} if w.get("host") == host and dead(w, "state") else w
+        for w in status.get("workers") or []
+    ]
+    return status
 
 
 def _status(args: argparse.Namespace, home: Path) -> int:
@@ -245,6 +295,8 @@ def _status(args: argparse.Namespace, home: Path) -> int:
     server = status.get("server") or {}
     plane = status.get("plane") or {}
     wanted = "up" if plane.get("wanted") else "down"
+    if plane.get("wanted") and status.get("engine") != "up":
+        wanted = "up when the engine starts (the engine is down; carl agents down keeps it down)"
     print(
         f"plane {wanted}; server {server.get('state', 'down')} {server.get('url') or ''}"
         f"{' (restarts ' + str(server['restarts']) + ')' if server.get('restarts') else ''}".rstrip()
@@ -252,8 +304,11 @@ def _status(args: argparse.Namespace, home: Path) -> int:
     manager = status.get("manager")
     if manager:
         total = f"/{manager['total']}" if manager.get("total") else ""
+        state = manager["state"] + (
+            f" (last said {manager['last_state']})" if manager.get("last_state") else ""
+        )
         print(
-            f"manager {manager['state']}: {manager['assigned']}{total} assigned, {manager['in_flight']} in flight, "
+            f"manager {state}: {manager['assigned']}{total} assigned, {manager['in_flight']} in flight, "
             f"{manager['done']} done, {manager['failed']} failed, {manager['timed_out']} timed out; "
             f"feedback {manager['feedback']}"
         )
@@ -595,6 +650,8 @@ def event_record(row: dict[str, Any]) -> dict[str, Any]:
     for key in (
         "prm_score",
         "outcome_score",
+        "profile",
+        "dimensions",
         "verifier_score",
         "reward",
         "status",

@@ -18,6 +18,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engine.errors import CarlError
+from engine.limits import PORT_MAX, PORT_MIN
+from engine.strict import Count, Int, Real
 from engine.yamlfile import read_mapping
 
 from .events import TOKEN
@@ -28,44 +30,46 @@ class AgentsConfigError(CarlError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class StreamLimits(_Section):
-    max_age_s: float = Field(7 * 24 * 3600, gt=0, description="events older than this leave the stream")
-    max_bytes: int = Field(1 << 30, gt=0, description="the stream keeps at most this many bytes (oldest go)")
-    duplicate_window_s: float = Field(
+    max_age_s: Real = Field(7 * 24 * 3600, gt=0, description="events older than this leave the stream")
+    max_bytes: Int = Field(1 << 30, gt=0, description="the stream keeps at most this many bytes (oldest go)")
+    duplicate_window_s: Real = Field(
         120, gt=0, description="a publish repeating a message id within this window is stored once"
     )
 
 
 class AlarmSettings(_Section):
-    window: int = Field(20, ge=3, description="results looked at by each alarm")
-    collusion_gap: float = Field(
+    window: Count = Field(20, ge=3, description="results looked at by each alarm")
+    collusion_gap: Real = Field(
         0.3, gt=0, le=1, description="collusion: mean |feedback - independent score| above this"
     )
-    hacking_high: float = Field(0.7, gt=0, le=1, description="reward hacking: feedback or PRM at least this")
-    hacking_fail: float = Field(0.5, gt=0, le=1, description="... while the verifier scores below this")
-    hacking_share: float = Field(0.5, gt=0, le=1, description="... in at least this share of the window")
-    divergence: float = Field(
+    hacking_high: Real = Field(0.7, gt=0, le=1, description="reward hacking: feedback or PRM at least this")
+    hacking_fail: Real = Field(0.5, gt=0, le=1, description="... while the verifier scores below this")
+    hacking_share: Real = Field(0.5, gt=0, le=1, description="... in at least this share of the window")
+    divergence: Real = Field(
         0.25, gt=0, le=1, description="worker divergence: a worker's mean this far from the others'"
     )
 
 
 class TrainerSettings(_Section):
     enabled: bool = Field(False, description="train the served model from the plane's rollouts")
-    group_size: int = Field(4, ge=2, description="each prompt is asked this many times: one GRPO group")
-    groups_per_update: int = Field(2, ge=1, description="groups in one optimizer step")
-    learning_rate: float = Field(5e-4, gt=0, description="AdamW learning rate of the LoRA adapter")
-    beta: float = Field(0.04, ge=0, description="weight of the KL to the reference (the base model)")
-    clip: float = Field(0.2, gt=0, lt=1, description="the importance ratio is clipped to [1-clip, 1+clip]")
-    publish_every: int = Field(2, ge=1, description="publish a model update every this many optimizer steps")
-    lora_r: int = Field(8, gt=0, description="LoRA rank")
-    lora_alpha: int = Field(16, gt=0, description="LoRA alpha")
+    group_size: Count = Field(4, ge=2, description="each prompt is asked this many times: one GRPO group")
+    groups_per_update: Count = Field(2, ge=1, description="groups in one optimizer step")
+    learning_rate: Real = Field(5e-4, gt=0, description="AdamW learning rate of the LoRA adapter")
+    beta: Real = Field(0.04, ge=0, description="weight of the KL to the reference (the base model)")
+    clip: Real = Field(0.2, gt=0, lt=1, description="the importance ratio is clipped to [1-clip, 1+clip]")
+    publish_every: Count = Field(
+        2, ge=1, description="publish a model update every this many optimizer steps"
+    )
+    lora_r: Count = Field(8, gt=0, description="LoRA rank")
+    lora_alpha: Count = Field(16, gt=0, description="LoRA alpha")
     target_modules: str | list[str] = Field(
         "all-linear", description="LoRA target modules (as the served model)"
     )
-    max_updates: int | None = Field(None, gt=0, description="stop training after this many optimizer steps")
+    max_updates: Count | None = Field(None, gt=0, description="stop training after this many optimizer steps")
 
 
 class AgentsSettings(_Section):
@@ -76,14 +80,14 @@ class AgentsSettings(_Section):
     token_file: str | None = Field(None, description="file holding the token for `url`")
     creds_file: str | None = Field(None, description="NATS .creds file for `url`")
     tls_ca_file: str | None = Field(None, description="CA certificate for a tls:// server")
-    replicas: int = Field(
+    replicas: Count = Field(
         1,
         ge=1,
         le=5,
         description="copies a NATS cluster keeps of the stream and its consumers (3: one node may die)",
     )
     task_type: str = Field("demo", description="the queue the manager assigns to and workers take from")
-    workers: int = Field(2, ge=0, le=64, description="workers `carl agents up` starts")
+    workers: Count = Field(2, ge=0, le=64, description="workers `carl agents up` starts")
     worker_kind: Literal["model", "http"] = Field("model", description="model (transformers) or http")
     model: str = Field("carl-tiny", description="the model local workers serve and the trainer trains")
     endpoint: str | None = Field(None, description="OpenAI-compatible base URL for http workers")
@@ -94,16 +98,16 @@ class AgentsSettings(_Section):
     system_prompt: str | None = Field(
         None, description="instruction workers send with every task (null: the default)"
     )
-    concurrency: int = Field(4, ge=1, le=1024, description="tasks in flight at once")
-    task_timeout_s: float = Field(120, gt=0, description="a task without a result after this is given up")
-    ack_wait_s: float = Field(30, gt=0, description="a task not acknowledged in this time is redelivered")
-    max_new_tokens: int = Field(48, gt=0, le=4096, description="tokens a model worker generates at most")
-    temperature: float = Field(1.0, gt=0, description="sampling temperature of the workers")
-    rate: float | None = Field(None, gt=0, description="tasks assigned per second at most (null: no limit)")
+    concurrency: Count = Field(4, ge=1, le=1024, description="tasks in flight at once")
+    task_timeout_s: Real = Field(120, gt=0, description="a task without a result after this is given up")
+    ack_wait_s: Real = Field(30, gt=0, description="a task not acknowledged in this time is redelivered")
+    max_new_tokens: Count = Field(48, gt=0, le=4096, description="tokens a model worker generates at most")
+    temperature: Real = Field(1.0, gt=0, description="sampling temperature of the workers")
+    rate: Real | None = Field(None, gt=0, description="tasks assigned per second at most (null: no limit)")
     judge: Literal["offline", "openai", "claude"] = Field("offline", description="who judges each step")
     judge_url: str | None = Field(None, description="OpenAI-compatible base URL of the judge")
     judge_model: str | None = Field(None, description="judge model name")
-    votes: int = Field(1, ge=1, le=9, description="judge calls per step; the step score is their median")
+    votes: Count = Field(1, ge=1, le=9, description="judge calls per step; the step score is their median")
     feedback: Literal["offline", "claude"] = Field("offline", description="who writes the manager feedback")
     claude_model: str | None = Field(None, description="model of the Claude manager")
     stream: StreamLimits = Field(default_factory=StreamLimits, description="the JetStream stream's limits")
@@ -142,6 +146,12 @@ def check_url(url: str) -> str:
             raise ValueError(f"{one!r} is not a nats:// (or tls://, ws://) URL with a host")
         if parts.username or parts.password:
             raise ValueError("put the token in a token file (token_file), not in the URL")
+        try:
+            port = parts.port  # urllib refuses text and numbers past 65535 here, with a ValueError
+        except ValueError:
+            port = 0
+        if port == 0 or (port is None and parts.netloc.endswith(":")):
+            raise ValueError(f"{one!r}: the port must be a number from {PORT_MIN} to {PORT_MAX}")
     return url
 
 

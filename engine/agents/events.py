@@ -160,6 +160,8 @@ class TrainingRolloutEvent(PlaneEvent):
     step_scores: list[Score] = Field(default_factory=list)  # PRM per step, clamped to [0, 1]
     prm_score: Score  # the PRM's score of the whole result (mean of its steps)
     outcome_score: Score  # the environment profile's combined score
+    profile: str = ""  # the profile that scored it: the environment's, or chat when its own had no evidence
+    dimensions: dict[str, Score] = Field(default_factory=dict)  # those that had evidence, each averaged
     verifier_score: Score | None = None  # the task's own verifier, where it has one
     reward: Score  # what the trainer optimises (see engine.agents.scoring.reward_of)
     model_version: str | None = None

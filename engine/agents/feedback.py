@@ -11,7 +11,6 @@ judgement and says so.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -21,6 +20,8 @@ from engine.llm.redact import redact
 
 from .events import ResultEvent, TaskEvent
 from .scoring import (
+    CONTRADICTED,
+    IRRELEVANT,
     NEUTRAL,
     JudgeReplyError,
     LengthBand,
@@ -37,6 +38,7 @@ from .scoring import (
     json_values,
     mean,
     parse_json_object,
+    readability,
     salient_terms,
     split_reply,
 )
@@ -77,9 +79,10 @@ def failed_feedback(result: ResultEvent) -> Feedback:
 class OfflineFeedback:
     """A deterministic reviewer of the prompt, the steps and the answer.
 
-    correctness: the answer's claims checked against the prompt (supported 1, unsupported 0.5,
-    contradicted 0; none: 0.5), averaged with the share of its numbers and names that the prompt
-    (or checked arithmetic) grounds. completeness: 0.4 for having an answer, plus 0.6 times the
+    correctness: the answer's claims checked against the prompt (the hallucination check's verdicts:
+    supported 1, unsupported 0.5, contradicted 0.25, about something else 0; none: 0.5), averaged
+    with the share of its numbers and names that the prompt (or checked arithmetic) grounds.
+    completeness: 0.4 for having an answer, plus 0.6 times the
     share of the prompt's salient terms the answer mentions. quality: the mean of concision (the
     answer's length against ANSWER_BAND), variety (distinct-token ratio, full marks from 0.5) and
     form (balanced brackets, JSON that parses when it looks like JSON, no empty steps).
@@ -121,8 +124,10 @@ class OfflineFeedback:
         grounding = (len(checked) - len(loose)) / len(checked) if checked else verdict
         if wrong:
             why = "its arithmetic is wrong"
-        elif 0.0 in verdicts:
+        elif CONTRADICTED in verdicts:
             why = "it contradicts the task"
+        elif verdicts and all(v == IRRELEVANT for v in verdicts):
+            why = "it speaks of something else than the task"
         elif loose:
             why = f"it names {', '.join(loose[:3])}, which the task does not"
         elif not verdicts:
@@ -158,25 +163,6 @@ class OfflineFeedback:
         else:
             why = form_why
         return clamp01(mean([concision, variety, form]) * readable), why
-
-
-_WORDLIKE = re.compile(r"^[\w\"'{}\[\]:;,.!?()\-+*/=<>@#$%&|~^`]+$")
-_LETTERS = re.compile(r"[^\W\d_]{4,}")
-
-
-def readability(text: str) -> float:
-    """The share of the text's whitespace-separated words that read as words (1.0 for no words)."""
-    words = text.split()
-    if not words:
-        return 1.0
-    return sum(1 for word in words if _reads(word)) / len(words)
-
-
-def _reads(word: str) -> bool:
-    if "\ufffd" in word or not _WORDLIKE.match(word) or len(word) > 40:
-        return False
-    runs = _LETTERS.findall(word)
-    return all(len(run) < 20 and any(c in "aeiouyAEIOUY" for c in run) for run in runs)
 
 
 def _form(steps: Sequence[str], answer: str) -> tuple[float, str]:

@@ -414,6 +414,8 @@ class Manager:
             step_scores=scored.step_scores,
             prm_score=scored.prm_score,
             outcome_score=scored.outcome_score,
+            profile=scored.profile,
+            dimensions=scored.dimensions,
             verifier_score=scored.verifier_score,
             reward=scored.reward,
             model_version=result.model_version,

@@ -11,8 +11,10 @@ A plane may serve one of our runs (`serve_run`, `carl agents up --serve-run RUN`
 its workers serve that run's model, and each checkpoint the run saves goes out as a model update
 (serving.py), put in the plane's object store by the bridge.
 
-A plane that should be up comes back up when the engine restarts. Stopping the engine stops the
-plane's processes (workers that are in the middle of a task finish it first).
+A plane that should be up comes back up when the engine restarts; `carl agents down` records that it
+should not, whether the engine is running or not. Stopping the engine stops the plane's processes
+(workers that are in the middle of a task finish it first). A plane bound to a run (`until_run`: the
+demo's) stops, and is no longer wanted, when that run ends.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ STABLE_S = 30.0  # a process that lived this long resets its backoff
 GIVE_UP_AFTER = 8  # crashes in a row (each within STABLE_S) before a part is left down
 STOP_WAIT_S = 15.0  # a process asked to stop gets this long to finish its task
 ANSWER_WAIT_S = 30.0  # a command the plane must answer fails after this long without an answer
+RUN_CHECK_S = 2.0  # how often a plane bound to a run looks at the run
+RUN_START_GRACE_S = 600.0  # a plane bound to a run that has not appeared by then stops
+LIVE_RUN = ("running", "paused")
 
 
 def plane_dir(home: Path) -> Path:
@@ -256,14 +261,17 @@ class PlaneSpec:
     limit: int | None = None
     config: str | None = None  # an agents.yaml path
     overrides: dict[str, Any] = field(default_factory=dict)
+    until_run: str | None = None  # a run's name: the plane stops when that run ends (the demo's plane)
     serve_run: str | None = None  # a run (name or id) whose checkpoints the workers serve
 
     @classmethod
     def from_args(cls, args: dict[str, Any]) -> PlaneSpec:
-        fields = ("workers", "tasks", "train", "limit", "config", "overrides", "serve_run")
-        spec = cls(**{k: args[k] for k in fields if k in args})
+        names = ("workers", "tasks", "train", "limit", "config", "overrides", "until_run", "serve_run")
+        spec = cls(**{k: args[k] for k in names if k in args})
         if not isinstance(spec.workers, int) or isinstance(spec.workers, bool) or not 0 <= spec.workers <= 64:
             raise AgentsError(f"workers: expected a number from 0 to 64, got {spec.workers!r}")
+        if spec.until_run is not None and not isinstance(spec.until_run, str):
+            raise AgentsError(f"until_run: expected a run's name, got {spec.until_run!r}")
         if spec.serve_run is not None and (not isinstance(spec.serve_run, str) or not spec.serve_run):
             raise AgentsError(f"serve_run: expected a run's name or id, got {spec.serve_run!r}")
         return spec
@@ -302,6 +310,8 @@ class Plane:
         self.awaiting: dict[int, float] = {}  # command id -> when it fails without an answer
         self.next_worker = 1
         self.said: dict[str, str] = {}
+        self.started_at = 0.0  # monotonic, when the plane came up
+        self.next_run_check = 0.0
         self.follower: RunFollower | None = None  # the run the plane serves, if it serves one
         self.serving: concurrent.futures.Future[Any] | None = None  # an announcement on its way
 
@@ -312,14 +322,25 @@ class Plane:
     # -- up and down -------------------------------------------------------------------------------
 
     def restore(self) -> None:
-        """A plane the previous engine had up comes back up."""
+        """A plane the previous engine had up comes back up, unless the run it was bound to has ended."""
         wanted = self.store.kv("agents.plane") or {}
-        if wanted.get("wanted") and wanted.get("spec"):
-            try:
-                log.info("agents: bringing the plane back up")
-                self.start(PlaneSpec.from_args(wanted["spec"]))
-            except Exception as exc:
-                log.warning("agents: the plane did not come back up: %s", exc)
+        if not (wanted.get("wanted") and wanted.get("spec")):
+            return
+        try:
+            spec = PlaneSpec.from_args(wanted["spec"])
+            status = run_status(self.store, spec.until_run) if spec.until_run else None
+            if status is not None and status not in LIVE_RUN:
+                self.store.set_kv("agents.plane", {"wanted": False})
+                log.info(
+                    "agents: run %r %s while the engine was down: the plane stays down",
+                    spec.until_run,
+                    status,
+                )
+                return
+            log.info("agents: bringing the plane back up")
+            self.start(spec)
+        except Exception as exc:
+            log.warning("agents: the plane did not come back up: %s", exc)
 
     def start(self, spec: PlaneSpec) -> str:
         from .config import default_settings_path, load_settings
@@ -351,6 +372,7 @@ class Plane:
         settings_file = write_settings(self.home, settings)
         self.address = self._address(settings)  # the server is up (or the URL given) before the plane is
         self.settings, self.spec = settings, spec
+        self.started_at, self.next_run_check = time.monotonic(), 0.0
         self.follower = self._follower(spec, settings)
         self.bridge = Bridge(self.home, self.address, settings)
         self.bridge.start()
@@ -367,8 +389,9 @@ class Plane:
         what = f"manager, {spec.workers} worker{'s' if spec.workers != 1 else ''}" + (
             ", trainer" if settings.train.enabled else ""
         )
+        until = f" until run {spec.until_run!r} ends" if spec.until_run else ""
         serving = f", serving run {spec.serve_run}" if spec.serve_run else ""
-        return f"agents plane up on {self.address.url}: {what} on {spec.tasks} tasks{serving}"
+        return f"agents plane up on {self.address.url}: {what} on {spec.tasks} tasks{serving}{until}"
 
     def _served_model(self, spec: PlaneSpec) -> dict[str, Any]:
         """The model the workers load when the plane serves a run: the one that run trains."""
@@ -389,12 +412,8 @@ class Plane:
         return follower
 
     def _reap_leftovers(self) -> None:
-        """Stop what an engine that was killed left running (its manager, workers, trainer, then its
-        server): the plane starts anew rather than beside them."""
-        server = self.store.kv("agents.server") or {}
-        plane = self.store.kv("agents.plane") or {}
-        children = [p.get("pid") for p in plane.get("processes") or []]
-        stopped = _stop_pids(children, self.home) + _stop_pids([server.get("pid")], self.home)
+        """Stop what an engine that was killed left running: the plane starts anew rather than beside it."""
+        stopped = stop_leftovers(self.store, self.home)
         if stopped:
             log.info("agents: stopped %d process(es) the previous engine left running", stopped)
 
@@ -485,6 +504,8 @@ class Plane:
         if not self.up:
             return
         now = time.monotonic()
+        if self._bound_run_over(now):
+            return
         self._supervise_server(now)
         self._supervise_bridge()
         for child in list(self.children.values()):
@@ -516,6 +537,20 @@ class Plane:
         weights = follower.next_weights(self.store)
         if weights is not None:
             self.serving = bridge.submit(lambda js: serve_weights(js, weights, self.home))
+
+    def _bound_run_over(self, now: float) -> bool:
+        """A plane bound to a run stops, and is no longer wanted, once that run has ended (or when it
+        never appeared): the demo's workers do not go on answering after the demo."""
+        name = self.spec.until_run if self.spec is not None else None
+        if name is None or now < self.next_run_check:
+            return False
+        self.next_run_check = now + RUN_CHECK_S
+        status = run_status(self.store, name)
+        if status in LIVE_RUN or (status is None and now - self.started_at < RUN_START_GRACE_S):
+            return False
+        log.info("agents: run %r %s: stopping the plane that served it", name, status or "never started")
+        self.stop()
+        return True
 
     def _supervise(self, child: Child, now: float) -> None:
         if child.state in ("stopped", "failed"):
@@ -680,6 +715,40 @@ class Plane:
                 self.store.finish_command(
                     command_id, False, f"no answer from the plane in {ANSWER_WAIT_S:.0f}s"
                 )
+
+
+def run_status(store: Store, name: str) -> str | None:
+    """The status of the run named `name` (running, paused, finished, failed, stopped...); None: no such run."""
+    row = store.conn.execute("SELECT status FROM runs WHERE name=?", (name,)).fetchone()
+    return str(row[0]) if row is not None else None
+
+
+def stop_leftovers(store: Store, home: Path) -> int:
+    """Stop what an engine that was killed left running of its plane (its manager, workers, trainer,
+    then its server), by the pids it recorded; returns how many were stopped."""
+    server = store.kv("agents.server") or {}
+    plane = store.kv("agents.plane") or {}
+    children = [p.get("pid") for p in plane.get("processes") or []]
+    return _stop_pids(children, home) + _stop_pids([server.get("pid")], home)
+
+
+def not_wanted(store: Store, home: Path) -> str:
+    """`carl agents down` while no engine runs: the plane is recorded as not wanted (an engine that
+    starts leaves it down), an `agents_up` still queued is cancelled, and what a killed engine left
+    running of it is stopped. Returns what was done, in one line."""
+    stopped = stop_leftovers(store, home)
+    store.set_kv("agents.plane", {"wanted": False})
+    cancelled = store.conn.execute(
+        "SELECT id FROM commands WHERE target='engine' AND verb='agents_up' AND state='pending'"
+    ).fetchall()
+    for (command_id,) in cancelled:
+        store.finish_command(command_id, False, "cancelled: carl agents down")
+    said = "the engine is not running: the agents plane is marked down (it stays down when the engine starts)"
+    if stopped:
+        said += f"; stopped {stopped} of its processes that a killed engine had left running"
+    if cancelled:
+        said += f"; cancelled {len(cancelled)} queued 'agents up'"
+    return said
 
 
 def _stop_pids(pids: list[Any], home: Path, wait: float = STOP_WAIT_S) -> int:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from engine.demo.task import TASK as DEMO_TASK
 from engine.demo.task import task_rows
 from engine.errors import CarlError
+from engine.files import named, read_utf8
 from engine.tasks.checks import CHECKS, check, expected
 
 from .events import TOKEN, TaskEvent
@@ -86,15 +87,10 @@ def demo_tasks(seed: int = 0) -> list[TaskSpec]:
 
 def load_tasks(path: str | Path) -> list[TaskSpec]:
     """The tasks of a JSONL file (blank lines skipped); raises TaskFileError on the first mistake."""
-    name = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TaskFileError(f"{name}: no such file") from None
-    except UnicodeDecodeError:
-        raise TaskFileError(f"{name}: not UTF-8 text") from None
-    except OSError as exc:
-        raise TaskFileError(f"{name}: cannot read it ({exc.strerror})") from None
+    name = named(path)
+    if not Path(path).exists() and not Path(path).is_symlink():
+        raise TaskFileError(f"{name}: no such file")
+    text = read_utf8(path, "tasks file", TaskFileError)  # a FIFO, a device or a loop: one line, never a hang
     specs = [
         _task(_object(line, f"{name}:{number}"), f"{name}:{number}")
         for number, line in enumerate(text.splitlines(), 1)

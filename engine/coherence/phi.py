@@ -25,6 +25,9 @@ On 2,048 x 151,936 float32 logits this is about 2x one softmax and 6-8x faster t
 On the CPU, when numba is installed (the `train` extra), a contiguous float32/bf16/fp16 tensor
 goes to `engine.coherence.phi_numba` instead: one read of the logits with an exp that
 vectorises, about 3x faster again on one thread (its docstring; docs/results/phi-kernel.md).
+On CUDA, when Triton is installed (torch's CUDA wheels bring it), a tensor with unit column stride
+goes to `engine.coherence.phi_triton`: the same one-read reduction, where the torch kernel's chain
+of ops reads a float32 chunk many times (docs/results/phi-kernel.md).
 `kernel="torch"` (or CARL_PHI_KERNEL=torch in the environment) keeps the torch kernel.
 """
 
@@ -47,10 +50,14 @@ ArrayT = TypeVar("ArrayT")
 # bench/bench_phi.py sweeps chunk_rows on a 2-core CPU: 4-8 rows at that width are fastest, with
 # 1-2 rows paying per-op overhead and 32+ rows falling out of cache.
 CHUNK_ELEMENTS = 1 << 20
+# On a GPU each op of a chunk is a kernel launch (~10 a chunk), so small chunks are launch-bound:
+# 64 MiB per float32 buffer (110 rows at |V| = 151,936). bench/gpu_check.py sweeps it.
+CHUNK_ELEMENTS_GPU = 1 << 24
 
 
-def default_chunk_rows(vocab_size: int) -> int:
-    return max(1, CHUNK_ELEMENTS // max(1, vocab_size))
+def default_chunk_rows(vocab_size: int, device_type: str = "cpu") -> int:
+    elements = CHUNK_ELEMENTS if device_type == "cpu" else CHUNK_ELEMENTS_GPU
+    return max(1, elements // max(1, vocab_size))
 
 
 # -- the kernel -------------------------------------------------------------------------------
@@ -61,16 +68,17 @@ def token_entropy(
     *,
     temperature: float = 1.0,
     chunk_rows: int | None = None,
-    kernel: Literal["auto", "torch", "numba"] = "auto",
+    kernel: Literal["auto", "torch", "numba", "triton"] = "auto",
 ) -> tuple[Tensor, Tensor]:
     """Entropy (nats) and log-sum-exp of softmax(logits / temperature), row by row.
 
     logits: [N, V] in float32, bfloat16 or float16 (any floating dtype; reduced in float32).
     Returns two float32 [N] tensors on the logits' device. Masked columns (-inf) carry zero
     probability; a row with no finite logit has no distribution and gives NaN.
-    kernel: "auto" takes the numba kernel where it applies (`numba_applies`) and the torch one
-    elsewhere; "torch" or "numba" insists on one. Extra memory: two [chunk_rows, V] float32
-    buffers for the torch kernel, whatever N is; none for the numba kernel (it ignores chunk_rows).
+    kernel: "auto" takes the numba kernel where it applies (`numba_applies`: CPU), the Triton one
+    where it applies (`triton_applies`: CUDA), and the torch one elsewhere; "torch", "numba" or
+    "triton" insists on one. Extra memory: two [chunk_rows, V] float32 buffers for the torch kernel,
+    whatever N is; none for the numba and Triton kernels (they ignore chunk_rows).
     """
     import torch
 
@@ -80,12 +88,21 @@ def token_entropy(
         raise TypeError(f"logits must be floating point, got {logits.dtype}")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    if kernel not in ("auto", "torch", "numba"):
-        raise ValueError(f"kernel must be 'auto', 'torch' or 'numba', got {kernel!r}")
+    if kernel not in ("auto", "torch", "numba", "triton"):
+        raise ValueError(f"kernel must be 'auto', 'torch', 'numba' or 'triton', got {kernel!r}")
     if kernel == "auto" and os.environ.get("CARL_PHI_KERNEL", "auto") == "torch":
         kernel = "torch"
-    if kernel != "torch" and numba_applies(logits):
+    if kernel in ("auto", "numba") and numba_applies(logits):
         return _numba_entropy(logits, temperature)
+    if kernel in ("auto", "triton") and triton_applies(logits):
+        from engine.coherence import phi_triton
+
+        return phi_triton.token_entropy(logits, temperature=temperature)
+    if kernel == "triton":
+        raise ValueError(
+            "the Triton kernel needs triton installed and a CUDA float32, bfloat16 or float16 tensor with"
+            f" unit column stride; got {logits.dtype} on {logits.device}"
+        )
     if kernel == "numba":
         raise ValueError(
             "the numba kernel needs numba installed and a contiguous float32, bfloat16 or float16 "
@@ -95,7 +112,7 @@ def token_entropy(
     n, v = logits.shape
     entropy = torch.empty(n, dtype=torch.float32, device=logits.device)
     lse = torch.empty(n, dtype=torch.float32, device=logits.device)
-    rows = max(1, min(chunk_rows or default_chunk_rows(v), n))
+    rows = max(1, min(chunk_rows or default_chunk_rows(v, logits.device.type), n))
     shifted = torch.empty(rows, v, dtype=torch.float32, device=logits.device)
     probs = torch.empty_like(shifted)
     for start in range(0, n, rows):
@@ -134,6 +151,26 @@ def numba_applies(logits: Tensor) -> bool:
     )
 
 
+_has_triton: bool | None = None
+
+
+def triton_applies(logits: Tensor) -> bool:
+    """Whether `token_entropy` can take the Triton kernel for these logits: triton installed, a CUDA
+    tensor, float32, bfloat16 or float16, unit stride along the vocabulary."""
+    import torch
+
+    global _has_triton
+    if logits.device.type != "cuda" or logits.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return False
+    if logits.dim() != 2 or logits.stride(-1) != 1:
+        return False
+    if _has_triton is None:
+        from engine.coherence import phi_triton
+
+        _has_triton = phi_triton.available()
+    return _has_triton
+
+
 def _numba_entropy(logits: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
     import torch
 
@@ -162,10 +199,16 @@ def _reduce_chunk(chunk: Tensor, temperature: float, shifted: Tensor, probs: Ten
     p = torch.softmax(d, dim=-1, out=probs)
     total = p.sum(dim=-1, keepdim=True)  # P: 1 up to the kernel's rounding of its normaliser
     log_norm = total.log() - p.amax(dim=-1, keepdim=True).log()  # ln sum exp(d)
-    dot = p.mul_(d).sum(dim=-1, keepdim=True)  # T = sum p * d, in place: no third buffer
-    if bool(dot.isnan().any()):
-        # 0 * -inf at masked columns; those columns carry no probability, so drop them.
-        dot = torch.where(dot.isnan(), p.nansum(dim=-1, keepdim=True), dot)
+    # T = sum p * d, in place: no third buffer. A masked column gives 0 * -inf = NaN and carries no
+    # probability, so it is dropped. On the CPU the NaN check is free; on a GPU it would wait for the
+    # device at every chunk (every decoding step, in the generating pass), so nansum drops them there.
+    # A NaN logit still gives NaN: its row's P is NaN.
+    if chunk.device.type != "cpu":
+        dot = p.mul_(d).nansum(dim=-1, keepdim=True)
+    else:
+        dot = p.mul_(d).sum(dim=-1, keepdim=True)
+        if bool(dot.isnan().any()):
+            dot = torch.where(dot.isnan(), p.nansum(dim=-1, keepdim=True), dot)
     entropy = (log_norm - dot / total).clamp_(min=0.0)  # clamp: rounding just below 0 only
     return entropy.squeeze(-1), (m / temperature + log_norm).squeeze(-1)
 
@@ -390,6 +433,7 @@ def _logits_width(model: Any) -> int:
 
 __all__ = [
     "CHUNK_ELEMENTS",
+    "CHUNK_ELEMENTS_GPU",
     "CompletionTokenStats",
     "completion_mask_from_lengths",
     "completion_token_stats",
@@ -400,4 +444,5 @@ __all__ = [
     "reference_entropy",
     "selected_token_stats",
     "token_entropy",
+    "triton_applies",
 ]

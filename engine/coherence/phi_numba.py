@@ -11,17 +11,28 @@ How a row is reduced. It is walked once, in blocks of BLOCK columns that stay in
   - the block's maximum bm, taken on the float32 bit patterns as integers (a float max reduction
     with NaN semantics does not vectorise; an integer one does, and maps to the same order);
   - if bm is above the running maximum m, what was summed so far is moved to the new shift:
-    with delta = (m - bm) / temperature, S <- e^delta * S and D <- e^delta * (D + delta * S);
-  - then, with d = (z - m) / temperature in float32 (d <= 0), e = exp(d):
-        S += sum e,   D += sum e * d,
-    and at the end H = ln S - D / S, lse = m / temperature + ln S.
-So the logits are read from memory once, and each logit costs one exp. exp is a Cephes-style
-polynomial (range reduction by ln 2 split in two, degree 6, 2^n built from exponent bits) that
-LLVM vectorises: ~1e-7 relative, where numba's `math.exp` is a scalar libm call per element.
-Where d < -88 the term is exactly 0, which also gives masked (-inf) columns zero probability
-without a 0 * -inf NaN. S and D are float32 sums within a block (the vectoriser spreads each over
-the vector lanes) and float64 across blocks: H is within ~1e-6 nats of float64 at
+    with delta = (m - bm) log2(e) / temperature, S <- 2^delta * S and D <- 2^delta * (D + delta * S);
+  - then, in base 2, with x = (z - m) log2(e) / temperature in float32 (x <= 0) and e = 2^x:
+        S += sum e,   D += sum e * x,
+    and at the end H = ln S - ln 2 * D / S, lse = m / temperature + ln S.
+So the logits are read from memory once, and each logit costs one 2^x: x = n + f with n = rint(x),
+a degree-6 polynomial in f (|f| <= 1/2), and 2^n built from exponent bits, all of which LLVM
+vectorises: ~1e-7 relative, where numba's `math.exp` is a scalar libm call per element (the PyPI
+llvmlite has no SVML). Base 2 spares e^d the range reduction by ln 2 (two FMAs and a multiply a
+logit). Where x < -126 the term is exactly 0, which also gives masked (-inf) columns zero
+probability without a 0 * -inf NaN. S and D are float32 sums within a block (the vectoriser spreads
+each over the vector lanes) and float64 across blocks: H is within ~1e-6 nats of float64 at
 V = 151,936 (float32's own rounding of H near 12 nats is 5e-7).
+
+The vector width. The kernel is bound by its arithmetic (~17 vector instructions a vector of
+logits), so it runs at the width LLVM picks. For Intel's AVX-512 server parts (skylake-avx512,
+cascadelake, icelake-server, sapphirerapids) LLVM's tuning prefers 256-bit vectors ("prefer-256-bit"):
+numba, which targets the host CPU, then emits ymm code, and the kernel took 3.0x a plain sum on a
+cascadelake Xeon where AMD's Zen 4/5 (no such preference) get zmm code and 1.6-2.0x. So on any CPU
+with AVX-512, and unless NUMBA_CPU_FEATURES says otherwise, this module adds "-prefer-256-bit" to
+numba's target features before its first compile (`prefer_512_bit_vectors`); compiled for
+cascadelake on a Zen 5 the kernel goes from ymm to zmm and from 4.0x to 2.0x a plain sum
+(docs/results/phi-kernel.md).
 
 A row with no finite logit has no distribution: its entropy and lse are NaN; a NaN logit gives
 NaN. Rows are independent, so splitting them across threads (`threads`, nogil) changes no bit.
@@ -43,7 +54,29 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import config as numba_config
+from numba.core import registry
+from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic
+
+
+def prefer_512_bit_vectors() -> str:
+    """Let numba use 512-bit vectors where the CPU has AVX-512 (see the module's docstring). It must run
+    before numba's first compile in the process (the target machine is made once); it changes nothing
+    where NUMBA_CPU_FEATURES is set, where the CPU has no AVX-512, or where numba already compiled
+    something. Returns what it did, for the bench."""
+    if numba_config.CPU_FEATURES is not None:
+        return "NUMBA_CPU_FEATURES set: left as is"
+    features = get_host_cpu_features()
+    if "+avx512f" not in features.split(","):
+        return "no AVX-512: host features"
+    if "_toplevel_target_context" in vars(registry.cpu_target):
+        return "numba had compiled already: host features"
+    numba_config.CPU_FEATURES = features + ",-prefer-256-bit"
+    return "AVX-512: host features, -prefer-256-bit"
+
+
+VECTOR_TARGET = prefer_512_bit_vectors()  # before the first @njit below
 
 # Columns per block: 4 KiB of float32 logits (2 KiB of bf16/fp16), read from memory by the max sweep
 # and again from L1 by the exp sweep. Timed on [2048 x 151,936] float32 at one thread while this was
@@ -56,18 +89,24 @@ MIN_ELEMENTS_PER_THREAD = 1 << 18
 _I32_MIN = np.int32(-(2**31))
 _MAGNITUDE = np.int32(0x7FFFFFFF)
 _SIGN_SHIFT = np.int32(31)
-_FLOOR = np.float32(-88.0)  # exp(-88) = 6e-39: below float32's smallest normal, so the term is 0
-_LOG2E = np.float32(1.4426950408889634)
-_LN2_HI = np.float32(0.693359375)  # ln 2 in two parts: n * _LN2_HI is exact for |n| <= 128
-_LN2_LO = np.float32(-2.12194440e-4)
-# Cephes expf: e^r ~ 1 + r + r^2 (P5 + r (P4 + r (P3 + r (P2 + r (P1 + r P0))))) for |r| <= ln2 / 2.
-_P0, _P1, _P2, _P3 = (
-    np.float32(1.9875691500e-4),
-    np.float32(1.3981999507e-3),
-    np.float32(8.3334519073e-3),
-    np.float32(4.1665795894e-2),
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+# Below x = -126 (log2 units) a term is set to 2^-127 built from zero exponent bits: exactly 0. 2^-126 is
+# float32's smallest normal, 1e-38 of the row's largest term (1): no such term can change the sums.
+_FLOOR = np.float32(-126.0)
+_ZERO_EXPONENT = np.float32(-127.0)
+# 2^f ~ 1 + f (C1 + f (C2 + f (C3 + f (C4 + f (C5 + f C6))))) for |f| <= 1/2: a near-minimax fit of the
+# relative error (Lawson-reweighted least squares on Chebyshev nodes), 1e-7 relative in float32.
+_C1, _C2, _C3 = (
+    np.float32(0.6931471824645996),
+    np.float32(0.24022647738456726),
+    np.float32(0.055503323674201965),
 )
-_P4, _P5 = np.float32(1.6666665459e-1), np.float32(5.0000001201e-1)
+_C4, _C5, _C6 = (
+    np.float32(0.00961843691766262),
+    np.float32(0.0013398875016719103),
+    np.float32(0.00015353360504377633),
+)
 
 
 # -- bit casts numba has no spelling for (inlined by LLVM, so the loops still vectorise) ---------
@@ -119,14 +158,12 @@ def _bits_float32(typingctx: Any, value: types.Type) -> tuple[Any, Callable[...,
 
 
 @numba.njit(fastmath={"contract"}, cache=True)
-def _exp(d: np.float32) -> np.float32:
-    """e^d for float32 -88 <= d <= 0 (or NaN), ~1e-7 relative; exactly 0 below about -87.9."""
-    n = np.rint(d * _LOG2E)
-    r = d - n * _LN2_HI
-    r = r - n * _LN2_LO
-    y = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
-    y = y * r * r + r + np.float32(1.0)
-    # 2^n from its exponent bits; n >= -127 because d >= -88, and n = -127 gives 0.
+def _exp2(x: np.float32) -> np.float32:
+    """2^x for float32 -127 <= x <= 0 (or NaN), ~1e-7 relative; exactly 0 at x = -127."""
+    n = np.rint(x)
+    f = x - n  # exact, |f| <= 1/2
+    y = (((((_C6 * f + _C5) * f + _C4) * f + _C3) * f + _C2) * f + _C1) * f + np.float32(1.0)
+    # 2^n from its exponent bits; n >= -127 because x >= -127, and n = -127 gives 0.
     return y * _bits_float32((np.int32(n) + np.int32(127)) << np.int32(23))
 
 
@@ -143,23 +180,26 @@ def _block_max(block: np.ndarray) -> np.float32:
 
 
 @numba.njit(fastmath={"reassoc", "contract"}, cache=True)
-def _block_sums(block: np.ndarray, m: np.float32, inv_t: np.float32) -> tuple[np.float32, np.float32]:
-    """(sum e, sum e * d) over a block, d = (z - m) * inv_t, in float32."""
+def _block_sums(block: np.ndarray, m: np.float32, scale: np.float32) -> tuple[np.float32, np.float32]:
+    """(sum e, sum e * x) over a block, x = (z - m) * scale in log2 units and e = 2^x, in float32."""
     total = np.float32(0.0)
     dot = np.float32(0.0)
     for j in range(block.size):
-        d = (_as_float32(block[j]) - m) * inv_t
-        d = _FLOOR if d < _FLOOR else d  # written so that a NaN d stays NaN
-        e = _exp(d)
+        x = (_as_float32(block[j]) - m) * scale
+        x = _ZERO_EXPONENT if x < _FLOOR else x  # written so that a NaN x stays NaN
+        e = _exp2(x)
         total += e
-        dot += e * d
+        dot += e * x
     return total, dot
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")
 def _entropy_rows(logits: np.ndarray, temperature: float, entropy: np.ndarray, lse: np.ndarray) -> None:
     """entropy[i], lse[i] of softmax(logits[i] / temperature) for each row of a C-contiguous 2-D array."""
-    inv_t = np.float32(1.0 / temperature)
+    # Base 2: x = (z - m) * log2(e) / T, so e^((z - m) / T) = 2^x needs no range reduction by ln 2. The
+    # shift by m comes first, so the rounding of the scale only perturbs the row's temperature by 1e-7.
+    scale = np.float32(LOG2E / temperature)
+    scale64 = np.float64(scale)
     for i in range(logits.shape[0]):
         row = logits[i]
         m = np.float32(-np.inf)
@@ -170,19 +210,19 @@ def _entropy_rows(logits: np.ndarray, temperature: float, entropy: np.ndarray, l
             bm = _block_max(block)
             if not bm <= m:  # a new running maximum (or NaN): move the sums to the new shift
                 if m > -np.inf:
-                    delta = (np.float64(m) - np.float64(bm)) / temperature
-                    scale = math.exp(delta)
-                    dot = scale * (dot + delta * total)
-                    total = scale * total
+                    delta = (np.float64(m) - np.float64(bm)) * scale64  # log2 units, < 0
+                    shrink = math.exp(delta * LN2)
+                    dot = shrink * (dot + delta * total)
+                    total = shrink * total
                 m = bm
             elif bm == -np.inf:
                 continue  # every column of the block is masked: nothing to add
-            block_total, block_dot = _block_sums(block, m, inv_t)
+            block_total, block_dot = _block_sums(block, m, scale)
             total += np.float64(block_total)
             dot += np.float64(block_dot)
         if total > 0.0:
             log_total = math.log(total)
-            h = log_total - dot / total
+            h = log_total - LN2 * dot / total  # dot is in log2 units
             entropy[i] = 0.0 if h < 0.0 else h  # rounding just below 0 only; a NaN stays NaN
             lse[i] = np.float64(m) / temperature + log_total
         else:  # no finite logit, or a NaN: no distribution

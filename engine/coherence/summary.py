@@ -26,6 +26,9 @@ import numpy as np
 DEFECT_THRESHOLD = 0.03
 COMMITMENT_THRESHOLD = 0.03
 HIST_BINS = 20
+# Where a step's coherence rewards got Φ: 1 from the generating pass (measured while sampling, no
+# extra forward), 0 from one no-grad forward; logged only on steps that called them (gate open).
+PHI_FROM_GENERATE = "phi/from_generate"
 
 
 @dataclass(frozen=True)

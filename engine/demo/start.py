@@ -19,9 +19,10 @@ DEMO_PLANE = {
 }
 
 
-def start_demo(home: Path, steps: int | None, backend: str | None = None) -> None:
+def start_demo(home: Path, steps: int | None, backend: str | None = None, *, stay: bool = False) -> None:
     """Have the engine start the built-in demo (SFT warm-up, then GRPO with the reward cascade
-    on the tiny model) unless a demo run is already live; the control room then watches it."""
+    on the tiny model) unless a demo run is already live; the control room then watches it. The
+    demo's agents plane stops when the demo run ends, unless `stay`."""
     if any(importlib.util.find_spec(m) is None for m in ("torch", "trl", "transformers")):
         raise CliError("the demo trains a model: install the train extra (pip install 'carl-tui[train]')")
     if backend == "mlx" and any(importlib.util.find_spec(m) is None for m in ("mlx", "mlx_lm")):
@@ -37,7 +38,7 @@ def start_demo(home: Path, steps: int | None, backend: str | None = None) -> Non
         if live:
             print(f"demo run {live[0]!r} is live; opening the control room on it")
             return
-        name = free_run_name(store, "demo")  # the plane follows the run by this name: it must be the run's
+        name = free_run_name(store, "demo")  # the name the run will have: the plane is bound to it
         args = {
             "config": "demo",
             "name": name,
@@ -45,7 +46,7 @@ def start_demo(home: Path, steps: int | None, backend: str | None = None) -> Non
             **({"backend": backend} if backend else {}),
         }
         store.enqueue_command("train", args, target="engine", origin="cli")
-        plane = _demo_plane(store, name)
+        plane = queue_demo_plane(store, None if stay else name, serve_run=name)
     logs = paths.shown(paths.logs_dir(home) / "train-*.log")
     print(f"demo training queued: the engine starts it (logs in {logs})")
     if plane:
@@ -53,24 +54,35 @@ def start_demo(home: Path, steps: int | None, backend: str | None = None) -> Non
 
 
 def free_run_name(store: Any, name: str) -> str:
-    """`name`, or the first of name-2, name-3, ... that no run has (what the store would call a new run)."""
+    """`name`, or the first of name-2, name-3, ... that no run has: the name the store gives a new run."""
+    taken = {row[0] for row in store.conn.execute("SELECT name FROM runs")}
     unique, n = name, 1
-    while store.conn.execute("SELECT 1 FROM runs WHERE name=?", (unique,)).fetchone():
+    while unique in taken:
         n += 1
         unique = f"{name}-{n}"
     return unique
 
 
-def _demo_plane(store: Any, run: str) -> str | None:
-    """A small agents plane on the demo task beside the demo run, serving that run as it trains, so
-    the Agents pane is live too (only with the nats extra, and only when no plane is up)."""
+def queue_demo_plane(store: Any, until_run: str | None, *, serve_run: str | None = None) -> str | None:
+    """A small agents plane on the demo task beside the demo run, so the Agents pane is live too
+    (only with the nats extra, and only when no plane is up). Its workers serve `serve_run` (the demo
+    run) as it trains: each checkpoint it saves, then its final model. Bound to the run (`until_run`),
+    it stops when the run ends; without, it stays up until `carl agents down`."""
     if any(importlib.util.find_spec(m) is None for m in ("nats", "yaml")):
         return "(the Agents pane stays empty: install the nats extra for a live agents plane)"
     row = store.conn.execute("SELECT value FROM kv WHERE key='agents.plane'").fetchone()
     if row is not None and json.loads(row[0]).get("wanted"):
         return None
-    store.enqueue_command("agents_up", {**DEMO_PLANE, "serve_run": run}, target="engine", origin="cli")
-    return (
-        f"agents plane queued: a manager and 2 workers on the demo task, serving {run} at each checkpoint"
-        " (carl agents down stops it)"
+    spec = {
+        **DEMO_PLANE,
+        **({"until_run": until_run} if until_run else {}),
+        **({"serve_run": serve_run} if serve_run else {}),
+    }
+    store.enqueue_command("agents_up", spec, target="engine", origin="cli")
+    serving = f", serving run {serve_run!r} at each checkpoint" if serve_run else ""
+    lifetime = (
+        f"it stops when run {until_run!r} ends (carl demo --stay, carl-tui --demo-stay keep it up)"
+        if until_run
+        else "it stays up after the run: carl agents down stops it"
     )
+    return f"agents plane queued: a manager and 2 workers on the demo task{serving}; {lifetime}"

@@ -7,18 +7,23 @@ import json
 import sys
 from pathlib import Path
 
+from engine.limits import int_flag
+from engine.names import name_arg
+
 from .arms import ARMS, ExperimentError, parse_arms, parse_seeds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--name", default=None, help="experiment name (default: exp-<the config's name>)")
+    parser.add_argument(
+        "--name", type=name_arg, default=None, help="experiment name (default: exp-<the config's name>)"
+    )
     parser.add_argument(
         "--config", default="demo", help="the base carl.yaml every arm derives from, or 'demo'"
     )
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated (default: {','.join(ARMS)})")
     parser.add_argument("--seeds", default="3", help="a count (3: seeds 0,1,2) or a list (0,4,7); default 3")
     parser.add_argument(
-        "--steps", type=int, default=None, help="GRPO steps of each GRPO arm (default: max_steps)"
+        "--steps", type=int_flag(1), default=None, help="GRPO steps of each GRPO arm (default: max_steps)"
     )
     parser.add_argument(
         "--backend", choices=("auto", "torch", "mlx"), default=None, help="default: the config's"

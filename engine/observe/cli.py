@@ -11,31 +11,32 @@ from typing import Any
 
 from engine import paths
 from engine.errors import CliError
+from engine.files import resolved
+from engine.limits import COUNT_MAX, int_flag
+from engine.names import name_arg
 
 from .common import ObserveError
 from .detect import detect_kind
 from .discover import Found, describe, discover, register, relative, visible
 
-MAX_VOCAB = 1 << 31
+MAX_VOCAB = COUNT_MAX
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="a log file, a store, or a directory to look for runs in")
     parser.add_argument("--follow", "-f", action="store_true", help="keep tailing it (through the engine)")
-    parser.add_argument("--name", help="run name (default: from the source)")
+    parser.add_argument("--name", type=name_arg, help="run name (default: from the source)")
     parser.add_argument(
         "--vocab-size",
-        type=int,
+        type=int_flag(2, MAX_VOCAB),
         metavar="N",
         help="the model's vocabulary size |V|, for Φ from entropy (default: from the run's own config)",
     )
 
 
 def run(args: argparse.Namespace, home: Path) -> int:
-    path = Path(args.path).expanduser().resolve()
+    path = resolved(args.path, CliError)  # a symbolic link loop is one line
     vocab = args.vocab_size
-    if vocab is not None and not 2 <= vocab < MAX_VOCAB:
-        raise CliError(f"--vocab-size must be between 2 and {MAX_VOCAB - 1}, not {vocab}")
     if path.is_dir():
         return _observe_dir(args, home, path)
     kind = detect_kind(path)  # a bad path fails here, before anything is stored
@@ -56,7 +57,19 @@ def run(args: argparse.Namespace, home: Path) -> int:
         with store.transaction():
             analyze_runs(store.conn, result.run_ids)
     _print_result(kind, path, result)
+    if imported_nothing(result):
+        raise CliError(f"{path}: nothing imported{_first_problem(result)}")
     return 0
+
+
+def imported_nothing(result: Any) -> bool:
+    """A source that holds something but gave no run at all (every line malformed, say): a failure, not an
+    empty success. An empty file is a log about to be written, and a source read before has its runs."""
+    return not result.run_ids and bool(result.bad_lines or result.total)
+
+
+def _first_problem(result: Any) -> str:
+    return f" ({result.problems[0]})" if result.problems else ""
 
 
 def _register_with_vocab(
@@ -196,6 +209,8 @@ def _import_dir(store: Any, root: Path, sources: list[tuple[int, Found]]) -> tup
         print(f"{source.kind}: {where}: {result.rows:,} rows{bad}")
         for problem in result.problems[:10]:
             print(f"  {visible(problem)}", file=sys.stderr)
+        if imported_nothing(result):
+            errors.append(f"{source.kind}: {where}: nothing imported{_first_problem(result)}")
     with store.transaction():
         analyze_runs(store.conn, run_ids)
     return len(sources) - len(errors), errors

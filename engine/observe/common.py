@@ -9,9 +9,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.limits import COUNT_MAX, int_within
 from engine.store import Store
 
 MAX_PROBLEMS = 20  # problems reported per result; the counts stay exact
+MAX_VOCAB = COUNT_MAX  # a vocabulary size past this is no model's (and |V| >= 2**63 cannot be stored)
 
 
 from engine.errors import CarlError  # noqa: E402  (the base of one-line user errors)
@@ -97,13 +99,8 @@ def number(value: Any) -> float | int | None:
 
 
 def as_step(value: Any) -> int | None:
-    """An integral step that SQLite can store, or None."""
-    kind = type(value)
-    if kind is float and value.is_integer():
-        value = int(value)
-    elif kind is not int:
-        return None
-    return value if -(2**63) < value < 2**63 else None
+    """An integral step that SQLite can store, or None (text, NaN, inf, bool, 2**63)."""
+    return int_within(value)
 
 
 # -- runs of a source ------------------------------------------------------------------------
@@ -151,5 +148,11 @@ def source_run_ids(store: Store, source_id: int) -> list[int]:
     return [int(r[0]) for r in rows]
 
 
+def valid_max_steps(value: Any) -> int | None:
+    """A run's planned steps (an int from 1 to COUNT_MAX), or None."""
+    return value if type(value) is int and 1 <= value <= COUNT_MAX else None
+
+
 def valid_vocab(value: Any) -> int | None:
-    return value if type(value) is int and value >= 2 else None
+    """A vocabulary size |V| (an int from 2 to MAX_VOCAB), or None."""
+    return value if type(value) is int and 2 <= value <= MAX_VOCAB else None

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
+
+from engine.files import checked_stat, kind_of, named, open_regular, read_regular, reason
 
 from . import mlflow_store, tensorboard, trackio, trainer_state, wandb_run
 from .common import ObserveError
@@ -18,9 +21,8 @@ def detect_kind(path: str | Path) -> str:
     """'trackio' | 'trainer_state' | 'jsonl' | 'mlflow' | 'tensorboard' | 'wandb'; ObserveError for a missing,
     unreadable or unknown path."""
     path = Path(path).expanduser()
-    if not path.exists():
-        raise ObserveError(f"{path}: no such file or directory")
-    if path.is_dir():
+    mode = checked_stat(path, ObserveError).st_mode  # missing, a loop: one line
+    if stat.S_ISDIR(mode):
         if trainer_state.resolve(path) is not None:
             return "trainer_state"
         if detect_mlflow(path, b""):
@@ -29,17 +31,19 @@ def detect_kind(path: str | Path) -> str:
         if tracker is not None:
             return tracker
         raise ObserveError(
-            f"{path}: a directory with no trainer_state.json (nor checkpoint-*/trainer_state.json),"
+            f"{named(path)}: a directory with no trainer_state.json (nor checkpoint-*/trainer_state.json),"
             " TensorBoard event files or W&B runs"
         )
+    if not stat.S_ISREG(mode):  # a FIFO would block the read below for ever; a device may never end
+        raise ObserveError(f"{named(path)}: {kind_of(mode)}, not a file to import")
     tracker = tracker_kind(path)
     if tracker is not None:
         return tracker
-    try:
-        with open(path, "rb") as f:
+    with open_regular(path, "file to import", ObserveError) as f:
+        try:
             head = f.read(SNIFF_BYTES)
-    except OSError as exc:
-        raise ObserveError(f"{path}: cannot read it ({exc.strerror})") from None
+        except OSError as exc:
+            raise ObserveError(f"{named(path)}: {reason(exc)}") from None
     # A name that says what the file is wins over sniffing: a .jsonl file full of garbage is a
     # JSONL log with malformed lines, reported line by line.
     if path.name == trainer_state.FILE_NAME:
@@ -52,13 +56,13 @@ def detect_kind(path: str | Path) -> str:
         trackio.check(path)
         return "trackio"
     if not head.strip():
-        raise ObserveError(f"{path}: the file is empty, so its format cannot be told (name it .jsonl)")
+        raise ObserveError(f"{named(path)}: the file is empty, so its format cannot be told (name it .jsonl)")
     if _first_line_is_object(head):
         return "jsonl"
     if head.lstrip().startswith(b"{") and _has_log_history(path):
         return "trainer_state"
     raise ObserveError(
-        f"{path}: not a Trackio project database, a trainer_state.json or a JSONL metrics file"
+        f"{named(path)}: not a Trackio project database, a trainer_state.json or a JSONL metrics file"
     )
 
 
@@ -79,10 +83,8 @@ def _first_line_is_object(head: bytes) -> bool:
 
 def _has_log_history(path: Path) -> bool:
     try:
-        if path.stat().st_size > MAX_STATE_BYTES:
-            return False
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError):
+        data = json.loads(read_regular(path, error=ObserveError, limit=MAX_STATE_BYTES))
+    except (ObserveError, ValueError, RecursionError):
         return False
     return isinstance(data, dict) and isinstance(data.get("log_history"), list)
 

@@ -35,7 +35,9 @@ from functools import cache
 from importlib.util import find_spec
 from pathlib import Path
 
+from engine.files import open_regular, read_regular
 from engine.store import Store
+from engine.text import storable
 
 from . import mlflow_store, trackio, trainer_state
 from .common import ObserveError, valid_vocab
@@ -44,18 +46,19 @@ from .frameworks import NAMES, detect
 from .ingest import register_source
 from .keys import normalize_key
 from .runkeys import set_vocab_fallback
+from .trainer_state import MAX_CONFIG_BYTES
 
 MAX_DEPTH = 8
 MAX_ENTRIES = 200_000
 PAIR_SECONDS = 120.0
 HEAD_BYTES = 64 * 1024
-MAX_CONFIG_BYTES = 4 << 20  # a model's config.json is a few KiB
 SKIP_DIRS = frozenset({"node_modules", "__pycache__", "site-packages"})
 EVENT_FILE = re.compile(r"events\.out\.tfevents\.(\d+)")
 WANDB_RUN = re.compile(r"(?:offline-)?run-(\d{8}_\d{6})-([A-Za-z0-9]+)$")
 STEP_FILE = re.compile(r"\d+\.jsonl$")
 STEP_DIR = re.compile(r"step_\d+$")
 SQLITE_SUFFIXES = {".db", ".sqlite", ".sqlite3"}
+MAX_NOTES = 20
 METRIC_KINDS = ("tensorboard", "wandb", "trainer_state")  # the order of preference for one run
 # kind -> (the package its reader needs, the extra that installs it)
 PACKAGES = {
@@ -127,6 +130,7 @@ class Seen:
     rollouts: list[Found] = field(default_factory=list)
     entries: int = 0
     truncated: bool = False
+    notes: list[str] = field(default_factory=list)  # entries skipped, one line each
 
 
 def discover(root: str | Path) -> Discovery:
@@ -136,7 +140,7 @@ def discover(root: str | Path) -> Discovery:
         raise ObserveError(f"{visible(str(root))}: not a directory")
     seen = Seen()
     _walk(root, 0, seen)
-    found = Discovery(root, _group(seen))
+    found = Discovery(root, _group(seen), seen.notes)
     bounds = f"stopped looking after {MAX_ENTRIES:,} entries or {MAX_DEPTH} levels: name a subfolder"
     if seen.truncated:
         found.notes.append(bounds)
@@ -163,9 +167,14 @@ def _walk(folder: Path, depth: int, seen: Seen) -> None:
         seen.truncated = True
         return
     try:
-        entries = sorted((e for e in os.scandir(folder) if _storable(e.name)), key=lambda e: e.name)
+        listed = list(os.scandir(folder))
     except OSError:
         return
+    entries = sorted((e for e in listed if storable(e.name) == e.name), key=lambda e: e.name)
+    for entry in listed:
+        if storable(entry.name) != entry.name and len(seen.notes) < MAX_NOTES:
+            name = visible(storable(entry.path))
+            seen.notes.append(f"{name}: skipped, its name is not valid UTF-8 (rename it to import it)")
     seen.entries += len(entries)
     files = [e for e in entries if e.is_file(follow_symlinks=False)]
     dirs = [e for e in entries if e.is_dir(follow_symlinks=False)]
@@ -285,10 +294,11 @@ def _jsonl_what(obj: dict) -> str:
 
 
 def _head(path: Path, size: int) -> bytes:
+    """The first bytes of a regular file; b"" for anything else (a FIFO is never opened)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, error=ObserveError) as f:
             return f.read(size)
-    except OSError:
+    except (ObserveError, OSError):
         return b""
 
 
@@ -313,15 +323,6 @@ CONTROLS = {c: "\ufffd" for c in (*range(0x00, 0x20), *range(0x7F, 0xA0))}
 def visible(text: str) -> str:
     """A file name as text that cannot drive the terminal or break a line: control characters become U+FFFD."""
     return text.translate(CONTROLS)
-
-
-def _storable(name: str) -> bool:
-    """A name SQLite can store: one that was not valid UTF-8 on disk (a lone surrogate here) is skipped."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 # -- grouping --------------------------------------------------------------------------------------------------
@@ -415,13 +416,12 @@ def config_vocab(home: Path) -> int | None:
     if newest is not None:
         folders.append(newest.parent)
     for folder in folders:
-        path = folder / "config.json"
         try:
-            if path.stat().st_size > MAX_CONFIG_BYTES:
-                continue
-            config = json.loads(path.read_bytes())
-        except (OSError, ValueError, RecursionError):
-            continue
+            config = json.loads(
+                read_regular(folder / "config.json", error=ObserveError, limit=MAX_CONFIG_BYTES)
+            )
+        except (ObserveError, ValueError, RecursionError):
+            continue  # missing, a FIFO, too big or not JSON
         vocab = valid_vocab(config.get("vocab_size")) if isinstance(config, dict) else None
         if vocab is not None:
             return vocab

@@ -13,7 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from engine import files
 from engine.store import Store, StoreError
+from engine.text import storable
 
 from . import jsonl, mlflow_store, rollouts, tensorboard, trackio, trainer_state, wandb_run
 from .common import Budget, IngestResult, ObserveError, source_run_ids
@@ -48,7 +50,11 @@ def register_source(
     `attach_to` names the source whose run a rollout source's samples join (`sources.attach_to`), as discovery
     (discover.py) sets it. Registering a path again keeps its cursor, so nothing already imported is read twice.
     """
-    resolved = Path(path).expanduser().resolve()
+    resolved = files.resolved(path, ObserveError)
+    if storable(str(resolved)) != str(resolved):  # the store keeps the path to open it again: it must be text
+        raise ObserveError(
+            f"{storable(str(resolved))}: the path is not valid UTF-8, so it cannot be kept; rename it"
+        )
     kind = kind or detect_kind(resolved)
     row = store.conn.execute("SELECT kind FROM sources WHERE path=?", (str(resolved),)).fetchone()
     if row is not None and row[0] != kind:

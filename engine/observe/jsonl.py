@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.files import kind_of, open_regular, reason
 from engine.store import Store
 
 from .common import (
@@ -238,7 +240,9 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
     except FileNotFoundError:
         raise ObserveError(f"{path}: the file is gone (moved or rotated?)", transient=True) from None
     except OSError as exc:
-        raise ObserveError(f"{path}: cannot read it ({exc.strerror})", transient=True) from None
+        raise ObserveError(f"{path}: {reason(exc)}", transient=True) from None
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or a device: reading it would block or never end
+        raise ObserveError(f"{path}: {kind_of(st.st_mode)}, not a JSONL file")
     if cursor.get("inode", st.st_ino) != st.st_ino or st.st_size < offset:
         # Replaced or truncated: read it from the top; rows already stored are ignored.
         offset, line, skipping = 0, 0, False
@@ -262,7 +266,13 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
             if parser.vocab_changed and run.vocab_size != parser.vocab_size:
                 store.update_run(run.id, vocab_size=parser.vocab_size)
             rows = finish_rows(
-                store, run.id, source["id"], parser.rows, vocab_size=parser.vocab_size, origin=KEYS.origin
+                store,
+                run.id,
+                source["id"],
+                parser.rows,
+                vocab_size=parser.vocab_size,
+                origin=KEYS.origin,
+                result=result,
             )
             result.rows = store.add_metrics(run.id, rows)
             result.run_ids.append(run.id)
@@ -280,7 +290,7 @@ def _read(
     """Parse lines from `offset` on; returns (offset, line, skipping, caught_up) after them."""
     pending = b""  # the start of a line whose newline has not been read yet
     read = 0
-    with open(path, "rb") as f:
+    with open_regular(path, "JSONL file", ObserveError) as f:
         f.seek(offset)
         while read < MAX_BYTES and not budget.spent(len(parser.rows)):
             chunk = f.read(CHUNK)

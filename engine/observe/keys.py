@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from engine.text import storable
+
 MAX_KEY_LENGTH = 200
 
 ALIASES = {
@@ -36,8 +38,9 @@ def normalize_key(key: str, *, jsonl: bool = False) -> str | None:
     `train_loss` is the per-step loss, while in trainer_state.json it is the end-of-run mean
     and keeps its name.
     """
-    if not key or len(key) > MAX_KEY_LENGTH or not _encodable(key):
+    if not key or len(key) > MAX_KEY_LENGTH:
         return None
+    key = storable(key)  # a JSON escape can smuggle in a lone surrogate: kept, as U+FFFD
     if key.startswith("train/"):
         key = key[6:]
     if not key or key in STEP_KEYS or key.startswith("profiling/"):
@@ -50,15 +53,6 @@ def normalize_key(key: str, *, jsonl: bool = False) -> str | None:
     if key.startswith("reward_") and len(key) > 7 and key not in KEEP_AS_IS:
         return f"rewards/{key[7:]}/mean"
     return key
-
-
-def _encodable(key: str) -> bool:
-    """SQLite needs valid UTF-8; JSON escapes can smuggle in lone surrogates."""
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 class KeyMap(dict[str, str | None]):

@@ -14,13 +14,26 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from engine.files import checked_stat, kind_of
+from engine.limits import int_text
 from engine.store import Store
 
-from .common import Budget, IngestResult, ObserveError, WriteCost, ensure_run, find_run, number, valid_vocab
+from .common import (
+    Budget,
+    IngestResult,
+    ObserveError,
+    WriteCost,
+    ensure_run,
+    find_run,
+    number,
+    valid_max_steps,
+    valid_vocab,
+)
 from .keys import KeyMap
 from .runkeys import finish_rows
 
@@ -29,6 +42,7 @@ DB_TABLES = {"experiments", "runs", "metrics", "params", "latest_metrics", "alem
 STATUS = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "stopped"}  # else running
 MODEL_PARAMS = ("model_name_or_path", "_name_or_path", "model_name", "model")
 PAGE = 1000  # runs per search
+MAX_ENTRIES = 1_000_000  # files of an mlruns/ tree looked at for a FIFO, per call
 KEYS = KeyMap()
 
 
@@ -56,6 +70,32 @@ def is_mlruns_dir(path: Path) -> bool:
     return any(
         e.name.isdigit() and e.is_dir() and os.path.isfile(os.path.join(e.path, "meta.yaml")) for e in entries
     )
+
+
+def check_files(path: Path) -> None:
+    """ObserveError unless `path` is a regular file, or a directory holding only directories and regular files:
+    MLflow opens what it finds, and a FIFO in an mlruns/ tree would block it for ever."""
+    mode = checked_stat(path, ObserveError).st_mode
+    if not stat.S_ISDIR(mode):
+        if not stat.S_ISREG(mode):
+            raise ObserveError(f"{path}: {kind_of(mode)}, not an MLflow store")
+        return
+    pending, seen = [path], 0
+    while pending and seen < MAX_ENTRIES:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:
+            continue  # MLflow says what it cannot read
+        seen += len(entries)
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                pending.append(Path(entry.path))
+            elif not entry.is_file() and not entry.is_dir():  # a link is followed: one to a FIFO is one too
+                try:
+                    kind = kind_of(entry.stat().st_mode)
+                except OSError:
+                    continue  # a dangling link or a loop: MLflow says so itself, without blocking
+                raise ObserveError(f"{entry.path}: {kind} inside the MLflow store; MLflow would block on it")
 
 
 def tracking_uri(path: Path) -> str:
@@ -159,10 +199,7 @@ def _vocab(params: dict[str, str]) -> int | None:
     """|V| from a `vocab_size` param, also nested (veRL flattens its config with "/" into params)."""
     for key, value in params.items():
         if key == "vocab_size" or key.endswith(("/vocab_size", ".vocab_size")):
-            try:
-                vocab = valid_vocab(int(value))
-            except ValueError:
-                continue
+            vocab = valid_vocab(int_text(value) if isinstance(value, str) else None)
             if vocab:
                 return vocab
     return None
@@ -177,8 +214,9 @@ def _facts(run: Any, params: dict[str, str], experiment: str) -> dict[str, Any]:
     model = next((params[k] for k in MODEL_PARAMS if params.get(k)), None)
     if model:
         facts["model"] = model
-    if params.get("max_steps", "").isdigit() and int(params["max_steps"]) > 0:
-        facts["max_steps"] = int(params["max_steps"])
+    max_steps = valid_max_steps(int_text(params.get("max_steps") or ""))
+    if max_steps:
+        facts["max_steps"] = max_steps
     if info.start_time:
         facts["started_at"] = info.start_time / 1000
     status = STATUS.get(info.status)
@@ -193,6 +231,7 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
     path = Path(source["path"])
     if not path.exists():
         raise ObserveError(f"{path}: the MLflow store is gone (moved or deleted?)", transient=True)
+    check_files(path)
     if path.is_file() and not is_mlflow_db(path):
         raise ObserveError(
             f"{path}: not an MLflow tracking database (or it cannot be read now)", transient=True
@@ -235,7 +274,13 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
             rows = batch.rows.get(run_id)
             if rows:
                 rows = finish_rows(
-                    store, run.id, source["id"], rows, vocab_size=batch.vocab[run_id], origin=KEYS.origin
+                    store,
+                    run.id,
+                    source["id"],
+                    rows,
+                    vocab_size=batch.vocab[run_id],
+                    origin=KEYS.origin,
+                    result=result,
                 )
                 result.rows += store.add_metrics(run.id, rows)
                 result.run_ids.append(run.id)

@@ -6,17 +6,23 @@ stored on the run, the renames kept in run_keys and the rows never disagree, wha
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
 from engine.store import Store
 
-from .common import valid_vocab
+from .common import IngestResult, valid_vocab
 from .frameworks import KeyMapping, detect
 from .keys import derived_phi
 
 Row = tuple[int, str, Any, float]  # (step, key, value, wall time)
 PHI_KEYS = frozenset({"entropy", "phi/mean", "phi/entropy"})
+# Distinct metric keys one run takes from a source. Each key costs its own rollups at every level, so a
+# source inventing keys (one JSONL line with 60,000 of them took 22 s) would stall the engine; real runs
+# log tens to a few hundred. Past the cap, rows of the keys the run already has are still imported.
+MAX_KEYS = 5_000
+KEYS_CAPPED = "keys capped"  # the run's event that says so, once
 
 
 def vocab_key(source_id: int, *, fallback: bool = False) -> str:
@@ -46,9 +52,11 @@ def finish_rows(
     *,
     vocab_size: int | None = None,
     origin: Mapping[str, str] | None = None,
+    result: IngestResult | None = None,
 ) -> list[Row]:
-    """The rows to store for one run's batch (keys as `normalize_key` left them): renamed by the run's key map,
-    with Φ or its entropy derived per step where only the other is known.
+    """The rows to store for one run's batch (keys as `normalize_key` left them): at most MAX_KEYS distinct keys
+    a run (`capped_keys`, which says so in `result`), renamed by the run's key map, with Φ or its entropy derived
+    per step where only the other is known.
 
     The framework is the run's stored one, else the one the batch's keys tell (then stored on the run); the
     renames go to run_keys under the source's own spelling (`origin`). |V|: the user's `--vocab-size` for the
@@ -57,6 +65,7 @@ def finish_rows(
     """
     if not rows:
         return rows
+    rows = capped_keys(store, run_id, rows, result)
     framework, stored_vocab = store.conn.execute(
         "SELECT framework, vocab_size FROM runs WHERE id=?", (run_id,)
     ).fetchone()
@@ -84,6 +93,49 @@ def finish_rows(
     if vocab is not None and ("entropy" in names or "phi/mean" in names):
         rows = with_derived_phi(rows, vocab)
     return rows
+
+
+def capped_keys(store: Store, run_id: int, rows: list[Row], result: IngestResult | None) -> list[Row]:
+    """`rows` without those of new keys past the run's MAX_KEYS (the first new ones seen are kept); the
+    first time keys are dropped, an event on the run and a line in `result` say so."""
+    conn = store.conn
+    seen = "SELECT 1 FROM rollups WHERE run_id=? AND key=? LIMIT 1"  # a primary-key seek
+    new = [
+        name
+        for name in dict.fromkeys(row[1] for row in rows)
+        if not conn.execute(seen, (run_id, name)).fetchone()
+    ]
+    if not new:
+        return rows  # the usual batch: every key known, the run's keys never counted
+    room = MAX_KEYS - len(run_keys(conn, run_id, MAX_KEYS + 1))
+    if len(new) <= room:
+        return rows
+    dropped = set(new[max(room, 0) :])
+    kept = [row for row in rows if row[1] not in dropped]
+    said = conn.execute("SELECT 1 FROM events WHERE run_id=? AND kind=?", (run_id, KEYS_CAPPED))
+    if said.fetchone() is None:
+        line = (
+            f"more than {MAX_KEYS:,} distinct metric keys: the first {MAX_KEYS:,} are kept, later new keys"
+            f" ({len(dropped):,} in this batch) are not imported"
+        )
+        store.add_event(run_id, min(row[0] for row in rows), KEYS_CAPPED, line)
+        if result is not None:
+            result.problems.append(f"run {run_id}: {line}")
+    return kept
+
+
+def run_keys(conn: sqlite3.Connection, run_id: int, limit: int) -> set[str]:
+    """A run's distinct metric keys, at most `limit` of them: one primary-key seek in the rollups per key, so
+    the cost does not grow with the rows."""
+    keys: set[str] = set()
+    key = ""
+    while len(keys) < limit:
+        row = conn.execute("SELECT min(key) FROM rollups WHERE run_id=? AND key>?", (run_id, key)).fetchone()
+        if row[0] is None:
+            break
+        key = row[0]
+        keys.add(key)
+    return keys
 
 
 def with_derived_phi(rows: list[Row], vocab_size: int) -> list[Row]:

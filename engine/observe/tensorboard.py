@@ -22,14 +22,25 @@ import functools
 import json
 import os
 import re
+import stat
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.files import kind_of
 from engine.store import Store
 
-from .common import Budget, IngestResult, ObserveError, WriteCost, ensure_run, find_run, valid_vocab
+from .common import (
+    Budget,
+    IngestResult,
+    ObserveError,
+    WriteCost,
+    ensure_run,
+    find_run,
+    valid_max_steps,
+    valid_vocab,
+)
 from .keys import KeyMap
 from .runkeys import Row, finish_rows
 
@@ -278,8 +289,8 @@ def config_facts(value: Any) -> dict[str, Any]:
     vocab = valid_vocab(config.get("vocab_size"))
     if vocab:
         facts["vocab_size"] = vocab
-    max_steps = config.get("max_steps")
-    if type(max_steps) is int and max_steps > 0:
+    max_steps = valid_max_steps(config.get("max_steps"))
+    if max_steps:
         facts["max_steps"] = max_steps
     model = config.get("_name_or_path")
     if isinstance(model, str) and model:
@@ -325,7 +336,7 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
                 vocab_size = vocab_size or facts.get("vocab_size")
             rows = batch.rows.get(run_dir, [])
             result.rows += store.add_metrics(
-                run.id, finish_rows(store, run.id, source["id"], rows, vocab_size=vocab_size)
+                run.id, finish_rows(store, run.id, source["id"], rows, vocab_size=vocab_size, result=result)
             )
             result.run_ids.append(run.id)
         store.save_source_progress(
@@ -352,6 +363,9 @@ class EventBatch:
             st = os.stat(path)
         except OSError:
             return True  # gone between the directory walk and now: what was read stays stored
+        if not stat.S_ISREG(st.st_mode):  # a FIFO given as the source, or put in a file's place: never opened
+            self.result.add_problem(f"{name or path.name}: {kind_of(st.st_mode)}, not an event file")
+            return True
         if entry.get("inode", st.st_ino) != st.st_ino or st.st_size < entry.get("bytes", 0):
             entry = {}  # replaced or truncated: read it again from the top; rows already stored are ignored
         self.files[name] = entry

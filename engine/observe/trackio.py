@@ -7,15 +7,16 @@ by `metrics.id`; each Trackio run becomes one carl run (external id = Trackio's 
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from engine.limits import shown
 from engine.store import Store
 from engine.store.schema import APPLICATION_ID
+from engine.text import loads_storable
 
 from .common import (
     Budget,
@@ -23,9 +24,11 @@ from .common import (
     ObserveError,
     RunInfo,
     WriteCost,
+    as_step,
     ensure_run,
     find_run,
     number,
+    valid_max_steps,
     valid_vocab,
 )
 from .keys import KeyMap
@@ -41,7 +44,9 @@ KEYS = KeyMap()
 def connect(path: Path) -> sqlite3.Connection:
     """A read-only, autocommit connection; waits at most a second on a busy writer."""
     uri = f"{path.absolute().as_uri()}?mode=ro"
-    return sqlite3.connect(uri, uri=True, isolation_level=None, timeout=1.0, check_same_thread=False)
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=1.0, check_same_thread=False)
+    conn.text_factory = lambda raw: raw.decode("utf-8", "replace")  # a text that is not UTF-8 is still read
+    return conn
 
 
 def check(path: Path) -> str:
@@ -75,7 +80,7 @@ def _run_column(conn: sqlite3.Connection, path: Path) -> str:
 def decode(blob: Any) -> dict[str, Any]:
     """A metrics or config payload (orjson bytes, or text in old files) as a dict; {} if unreadable."""
     try:
-        value = json.loads(blob)
+        value = loads_storable(blob)
     except (TypeError, ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
@@ -104,6 +109,7 @@ class TrackioBatch:
         self.row_count = 0
         self.walls: dict[str, float] = {}
         self.now = time.time()
+        self.result = IngestResult()  # the rows skipped, each one line
 
     def run(self, external_id: str) -> RunInfo | None:
         if external_id not in self.runs:
@@ -117,9 +123,9 @@ class TrackioBatch:
     def add_metrics(self, external_id: str, run_name: str, step: int, stamp: str, blob: Any) -> None:
         self.names.setdefault(external_id, run_name)
         payload = decode(blob)
-        global_step = number(payload.get("train/global_step"))
-        if global_step is not None and global_step == int(global_step):
-            step = int(global_step)
+        global_step = as_step(payload.get("train/global_step"))
+        if global_step is not None:
+            step = global_step
         wall = self.wall_time(stamp)
         values: dict[str, float | int | None] = {}
         for key, raw in payload.items():
@@ -171,7 +177,8 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
         raise ObserveError(f"{path}: not a readable Trackio database ({exc})") from None
     finally:
         conn.close()
-    result = IngestResult(caught_up=caught_up, done=metrics_id, total=max(last_id, metrics_id))
+    result = batch.result
+    result.caught_up, result.done, result.total = caught_up, metrics_id, max(last_id, metrics_id)
     new_cursor = {"metrics_id": metrics_id, "configs_id": configs_id}
     if new_cursor == source["cursor"]:
         return result
@@ -181,10 +188,12 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
             rows = batch.rows.get(external_id)
             if rows:
                 vocab = valid_vocab(batch.configs.get(external_id, {}).get("vocab_size"))
-                rows = finish_rows(store, run.id, source["id"], rows, vocab_size=vocab, origin=KEYS.origin)
+                rows = finish_rows(
+                    store, run.id, source["id"], rows, vocab_size=vocab, origin=KEYS.origin, result=result
+                )
                 result.rows += store.add_metrics(run.id, rows)
                 result.run_ids.append(run.id)
-        store.save_source_progress(source["id"], new_cursor, rows=result.rows)
+        store.save_source_progress(source["id"], new_cursor, rows=result.rows, bad_lines=result.bad_lines)
     return result
 
 
@@ -210,8 +219,12 @@ def _read_metrics(
             (after, PAGE),
         ).fetchall()
         for row_id, external_id, run_name, step, stamp, blob in page:
-            batch.add_metrics(str(external_id), str(run_name), int(step or 0), stamp, blob)
             after = row_id
+            row_step = 0 if step is None else as_step(step)  # SQLite reads a NaN step back as NULL
+            if row_step is None:
+                batch.result.add_problem(f"metrics row {row_id}: step {shown(step)} is not an integer")
+                continue
+            batch.add_metrics(str(external_id), str(run_name), row_step, stamp, blob)
             if budget.spent(batch.row_count):
                 return after, False
         if len(page) < PAGE:
@@ -253,8 +266,8 @@ def _run_facts(config: dict[str, Any]) -> dict[str, Any]:
     vocab = valid_vocab(config.get("vocab_size"))
     if vocab:
         facts["vocab_size"] = vocab
-    max_steps = config.get("max_steps")
-    if type(max_steps) is int and max_steps > 0:
+    max_steps = valid_max_steps(config.get("max_steps"))
+    if max_steps:
         facts["max_steps"] = max_steps
     model = config.get("_name_or_path") or config.get("model_name_or_path") or config.get("model_type")
     if isinstance(model, str) and model:

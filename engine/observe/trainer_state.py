@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.files import read_regular
 from engine.store import Store
 
 from .common import (
@@ -26,6 +27,7 @@ from .common import (
     ensure_run,
     find_run,
     number,
+    valid_max_steps,
     valid_vocab,
 )
 from .keys import KeyMap
@@ -33,6 +35,7 @@ from .runkeys import finish_rows
 
 FILE_NAME = "trainer_state.json"
 CHECKPOINT = re.compile(r"checkpoint-(\d+)$")
+MAX_CONFIG_BYTES = 4 << 20  # a model's config.json is a few KiB
 KEYS = KeyMap()
 
 
@@ -80,9 +83,11 @@ def model_facts(state_path: Path) -> dict[str, Any]:
     folders = (state_path.parent, output_dir, checkpoint.parent if checkpoint else output_dir)
     for folder in dict.fromkeys(folders):
         try:
-            config = json.loads((folder / "config.json").read_bytes())
-        except (OSError, ValueError, RecursionError):
-            continue
+            config = json.loads(
+                read_regular(folder / "config.json", error=ObserveError, limit=MAX_CONFIG_BYTES)
+            )
+        except (ObserveError, ValueError, RecursionError):
+            continue  # missing, a FIFO, too big or not JSON: no facts from it
         vocab = valid_vocab(config.get("vocab_size")) if isinstance(config, dict) else None
         if vocab:
             architectures = config.get("architectures")
@@ -104,7 +109,7 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
         done = cursor.get("entries", 0)
         if cursor.get("identity") == identity and done >= cursor.get("total", 0):
             return IngestResult(caught_up=True, done=done, total=done)
-        data = json.loads(state_path.read_bytes())
+        data = json.loads(read_regular(state_path, FILE_NAME, ObserveError))
     except OSError as exc:
         raise ObserveError(f"{state_path}: cannot read it ({exc.strerror})", transient=True) from None
     except (ValueError, RecursionError):
@@ -130,8 +135,8 @@ def _import(
     budget: Budget,
 ) -> IngestResult:
     facts = model_facts(state_path)
-    max_steps = data.get("max_steps")
-    if type(max_steps) is int and max_steps > 0:
+    max_steps = valid_max_steps(data.get("max_steps"))
+    if max_steps:
         facts["max_steps"] = max_steps
     result = IngestResult()
     rows: list[tuple[int, str, float | None, float]] = []
@@ -160,7 +165,13 @@ def _import(
             facts.update(status="finished", ended_at=mtime)
         store.update_run(run.id, **facts)
         rows = finish_rows(
-            store, run.id, source["id"], rows, vocab_size=facts.get("vocab_size"), origin=KEYS.origin
+            store,
+            run.id,
+            source["id"],
+            rows,
+            vocab_size=facts.get("vocab_size"),
+            origin=KEYS.origin,
+            result=result,
         )
         result.rows = store.add_metrics(run.id, rows)
         result.run_ids.append(run.id)

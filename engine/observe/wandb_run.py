@@ -30,7 +30,17 @@ from typing import Any
 
 from engine.store import Store
 
-from .common import Budget, IngestResult, ObserveError, WriteCost, as_step, ensure_run, find_run, valid_vocab
+from .common import (
+    Budget,
+    IngestResult,
+    ObserveError,
+    WriteCost,
+    as_step,
+    ensure_run,
+    find_run,
+    valid_max_steps,
+    valid_vocab,
+)
 from .keys import KeyMap
 from .runkeys import Row, finish_rows
 
@@ -484,7 +494,7 @@ def _write_run(
         store.update_run(run.id, **facts)
     if read.rows:
         result.rows += store.add_metrics(
-            run.id, finish_rows(store, run.id, source["id"], read.rows, vocab_size=vocab_size)
+            run.id, finish_rows(store, run.id, source["id"], read.rows, vocab_size=vocab_size, result=result)
         )
     return run.id
 
@@ -512,8 +522,8 @@ def _run_facts(config: dict[str, Any]) -> dict[str, Any]:
     vocab = _find_vocab(config, MAX_CONFIG_DEPTH)
     if vocab:
         facts["vocab_size"] = vocab
-    max_steps = config.get("max_steps")
-    if type(max_steps) is int and max_steps > 0:
+    max_steps = valid_max_steps(config.get("max_steps"))
+    if max_steps:
         facts["max_steps"] = max_steps
     model = config.get("_name_or_path") or config.get("model_name_or_path") or config.get("model_type")
     if isinstance(model, str) and model:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from engine.coherence.summary import PHI_FROM_GENERATE
 from engine.errors import CarlError
 from engine.experiments.stats import mean_ci
 from engine.store.reader import RunRow, StoreReader
@@ -36,6 +37,7 @@ def run_record(reader: StoreReader, run: RunRow) -> dict[str, Any]:
     (`eval_*` are null when the run has no eval)."""
     latest = reader.latest_eval(run.id)
     figures = latest["metrics"] if latest else {}
+    phi_path = reader.latest_values(run.id, [PHI_FROM_GENERATE]).get(PHI_FROM_GENERATE, (0, None))[1]
     return {
         "id": run.id,
         "name": run.name,
@@ -56,6 +58,8 @@ def run_record(reader: StoreReader, run: RunRow) -> dict[str, Any]:
         "eval_task": figures.get("task"),
         "eval_solved": figures.get("solved"),
         "eval_at": latest["created_at"] if latest else None,
+        # Where the coherence rewards last got Φ: generate (while sampling) | forward | null (none yet).
+        "phi_source": None if phi_path is None else ("generate" if phi_path else "forward"),
     }
 
 

@@ -7,12 +7,15 @@ control room, which only reads and enqueues commands, opens fast.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import stat
 import time
 from pathlib import Path
 from typing import Any
 
 from engine.errors import CarlError
+from engine.files import kind_of, reason
 
 from .schema import APPLICATION_ID, SCHEMA_VERSION
 
@@ -26,11 +29,37 @@ MetricRow = tuple[int, str, float | None, float]  # (step, key, value, wall_time
 
 def connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
     if readonly:
-        uri = f"file:{path}?mode=ro"
+        uri = f"{path.absolute().as_uri()}?mode=ro"  # a path with ? or # in it stays a path
         conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=5.0)
     else:
         conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
     return conn
+
+
+def existing_store(path: Path) -> bool:
+    """Whether `path` holds a store to open (False: none yet), checked without writing a byte to it.
+
+    StoreError for what is not a carl database: a FIFO, a device or a directory, a symbolic link loop,
+    or an SQLite file of somebody else's, which is refused before the writer would switch it to WAL.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise StoreError(f"{path}: {reason(exc)}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise StoreError(f"{path}: {kind_of(st.st_mode)}, not a carl database")
+    if st.st_size:
+        try:
+            conn = connect(path, readonly=True)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{path}: not a readable carl database ({exc})") from None
+        try:
+            check_schema(conn, path)
+        finally:
+            conn.close()
+    return True
 
 
 def check_schema(conn: sqlite3.Connection, path: Path) -> int:

@@ -21,11 +21,15 @@ from typing import Any
 import numpy as np
 import sqlite_utils
 
+from engine.names import MAX_NAME, as_name
+from engine.text import storable
+
 from .base import (
     MetricRow,
     StoreError,
     check_schema,
     connect,
+    existing_store,
     insert_chat_message,
     insert_command,
     read_experiment,
@@ -48,7 +52,7 @@ class Store:
 
     def __init__(self, path: str | Path, *, create: bool = True) -> None:
         self.path = Path(path)
-        if not self.path.exists():
+        if not existing_store(self.path):
             if not create:
                 raise StoreError(f"{self.path}: no carl database here")
             self.path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
@@ -124,14 +128,18 @@ class Store:
         vocab_size: int | None = None,
         started_at: float | None = None,
     ) -> int:
-        """Create a run; a taken name gets a numeric suffix (name-2, name-3, ...)."""
+        """Create a run; a taken name gets a numeric suffix (name-2, name-3, ...). Whatever the name's origin,
+        it is stored as a name (`names.as_name`: storable, printable, at most MAX_NAME characters)."""
         now = time.time()
+        name, external_id = as_name(name), storable(external_id)
+        source_path, model = source_path and storable(source_path), model and storable(model)
         with self.transaction():
             unique = name
             n = 1
             while self.conn.execute("SELECT 1 FROM runs WHERE name=?", (unique,)).fetchone():
                 n += 1
-                unique = f"{name}-{n}"
+                suffix = f"-{n}"
+                unique = name[: MAX_NAME - len(suffix)] + suffix
             cur = self.conn.execute(
                 "INSERT INTO runs (name, source_kind, source_path, source_id, external_id, status, config,"
                 " backend, model, max_steps, vocab_size, started_at, created_at, updated_at, health,"
@@ -190,6 +198,7 @@ class Store:
         for key in ("config", "health_reasons"):
             if key in fields and not isinstance(fields[key], str):
                 fields[key] = json.dumps(fields[key])
+        fields = {k: storable(v) if isinstance(v, str) else v for k, v in fields.items()}
         fields["updated_at"] = time.time()
         columns = ", ".join(f"{k}=?" for k in fields)
         with self.transaction():
@@ -529,7 +538,7 @@ class Store:
         with self.transaction():
             self.conn.execute(
                 "INSERT OR IGNORE INTO events (run_id, step, kind, detail, wall_time) VALUES (?,?,?,?,?)",
-                (run_id, step, kind, detail, time.time()),
+                (run_id, step, kind, storable(detail), time.time()),
             )
 
     def add_eval(self, run_id: int, passed: bool, metrics: dict[str, Any], reasons: list[str]) -> int:

@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from . import rollout_reads
-from .base import StoreError, check_schema, connect, read_experiment, read_experiment_runs, read_experiments
+from .base import (
+    StoreError,
+    check_schema,
+    connect,
+    existing_store,
+    read_experiment,
+    read_experiment_runs,
+    read_experiments,
+)
 from .rollout_reads import EntropyHistogram, Key, RolloutQuery, RolloutRow
 from .rollouts import ROLLOUT_COLUMNS, rollout_dict
 from .schema import ROLLUP_LEVELS
@@ -90,7 +98,7 @@ class StoreReader:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        if not self.path.exists():
+        if not existing_store(self.path):  # a FIFO or a device is refused before SQLite opens it
             raise StoreError(f"{self.path}: no carl database here")
         try:
             self.conn = connect(self.path, readonly=True)
@@ -98,6 +106,9 @@ class StoreReader:
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: cannot open read-only ({exc})") from None
         self.version = check_schema(self.conn, self.path)
+        if self.version == 0:  # a 0-byte file, or one no carl process has set up yet: nothing to read
+            self.conn.close()
+            raise StoreError(f"{self.path}: an empty database, with nothing stored yet (not set up by carl)")
         self._run_columns = RUN_COLUMNS if self.version >= 6 else RUN_COLUMNS_V5
 
     def close(self) -> None:

@@ -14,6 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from engine.text import storable
+
 # A run keeps at most this many rollouts; past it its oldest steps are thinned (Store.add_rollouts). At a few
 # KiB a sample this bounds a run's rollouts to a few hundred MiB.
 ROLLOUT_CAP = 200_000
@@ -108,8 +110,4 @@ def _text(value: Any) -> str | None:
         return None
     if not isinstance(value, str):
         value = json.dumps(value, default=str) if isinstance(value, (list, dict)) else str(value)
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        value = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return value
+    return storable(value)

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import CliError
+from engine.limits import INT64_MAX, int_flag
+from engine.names import name_arg
 
 from .config import ConfigError, load_config, write_default_config
 
@@ -19,17 +21,17 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", "-c", type=Path, default=None, help="carl.yaml (default: built-in defaults)"
     )
-    parser.add_argument("--name", default=None, help="run name (default: the config's name)")
+    parser.add_argument("--name", type=name_arg, default=None, help="run name (default: the config's name)")
     parser.add_argument("--model", "-m", default=None, help="'carl-tiny', a model directory or a hub id")
     parser.add_argument(
         "--dataset", "-d", default=None, help="'demo' or a .jsonl/.json file with a prompt column"
     )
     parser.add_argument("--method", choices=("grpo", "sft"), default=None)
     parser.add_argument("--backend", choices=("auto", "torch", "mlx"), default=None)
-    parser.add_argument("--max-steps", type=int, default=None, help="steps of the main phase")
+    parser.add_argument("--max-steps", type=int_flag(1), default=None, help="steps of the main phase")
     parser.add_argument(
         "--processes",
-        type=int,
+        type=int_flag(1),
         default=None,
         metavar="N",
         help="train data-parallel in N processes through accelerate (torch; at most the GPUs, or the CPU cores)",
@@ -39,7 +41,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--home", type=Path, default=None, help="carl home (default: $CARL_HOME or ~/.carl)")
     # Internal: a rank started by `carl train --processes N` joins the run that process opened.
-    parser.add_argument("--attach", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--attach", type=int_flag(1, INT64_MAX), default=None, help=argparse.SUPPRESS)
 
 
 def run_train(args: argparse.Namespace, home: Path) -> int:
@@ -128,7 +130,9 @@ def init_config(path: str | Path) -> None:
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="run name or id")
-    parser.add_argument("--max-prompts", type=int, default=None, help="held-out prompts to use at most")
+    parser.add_argument(
+        "--max-prompts", type=int_flag(1), default=None, help="held-out prompts to use at most"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 

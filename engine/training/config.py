@@ -14,12 +14,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine.errors import CarlError
+from engine.files import named
+from engine.strict import Count, Name, Real, Seed
 from engine.yamlfile import read_mapping
 
 BUILTIN_REWARDS = ("task", "format", "coherence", "commitment", "concise")
 COHERENCE_REWARDS = ("coherence", "commitment")  # gated by the cascade, capped below the task reward
 TINY_MODEL = "carl-tiny"  # the built-in model, built on first use under $CARL_HOME/models
 DEMO_DATASET = "demo"
+MAX_PATH = 4096  # characters of a path or hub id (Linux's PATH_MAX)
 
 
 class ConfigError(CarlError):
@@ -27,14 +30,14 @@ class ConfigError(CarlError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class LoraConfig(_Section):
     enabled: bool = Field(False, description="train a LoRA adapter instead of every weight")
-    r: int = Field(16, gt=0, description="adapter rank")
-    alpha: int = Field(32, gt=0, description="adapter scale numerator (scale = alpha / r)")
-    dropout: float = Field(0.05, ge=0.0, lt=1.0, description="dropout on the adapter's input")
+    r: Count = Field(16, gt=0, description="adapter rank")
+    alpha: Count = Field(32, gt=0, description="adapter scale numerator (scale = alpha / r)")
+    dropout: Real = Field(0.05, ge=0.0, lt=1.0, description="dropout on the adapter's input")
     target_modules: str | list[str] = Field(
         "all-linear", description='"all-linear" or a list of module names (never lm_head)'
     )
@@ -50,7 +53,7 @@ class LoraConfig(_Section):
 
 class RewardSpec(_Section):
     name: str = Field(description="one of task, format, coherence, commitment, concise, or 'pkg.mod:fn'")
-    weight: float = Field(1.0, ge=0.0, description="weight in the summed reward")
+    weight: Real = Field(1.0, ge=0.0, description="weight in the summed reward")
 
     @field_validator("name")
     @classmethod
@@ -70,12 +73,12 @@ class CascadeConfig(_Section):
         "gated",
         description="gated: coherence waits for the task reward (the CARL cascade); always: on from step one",
     )
-    min_points: int = Field(5, gt=0, description="task-reward history (steps) before the gate may open")
-    percentile: float = Field(0.6, gt=0.0, lt=1.0, description="threshold = this percentile of the history")
-    window: int = Field(5, gt=0, description="recent steps looked at")
-    min_above: int = Field(3, gt=0, description="steps of the window that must beat the threshold (and 0)")
-    ramp_steps: int = Field(10, gt=0, description="steps over which coherence weights ramp in once open")
-    cap_ratio: float = Field(
+    min_points: Count = Field(5, gt=0, description="task-reward history (steps) before the gate may open")
+    percentile: Real = Field(0.6, gt=0.0, lt=1.0, description="threshold = this percentile of the history")
+    window: Count = Field(5, gt=0, description="recent steps looked at")
+    min_above: Count = Field(3, gt=0, description="steps of the window that must beat the threshold (and 0)")
+    ramp_steps: Count = Field(10, gt=0, description="steps over which coherence weights ramp in once open")
+    cap_ratio: Real = Field(
         0.5, gt=0.0, lt=1.0, description="a coherence weight may be at most this times the task weight"
     )
 
@@ -87,23 +90,23 @@ class CascadeConfig(_Section):
 
 
 class EvalConfig(_Section):
-    holdout: float = Field(
+    holdout: Real = Field(
         0.1,
         ge=0.0,
         lt=1.0,
         description="share of the dataset's prompts held out of training, for `carl eval`",
     )
     at_end: bool = Field(False, description="evaluate on the held-out prompts when the run finishes")
-    max_prompts: int = Field(64, gt=0, description="held-out prompts evaluated at most")
-    min_task: float = Field(0.5, description="pass needs the mean task reward on held-out prompts >= this")
-    min_format: float = Field(
+    max_prompts: Count = Field(64, gt=0, description="held-out prompts evaluated at most")
+    min_task: Real = Field(0.5, description="pass needs the mean task reward on held-out prompts >= this")
+    min_format: Real = Field(
         0.8, ge=0.0, le=1.0, description="pass needs this share of answers fully format-compliant"
     )
-    min_phi: float | None = Field(
+    min_phi: Real | None = Field(
         None, description="pass needs mean Phi of the answers >= this (null: report only)"
     )
-    solved_at: float = Field(1.0, description="a held-out prompt counts as solved at this task reward")
-    min_solved: float | None = Field(
+    solved_at: Real = Field(1.0, description="a held-out prompt counts as solved at this task reward")
+    min_solved: Real | None = Field(
         None,
         ge=0.0,
         le=1.0,
@@ -122,12 +125,22 @@ def _default_rewards() -> list[RewardSpec]:
 
 
 class TrainConfig(_Section):
-    name: str = Field("run", min_length=1, description="run name (a taken name gets a -2, -3, ... suffix)")
+    name: Name = Field(
+        "run",
+        min_length=1,
+        description="run name (a taken name gets a -2, -3, ... suffix; at most 128 characters)",
+    )
     model: str = Field(
-        TINY_MODEL, min_length=1, description="'carl-tiny' (built-in), a local directory or a hub id"
+        TINY_MODEL,
+        min_length=1,
+        max_length=MAX_PATH,
+        description="'carl-tiny' (built-in), a local directory or a hub id",
     )
     dataset: str = Field(
-        DEMO_DATASET, min_length=1, description="'demo' or a .jsonl/.json file with a prompt column"
+        DEMO_DATASET,
+        min_length=1,
+        max_length=MAX_PATH,
+        description="'demo' or a .jsonl/.json file with a prompt column",
     )
     task: Literal["auto", "toolcall", "reference"] = Field(
         "auto",
@@ -139,46 +152,51 @@ class TrainConfig(_Section):
         "auto",
         description="auto: mlx on Apple silicon with mlx installed, else torch (CUDA when there is one)",
     )
-    processes: int = Field(
+    processes: Count = Field(
         1,
         gt=0,
         description="data-parallel training processes (torch, through accelerate): at most the GPUs,"
         " or the CPU cores without one",
     )
-    max_steps: int = Field(100, gt=0, description="optimizer steps of the main phase (after any warm-up)")
-    learning_rate: float = Field(
+    max_steps: Count = Field(100, gt=0, description="optimizer steps of the main phase (after any warm-up)")
+    learning_rate: Real = Field(
         1e-3, gt=0.0, description="1e-3 suits carl-tiny; ~1e-5 for LoRA on a real model"
     )
-    num_generations: int = Field(8, ge=2, description="completions sampled per prompt (the GRPO group)")
-    per_device_train_batch_size: int = Field(
+    num_generations: Count = Field(8, ge=2, description="completions sampled per prompt (the GRPO group)")
+    per_device_train_batch_size: Count = Field(
         8, gt=0, description="completions per step; a multiple of num_generations"
     )
-    max_completion_length: int = Field(24, gt=0, description="tokens generated per completion at most")
-    temperature: float = Field(1.0, gt=0.0, description="sampling temperature (Phi is measured at it)")
-    beta: float = Field(
+    max_completion_length: Count = Field(24, gt=0, description="tokens generated per completion at most")
+    temperature: Real = Field(1.0, gt=0.0, description="sampling temperature (Phi is measured at it)")
+    phi_source: Literal["generate", "forward"] = Field(
+        "generate",
+        description="where the coherence rewards get Phi: generate (while sampling, no extra forward; a"
+        " forward where that cannot be hooked) or forward (always one no-grad forward)",
+    )
+    beta: Real = Field(
         0.0, ge=0.0, description="GRPO: weight of the KL to the reference (the starting model); 0 skips it"
     )
-    epsilon: float = Field(
+    epsilon: Real = Field(
         0.2, gt=0.0, lt=1.0, description="GRPO: the importance ratio is clipped to [1 - epsilon, 1 + epsilon]"
     )
-    seed: int = Field(0, ge=0, description="random seed")
-    rollouts_per_step: int = Field(
+    seed: Seed = Field(0, ge=0, description="random seed")
+    rollouts_per_step: Count = Field(
         64,
         ge=0,
         description="GRPO samples stored a step for the rollouts viewer, with per-token entropy"
         " (whole groups, the first ones; 0: none)",
     )
-    save_steps: int = Field(20, gt=0, description="checkpoint every this many steps")
+    save_steps: Count = Field(20, gt=0, description="checkpoint every this many steps")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter")
-    sft_warmup_steps: int = Field(
+    sft_warmup_steps: Count = Field(
         0,
         ge=0,
         description="SFT steps on the gold completions before GRPO (0: none); see warmup_learning_rate and warmup_batch_size",
     )
-    warmup_learning_rate: float | None = Field(
+    warmup_learning_rate: Real | None = Field(
         None, gt=0.0, description="learning rate of the SFT warm-up (null: 5x learning_rate)"
     )
-    warmup_batch_size: int | None = Field(
+    warmup_batch_size: Count | None = Field(
         None,
         gt=0,
         description="completions per step of the SFT warm-up (null: 4x per_device_train_batch_size)",
@@ -194,7 +212,9 @@ class TrainConfig(_Section):
         default_factory=CascadeConfig, description="the gate of the coherence rewards"
     )
     eval: EvalConfig = Field(default_factory=EvalConfig, description="the held-out evaluation (`carl eval`)")
-    output_dir: str | None = Field(None, description="checkpoints go here (default: $CARL_HOME/runs/<name>)")
+    output_dir: str | None = Field(
+        None, max_length=MAX_PATH, description="checkpoints go here (default: $CARL_HOME/runs/<id>-<name>)"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -287,7 +307,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Read carl.yaml (or only the defaults when path is None), apply overrides, validate."""
     data = _read_yaml(Path(path)) if path is not None else {}
-    return config_from_data(data, str(path) if path is not None else "config", overrides)
+    return config_from_data(data, named(path) if path is not None else "config", overrides)
 
 
 def config_from_data(

@@ -5,13 +5,14 @@ Nothing here imports torch or mlx; building the tiny model (on first use) import
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+from engine.files import read_utf8
 from engine.models.tiny import build_tiny_model, default_model_dir
 from engine.tasks import Task, task_for
+from engine.text import loads_storable, one_line
 
 from .backend import BadInput
 from .config import DEMO_DATASET, TINY_MODEL, TrainConfig
@@ -45,19 +46,47 @@ def load_rows(dataset: str, seed: int) -> list[dict[str, Any]]:
 
         return demo_rows(seed)
     path = Path(dataset).expanduser()
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise BadInput(f"dataset {dataset}: no such file")
+    text = read_utf8(path, "dataset file", BadInput)  # a FIFO, a device or a loop: one line
+    rows: Any = []
+    places: list[str] = []  # where each row is, for the messages: file:line, or file: row N
+    lineno = 0
     try:
-        text = path.read_text(encoding="utf-8")
         if path.suffix == ".jsonl":
-            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            for lineno, line in enumerate(text.splitlines(), start=1):
+                if line.strip():
+                    rows.append(loads_storable(line))
+                    places.append(f"{dataset}:{lineno}")
         else:
-            rows = json.loads(text)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise BadInput(f"dataset {dataset}: not readable JSON ({' '.join(str(exc).split())})") from None
+            rows = loads_storable(text)
+    except (ValueError, RecursionError) as exc:
+        where = f"{dataset}:{lineno}" if lineno else str(dataset)
+        why = "nested too deeply" if isinstance(exc, RecursionError) else one_line(str(exc), 200)
+        raise BadInput(f"dataset {where}: not readable JSON ({why})") from None
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
         raise BadInput(f"dataset {dataset}: expected a non-empty list of JSON objects")
+    places = places or [f"{dataset}: row {i}" for i in range(1, len(rows) + 1)]
+    for place, row in zip(places, rows, strict=True):
+        problem = prompt_problem(row["prompt"]) if "prompt" in row else None
+        if problem is not None:
+            raise BadInput(f"dataset {place}: {problem}")
     return rows
+
+
+def prompt_problem(prompt: Any) -> str | None:
+    """Why a row's prompt cannot be trained on, or None: text, or a conversation (a list of messages, each
+    an object with a `content`: text, or a list of parts)."""
+    if isinstance(prompt, str):
+        return None
+    if not isinstance(prompt, list) or not prompt:
+        return f"'prompt' is {type(prompt).__name__}, not text or a list of messages"
+    for i, message in enumerate(prompt):
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str | list):
+            return f"'prompt'[{i}] is not a message (an object with a 'content')"
+        if not isinstance(message.get("role", "user"), str):
+            return f"'prompt'[{i}].role is not text"
+    return None
 
 
 def dataset_columns(rows: list[dict[str, Any]]) -> set[str]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import paths
+from engine.files import kind_of, resolved
 from engine.store import Store, StoreError
 
 from .artifacts import lookup_run, process_alive
@@ -139,11 +140,23 @@ def open_run(
         max_steps=config.total_steps,
     )
     name = store.run(run_id)["name"]  # type: ignore[index]
+    # The run's own directory comes from its id, never from its name alone (engine/names.py).
     output_dir = (
-        Path(config.output_dir).expanduser().resolve() if config.output_dir else paths.runs_dir(home) / name
+        resolved(config.output_dir, BadInput) if config.output_dir else paths.run_dir(run_id, name, home)
     )
     store.update_run(run_id, output_dir=str(output_dir), **fields)
     return run_id, output_dir
+
+
+def make_output_dir(output_dir: Path) -> None:
+    """Create the run's directory; BadInput (one line) when it cannot be: a file is in the way, no permission."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        what = kind_of(os.stat(output_dir).st_mode) if output_dir.exists() else "a file in its path"
+        raise BadInput(f"output_dir {output_dir}: {what}, not a directory") from None
+    except OSError as exc:
+        raise BadInput(f"output_dir {output_dir}: cannot create it ({exc.strerror or exc})") from None
 
 
 def train_run(
@@ -166,7 +179,7 @@ def train_run(
     try:
         backend_name = select_backend(config) if ranks is None else training_backend(config)
         reporter.update_run(backend=backend_name)
-        output_dir.mkdir(parents=True, exist_ok=True)
+        make_output_dir(output_dir)
         backend = make_backend(
             backend_name,
             config,

@@ -8,7 +8,9 @@ first, then GRPO's.
 
 GRPO, as the torch backend's TRL does it: each step samples `num_generations` completions for each
 of its prompts at the run's temperature (with no other warping), keeping the log-prob and the
-entropy of every sampled token (the behaviour policy); the rewards are the run's own functions,
+entropy of every sampled token (the behaviour policy: the fused kernel of engine/coherence/phi_mlx.py
+on each decoding step's logits, so the coherence rewards take Φ from the generating pass, with no
+forward of their own); the rewards are the run's own functions,
 called as TRL calls them; advantages are normalised within each group (`aggregation` as in TRL);
 the loss is the clipped surrogate of the per-token ratio against the behaviour policy, plus
 `beta` times the k3 KL to the starting model, over every completion token of the batch (TRL's
@@ -39,8 +41,9 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
+from engine.coherence import phi_mlx
 from engine.coherence.phi import phi_from_entropy
-from engine.coherence.summary import pick_traces, step_phi_stats
+from engine.coherence.summary import PHI_FROM_GENERATE, pick_traces, step_phi_stats
 from engine.coherence.tokens import step_token_metrics
 from engine.errors import CarlError
 from engine.tasks import completion_text
@@ -185,6 +188,7 @@ class MLXBackend:
         self.lora_parameters: dict[str, Any] = {}
         self.sft_data: list[tuple[list[int], list[int]]] = []
         self.token_texts: TokenTexts | None = None
+        self.sampling_phi_seconds = 0.0  # this step's Φ kernel time in the sampler
 
     # -- prepare -------------------------------------------------------------------------------
 
@@ -451,9 +455,13 @@ class MLXBackend:
             [{"role": "assistant", "content": t}] if isinstance(p, list) else t
             for p, t in zip(prompts, texts, strict=True)
         ]
-        rewards.set_phi_provider(
-            lambda **_: [phi_from_entropy(np.asarray(s.entropies), self.vocab_size) for s in samples]
-        )
+        asked: list[bool] = []  # whether a coherence reward took Φ this step (the gate is open)
+
+        def sampled_phi(**_: Any) -> list[np.ndarray]:
+            asked.append(True)
+            return [phi_from_entropy(np.asarray(s.entropies), self.vocab_size) for s in samples]
+
+        rewards.set_phi_provider(sampled_phi)
         values = self._rewards(rows, prompts, completions, samples)
         weights = np.asarray(rewards.current_weights())
         advantages, totals, zero_std = group_advantages(values, weights, g, config.aggregation)
@@ -480,6 +488,10 @@ class MLXBackend:
         )
         record.metrics.update(step_token_metrics(entropies, logprobs, advantages))
         record.metrics["timing/sampling_s"] = sampled - started
+        if asked:  # the coherence rewards' Φ came from the sampler, as on torch's generating pass
+            record.metrics[PHI_FROM_GENERATE] = 1.0
+            record.metrics["timing/phi_generate"] = self.sampling_phi_seconds
+        self.sampling_phi_seconds = 0.0
         record.metrics["timing/step_s"] = time.perf_counter() - started
         phis = [phi_from_entropy(h, self.vocab_size) for h in entropies]
         record.phi, phi_metrics = step_phi_stats(step, phis, entropies, self.vocab_size)
@@ -520,8 +532,14 @@ class MLXBackend:
         keys = mx.random.split(key, config.max_completion_length)
         for t in range(config.max_completion_length):
             token = mx.random.categorical(logits.astype(mx.float32) / config.temperature, key=keys[t])
-            chosen, entropy = token_stats(logits, token, config.temperature)
+            mx.eval(token)  # the step's forward and draw, so that the time below is the kernel's alone
+            # The distribution this token is drawn from, reduced by the fused kernel: [n] floats a step.
+            measured = time.perf_counter()
+            entropy, lse = phi_mlx.token_entropy(logits, temperature=config.temperature)
+            _, surprisal = phi_mlx.selected_token_stats(logits, token, lse, temperature=config.temperature)
+            chosen = -surprisal
             mx.eval(token, chosen, entropy)
+            self.sampling_phi_seconds += time.perf_counter() - measured
             for row, (tok, lp, h) in enumerate(
                 zip(token.tolist(), chosen.tolist(), entropy.tolist(), strict=True)
             ):

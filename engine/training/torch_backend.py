@@ -3,8 +3,11 @@
 Phi comes from the forward the training already does: `CarlGRPOTrainer` keeps the per-token
 entropies TRL computes in its loss forward (`_get_per_token_logps_and_entropies` with
 `compute_entropy=True`, at the sampling temperature), so per-step Phi costs no extra model call.
-Only the gated coherence rewards need Phi *before* that forward, at reward time; they get it from
-one no-grad forward of prompt + completion ids, and only once the cascade gate has opened.
+Only the gated coherence rewards need Phi *before* that forward, at reward time, and only once the
+cascade gate has opened. They get it from the generating pass (engine/training/phi_sampling.py: a
+logits processor measures each decoding step while transformers samples), or, where that cannot be
+hooked (vLLM, `phi_source: forward`), from one no-grad forward of prompt + completion ids. Each such
+step logs which (`phi/from_generate`: 1 or 0).
 
 The step's rollouts (engine/training/rollouts.py) take their per-token entropy and log-probability from that
 same loss forward, and their advantages from TRL's own computation: storing them costs no model call. So do the
@@ -20,7 +23,6 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ import torch
 from transformers import PrinterCallback, TrainerCallback
 
 from engine.coherence.phi import phi_from_entropy, phi_from_model
-from engine.coherence.summary import pick_traces, step_phi_stats
+from engine.coherence.summary import PHI_FROM_GENERATE, pick_traces, step_phi_stats
 from engine.coherence.tokens import step_token_metrics
 from engine.errors import CarlError
 from engine.tasks import completion_text
@@ -51,107 +53,14 @@ from .config import TrainConfig
 from .data import checked_inputs, dataset_columns, offline_if_local, prompt_text
 from .hf import CommandCallback, entropy_to_phi
 from .holdout import holdout_line
+from .phi_sampling import GenerationPhi
 from .ranks import Ranks, collective_timeout
 from .rollouts import TokenTexts, step_rollouts
+from .step_capture import StepCapture
 
 CARL_STATE = "carl_gate.json"  # gate, weights and calibration, saved into every checkpoint
 WARMUP_DIR = "sft-warmup"  # the model after the SFT warm-up, the base of the GRPO phase
 WARMUP_DONE = "carl_warmup.json"
-
-
-# -- what one GRPO step produced -------------------------------------------------------------------
-
-
-@dataclass
-class StepCapture:
-    """The current optimizer step's generations, rewards and loss-forward entropies."""
-
-    prompts: list[Any] = field(default_factory=list)
-    completions: list[Any] = field(default_factory=list)
-    prompt_ids: list[list[int]] = field(default_factory=list)
-    completion_ids: list[list[int]] = field(default_factory=list)
-    rewards: np.ndarray | None = None  # (completions, functions), NaN where a function gave None
-    weights: list[float] = field(default_factory=list)  # the reward weights this step used
-    entropy: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict)  # sequence -> per-token nats
-    logprob: dict[tuple[int, ...], np.ndarray] = field(
-        default_factory=dict
-    )  # sequence -> chosen tokens' log p
-    advantages: np.ndarray | None = None  # per completion, as TRL computed them
-    phi_seconds: float = 0.0  # spent on reward-time Phi (the extra forward), for the overhead figure
-
-    def add_forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        keep: int,
-        entropies: torch.Tensor,
-        logps: torch.Tensor,
-    ) -> None:
-        ids, mask = input_ids.detach().cpu(), attention_mask.detach().cpu().bool()
-        ent, logp = entropies.detach().float().cpu(), logps.detach().float().cpu()
-        for row in range(ids.shape[0]):
-            sequence = tuple(ids[row][mask[row]].tolist())
-            completion = mask[row, -keep:]
-            self.entropy[sequence] = ent[row][completion].numpy().astype(np.float64)
-            self.logprob[sequence] = logp[row][completion].numpy().astype(np.float64)
-
-    def entropies(self) -> list[np.ndarray | None]:
-        """Per completion, in generation order: its tokens' entropies from the loss forward."""
-        return self._per_completion(self.entropy)
-
-    def logprobs(self) -> list[np.ndarray | None]:
-        """Per completion, in generation order: its tokens' log-probabilities from the loss forward."""
-        return self._per_completion(self.logprob)
-
-    def _per_completion(self, values: dict[tuple[int, ...], np.ndarray]) -> list[np.ndarray | None]:
-        return [values.get(tuple(p + c)) for p, c in zip(self.prompt_ids, self.completion_ids, strict=True)]
-
-    def pooled(self, ranks: Ranks) -> StepCapture:
-        """Every rank's completions, in rank order: the order of `rewards`, which TRL gathered so."""
-        if ranks.world == 1:
-            return self
-        parts = ranks.all_gather(
-            (
-                self.prompts,
-                self.completions,
-                self.prompt_ids,
-                self.completion_ids,
-                self.entropies(),
-                self.logprobs(),
-                self.advantages,
-                self.phi_seconds,
-            )
-        )
-        out = StepCapture(rewards=self.rewards, weights=self.weights, phi_seconds=max(p[-1] for p in parts))
-        advantages = []
-        for prompts, completions, prompt_ids, completion_ids, entropies, logprobs, local, _ in parts:
-            out.prompts += prompts
-            out.completions += completions
-            out.prompt_ids += prompt_ids
-            out.completion_ids += completion_ids
-            advantages.append(local)
-            for prompt, completion, entropy, logprob in zip(
-                prompt_ids, completion_ids, entropies, logprobs, strict=True
-            ):
-                if entropy is not None:
-                    out.entropy[tuple(prompt + completion)] = entropy
-                if logprob is not None:
-                    out.logprob[tuple(prompt + completion)] = logprob
-        if all(a is not None for a in advantages):
-            out.advantages = np.concatenate(advantages)
-        return out
-
-    def task_mean(self, names: list[str], task_names: list[str]) -> float:
-        if self.rewards is None or not task_names:
-            return math.nan
-        columns = [names.index(n) for n in task_names]
-        values = self.rewards[:, columns]
-        return round(float(np.nanmean(values)), 6) if np.isfinite(values).any() else math.nan
-
-    def totals(self) -> np.ndarray:
-        """Each completion's weighted reward, as TRL sums it."""
-        assert self.rewards is not None
-        return np.nansum(self.rewards * np.asarray(self.weights)[None, :], axis=1)
 
 
 def make_trainer_class() -> type:
@@ -160,6 +69,15 @@ def make_trainer_class() -> type:
 
     class CarlGRPOTrainer(GRPOTrainer):
         capture: StepCapture
+        generation_phi: GenerationPhi | None = (
+            None  # set when the coherence rewards may measure while sampling
+        )
+
+        def _generate_single_turn(self, *args: Any, **kwargs: Any) -> Any:
+            call = super()._generate_single_turn
+            if self.generation_phi is None:
+                return call(*args, **kwargs)
+            return self.generation_phi.wrap(self, lambda: call(*args, **kwargs))
 
         def _generate_and_score_completions(self, inputs: Any) -> Any:
             out = super()._generate_and_score_completions(inputs)
@@ -173,6 +91,10 @@ def make_trainer_class() -> type:
                 self.capture = StepCapture(
                     prompt_ids=[list(p) for p in out[0]], completion_ids=[list(c) for c in out[1]]
                 )
+                if self.generation_phi is not None:
+                    sampled, width, seconds = self.generation_phi.take()
+                    self.capture.sampled, self.capture.sampled_width = sampled, width
+                    self.capture.phi_seconds += seconds
             return out
 
         def _calculate_rewards(
@@ -478,6 +400,10 @@ class TorchBackend:
         self.trainer = trainer
         if rewards.phi_rewards:
             rewards.set_phi_provider(RewardPhi(trainer, config.temperature))
+            if config.phi_source == "generate":
+                trainer.generation_phi = GenerationPhi(
+                    config.temperature, lambda: rewards.needs_phi, self.say
+                )
             if self.ranks.world > 1:
                 rewards.set_calibration_pool(self._pool)
         reporter = GRPOReporter(self, rewards, offset)
@@ -519,8 +445,9 @@ def _no_rewards(reward: str, weight: float) -> str:
 
 
 class RewardPhi:
-    """Per-token Phi of this step's completions for the coherence rewards: one no-grad forward of
-    prompt + completion ids through the policy (token t scored by the logits at t-1)."""
+    """Per-token Phi of this step's completions for the coherence rewards: the entropies measured while
+    they were sampled when there are some for every completion, else one no-grad forward of prompt +
+    completion ids through the policy (token t scored by the logits at t-1)."""
 
     def __init__(self, trainer: Any, temperature: float) -> None:
         self.trainer = trainer
@@ -538,6 +465,12 @@ class RewardPhi:
         capture: StepCapture = self.trainer.capture
         if completion_ids is None or len(capture.prompt_ids) != len(completion_ids):
             return [None] * len(completions)
+        sampled = capture.sampled
+        if sampled is not None and [len(h) for h in sampled] == [len(c) for c in completion_ids]:
+            capture.phi_source = "generate"
+            return [phi_from_entropy(h, capture.sampled_width) for h in sampled]
+        capture.phi_source = "forward"
+        capture.phi_seconds = 0.0  # the forward's time alone (not a sampling kernel that went unused)
         sequences = [list(p) + list(c) for p, c in zip(capture.prompt_ids, completion_ids, strict=True)]
         width = max(len(s) for s in sequences)
         pad = self.trainer.processing_class.pad_token_id or 0
@@ -625,6 +558,7 @@ class GRPOReporter(TrainerCallback):
         self.rewards = rewards
         self.offset = offset
         self.pending: StepRecord | None = None
+        self.phi_source: str | None = None  # the coherence rewards' path so far (an event when it changes)
 
     @property
     def trainer(self) -> Any:
@@ -670,8 +604,13 @@ class GRPOReporter(TrainerCallback):
             started = time.perf_counter()
             record.rollouts = self._rollouts(capture, entropies)
             record.metrics[ROLLOUT_SECONDS] = time.perf_counter() - started
-        if capture.phi_seconds:
-            record.metrics["timing/phi_forward"] = capture.phi_seconds
+        if capture.phi_source is not None:
+            # Which path the coherence rewards took, and its time (the sampling kernel's host time on a GPU).
+            record.metrics[PHI_FROM_GENERATE] = float(capture.phi_source == "generate")
+            record.metrics[f"timing/phi_{capture.phi_source}"] = capture.phi_seconds
+            if capture.phi_source != self.phi_source:
+                record.events.append(("phi_source", capture.phi_source))
+                self.phi_source = capture.phi_source
         self.pending = record
 
     def _samples(self, capture: StepCapture, entropies: list[np.ndarray | None]) -> list[dict[str, Any]]:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from engine import paths
 from engine.errors import CarlError
+from engine.files import named, reason
+from engine.limits import int_flag
+from engine.names import name_arg
 from engine.trajectories.config import load as load_config
 
 
@@ -27,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="files or folders (default: ~/.claude/projects and ~/.codex/sessions)",
     )
     lst = sub.add_parser("list", help="the newest scored trajectories")
-    lst.add_argument("--limit", type=int, default=20)
+    lst.add_argument("--limit", type=int_flag(1), default=20)
     lst.add_argument("--domain", default=None)
     lst.add_argument("--json", action="store_true", help="one JSON object a line")
     sts = sub.add_parser("status", help="counts, domain baselines and retraining triggers")
@@ -49,13 +53,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     trn = sub.add_parser("train", help="advantage-weighted LoRA SFT of a model on the best trajectories")
     trn.add_argument("--model", default="carl-tiny", help="'carl-tiny', a model directory or a hub id")
     trn.add_argument("--strategy", choices=("advantage", "uniform"), default="advantage")
-    trn.add_argument("--size", type=int, default=None, help="examples to sample (default: the export's)")
-    trn.add_argument("--steps", type=int, default=60)
-    trn.add_argument("--name", default=None)
+    trn.add_argument(
+        "--size", type=int_flag(1), default=None, help="examples to sample (default: the export's)"
+    )
+    trn.add_argument("--steps", type=int_flag(1), default=60)
+    trn.add_argument("--name", type=name_arg, default=None)
     evl = sub.add_parser("eval", help="compare an adapter's tool plans with the plans that scored high")
     evl.add_argument("adapter", type=Path, help="the adapter directory (a run's final/)")
     evl.add_argument("--uniform", type=Path, default=None, help="an adapter trained on a uniform sample")
-    evl.add_argument("--limit", type=int, default=None)
+    evl.add_argument("--limit", type=int_flag(1), default=None)
     evl.add_argument("--no-base", action="store_true", help="skip the base-model comparison")
 
 
@@ -121,9 +127,13 @@ def _import(args: argparse.Namespace, home: Path) -> int:
         raise TrajectoryCliError(
             "nothing to import: give paths (no ~/.claude/projects or ~/.codex/sessions here)"
         )
-    missing = [p for p in sources if not p.exists()]
-    if missing:
-        raise TrajectoryCliError(f"{missing[0]}: no such file or folder")
+    for source in sources:
+        try:
+            os.stat(source)
+        except FileNotFoundError:
+            raise TrajectoryCliError(f"{named(source)}: no such file or folder") from None
+        except OSError as exc:  # a symbolic link loop, a folder closed to us
+            raise TrajectoryCliError(f"{named(source)}: {reason(exc)}") from None
     config = load_config(home)
     started = time.monotonic()
     result = import_paths(sources, detector=config.detector)
@@ -142,6 +152,8 @@ def _import(args: argparse.Namespace, home: Path) -> int:
             print(f"  {line}")
         if len(result.skipped) > 10:
             print(f"  … and {len(result.skipped) - 10} more")
+    if not result.trajectories and result.skipped:  # something was there, and none of it could be used
+        raise TrajectoryCliError(f"nothing imported: {len(result.skipped)} file(s) or line(s) skipped")
     return 0
 
 

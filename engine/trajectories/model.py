@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.limits import EXIT_CODE_MAX, EXIT_CODE_MIN, int_text
 from engine.llm.redact import redact
 
 PROMPT_CHARS = 500
@@ -79,7 +80,7 @@ def exit_code_from_text(text: Any) -> int | None:
     match = _EXIT_CODE.match(text.lstrip())
     if match is None:
         return None
-    return int(match.group(1) or match.group(2))
+    return int_text(match.group(1) or match.group(2), EXIT_CODE_MIN, EXIT_CODE_MAX)  # 32 bits, or no code
 
 
 @dataclass

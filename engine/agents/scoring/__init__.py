@@ -6,7 +6,8 @@ After Tentalis (docs/reference/agents-plane.md §5-6), with the project's rules 
 - the profile comes from the result's own `environment` field (published, it was read from a field
   that does not exist, so every result was scored as `chat`);
 - every dimension of every profile is implemented (published, only prm and halugate were); a
-  dimension without its data is left out and the weights renormalise over the others;
+  dimension without its evidence is left out and the weights renormalise over the others, and the
+  rollout lists the dimensions that scored it;
 - the reward the trainer optimises is the outcome, averaged with the task's verifier where it has
   one, never the manager's feedback (docs/reference/agents-plane.md §12 rule 4).
 
@@ -17,15 +18,17 @@ One module per concern, each reading only those before it:
 - `judges`: one step judged `{progress, correctness, reasoning}` seeing steps 1..i only, by the offline
   heuristic (`OfflineJudge`), an OpenAI-compatible server (`OpenAIJudge`) or Claude (`ClaudeJudge`);
 - `prm`: the process reward, the median of the judges' votes per step (`PRMScorer`);
-- `halugate`, `actions`: the hallucination check and the GUI-action grammar, two of the dimensions;
+- `halugate`, `actions`: the hallucination check (a right answer above a wrong one above one that does
+  not answer) and the GUI-action grammar, two of the dimensions;
 - `dimensions`: every dimension and the environment profiles that weigh them;
-- `combiner`: the profile's weighted score and the reward (`CombinedScorer`, `reward_of`).
+- `combiner`: the profile's weighted score and the reward (`CombinedScorer`, `reward_of`); a profile
+  left with cost dimensions only (terminal without exit codes) gives way to the chat profile.
 """
 
 from .actions import GuiAction, parse_action
-from .combiner import CombinedScorer, ScoredResult, combine, profile_for, reward_of
-from .dimensions import PROFILES, Evidence, LengthBand, changed_lines
-from .halugate import claim_verdict, halugate_score
+from .combiner import Combined, CombinedScorer, ScoredResult, combine, profile_for, reward_of
+from .dimensions import COST, PROFILES, Evidence, LengthBand, changed_lines
+from .halugate import CONTRADICTED, IRRELEVANT, SUPPORTED, UNSUPPORTED, claim_verdict, halugate_score
 from .judges import (
     ClaudeJudge,
     JudgeReplyError,
@@ -41,20 +44,30 @@ from .replies import render_reply, split_reply
 from .scale import NEUTRAL, clamp01, mean
 from .text import (
     Source,
+    arithmetic,
     balanced,
+    checked_numbers,
     claims,
     covers,
     distinct_ratio,
     equations,
     facts,
+    identifiers,
     json_values,
+    readability,
     salient_terms,
 )
 
 __all__ = [
+    "CONTRADICTED",
+    "COST",
+    "IRRELEVANT",
     "NEUTRAL",
     "PROFILES",
+    "SUPPORTED",
+    "UNSUPPORTED",
     "ClaudeJudge",
+    "Combined",
     "CombinedScorer",
     "Evidence",
     "GuiAction",
@@ -67,8 +80,10 @@ __all__ = [
     "Source",
     "StepJudge",
     "StepScores",
+    "arithmetic",
     "balanced",
     "changed_lines",
+    "checked_numbers",
     "claim_verdict",
     "claims",
     "clamp01",
@@ -79,12 +94,14 @@ __all__ = [
     "facts",
     "first_text",
     "halugate_score",
+    "identifiers",
     "json_values",
     "judge_prompt",
     "mean",
     "parse_action",
     "parse_json_object",
     "profile_for",
+    "readability",
     "render_reply",
     "reward_of",
     "salient_terms",

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..events import ResultEvent, TaskEvent
 from .dimensions import (
+    COST,
     DEFAULT_STEP_BUDGET,
     DIMENSIONS,
     FALLBACK_PROFILE,
@@ -24,8 +26,10 @@ from .text import shorten
 class ScoredResult:
     """A result's scores. `step_scores` and `prm_score` are the PRM's (clamped; the mean of the steps,
     0.0 without steps); `outcome_score` is the profile's weighted score averaged over the steps;
-    `dimensions` holds each dimension that had data, averaged over the steps; `reward` is what the
-    trainer optimises (`reward_of`). `notes` says what was left out, and why."""
+    `dimensions` holds each dimension that had evidence, averaged over the steps, and `profile` the
+    profile that weighed them (the chat profile when the environment's own had no evidence of
+    success); `reward` is what the trainer optimises (`reward_of`). `notes` says what was left out,
+    and why."""
 
     step_scores: list[float]
     prm_score: float
@@ -52,11 +56,44 @@ def profile_for(environment: str) -> tuple[str, tuple[str, ...]]:
     return FALLBACK_PROFILE, (f"environment {environment!r} has no profile: scored with the chat profile",)
 
 
-def combine(profile: str, evidence: Evidence) -> tuple[list[float], dict[str, float], list[str]]:
-    """Per unit, sum(w * s) / sum(w) over the profile's dimensions that had data and did not fail.
+class Combined(NamedTuple):
+    """A profile's score of a result: per unit, each dimension's mean, the notes, and the profile used."""
 
-    Returns (per-unit scores, each dimension's mean, notes). No dimension left: every unit 0.5.
+    units: list[float]
+    dimensions: dict[str, float]
+    notes: list[str]
+    profile: str
+
+
+def combine(profile: str, evidence: Evidence) -> Combined:
+    """Per unit, sum(w * s) / sum(w) over the profile's dimensions that had evidence and did not fail.
+
+    A profile left with COST dimensions only (terminal without exit codes: efficiency alone would
+    decide) scores the result with the chat profile instead, and says so. No dimension left: every
+    unit 0.5.
     """
+    per_dimension, notes = _scored(profile, evidence)
+    if profile != FALLBACK_PROFILE and not set(per_dimension) - COST:
+        alone = (
+            f"only {', '.join(per_dimension)} had evidence" if per_dimension else "no dimension had evidence"
+        )
+        notes.append(f"{profile}: {alone}: scored with the {FALLBACK_PROFILE} profile")
+        profile = FALLBACK_PROFILE
+        per_dimension, more = _scored(profile, evidence)
+        notes += more
+    weights = PROFILES[profile]
+    total = sum(weights[name] for name in per_dimension)
+    if total < 1e-12:
+        return Combined([NEUTRAL] * len(evidence.units), {}, notes, profile)
+    units = [
+        clamp01(sum(weights[name] * values[i] for name, values in per_dimension.items()) / total)
+        for i in range(len(evidence.units))
+    ]
+    return Combined(units, {name: mean(values) for name, values in per_dimension.items()}, notes, profile)
+
+
+def _scored(profile: str, evidence: Evidence) -> tuple[dict[str, list[float]], list[str]]:
+    """Each of the profile's dimensions that had evidence, per unit; and notes on those left out."""
     per_dimension: dict[str, list[float]] = {}
     notes: list[str] = []
     for name in PROFILES[profile]:
@@ -69,15 +106,7 @@ def combine(profile: str, evidence: Evidence) -> tuple[list[float], dict[str, fl
             notes.append(f"{name}: no data ({NEEDS.get(name, 'nothing to read')})")
             continue
         per_dimension[name] = [clamp01(v) for v in values]
-    weights = PROFILES[profile]
-    total = sum(weights[name] for name in per_dimension)
-    if total < 1e-12:
-        return [NEUTRAL] * len(evidence.units), {}, notes
-    units = [
-        clamp01(sum(weights[name] * values[i] for name, values in per_dimension.items()) / total)
-        for i in range(len(evidence.units))
-    ]
-    return units, {name: mean(values) for name, values in per_dimension.items()}, notes
+    return per_dimension, notes
 
 
 class CombinedScorer:
@@ -123,17 +152,17 @@ class CombinedScorer:
         if not evidence.units:
             notes += ("no steps and no answer: outcome 0",)
             return ScoredResult([], 0.0, 0.0, {}, profile, verifier, reward_of(0.0, verifier), notes)
-        if not evidence.steps and "prm" in PROFILES[profile]:
+        combined = combine(profile, evidence)
+        if not evidence.steps and "prm" in combined.dimensions:
             notes += ("no steps: prm 0, the answer stands in for the steps",)
-        per_unit, dimensions, more_notes = combine(profile, evidence)
-        outcome = clamp01(mean(per_unit))
+        outcome = clamp01(mean(combined.units))
         return ScoredResult(
             step_scores=list(prm.scores),
             prm_score=clamp01(mean(prm.scores)),
             outcome_score=outcome,
-            dimensions=dimensions,
-            profile=profile,
+            dimensions=combined.dimensions,
+            profile=combined.profile,
             verifier_score=verifier,
             reward=reward_of(outcome, verifier),
-            notes=(*notes, *more_notes),
+            notes=(*notes, *combined.notes),
         )

@@ -1,6 +1,8 @@
 """The dimensions an environment's profile weighs, each scoring a result's steps in [0, 1].
 
-Every dimension of every profile is implemented; one without its data returns None and is left out.
+Every dimension of every profile is implemented; one without its evidence returns None and is left
+out (a reply's own step count is no evidence of what an environment ran). The COST dimensions say
+what a result took, not whether it is right: they never score a result alone.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 from .actions import parse_action
 from .halugate import halugate_score
 from .scale import clamp01, mean
-from .text import Source
+from .text import Source, readability, readable_words
 
 PROFILES: dict[str, dict[str, float]] = {
     "chat": {"prm": 0.6, "halugate": 0.3, "length": 0.1},
@@ -20,7 +22,8 @@ PROFILES: dict[str, dict[str, float]] = {
     "swe": {"tests": 0.5, "prm": 0.3, "diff_size": 0.2},
     "gui": {"prm": 0.5, "action_validity": 0.3, "efficiency": 0.2},
 }
-FALLBACK_PROFILE = "chat"
+FALLBACK_PROFILE = "chat"  # unknown environments, and results without their profile's evidence
+COST = frozenset({"length", "efficiency", "diff_size"})
 DEFAULT_STEP_BUDGET = 8  # steps (or commands) a task may take before efficiency starts to fall
 DIFF_SCALE = 200  # changed diff lines at which diff_size is 0.5
 
@@ -28,7 +31,8 @@ DIFF_SCALE = 200  # changed diff lines at which diff_size is 0.5
 @dataclass(frozen=True)
 class LengthBand:
     """The target length of a step, in whitespace-separated words: 1.0 inside [min, max]; below,
-    words/min; above, max/words (twice too long is 0.5); empty is 0."""
+    words/min; above, max/words (twice too long is 0.5); empty is 0. `score` counts every word;
+    `readable_score` counts those that read as words, and scales by their share of the text."""
 
     min_words: int = 2
     max_words: int = 80
@@ -38,7 +42,12 @@ class LengthBand:
             raise ValueError("LengthBand needs 1 <= min_words <= max_words")
 
     def score(self, text: str) -> float:
-        count = len(text.split())
+        return self.band(len(text.split()))
+
+    def readable_score(self, text: str) -> float:
+        return self.band(readable_words(text)) * readability(text) if text.strip() else 0.0
+
+    def band(self, count: int) -> float:
         if count == 0:
             return 0.0
         if count < self.min_words:
@@ -79,12 +88,15 @@ def prm_dimension(evidence: Evidence) -> list[float]:
 
 
 def halugate_dimension(evidence: Evidence) -> list[float]:
+    """The hallucination check of the whole reply (steps and answer), given to every step: a step
+    without a claim of its own ("Let me think.") is neither credited nor blamed for it."""
     source = Source.of(evidence.prompt, evidence.reference)
-    return [halugate_score(unit, source) for unit in evidence.units]
+    return [halugate_score([*evidence.steps, evidence.answer], source)] * len(evidence.units)
 
 
 def length_dimension(evidence: Evidence) -> list[float]:
-    return [evidence.length_band.score(unit) for unit in evidence.units]
+    """Each step's length in words that read as words, scaled by their share (byte soup is short)."""
+    return [evidence.length_band.readable_score(unit) for unit in evidence.units]
 
 
 def success_dimension(evidence: Evidence) -> list[float] | None:
@@ -103,16 +115,22 @@ def success_dimension(evidence: Evidence) -> list[float] | None:
 
 
 def efficiency_dimension(evidence: Evidence) -> list[float] | None:
-    """Steps taken (or `len(metadata["commands"])`) against `metadata["step_budget"]` (default
-    DEFAULT_STEP_BUDGET): 1.0 within the budget, budget/taken beyond it. Nothing taken: no data."""
+    """What the environment ran against `metadata["step_budget"]` (default DEFAULT_STEP_BUDGET): 1.0
+    within the budget, budget/taken beyond it. Taken: `metadata["commands"]` (a list, or a count; a
+    GUI's actions too), else one per `exit_codes`, else, with one `exit_code`, the steps. Without any
+    of those, or nothing taken: no data (the reply's step count alone is no evidence of work)."""
     meta = evidence.metadata
     commands = meta.get("commands")
-    if commands is None:
-        taken = len(evidence.steps)
-    elif isinstance(commands, list):
+    if isinstance(commands, list):
         taken = len(commands)
-    else:
+    elif commands is not None:
         taken = _integer(commands, "commands")
+    elif isinstance(meta.get("exit_codes"), list):
+        taken = len(meta["exit_codes"])
+    elif meta.get("exit_code") is not None:
+        taken = len(evidence.steps)
+    else:
+        return None
     budget = _integer(meta["step_budget"], "step_budget") if "step_budget" in meta else evidence.step_budget
     if budget < 1:
         raise ValueError("metadata.step_budget: must be at least 1")
@@ -188,7 +206,7 @@ DIMENSIONS: dict[str, Dimension] = {
 }
 NEEDS = {
     "success": "metadata exit_code or exit_codes",
-    "efficiency": "steps or metadata commands",
+    "efficiency": "metadata commands, exit_codes or exit_code",
     "tests": "metadata tests_passed and tests_total (> 0)",
     "diff_size": "metadata diff or diff_lines",
 }

@@ -11,7 +11,7 @@ import math
 import operator
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .scale import NEUTRAL
@@ -70,11 +70,43 @@ def words(text: str) -> list[str]:
     return [w.lower() for w in _WORD.findall(text)]
 
 
+_CONTRACTED = re.compile(r"(?:n't|'s|'re|'ve|'ll|'d|'m)$")
+
+
 def content_words(text: str) -> set[str]:
-    """The words of `text` and their pieces, without stopwords and single letters."""
+    """The words of `text` and their pieces, without stopwords (contracted ones too: it's, don't)
+    and single letters."""
     found: set[str] = set()
     for word in _WORD.findall(text):
+        if _CONTRACTED.sub("", word.lower()) in STOPWORDS | {"ca", "wo", "sha"}:  # can't, won't, shan't
+            continue
         found |= {p for p in word_parts(word) if len(p) > 1 and p not in STOPWORDS}
+    return found
+
+
+_UNITS = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen"
+_TENS = "twenty thirty forty fifty sixty seventy eighty ninety"
+UNIT_WORDS = {word: n for n, word in enumerate(f"{_UNITS} sixteen seventeen eighteen nineteen".split())}
+TENS_WORDS = {word: 10 * n for n, word in enumerate(_TENS.split(), 2)}
+NUMBER_WORDS = frozenset(UNIT_WORDS) | frozenset(TENS_WORDS)
+_DIGIT_WORDS = "|".join(w for w, n in UNIT_WORDS.items() if 0 < n < 10)
+_SPELLED = re.compile(
+    rf"(?<![\w-])(?:({'|'.join(TENS_WORDS)})(?:[- ]({_DIGIT_WORDS}))?|({'|'.join(UNIT_WORDS)}))(?![\w-])",
+    re.IGNORECASE,
+)
+
+
+def spelled_numbers(text: str) -> set[str]:
+    """Numbers written as words, zero to ninety-nine ("forty-two"), normalised. A lone "one" is left
+    out: it is a pronoun as often as a number ("one of the tools")."""
+    found: set[str] = set()
+    for match in _SPELLED.finditer(text):
+        tens, unit, alone = (g.lower() if g else None for g in match.groups())
+        if alone is not None:
+            if alone != "one":
+                found.add(str(UNIT_WORDS[alone]))
+        elif tens is not None:
+            found.add(str(TENS_WORDS[tens] + (UNIT_WORDS[unit] if unit else 0)))
     return found
 
 
@@ -159,11 +191,20 @@ _OPERATORS: dict[type[ast.operator], Callable[[float, float], float]] = {
     ast.Mult: operator.mul,
     ast.Div: operator.truediv,
 }
+# `x` between two numbers is multiplication too: people write "6 x 7" as often as "6 × 7" or "6 * 7".
 _EQUATION = re.compile(
-    r"((?:-?\d+(?:\.\d+)?\s*[-+*/×÷]\s*)+-?\d+(?:\.\d+)?)"  # numbers joined by operators
+    r"((?:-?\d+(?:\.\d+)?\s*[-+*/×÷xX]\s*)+-?\d+(?:\.\d+)?)"  # numbers joined by operators
     r"\s*=\s*(-?\d+(?:\.\d+)?)"  # = the claimed result
-    r"(?![\d.]*\s*[-+*/×÷]\s*\d)"  # ... that is not itself the start of more arithmetic
+    r"(?![\d.]*\s*[-+*/×÷xX]\s*\d)"  # ... that is not itself the start of more arithmetic
 )
+# An expression asked about ("What is 6 x 7?"): a minus only with spaces round it, so dates and ranges
+# (2024-01-05, 3-4 days) are not sums.
+_EXPRESSION = re.compile(
+    r"(?<![\w.])-?\d+(?:\.\d+)?(?:(?:\s*[+*/×÷xX]\s*|\s+-\s+)-?\d+(?:\.\d+)?)+"
+    r"(?!\w|\.\d|\s*=)"  # a whole expression (not 0x1F), and not one a claim states the value of
+)
+_WORD_OPERATORS = {"plus": "+", "minus": "-", "times": "*", "multiplied by": "*", "divided by": "/"}
+_WORD_OPERATOR = re.compile(rf"(?<=\d)\s+({'|'.join(_WORD_OPERATORS)})\s+(?=-?\d)", re.IGNORECASE)
 
 
 def _evaluate(expression: str) -> float:
@@ -176,28 +217,63 @@ def _evaluate(expression: str) -> float:
             return float(node.value)
         raise ValueError("not arithmetic")
 
-    return walk(ast.parse(expression.replace("×", "*").replace("÷", "/"), mode="eval").body)
+    # Only digits, dots, spaces and operators reach here (the patterns above): any x is multiplication.
+    plain = expression.replace("×", "*").replace("÷", "/").replace("x", "*").replace("X", "*")
+    return walk(ast.parse(plain, mode="eval").body)
 
 
 def equations(text: str) -> tuple[set[str], int]:
-    """Written arithmetic (`12 + 30 = 42`, `6 × 7 = 42`): the results that check out, and how many
-    do not. An expression that continues an operator before it (`x - 5 + 3 = ...`) is not judged."""
+    """Written arithmetic (`12 + 30 = 42`, `6 × 7 = 42`, `6 x 7 = 42`): the results that check out, and
+    how many do not. An expression that continues an operator before it (`x - 5 + 3 = ...`) is not judged."""
     right: set[str] = set()
     wrong = 0
+    for match, good in _judged_equations(text):
+        if good:
+            right.add(normalise_number(match.group(2)))
+        else:
+            wrong += 1
+    return right, wrong
+
+
+def checked_numbers(text: str) -> set[str]:
+    """Every number of the written arithmetic in `text` that checks out, operands and result: a true
+    sum is no invention, wherever its numbers came from."""
+    found: set[str] = set()
+    for match, good in _judged_equations(text):
+        if good:
+            found |= set(numbers(match.group(0)))
+    return found
+
+
+_CONTINUES = re.compile(r"(?:[-+*/×÷(=]|\d\s*[xX])$")  # an operator (or a number times) just before
+
+
+def _judged_equations(text: str) -> list[tuple[re.Match[str], bool]]:
+    judged = []
     for match in _EQUATION.finditer(text):
-        before = text[: match.start()].rstrip()
-        if before and before[-1] in "+-*/×÷(=":
+        if _CONTINUES.search(text[: match.start()].rstrip()):
             continue
         try:
             value = _evaluate(match.group(1))
         except (ValueError, ArithmeticError, SyntaxError, RecursionError):  # not judged: too odd or too big
             continue
-        claimed = float(match.group(2))
-        if math.isclose(value, claimed, rel_tol=1e-6, abs_tol=1e-9):
-            right.add(normalise_number(match.group(2)))
-        else:
-            wrong += 1
-    return right, wrong
+        judged.append((match, math.isclose(value, float(match.group(2)), rel_tol=1e-6, abs_tol=1e-9)))
+    return judged
+
+
+def arithmetic(text: str) -> set[str]:
+    """The values of the arithmetic a text asks about (`What is 6 x 7?`, `15 divided by 3`): what a
+    right answer states, though the text never writes it."""
+    spelled = _WORD_OPERATOR.sub(lambda m: f" {_WORD_OPERATORS[m.group(1).lower()]} ", text)
+    values: set[str] = set()
+    for match in _EXPRESSION.finditer(spelled):
+        try:
+            value = _evaluate(match.group(0))
+        except (ValueError, ArithmeticError, SyntaxError, RecursionError):
+            continue
+        if math.isfinite(value):
+            values.add(normalise_number(repr(value)))
+    return values
 
 
 def balanced(text: str) -> bool:
@@ -227,6 +303,37 @@ def distinct_ratio(text: str) -> float:
     return len(set(tokens)) / len(tokens) if tokens else 0.0
 
 
+_WORDLIKE = re.compile(r"^[\w\"'{}\[\]:;,.!?()\-+*/=<>@#$%&|~^`]+$")
+_LETTERS = re.compile(r"[^\W\d_]{4,}")
+
+
+def readability(text: str) -> float:
+    """The share of the text's whitespace-separated words that read as words. Punctuation standing
+    alone ("-", "!!") is neither; a text of nothing else reads as nothing (0.0); no words at all: 1.0."""
+    judged = [_reads(word) for word in text.split() if not _punctuation(word)]
+    if not judged:
+        return 0.0 if text.strip() else 1.0
+    return sum(judged) / len(judged)
+
+
+def readable_words(text: str) -> int:
+    """How many of the text's words read as words."""
+    return sum(1 for word in text.split() if not _punctuation(word) and _reads(word))
+
+
+def _punctuation(word: str) -> bool:
+    return not any(c.isalnum() or not c.isprintable() or c == "\ufffd" for c in word)
+
+
+def _reads(word: str) -> bool:
+    """Printable, no replacement character, not too long, and every long run of letters has a vowel
+    (what a model's byte soup rarely manages)."""
+    if "\ufffd" in word or not _WORDLIKE.match(word) or len(word) > 40:
+        return False
+    runs = _LETTERS.findall(word)
+    return all(len(run) < 20 and any(c in "aeiouyAEIOUY" for c in run) for run in runs)
+
+
 def word_share(text: str) -> float:
     """Letters and digits over the visible characters: low for symbol soup."""
     visible = [c for c in text if not c.isspace()]
@@ -239,12 +346,13 @@ _CLAUSE = re.compile(r",\s*(?:and|but|while|whereas)\s+|\s+(?:but|whereas)\s+", 
 
 def claims(text: str, min_words: int = 2) -> list[str]:
     """The sentences and clauses of `text` that assert something checkable: a number, a name, or at
-    least `min_words` content words."""
+    least `min_words` content words, in text that reads as text (at least half its words read as
+    words: a model's byte soup asserts nothing, whatever city names float in it)."""
     found = []
     for sentence in _SENTENCE_END.split(_LIST_MARKER.sub("", text)):
         for clause in _CLAUSE.split(sentence):
             clause = clause.strip()
-            if not clause:
+            if not clause or readability(clause) < 0.5:
                 continue
             checkable = numbers(clause) or entities(clause) or len(content_words(clause)) >= min_words
             if checkable:
@@ -257,19 +365,58 @@ def facts(text: str) -> tuple[set[str], set[str]]:
     return set(numbers(text)), entities(text)
 
 
+_IDENTIFIER = re.compile(r"(?<![\w-])[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+(?![\w-])")
+
+
+def identifiers(text: str) -> set[str]:
+    """snake_case names (`get_weather`, `find_hotels`), lower-cased: a tool, function or key that is
+    either the one asked for or another."""
+    return {match.lower() for match in _IDENTIFIER.findall(text)}
+
+
+SHORT_ANSWER_WORDS = 4  # a reference this short is the answer's own words ("blue", "carbon dioxide")
+
+
 @dataclass(frozen=True)
 class Source:
-    """What claims are checked against: the task prompt (and the task's reference, when given)."""
+    """What claims are checked against: the task prompt (and the task's reference, when given).
+
+    `numbers` holds the values of the arithmetic the prompt asks about as well. `expected` is what a
+    right answer states, by kind: "number" (the reference's numbers and the prompt's arithmetic),
+    "name", "identifier", and "term" (a reference of SHORT_ANSWER_WORDS words or fewer with no fact
+    in it: "blue", "carbon dioxide"). Another fact of one of those kinds, in place of the expected
+    one, is a wrong answer.
+    """
 
     text: str
     words: frozenset[str]
     numbers: frozenset[str]
     sentences: tuple[str, ...]
+    expected: dict[str, frozenset[str]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, prompt: str, reference: str | None = None) -> Source:
         text = prompt if not reference else f"{prompt}\n{reference}"
-        return cls(text, frozenset(salient_terms(text)), frozenset(numbers(text)), tuple(claims(text, 1)))
+        computed = arithmetic(prompt)
+        expected = {"number": set(computed)}
+        if reference:
+            expected["number"] |= set(numbers(reference))
+            expected["name"] = entities(reference)
+            expected["identifier"] = identifiers(reference)
+            if not any(expected.values()) and len(reference.split()) <= SHORT_ANSWER_WORDS:
+                expected["term"] = content_words(reference)
+        return cls(
+            text,
+            frozenset(salient_terms(text) | computed),
+            frozenset(set(numbers(text)) | computed),
+            tuple(claims(text, 1)),
+            {kind: frozenset(found) for kind, found in expected.items() if found},
+        )
+
+    @property
+    def answer(self) -> frozenset[str]:
+        """Every fact and term a right answer states."""
+        return frozenset().union(*self.expected.values())
 
     def grounds(self, fact: str) -> bool:
         """A fact is grounded when the source names it, or (a name like `get_weather`) one of its parts."""

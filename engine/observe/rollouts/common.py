@@ -13,6 +13,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from engine.files import kind_of, reason
 from engine.store import Store
 
 from ..common import Budget, IngestResult, ObserveError, RunInfo, ensure_run, find_run
@@ -83,8 +84,8 @@ def not_a_file(path: Path) -> str | None:
     except FileNotFoundError:
         return None  # gone: the caller's open says so
     except OSError as exc:
-        return f"cannot read it ({exc.strerror})"
-    return None if stat.S_ISREG(mode) else "not a regular file"
+        return reason(exc)
+    return None if stat.S_ISREG(mode) else f"{kind_of(mode)}, not a regular file"
 
 
 # -- text ----------------------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ moved on). The last file is followed as it grows; once a later one appears the r
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from engine.store import Store
+from engine.text import loads_storable
 
 from ..common import Budget, IngestResult, ObserveError
 from .common import attached_run, not_a_file, spent, write_batch
@@ -130,7 +130,7 @@ def _parse(
     if not line.strip():
         return  # blank lines are skipped quietly
     try:
-        record = json.loads(line)
+        record = loads_storable(line)  # a \ud800 escape in a prompt is kept as U+FFFD
         samples = fmt.samples(record, pos.key)
     except BadRecord as exc:
         result.add_problem(f"{_where(path, pos.line)}: {exc}")

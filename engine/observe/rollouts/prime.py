@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from engine.limits import int_text
 from engine.store import Store
 
 from ..common import Budget, IngestResult
@@ -37,8 +38,8 @@ def rollouts_dir(root: Path) -> Path:
 
 def files(root: Path, since: int) -> tuple[Path, list[tuple[int, str]]]:
     if root.is_file():
-        step = next((int(m[1]) for m in map(STEP.fullmatch, (p.name for p in root.parents)) if m), 0)
-        return root.parent, [(step, root.name)]
+        step = next((int_text(m[1]) for m in map(STEP.fullmatch, (p.name for p in root.parents)) if m), 0)
+        return root.parent, [(step or 0, root.name)]
     folder = rollouts_dir(root)
     try:
         names = [entry.name for entry in os.scandir(folder)]
@@ -46,8 +47,11 @@ def files(root: Path, since: int) -> tuple[Path, list[tuple[int, str]]]:
         names = []
     found = []
     for match in filter(None, map(STEP.fullmatch, names)):
-        if int(match[1]) >= since and (folder / match[0] / TRACES).is_file():  # a stat only for steps to come
-            found.append((int(match[1]), str(Path(match[0]) / TRACES)))
+        step = int_text(match[1])  # None past 2**63: no step a store can keep
+        if (
+            step is not None and step >= since and (folder / match[0] / TRACES).is_file()
+        ):  # stat steps to come
+            found.append((step, str(Path(match[0]) / TRACES)))
     return folder, sorted(found)
 
 

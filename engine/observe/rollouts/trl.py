@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.limits import int_text
 from engine.store import Store
 
 from ..common import Budget, IngestResult, ObserveError
@@ -81,11 +82,11 @@ def _listing(root: Path) -> tuple[Path, list[tuple[int, str]]]:
     """(the folder, its completions files as (step, name) in step order)."""
     if root.is_file():
         match = FILE.match(root.name)
-        return root.parent, [(int(match[1]) if match else 0, root.name)]
+        return root.parent, [((int_text(match[1]) or 0) if match else 0, root.name)]
     if not root.is_dir():
         raise ObserveError(f"{root}: no such directory (moved or deleted?)", transient=True)
-    found = [(int(m[1]), m[0]) for m in (FILE.match(n) for n in _names(root)) if m]
-    return root, sorted(found)
+    found = [(int_text(m[1]), m[0]) for m in (FILE.match(n) for n in _names(root)) if m]
+    return root, sorted((step, name) for step, name in found if step is not None)
 
 
 def _read(path: Path, result: IngestResult, *, waiting: bool) -> Any:

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from engine.limits import int_text
 from engine.store import Store
 
 from ..common import Budget, IngestResult, as_step
@@ -28,12 +29,13 @@ OWN = frozenset({"input", "output", "score", "reward", "step"})
 def files(root: Path, since: int) -> tuple[Path, list[tuple[int, str]]]:
     if root.is_file():
         match = FILE.fullmatch(root.name)
-        return root.parent, [(int(match[1]) if match else 0, root.name)]
+        return root.parent, [((int_text(match[1]) or 0) if match else 0, root.name)]
     try:
         names = [entry.name for entry in os.scandir(root)]
     except OSError:
         names = []
-    return root, sorted((int(m[1]), m[0]) for m in map(FILE.fullmatch, names) if m and int(m[1]) >= since)
+    steps = ((int_text(m[1]), m[0]) for m in map(FILE.fullmatch, names) if m)
+    return root, sorted((step, name) for step, name in steps if step is not None and step >= since)
 
 
 def samples(record: Any, step: int) -> list[dict[str, Any]]:

@@ -20,8 +20,8 @@ from engine.trajectories.importers.common import (
     Parsed,
     as_dict,
     as_float,
-    as_int,
     content_text,
+    exit_code,
     latest,
     params_of,
     prompt_of,
@@ -191,7 +191,7 @@ def _event_msg(r: _Rollout, payload: dict[str, Any], stamp: str | None, ts: floa
     elif ptype == "patch_apply_end" and payload.get("success") is False:
         call.failed = True
     elif ptype == "exec_command_end" and call.event.exit_code is None:
-        call.event.exit_code = as_int(payload.get("exit_code"))
+        call.event.exit_code = exit_code(payload.get("exit_code"))
         call.has_output = call.has_output or call.event.exit_code is not None
     elif ptype == "mcp_tool_call_end":
         result = as_dict(payload.get("result"))
@@ -292,7 +292,7 @@ def read_output(raw: Any) -> _Output:
         secs = as_float(meta.get("duration_seconds"))
         error = parsed.get("isError") is True or parsed.get("is_error") is True
         return _Output(
-            as_int(meta.get("exit_code")), None if secs is None else secs * 1000.0, None, failed or error
+            exit_code(meta.get("exit_code")), None if secs is None else secs * 1000.0, None, failed or error
         )
     header = _header(text)
     code = _first_int(_PROCESS_EXITED, header)
@@ -323,7 +323,7 @@ def _header(text: str) -> str:
 
 def _first_int(pattern: re.Pattern[str], text: str) -> int | None:
     match = pattern.search(text)
-    return int(match.group(1)) if match else None
+    return exit_code(match.group(1)) if match else None
 
 
 def _add(a: float | None, b: float | None) -> float | None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from engine.limits import EXIT_CODE_MAX, EXIT_CODE_MIN, int_text, int_within
 from engine.trajectories.model import KEY_PARAMS, Trajectory, cut_prompt, key_params
 
 Line = tuple[int, dict[str, Any]]  # (1-based line number, the JSON object on it)
@@ -59,6 +60,8 @@ def unix_ts(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
+        if not -1e15 < value < 1e15:  # NaN, inf, and what no clock reads (float() of 10**400 raises)
+            return None
         return float(value) / 1000.0 if value > 1e11 else float(value)  # 1e11 s is the year 5138
     if not isinstance(value, str) or not value.strip():
         return None
@@ -91,21 +94,23 @@ def as_dict(value: Any) -> dict[str, Any]:
 
 
 def as_int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
-    return None
+    """An integer SQLite can store, from a number or a decimal text; None for anything else (bool, NaN,
+    2**63, a text of a thousand digits)."""
+    if isinstance(value, str):
+        return int_text(value)
+    return int_within(value)
+
+
+def exit_code(value: Any) -> int | None:
+    """A process's exit status: an integer of 32 bits; a larger one is no exit code."""
+    return int_within(as_int(value), EXIT_CODE_MIN, EXIT_CODE_MAX)
 
 
 def as_float(value: Any) -> float | None:
+    """A number as a float; None for bool, text, and an int too large for a float (float() would raise)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    return float(value) if isinstance(value, float) or -1e308 < value < 1e308 else None
 
 
 def as_bool(value: Any) -> bool | None:

@@ -9,12 +9,15 @@ karl_records.py beside this module.
 
 from __future__ import annotations
 
-import json
+import io
 import os
+import stat
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.files import FileKindError, kind_of, named, open_regular, reason
+from engine.text import loads_storable
 from engine.trajectories.importers import claude_code, codex, karl_records
 from engine.trajectories.importers.common import Line, Parsed
 from engine.trajectories.importers.detect import DEFAULT_DETECTOR, Detector
@@ -65,50 +68,77 @@ def sniff(lines: list[Line]) -> str | None:
 def _expand(paths: Sequence[Path | str], skipped: list[str]) -> Iterator[Path]:
     for raw in paths:
         path = Path(raw).expanduser()
-        if path.is_dir():
+        try:
+            mode = os.stat(path).st_mode
+        except (OSError, ValueError) as exc:
+            skipped.append(
+                f"{named(path)}: {'not found' if isinstance(exc, FileNotFoundError) else _why(exc)}"
+            )
+            continue
+        if stat.S_ISDIR(mode):
             yield from _walk(path, skipped)
-        elif path.is_file():
+        elif stat.S_ISREG(mode):
             yield path
-        else:
-            skipped.append(f"{path}: not found")
+        else:  # a FIFO would block the read for ever, a device may never end
+            skipped.append(f"{named(path)}: {kind_of(mode)}, not a file to import")
 
 
 def _walk(root: Path, skipped: list[str]) -> Iterator[Path]:
-    """`*.jsonl` under root, sorted, a folder's files before its subfolders (sessions, then subagents)."""
+    """`*.jsonl` under root, sorted, a folder's files before its subfolders (sessions, then subagents); one
+    that is not a regular file (a FIFO, a socket, a link to a device) is skipped with one line."""
 
     def unreadable(error: OSError) -> None:
-        skipped.append(f"{error.filename}: unreadable ({error.strerror})")
+        skipped.append(f"{named(error.filename)}: unreadable ({error.strerror})")
 
     for folder, subfolders, names in os.walk(root, onerror=unreadable):
         subfolders.sort()
         for name in sorted(names):
             # agent-acompact-*: the compaction run writes a summary, it does no agent work.
             if name.endswith(".jsonl") and not name.startswith("agent-acompact"):
-                yield Path(folder) / name
+                path = Path(folder) / name
+                try:
+                    mode = os.stat(path).st_mode
+                except OSError as exc:
+                    skipped.append(f"{named(path)}: {_why(exc)}")
+                    continue
+                if stat.S_ISREG(mode):
+                    yield path
+                else:
+                    skipped.append(f"{named(path)}: {kind_of(mode)}, not a file to import")
+
+
+def _why(exc: BaseException) -> str:
+    return reason(exc) if isinstance(exc, OSError) else str(exc)
 
 
 def _resolved(path: Path) -> Path:
     try:
         return path.resolve()
-    except OSError:
+    except (OSError, RuntimeError):  # RuntimeError: a symbolic link loop, in Python 3.11
         return path
 
 
 def _import_file(path: Path, detector: Detector, result: ImportResult) -> None:
     try:
         lines, bad = read_jsonl(path)
+    except FileKindError as exc:  # swapped for a FIFO since it was listed
+        result.skipped.append(str(exc))
+        return
     except OSError as exc:  # vanished or unreadable since it was listed
-        result.skipped.append(f"{path}: unreadable ({exc.strerror or exc})")
+        result.skipped.append(f"{named(path)}: unreadable ({exc.strerror or exc})")
         return
     kind = sniff(lines)
     if kind is None:
-        result.skipped.append(f"{path}: not a Claude Code transcript, Codex rollout or KARL record file")
+        result.skipped.append(
+            f"{named(path)}: not a Claude Code transcript, Codex rollout or KARL record file"
+        )
         return
     parse = next(p for k, _, p in KINDS if k == kind)
     try:
-        parsed = parse(path, lines, detector)
+        # The lines are read: from here the path only names things (source, session), as storable text.
+        parsed = parse(Path(named(path)), lines, detector)
     except Exception as exc:  # a format change must cost one file, never the whole import
-        result.skipped.append(f"{path}: could not be read as {kind} ({type(exc).__name__}: {exc})")
+        result.skipped.append(f"{named(path)}: could not be read as {kind} ({type(exc).__name__}: {exc})")
         return
     result.files += 1
     result.skipped.extend(bad + parsed.skipped)
@@ -121,19 +151,21 @@ def read_jsonl(path: Path) -> tuple[list[Line], list[str]]:
     """The JSON objects of a file with their line numbers, and a `file:line: reason` per malformed line."""
     lines: list[Line] = []
     bad: list[str] = []
-    with path.open(encoding="utf-8", errors="replace") as handle:
+    where = named(path)
+    # Bytes that are not UTF-8 become U+FFFD, a \ud800 escape too (loads_storable): every text is storable.
+    with io.TextIOWrapper(open_regular(path), encoding="utf-8", errors="replace") as handle:
         for number, raw in enumerate(handle, start=1):
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw)
+                obj = loads_storable(raw)
             except (ValueError, RecursionError):
-                bad.append(f"{path}:{number}: invalid JSON")
+                bad.append(f"{where}:{number}: invalid JSON")
                 continue
             if isinstance(obj, dict):
                 lines.append((number, obj))
             else:
-                bad.append(f"{path}:{number}: not a JSON object")
+                bad.append(f"{where}:{number}: not a JSON object")
     return lines, bad
 
 

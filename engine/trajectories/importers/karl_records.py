@@ -27,6 +27,7 @@ from engine.trajectories.importers.common import (
     as_bool,
     as_float,
     as_int,
+    exit_code,
     params_of,
     prompt_of,
     unix_ts,
@@ -237,17 +238,11 @@ def _event(raw: dict[str, Any]) -> Event:
     return Event(
         tool=normalize_tool(_str(raw.get("tool_name"))),
         success=as_bool(raw.get("success")),
-        exit_code=_exit_code(raw.get("exit_code")),
+        exit_code=exit_code(raw.get("exit_code")),
         duration_ms=as_float(raw.get("duration_ms")),
         ts=unix_ts(raw.get("ts")),
         params=params_of(raw.get("key_params")),
     )
-
-
-def _exit_code(value: Any) -> int | None:
-    """An exit code fits 32 bits; a larger integer is no exit code (and would not fit an SQLite integer)."""
-    code = as_int(value)
-    return code if code is not None and -(2**31) <= code < 2**31 else None
 
 
 def _str(value: Any) -> str | None:
