@@ -23,8 +23,13 @@ Served (HTTP/1.1, keep-alive, JSON bodies with Content-Length, 127.0.0.1 on a fr
   server that gives neither (as Ollama's OpenAI API does): those fields are ignored, `logprobs: null`.
 - `GET /v1/models`: the served model and every LoRA adapter loaded at run time.
 - `POST /v1/load_lora_adapter` `{lora_name, lora_path[, load_inplace]}` and
-  `POST /v1/unload_lora_adapter` `{lora_name}`: vLLM's runtime LoRA API, 200 with a text body. A
-  chat request naming a model that is neither served nor loaded gets vLLM's 404 JSON error.
+  `POST /v1/unload_lora_adapter` `{lora_name}`: vLLM's runtime LoRA API, 200 with a text body. As
+  vLLM does, the server reads the adapter from its own disk: a `lora_path` that is not a directory
+  holding `adapter_config.json` gets 404 "Loading lora <name> failed: No adapter found for <path>";
+  a name already loaded gets 400 (unless `load_inplace`). `runtime_lora=False` is vLLM started
+  without `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`: the two routes are not there (FastAPI's 404
+  `{"detail": "Not Found"}`, as for any unknown path). A chat request naming a model that is neither
+  served nor loaded gets vLLM's 404 JSON error.
 - `api_key=`: a request without `Authorization: Bearer <key>` gets a 401.
 - `hold(predicate)`: chat requests whose JSON matches wait until `release()` (or `close()`);
   `wait_held(n)` blocks until n of them are waiting, so a test can act mid-request without sleeping.
@@ -129,12 +134,14 @@ class OpenAIServer:
         responder: Responder | None = None,
         behaviour: bool = True,
         vocab_size: int = 512,
+        runtime_lora: bool = True,
     ) -> None:
         self.model = model
         self.api_key = api_key
         self.responder = responder
         self.behaviour = behaviour  # gives log-probs and token ids when asked (False: ignores both)
         self.vocab_size = vocab_size
+        self.runtime_lora = runtime_lora  # vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING: the load/unload routes
         self._script: deque[_Scripted] = deque()
         self._requests: list[RecordedRequest] = []
         self._adapters: dict[str, str] = {}  # LoRA name -> path, in load order
@@ -257,12 +264,13 @@ class OpenAIServer:
         routes: dict[tuple[str, str], Callable[[_Handler, Any], None]] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("GET", "/v1/models"): self._models,
-            ("POST", "/v1/load_lora_adapter"): self._load_adapter,
-            ("POST", "/v1/unload_lora_adapter"): self._unload_adapter,
         }
+        if self.runtime_lora:
+            routes[("POST", "/v1/load_lora_adapter")] = self._load_adapter
+            routes[("POST", "/v1/unload_lora_adapter")] = self._unload_adapter
         route = routes.get((h.command, path))
         if route is None:
-            return self._error(h, 404, f"Not Found: {h.command} {path}")
+            return self._send_json(h, 404, {"detail": "Not Found"})  # FastAPI's answer to an unknown route
         if h.command == "POST" and not isinstance(body, dict):
             return self._error(h, 400, "the body must be a JSON object")
         route(h, body)
@@ -363,13 +371,13 @@ class OpenAIServer:
         if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
             return self._error(h, 400, "Both 'lora_name' and 'lora_path' must be provided.")
         with self._lock:
-            if name in self._adapters and not body.get("load_inplace"):
-                loaded = True
-            else:
-                loaded = False
-                self._adapters[name] = str(Path(path))
+            loaded = name in self._adapters and not body.get("load_inplace")
         if loaded:
             return self._error(h, 400, f"The lora adapter '{name}' has already been loaded.")
+        if not (Path(path) / "adapter_config.json").is_file():
+            return self._error(h, 404, f"Loading lora {name} failed: No adapter found for {path}")
+        with self._lock:
+            self._adapters[name] = str(Path(path))
         return self._send_text(h, 200, f"Success: LoRA adapter '{name}' added successfully.")
 
     def _unload_adapter(self, h: _Handler, body: dict[str, Any]) -> None:

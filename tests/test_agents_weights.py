@@ -191,3 +191,65 @@ async def test_an_http_worker_has_its_server_load_the_adapter_it_fetched(tmp_pat
     assert loads == [{"lora_name": "agents-train-v0001", "lora_path": str(fetched)}]
     assert (fetched / "adapter_model.safetensors").read_bytes() == b"\1" * 100
     assert summary["model_versions"] == {"agents-train-v0001": 2}
+
+
+@pytest.mark.parametrize("runtime_lora", [True, False], ids=["vllm-runtime-lora", "no-runtime-lora"])
+async def test_an_http_worker_on_another_home_has_its_server_load_the_adapter_it_fetched(
+    tmp_path: Path, runtime_lora: bool
+) -> None:
+    """The trainer's home and the worker's are two directories (two machines): the worker fetches the
+    adapter into its own home and tells the server beside it to load that copy, by vLLM's
+    `POST /v1/load_lora_adapter`; a server without runtime LoRA loading keeps serving its model and
+    the worker says why, in one line, while answering every task."""
+    trainer_home, worker_home = tmp_path / "trainer", tmp_path / "far-away"
+    adapter = trainer_home / "runs" / "agents-train-v0003"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text('{"r": 4}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"\2" * 300)
+    specs = load_tasks(arithmetic_tasks(tmp_path / "tasks.jsonl", 3))
+    with nats_server(trainer_home) as server, OpenAIServer(responder=solve, runtime_lora=runtime_lora) as llm:
+        settings = http_settings(
+            llm,
+            workers=0,
+            url=server.url,
+            token_file=str(token_path(trainer_home)),
+            endpoint_lora=True,
+            ack_wait_s=60,
+        )
+        nc, js = await jetstream(address_of(server), "trainer")
+        update = ModelUpdateEvent(
+            model_version="agents-train-v0003", checkpoint_path=str(adapter), base_model=llm.model
+        )
+        announced = await publish_update(js, update)
+        await nc.close()
+        shutil.rmtree(adapter)  # only the object store has it now
+        worker = spawn_worker(worker_home, settings, "far-http")
+        try:
+            summary = await asyncio.wait_for(headless(trainer_home, settings, specs, limit=3), 120)
+        finally:
+            worker.terminate()
+            worker.wait(30)
+        loads = [r for r in llm.requests if r.path == "/v1/load_lora_adapter"]
+        asked = [r.json["model"] for r in llm.requests if r.path == "/v1/chat/completions"]
+        endpoint = llm.base_url
+
+    fetched = received_dir(worker_home) / str(announced.digest).removeprefix("SHA-256=").rstrip("=")
+    assert (fetched / "adapter_model.safetensors").read_bytes() == b"\2" * 300
+    assert not (trainer_home / "agents" / "received").exists()
+    assert [r.json for r in loads] == [{"lora_name": "agents-train-v0003", "lora_path": str(fetched)}]
+    reader = StoreReader(trainer_home / "carl.db")
+    try:
+        statuses = [json.loads(r["payload"]) for r in reader.agent_audit(kind="worker_status", limit=None)]
+    finally:
+        reader.close()
+    details = [s.get("detail") or "" for s in statuses if s.get("worker_id") == "far-http"]
+    served = "agents-train-v0003" if runtime_lora else llm.model
+    assert summary["done"] == 3 and summary["model_versions"] == {served: 3}
+    assert asked == [served] * 3
+    if runtime_lora:
+        assert llm.adapters == {"agents-train-v0003": str(fetched)}
+        assert f"serving adapter agents-train-v0003 from {endpoint}" in details
+    else:
+        [refused] = [d for d in details if "agents-train-v0003" in d]
+        assert refused.startswith(f"kept {llm.model}: ") and "\n" not in refused
+        assert "no runtime LoRA loading" in refused and "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in refused

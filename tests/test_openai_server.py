@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -107,18 +108,26 @@ def test_scripted_errors_and_bad_requests_have_vllms_error_shape(openai: OpenAIS
     assert httpx.get(f"{openai.base_url}/nowhere").status_code == 404
 
 
-def test_lora_adapters_load_list_serve_and_unload(openai: OpenAIServer) -> None:
+def adapter_dir(path: Path) -> str:
+    """A directory the server accepts as an adapter (it reads adapter_config.json from its own disk)."""
+    path.mkdir(parents=True)
+    (path / "adapter_config.json").write_text("{}")
+    return str(path)
+
+
+def test_lora_adapters_load_list_serve_and_unload(openai: OpenAIServer, tmp_path: Path) -> None:
     base = openai.base_url
-    loaded = httpx.post(f"{base}/load_lora_adapter", json={"lora_name": "v0002", "lora_path": "/ckpt/2"})
+    first, second = adapter_dir(tmp_path / "ckpt" / "2"), adapter_dir(tmp_path / "ckpt" / "2b")
+    loaded = httpx.post(f"{base}/load_lora_adapter", json={"lora_name": "v0002", "lora_path": first})
     assert loaded.status_code == 200 and loaded.text == "Success: LoRA adapter 'v0002' added successfully."
-    again = httpx.post(f"{base}/load_lora_adapter", json={"lora_name": "v0002", "lora_path": "/ckpt/2"})
+    again = httpx.post(f"{base}/load_lora_adapter", json={"lora_name": "v0002", "lora_path": first})
     assert again.status_code == 400 and "already been loaded" in again.json()["message"]
-    inplace = {"lora_name": "v0002", "lora_path": "/ckpt/2b", "load_inplace": True}
+    inplace = {"lora_name": "v0002", "lora_path": second, "load_inplace": True}
     assert httpx.post(f"{base}/load_lora_adapter", json=inplace).status_code == 200
     models = httpx.get(f"{base}/models").json()
     assert models["object"] == "list"
     assert [(m["id"], m["parent"]) for m in models["data"]] == [("test-model", None), ("v0002", "test-model")]
-    assert models["data"][1]["root"] == "/ckpt/2b" and openai.adapters == {"v0002": "/ckpt/2b"}
+    assert models["data"][1]["root"] == second and openai.adapters == {"v0002": second}
 
     openai.reply("from the adapter")
     assert chat(openai, model="v0002").json()["model"] == "v0002"
@@ -131,6 +140,25 @@ def test_lora_adapters_load_list_serve_and_unload(openai: OpenAIServer) -> None:
     gone = httpx.post(f"{base}/unload_lora_adapter", json={"lora_name": "v0002"})
     assert gone.status_code == 404 and "cannot be found" in gone.json()["message"]
     assert httpx.post(f"{base}/load_lora_adapter", json={"lora_name": "x"}).status_code == 400
+
+
+def test_an_adapter_the_server_cannot_read_and_a_server_without_runtime_lora_are_refused_as_vllm_does(
+    openai: OpenAIServer, tmp_path: Path
+) -> None:
+    nowhere = str(tmp_path / "not-on-this-disk")
+    missing = httpx.post(
+        f"{openai.base_url}/load_lora_adapter", json={"lora_name": "v1", "lora_path": nowhere}
+    )
+    assert missing.status_code == 404
+    assert missing.json()["message"] == f"Loading lora v1 failed: No adapter found for {nowhere}"
+    assert missing.json()["type"] == "NotFoundError" and openai.adapters == {}
+
+    with OpenAIServer(runtime_lora=False) as plain:  # vLLM without VLLM_ALLOW_RUNTIME_LORA_UPDATING
+        body = {"lora_name": "v1", "lora_path": adapter_dir(tmp_path / "v1")}
+        for route in ("load_lora_adapter", "unload_lora_adapter"):
+            answer = httpx.post(f"{plain.base_url}/{route}", json=body)
+            assert (answer.status_code, answer.json()) == (404, {"detail": "Not Found"})
+        assert plain.adapters == {}
 
 
 def test_a_required_key_turns_away_requests_without_it() -> None:

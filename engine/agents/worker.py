@@ -33,7 +33,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import nats
 from nats.js.api import DeliverPolicy
@@ -54,6 +54,9 @@ from .events import (
 )
 from .scoring import render_reply, split_reply
 from .weights import fetch_weights
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("carl.agents")
 
@@ -261,16 +264,37 @@ class HttpBackend:
             "/load_lora_adapter",
             json={"lora_name": update.model_version, "lora_path": str(path)},
         )
-        if response.status_code != 200:
-            raise WorkerError(
-                f"{self.endpoint}: loading adapter {update.model_version} failed: "
-                f"HTTP {response.status_code}: {_snippet(response.text)}"
-            )
+        refused = lora_load_refused(response)
+        if refused is not None:
+            raise WorkerError(f"{self.endpoint}: loading adapter {update.model_version} failed: {refused}")
         self.version = update.model_version  # the name the server loaded is the name requested
         return f"serving adapter {update.model_version} from {self.endpoint}"
 
     def close(self) -> None:
         self.client.close()
+
+
+def lora_load_refused(response: httpx.Response) -> str | None:
+    """Why vLLM's `POST /v1/load_lora_adapter` did not load the adapter (None: it is loaded).
+
+    A name already loaded is loaded (a redelivered update asks twice). vLLM started without
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING has no such route: FastAPI's bare 404, not vLLM's error object.
+    """
+    if response.status_code == 200:
+        return None
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    message = body.get("message") if isinstance(body, dict) else None
+    if response.status_code == 400 and "already been loaded" in str(message):
+        return None
+    if response.status_code in (404, 405) and not (isinstance(body, dict) and body.get("object") == "error"):
+        return (
+            "the server has no runtime LoRA loading (vLLM: start it with --enable-lora and "
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
+        )
+    return f"HTTP {response.status_code}: {_snippet(str(message) if message else response.text)}"
 
 
 def behaviour_of(
@@ -364,6 +388,7 @@ class Worker:
         self.settings = settings
         self.backend = backend
         self.home = home  # where fetched weights are unpacked: this machine's, never the trainer's
+        self.tried_version: str | None = None  # the newest update tried, loaded or refused: tried once
         self.worker_id = worker_id
         self.task_type = settings.task_type
         self.command_id = command_id  # the "add worker" command this worker answers when it is up
@@ -646,11 +671,12 @@ class Worker:
             return
         if not isinstance(event, ModelUpdateEvent):
             return
-        if (
-            event.target_worker_id not in (None, self.worker_id)
-            or event.model_version == self.backend.version
+        if event.target_worker_id not in (None, self.worker_id) or event.model_version in (
+            self.backend.version,
+            self.tried_version,
         ):
             return
+        self.tried_version = event.model_version  # the subscription redelivers the update just applied
         async with self.lock:
             try:
                 path = await self._weights_of(event)
