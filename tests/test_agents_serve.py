@@ -19,8 +19,10 @@ import numpy as np
 import pytest
 import yaml
 
+from engine.agents.events import ModelUpdateEvent
 from engine.agents.plane import Plane, PlaneSpec
 from engine.agents.policy import LocalPolicy, PolicyError
+from engine.agents.serving import RunFollower
 from engine.store import Store, StoreReader
 from engine.training.config import training_config_path
 
@@ -185,6 +187,61 @@ def test_the_plane_serves_the_demo_run_it_watches_and_its_score_rises(home: Path
 
 
 # -- `carl agents up --serve-run` -------------------------------------------------------------------
+
+
+def saved_weights(path: Path) -> Path:
+    """A directory a run's checkpoint could be: a config and a safetensors file (what the follower looks for)."""
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    (path / "model.safetensors").write_bytes(b"\0" * 8)
+    return path
+
+
+def test_a_running_run_is_followed_checkpoint_by_checkpoint_and_a_finished_one_is_served_its_final(
+    home: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "mine"
+    with Store(home / "carl.db") as store:
+        run_id = store.create_run("mine", source_kind="carl", model="carl-tiny")
+        store.update_run(run_id, output_dir=str(out))
+        follower = RunFollower("mine", home, served_model="carl-tiny")
+        assert follower.next_weights(store) is None
+        assert follower.describe() == {
+            "run": "mine",
+            "state": "waiting",
+            "step": None,
+            "detail": "run mine has no checkpoint yet",
+        }
+
+        store.add_event(run_id, 10, "checkpoint", str(saved_weights(out / "checkpoint-10")))
+        first = follower.next_weights(store)
+        assert first is not None and (first.step, first.kind, first.final) == (10, "full", False)
+        assert first.version == "mine-v0010" and first.path == out / "checkpoint-10"
+        follower.announced(
+            ModelUpdateEvent(
+                model_version=first.version, checkpoint_path=str(first.path), base_model="x", step=10
+            )
+        )
+        assert follower.next_weights(store) is None  # nothing newer than what was announced
+        assert follower.describe()["detail"] == "serving mine-v0010"
+
+        store.add_event(run_id, 20, "checkpoint", str(out / "checkpoint-20"))  # rotated away already
+        assert follower.next_weights(store) is None
+        store.add_event(run_id, 20, "final", str(saved_weights(out / "final")))
+        store.update_run(run_id, status="finished")
+        last = follower.next_weights(store)
+        assert last is not None and last.final and (last.step, last.path) == (20, out / "final")
+
+        # `carl agents up --serve-run mine` after the run ended: its final model at once.
+        late = RunFollower("mine", home, served_model="carl-tiny").next_weights(store)
+        assert late is not None and late.final and late.path == out / "final"
+        # The workers serve another model than the run trained: refused, and said so.
+        other = RunFollower("mine", home, served_model="Qwen/Qwen2.5-0.5B")
+        assert other.next_weights(store) is None
+        assert other.describe()["state"] == "refused"
+        assert (
+            other.describe()["detail"] == "run mine trains carl-tiny, but the workers serve Qwen/Qwen2.5-0.5B"
+        )
 
 
 def carl(home: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -80,8 +80,9 @@ def plane_summary(
     overview: dict[str, Any] | None, workers: list[dict[str, Any]], alarms: int, *, compact: bool = False
 ) -> tuple[list[Part], list[Part]]:
     """The pane's title and subtitle: `nats ● up · ⚠ 1 alarm · 2 workers · 123/∞ tasks · paused · model v3`
-    (or `serving demo step 650` when the plane serves a run) in the title; a compact pane keeps what needs attention in its title (alarms, a paused manager, a
-    server that is not up) and puts the counts in its subtitle."""
+    (or `serving demo step 650` when the plane serves a run) in the title; a compact pane keeps what
+    needs attention in its title (alarms, a paused manager, a server that is not up) and puts the counts
+    in its subtitle."""
     overview = overview or {}
     server, plane = overview.get("server") or {}, overview.get("plane") or {}
     manager, model = overview.get("manager") or {}, overview.get("model") or {}

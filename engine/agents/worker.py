@@ -255,10 +255,11 @@ class HttpBackend:
         return None
 
     def hot_swap(self, update: ModelUpdateEvent, path: Path) -> str:
+        keeps = f"keeps serving {self.version}"
         if not self.settings.endpoint_lora:
-            return f"keeps serving {self.version}: {self.endpoint} loads no adapters (agents.endpoint_lora is off)"
+            return f"{keeps}: {self.endpoint} loads no adapters (agents.endpoint_lora is off)"
         if update.weights != "adapter":
-            return f"keeps serving {self.version}: {update.model_version} is every weight, not an adapter to load"
+            return f"{keeps}: {update.model_version} is every weight, not an adapter to load"
         # The server beside this worker reads the adapter from this machine's disk: where it was unpacked.
         response = self.client.post(
             "/load_lora_adapter",
