@@ -449,9 +449,12 @@ async def test_the_title_says_which_run_and_step_the_plane_serves(home: Path) ->
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(160, 50)) as pilot:
         await focus_agents(app, pilot, maximize=False)
-        await until(pilot, lambda: pane_title(app).endswith("· serving base · demo not saved yet"))
+        await until(pilot, lambda: "· serving base · demo not saved yet · 2 workers ·" in pane_title(app))
         serve(home, {"run": "demo", "state": "serving", "step": 1050, "detail": "serving demo-v1050"})
-        await until(pilot, lambda: pane_title(app).endswith("· 1/∞ tasks · serving demo step 1,050"))
+        # The served run comes before the counts, so that a narrow pane's title still shows it.
+        await until(
+            pilot, lambda: pane_title(app).endswith("· serving demo step 1,050 · 2 workers · 1/∞ tasks")
+        )
         serve(
             home, {"run": "demo\x1b[2J", "state": "refused", "step": None, "detail": "trains another model"}
         )

@@ -534,9 +534,9 @@ class Plane:
             else:
                 follower.announced(update)
                 log.info("agents: serving %s (%s weights)", update.model_version, update.weights)
-        weights = follower.next_weights(self.store)
+        weights, replicas = follower.next_weights(self.store), self.settings.replicas if self.settings else 1
         if weights is not None:
-            self.serving = bridge.submit(lambda js: serve_weights(js, weights, self.home))
+            self.serving = bridge.submit(lambda js: serve_weights(js, weights, self.home, replicas=replicas))
 
     def _bound_run_over(self, now: float) -> bool:
         """A plane bound to a run stops, and is no longer wanted, once that run has ended (or when it

@@ -148,8 +148,9 @@ def base_fingerprint_of(model: str, home: Path) -> str:
         return ""
 
 
-async def serve_weights(js: Any, weights: RunWeights, home: Path) -> ModelUpdateEvent:
-    """Put the run's weights in the plane's object store and announce them on `model.updates`."""
+async def serve_weights(js: Any, weights: RunWeights, home: Path, *, replicas: int = 1) -> ModelUpdateEvent:
+    """Put the run's weights in the plane's object store (a bucket made with `replicas` copies, as the
+    stream is) and announce them on `model.updates`."""
     update = ModelUpdateEvent(
         model_version=weights.version,
         checkpoint_path=str(weights.path),
@@ -160,11 +161,13 @@ async def serve_weights(js: Any, weights: RunWeights, home: Path) -> ModelUpdate
         weights=weights.kind,
     )
     if weights.kind == "adapter" and not (weights.path / "adapter_model.safetensors").is_file():
-        return await _serve_mlx_adapter(js, update, weights.path)
-    return await publish_update(js, update)
+        return await _serve_mlx_adapter(js, update, weights.path, replicas)
+    return await publish_update(js, update, replicas=replicas)
 
 
-async def _serve_mlx_adapter(js: Any, update: ModelUpdateEvent, path: Path) -> ModelUpdateEvent:
+async def _serve_mlx_adapter(
+    js: Any, update: ModelUpdateEvent, path: Path, replicas: int
+) -> ModelUpdateEvent:
     """An MLX run's adapter goes out as its exact peft copy (workers load adapters through peft)."""
     from engine.training.mlx_artifacts import is_mlx_adapter, mlx_adapter_to_peft
 
@@ -173,4 +176,4 @@ async def _serve_mlx_adapter(js: Any, update: ModelUpdateEvent, path: Path) -> M
     with tempfile.TemporaryDirectory(prefix="carl-peft-") as tmp:
         if not mlx_adapter_to_peft(path, Path(tmp)):
             raise AgentsError(f"{path}: this MLX adapter has no exact peft equivalent to serve")
-        return await publish_update(js, update, Path(tmp))
+        return await publish_update(js, update, Path(tmp), replicas=replicas)
