@@ -16,11 +16,20 @@ Served (HTTP/1.1, keep-alive, JSON bodies with Content-Length, 127.0.0.1 on a fr
   `logprobs.content`: one entry per token (`token`, `logprob`, `bytes`, `top_logprobs` with
   `top_logprobs` alternatives when asked). Tokens are the content's whitespace-led words, so they
   join back to the content exactly; `max_tokens` (or `max_completion_tokens`) cuts the content to
-  that many tokens with `finish_reason: "length"`.
+  that many tokens with `finish_reason: "length"`. Each token has an id (`token_id_of`, below the
+  `vocab_size` given): vLLM's `"return_tokens_as_token_ids": true` spells each log-prob entry's token
+  `token_id:<id>`, and `"return_token_ids": true` adds `prompt_token_ids` (the messages' contents,
+  tokenized the same way) beside the choices and `token_ids` in the choice. `behaviour=False` makes a
+  server that gives neither (as Ollama's OpenAI API does): those fields are ignored, `logprobs: null`.
 - `GET /v1/models`: the served model and every LoRA adapter loaded at run time.
 - `POST /v1/load_lora_adapter` `{lora_name, lora_path[, load_inplace]}` and
-  `POST /v1/unload_lora_adapter` `{lora_name}`: vLLM's runtime LoRA API, 200 with a text body. A
-  chat request naming a model that is neither served nor loaded gets vLLM's 404 JSON error.
+  `POST /v1/unload_lora_adapter` `{lora_name}`: vLLM's runtime LoRA API, 200 with a text body. As
+  vLLM does, the server reads the adapter from its own disk: a `lora_path` that is not a directory
+  holding `adapter_config.json` gets 404 "Loading lora <name> failed: No adapter found for <path>";
+  a name already loaded gets 400 (unless `load_inplace`). `runtime_lora=False` is vLLM started
+  without `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`: the two routes are not there (FastAPI's 404
+  `{"detail": "Not Found"}`, as for any unknown path). A chat request naming a model that is neither
+  served nor loaded gets vLLM's 404 JSON error.
 - `api_key=`: a request without `Authorization: Bearer <key>` gets a 401.
 - `hold(predicate)`: chat requests whose JSON matches wait until `release()` (or `close()`);
   `wait_held(n)` blocks until n of them are waiting, so a test can act mid-request without sleeping.
@@ -30,6 +39,7 @@ Errors have vLLM's shape: `{"object": "error", "message", "type", "param": null,
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -73,6 +83,11 @@ def tokens_of(content: str) -> list[str]:
     return _TOKEN.findall(content)
 
 
+def token_id_of(token: str, vocab_size: int = 512) -> int:
+    """A deterministic id for a token, below `vocab_size`."""
+    return int.from_bytes(hashlib.sha256(token.encode()).digest()[:4], "big") % vocab_size
+
+
 def logprob_of(token: str) -> float:
     """A deterministic log-probability for a token, in (-1, 0): longer tokens are less likely."""
     return -round(1 - math.exp(-len(token.strip() or token) / 8), 6)
@@ -112,11 +127,21 @@ class OpenAIServer:
     """An OpenAI-compatible server on 127.0.0.1 (random free port, daemon threads); see the module doc."""
 
     def __init__(
-        self, *, model: str = "test-model", api_key: str | None = None, responder: Responder | None = None
+        self,
+        *,
+        model: str = "test-model",
+        api_key: str | None = None,
+        responder: Responder | None = None,
+        behaviour: bool = True,
+        vocab_size: int = 512,
+        runtime_lora: bool = True,
     ) -> None:
         self.model = model
         self.api_key = api_key
         self.responder = responder
+        self.behaviour = behaviour  # gives log-probs and token ids when asked (False: ignores both)
+        self.vocab_size = vocab_size
+        self.runtime_lora = runtime_lora  # vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING: the load/unload routes
         self._script: deque[_Scripted] = deque()
         self._requests: list[RecordedRequest] = []
         self._adapters: dict[str, str] = {}  # LoRA name -> path, in load order
@@ -239,12 +264,13 @@ class OpenAIServer:
         routes: dict[tuple[str, str], Callable[[_Handler, Any], None]] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("GET", "/v1/models"): self._models,
-            ("POST", "/v1/load_lora_adapter"): self._load_adapter,
-            ("POST", "/v1/unload_lora_adapter"): self._unload_adapter,
         }
+        if self.runtime_lora:
+            routes[("POST", "/v1/load_lora_adapter")] = self._load_adapter
+            routes[("POST", "/v1/unload_lora_adapter")] = self._unload_adapter
         route = routes.get((h.command, path))
         if route is None:
-            return self._error(h, 404, f"Not Found: {h.command} {path}")
+            return self._send_json(h, 404, {"detail": "Not Found"})  # FastAPI's answer to an unknown route
         if h.command == "POST" and not isinstance(body, dict):
             return self._error(h, 400, "the body must be a JSON object")
         route(h, body)
@@ -296,22 +322,30 @@ class OpenAIServer:
             "finish_reason": finish,
             "logprobs": None,
         }
-        if body.get("logprobs"):
+        vocab = self.vocab_size
+        if body.get("logprobs") and self.behaviour:
             alternatives = int(body.get("top_logprobs") or 0)
-            choice["logprobs"] = {"content": [_token_logprob(t, alternatives) for t in tokens]}
-        prompt_tokens = sum(len(tokens_of(str(m.get("content", "")))) for m in body["messages"])
-        return {
+            as_ids = bool(body.get("return_tokens_as_token_ids"))
+            choice["logprobs"] = {
+                "content": [_token_logprob(t, alternatives, vocab if as_ids else None) for t in tokens]
+            }
+        prompt = [t for m in body["messages"] for t in tokens_of(str(m.get("content", "")))]
+        completion = {
             "id": f"chatcmpl-{next(_ids):06d}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body["model"],
             "choices": [choice],
             "usage": {
-                "prompt_tokens": prompt_tokens,
+                "prompt_tokens": len(prompt),
                 "completion_tokens": len(tokens),
-                "total_tokens": prompt_tokens + len(tokens),
+                "total_tokens": len(prompt) + len(tokens),
             },
         }
+        if body.get("return_token_ids") and self.behaviour:
+            completion["prompt_token_ids"] = [token_id_of(t, vocab) for t in prompt]
+            choice["token_ids"] = [token_id_of(t, vocab) for t in tokens]
+        return completion
 
     def _models(self, h: _Handler, body: Any) -> None:
         created = int(time.time())
@@ -337,13 +371,13 @@ class OpenAIServer:
         if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
             return self._error(h, 400, "Both 'lora_name' and 'lora_path' must be provided.")
         with self._lock:
-            if name in self._adapters and not body.get("load_inplace"):
-                loaded = True
-            else:
-                loaded = False
-                self._adapters[name] = str(Path(path))
+            loaded = name in self._adapters and not body.get("load_inplace")
         if loaded:
             return self._error(h, 400, f"The lora adapter '{name}' has already been loaded.")
+        if not (Path(path) / "adapter_config.json").is_file():
+            return self._error(h, 404, f"Loading lora {name} failed: No adapter found for {path}")
+        with self._lock:
+            self._adapters[name] = str(Path(path))
         return self._send_text(h, 200, f"Success: LoRA adapter '{name}' added successfully.")
 
     def _unload_adapter(self, h: _Handler, body: dict[str, Any]) -> None:
@@ -376,9 +410,12 @@ class OpenAIServer:
         h.wfile.flush()
 
 
-def _token_logprob(token: str, alternatives: int) -> dict[str, Any]:
+def _token_logprob(token: str, alternatives: int, vocab_size: int | None = None) -> dict[str, Any]:
+    """One log-prob entry; with `vocab_size`, its token spelled `token_id:<id>` (vLLM's
+    return_tokens_as_token_ids)."""
     logprob = logprob_of(token)
-    entry = {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+    shown = token if vocab_size is None else f"token_id:{token_id_of(token, vocab_size)}"
+    entry = {"token": shown, "logprob": logprob, "bytes": list(token.encode())}
     others = [
         {"token": f"{token}{k}", "logprob": logprob - k, "bytes": list(f"{token}{k}".encode())}
         for k in range(1, alternatives)

@@ -319,6 +319,7 @@ async def test_an_http_worker_loads_each_adapter_into_vllm_and_requests_it(tmp_p
         await ensure_stream(js, settings.stream)
         adapter = tmp_path / "adapters" / "agents-train-v0001"
         adapter.mkdir(parents=True)
+        (adapter / "adapter_config.json").write_text("{}")  # the server reads it from its disk, as vLLM does
         await publish(
             js,
             ModelUpdateEvent(

@@ -437,6 +437,31 @@ async def test_new_events_redraw_the_pane(home: Path, size: tuple[int, int]) -> 
         await until(pilot, lambda: "nats ◌ restarting" in status_text(app))
 
 
+def serve(home: Path, serving: dict[str, Any]) -> None:
+    """The plane's kv row as the engine's plane writes it while it serves a run (engine/agents/plane.py)."""
+    with Store(home / "carl.db") as store:
+        store.set_kv("agents.plane", {**(store.kv("agents.plane") or {}), "serving": serving})
+
+
+async def test_the_title_says_which_run_and_step_the_plane_serves(home: Path) -> None:
+    fill(home)
+    serve(home, {"run": "demo", "state": "waiting", "step": None, "detail": "run demo has no checkpoint yet"})
+    app = ControlRoom(home, start_engine=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await focus_agents(app, pilot, maximize=False)
+        await until(pilot, lambda: "· serving base · demo not saved yet · 2 workers ·" in pane_title(app))
+        serve(home, {"run": "demo", "state": "serving", "step": 1050, "detail": "serving demo-v1050"})
+        # The served run comes before the counts, so that a narrow pane's title still shows it.
+        await until(
+            pilot, lambda: pane_title(app).endswith("· serving demo step 1,050 · 2 workers · 1/∞ tasks")
+        )
+        serve(
+            home, {"run": "demo\x1b[2J", "state": "refused", "step": None, "detail": "trains another model"}
+        )
+        await until(pilot, lambda: "not serving demo" in pane_title(app))
+        assert "\x1b" not in pane_title(app)
+
+
 async def test_an_empty_store_says_how_to_start_the_plane(home: Path) -> None:
     Store(home / "carl.db").close()
     app = ControlRoom(home, start_engine=False)

@@ -1,14 +1,16 @@
-"""The OpenAI-compatible test server itself, driven with httpx: chat completions with log-probs,
+"""The OpenAI-compatible test server itself, driven with httpx: chat completions with log-probs and
+token ids (vLLM's return_tokens_as_token_ids and return_token_ids), or a server that gives neither;
 models, vLLM's runtime LoRA API, scripted errors, a required key, and held requests."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
-from openai_server import OpenAIServer, tokens_of
+from openai_server import OpenAIServer, logprob_of, token_id_of, tokens_of
 
 USER = [{"role": "user", "content": "Say hello."}]
 
@@ -61,6 +63,28 @@ def test_logprobs_cover_every_token_and_join_back_to_the_content(openai: OpenAIS
     assert entries[0]["top_logprobs"][0]["token"] == entries[0]["token"]
 
 
+def test_token_ids_come_as_vllm_gives_them(openai: OpenAIServer) -> None:
+    openai.reply("call get_weather now")
+    body = chat(openai, logprobs=True, return_tokens_as_token_ids=True, return_token_ids=True).json()
+    choice = body["choices"][0]
+    ids = [token_id_of(t) for t in tokens_of("call get_weather now")]
+    assert [e["token"] for e in choice["logprobs"]["content"]] == [f"token_id:{i}" for i in ids]
+    assert [e["logprob"] for e in choice["logprobs"]["content"]] == [
+        logprob_of(t) for t in tokens_of("call get_weather now")
+    ]
+    assert choice["token_ids"] == ids and all(0 <= i < 512 for i in ids)
+    assert body["prompt_token_ids"] == [token_id_of(t) for t in tokens_of("Say hello.")]
+
+
+def test_a_server_without_them_gives_neither_log_probs_nor_ids() -> None:
+    with OpenAIServer(behaviour=False) as server:
+        server.reply("call get_weather now")
+        body = chat(server, logprobs=True, return_tokens_as_token_ids=True, return_token_ids=True).json()
+    choice = body["choices"][0]
+    assert choice["logprobs"] is None and "token_ids" not in choice and "prompt_token_ids" not in body
+    assert choice["message"]["content"] == "call get_weather now"
+
+
 def test_max_tokens_cuts_the_reply_with_finish_reason_length(openai: OpenAIServer) -> None:
     openai.reply("one two three four")
     choice = chat(openai, max_tokens=2, logprobs=True).json()["choices"][0]
@@ -84,18 +108,26 @@ def test_scripted_errors_and_bad_requests_have_vllms_error_shape(openai: OpenAIS
     assert httpx.get(f"{openai.base_url}/nowhere").status_code == 404
 
 
-def test_lora_adapters_load_list_serve_and_unload(openai: OpenAIServer) -> None:
+def adapter_dir(path: Path) -> str:
+    """A directory the server accepts as an adapter (it reads adapter_config.json from its own disk)."""
+    path.mkdir(parents=True)
+    (path / "adapter_config.json").write_text("{}")
+    return str(path)
+
+
+def test_lora_adapters_load_list_serve_and_unload(openai: OpenAIServer, tmp_path: Path) -> None:
     base = openai.base_url
-    loaded = httpx.post(f"{base}/load_lora_adapter", json={"lora_name": "v0002", "lora_path": "/ckpt/2"})
+    first, second = adapter_dir(tmp_path / "ckpt" / "2"), adapter_dir(tmp_path / "ckpt" / "2b")
+    loaded = httpx.post(f"{base}/load_lora_adapter", json={"lora_name": "v0002", "lora_path": first})
     assert loaded.status_code == 200 and loaded.text == "Success: LoRA adapter 'v0002' added successfully."
-    again = httpx.post(f"{base}/load_lora_adapter", json={"lora_name": "v0002", "lora_path": "/ckpt/2"})
+    again = httpx.post(f"{base}/load_lora_adapter", json={"lora_name": "v0002", "lora_path": first})
     assert again.status_code == 400 and "already been loaded" in again.json()["message"]
-    inplace = {"lora_name": "v0002", "lora_path": "/ckpt/2b", "load_inplace": True}
+    inplace = {"lora_name": "v0002", "lora_path": second, "load_inplace": True}
     assert httpx.post(f"{base}/load_lora_adapter", json=inplace).status_code == 200
     models = httpx.get(f"{base}/models").json()
     assert models["object"] == "list"
     assert [(m["id"], m["parent"]) for m in models["data"]] == [("test-model", None), ("v0002", "test-model")]
-    assert models["data"][1]["root"] == "/ckpt/2b" and openai.adapters == {"v0002": "/ckpt/2b"}
+    assert models["data"][1]["root"] == second and openai.adapters == {"v0002": second}
 
     openai.reply("from the adapter")
     assert chat(openai, model="v0002").json()["model"] == "v0002"
@@ -108,6 +140,25 @@ def test_lora_adapters_load_list_serve_and_unload(openai: OpenAIServer) -> None:
     gone = httpx.post(f"{base}/unload_lora_adapter", json={"lora_name": "v0002"})
     assert gone.status_code == 404 and "cannot be found" in gone.json()["message"]
     assert httpx.post(f"{base}/load_lora_adapter", json={"lora_name": "x"}).status_code == 400
+
+
+def test_an_adapter_the_server_cannot_read_and_a_server_without_runtime_lora_are_refused_as_vllm_does(
+    openai: OpenAIServer, tmp_path: Path
+) -> None:
+    nowhere = str(tmp_path / "not-on-this-disk")
+    missing = httpx.post(
+        f"{openai.base_url}/load_lora_adapter", json={"lora_name": "v1", "lora_path": nowhere}
+    )
+    assert missing.status_code == 404
+    assert missing.json()["message"] == f"Loading lora v1 failed: No adapter found for {nowhere}"
+    assert missing.json()["type"] == "NotFoundError" and openai.adapters == {}
+
+    with OpenAIServer(runtime_lora=False) as plain:  # vLLM without VLLM_ALLOW_RUNTIME_LORA_UPDATING
+        body = {"lora_name": "v1", "lora_path": adapter_dir(tmp_path / "v1")}
+        for route in ("load_lora_adapter", "unload_lora_adapter"):
+            answer = httpx.post(f"{plain.base_url}/{route}", json=body)
+            assert (answer.status_code, answer.json()) == (404, {"detail": "Not Found"})
+        assert plain.adapters == {}
 
 
 def test_a_required_key_turns_away_requests_without_it() -> None:

@@ -80,8 +80,9 @@ def plane_summary(
     overview: dict[str, Any] | None, workers: list[dict[str, Any]], alarms: int, *, compact: bool = False
 ) -> tuple[list[Part], list[Part]]:
     """The pane's title and subtitle: `nats ● up · ⚠ 1 alarm · 2 workers · 123/∞ tasks · paused · model v3`
-    in the title; a compact pane keeps what needs attention in its title (alarms, a paused manager, a
-    server that is not up) and puts the counts in its subtitle."""
+    in the title (`nats ● up · serving demo step 650 · 2 workers · 123/∞ tasks` when the plane serves a
+    run); a compact pane keeps what needs attention in its title (alarms, a paused manager, a server that
+    is not up) and puts the counts and the model in its subtitle."""
     overview = overview or {}
     server, plane = overview.get("server") or {}, overview.get("plane") or {}
     manager, model = overview.get("manager") or {}, overview.get("model") or {}
@@ -103,11 +104,28 @@ def plane_summary(
         tasks = (f"{manager.get('done') or 0:,}/{'∞' if total is None else f'{total:,}'} tasks", "")
         if manager.get("state") and manager["state"] != "assigning":
             state_part = (manager["state"], "warn" if manager["state"] == "paused" else "")
-    version = (f"model {model['model_version']}", "") if model.get("model_version") else None
+    version = served_part(plane.get("serving"), model)
     if not compact:
+        if (plane.get("serving") or {}).get("run"):  # the served run before the counts: seen at 80 columns
+            return [p for p in (nats, alarm, state_part, version, count, tasks) if p], []
         return [p for p in (nats, alarm, state_part, count, tasks, version) if p], []
     nats = nats if nats and nats[1] != "ok" else None  # the status bar says the server is up
     return [p for p in (alarm, state_part, nats) if p], [p for p in (tasks, version) if p]
+
+
+def served_part(serving: dict[str, Any] | None, model: dict[str, Any]) -> Part | None:
+    """What the workers are given to serve: the run the plane serves and the step of its newest weights
+    announced (`serving demo step 650`), or else the newest model update's version."""
+    if serving and serving.get("run"):
+        run = printable(str(serving["run"]))
+        if serving.get("state") == "refused":
+            return (f"not serving {run}", "warn")
+        if isinstance(serving.get("step"), int):
+            return (f"serving {run} step {serving['step']:,}", "")
+        return (f"serving base · {run} not saved yet", "")
+    if model.get("model_version"):
+        return (f"model {printable(str(model['model_version']))}", "")
+    return None
 
 
 class AgentsPane(Static):

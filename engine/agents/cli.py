@@ -51,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument(
         "--limit", type=int_flag(1), default=None, help="tasks to assign (default: round and round)"
     )
+    up.add_argument(
+        "--serve-run",
+        default=None,
+        metavar="RUN",
+        help="the workers serve this run's model: each checkpoint as it is saved, or its final/",
+    )
     sub.add_parser("down", help="stop the plane the engine runs")
     status = sub.add_parser("status", help="the plane's server, manager, workers and trainer")
     status.add_argument("--json", action="store_true", help="one JSON object")
@@ -180,9 +186,27 @@ def _up(args: argparse.Namespace, home: Path) -> int:
         "limit": args.limit,
         "config": str(Path(args.config).resolve()) if args.config else None,
         "overrides": overrides,
+        **({"serve_run": _served_run(home, args.serve_run, settings)} if args.serve_run else {}),
     }
     print(_engine_command(home, "agents_up", spec))
     return 0
+
+
+def _served_run(home: Path, ref: str, settings: AgentsSettings) -> str:
+    """The name of the run `--serve-run` names, checked before the engine is asked (one line if not)."""
+    from engine.store import Store
+    from engine.training.artifacts import carl_run
+
+    if settings.train.enabled:
+        raise AgentsCliError(
+            f"--serve-run {ref} with --train: the workers serve that run's weights, so the plane cannot also train"
+        )
+    with Store(paths.db_path(home)) as store:
+        try:
+            run = carl_run(store, ref, for_what="it has no checkpoints to serve")
+        except CarlError as exc:
+            raise AgentsCliError(f"--serve-run {exc}") from None
+    return str(run["name"])
 
 
 def _down(args: argparse.Namespace, home: Path) -> int:
@@ -366,7 +390,9 @@ async def headless(
     from .manager import Manager, TaskFeed
     from .plane import stop_processes, write_settings
     from .roles import build_feedback, build_scorer, group_size
+    from .worker import check_trainable_endpoint
 
+    await asyncio.to_thread(check_trainable_endpoint, settings)  # before anything starts: one line
     store = Store(paths.db_path(home))
     address, server = _headless_address(home, settings, store)
     procs: list[subprocess.Popen[bytes]] = []

@@ -174,19 +174,42 @@ class TrainingRolloutEvent(PlaneEvent):
         return f"rollout-{self.task_id}"
 
 
+WeightsKind = Literal["adapter", "full"]
+DIGEST = re.compile(r"^SHA-256=[A-Za-z0-9_-]{43}=?$")  # nats' object store digest: base64url of a sha256
+
+
+def _digest(value: str | None) -> str | None:
+    if value is not None and not DIGEST.match(value):
+        raise ValueError("must be SHA-256=<base64url of 32 bytes>, as the object store writes it")
+    return value
+
+
 class ModelUpdateEvent(PlaneEvent):
-    """A new adapter: `model_version` is also the adapter's name, the one the worker loads and reports."""
+    """New weights to serve: `model_version` is also their name, the one the worker loads and reports.
+
+    The weights travel in the plane's object store (`bucket`, `object_name`, `digest`): a worker on any
+    machine fetches them by name, checks the digest and swaps them in. `checkpoint_path` is where the
+    publisher wrote them, used only when the update names no object (a publisher on the workers' disk).
+    """
 
     TYPE: ClassVar[str] = "model_update"
     SUBJECT: ClassVar[str] = "model.updates"
     type: Literal["model_update"] = "model_update"
     model_version: str
-    checkpoint_path: str  # a peft adapter directory
-    base_model: str  # the served model the adapter was trained on (docs/reference/agents-plane.md §12 rule 6)
+    checkpoint_path: str  # a peft adapter directory, or a full model's (weights "full")
+    base_model: (
+        str  # the served model the weights were trained from (docs/reference/agents-plane.md §12 rule 6)
+    )
     base_fingerprint: str = ""  # hash of the base model's config.json; a worker on another base refuses it
     target_worker_id: str | None = None  # None: every worker
     step: int = 0
     metrics: dict[str, float] = Field(default_factory=dict)
+    run: str = ""  # the run these weights come from ("" when unknown)
+    weights: WeightsKind = "adapter"  # a peft LoRA adapter of the base, or every weight of the model
+    bucket: str | None = None  # the JetStream object store bucket holding the weights (a tar archive)
+    object_name: str | None = None
+    digest: Annotated[str | None, AfterValidator(_digest)] = None
+    size: int | None = Field(None, ge=0)  # bytes of the archive
 
     def dedup_id(self) -> str:
         return f"model-{self.model_version}"

@@ -4,7 +4,12 @@ Everything here is supervised like a training run: each part is its own process 
 thread of the engine, since it writes the engine's store), a part that dies is restarted with
 backoff, and what each part is doing goes to the store's `kv` table for the control room:
 `agents.server` (the NATS server: state, URL without secrets, port, restarts) and `agents.plane`
-(whether the plane should be up, and its processes). The engine calls `tick()` every loop.
+(whether the plane should be up, its processes, and the run it serves). The engine calls `tick()`
+every loop.
+
+A plane may serve one of our runs (`serve_run`, `carl agents up --serve-run RUN`, the demo's plane):
+its workers serve that run's model, and each checkpoint the run saves goes out as a model update
+(serving.py), put in the plane's object store by the bridge.
 
 A plane that should be up comes back up when the engine restarts; `carl agents down` records that it
 should not, whether the engine is running or not. Stopping the engine stops the plane's processes
@@ -15,6 +20,7 @@ demo's) stops, and is no longer wanted, when that run ends.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -23,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +44,8 @@ from .server import AgentsError, LocalServer, free_port, listening, local_url, p
 
 if TYPE_CHECKING:
     from engine.store import Store
+
+    from .serving import RunFollower
 
 log = logging.getLogger("carl.engine")
 
@@ -226,6 +235,12 @@ class Bridge:
                 f"cannot publish {event.TYPE}: {' '.join(str(exc).split()) or type(exc).__name__}"
             ) from None
 
+    def submit(self, work: Callable[[Any], Awaitable[Any]]) -> concurrent.futures.Future[Any]:
+        """Run `work(js)` on the bridge's loop, without waiting for it (the engine's loop goes on)."""
+        if self.loop is None or not self.connected.is_set():
+            raise AgentsError("the agents plane is not connected yet")
+        return asyncio.run_coroutine_threadsafe(work(self.js), self.loop)
+
     def stop(self, wait: float = 10.0) -> None:
         if self.loop is not None and self.stop_event is not None:
             with contextlib.suppress(RuntimeError):
@@ -247,15 +262,18 @@ class PlaneSpec:
     config: str | None = None  # an agents.yaml path
     overrides: dict[str, Any] = field(default_factory=dict)
     until_run: str | None = None  # a run's name: the plane stops when that run ends (the demo's plane)
+    serve_run: str | None = None  # a run (name or id) whose checkpoints the workers serve
 
     @classmethod
     def from_args(cls, args: dict[str, Any]) -> PlaneSpec:
-        names = ("workers", "tasks", "train", "limit", "config", "overrides", "until_run")
+        names = ("workers", "tasks", "train", "limit", "config", "overrides", "until_run", "serve_run")
         spec = cls(**{k: args[k] for k in names if k in args})
         if not isinstance(spec.workers, int) or isinstance(spec.workers, bool) or not 0 <= spec.workers <= 64:
             raise AgentsError(f"workers: expected a number from 0 to 64, got {spec.workers!r}")
         if spec.until_run is not None and not isinstance(spec.until_run, str):
             raise AgentsError(f"until_run: expected a run's name, got {spec.until_run!r}")
+        if spec.serve_run is not None and (not isinstance(spec.serve_run, str) or not spec.serve_run):
+            raise AgentsError(f"serve_run: expected a run's name or id, got {spec.serve_run!r}")
         return spec
 
 
@@ -294,6 +312,8 @@ class Plane:
         self.said: dict[str, str] = {}
         self.started_at = 0.0  # monotonic, when the plane came up
         self.next_run_check = 0.0
+        self.follower: RunFollower | None = None  # the run the plane serves, if it serves one
+        self.serving: concurrent.futures.Future[Any] | None = None  # an announcement on its way
 
     @property
     def up(self) -> bool:
@@ -334,8 +354,17 @@ class Plane:
             **spec.overrides,
             "workers": spec.workers,
             **({"train.enabled": True} if spec.train else {}),
+            **self._served_model(spec),
         }
         settings = load_settings(config, overrides)
+        if spec.serve_run is not None and settings.train.enabled:
+            raise AgentsError(
+                f"--serve-run {spec.serve_run} with --train: the workers serve that run's weights, "
+                "so the plane cannot also train its own"
+            )
+        from .worker import check_trainable_endpoint
+
+        check_trainable_endpoint(settings)  # --train with http workers that could never feed it: one line
         if spec.tasks != "demo":
             load_tasks(Path(spec.tasks))  # a bad file fails here, in one line, before anything starts
         else:
@@ -344,6 +373,7 @@ class Plane:
         self.address = self._address(settings)  # the server is up (or the URL given) before the plane is
         self.settings, self.spec = settings, spec
         self.started_at, self.next_run_check = time.monotonic(), 0.0
+        self.follower = self._follower(spec, settings)
         self.bridge = Bridge(self.home, self.address, settings)
         self.bridge.start()
         self._spawn("manager", "manager", *self._manager_args(spec))
@@ -360,7 +390,26 @@ class Plane:
             ", trainer" if settings.train.enabled else ""
         )
         until = f" until run {spec.until_run!r} ends" if spec.until_run else ""
-        return f"agents plane up on {self.address.url}: {what} on {spec.tasks} tasks{until}"
+        serving = f", serving run {spec.serve_run}" if spec.serve_run else ""
+        return f"agents plane up on {self.address.url}: {what} on {spec.tasks} tasks{serving}{until}"
+
+    def _served_model(self, spec: PlaneSpec) -> dict[str, Any]:
+        """The model the workers load when the plane serves a run: the one that run trains."""
+        from engine.training.artifacts import lookup_run
+
+        if spec.serve_run is None:
+            return {}
+        run = lookup_run(self.store, spec.serve_run)
+        return {"model": run["model"]} if run is not None and run.get("model") else {}
+
+    def _follower(self, spec: PlaneSpec, settings: AgentsSettings) -> RunFollower | None:
+        from .serving import RunFollower
+
+        if spec.serve_run is None:
+            return None
+        follower = RunFollower(spec.serve_run, self.home, served_model=settings.model)
+        follower.resume_from(self.store.kv("agents.model"))  # what a previous engine announced
+        return follower
 
     def _reap_leftovers(self) -> None:
         """Stop what an engine that was killed left running: the plane starts anew rather than beside it."""
@@ -410,6 +459,7 @@ class Plane:
         if self.server is not None:
             self.server.stop()
         self.server_state = "stopped" if self.server is not None else "down"
+        self.follower, self.serving = None, None
         self.publish_state()
         self.spec, self.settings, self.bridge, self.server = None, None, None, None
         self.children.clear()
@@ -460,8 +510,33 @@ class Plane:
         self._supervise_bridge()
         for child in list(self.children.values()):
             self._supervise(child, now)
+        self._serve_run()
         self._expire_answers()
         self.publish_state()
+
+    def _serve_run(self) -> None:
+        """Announce the served run's newest weights when it saved newer ones (one announcement at a time)."""
+        from .serving import serve_weights
+
+        follower, bridge = self.follower, self.bridge
+        if follower is None or bridge is None or not bridge.connected.is_set():
+            return
+        if self.serving is not None:
+            if not self.serving.done():
+                return
+            job, self.serving = self.serving, None
+            try:
+                update = job.result()
+            except Exception as exc:  # tried again at the next tick that finds them newest
+                self.say(
+                    "serving", f"could not serve run {follower.run_name}: {' '.join(str(exc).split())[:300]}"
+                )
+            else:
+                follower.announced(update)
+                log.info("agents: serving %s (%s weights)", update.model_version, update.weights)
+        weights, replicas = follower.next_weights(self.store), self.settings.replicas if self.settings else 1
+        if weights is not None:
+            self.serving = bridge.submit(lambda js: serve_weights(js, weights, self.home, replicas=replicas))
 
     def _bound_run_over(self, now: float) -> bool:
         """A plane bound to a run stops, and is no longer wanted, once that run has ended (or when it
@@ -570,13 +645,16 @@ class Plane:
             "audit": (self.bridge.audit_trouble or "storing") if self.bridge else None,
         }
         processes = [c.describe() for c in self.children.values()]
-        if (self.store.kv("agents.server"), self._last_processes()) != (server, processes):
+        serving = self.follower.describe() if self.follower is not None else None
+        plane = self.store.kv("agents.plane") or {}
+        if (self.store.kv("agents.server"), plane.get("processes"), plane.get("serving")) != (
+            server,
+            processes,
+            serving,
+        ):
             self.store.set_kv("agents.server", server)
             wanted = self.store.kv("agents.plane") or {}
-            self.store.set_kv("agents.plane", {**wanted, "processes": processes})
-
-    def _last_processes(self) -> Any:
-        return (self.store.kv("agents.plane") or {}).get("processes")
+            self.store.set_kv("agents.plane", {**wanted, "processes": processes, "serving": serving})
 
     # -- commands from the control room ---------------------------------------------------------------
 

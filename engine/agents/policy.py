@@ -8,7 +8,9 @@ prompt + response (token t scored by the logits at t-1, docs/reference/carl.md Â
 float32 log-softmax, so on a fresh adapter the importance ratio is 1 to float rounding.
 
 A new adapter is swapped into the live model (`swap_adapter`): the base stays loaded, peft adds
-the adapter beside the previous one, switches to it and deletes the old one.
+the adapter beside the previous one, switches to it and deletes the old one. The weights of a full
+fine-tune of the same base are copied into the live model in place (`swap_full_weights`), once every
+tensor is checked to fit; an adapter that comes after them goes on the base again, reloaded.
 """
 
 from __future__ import annotations
@@ -192,6 +194,7 @@ class LocalPolicy:
         self._seeds = np.random.default_rng(seed)  # each unseeded generation draws its seed from here
         self._slot: str | None = None  # the peft adapter name in use (None: the bare base)
         self._loads = 0
+        self.full_weights: str | None = None  # the version whose every weight is loaded (None: the base's)
 
     @classmethod
     def load(cls, model: str, home: Path, *, seed: int = 0, device: str | None = None) -> LocalPolicy:
@@ -308,14 +311,13 @@ class LocalPolicy:
         """
         from peft import PeftModel
 
-        if base_fingerprint and base_fingerprint != self.fingerprint:
-            raise PolicyError(
-                f"adapter {version} was trained on base {base_fingerprint}, but this worker "
-                f"serves {self.name} (base {self.fingerprint})"
-            )
+        self._check_base(version, base_fingerprint)
         path = Path(path)
         if not (path / "adapter_config.json").is_file():
             raise PolicyError(f"adapter {version}: {path} is not a peft adapter (no adapter_config.json)")
+        if self.full_weights is not None:  # an adapter is trained on the base: put the base back first
+            self.tokenizer, self.model = load_model(self.where, self.name, self.device)
+            self.full_weights, self._slot = None, None
         # peft's own slot names, not the version: a version may hold characters a module name may not,
         # and the same version may arrive twice (a redelivered update) and must still load.
         self._loads += 1
@@ -338,6 +340,51 @@ class LocalPolicy:
         self.model.eval()
         self.model.requires_grad_(False)
         self.version = version
+
+    def swap_full_weights(self, path: Path, version: str, base_fingerprint: str | None) -> None:
+        """Serve every weight of the model in `path` (a full fine-tune of this base) as `version`.
+
+        Each tensor must be one of the model's, of the same shape, and the model's tensors it lacks
+        must be tied to one it has (an untied output head); otherwise nothing is changed. The copy
+        is in place (no second model in memory), converted to the served dtype.
+        """
+        import torch
+        from peft import PeftModel
+
+        self._check_base(version, base_fingerprint)
+        state = read_weights(Path(path), version)
+        if isinstance(self.model, PeftModel):
+            self.model = self.model.unload()  # the adapter's layers out, the base's weights untouched
+            self._slot = None
+        own = self.model.state_dict()
+        wrong = [k for k, v in state.items() if k not in own or tuple(own[k].shape) != tuple(v.shape)]
+        if wrong:
+            key = wrong[0]
+            what = (
+                "not a weight of this model"
+                if key not in own
+                else (f"shape {tuple(state[key].shape)}, the model's is {tuple(own[key].shape)}")
+            )
+            raise PolicyError(f"weights {version}: {key}: {what} ({len(wrong)} such; another architecture?)")
+        given = {own[k].data_ptr() for k in state}
+        missing = [k for k in own if k not in state and own[k].data_ptr() not in given]
+        if missing:
+            raise PolicyError(
+                f"weights {version}: {len(missing)} of the model's tensors missing, first {missing[0]}"
+            )
+        with torch.no_grad():
+            self.model.load_state_dict(state, strict=False)
+        self.model.eval()
+        self.model.requires_grad_(False)
+        self.version = version
+        self.full_weights = version
+
+    def _check_base(self, version: str, base_fingerprint: str | None) -> None:
+        if base_fingerprint and base_fingerprint != self.fingerprint:
+            raise PolicyError(
+                f"weights {version} were trained from base {base_fingerprint}, but this worker "
+                f"serves {self.name} (base {self.fingerprint})"
+            )
 
     def attach_trainable_lora(self, *, r: int, alpha: int, target_modules: str | list[str], seed: int) -> Any:
         """Wrap the base in a fresh trainable LoRA adapter: the trainer's view of the served model.
@@ -362,6 +409,22 @@ class LocalPolicy:
         """The peft adapter slots loaded now (at most one after a swap)."""
         config = getattr(self.model, "peft_config", None)
         return list(config) if config else []
+
+
+def read_weights(path: Path, version: str) -> dict[str, Tensor]:
+    """Every tensor of the safetensors files in `path` (one file, or the shards), on the CPU."""
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise PolicyError(f"weights {version}: {path} holds no .safetensors file")
+    state: dict[str, Tensor] = {}
+    for file in files:
+        try:
+            state.update(load_file(str(file), device="cpu"))
+        except Exception as exc:
+            raise PolicyError(f"weights {version}: cannot read {file.name} ({one_line(exc)[:200]})") from None
+    return state
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

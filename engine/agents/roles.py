@@ -24,7 +24,6 @@ from .bus import (
     connect,
     ensure_stream,
     fetch,
-    publish_retrying,
     resolve_address,
     trainer_subscription,
 )
@@ -32,6 +31,7 @@ from .bus import close as bus_close
 from .config import AgentsSettings
 from .events import EventRejected, TrainingRolloutEvent, parse_event
 from .server import AgentsError
+from .weights import models_bucket, publish_update
 
 log = logging.getLogger("carl.agents")
 
@@ -151,6 +151,7 @@ async def run_trainer(
         nc = await connect(address, "carl-trainer", on_event=lambda what: log.info("trainer: %s", what))
         js = nc.jetstream()
         await ensure_stream(js, settings.stream, settings.replicas)
+        await models_bucket(js, settings.replicas)  # where each adapter goes, as many copies as the stream
         sub = await trainer_subscription(js)
         await _train_loop(js, sub, trainer, stop)
         await _train_what_is_ready(js, trainer)
@@ -171,7 +172,7 @@ async def _train_what_is_ready(js: Any, trainer: Any) -> None:
     while not trainer.done and trainer.ready() >= trainer.settings.groups_per_update:
         update = await asyncio.to_thread(trainer.step)
         if update is not None:
-            await publish_retrying(js, update)
+            await publish_update(js, update)
     if not trainer.done:
         trainer.pump.request_stop("the plane stopped")
         await asyncio.to_thread(trainer.step)  # applies the stop: the checkpoint is saved
@@ -196,7 +197,7 @@ async def _train_loop(js: Any, sub: Any, trainer: Any, stop: asyncio.Event) -> N
         # One step when enough groups are ready (commands are applied either way; a paused run waits in it).
         update = await asyncio.to_thread(trainer.step)
         if update is not None:
-            await publish_retrying(js, update)
+            await publish_update(js, update)
             log.info("trainer: published %s (step %d)", update.model_version, update.step)
 
 

@@ -6,8 +6,9 @@ log-probs; the importance ratio compares the current policy with the behaviour p
 that sampled the tokens (the log-probs the worker sent with the rollout), so rollouts from an
 older adapter are still trained, importance-corrected; the reference (the base, adapter
 disabled) appears only in the KL term. The adapter trains on the model the workers serve, with
-the same target modules (docs/reference/agents-plane.md §12 rule 6), and every `publish_every` steps it is written where a worker
-loads it and announced with a `ModelUpdateEvent` carrying the base's fingerprint.
+the same target modules (docs/reference/agents-plane.md §12 rule 6), and every `publish_every` steps it is written to disk
+and described by a `ModelUpdateEvent` carrying the base's fingerprint; the caller puts it in the
+plane's object store and publishes the update (weights.publish_update), so workers on any machine load it.
 
 Rollouts are grouped by `group_id`. A group trains once it has `group_size` members, or, after
 waiting `group_timeout_s`, with the two or more it has; a lone straggler is dropped and counted.
@@ -574,6 +575,7 @@ class PlaneTrainer:
             base_fingerprint=self.fingerprint,
             step=self.global_step,
             metrics=shown,
+            run=self.run_name,
         )
 
     # -- helpers for callers and tests -----------------------------------------------------------------

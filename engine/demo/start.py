@@ -10,11 +10,13 @@ from typing import Any
 from engine import paths
 from engine.errors import CliError
 
+# A task a second: light beside training. The workers serve the demo run itself (each checkpoint it
+# saves, then its final model), asked the way the run was trained: with no system prompt.
 DEMO_PLANE = {
     "workers": 2,
     "tasks": "demo",
-    "overrides": {"rate": 1.0},
-}  # a task a second: light beside training
+    "overrides": {"rate": 1.0, "system_prompt": ""},
+}
 
 
 def start_demo(home: Path, steps: int | None, backend: str | None = None, *, stay: bool = False) -> None:
@@ -44,7 +46,7 @@ def start_demo(home: Path, steps: int | None, backend: str | None = None, *, sta
             **({"backend": backend} if backend else {}),
         }
         store.enqueue_command("train", args, target="engine", origin="cli")
-        plane = queue_demo_plane(store, None if stay else name)
+        plane = queue_demo_plane(store, None if stay else name, serve_run=name)
     logs = paths.shown(paths.logs_dir(home) / "train-*.log")
     print(f"demo training queued: the engine starts it (logs in {logs})")
     if plane:
@@ -61,20 +63,26 @@ def free_run_name(store: Any, name: str) -> str:
     return unique
 
 
-def queue_demo_plane(store: Any, until_run: str | None) -> str | None:
+def queue_demo_plane(store: Any, until_run: str | None, *, serve_run: str | None = None) -> str | None:
     """A small agents plane on the demo task beside the demo run, so the Agents pane is live too
-    (only with the nats extra, and only when no plane is up). Bound to the run (`until_run`), it
-    stops when the run ends; without, it stays up until `carl agents down`."""
+    (only with the nats extra, and only when no plane is up). Its workers serve `serve_run` (the demo
+    run) as it trains: each checkpoint it saves, then its final model. Bound to the run (`until_run`),
+    it stops when the run ends; without, it stays up until `carl agents down`."""
     if any(importlib.util.find_spec(m) is None for m in ("nats", "yaml")):
         return "(the Agents pane stays empty: install the nats extra for a live agents plane)"
     row = store.conn.execute("SELECT value FROM kv WHERE key='agents.plane'").fetchone()
     if row is not None and json.loads(row[0]).get("wanted"):
         return None
-    spec = {**DEMO_PLANE, **({"until_run": until_run} if until_run else {})}
+    spec = {
+        **DEMO_PLANE,
+        **({"until_run": until_run} if until_run else {}),
+        **({"serve_run": serve_run} if serve_run else {}),
+    }
     store.enqueue_command("agents_up", spec, target="engine", origin="cli")
+    serving = f", serving run {serve_run!r} at each checkpoint" if serve_run else ""
     lifetime = (
         f"it stops when run {until_run!r} ends (carl demo --stay, carl-tui --demo-stay keep it up)"
         if until_run
         else "it stays up after the run: carl agents down stops it"
     )
-    return f"agents plane queued: a manager and 2 workers on the demo task; {lifetime}"
+    return f"agents plane queued: a manager and 2 workers on the demo task{serving}; {lifetime}"
