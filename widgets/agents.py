@@ -117,14 +117,14 @@ def served_part(serving: dict[str, Any] | None, model: dict[str, Any]) -> Part |
     """What the workers are given to serve: the run the plane serves and the step of its newest weights
     announced (`serving demo step 650`), or else the newest model update's version."""
     if serving and serving.get("run"):
-        run = printable(str(serving["run"]))
+        run = visible_line(str(serving["run"]))
         if serving.get("state") == "refused":
             return (f"not serving {run}", "warn")
         if isinstance(serving.get("step"), int):
             return (f"serving {run} step {serving['step']:,}", "")
         return (f"serving base · {run} not saved yet", "")
     if model.get("model_version"):
-        return (f"model {printable(str(model['model_version']))}", "")
+        return (f"model {visible_line(str(model['model_version']))}", "")
     return None
 
 
