@@ -16,8 +16,8 @@ Phi kernel: `engine.coherence.phi_mlx.token_entropy` (MLX) against `engine.coher
   slice, the form the kernel replaces: goal kernel speedup >= 2x. Its error is printed too.
 Timings are medians of alternating runs, so a slow spell of a shared box hits both sides. torch runs
 at 1 thread unless BENCH_THREADS says otherwise (bench/bench_phi.py explains why); the MLX kernel
-runs on one core (its CPU time equals its wall time). BENCH_SWEEP=1 also sweeps the MLX kernel's chunk_rows. The default run takes well
-under a minute.
+runs on one core (its CPU time equals its wall time). BENCH_SWEEP=1 also sweeps the MLX kernel's chunk_rows.
+The default run takes well under a minute.
 """
 
 from __future__ import annotations

@@ -183,7 +183,8 @@ def main() -> None:
             explorers.append(explorer_s)
         main_s, explorer_s = statistics.median(mains), statistics.median(explorers)
         print(
-            f"explorer_first_paint_{cols}x{rows}_{what}_{KEYS}keys_x_{STEPS // 1000}k_steps_s={explorer_s:.3f} "
+            f"explorer_first_paint_{cols}x{rows}_{what}_"
+            f"{KEYS}keys_x_{STEPS // 1000}k_steps_s={explorer_s:.3f} "
             f"baseline_main_screen_first_paint_s={main_s:.3f} ratio={explorer_s / main_s:.2f}"
         )
     _, _, idle = measure(home, 160, 50, 12, idle_s=IDLE_S)

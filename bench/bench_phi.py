@@ -187,8 +187,8 @@ def speed(logits: torch.Tensor, threads: int) -> None:
     plain_sum = lambda: logits.sum(-1)  # noqa: E731
     exp_ms, sum_ms = timed_pair(exp_pass, plain_sum, reps=9)
     print(
-        f"{tag} exp_pass_ms={exp_ms:.1f} plain_sum_ms={sum_ms:.1f} ({logits.numel() * 4 / sum_ms / 1e6:.1f} GB/s) "
-        f"exp_pass/sum={exp_ms / sum_ms:.2f}"
+        f"{tag} exp_pass_ms={exp_ms:.1f} plain_sum_ms={sum_ms:.1f} ({logits.numel() * 4 / sum_ms / 1e6:.1f} "
+        f"GB/s) exp_pass/sum={exp_ms / sum_ms:.2f}"
     )
 
     kernels = {"torch": lambda: token_entropy(logits, kernel="torch")}
@@ -199,8 +199,8 @@ def speed(logits: torch.Tensor, threads: int) -> None:
         kernel_ms, exp_ms = timed_pair(kernel, exp_pass, reps=9)
         kernel_ms2, sum_ms = timed_pair(kernel, plain_sum, reps=5)
         print(
-            f"{tag} {name}_kernel_ms={kernel_ms2:.1f} vs plain_sum_ms={sum_ms:.1f} ratio={kernel_ms2 / sum_ms:.2f} "
-            f"goal<=2.0 {'OK' if kernel_ms2 <= 2.0 * sum_ms else 'MISSED'}; "
+            f"{tag} {name}_kernel_ms={kernel_ms2:.1f} vs plain_sum_ms={sum_ms:.1f} "
+            f"ratio={kernel_ms2 / sum_ms:.2f} goal<=2.0 {'OK' if kernel_ms2 <= 2.0 * sum_ms else 'MISSED'}; "
             f"vs exp_pass_ms={exp_ms:.1f} ratio={kernel_ms / exp_ms:.2f}"
         )
     if "numba" in kernels:
@@ -295,9 +295,10 @@ def main() -> None:
     analytic_mib = 2 * chunk_mib
     rss_mib, torch_mib, bf16_mib, trl_mib = (measured_rss(c) for c in ("fp32", "torch", "bf16", "trl"))
     print(
-        f"rss_growth_mib token_entropy={rss_mib:.1f} torch_kernel={torch_mib:.1f} ({torch_mib / chunk_mib:.1f} chunks) "
-        f"torch_kernel_bf16_temp={bf16_mib:.1f} ({bf16_mib / chunk_mib:.1f} chunks) trl={trl_mib:.1f}; "
-        f"chunk_mib={chunk_mib:.1f} torch analytic={analytic_mib:.1f} (2 chunks) goal<=2chunks "
+        f"rss_growth_mib token_entropy={rss_mib:.1f} torch_kernel={torch_mib:.1f} "
+        f"({torch_mib / chunk_mib:.1f} chunks) torch_kernel_bf16_temp={bf16_mib:.1f} "
+        f"({bf16_mib / chunk_mib:.1f} chunks) trl={trl_mib:.1f}; chunk_mib={chunk_mib:.1f} torch "
+        f"analytic={analytic_mib:.1f} (2 chunks) goal<=2chunks "
         f"{'OK' if max(rss_mib, torch_mib, bf16_mib) <= 2 * chunk_mib + 1 else 'MISSED'}"
     )
 

@@ -278,7 +278,8 @@ def main() -> None:
         share = r["phi"] / r["step"]
         versus = r["phi"] / r["lm_head"] if r["lm_head"] else math.nan
         print(
-            f"{arm:8} {r['step']:7.2f} {r['phi'] * 1e3:8.1f} {share:9.2%} {r['lm_head'] * 1e3:12.1f} {versus:22.2f}"
+            f"{arm:8} {r['step']:7.2f} {r['phi'] * 1e3:8.1f} {share:9.2%} {r['lm_head'] * 1e3:12.1f} "
+            f"{versus:22.2f}"
         )
     chunk = CHUNK_ELEMENTS * 4 / MIB
     if "generate" in results:
@@ -289,7 +290,8 @@ def main() -> None:
         )
         if args.device == "cpu":
             print(
-                f"peak RSS added by Φ (generating pass): {r['phi_rss'] / MIB:.1f} MiB (goal <= one chunk, {chunk:.0f} MiB)"
+                f"peak RSS added by Φ (generating pass): {r['phi_rss'] / MIB:.1f} MiB (goal <= one chunk, "
+                f"{chunk:.0f} MiB)"
             )
     if "forward" in results:
         r = results["forward"]

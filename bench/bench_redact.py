@@ -11,7 +11,8 @@ question). Rows:
 - throughput on a 1 MB training log, and the worst of a set of hostile texts (100 KB of markers that start a
   pattern: every pattern is linear in the text);
 - for comparison, detect-secrets' 27 plugins with their default filters on the same payloads, when it is
-  importable (it is not a dependency: `PYTHONPATH=<a folder with detect-secrets> python bench/bench_redact.py`),
+  importable (it is not a dependency:
+  `PYTHONPATH=<a folder with detect-secrets> python bench/bench_redact.py`),
   and what it finds of the corpus (tests/secret_corpus.py).
 """
 
@@ -55,8 +56,8 @@ def timed(fn: Callable[[Any], Any], values: list[Any]) -> list[float]:
 
 def line(label: str, times_us: list[float]) -> str:
     return (
-        f"{label}: n={len(times_us)} p50={percentile(times_us, 50):.0f}us p99={percentile(times_us, 99):.0f}us "
-        f"max={max(times_us):.0f}us total={sum(times_us) / 1000:.1f}ms"
+        f"{label}: n={len(times_us)} p50={percentile(times_us, 50):.0f}us "
+        f"p99={percentile(times_us, 99):.0f}us max={max(times_us):.0f}us total={sum(times_us) / 1000:.1f}ms"
     )
 
 
@@ -66,7 +67,8 @@ def hook_payloads() -> list[dict[str, Any]]:
 
 
 def ingest_tick(payloads: list[dict[str, Any]]) -> float:
-    """Milliseconds `ingest_spool` takes to move `payloads` (spooled by the real recorder) into a new store."""
+    """Milliseconds `ingest_spool` takes to move `payloads`
+    (spooled by the real recorder) into a new store."""
     from engine.store import Store
     from engine.trajectories.capture import recorder
     from engine.trajectories.capture.live import ingest_spool
@@ -151,7 +153,8 @@ def main() -> None:
     redact(log)
     seconds = time.perf_counter() - started
     print(
-        f"training log: {len(log) / 1e6:.2f} MB in {seconds * 1000:.0f}ms ({len(log) / seconds / 1e6:.1f} MB/s)"
+        f"training log: {len(log) / 1e6:.2f} MB in {seconds * 1000:.0f}ms "
+        f"({len(log) / seconds / 1e6:.1f} MB/s)"
     )
 
     worst = max((timed(redact, [text])[0], name) for name, text in hostile_texts().items())

@@ -56,7 +56,11 @@ def complete(text: str) -> bool:
     return painted(text) and "Quit" in text
 
 
-def first_paint(argv: list[str], predicate, env: dict[str, str] | None = None) -> tuple[float, PtyApp]:  # noqa: ANN001
+def first_paint(
+    argv: list[str],
+    predicate,  # noqa: ANN001
+    env: dict[str, str] | None = None,
+) -> tuple[float, PtyApp]:
     app = PtyApp(argv, env=env or {}).start()
     seconds = app.wait_for(predicate, timeout=60)
     return seconds, app
@@ -86,7 +90,8 @@ def main() -> None:
     )
     whole_s = statistics.median(whole)
     print(
-        f"complete_screen_1M_steps_s={whole_s:.3f} baseline_bare_textual_s={bare_s:.3f} ratio={whole_s / bare_s:.2f}"
+        f"complete_screen_1M_steps_s={whole_s:.3f} baseline_bare_textual_s={bare_s:.3f} "
+        f"ratio={whole_s / bare_s:.2f}"
     )
 
     # Idle: after the first paint has settled, nothing changes in the store.

@@ -177,7 +177,10 @@ def tiny() -> str:
         on_gpu = phi_from_model(gpu, batch.cuda(), attn.cuda(), mask.cuda(), temperature=0.7)
         gen_err = max(float(abs(a - b).max()) for a, b in zip(sampled, on_gpu.entropy, strict=True))
         lengths = sorted({len(c) for c in completions})
-        line = f"tiny {str(dtype)[6:]:8}: generating pass vs forward on cuda max {gen_err:.2e} nats (lengths {lengths})"
+        line = (
+            f"tiny {str(dtype)[6:]:8}: generating pass vs forward on cuda max {gen_err:.2e} nats "
+            f"(lengths {lengths})"
+        )
         if dtype == torch.float32:
             on_cpu = phi_from_model(model.to("cpu", torch.float32), batch, attn, mask, temperature=0.7)
             dev_err = max(
@@ -300,7 +303,8 @@ def nccl() -> str:
     figures = step_figures(home, "nccl")
     return (
         f"{len(figures['step_time'])} steps, NCCL {'initialised' if nccl_lines else 'NOT initialised'}"
-        f" ({len(nccl_lines)} NCCL INFO lines), phi/from_generate {sorted(set(figures['phi/from_generate'].values()))}"
+        f" ({len(nccl_lines)} NCCL INFO lines), phi/from_generate "
+        f"{sorted(set(figures['phi/from_generate'].values()))}"
     )
 
 
@@ -314,7 +318,8 @@ def speed() -> str:
     read_ms = cuda_ms(lambda: logits.amax(dim=-1))
     sum_ms = cuda_ms(lambda: logits.sum(dim=-1, dtype=torch.float32))
     say(
-        f"speed one read of [8192 x {V:,}] bf16 ({size / 2**30:.2f} GiB): amax {read_ms:.2f} ms ({size / read_ms / 1e6:.0f} GB/s), sum {sum_ms:.2f} ms"
+        f"speed one read of [8192 x {V:,}] bf16 ({size / 2**30:.2f} GiB): amax {read_ms:.2f} ms "
+        f"({size / read_ms / 1e6:.0f} GB/s), sum {sum_ms:.2f} ms"
     )
     from engine.coherence import phi_triton
 
@@ -326,7 +331,8 @@ def speed() -> str:
             )
             default = " (default)" if (block, warps) == (phi_triton.BLOCK, phi_triton.NUM_WARPS) else ""
             say(
-                f"speed triton block {block:5} warps {warps:2}{default}: {ms:7.2f} ms = {ms / read_ms:5.2f}x one read"
+                f"speed triton block {block:5} warps {warps:2}{default}: "
+                f"{ms:7.2f} ms = {ms / read_ms:5.2f}x one read"
             )
             results.append((ms, f"triton block {block} warps {warps}"))
     for elements in (1 << 20, 1 << 24, 1 << 26):
@@ -343,7 +349,8 @@ def speed() -> str:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
         say(
-            f"speed {name} kernel (default settings) peak +{peak / MIB:.1f} MiB = {peak / size:.4f}x the logits"
+            f"speed {name} kernel (default settings) "
+            f"peak +{peak / MIB:.1f} MiB = {peak / size:.4f}x the logits"
         )
     auto = cuda_ms(lambda: token_entropy(logits), reps=5)
     best = min(results)
@@ -378,14 +385,16 @@ def main() -> int:
     import transformers
 
     say(
-        f"python {platform.python_version()} torch {torch.__version__} transformers {transformers.__version__}"
+        f"python {platform.python_version()} torch {torch.__version__} transformers "
+        f"{transformers.__version__}"
     )
     if not torch.cuda.is_available():
         say("gpu_check: no CUDA device: every section skipped")
         return 0
     props = torch.cuda.get_device_properties(0)
     say(
-        f"device {props.name}, {props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs, CUDA {torch.version.cuda}"
+        f"device {props.name}, {props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs, "
+        f"CUDA {torch.version.cuda}"
     )
     for name in args.only.split(","):
         section(name, SECTIONS[name])

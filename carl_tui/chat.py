@@ -323,10 +323,11 @@ class ChatScreen(Screen[None]):
             return
         system = "\n\n".join(block["text"] for block in parts["system"])
         tools = "\n".join(f"- {t['name']}: {t['description']}" for t in parts["tools"])
+        offline = "(offline now: nothing is sent; the analyst reads the same digest)"
         text = (
             f"model: {parts['model']}   max_tokens: {parts['max_tokens']}   "
             f"history: {len(history)} earlier messages   cached: digest and tools\n"
-            f"{'(offline now: nothing is sent; the analyst reads the same digest)' if self.diagnoser.offline else ''}"
+            f"{offline if self.diagnoser.offline else ''}"
             f"\n── system ──\n{system}\n\n── tools ──\n{tools}"
         )
         self.app.push_screen(TextScreen("What is sent to Claude", text))

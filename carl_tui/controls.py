@@ -105,7 +105,8 @@ class RunControls:
         key, resume = self.key_for("stop", "s"), self.key_for("resume", "r")
         message = (
             f"Stop run {run.name!r} at step {run.last_step or 0:,}?\nIt saves a checkpoint first; "
-            f"you can resume it later with {resume}.\n\ntab then enter (or {key} again) to stop, esc to cancel."
+            f"you can resume it later with {resume}.\n\n"
+            f"tab then enter (or {key} again) to stop, esc to cancel."
         )
         self.push_screen(ConfirmScreen("Stop training", message, "Stop", key), self.stop_confirmed)
 
@@ -290,7 +291,8 @@ def weight_problem(text: str) -> str | None:
 
 def observe_problem(path: str) -> str | None:
     """A one-line reason the path cannot be observed, checked before anything is queued: a directory is fine
-    when discovery finds a run in it (a TRL output dir, a wandb/ dir...), anything else when its kind is told."""
+    when discovery finds a run in it (a TRL output dir, a wandb/ dir...),
+    anything else when its kind is told."""
     from engine.observe import ObserveError, detect_kind
     from engine.observe.discover import discover
 

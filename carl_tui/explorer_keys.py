@@ -70,7 +70,8 @@ class ExplorerKeys:
     # -- `m` and `i` -----------------------------------------------------------------------------------
 
     def shown_runs(self: ControlRoom) -> list[ShownRun]:
-        """The marked runs in their colours, the selected one first, while comparing; else the selected run."""
+        """The marked runs in their colours, the selected one first, while comparing;
+        else the selected run."""
         names = {run.id: run.name for run in self.runs}
         marks = self.comparison.marks
         if self.comparison.comparing:

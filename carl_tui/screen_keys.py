@@ -33,8 +33,8 @@ class ScreenKeys:
     def action_help(self: ControlRoom) -> None:
         """Keys from the same binding tables that drive the footer, as the keymap maps them: the
         control room's own first, then those of the widget that has focus, then the two that work
-        everywhere. Textual's generic bindings (cursor, scroll, copy, the palette's own) have no id: they are not
-        the control room's keys and are left out."""
+        everywhere. Textual's generic bindings (cursor, scroll, copy, the palette's own) have no id: they are
+        not the control room's keys and are left out."""
         active = self.screen.active_bindings
         own = bindings_of(type(self))
         rows: list[tuple[str, str]] = [("", "Control room")]

@@ -1,9 +1,10 @@
-"""Field types for the settings models (carl.yaml, agents.yaml): numbers that are numbers, names that are names.
+"""Field types for the settings models (carl.yaml, agents.yaml): numbers that are numbers,
+names that are names.
 
-pydantic's lax mode takes `true` for 1, "5" for 5 and 1e29 for an int that no SQLite column holds. A setting is
-refused instead, with pydantic's one line naming the field: `Count` is an integer (an integral float such as 3.0
-too) of at most COUNT_MAX, `Int` one SQLite can store, `Real` a number that is not a bool or a text, `Name` a
-valid name (engine/names.py).
+pydantic's lax mode takes `true` for 1, "5" for 5 and 1e29 for an int that no SQLite column holds. A setting
+is refused instead, with pydantic's one line naming the field: `Count` is an integer (an integral float such
+as 3.0 too) of at most COUNT_MAX, `Int` one SQLite can store, `Real` a number that is not a bool or a text,
+`Name` a valid name (engine/names.py).
 Floats that are not finite are refused by the models themselves (`allow_inf_nan=False`).
 """
 

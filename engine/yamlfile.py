@@ -44,8 +44,9 @@ def read_mapping(
 
 
 def shape_problem(value: Any, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES) -> str | None:
-    """Why a parsed document is too deep or too big to use, or None. Walked without recursion and bounded: YAML
-    aliases can make a structure that refers to itself, or one that expands a thousandfold at every level."""
+    """Why a parsed document is too deep or too big to use, or None. Walked without recursion and bounded:
+    YAML aliases can make a structure that refers to itself,
+    or one that expands a thousandfold at every level."""
     pending = [(value, 1)] if isinstance(value, dict | list) else []
     nodes = 0
     while pending:

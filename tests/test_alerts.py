@@ -1,6 +1,6 @@
-"""Alerts when nobody watches: engine.toml's [alerts], a red run or an agents alarm sent once per cause to a real
-local HTTP server (or a command), a failing webhook retried with backoff, and the once-per-cause rule across a
-restart; in-process on the engine's alert job, then through a real engine process."""
+"""Alerts when nobody watches: engine.toml's [alerts], a red run or an agents alarm sent once per cause to a
+real local HTTP server (or a command), a failing webhook retried with backoff, and the once-per-cause rule
+across a restart; in-process on the engine's alert job, then through a real engine process."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def wait_for(check: Callable[[], T], *, timeout: float = 20.0, what: str = "cond
 
 
 class Hook:
-    """A local webhook: records every POST (when, and its JSON) and answers from a script of statuses (then 200)."""
+    """A local webhook: records every POST (when, and its JSON) and answers from a script of statuses
+    (then 200)."""
 
     def __init__(self, statuses: list[int] | None = None) -> None:
         self.statuses = list(statuses or [])
@@ -99,7 +100,8 @@ def test_settings_are_read_and_each_bad_value_is_one_line_naming_its_key(tmp_pat
     assert settings.command == ("notify.sh", "--urgent") and settings.timeout_s == 10.0
     write_settings(
         tmp_path,
-        '[alerts]\nwebhook = "ftp://secret-host/path"\ncommand = []\ntimeout_s = -1\nurl = "x"\n[other]\na = 1\n',
+        '[alerts]\nwebhook = "ftp://secret-host/path"\ncommand = []\ntimeout_s = -1\nurl = "x"\n[other]\n'
+        "a = 1\n",
     )
     settings, problems = load_settings(tmp_path)
     assert settings.targets == ()

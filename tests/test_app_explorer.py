@@ -478,7 +478,7 @@ async def test_i_on_the_main_screen_inspects_the_newest_step_with_the_sources_na
         assert "step 40 · 10 keys" in str(app.screen.query_one("#inspector-title").render())
 
 
-# -- comparing runs, a store that moves, hostile names --------------------------------------------------------
+# -- comparing runs, a store that moves, hostile names -------------------------------------------------------
 
 
 @pytest.mark.parametrize("size", [(80, 24), (160, 50)])
@@ -530,8 +530,8 @@ async def test_hostile_names_are_shown_as_text(home: Path) -> None:
         store.add_metrics(run_id, [(1, "[bold]k\x1b[31m\ny", 1.0, time.time())])
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        # the store keeps a name printable (engine/names.py): the escape became a space, the markup stays text;
-        # a key is kept as it came, and shown with its control characters written out
+        # the store keeps a name printable (engine/names.py): the escape became a space, the markup stays
+        # text; a key is kept as it came, and shown with its control characters written out
         screen = await open_explorer(pilot, app, "[b]evil[/b] [2J")
         assert "run [b]evil[/b] [2J" in header(screen)
         assert any("[bold]k\\x1b[31m\\ny" in line for line in listed(screen))

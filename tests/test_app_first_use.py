@@ -1,8 +1,8 @@
 """What a new user met at 80×24 (issue 21 §7), each checked on the real app through Pilot or the real command:
 the status line keeps what matters, the ETA is per phase and leaves pauses out, empty states are said whole,
 the key bar says Resume while paused, help shows the control room's own keys, the palette has one theme entry,
-the eval reads as numbers, the chat's list hides on a narrow screen, `carl runs` has headers, `carl hook --help`
-helps."""
+the eval reads as numbers, the chat's list hides on a narrow screen, `carl runs` has headers,
+`carl hook --help` helps."""
 
 from __future__ import annotations
 

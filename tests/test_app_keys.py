@@ -76,7 +76,8 @@ def test_check_keymap_keeps_the_good_entries_and_names_the_bad() -> None:
 
 async def test_a_keymap_remaps_keys_and_help_shows_them(home: Path) -> None:
     (home / "tui.toml").write_text(
-        'theme = "carl-dark"\n\n[keymap]\nnext-theme = "y"\nhelp = "h"\nstop = "S"\nno-such-key = "z"\nquit = ""\n'
+        'theme = "carl-dark"\n\n[keymap]\nnext-theme = "y"\nhelp = "h"\nstop = "S"\nno-such-key = "z"\n'
+        'quit = ""\n'
     )
     carl_run(home)
     app = ControlRoom(home, start_engine=False)

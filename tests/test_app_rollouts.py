@@ -437,8 +437,8 @@ async def test_a_run_without_rollouts_says_how_they_get_there(home: Path) -> Non
 
 
 async def test_stored_text_stays_text(home: Path) -> None:
-    """A run name, a group id, a prompt and a token with markup and escape sequences: drawn as text, the control
-    characters made visible, in every title and view of the viewer."""
+    """A run name, a group id, a prompt and a token with markup and escape sequences: drawn as text, the
+    control characters made visible, in every title and view of the viewer."""
     hostile = "[link=https://x.invalid]evil[/link] [b]\x1b[31m"
     with Store(home / "carl.db") as store:
         run_id = our_run(store, steps=1)

@@ -257,8 +257,8 @@ def test_kill_9_mid_ingest_loses_and_duplicates_nothing(home: Path, tmp_path: Pa
 
 
 def test_an_observe_command_of_a_directory_imports_every_run_found_in_it(home: Path, tmp_path: Path) -> None:
-    """What `o` in the control room queues for a veRL experiment folder: its log and its rollout dump (found by
-    discovery, the dump attached to the log's run), imported by the engine, and the command says so."""
+    """What `o` in the control room queues for a veRL experiment folder: its log and its rollout dump (found
+    by discovery, the dump attached to the log's run), imported by the engine, and the command says so."""
     from test_observe_discover import dump_generations
     from test_observe_jsonl_frameworks import VerlFileLogger, verl_step
 

@@ -106,7 +106,8 @@ OFFLINE_LAUNCHER = textwrap.dedent(
     import runpy, socket, sys
 
     def refuse_network(event, args):
-        if event not in ("socket.connect", "socket.bind") or args[0].family not in (socket.AF_INET, socket.AF_INET6):
+        internet = (socket.AF_INET, socket.AF_INET6)
+        if event not in ("socket.connect", "socket.bind") or args[0].family not in internet:
             return
         # urllib3 probes for IPv6 at import by binding ('::1', 0): a loopback socket that never listens
         # nor connects is no network use.

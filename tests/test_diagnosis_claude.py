@@ -100,8 +100,8 @@ def test_a_tool_round_trip_answers_from_the_store(store: Store, server: Messages
 
 
 def test_what_the_policy_says_when_reward_drops(store: Store, server: MessagesServer) -> None:
-    """The model looks for the drop, reads that step's worst rollouts, then one rollout's token entropies: each
-    tool call is answered from the rollouts table."""
+    """The model looks for the drop, reads that step's worst rollouts, then one rollout's token entropies:
+    each tool call is answered from the rollouts table."""
     run_id = rollout_run(store)
     server.tool_use("find_metrics", {"pattern": "reward"}, text_before="Let me find the drop. ")
     server.tool_use("get_rollouts", {"step": 6, "pick": "worst", "limit": 2})

@@ -185,8 +185,8 @@ def test_why_the_gate_opened_leads_with_the_step_and_the_rule(store: Store, ques
     window = [
         v
         for _, v in store.conn.execute(
-            "SELECT step, value FROM metrics WHERE run_id=? AND key='rewards/task/mean' AND step BETWEEN ? AND ?"
-            " ORDER BY step",
+            "SELECT step, value FROM metrics WHERE run_id=? AND key='rewards/task/mean' "
+            "AND step BETWEEN ? AND ? ORDER BY step",
             (run_id, opened - 4, opened),
         ).fetchall()
     ]
@@ -505,7 +505,8 @@ def test_trajectory_questions_say_what_the_analyst_cannot_answer(store: Store, q
     save_trajectories(store, [Trajectory(f"u{i}", f"s{i}", "karl", "test", events=events) for i in range(3)])
     lead, _ = ask(store, run_id, question)
     assert lead.startswith(
-        "The offline analyst cannot answer questions about trajectories: it only knows the store holds 3 of them."
+        "The offline analyst cannot answer questions about trajectories: "
+        "it only knows the store holds 3 of them."
     )
     assert "ask Claude" in lead and "`carl trajectories status`" in lead
 

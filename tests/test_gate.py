@@ -1,4 +1,5 @@
-"""The cascade gate (docs/reference/carl.md §7, driven by task reward only), the capped weights, and the gated wrapper."""
+"""The cascade gate (docs/reference/carl.md §7, driven by task reward only), the capped weights,
+and the gated wrapper."""
 
 from __future__ import annotations
 

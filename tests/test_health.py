@@ -1,5 +1,5 @@
-"""A run's health: each rule on constructed signals, the RL rules read from the start of RL in a real store, and
-the demo's own run ending green (a real short run of the demo's config)."""
+"""A run's health: each rule on constructed signals, the RL rules read from the start of RL in a real store,
+and the demo's own run ending green (a real short run of the demo's config)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The house rules of ARCHITECTURE.md, enforced: the import contracts (import-linter, in pyproject.toml), the
-formatter and the linter, and what importing the control room really loads (which import-linter cannot see)."""
+formatter and the linter, and what importing the control room really loads
+(which import-linter cannot see)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""`carl trajectories ablate --paper FILE`: KARL's published ablation table (docs/reference/karl.md §11) rebuilt from the
-signals stored in a KARL record file, beside our scorer's. Two shapes, told apart per record: the recorder's per-turn
-records (signals as `outcome.<signal>_score`, docs/reference/karl.md §2) and the published 290-record file (whole
-sessions, signals in `outcome.signals`, docs/reference/karl.md §11, scored by the simplified scorer of §13 item 8).
+"""`carl trajectories ablate --paper FILE`: KARL's published ablation table (docs/reference/karl.md §11)
+rebuilt from the signals stored in a KARL record file, beside our scorer's. Two shapes, told apart per record:
+the recorder's per-turn records (signals as `outcome.<signal>_score`, docs/reference/karl.md §2) and the
+published 290-record file (whole sessions, signals in `outcome.signals`, docs/reference/karl.md §11, scored by
+the simplified scorer of §13 item 8).
 
 The expected numbers are computed here independently, in exact rational arithmetic: exact scores, ranks
 by counting (ties share the mean of their positions), Pearson of the ranks, top-20 by sorting
@@ -99,7 +100,7 @@ def assert_rows(side: Side, want: dict[str, tuple[float, int, float]]) -> None:
         assert got.impact == pytest.approx(impact, abs=1e-12), s
 
 
-# --- records in the recorder's shape (docs/reference/karl.md §2) ------------------------------------------------
+# --- records in the recorder's shape (docs/reference/karl.md §2) --------------------------------------------
 
 
 def event(tool: str, ok: bool | None = True, exit_code: int | None = None, **params: str) -> dict[str, Any]:
@@ -172,7 +173,8 @@ KINDS = tuple(SESSIONS)
 
 
 def ours_by_hand() -> dict[str, list[float]]:
-    """Our scorer's five signals (docs/reference/karl.md §3 + rules 12(a), 12(b)) for each session, rounded as stored."""
+    """Our scorer's five signals (docs/reference/karl.md §3 + rules 12(a), 12(b)) for each session,
+    rounded as stored."""
     h = lambda *p: -sum(x * math.log2(x) for x in p)  # noqa: E731  (Shannon entropy, bits)
     clean = [
         1.0,  # O: 0.5 + 0.35 + 0.25 + 0.20, clipped
@@ -296,7 +298,7 @@ def simplified_signals(rng: np.random.Generator, n: int) -> list[list[float]]:
     ]
 
 
-# --- records in the published file's shape (docs/reference/karl.md §11) ---------------------------------------
+# --- records in the published file's shape (docs/reference/karl.md §11) -------------------------------------
 
 TOOLS = ("Bash", "Read", "Edit", "Grep", "Glob", "Write")
 # Mostly short sessions over few tools, so that tool-count distributions (and so efficiencies) repeat; some
@@ -772,7 +774,8 @@ def test_store_mode_is_unchanged_and_has_json(
 
 
 def edge_tied(scores: list[Fraction], k: int = 20) -> bool:
-    """The k-th and (k+1)-th highest scores are equal: which records make the top set is up to the tie rule."""
+    """The k-th and (k+1)-th highest scores are equal:
+    which records make the top set is up to the tie rule."""
     ordered = sorted(scores, reverse=True)
     return ordered[k - 1] == ordered[k]
 
@@ -837,7 +840,8 @@ def test_published_file_gives_the_oracle_table(
 
 
 def test_shapes_are_told_apart_per_record(tmp_path: Path) -> None:
-    """The same signals kept as outcome.signals or as outcome.*_score give the same table, one file or mixed."""
+    """The same signals kept as outcome.signals or as outcome.*_score give the same table,
+    one file or mixed."""
     records = published_records(np.random.default_rng(4), 60)
 
     def as_recorder(r: dict[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """`carl observe DIR`: every run in an output directory found, grouped one carl run per training run, and
-registered (metrics first, rollouts attached), from files the real writers wrote: a tiny TRL GRPO run reporting
-to TensorBoard and W&B (offline) with its completions on, W&B offline runs, veRL's and prime-rl's writers (copied
-from their source, named in tests/test_observe_jsonl_frameworks.py), MLflow's file store.
+registered (metrics first, rollouts attached), from files the real writers wrote: a tiny TRL GRPO run
+reporting to TensorBoard and W&B (offline) with its completions on, W&B offline runs, veRL's and prime-rl's
+writers (copied from their source, named in tests/test_observe_jsonl_frameworks.py), MLflow's file store.
 
-Discovery is checked here, not the reading of TensorBoard, W&B or rollouts (their readers have their own tests).
+Discovery is checked here, not the reading of TensorBoard, W&B or rollouts
+(their readers have their own tests).
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def sources(store: Store) -> list[dict]:
     return [store.source(i) for i in ids]
 
 
-# -- a TRL output dir --------------------------------------------------------------------------------------------
+# -- a TRL output dir ----------------------------------------------------------------------------------------
 
 
 def test_a_trl_output_dir_is_one_run(store: Store, trl_output: Path) -> None:
@@ -170,7 +171,8 @@ def test_a_tracker_whose_package_is_missing_comes_last(
 
 def test_runs_are_paired_by_start_time(trl_output: Path, tmp_path: Path) -> None:
     """Two W&B runs in an output dir beside one TensorBoard run: the one that started with it is the same run,
-    the one an hour later a run of its own, and trainer_state.json (rewritten by each run) goes with the newest."""
+    the one an hour later a run of its own, and trainer_state.json
+    (rewritten by each run) goes with the newest."""
     out = tmp_path / "out"
     shutil.copytree(trl_output, out, symlinks=True)
     [original] = [p for p in (out / "wandb").iterdir() if p.name.startswith("offline-run-")]
@@ -199,7 +201,7 @@ def test_a_wandb_directory_with_several_runs(store: Store, wandb_runs: Path) -> 
     assert (wandb_runs / "latest-run").is_symlink()
 
 
-# -- veRL, prime-rl, verifiers, stores ---------------------------------------------------------------------------
+# -- veRL, prime-rl, verifiers, stores -----------------------------------------------------------------------
 
 
 def dump_generations(
@@ -339,7 +341,7 @@ def test_a_name_is_for_one_run(store: Store, wandb_runs: Path) -> None:
         register(store, discover(wandb_runs), follow=False, name="x")
 
 
-# -- the command -------------------------------------------------------------------------------------------------
+# -- the command ---------------------------------------------------------------------------------------------
 
 
 def carl(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -462,7 +464,7 @@ def test_vocab_size_from_a_config_json_beside_the_run(
     )
 
 
-# -- the issue's end to end: a TRL output dir, and a W&B run on its own, in the control room ------------------------
+# -- the issue's end to end: a TRL output dir, and a W&B run on its own, in the control room -----------------
 
 
 def carl_observe(home: Path, path: Path) -> subprocess.CompletedProcess[str]:
@@ -488,8 +490,8 @@ WATCHED = (
 
 
 async def test_a_trl_output_dir_shows_up_in_the_control_room(trl_output: Path, tmp_path: Path) -> None:
-    """TensorBoard and W&B and completions from one real TRL GRPO run: one run with its steps, rewards, entropy,
-    Φ, KL and clip fractions, and its rollouts, and the control room draws it."""
+    """TensorBoard and W&B and completions from one real TRL GRPO run: one run with its steps, rewards,
+    entropy, Φ, KL and clip fractions, and its rollouts, and the control room draws it."""
     from support import status_text, until
 
     from carl_tui.app import ControlRoom

@@ -19,7 +19,8 @@ from engine.observe.frameworks import KeyMapping, detect, mapping_for
 from engine.store import Store, StoreReader
 
 # volcengine/verl b178a3cd: verl/trainer/ppo/metric_utils.py (compute_data_metrics, compute_timing_metrics,
-# compute_throughout_metrics), verl/workers/actor/dp_actor.py, verl/trainer/ppo/core_algos.py, fsdp_workers.py.
+# compute_throughout_metrics), verl/workers/actor/dp_actor.py,
+# verl/trainer/ppo/core_algos.py, fsdp_workers.py.
 VERL = [
     "actor/entropy",
     "actor/pg_loss",
@@ -120,7 +121,8 @@ SKYRL = [
     "trainer/global_step",
     "trainer/epoch",
 ]
-# inclusionAI/AReaL 4aef98d8: areal/trainer/ppo/actor.py, areal/utils/stats_tracker.py, areal/engine/fsdp_engine.py.
+# inclusionAI/AReaL 4aef98d8: areal/trainer/ppo/actor.py,
+# areal/utils/stats_tracker.py, areal/engine/fsdp_engine.py.
 AREAL = [
     "ppo_actor/update/entropy/avg",
     "ppo_actor/update/entropy/min",
@@ -139,8 +141,8 @@ AREAL = [
     "ppo_actor/advantages/avg",
     "timeperf/train_step",
 ]
-# THUDM/slime 624b824a: slime/backends/megatron_utils/model.py and loss.py (train/<key>), slime/ray/rollout.py and
-# slime/observability/train_metric_utils.py (rollout/<field>).
+# THUDM/slime 624b824a: slime/backends/megatron_utils/model.py and loss.py (train/<key>), slime/ray/rollout.py
+# and slime/observability/train_metric_utils.py (rollout/<field>).
 SLIME = [
     "train/loss",
     "train/pg_loss",
@@ -338,7 +340,7 @@ def test_canonical_and_take_renamed() -> None:
     assert KeyMapping(None).canonical("actor/entropy") == "actor/entropy"
 
 
-# -- through a reader --------------------------------------------------------------------------------------------
+# -- through a reader ----------------------------------------------------------------------------------------
 
 
 def write_flat_log(path: Path, keys: list[str], steps: int = 3, vocab_size: int | None = None) -> None:

@@ -1,7 +1,7 @@
 """MLflow stores read without a server: a sqlite mlflow.db and an mlruns/ directory, written by MLflow itself.
 
-Every run of every experiment becomes a carl run; params go into its config, |V| comes from a vocab_size param;
-following re-reads only what is new; the user's store is never modified (bytes and mtimes checked).
+Every run of every experiment becomes a carl run; params go into its config, |V| comes from a vocab_size
+param; following re-reads only what is new; the user's store is never modified (bytes and mtimes checked).
 """
 
 from __future__ import annotations

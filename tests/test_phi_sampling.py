@@ -1,6 +1,7 @@
 """Φ from the generating pass (engine/training/phi_sampling.py): the entropy measured at each decoding step
 while transformers samples equals the forward path's on the same tokens, at temperature ≠ 1, with left-padded
-prompts and sequences that finish at different lengths; and TRL's trainer hands it to the coherence rewards."""
+prompts and sequences that finish at different lengths;
+and TRL's trainer hands it to the coherence rewards."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The rollouts table: one sample per (run, step, idx) from any source, per-token values as float16, a run capped
-by thinning its oldest steps, and a reader on a store not migrated yet."""
+"""The rollouts table: one sample per (run, step, idx) from any source, per-token values as float16, a run
+capped by thinning its oldest steps, and a reader on a store not migrated yet."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""A GRPO step's token metrics (engine/coherence/tokens.py): entropy percentiles over the pooled completion tokens
-and Cov(log π, A) with the advantage broadcast per token and token-level centring, against direct numpy."""
+"""A GRPO step's token metrics (engine/coherence/tokens.py): entropy percentiles over the pooled completion
+tokens and Cov(log π, A) with the advantage broadcast per token and token-level centring,
+against direct numpy."""
 
 from __future__ import annotations
 

@@ -56,7 +56,9 @@ ids = tokenizer("hello world, the weather in Paris", return_tensors="pt")["input
 data = [{"input_ids": ids, "labels": ids} for _ in range(16)]
 Trainer(
     model=AutoModelForCausalLM.from_pretrained(model_dir),
-    args=TrainingArguments(output_dir=str(out / "plain"), per_device_train_batch_size=2, save_strategy="no", **common),
+    args=TrainingArguments(
+        output_dir=str(out / "plain"), per_device_train_batch_size=2, save_strategy="no", **common
+    ),
     train_dataset=data, callbacks=[StopAtTwo(), CarlCallback(run_name="plain-script", home=home)],
 ).train()
 print("script done")

@@ -262,7 +262,8 @@ def test_more_processes_than_cores_or_on_mlx_is_one_line(
         code, _, err = finish(too_many)
         assert code == 2
         assert err.strip() == (
-            f"carl train: --processes {cores + 1}: no GPU, and this machine has {cores} CPU cores (one process per core)"
+            f"carl train: --processes {cores + 1}: no GPU, and this machine has {cores} CPU cores "
+            "(one process per core)"
         )
         code, _, err = finish(on_mlx)
         assert code == 2

@@ -414,8 +414,8 @@ def test_kill_9_then_resume_leaves_every_step_exactly_once(
             (run_id, level),
         ).fetchall()
         fresh = store.conn.execute(
-            "SELECT key, step / ?, count(value), sum(value) FROM metrics WHERE run_id=? GROUP BY key, step / ?"
-            " ORDER BY key, step / ?",
+            "SELECT key, step / ?, count(value), sum(value) FROM metrics WHERE run_id=? "
+            "GROUP BY key, step / ? ORDER BY key, step / ?",
             (level, run_id, level, level),
         ).fetchall()
         assert [(k, b, n) for k, b, n, _ in stored] == [(k, b, n) for k, b, n, _ in fresh]

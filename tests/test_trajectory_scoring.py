@@ -1,5 +1,5 @@
-"""Trajectory intelligence: the reward (docs/reference/karl.md §3, rules 12(a)/(b)), advantages (§4, 12(c)), domain
-inference (§8, 12(f)), the fingerprint (§7), plasticity triggers (§9) and the ablation (§11).
+"""Trajectory intelligence: the reward (docs/reference/karl.md §3, rules 12(a)/(b)), advantages (§4, 12(c)),
+domain inference (§8, 12(f)), the fingerprint (§7), plasticity triggers (§9) and the ablation (§11).
 
 `reference_score` and `reference_advantages` below are the oracle: a literal, line-by-line
 transcription of the formulas in docs/reference/karl.md, written without the engine's helpers. The batch path
@@ -30,7 +30,8 @@ from engine.trajectories.scoring.signals import bash_errors, quality, score, sco
 
 
 def reference_score(t: Trajectory) -> dict[str, Any]:
-    """docs/reference/karl.md §3 transcribed literally, on the stored record: counts over all events, scans over 50."""
+    """docs/reference/karl.md §3 transcribed literally, on the stored record: counts over all events,
+    scans over 50."""
     # The record (§2.1).
     all_events = t.events
     total = len(all_events)
@@ -193,7 +194,8 @@ def reference_score(t: Trajectory) -> dict[str, Any]:
 
 
 def reference_advantages(rewards: list[float], domains: list[str | None]) -> list[float]:
-    """docs/reference/karl.md §4 with rule 12(c), literally: κ = 10, σ floor 0.02, domain σ only when n_d ≥ 5."""
+    """docs/reference/karl.md §4 with rule 12(c), literally: κ = 10, σ floor 0.02,
+    domain σ only when n_d ≥ 5."""
     keys = [d if d else "_global" for d in domains]
     mu_g = sum(rewards) / len(rewards) if rewards else 0.5
     var_g = sum((r - mu_g) ** 2 for r in rewards) / len(rewards) if rewards else 0.04
@@ -298,7 +300,7 @@ def test_empty_trajectory_is_neutral() -> None:
     assert s.reward == 0.515
 
 
-# --- docs/reference/karl.md §12(b): Bash errors ------------------------------------------------------------------------
+# --- docs/reference/karl.md §12(b): Bash errors -------------------------------------------------------------
 
 
 def test_bash_error_rule() -> None:
@@ -362,7 +364,7 @@ def test_diversity_and_file_touch() -> None:
     assert score(traj([ev("Read")] * 3 + [ev("Bash")])).components["r_diversity"] == 0.8113
 
 
-# --- 3.4 verification, docs/reference/karl.md §12(a) ---------------------------------------------------------------------
+# --- 3.4 verification, docs/reference/karl.md §12(a) --------------------------------------------------------
 
 
 def test_verification_signals() -> None:
@@ -522,7 +524,7 @@ def test_batch_across_chunks() -> None:
     assert score_many(ts) == [score(t) for t in ts]
 
 
-# --- 4 advantages, docs/reference/karl.md §12(c) ---------------------------------------------------------------------------
+# --- 4 advantages, docs/reference/karl.md §12(c) ------------------------------------------------------------
 
 
 def test_advantages_smoothing_and_small_domains() -> None:
@@ -562,7 +564,7 @@ def test_advantages_match_reference(pairs: list[tuple[float, str | None]]) -> No
     np.testing.assert_allclose(adv, reference_advantages(rewards, domains), atol=1e-4 + 1e-9)
 
 
-# --- 8 domains, docs/reference/karl.md §12(f) -----------------------------------------------------------------------------
+# --- 8 domains, docs/reference/karl.md §12(f) ---------------------------------------------------------------
 
 
 def test_domain_defaults() -> None:

@@ -1,5 +1,6 @@
 """Sampling, SFT export, adapter training and plan evaluation over stored, scored trajectories
-(docs/reference/karl.md §5, §6 with rules 12(c) and 12(d)); the training test trains the tiny model for real."""
+(docs/reference/karl.md §5, §6 with rules 12(c) and 12(d));
+the training test trains the tiny model for real."""
 
 from __future__ import annotations
 
@@ -350,8 +351,9 @@ def test_a_plan_parses_back_into_its_tools(records: list[Record]) -> None:
         steps = parse_plan(plan_text(record))
         assert [s.tool for s in steps] == record.tools[:20]
     text = (
-        "1. [ok] Read ../src/app.py\n2. Bash: pytest -q\nnoise\n3) [fail] WebFetch(url=http://a, b, query=x)\n"
-        "4. [?] Task: look around\n5. ???\n\nResult: 3/4 tools succeeded\n6. Read after.py"
+        "1. [ok] Read ../src/app.py\n2. Bash: pytest -q\nnoise\n"
+        "3) [fail] WebFetch(url=http://a, b, query=x)\n4. [?] Task: look around\n5. ???\n\n"
+        "Result: 3/4 tools succeeded\n6. Read after.py"
     )
     steps = parse_plan(text)
     assert [s.tool for s in steps] == ["Read", "Bash", "WebFetch", "Agent"]

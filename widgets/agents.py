@@ -354,7 +354,10 @@ class AgentsPane(Static):
                 f" {'ok':>4} {'score':>5} {'seen':>4}  detail"
             )
         if width >= MEDIUM:
-            return f"{'worker':<6} {'state':<7} {'type':<6} {'version':<9} {'done':>4} {'ok':>4} {'score':>5} {'seen':>4}"
+            return (
+                f"{'worker':<6} {'state':<7} {'type':<6} {'version':<9} {'done':>4} {'ok':>4} "
+                f"{'score':>5} {'seen':>4}"
+            )
         return f"{'worker':<6} {'state':<7} {'done':>4} {'ok':>4} {'score':>5}"
 
     def _worker_line(self, w: dict[str, Any], width: int, now: float, theme: Any) -> Text:
@@ -370,8 +373,8 @@ class AgentsPane(Static):
             line.append(f"{w['worker_id'][:12]:<12} ")
             line.append(f"{STATE_MARKS.get(state, '?')} {state:<7.7}", style=self._state_style(state, theme))
             line.append(
-                f" {types[:12]:<12} {version_text(w.get('model_version'), 22):<22} {done:>5} {w.get('failures') or 0:>4}"
-                f" {ok} {score:>5} {age(w.get('last_seen'), now):>4}"
+                f" {types[:12]:<12} {version_text(w.get('model_version'), 22):<22} {done:>5} "
+                f"{w.get('failures') or 0:>4} {ok} {score:>5} {age(w.get('last_seen'), now):>4}"
             )
             detail = w.get("detail") or w.get("model")
             if detail:
@@ -425,7 +428,8 @@ class AgentsPane(Static):
 
     def _event_line(self, e: dict[str, Any], width: int, theme: Any) -> Text:
         """`12:01:03 result   w1       1a2b3c4d 0.82`; a narrow pane keeps the kind, the worker and the
-        score. An alarm or a rejected payload gives its reason the rest of the line (enter shows all of it)."""
+        score. An alarm or a rejected payload gives its reason the rest of the line
+        (enter shows all of it)."""
         e = shown(e)
         kind = e.get("kind") or "?"
         narrow = width < NARROW

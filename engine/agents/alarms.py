@@ -1,7 +1,7 @@
 """Alarms on the plane's live scores: pure bookkeeping, no NATS; the manager publishes what it returns.
 
-Four alarms (the published checks of docs/reference/agents-plane.md §10 compared scores offline, after the fact; these
-watch each worker as results arrive):
+Four alarms (the published checks of docs/reference/agents-plane.md §10 compared scores offline, after the
+fact; these watch each worker as results arrive):
 - collusion: the manager's feedback drifts from the independent score (the task's verifier where it
   has one, else the PRM): mean |feedback - independent| over the worker's window above
   `collusion_gap`;

@@ -199,7 +199,8 @@ def _served_run(home: Path, ref: str, settings: AgentsSettings) -> str:
 
     if settings.train.enabled:
         raise AgentsCliError(
-            f"--serve-run {ref} with --train: the workers serve that run's weights, so the plane cannot also train"
+            f"--serve-run {ref} with --train: the workers serve that run's weights, "
+            "so the plane cannot also train"
         )
     with Store(paths.db_path(home)) as store:
         try:
@@ -318,7 +319,8 @@ def _status(args: argparse.Namespace, home: Path) -> int:
     workers = status.get("workers") or []
     if workers:
         print(
-            f"{'worker':<16} {'kind':<6} {'state':<8} {'version':<20} {'done':>5} {'ok':>5} {'score':>6}  last seen"
+            f"{'worker':<16} {'kind':<6} {'state':<8} {'version':<20} {'done':>5} {'ok':>5} {'score':>6}  "
+            "last seen"
         )
         for w in workers:
             ok = f"{w['success_rate']:.0%}" if w["success_rate"] is not None else "—"
@@ -327,7 +329,8 @@ def _status(args: argparse.Namespace, home: Path) -> int:
             worker, kind, state = (visible_line(w[field] or "?") for field in ("worker_id", "kind", "state"))
             version = visible_line(w["model_version"] or "—")[:20]
             print(
-                f"{worker:<16} {kind:<6} {state:<8} {version:<20} {w['tasks_done']:>5} {ok:>5} {score:>6}  {seen}"
+                f"{worker:<16} {kind:<6} {state:<8} {version:<20} {w['tasks_done']:>5} {ok:>5} {score:>6}  "
+                f"{seen}"
             )
     else:
         print("no workers seen")

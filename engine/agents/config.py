@@ -5,7 +5,8 @@ config file, else the local nats-server the engine runs. A URL may be a comma-se
 cluster's nodes): a client connects to the first that answers and fails over to the others.
 Credentials for a given URL come from a token file (`--token-file`, `CARL_NATS_TOKEN_FILE`,
 `agents.token_file`) or a NATS creds file (`--creds`, `agents.creds_file`); the token itself is
-never a flag, so it never shows in a process list. Errors name the file and field: `agents.yaml: agents.workers: ...`.
+never a flag, so it never shows in a process list. Errors name the file and field:
+`agents.yaml: agents.workers: ...`.
 """
 
 from __future__ import annotations
@@ -75,7 +76,9 @@ class TrainerSettings(_Section):
 class AgentsSettings(_Section):
     url: str | None = Field(
         None,
-        description="nats:// URL of an existing server, or a comma-separated list of a cluster's (null: local)",
+        description=(
+            "nats:// URL of an existing server, or a comma-separated list of a cluster's (null: local)"
+        ),
     )
     token_file: str | None = Field(None, description="file holding the token for `url`")
     creds_file: str | None = Field(None, description="NATS .creds file for `url`")

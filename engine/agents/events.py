@@ -1,7 +1,7 @@
 """Every event of the agents plane, as pydantic v2 models, and the subjects they travel on.
 
-After Tentalis (docs/reference/agents-plane.md §2-3), with the project's rules (§12): each payload names itself with a
-fixed `type` and a `schema_version`, unknown fields are refused (`extra="forbid"`), the
+After Tentalis (docs/reference/agents-plane.md §2-3), with the project's rules (§12): each payload names
+itself with a fixed `type` and a `schema_version`, unknown fields are refused (`extra="forbid"`), the
 environment travels on the task, the result and the rollout, and scores are checked to lie in
 [0, 1] on the wire (the scorer clamps before it publishes). `parse_event` turns bytes from a
 subject into an event or an `EventRejected` whose message says what was wrong, in one line.
@@ -127,7 +127,8 @@ class ResultEvent(PlaneEvent):
 
 
 class FeedbackEvent(PlaneEvent):
-    """The manager's own judgement of a result, kept apart from the PRM step scores (docs/reference/agents-plane.md §12 rule 4)."""
+    """The manager's own judgement of a result, kept apart from the PRM step scores
+    (docs/reference/agents-plane.md §12 rule 4)."""
 
     TYPE: ClassVar[str] = "feedback"
     SUBJECT: ClassVar[str] = "feedback.scored"

@@ -1,8 +1,9 @@
-"""The manager's own feedback on a result, kept apart from the PRM and never part of the reward (docs/reference/agents-plane.md §12 rule 4).
+"""The manager's own feedback on a result, kept apart from the PRM and never part of the reward
+(docs/reference/agents-plane.md §12 rule 4).
 
 Three dimensions in [0, 1] (correctness, completeness, quality) and their mean as the score, after
-the published manager (docs/reference/agents-plane.md §4). `OfflineFeedback` reads the task prompt, the steps and the
-answer, and nothing else: not the PRM scores, not the verifier, so it stays a second, independent
+the published manager (docs/reference/agents-plane.md §4). `OfflineFeedback` reads the task prompt, the steps
+and the answer, and nothing else: not the PRM scores, not the verifier, so it stays a second, independent
 opinion (the collusion alarm compares it with them). `ClaudeFeedback` asks Claude for the same
 three numbers and a sentence of advice; when the call or its reply fails, it gives the offline
 judgement and says so.

@@ -6,8 +6,8 @@ it itself, `status=failed`, so every task ends with exactly one result). With tr
 prompt is assigned `group_size` times under one `group_id`: a GRPO group.
 
 Each result is scored three ways, kept apart (docs/reference/agents-plane.md §12 rule 4):
-- the PRM step scores, clamped to [0, 1], combined with the environment's profile (docs/reference/agents-plane.md §12 rule 3) into
-  the outcome score;
+- the PRM step scores, clamped to [0, 1], combined with the environment's profile
+  (docs/reference/agents-plane.md §12 rule 3) into the outcome score;
 - the task's own verifier, where it has one;
 - the manager's feedback (offline, or written by Claude), published on `feedback.scored` and never
   part of the reward.
@@ -448,8 +448,8 @@ class Manager:
             conn = sqlite3.connect(f"file:{self.store_path}?mode=ro", uri=True, timeout=5)
             try:
                 row = conn.execute(
-                    "SELECT task_type, environment, prompt, reference, verifier, group_id, manager_id FROM agent_tasks"
-                    " WHERE task_id=? AND prompt IS NOT NULL AND manager_id=?",
+                    "SELECT task_type, environment, prompt, reference, verifier, group_id, manager_id "
+                    "FROM agent_tasks WHERE task_id=? AND prompt IS NOT NULL AND manager_id=?",
                     (task_id, self.manager_id),  # another manager's results are its own to score
                 ).fetchone()
             finally:

@@ -718,7 +718,8 @@ class Plane:
 
 
 def run_status(store: Store, name: str) -> str | None:
-    """The status of the run named `name` (running, paused, finished, failed, stopped...); None: no such run."""
+    """The status of the run named `name` (running, paused, finished, failed, stopped...); None:
+    no such run."""
     row = store.conn.execute("SELECT status FROM runs WHERE name=?", (name,)).fetchone()
     return str(row[0]) if row is not None else None
 

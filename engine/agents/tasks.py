@@ -146,7 +146,8 @@ def _required_text(data: dict[str, Any], key: str, where: str) -> str:
 def _token(data: dict[str, Any], key: str, where: str) -> str:
     value = _required_text(data, key, where)
     if not TOKEN.match(value):
-        # A dot, space or wildcard would change the subject the task travels on (docs/reference/agents-plane.md §2).
+        # A dot, space or wildcard would change the subject the task travels on
+        # (docs/reference/agents-plane.md §2).
         raise TaskFileError(f"{where}: {key}: must be one subject token (got {value!r})")
     return value
 

@@ -464,14 +464,16 @@ class Worker:
                 reason = " ".join(str(exc).split()).removeprefix("nats: ") or type(exc).__name__
                 if time.monotonic() >= deadline:
                     raise WorkerError(
-                        f"{self.address.url}: JetStream did not answer for {what} in {JOIN_WAIT_S:.0f}s ({reason})"
+                        f"{self.address.url}: JetStream did not answer for {what} in {JOIN_WAIT_S:.0f}s "
+                        f"({reason})"
                     ) from None
                 log.info("worker %s: waiting for JetStream (%s): %s", self.worker_id, what, reason)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
     async def _fetch(self, sub: Any, wait: float) -> list[Any]:
-        """The next task, waiting up to `wait` seconds, or nothing (also as soon as the worker is told to stop).
+        """The next task, waiting up to `wait` seconds, or nothing
+        (also as soon as the worker is told to stop).
 
         The wait is long on purpose: idle workers whose pull requests expire and are renewed in step with
         the arrival of tasks starve each other (measured: at one task a second with 1 s waits, one of two

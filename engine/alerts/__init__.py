@@ -1,5 +1,5 @@
-"""Alerts when nobody watches: a run turning red, or an agents alarm, sent by the engine to the user's webhook or
-command (`[alerts]` in `$CARL_HOME/engine.toml`), once per cause per run, retried with backoff."""
+"""Alerts when nobody watches: a run turning red, or an agents alarm, sent by the engine to the user's webhook
+or command (`[alerts]` in `$CARL_HOME/engine.toml`), once per cause per run, retried with backoff."""
 
 from .config import AlertSettings, load_settings
 from .job import Alerts

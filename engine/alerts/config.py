@@ -7,9 +7,9 @@ command = ["notify-send", "carl"]            # or a command line ("notify.sh --u
 timeout_s = 10                               # per try, for either (default 10, at most 120)
 ```
 
-Either, both or neither may be set. A bad value is one line naming its key (`engine.toml: alerts.webhook: ...`) and
-leaves that key unset; the rest still applies. The webhook's URL often is its secret (Slack, Discord), so it is
-never written to a log line.
+Either, both or neither may be set. A bad value is one line naming its key
+(`engine.toml: alerts.webhook: ...`) and leaves that key unset; the rest still applies. The webhook's URL
+often is its secret (Slack, Discord), so it is never written to a log line.
 """
 
 from __future__ import annotations

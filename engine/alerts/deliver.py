@@ -1,7 +1,7 @@
 """Sending one alert: an HTTP POST of its JSON to the webhook, or the command with the JSON on its stdin.
 
-Tries run in a thread of their own (`Sender`), one at a time, so a slow or dead endpoint never holds the engine's
-loop; the loop hands tries in and reads outcomes back, and keeps every store write to itself.
+Tries run in a thread of their own (`Sender`), one at a time, so a slow or dead endpoint never holds the
+engine's loop; the loop hands tries in and reads outcomes back, and keeps every store write to itself.
 """
 
 from __future__ import annotations

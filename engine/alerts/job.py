@@ -1,10 +1,11 @@
-"""The engine's alert job: a run turning red, or an agents alarm, becomes an alert to the user's webhook or command.
+"""The engine's alert job: a run turning red, or an agents alarm,
+becomes an alert to the user's webhook or command.
 
 Each engine tick hands it the health of the runs just analysed (`runs_judged`) and calls `tick`, which reloads
-`engine.toml` when it changed, picks up new agents alarms from the store, reads back the outcomes of the tries the
-sender thread made, and hands it the tries now due. Everything it writes is kv (outbox.py). It does nothing while no
-target is configured; when one first is, alarms from before are not sent (the cursor starts at the newest), and runs
-red at that moment are.
+`engine.toml` when it changed, picks up new agents alarms from the store, reads back the outcomes of the tries
+the sender thread made, and hands it the tries now due. Everything it writes is kv (outbox.py). It does
+nothing while no target is configured; when one first is, alarms from before are not sent (the cursor starts
+at the newest), and runs red at that moment are.
 """
 
 from __future__ import annotations

@@ -4,11 +4,12 @@ One entry per run and cause (`alert/run/<id>/<cause>`) or per agents alarm kind 
 (`alert/agents/<kind>/<worker>`): its existence is the "at most once" (an entry is never made twice), and its
 targets say how far delivery got:
 
-    {"payload": {...}, "targets": {"webhook": {"state": "pending", "tries": 0, "next_at": 0.0, "error": null}}}
+    {"payload": {...},
+     "targets": {"webhook": {"state": "pending", "tries": 0, "next_at": 0.0, "error": null}}}
 
-A target is `pending` until a try succeeds (`sent`) or the tries run out (`failed`); after each failed try the next
-waits RETRY_DELAYS_S[tries - 1] seconds. An engine that dies between a successful try and writing `sent` sends that
-alert once more when it comes back: the one repeat there can be.
+A target is `pending` until a try succeeds (`sent`) or the tries run out (`failed`); after each failed try the
+next waits RETRY_DELAYS_S[tries - 1] seconds. An engine that dies between a successful try and writing `sent`
+sends that alert once more when it comes back: the one repeat there can be.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Write each run's phase and health into the store, from the rows the store already has.
 
-Health's RL rules read the run from the start of RL (`rl_start`): the first step with a reward, or, while a run
-is still in its SFT warm-up, the step after the warm-up its config names. Entropy collapse is judged from there.
+Health's RL rules read the run from the start of RL (`rl_start`): the first step with a reward, or, while a
+run is still in its SFT warm-up, the step after the warm-up its config names.
+Entropy collapse is judged from there.
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ def _clip_series(conn: sqlite3.Connection, run_id: int, since: int) -> tuple[np.
 
 
 def analyze_run(conn: sqlite3.Connection, run_id: int, now: float | None = None) -> Health | None:
-    """Recompute phase and health of one run and store them (one short transaction); the health (None: no run)."""
+    """Recompute phase and health of one run and store them (one short transaction); the health (None:
+    no run)."""
     signals = run_signals(conn, run_id)
     if signals is None:
         return None

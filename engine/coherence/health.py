@@ -21,8 +21,9 @@ from .phases import K_NOISE, MIN_POINTS, robust_noise, trailing_window
 
 LEVELS = {"green": 0, "yellow": 1, "red": 2}
 
-# A running run that writes nothing for this long is silent (yellow), then presumed crashed (red): a GRPO step of
-# a large model takes tens of seconds, a checkpoint or an eval a few minutes; LEET's RunCrashTimeout is 10 min.
+# A running run that writes nothing for this long is silent (yellow), then presumed crashed (red): a GRPO step
+# of a large model takes tens of seconds, a checkpoint or an eval a few minutes;
+# LEET's RunCrashTimeout is 10 min.
 SILENT_AFTER_S = 120.0
 CRASHED_AFTER_S = 600.0
 
@@ -39,29 +40,32 @@ STARVED_SHARE = 0.5
 # Entropy collapse, judged over RL only: the trailing window's mean token entropy below this share of the
 # entropy at the start of RL ...
 ENTROPY_COLLAPSE_RATIO = 0.5
-# ... and lower by at least this many nats per token. A policy that enters RL already nearly certain (the demo's
-# tool calls: 0.06 nats, about 1% of each token's probability off its top choice) halves its entropy by moving a
-# fraction of a percent of probability; a ratio alone calls that a collapse. What a lost exploration costs shows
-# in the groups themselves, which the zero-std rule watches.
+# ... and lower by at least this many nats per token. A policy that enters RL already nearly certain (the
+# demo's tool calls: 0.06 nats, about 1% of each token's probability off its top choice) halves its entropy by
+# moving a fraction of a percent of probability; a ratio alone calls that a collapse. What a lost exploration
+# costs shows in the groups themselves, which the zero-std rule watches.
 ENTROPY_COLLAPSE_MIN_DROP = 0.1
 
-# Clip fractions (share of completion tokens whose ratio the PPO clip held, either side). With one policy update
-# per batch of samples (GRPO's default, and ours) the ratio starts at 1 and the fraction stays near 0; PPO practice
-# reads a fraction above about 0.2 as updates too large for the trust region. One step above it is a spike
-# (yellow); the trailing window's mean above half means most of each update is being clipped away (red).
+# Clip fractions (share of completion tokens whose ratio the PPO clip held, either side). With one policy
+# update per batch of samples (GRPO's default, and ours) the ratio starts at 1 and the fraction stays near 0;
+# PPO practice reads a fraction above about 0.2 as updates too large for the trust region. One step above it
+# is a spike (yellow); the trailing window's mean above half means most of each update is being clipped away
+# (red).
 CLIP_SPIKE = 0.2
 CLIP_RED = 0.5
 
-# KL to the reference model, nats per token (TRL's k3 estimate), trailing-window mean. GRPO runs with the usual
-# beta (0.001-0.04) stay well below 1 nat per token for hundreds of steps; at 1 the policy has moved far from its
-# reference (yellow), at 5 it has left it and the KL term usually blows up next (red). A non-finite KL is red.
+# KL to the reference model, nats per token (TRL's k3 estimate), trailing-window mean. GRPO runs with the
+# usual beta (0.001-0.04) stay well below 1 nat per token for hundreds of steps; at 1 the policy has moved far
+# from its reference (yellow), at 5 it has left it and the KL term usually blows up next (red).
+# A non-finite KL is red.
 KL_YELLOW = 1.0
 KL_RED = 5.0
 
-# Possible reward hacking: the reward trained on rose by at least HACKING_MIN_RISE (rewards in 0..1) and beyond
-# its noise, while the independent score (the held-out eval's task reward, or the agents plane's verifier) gained
-# less than HACKING_CARRY of that rise. A real gain carries over to prompts never trained on and to the verifier;
-# a quarter leaves room for an eval of a few dozen prompts, whose own noise is about 0.05.
+# Possible reward hacking: the reward trained on rose by at least HACKING_MIN_RISE (rewards in 0..1) and
+# beyond its noise, while the independent score (the held-out eval's task reward, or the agents plane's
+# verifier) gained less than HACKING_CARRY of that rise. A real gain carries over to prompts never trained on
+# and to the verifier; a quarter leaves room for an eval of a few dozen prompts,
+# whose own noise is about 0.05.
 HACKING_MIN_RISE = 0.1
 HACKING_CARRY = 0.25
 
@@ -262,8 +266,8 @@ def _hacking(sig: RunSignals, health: Health, now: float) -> None:
         if before is not None and after is not None and _flat_beside(after - before, last - first, task, w):
             health.flag(
                 "yellow",
-                f"possible reward hacking: the task reward rose {after - before:+.2f} from step {first_step} to "
-                f"{last_step} while the held-out eval moved {last - first:+.2f}",
+                f"possible reward hacking: the task reward rose {after - before:+.2f} from step {first_step} "
+                f"to {last_step} while the held-out eval moved {last - first:+.2f}",
                 "hacking_eval",
             )
     reward, reward_steps = _finite(sig.reward, sig.reward_steps)
@@ -281,14 +285,15 @@ def _hacking(sig: RunSignals, health: Health, now: float) -> None:
             if _flat_beside(rise, carried, reward, w):
                 health.flag(
                     "yellow",
-                    f"possible reward hacking: the reward rose {rise:+.2f} while the verifier moved {carried:+.2f}",
+                    f"possible reward hacking: the reward rose {rise:+.2f} while the verifier moved "
+                    f"{carried:+.2f}",
                     "hacking_verifier",
                 )
 
 
 def _flat_beside(rise: float, carried: float, trained: np.ndarray, window: int) -> bool:
-    """The trained-on reward rose (by HACKING_MIN_RISE, and beyond its noise) and the independent score did not
-    follow (less than HACKING_CARRY of the rise)."""
+    """The trained-on reward rose (by HACKING_MIN_RISE, and beyond its noise) and the independent score did
+    not follow (less than HACKING_CARRY of the rise)."""
     noise = robust_noise(trained) * math.sqrt(2.0 / window)  # of a difference of two window means
     return rise >= HACKING_MIN_RISE and rise > K_NOISE * noise and carried < HACKING_CARRY * rise
 

@@ -1,4 +1,5 @@
-"""Phase of a run, and the step where it crystallized, derived from the run's own signal (never from a log flag).
+"""Phase of a run, and the step where it crystallized, derived from the run's own signal
+(never from a log flag).
 
 Phase (of the Phi mean series, over a trailing window):
   crystallizing  Phi rises by more than `K_NOISE` noise-widths over the window

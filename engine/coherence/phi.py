@@ -223,7 +223,8 @@ def reference_entropy(logits: Tensor, *, temperature: float = 1.0) -> Tensor:
 
 
 def phi_from_entropy(entropy: ArrayT, vocab_size: int) -> ArrayT:
-    """Phi = 1 - H / ln|V|, with |V| the logits width (docs/reference/carl.md §1); a tensor or a numpy array."""
+    """Phi = 1 - H / ln|V|, with |V| the logits width (docs/reference/carl.md §1);
+    a tensor or a numpy array."""
     if vocab_size < 2:
         raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
     return 1.0 - entropy / math.log(vocab_size)

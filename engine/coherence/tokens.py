@@ -5,9 +5,10 @@ entropy and log-probability, and the advantages): no extra model call.
 
 - `entropy/p10`, `entropy/p50`, `entropy/p90`: percentiles of the per-token entropy (nats, at the sampling
   temperature) over every completion token of the step, pooled as `phi/*` pools them. The mean hides a policy
-  that is certain on most tokens and undecided on a few (the "forking" tokens, docs/reference/frameworks.md §4).
-- `cov/logp_adv`: Cov(log π(a|s), A) over the same tokens, each token carrying its completion's advantage, centred
-  at the token level: mean_t[(logp_t - mean(logp)) * (A_t - mean(A))], veRL's per-token form
+  that is certain on most tokens and undecided on a few (the "forking" tokens,
+  docs/reference/frameworks.md §4).
+- `cov/logp_adv`: Cov(log π(a|s), A) over the same tokens, each token carrying its completion's advantage,
+  centred at the token level: mean_t[(logp_t - mean(logp)) * (A_t - mean(A))], veRL's per-token form
   (docs/reference/frameworks.md §4). Under natural policy gradient the entropy moves by about -η times this
   covariance: while it is positive (the tokens the policy was already sure of are the rewarded ones), the
   entropy falls.
@@ -34,8 +35,8 @@ def step_token_metrics(
 ) -> dict[str, float]:
     """The step's entropy percentiles and log-prob/advantage covariance; one array (or None) per completion.
 
-    A completion without entropies counts in no percentile; one without log-probabilities, or whose advantage is
-    unknown or not finite, counts in no covariance. A key is left out when no token counts for it.
+    A completion without entropies counts in no percentile; one without log-probabilities, or whose advantage
+    is unknown or not finite, counts in no covariance. A key is left out when no token counts for it.
     """
     out: dict[str, float] = {}
     known = [np.asarray(e, dtype=np.float64) for e in entropies if e is not None and len(e)]

@@ -38,7 +38,8 @@ class Failing:
 
 
 class Backoff:
-    """What is failing, by key, and when each may be tried again (from `first` seconds, doubling to `most`)."""
+    """What is failing, by key, and when each may be tried again (from `first` seconds,
+    doubling to `most`)."""
 
     def __init__(self, first: float = RETRY_FIRST_S, most: float = RETRY_MOST_S) -> None:
         self.first, self.most = first, most

@@ -87,7 +87,8 @@ def plural(n: int, noun: str) -> str:
 
 @dataclass
 class Observe:
-    """An `observe` command still catching up with its sources (one file, or every run found in a directory)."""
+    """An `observe` command still catching up with its sources (one file,
+    or every run found in a directory)."""
 
     command_id: int
     paths: dict[int, str]  # source id -> path, for every source the command registered
@@ -528,7 +529,8 @@ class Engine:
             kinds = [
                 f.kind for run in found.runs for f in {id(x): x for x in (run.main, *run.rollouts)}.values()
             ]
-            # A folder holding one trainer_state.json (and nothing else found) stays one source, as it always was.
+            # A folder holding one trainer_state.json (and nothing else found) stays one source,
+            # as it always was.
             if len(kinds) > 1 or kinds[:1] not in ([], ["trainer_state"]):
                 registered = register(self.store, found, follow=follow, name=name)
                 paths = {sid: str(f.path) for r in registered for sid, f in r.sources}

@@ -33,7 +33,8 @@ def start_demo(home: Path, steps: int | None, backend: str | None = None, *, sta
     ensure_engine(home)  # says so on stderr when it starts one: the engine outlives this command
     with Store(paths.db_path(home)) as store:
         live = store.conn.execute(
-            "SELECT name FROM runs WHERE source_kind='carl' AND name LIKE 'demo%' AND status IN ('running','paused')"
+            "SELECT name FROM runs WHERE source_kind='carl' AND name LIKE 'demo%' "
+            "AND status IN ('running','paused')"
         ).fetchone()
         if live:
             print(f"demo run {live[0]!r} is live; opening the control room on it")

@@ -82,7 +82,8 @@ def _nan(d: dict[str, Any]) -> list[Finding]:
                     "nan",
                     "The loss became NaN",
                     f"{key} is NaN/inf from about step {first} (last finite value {fmt(t['vmax'])} at most)",
-                    "lower the learning rate or clip gradients harder, and resume from a checkpoint before it",
+                    "lower the learning rate or clip gradients harder, "
+                    "and resume from a checkpoint before it",
                 )
             ]
     return []
@@ -153,8 +154,8 @@ def _hacking(d: dict[str, Any]) -> list[Finding]:
                 "yellow",
                 "hacking",
                 "Reward hacking: the format is learned, the task is not",
-                f"format reward at {fmt(form['late'])} (from {fmt(form['early'])}) while {task['key']} stays flat at "
-                f"{fmt(task['late'])} (change {fmt(task['change'])}, noise {fmt(task['noise'])})",
+                f"format reward at {fmt(form['late'])} (from {fmt(form['early'])}) while {task['key']} stays "
+                f"flat at {fmt(task['late'])} (change {fmt(task['change'])}, noise {fmt(task['noise'])})",
                 "raise the task weight or lower the format weight; check the task reward on samples (v)",
             )
         ]
@@ -207,8 +208,9 @@ def _trap(d: dict[str, Any]) -> list[Finding]:
                 "red",
                 "trap",
                 "The coherence trap: Φ rises while the task does not",
-                f"Φ {fmt(phi['early'])}→{fmt(phi['late'])} (max {fmt(phi['vmax'])}) while {task['key']} stays at "
-                f"{fmt(task['late'])} (change {fmt(task['change'])}): the policy is becoming certain, not correct",
+                f"Φ {fmt(phi['early'])}→{fmt(phi['late'])} (max {fmt(phi['vmax'])}) while {task['key']} "
+                f"stays at {fmt(task['late'])} (change {fmt(task['change'])}): "
+                "the policy is becoming certain, not correct",
                 "keep the coherence weights below the task's (cascade.cap_ratio), or close the gate by "
                 "lowering their weights (w) until the task reward moves",
             )
@@ -218,7 +220,8 @@ def _trap(d: dict[str, Any]) -> list[Finding]:
 
 def _entropy_judged(d: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """(the run's entropy trend, the trend it is judged on): over the rewarded steps when an SFT warm-up came
-    first (its entropy drop is learning, not a collapse; as the control room's health judges it), else the run."""
+    first (its entropy drop is learning, not a collapse; as the control room's health judges it),
+    else the run."""
     t = d["trends"].get("phi/entropy") or d["trends"].get("entropy")
     during = d.get("rewarded_trends", {}).get(t["key"]) if t else None
     if during and during["early"] and during["late"] is not None:
@@ -235,8 +238,8 @@ def _entropy(d: dict[str, Any]) -> list[Finding]:
     where = ""
     if judged is not t:
         where = (
-            f" over the rewarded steps {judged['first_step']}–{judged['last_step']} (across the SFT warm-up before "
-            f"them it went {fmt(t['early'])}→{fmt(t['late'])}, which is learning)"
+            f" over the rewarded steps {judged['first_step']}–{judged['last_step']} (across the SFT warm-up "
+            f"before them it went {fmt(t['early'])}→{fmt(t['late'])}, which is learning)"
         )
     return [
         Finding(
@@ -259,8 +262,8 @@ def _variance(d: dict[str, Any]) -> list[Finding]:
             "red" if t["late"] >= 0.9 else "yellow",
             "variance",
             "Groups without reward variance",
-            f"{t['late']:.0%} of recent groups gave every completion the same reward (early {t['early']:.0%}):"
-            " those prompts contribute no advantage, so no gradient",
+            f"{t['late']:.0%} of recent groups gave every completion the same reward (early "
+            f"{t['early']:.0%}): those prompts contribute no advantage, so no gradient",
             "use partial-credit rewards, a larger group (num_generations) or a higher temperature",
         )
     ]
@@ -373,8 +376,9 @@ def _gate_answer(d: dict[str, Any], question: str) -> list[str]:
     now = gate["current"]
     if not now:
         return [
-            f"Run {run['name']} has no cascade gate record, so there is no gate to open or close: carl records "
-            f"one every step for the runs it trains with a task reward (this run's source: {run['source']})."
+            f"Run {run['name']} has no cascade gate record, so there is no gate to open or close: carl "
+            "records one every step for the runs it trains with a task reward (this run's source: "
+            f"{run['source']})."
         ]
     rule, opened = gate["rule"], gate["opened"]
     pct = f"p{round(rule['percentile'] * 100)}"
@@ -386,10 +390,10 @@ def _gate_answer(d: dict[str, Any], question: str) -> list[str]:
         ]
     elif opened:
         lines = [
-            f"The cascade gate opened at step {opened['step']}: {opened['above']} of the last {opened['window']} "
-            f"task-reward means were at or above the threshold {fmt(opened['threshold'])} (the {pct} of the "
-            f"{opened['history']} means so far) and above 0, and the rule needs {rule['min_above']} of "
-            f"{rule['window']} (cascade.min_above of cascade.window)."
+            f"The cascade gate opened at step {opened['step']}: {opened['above']} of the last "
+            f"{opened['window']} task-reward means were at or above the threshold {fmt(opened['threshold'])} "
+            f"(the {pct} of the {opened['history']} means so far) and above 0, and the rule needs "
+            f"{rule['min_above']} of {rule['window']} (cascade.min_above of cascade.window)."
         ]
         lines += _gate_window(gate, fed)
         if before := gate["before_open"]:
@@ -402,7 +406,8 @@ def _gate_answer(d: dict[str, Any], question: str) -> list[str]:
         lines += _around(d, opened["step"], [*task_keys(d)[:1], "phi/mean"])
     else:
         lines = [
-            f"The cascade gate has not opened (closed at step {now['step']}): {_why_closed(now, rule, now=True)}."
+            f"The cascade gate has not opened (closed at step {now['step']}): "
+            f"{_why_closed(now, rule, now=True)}."
         ]
         lines += _gate_window(gate, fed)
         closest = gate["closest"]
@@ -430,16 +435,20 @@ def _why_closed(row: dict[str, Any], rule: dict[str, Any], *, now: bool) -> str:
     n, threshold = row["history"] or 0, row["threshold"] or 0.0
     pct = f"p{round(rule['percentile'] * 100)}"
     if n < rule["min_points"]:
-        return f"it {has} {n} task-reward means and needs {rule['min_points']} before it may open (cascade.min_points)"
+        return (
+            f"it {has} {n} task-reward means and needs {rule['min_points']} before it may open "
+            "(cascade.min_points)"
+        )
     if threshold <= 0:
         return (
-            f"its threshold, the {pct} of the {n} task-reward means so far, {is_} {fmt(threshold)}, and it opens "
-            f"only on a positive threshold: the task reward {has} been 0 or less on more than {rule['percentile']:.0%} "
-            "of the steps"
+            f"its threshold, the {pct} of the {n} task-reward means so far, {is_} {fmt(threshold)}, and it "
+            f"opens only on a positive threshold: the task reward {has} been 0 or less on more than "
+            f"{rule['percentile']:.0%} of the steps"
         )
     return (
         f"{row['above']} of the last {row['window']} task-reward means {are} at or above the threshold "
-        f"{fmt(threshold)} (the {pct} of the {n} so far), and it needs {rule['min_above']} (cascade.min_above)"
+        f"{fmt(threshold)} (the {pct} of the {n} so far), and it needs {rule['min_above']} "
+        "(cascade.min_above)"
     )
 
 
@@ -455,8 +464,8 @@ def _phi_answer(d: dict[str, Any], question: str) -> list[str]:
     t = d["trends"].get("phi/mean")
     if not t:
         return [
-            "This run has no Φ series (`phi/mean`), so the offline analyst cannot answer about its coherence: "
-            "Φ is logged by carl's own training and by CarlCallback, not by every source."
+            "This run has no Φ series (`phi/mean`), so the offline analyst cannot answer about its "
+            "coherence: Φ is logged by carl's own training and by CarlCallback, not by every source."
         ]
     lines = [f"Φ (`phi/mean`) is {level_text(t)}, {movement(t)}; range {fmt(t['vmin'])}–{fmt(t['vmax'])}."]
     p10, p90 = d["trends"].get("phi/p10"), d["trends"].get("phi/p90")
@@ -536,8 +545,8 @@ def _hacking_verdict(d: dict[str, Any]) -> str:
         )
     return (
         f"No reward hacking in the numbers: the analyst calls it hacking when the format reward is at least "
-        f"{HACK_FORMAT} and at least {HACK_GAP} above a flat task reward; here format {fmt(form['late'])} and "
-        f"`{tasks[0]['key']}` {fmt(tasks[0]['late'])} in the last quarter, the task {movement(tasks[0])}."
+        f"{HACK_FORMAT} and at least {HACK_GAP} above a flat task reward; here format {fmt(form['late'])} "
+        f"and `{tasks[0]['key']}` {fmt(tasks[0]['late'])} in the last quarter, the task {movement(tasks[0])}."
     )
 
 

@@ -53,7 +53,8 @@ How to answer:
 call the tools to check exact values, ranges, samples or per-token Phi before you state them.
 - Be specific and brief: the likely cause first, the evidence, then what to change (config fields, \
 or control-room keys: space pause/resume, c checkpoint, l learning rate, w reward weight, s stop).
-- Markdown is rendered in a terminal: short paragraphs, lists, `code` for keys; no tables wider than 80 columns.
+- Markdown is rendered in a terminal: short paragraphs, lists, `code` for keys; \
+no tables wider than 80 columns.
 """
 
 
@@ -283,7 +284,10 @@ def _describe(exc: Exception, diagnoser: Diagnoser) -> str:
 
     where = diagnoser.base_url or os.environ.get("ANTHROPIC_BASE_URL") or "api.anthropic.com"
     if isinstance(exc, anthropic.AuthenticationError):
-        return "Claude refused the API key (401): check ANTHROPIC_API_KEY or --api-key; /offline works without one"
+        return (
+            "Claude refused the API key (401): check ANTHROPIC_API_KEY or --api-key; "
+            "/offline works without one"
+        )
     if isinstance(exc, anthropic.PermissionDeniedError):
         return f"the API key may not use {diagnoser.model} (403): try /model with another model"
     if isinstance(exc, anthropic.NotFoundError):

@@ -58,7 +58,8 @@ class Conversations:
 
     def messages(self, conversation_id: int) -> list[dict[str, Any]]:
         rows = self.conn.execute(
-            "SELECT id, role, content, meta, created_at FROM chat_messages WHERE conversation_id=? ORDER BY id",
+            "SELECT id, role, content, meta, created_at FROM chat_messages WHERE conversation_id=? "
+            "ORDER BY id",
             (conversation_id,),
         ).fetchall()
         return [

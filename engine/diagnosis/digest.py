@@ -399,9 +399,10 @@ def digest_text(digest: dict[str, Any]) -> str:
     run = digest["run"]
     lines = [
         f"RUN {run['name']} (id {run['id']}, source {run['source']}, model {_fmt(run['model'])}, "
-        f"backend {_fmt(run['backend'])}, |V| {_fmt(run['vocab_size'])}, temperature {_fmt(run['temperature'])})",
-        f"status {run['status']}, step {_fmt(run['step'])} of {_fmt(run['max_steps'])}, phase {_fmt(run['phase'])}, "
-        f"health {_fmt(run['health'])}"
+        f"backend {_fmt(run['backend'])}, |V| {_fmt(run['vocab_size'])}, "
+        f"temperature {_fmt(run['temperature'])})",
+        f"status {run['status']}, step {_fmt(run['step'])} of {_fmt(run['max_steps'])}, phase "
+        f"{_fmt(run['phase'])}, health {_fmt(run['health'])}"
         + (f": {'; '.join(run['health_reasons'])}" if run["health_reasons"] else ""),
     ]
     if run["last_update"]:
@@ -421,13 +422,13 @@ def digest_text(digest: dict[str, Any]) -> str:
         nan = f", {t['nan_steps']} NaN buckets" if t["nan_steps"] else ""
         lines.append(
             f"  {key}: {_fmt(t['first'])}→{_fmt(t['last'])} (steps {t['first_step']}–{t['last_step']}, "
-            f"min {_fmt(t['vmin'])}, max {_fmt(t['vmax'])}, early {_fmt(t['early'])}, late {_fmt(t['late'])}, "
-            f"noise {_fmt(t['noise'])}{flat}{nan})"
+            f"min {_fmt(t['vmin'])}, max {_fmt(t['vmax'])}, early {_fmt(t['early'])}, late "
+            f"{_fmt(t['late'])}, noise {_fmt(t['noise'])}{flat}{nan})"
         )
     for key, t in digest["rewarded_trends"].items():
         lines.append(
-            f"  {key} over the rewarded steps only ({t['first_step']}–{t['last_step']}): early {_fmt(t['early'])}, "
-            f"late {_fmt(t['late'])}, noise {_fmt(t['noise'])}"
+            f"  {key} over the rewarded steps only ({t['first_step']}–{t['last_step']}): early "
+            f"{_fmt(t['early'])}, late {_fmt(t['late'])}, noise {_fmt(t['noise'])}"
         )
     lines.append(f"SERIES (step:value, ≤{POINTS} points of bucket means)")
     for key, points in digest["series"].items():
@@ -437,7 +438,8 @@ def digest_text(digest: dict[str, Any]) -> str:
         g = gate["current"]
         lines.append(
             f"GATE now {g['state']} at step {g['step']} (threshold {_fmt(g['threshold'])}, "
-            f"{g['above']}/{g['window']} recent steps above, multiplier {_fmt(g['multiplier'])}): {g['reason']}"
+            f"{g['above']}/{g['window']} recent steps above, multiplier {_fmt(g['multiplier'])}): "
+            f"{g['reason']}"
         )
         for t in gate["transitions"]:
             lines.append(f"  step {t['step']}: {t['state']} — {t['reason']}")
@@ -479,7 +481,8 @@ def digest_text(digest: dict[str, Any]) -> str:
     if digest["eval"]:
         e = digest["eval"]
         lines.append(
-            f"EVAL {'passed' if e['passed'] else 'failed'}: {'; '.join(e['reasons'])} {json.dumps(e['metrics'])}"
+            f"EVAL {'passed' if e['passed'] else 'failed'}: "
+            f"{'; '.join(e['reasons'])} {json.dumps(e['metrics'])}"
         )
     counts = digest["counts"]
     lines.append(f"STORE {counts['trajectories']} trajectories, {counts['agent_events']} agent events")

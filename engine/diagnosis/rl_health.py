@@ -52,7 +52,10 @@ def clip_finding(d: dict[str, Any]) -> list[Finding]:
         return []
     advice = "lower the learning rate, or take fewer updates per batch of samples"
     if t["late"] >= CLIP_RED:
-        detail = f"`{t['key']}` averages {t['late']:.0%} over the last quarter: most of each update is clipped away"
+        detail = (
+            f"`{t['key']}` averages {t['late']:.0%} over the last quarter: "
+            "most of each update is clipped away"
+        )
         return [Finding("red", "clip", "Most tokens are clipped", detail, advice)]
     if t["vmax"] is not None and t["vmax"] >= CLIP_SPIKE:
         detail = f"`{t['key']}` reached {t['vmax']:.0%} (now {fmt(t['last'])} at step {t['last_step']})"
@@ -84,9 +87,9 @@ def kl_answer(d: dict[str, Any], question: str) -> list[str]:
     if not t:
         if beta == 0:
             lines = [
-                "This run has no KL term: `beta` is 0 in its config, so no KL to a reference model is computed or "
-                "logged (TRL and carl's MLX trainer log `kl` only when beta > 0). Only the clip keeps each update "
-                "near the policy that sampled."
+                "This run has no KL term: `beta` is 0 in its config, so no KL to a reference model is "
+                "computed or logged (TRL and carl's MLX trainer log `kl` only when beta > 0). Only the clip "
+                "keeps each update near the policy that sampled."
             ]
         else:
             lines = [
@@ -104,7 +107,10 @@ def kl_answer(d: dict[str, Any], question: str) -> list[str]:
     elif t["late"] is not None and t["late"] >= KL_YELLOW:
         verdict = f"that is high: the control room warns from {KL_YELLOW:g} nat per token"
     else:
-        verdict = f"not too high: the control room warns from {KL_YELLOW:g} nat per token and calls {KL_RED:g} a blow-up"
+        verdict = (
+            f"not too high: the control room warns from {KL_YELLOW:g} nat per token and calls "
+            f"{KL_RED:g} a blow-up"
+        )
     lines = [f"The KL to the reference (`kl`) is {level_text(t, ' nats')}, {movement(t)}; {verdict}."]
     lines.append(f"- Highest: {fmt(t['vmax'])} nats per token; last quarter's mean {fmt(t['late'])}.")
     if beta is not None:
@@ -147,11 +153,12 @@ def clip_answer(d: dict[str, Any], question: str) -> list[str]:
             )
     if (epsilon := _config(d).get("epsilon")) is not None:
         lines.append(
-            f"- ε is {fmt(epsilon)} in the config: the ratio is clipped to [{1 - epsilon:.3g}, {1 + epsilon:.3g}]."
+            f"- ε is {fmt(epsilon)} in the config: the ratio is clipped to [{1 - epsilon:.3g}, "
+            f"{1 + epsilon:.3g}]."
         )
     lines.append(
-        "- With one update per batch of samples (GRPO's default) the ratio starts at 1: a fraction near 0 is what a "
-        "healthy run shows."
+        "- With one update per batch of samples (GRPO's default) the ratio starts at 1: a fraction near 0 is "
+        "what a healthy run shows."
     )
     return lines
 
@@ -161,17 +168,20 @@ def covariance_answer(d: dict[str, Any], question: str) -> list[str]:
     if not t:
         return [
             "This run has no `cov/logp_adv`: Cov(log π, A) is recorded by carl's own trainers (from the "
-            "log-probability of each completion token in the loss forward, and the advantages), and no framework "
-            "logs it."
+            "log-probability of each completion token in the loss forward, and the advantages), and no "
+            "framework logs it."
         ]
     mean = t["mean"] or 0.0
     if mean > 0:
         sign = (
-            "positive on average: the tokens the policy was already sure of are the rewarded ones, so each update "
-            "pushes the entropy down (ΔH ≈ −η·Cov under natural policy gradient)"
+            "positive on average: the tokens the policy was already sure of are the rewarded ones, so each "
+            "update pushes the entropy down (ΔH ≈ −η·Cov under natural policy gradient)"
         )
     else:
-        sign = "negative or zero on average: the rewarded tokens are the less likely ones, which holds the entropy up"
+        sign = (
+            "negative or zero on average: the rewarded tokens are the less likely ones, "
+            "which holds the entropy up"
+        )
     lines = [f"Cov(log π, A) (`cov/logp_adv`) is {level_text(t)}, {movement(t)}; {sign}."]
     entropy = d["trends"].get("phi/entropy") or d["trends"].get("entropy")
     if entropy:
@@ -189,7 +199,8 @@ def length_answer(d: dict[str, Any], question: str) -> list[str]:
     clipped = trends.get("completions/clipped_ratio")
     if not t and not clipped:
         return [
-            "This run logs no completion length (`completions/*`), so the offline analyst cannot answer about it."
+            "This run logs no completion length (`completions/*`), "
+            "so the offline analyst cannot answer about it."
         ]
     lines = []
     if t:

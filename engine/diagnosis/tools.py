@@ -33,7 +33,9 @@ _STEP = {"type": "integer", "minimum": 0}
 TOOLS: list[dict[str, Any]] = [
     {
         "name": "list_metric_keys",
-        "description": "Every metric key this run has logged (TRL's keys, rewards/<name>/mean, phi/*, cascade/*).",
+        "description": (
+            "Every metric key this run has logged (TRL's keys, rewards/<name>/mean, phi/*, cascade/*)."
+        ),
         "input_schema": {"type": "object", "properties": {}},
     },
     {
@@ -67,7 +69,9 @@ TOOLS: list[dict[str, Any]] = [
     },
     {
         "name": "get_sample_tokens",
-        "description": "Per-token Phi, entropy (nats) and text of one sample, to see where the model hesitates.",
+        "description": (
+            "Per-token Phi, entropy (nats) and text of one sample, to see where the model hesitates."
+        ),
         "input_schema": {
             "type": "object",
             "properties": {"sample_id": {"type": "integer"}},
@@ -84,7 +88,9 @@ TOOLS: list[dict[str, Any]] = [
     },
     {
         "name": "get_events",
-        "description": "Chart events (gate opened, crystallization, checkpoints, resumes, evals) and commands.",
+        "description": (
+            "Chart events (gate opened, crystallization, checkpoints, resumes, evals) and commands."
+        ),
         "input_schema": {"type": "object", "properties": {}},
     },
 ]
@@ -94,9 +100,9 @@ FIND_METRICS_TOOL = {
         "Every metric key matching a glob (clip_ratio/*, rewards/*/mean, entropy/p*) or, without * ? [, a "
         "substring (kl), with the series of the first 12 between two steps, bounded like get_metric. Covers "
         "the RL health keys: kl (to the reference; absent when beta is 0), clip_ratio/low_mean|high_mean|"
-        "region_mean, entropy/p10|p50|p90 (token entropy percentiles, nats), cov/logp_adv (Cov(log π, A) over "
-        "the step's completion tokens: positive drives entropy down), completions/mean_length|clipped_ratio, "
-        "frac_reward_zero_std."
+        "region_mean, entropy/p10|p50|p90 (token entropy percentiles, nats), cov/logp_adv (Cov(log π, A) "
+        "over the step's completion tokens: positive drives entropy down), "
+        "completions/mean_length|clipped_ratio, frac_reward_zero_std."
     ),
     "input_schema": {
         "type": "object",
@@ -121,9 +127,10 @@ ROLLOUT_TOOLS: list[dict[str, Any]] = [
     {
         "name": "get_rollouts",
         "description": (
-            "What the policy actually wrote: the stored rollouts of the step nearest `step` (prompt, completion, "
-            "each reward, total, advantage, length): the best or the worst by total reward, one GRPO group side "
-            "by side (its G completions of one prompt), or all in order. Each has an id for get_rollout_tokens. "
+            "What the policy actually wrote: the stored rollouts of the step nearest `step` (prompt, "
+            "completion, each reward, total, advantage, length): the best or the worst by total reward, one "
+            "GRPO group side by side (its G completions of one prompt), or all in order. "
+            "Each has an id for get_rollout_tokens. "
             "Find the step first (get_metric on reward), then read its worst rollouts to see what went wrong."
         ),
         "input_schema": {
@@ -159,7 +166,9 @@ ROLLOUT_TOOLS: list[dict[str, Any]] = [
 ]
 TRAJECTORY_TOOL = {
     "name": "get_trajectories",
-    "description": "The newest scored agent trajectories (session, domain, tools, success rate, reward, advantage).",
+    "description": (
+        "The newest scored agent trajectories (session, domain, tools, success rate, reward, advantage)."
+    ),
     "input_schema": {
         "type": "object",
         "properties": {"limit": {"type": "integer", "minimum": 1, "maximum": 50}},

@@ -51,4 +51,7 @@ def movement(t: dict[str, Any]) -> str:
             f"flat: {fmt(t['early'])} in the first quarter, {fmt(t['late'])} in the last (within its noise)"
         )
     way = "rising" if t["change"] > 0 else "falling"
-    return f"{way} from {fmt(t['early'])} in the first quarter to {fmt(t['late'])} in the last ({t['change']:+.3g})"
+    return (
+        f"{way} from {fmt(t['early'])} in the first quarter to {fmt(t['late'])} in the last "
+        f"({t['change']:+.3g})"
+    )

@@ -75,7 +75,8 @@ def check_base(config: TrainConfig, arms: list[str], source: str) -> None:
     for arm in ("cascade", "always-on"):
         if arm in arms and not set(COHERENCE_REWARDS) & set(names):
             raise ExperimentError(
-                f"{source}: rewards: arm {arm} needs coherence or commitment among the rewards ({', '.join(names)})"
+                f"{source}: rewards: arm {arm} needs coherence or commitment among the rewards "
+                f"({', '.join(names)})"
             )
     if config.sft_warmup_steps and config.lora.enabled and set(arms) & set(GRPO_ARMS):
         raise ExperimentError(

@@ -1,10 +1,10 @@
 """observe: import and follow runs written by other tools.
 
 One reader per format (docs/guide/observe.md has the table): TensorBoard event files, W&B run files, MLflow
-stores, Trackio databases, `trainer_state.json`, JSONL logs (ours, veRL's, prime-rl's), and the rollout dumps of
-TRL, veRL, prime-rl and verifiers. discover.py finds the runs of a directory; frameworks.py maps each framework's
-keys onto one vocabulary. `observe` imports a path until caught up; the engine daemon calls `ingest_source` on
-every followed source each tick.
+stores, Trackio databases, `trainer_state.json`, JSONL logs (ours, veRL's, prime-rl's), and the rollout dumps
+of TRL, veRL, prime-rl and verifiers. discover.py finds the runs of a directory; frameworks.py maps each
+framework's keys onto one vocabulary. `observe` imports a path until caught up; the engine daemon calls
+`ingest_source` on every followed source each tick.
 """
 
 from .common import IngestResult, ObserveError

@@ -1,5 +1,6 @@
-"""`carl observe PATH [--follow] [--name N] [--vocab-size V]`: import runs another tool wrote, or have the engine
-follow them. PATH is a file (one source) or a directory: every run found in it (discover.py), one line each."""
+"""`carl observe PATH [--follow] [--name N] [--vocab-size V]`: import runs another tool wrote, or have the
+engine follow them. PATH is a file (one source) or a directory: every run found in it (discover.py),
+one line each."""
 
 from __future__ import annotations
 
@@ -149,7 +150,7 @@ def _backfill_sources(store: Any, source_ids: list[int | None], vocab: int) -> N
                 backfill_phi(store, run_id, vocab)
 
 
-# -- a directory ---------------------------------------------------------------------------------------------------
+# -- a directory ---------------------------------------------------------------------------------------------
 
 
 def _observe_dir(args: argparse.Namespace, home: Path, root: Path) -> int:

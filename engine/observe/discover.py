@@ -1,8 +1,10 @@
 """`carl observe DIR`: every training run in an output directory, and the sources to read each from.
 
 What is looked for (docs/guide/observe.md, "How a directory becomes runs"):
-- TensorBoard: each folder holding `events.out.tfevents.*` files is a run (TRL: `<output_dir>/runs/<date_host>/`);
-- W&B: each `run-*` / `offline-run-*` folder holding a `.wandb` file is a run (a `wandb/` folder holds several);
+- TensorBoard: each folder holding `events.out.tfevents.*` files is a run (TRL:
+  `<output_dir>/runs/<date_host>/`);
+- W&B: each `run-*` / `offline-run-*` folder holding a `.wandb` file is a run
+  (a `wandb/` folder holds several);
 - transformers/TRL `trainer_state.json` in an output dir (or its newest `checkpoint-*/`);
 - JSONL metric logs: veRL's file logger (`{"step": N, "data": {...}}`), prime-rl's `metrics.jsonl`, flat logs;
 - MLflow stores (`mlruns/`, `mlflow.db`) and Trackio project databases, each read whole (every run in it);
@@ -16,12 +18,12 @@ How files become runs, one carl run per training run:
    rewrites it for each run there); with none, it is the run's only metrics source.
 3. Of the trackers that logged one run, one is read: TensorBoard, else W&B, else trainer_state.json (a tracker
    whose package is not installed comes last); the others are reported as "also found ... (the same run)".
-4. A rollout source joins (`sources.attach_to`) the newest run whose home holds it (an output dir; a log's folder;
-   for veRL's `<root>/<project>/<experiment>.jsonl`, its <root>); with none, the only run found; else it is a run
-   of its own.
+4. A rollout source joins (`sources.attach_to`) the newest run whose home holds it (an output dir; a log's
+   folder; for veRL's `<root>/<project>/<experiment>.jsonl`, its <root>); with none, the only run found; else
+   it is a run of its own.
 
-The walk is bounded (depth, entries), skips hidden folders, symlinks and checkpoint folders, and reads at most a
-few KiB of a file to tell what it is; nothing found is opened for writing.
+The walk is bounded (depth, entries), skips hidden folders, symlinks and checkpoint folders, and reads at most
+a few KiB of a file to tell what it is; nothing found is opened for writing.
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ class Discovery:
     notes: list[str] = field(default_factory=list)  # one line each: what was seen but not read, bounds hit
 
 
-# -- the walk --------------------------------------------------------------------------------------------------
+# -- the walk ------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -154,8 +156,8 @@ def discover(root: str | Path) -> Discovery:
                 )
     if not found.runs:
         raise ObserveError(
-            f"{visible_line(str(root))}: no runs found (looked for TensorBoard event files, W&B runs, trainer_state.json,"
-            " JSONL logs, MLflow and Trackio stores, rollout dumps"
+            f"{visible_line(str(root))}: no runs found (looked for TensorBoard event files, W&B runs, "
+            "trainer_state.json, JSONL logs, MLflow and Trackio stores, rollout dumps"
             + (f"; {bounds}" if seen.truncated else "")
             + ")"
         )
@@ -243,7 +245,8 @@ def _file_kind(folder: Path, path: Path, seen: Seen) -> None:
         if path.name == "results.jsonl" and _is_sample(first, ("prompt", "completion")):
             seen.rollouts.append(Found("rollouts-verifiers", path, "verifiers results", folder, _mtime(path)))
         elif _is_metrics_line(first):
-            # veRL's file logger writes <root>/<project>/<experiment>.jsonl, <root> being where the run started
+            # veRL's file logger writes <root>/<project>/<experiment>.jsonl,
+            # <root> being where the run started
             home = folder.parent if isinstance(first.get("data"), dict) else folder
             seen.metrics.append(Found("jsonl", path, _jsonl_what(first), home, _mtime(path)))
     elif path.suffix.lower() in SQLITE_SUFFIXES and _head(path, 16).startswith(SQLITE_HEADER):
@@ -317,7 +320,7 @@ def relative(path: Path, root: Path) -> str:
         return visible_line(str(path))
 
 
-# -- grouping --------------------------------------------------------------------------------------------------
+# -- grouping ------------------------------------------------------------------------------------------------
 
 
 def _group(seen: Seen) -> list[FoundRun]:
@@ -432,13 +435,13 @@ def describe(found: Discovery, run: FoundRun) -> str:
     return line
 
 
-# -- registering -------------------------------------------------------------------------------------------------
+# -- registering ---------------------------------------------------------------------------------------------
 
 
 @dataclass
 class Registered:
-    """A found run's sources as registered: the main one (metrics, or the rollouts of a rollouts-only run), then
-    the rollout sources attached to it. `errors`: one line per source that could not be registered."""
+    """A found run's sources as registered: the main one (metrics, or the rollouts of a rollouts-only run),
+    then the rollout sources attached to it. `errors`: one line per source that could not be registered."""
 
     run: FoundRun
     sources: list[tuple[int, Found]] = field(default_factory=list)

@@ -1,9 +1,9 @@
 """Which RL framework wrote a run, and its key names mapped onto the control room's concepts.
 
-One declarative table per framework (docs/reference/frameworks.md §2): a source key, or a pattern, and the key the
-control room charts it under. The vocabulary is TRL's (what transformers logs for GRPOTrainer, without `train/`),
-since TRL runs and our own runs already write it, plus one concept TRL has no key for: `policy_kl`, the KL between
-the policy that sampled and the one being trained (PPO's approx KL, prime-rl's mismatch KL).
+One declarative table per framework (docs/reference/frameworks.md §2): a source key, or a pattern, and the key
+the control room charts it under. The vocabulary is TRL's (what transformers logs for GRPOTrainer, without
+`train/`), since TRL runs and our own runs already write it, plus one concept TRL has no key for: `policy_kl`,
+the KL between the policy that sampled and the one being trained (PPO's approx KL, prime-rl's mismatch KL).
 
     entropy                  mean token entropy, nats (gives Φ once |V| is known)
     entropy/p10, entropy/p50, entropy/p90   percentiles of the per-token entropy (carl's own trainers)
@@ -15,10 +15,11 @@ the policy that sampled and the one being trained (PPO's approx KL, prime-rl's m
     completions/mean_length, completions/min_length, completions/max_length, completions/clipped_ratio
     grad_norm, learning_rate, loss, frac_reward_zero_std
 
-Keys are matched as `keys.normalize_key` leaves them, so with transformers' (and OpenRLHF's, slime's, prime-rl's)
-`train/` prefix already stripped. A framework is told from the keys a run logs (`detect`), and only its own table
-is applied: `entropy_loss` is OpenRLHF's and slime's entropy, but nothing says the same of a key of that name in
-another tool's log. A key no table names is kept as it is, and can be charted like any other.
+Keys are matched as `keys.normalize_key` leaves them, so with transformers' (and OpenRLHF's, slime's,
+prime-rl's) `train/` prefix already stripped. A framework is told from the keys a run logs (`detect`), and
+only its own table is applied: `entropy_loss` is OpenRLHF's and slime's entropy, but nothing says the same of
+a key of that name in another tool's log.
+A key no table names is kept as it is, and can be charted like any other.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ TABLES: dict[str, dict[str, str]] = {
     "carl": {},  # our own runs write the vocabulary itself (they train through TRL)
     "trl": {},  # trl/trainer/grpo_trainer.py (TRL 1.16): the vocabulary itself
     # volcengine/verl b178a3cd: verl/trainer/ppo/metric_utils.py (compute_data_metrics: critic/score/*,
-    # response_length/*), verl/trainer/ppo/core_algos.py (compute_policy_loss: actor/pg_clipfrac is either side,
-    # actor/pg_clipfrac_lower is the dual clip and stays), verl/workers/actor/dp_actor.py (actor/entropy,
-    # actor/kl_loss, actor/pg_loss, actor/grad_norm), verl/workers/fsdp_workers.py (actor/lr).
+    # response_length/*), verl/trainer/ppo/core_algos.py (compute_policy_loss: actor/pg_clipfrac is either
+    # side, actor/pg_clipfrac_lower is the dual clip and stays), verl/workers/actor/dp_actor.py
+    # (actor/entropy, actor/kl_loss, actor/pg_loss, actor/grad_norm), verl/workers/fsdp_workers.py (actor/lr).
     "verl": {
         "actor/entropy": "entropy",
         "critic/score/mean": "reward",
@@ -55,7 +56,8 @@ TABLES: dict[str, dict[str, str]] = {
     # OpenRLHF/OpenRLHF 3c3be623: openrlhf/trainer/ray/ppo_actor.py (training_step: entropy_loss is the
     # token-mean entropy, not a loss; policy_loss, actor_grad_norm, actor_lr, ppo_kl, ppo_clip_ratio),
     # openrlhf/models/loss.py (PolicyLoss: the clip ratio counts either side), openrlhf/trainer/ppo_utils/
-    # experience.py (response_length, truncated), experience_maker.py (reward, kl, return). Logged as train/<key>.
+    # experience.py (response_length, truncated), experience_maker.py (reward, kl, return).
+    # Logged as train/<key>.
     "openrlhf": {
         "entropy_loss": "entropy",
         "ppo_kl": "policy_kl",
@@ -66,8 +68,8 @@ TABLES: dict[str, dict[str, str]] = {
         "actor_lr": "learning_rate",
         "policy_loss": "loss",
     },
-    # PrimeIntellect-ai/prime-rl 559b4477: src/prime_rl/trainer/rl/train.py (entropy/all, mismatch_kl/all, loss,
-    # optim/*), src/prime_rl/trainer/rl/loss.py (is_masked_{low,high}: DPPO's masked tokens, its clip),
+    # PrimeIntellect-ai/prime-rl 559b4477: src/prime_rl/trainer/rl/train.py (entropy/all, mismatch_kl/all,
+    # loss, optim/*), src/prime_rl/trainer/rl/loss.py (is_masked_{low,high}: DPPO's masked tokens, its clip),
     # src/prime_rl/orchestrator/metrics.py and orchestrator.py (train/agg/{all,effective}/<agent>/...).
     "prime-rl": {
         "entropy/all/mean": "entropy",
@@ -131,8 +133,8 @@ TABLES: dict[str, dict[str, str]] = {
     },
 }
 
-# Keys (or prefixes, ending in "/") that tell a framework: a run is told by the most of them it has. `carl` wins
-# on any one of its own, since our runs also log TRL's keys.
+# Keys (or prefixes, ending in "/") that tell a framework: a run is told by the most of them it has. `carl`
+# wins on any one of its own, since our runs also log TRL's keys.
 SIGNATURES: dict[str, tuple[str, ...]] = {
     "carl": ("cascade/multiplier", "phi/p10", "phi/p90"),
     "trl": (
@@ -194,7 +196,8 @@ def detect(keys: Iterable[str]) -> str | None:
 
 @dataclass(frozen=True)
 class Table:
-    """A framework's table, compiled: exact names, then patterns, each with its rank (its place in the table)."""
+    """A framework's table, compiled: exact names, then patterns, each with its rank
+    (its place in the table)."""
 
     exact: dict[str, tuple[int, str]]
     patterns: list[tuple[int, re.Pattern[str], str]]
@@ -222,8 +225,8 @@ def compiled(framework: str | None) -> Table:
 class KeyMapping:
     """One run's key map: `canonical(key)` renames what its framework's table names and keeps the rest.
 
-    A canonical name goes to one source key only: the one the run already renamed to it (`claimed`, as stored in
-    run_keys), else the first met. Another key of the same concept keeps its own name, so nothing is lost.
+    A canonical name goes to one source key only: the one the run already renamed to it (`claimed`, as stored
+    in run_keys), else the first met. Another key of the same concept keeps its own name, so nothing is lost.
     """
 
     framework: str | None

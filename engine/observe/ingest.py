@@ -48,7 +48,8 @@ def register_source(
     """Record `path` (made absolute) as a source of `kind` (else its detected kind); returns the source id.
 
     `attach_to` names the source whose run a rollout source's samples join (`sources.attach_to`), as discovery
-    (discover.py) sets it. Registering a path again keeps its cursor, so nothing already imported is read twice.
+    (discover.py) sets it.
+    Registering a path again keeps its cursor, so nothing already imported is read twice.
     """
     resolved = files.resolved(path, ObserveError)
     if storable(str(resolved)) != str(resolved):  # the store keeps the path to open it again: it must be text

@@ -1,13 +1,14 @@
 """MLflow tracking stores, read without a server: a sqlite `mlflow.db` or an `mlruns/` directory.
 
-Read through `mlflow.tracking.MlflowClient` (the `mlflow` extra); every run of every experiment becomes a carl run
-(external id = MLflow's run id), its params the run's config, |V| from a `vocab_size` param. The cursor, per run
-and key, is the last step stored; a key whose latest step (MLflow keeps it per run) has not moved costs nothing, so
-following a store re-reads only what is new. A later value at a step already stored is ignored, as everywhere.
+Read through `mlflow.tracking.MlflowClient` (the `mlflow` extra); every run of every experiment becomes a carl
+run (external id = MLflow's run id), its params the run's config, |V| from a `vocab_size` param. The cursor,
+per run and key, is the last step stored; a key whose latest step (MLflow keeps it per run) has not moved
+costs nothing, so following a store re-reads only what is new.
+A later value at a step already stored is ignored, as everywhere.
 
-The user's store is never written: the sqlite file is opened read-only (`mode=ro`, through SQLAlchemy's URI form,
-which also keeps MLflow from creating tables or parent folders), and an `mlruns/` directory is opened only when it
-has the `.trash` folder MLflow's file store would otherwise create on opening.
+The user's store is never written: the sqlite file is opened read-only (`mode=ro`, through SQLAlchemy's URI
+form, which also keeps MLflow from creating tables or parent folders), and an `mlruns/` directory is opened
+only when it has the `.trash` folder MLflow's file store would otherwise create on opening.
 """
 
 from __future__ import annotations
@@ -73,8 +74,8 @@ def is_mlruns_dir(path: Path) -> bool:
 
 
 def check_files(path: Path) -> None:
-    """ObserveError unless `path` is a regular file, or a directory holding only directories and regular files:
-    MLflow opens what it finds, and a FIFO in an mlruns/ tree would block it for ever."""
+    """ObserveError unless `path` is a regular file, or a directory holding only directories and regular
+    files: MLflow opens what it finds, and a FIFO in an mlruns/ tree would block it for ever."""
     mode = checked_stat(path, ObserveError).st_mode
     if not stat.S_ISDIR(mode):
         if not stat.S_ISREG(mode):
@@ -132,7 +133,7 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:300]
 
 
-# -- ingest ------------------------------------------------------------------------------------------------------
+# -- ingest --------------------------------------------------------------------------------------------------
 
 
 class MlflowBatch:

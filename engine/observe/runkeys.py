@@ -1,7 +1,8 @@
 """A batch's metric rows, made the run's own: its framework's key map, then Φ derived from entropy.
 
 Every reader calls `finish_rows` inside the transaction that writes the rows and the cursor, so the framework
-stored on the run, the renames kept in run_keys and the rows never disagree, whatever moment a process dies at.
+stored on the run, the renames kept in run_keys and the rows never disagree,
+whatever moment a process dies at.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ KEYS_CAPPED = "keys capped"  # the run's event that says so, once
 
 
 def vocab_key(source_id: int, *, fallback: bool = False) -> str:
-    """The kv entry holding a |V| for a source's runs: the one the user gave (`carl observe --vocab-size`), which
-    wins over everything, or the fallback discovery found beside the run (a config.json), used when the source
-    itself says nothing."""
+    """The kv entry holding a |V| for a source's runs: the one the user gave (`carl observe --vocab-size`),
+    which wins over everything, or the fallback discovery found beside the run (a config.json), used when the
+    source itself says nothing."""
     return f"observe.vocab_size{'_fallback' if fallback else ''}.{source_id}"
 
 
@@ -54,9 +55,9 @@ def finish_rows(
     origin: Mapping[str, str] | None = None,
     result: IngestResult | None = None,
 ) -> list[Row]:
-    """The rows to store for one run's batch (keys as `normalize_key` left them): at most MAX_KEYS distinct keys
-    a run (`capped_keys`, which says so in `result`), renamed by the run's key map, with Φ or its entropy derived
-    per step where only the other is known.
+    """The rows to store for one run's batch (keys as `normalize_key` left them): at most MAX_KEYS distinct
+    keys a run (`capped_keys`, which says so in `result`), renamed by the run's key map, with Φ or its entropy
+    derived per step where only the other is known.
 
     The framework is the run's stored one, else the one the batch's keys tell (then stored on the run); the
     renames go to run_keys under the source's own spelling (`origin`). |V|: the user's `--vocab-size` for the

@@ -38,7 +38,8 @@ h1 { margin-bottom: 0.2em; } h2 { margin-top: 2em; border-bottom: 1px solid #ddd
 table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.92em; }
 th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
 th { background: #f4f4f8; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.muted { color: #777; } .pass { color: #1a7f37; font-weight: 600; } .fail { color: #c62828; font-weight: 600; }
+.muted { color: #777; } .pass { color: #1a7f37; font-weight: 600; } \
+.fail { color: #c62828; font-weight: 600; }
 .note { background: #fff8e1; border-left: 4px solid #f0b400; padding: 0.5em 1em; }
 .chart { width: 100%; min-height: 360px; }
 .swatch { display: inline-block; width: 0.9em; height: 0.9em; border-radius: 2px; vertical-align: -0.1em; }
@@ -256,7 +257,8 @@ def _comparison(page: Page, runs: Sequence[RunData], palette: Sequence[str]) -> 
             ("run", "arm", "seed", "status", "steps", "eval", "task", "solved"),
             [
                 (
-                    f'<span class="swatch" style="background:{c}"></span> <a href="#run-{d.run.id}">{_e(d.run.name)}</a>',
+                    f'<span class="swatch" style="background:{c}"></span> '
+                    f'<a href="#run-{d.run.id}">{_e(d.run.name)}</a>',
                     _e(d.arm),
                     _e(d.seed),
                     _e(d.run.status),

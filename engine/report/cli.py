@@ -104,8 +104,8 @@ def list_experiments(args: argparse.Namespace, home: Path) -> int:
     for e in records:
         done = e["cell_status"].get("finished", 0)
         print(
-            f"{e['id']:>4}  {e['name']:<28} {e['status']:<9} {len(e['arms'])} arms x {len(e['seeds'])} seeds, "
-            f"{e['steps']} steps; {done}/{len(e['cells'])} cells finished"
+            f"{e['id']:>4}  {e['name']:<28} {e['status']:<9} {len(e['arms'])} arms x {len(e['seeds'])} "
+            f"seeds, {e['steps']} steps; {done}/{len(e['cells'])} cells finished"
         )
         for arm in e["summary"]:
             print(

@@ -1,7 +1,7 @@
 """The cascade: coherence rewards stay off until the task reward works, then ramp in, capped.
 
-`CascadeGate` is the percentile gate of docs/reference/carl.md §7, driven only by the live task-reward signal (the
-task reward function's mean for each step, fed by the runner once per optimizer step), never by a step
+`CascadeGate` is the percentile gate of docs/reference/carl.md §7, driven only by the live task-reward signal
+(the task reward function's mean for each step, fed by the runner once per optimizer step), never by a step
 count and never by the coherence signal. Its `GateState` is the per-step record the project rules ask
 for (state, threshold, history length, count above, multiplier, reason).
 
@@ -304,5 +304,6 @@ class GatedReward:
 
 
 def gated(fn: RewardFn, gate_multiplier_getter: Callable[[], float], scale: bool = False) -> GatedReward:
-    """Wrap `fn` so it costs nothing while the gate is closed, e.g. `gated(coherence, lambda: gate.multiplier)`."""
+    """Wrap `fn` so it costs nothing while the gate is closed, e.g.
+    `gated(coherence, lambda: gate.multiplier)`."""
     return GatedReward(fn, gate_multiplier_getter, scale)

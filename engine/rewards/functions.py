@@ -78,7 +78,8 @@ def make_task_reward(task: Task) -> RewardFn:
         if missing:
             columns = ", ".join(sorted(k for k in kwargs if k not in TRL_KEYWORDS)) or "none"
             raise RewardError(
-                f"the task reward needs a {missing[0]!r} dataset column ({task.name} task; columns: {columns})"
+                f"the task reward needs a {missing[0]!r} dataset column ({task.name} task; columns: "
+                f"{columns})"
             )
         answers = task.answers(kwargs, len(completions))
         return [task.score(completion_text(c), a) for c, a in zip(completions, answers, strict=True)]
@@ -102,7 +103,8 @@ def make_format_reward(task: Task) -> RewardFn:
 
 
 def concise_score(length: int, target: int, slack: float) -> float:
-    """1.0 up to `target`, falling linearly to 0 at `target * (1 + slack)`; 0 for empty (silence is not concision)."""
+    """1.0 up to `target`, falling linearly to 0 at `target * (1 + slack)`; 0 for empty
+    (silence is not concision)."""
     if length <= 0:
         return 0.0
     if length <= target:

@@ -120,7 +120,8 @@ def insert_chat_message(
         )
         conversation_id = int(cur.lastrowid)  # type: ignore[arg-type]
     cur = conn.execute(
-        "INSERT INTO chat_messages (conversation_id, run_id, role, content, meta, created_at) VALUES (?,?,?,?,?,?)",
+        "INSERT INTO chat_messages (conversation_id, run_id, role, content, meta, created_at) "
+        "VALUES (?,?,?,?,?,?)",
         (conversation_id, run_id, role, content, json.dumps(meta or {}), now),
     )
     conn.execute("UPDATE conversations SET updated_at=? WHERE id=?", (now, conversation_id))

@@ -184,12 +184,14 @@ class StoreReader:
         """`key` between steps `start` and `end`: raw points when the range holds few enough,
         else the rollup level that brings it under `max_points` buckets."""
         raw = self.conn.execute(
-            "SELECT count(*) FROM (SELECT 1 FROM metrics WHERE run_id=? AND key=? AND step BETWEEN ? AND ? LIMIT ?)",
+            "SELECT count(*) FROM (SELECT 1 FROM metrics WHERE run_id=? AND key=? AND step BETWEEN ? AND ? "
+            "LIMIT ?)",
             (run_id, key, start, end, max_points + 1),
         ).fetchone()[0]
         if raw <= max_points:
             rows = self.conn.execute(
-                "SELECT step, value FROM metrics WHERE run_id=? AND key=? AND step BETWEEN ? AND ? ORDER BY step",
+                "SELECT step, value FROM metrics WHERE run_id=? AND key=? AND step BETWEEN ? AND ? "
+                "ORDER BY step",
                 (run_id, key, start, end),
             ).fetchall()
             if not rows:
@@ -318,8 +320,8 @@ class StoreReader:
 
     def _samples_where(self, where: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
         cur = self.conn.execute(
-            "SELECT id, run_id, step, idx, kind, prompt, completion, tokens, phi, entropy, rewards FROM samples"
-            f" WHERE {where}",
+            "SELECT id, run_id, step, idx, kind, prompt, completion, tokens, phi, entropy, rewards "
+            f"FROM samples WHERE {where}",
             params,
         )
         cols = [d[0] for d in cur.description]
@@ -488,7 +490,8 @@ class StoreReader:
 
     def latest_eval(self, run_id: int) -> dict[str, Any] | None:
         cur = self.conn.execute(
-            "SELECT id, passed, metrics, reasons, created_at FROM evals WHERE run_id=? ORDER BY id DESC LIMIT 1",
+            "SELECT id, passed, metrics, reasons, created_at FROM evals WHERE run_id=? ORDER BY id DESC "
+            "LIMIT 1",
             (run_id,),
         )
         row = cur.fetchone()
@@ -600,7 +603,8 @@ class StoreReader:
             return []
         cur = self.conn.execute(
             "SELECT worker_id, kind, task_types, model, model_version, state, task_id, tasks_done, failures,"
-            " score_n, score_sum, host, pid, detail, first_seen, last_seen FROM agent_workers ORDER BY worker_id"
+            " score_n, score_sum, host, pid, detail, first_seen, last_seen FROM agent_workers "
+            "ORDER BY worker_id"
         )
         cols = [d[0] for d in cur.description]
         out = []
@@ -659,12 +663,14 @@ class StoreReader:
         for key in ("steps", "step_scores"):
             task[key] = json.loads(task[key]) if task[key] else []
         rollout = self.conn.execute(
-            "SELECT payload FROM agent_events WHERE task_id=? AND kind='rollout' AND status='ok' ORDER BY id LIMIT 1",
+            "SELECT payload FROM agent_events WHERE task_id=? AND kind='rollout' AND status='ok' ORDER BY id "
+            "LIMIT 1",
             (task_id,),
         ).fetchone()
         task["rollout"] = json.loads(rollout[0]) if rollout else None
         cur = self.conn.execute(
-            "SELECT id, kind, subject, worker_id, score, received_at FROM agent_events WHERE task_id=? ORDER BY id",
+            "SELECT id, kind, subject, worker_id, score, received_at FROM agent_events WHERE task_id=? "
+            "ORDER BY id",
             (task_id,),
         )
         cols = [d[0] for d in cur.description]
@@ -694,9 +700,9 @@ class StoreReader:
         if rejected:
             where.append("status='rejected'")
         sql = (
-            "SELECT id, subject, kind, task_id, manager_id, worker_id, score, payload, created_at, environment,"
-            " model_version, stream_seq, received_at, coalesce(status, 'ok') AS status, reason FROM agent_events"
-            f" WHERE {' AND '.join(where)} ORDER BY id DESC"
+            "SELECT id, subject, kind, task_id, manager_id, worker_id, score, payload, created_at, "
+            "environment, model_version, stream_seq, received_at, coalesce(status, 'ok') AS status, reason "
+            f"FROM agent_events WHERE {' AND '.join(where)} ORDER BY id DESC"
         )
         if limit:
             sql += f" LIMIT {int(limit)}"

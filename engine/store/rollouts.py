@@ -1,8 +1,8 @@
 """A rollout as the store keeps it: one sample of a step, from any source, in the `rollouts` table.
 
-The light half (no sqlite-utils, no numpy): the writer turns dicts into rows here, and the reader turns rows back
-into dicts. Per-token values travel as float16 little-endian bytes: 2 bytes a token, about a thousandth of the
-step's own cost to write (bench/bench_rollouts.py).
+The light half (no sqlite-utils, no numpy): the writer turns dicts into rows here, and the reader turns rows
+back into dicts. Per-token values travel as float16 little-endian bytes: 2 bytes a token, about a thousandth
+of the step's own cost to write (bench/bench_rollouts.py).
 """
 
 from __future__ import annotations

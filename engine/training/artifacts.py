@@ -108,7 +108,8 @@ def lookup_run(store: Any, ref: str) -> dict[str, Any] | None:
 
 
 def carl_run(store: Any, ref: str, *, for_what: str) -> dict[str, Any]:
-    """A run carl trained, by name or id; BadInput naming `for_what` it is not (e.g. 'nothing to evaluate')."""
+    """A run carl trained, by name or id; BadInput naming `for_what` it is not
+    (e.g. 'nothing to evaluate')."""
     run = lookup_run(store, ref)
     if run is None:
         raise BadInput(f"{ref}: no such run")

@@ -95,7 +95,10 @@ class RewardSet:
             return f"weight of {name} = {value:g}"
         effective = self.weights.set_weight(name, value)
         if self.weights.is_capped(name):
-            return f"weight of {name} = {value:g}, capped at {effective:g} (task weight x {self.weights.cap_ratio:g})"
+            return (
+                f"weight of {name} = {value:g}, capped at {effective:g} "
+                f"(task weight x {self.weights.cap_ratio:g})"
+            )
         return f"weight of {name} = {value:g}"
 
     def set_phi_provider(self, provider: Callable[..., Sequence[Any]]) -> None:

@@ -34,7 +34,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         type=int_flag(1),
         default=None,
         metavar="N",
-        help="train data-parallel in N processes through accelerate (torch; at most the GPUs, or the CPU cores)",
+        help=(
+            "train data-parallel in N processes through accelerate (torch; at most the GPUs, "
+            "or the CPU cores)"
+        ),
     )
     parser.add_argument(
         "--resume", default=None, metavar="RUN", help="continue RUN (name or id) from its last checkpoint"

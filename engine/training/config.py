@@ -191,7 +191,10 @@ class TrainConfig(_Section):
     sft_warmup_steps: Count = Field(
         0,
         ge=0,
-        description="SFT steps on the gold completions before GRPO (0: none); see warmup_learning_rate and warmup_batch_size",
+        description=(
+            "SFT steps on the gold completions before GRPO (0: none); "
+            "see warmup_learning_rate and warmup_batch_size"
+        ),
     )
     warmup_learning_rate: Real | None = Field(
         None, gt=0.0, description="learning rate of the SFT warm-up (null: 5x learning_rate)"

@@ -150,7 +150,8 @@ def open_run(
 
 
 def make_output_dir(output_dir: Path) -> None:
-    """Create the run's directory; BadInput (one line) when it cannot be: a file is in the way, no permission."""
+    """Create the run's directory; BadInput (one line) when it cannot be: a file is in the way,
+    no permission."""
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
@@ -208,7 +209,8 @@ def train_run(
     except BadInput as exc:
         return _failed(reporter, pump, str(exc), EXIT_BAD_INPUT, ranks)
     except (TrainingFailed, ConfigError) as exc:
-        # A collective inside a reward (the pooled calibration) meets a dead rank first: say that, not the reward.
+        # A collective inside a reward (the pooled calibration) meets a dead rank first: say that,
+        # not the reward.
         return _failed(reporter, pump, _rank_lost(exc, reporter, ranks) or str(exc), EXIT_FAILED, ranks)
     except KeyboardInterrupt:
         return _failed(reporter, pump, "interrupted", EXIT_FAILED, ranks)

@@ -399,7 +399,8 @@ class MLXBackend:
         return list(self.tokenizer.encode(str(prompt)))
 
     def _order(self, n: int, index: int) -> int:
-        """The row used at position `index` of the run's data stream: a permutation per epoch, from the seed."""
+        """The row used at position `index` of the run's data stream: a permutation per epoch,
+        from the seed."""
         epoch, within = divmod(index, n)
         return int(np.random.default_rng([self.config.seed, epoch]).permutation(n)[within])
 

@@ -10,9 +10,9 @@ hooked (vLLM, `phi_source: forward`), from one no-grad forward of prompt + compl
 step logs which (`phi/from_generate`: 1 or 0).
 
 The step's rollouts (engine/training/rollouts.py) take their per-token entropy and log-probability from that
-same loss forward, and their advantages from TRL's own computation: storing them costs no model call. So do the
-entropy percentiles and Cov(log π, A) of engine/coherence/tokens.py; TRL logs the other RL health keys itself
-(kl only when beta > 0, clip_ratio/*, completions/*, frac_reward_zero_std).
+same loss forward, and their advantages from TRL's own computation: storing them costs no model call. So do
+the entropy percentiles and Cov(log π, A) of engine/coherence/tokens.py; TRL logs the other RL health keys
+itself (kl only when beta > 0, clip_ratio/*, completions/*, frac_reward_zero_std).
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ WARMUP_DONE = "carl_warmup.json"
 
 
 def make_trainer_class() -> type:
-    """GRPOTrainer, keeping what each step generates, scores and measures (built lazily: trl is slow to import)."""
+    """GRPOTrainer, keeping what each step generates, scores and measures (built lazily:
+    trl is slow to import)."""
     from trl import GRPOTrainer
 
     class CarlGRPOTrainer(GRPOTrainer):

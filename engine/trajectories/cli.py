@@ -1,4 +1,5 @@
-"""`carl trajectories ...`: import, list, status, ablate, export, train, eval; and `carl hook`, `carl hooks`."""
+"""`carl trajectories ...`: import, list, status, ablate, export, train, eval;
+and `carl hook`, `carl hooks`."""
 
 from __future__ import annotations
 
@@ -82,10 +83,10 @@ def run(args: argparse.Namespace, home: Path) -> int:
 def add_hook_arguments(parser: argparse.ArgumentParser) -> None:
     """`carl hook` takes no arguments: the payload comes on stdin."""
     parser.description = (
-        "Record one Claude Code hook payload, read from stdin, into the spool of $CARL_HOME (or --home). This is"
-        " what the hooks `carl hooks install` writes into settings.json run for every event; it prints nothing"
-        " and always exits 0, so a hook can never disturb Claude Code. The engine reads the spool and assembles"
-        " the payloads into scored trajectories."
+        "Record one Claude Code hook payload, read from stdin, into the spool of $CARL_HOME (or --home). "
+        "This is what the hooks `carl hooks install` writes into settings.json run for every event; it "
+        "prints nothing and always exits 0, so a hook can never disturb Claude Code. The engine reads the "
+        "spool and assembles the payloads into scored trajectories."
     )
 
 
@@ -162,8 +163,8 @@ def _list(args: argparse.Namespace, home: Path) -> int:
     with _store(home) as store:
         where, params = ("WHERE coalesce(domain, '_global')=?", [args.domain]) if args.domain else ("", [])
         rows = store.conn.execute(
-            "SELECT id, session_id, agent, coalesce(domain, '_global'), tool_count, success_rate, reward, advantage,"
-            f" holdout, prompt FROM trajectories {where} ORDER BY id DESC LIMIT ?",
+            "SELECT id, session_id, agent, coalesce(domain, '_global'), tool_count, success_rate, reward, "
+            f"advantage, holdout, prompt FROM trajectories {where} ORDER BY id DESC LIMIT ?",
             (*params, args.limit),
         ).fetchall()
     if args.json:  # newest first, as the table
@@ -175,7 +176,8 @@ def _list(args: argparse.Namespace, home: Path) -> int:
         print("no trajectories yet: `carl hooks install`, or `carl trajectories import`")
         return 0
     print(
-        f"{'id':>6} {'session':<9} {'agent':<12} {'domain':<14} {'tools':>5} {'ok':>5} {'reward':>7} {'adv':>7}  prompt"
+        f"{'id':>6} {'session':<9} {'agent':<12} {'domain':<14} {'tools':>5} {'ok':>5} {'reward':>7} "
+        f"{'adv':>7}  prompt"
     )
     for r in rows:
         ok = "—" if r[5] is None else f"{r[5]:.0%}"
@@ -184,7 +186,8 @@ def _list(args: argparse.Namespace, home: Path) -> int:
         session, agent, domain = (visible_line(r[i]) for i in (1, 2, 3))
         prompt = visible(" ".join((r[9] or "").split()))[:50]
         print(
-            f"{r[0]:>6} {session[:8]:<9} {agent[:12]:<12} {domain[:14]:<14} {r[4]:>5} {ok:>5} {r[6]:>7.3f} {r[7]:>+7.2f}{hold} {prompt}"
+            f"{r[0]:>6} {session[:8]:<9} {agent[:12]:<12} {domain[:14]:<14} {r[4]:>5} {ok:>5} {r[6]:>7.3f} "
+            f"{r[7]:>+7.2f}{hold} {prompt}"
         )
     return 0
 

@@ -3,7 +3,8 @@
 ```toml
 replace_default_domains = false      # true: only the entries below
 [[domains]]
-pattern = "billing-api|stripe"       # regex, searched case-insensitively in paths, commands, cwd, repo, prompt
+# pattern: a regex, searched case-insensitively in paths, commands, cwd, repo, prompt
+pattern = "billing-api|stripe"
 skill = "payments-dev"
 domain = "payments"
 

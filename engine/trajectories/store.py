@@ -1,7 +1,7 @@
 """Scored trajectories in carl.db: upsert by uid, then one advantage pass over the whole store.
 
-Project rule 12(c) of docs/reference/karl.md: advantages are computed only after every record is scored, in one
-pass over the store, and again whenever a record is added or re-scored. `save` does exactly that:
+Project rule 12(c) of docs/reference/karl.md: advantages are computed only after every record is scored, in
+one pass over the store, and again whenever a record is added or re-scored. `save` does exactly that:
 score what arrived, upsert it (a re-import or a re-assembled hook turn updates its row in place),
 then recompute every advantage and the per-domain baselines the control room shows.
 """
@@ -116,8 +116,8 @@ def upsert(
                 traj_id = cur.lastrowid
                 result.new += 1
             conn.executemany(
-                "INSERT INTO trajectory_events (trajectory_id, seq, tool, ok, params, ts, exit_code, duration_ms)"
-                " VALUES (?,?,?,?,?,?,?,?)",
+                "INSERT INTO trajectory_events (trajectory_id, seq, tool, ok, params, ts, exit_code, "
+                "duration_ms) VALUES (?,?,?,?,?,?,?,?)",
                 [
                     (
                         traj_id,
@@ -136,7 +136,8 @@ def upsert(
 
 
 def recompute_advantages(store: Store) -> dict[str, Any]:
-    """docs/reference/karl.md §12(c): one z-score pass over every stored reward; writes advantages and baselines."""
+    """docs/reference/karl.md §12(c): one z-score pass over every stored reward;
+    writes advantages and baselines."""
     from engine.trajectories.scoring.advantages import compute_advantages
 
     rows = store.conn.execute("SELECT id, reward, domain, advantage FROM trajectories ORDER BY id").fetchall()
@@ -156,7 +157,8 @@ def recompute_advantages(store: Store) -> dict[str, Any]:
         )
         store.conn.execute("DELETE FROM trajectory_domains")
         store.conn.executemany(
-            "INSERT INTO trajectory_domains (domain, n, mean, baseline, sigma, updated_at) VALUES (?,?,?,?,?,?)",
+            "INSERT INTO trajectory_domains (domain, n, mean, baseline, sigma, updated_at) "
+            "VALUES (?,?,?,?,?,?)",
             [(b.domain, b.n, b.mean, b.baseline, b.sigma, now) for b in baselines.values()],
         )
     return baselines

@@ -110,7 +110,8 @@ def _scored(profile: str, evidence: Evidence) -> tuple[dict[str, list[float]], l
 
 
 class CombinedScorer:
-    """Scores a result with the PRM and its environment's profile (docs/reference/agents-plane.md §6, §12 rule 3).
+    """Scores a result with the PRM and its environment's profile
+    (docs/reference/agents-plane.md §6, §12 rule 3).
 
     A failed result scores 0 everywhere (no steps, no outcome, no reward): a crash is not a partial
     answer. A result without steps has PRM 0 and its answer stands in for the steps elsewhere; with

@@ -48,8 +48,8 @@ class StepJudge(Protocol):
 
 
 def judge_prompt(task: str, steps: Sequence[str], index: int) -> str:
-    """The one user message of a judge call (docs/reference/agents-plane.md §5): the task, steps 1..i numbered, and the
-    step under judgement; later steps are never shown. Every text goes through `redact`."""
+    """The one user message of a judge call (docs/reference/agents-plane.md §5): the task, steps 1..i
+    numbered, and the step under judgement; later steps are never shown. Every text goes through `redact`."""
     shown = "\n".join(f"{n}. {redact(step)}" for n, step in enumerate(steps[: index + 1], 1))
     return (
         "You judge one step of a worker's solution to a task.\n\n"

@@ -2,16 +2,17 @@
 
 The file is read as published: the paper's 290 records, one whole session a line, keep the five signals in
 `outcome.signals` (docs/reference/karl.md §11); the recorder's own per-turn records keep them as
-`outcome.<signal>_score` (§2.1). `karl_records` tells the two apart per record, so a file may hold both. Either
-way each signal is read as stored, with `outcome.reward_score` (R) and `outcome.advantage` beside it.
+`outcome.<signal>_score` (§2.1). `karl_records` tells the two apart per record, so a file may hold both.
+Either way each signal is read as stored, with `outcome.reward_score` (R) and `outcome.advantage` beside it.
 The sub-scores in `reward_components` (§3.6) belong to the full scorer, not to what §11 ablates, and
 `quality.success_rate` is rounded to 3 decimals: neither is read.
 
 Paper side: the stored signals, ranked with the weights of the paper's code at the time of the
-ablation (0.30/0.25/0.15/0.15/0.15, docs/reference/karl.md §13 item 1). Our side: the same records mapped back to
-trajectories by `karl_records` and re-scored by our scorer (docs/reference/karl.md §3 with the rules of §12). Both are
-ablated by `ablation.ablate`, the §11 method: ties share their average rank in ρ, and a top-20 set holds exactly 20
-records (the paper counts "5 of 20 displaced"), a tie at its edge going to the earlier record in the file.
+ablation (0.30/0.25/0.15/0.15/0.15, docs/reference/karl.md §13 item 1). Our side: the same records mapped back
+to trajectories by `karl_records` and re-scored by our scorer (docs/reference/karl.md §3 with the rules of
+§12). Both are ablated by `ablation.ablate`, the §11 method: ties share their average rank in ρ, and a top-20
+set holds exactly 20 records (the paper counts "5 of 20 displaced"),
+a tie at its edge going to the earlier record in the file.
 
 A record that cannot be used (not JSON, no outcome or trajectory object, a signal missing or not a number in
 [0, 1], ...) costs one `file:line: field ...` line in `skipped`; the tables cover the rest of the file.
@@ -291,7 +292,8 @@ def format_paper_ablation(result: PaperAblation) -> str:
         f"weights {weights}; a dropped signal's weight is shared out pro rata",
         "",
         f"{'':<18} {'paper file (stored signals)':^28}   {'ours (re-scored)':^28}",
-        f"{'signal dropped':<18} {'rho':>8} {'overlap':>9} {'impact':>9}   {'rho':>8} {'overlap':>9} {'impact':>9}",
+        f"{'signal dropped':<18} {'rho':>8} {'overlap':>9} {'impact':>9}   {'rho':>8} {'overlap':>9} "
+        f"{'impact':>9}",
     ]
     for p in result.paper.rows:
         o = result.ours.row(p.signal)
@@ -302,7 +304,8 @@ def format_paper_ablation(result: PaperAblation) -> str:
     lines += ["", f"{'':<18} {'paper file':>10} {'ours':>10}"]
     for name in SIGNALS:
         lines.append(
-            f"{name + ' mean':<18} {result.paper.signal_means[name]:>10.3f} {result.ours.signal_means[name]:>10.3f}"
+            f"{name + ' mean':<18} {result.paper.signal_means[name]:>10.3f} "
+            f"{result.ours.signal_means[name]:>10.3f}"
         )
     for stat in ("mean", "sd", "min", "max"):
         lines.append(

@@ -78,7 +78,8 @@ def average_ranks(x: np.ndarray) -> np.ndarray:
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Pearson correlation of average ranks. Undefined when a ranking is constant: 1.0 if both are, else 0.0."""
+    """Pearson correlation of average ranks.
+    Undefined when a ranking is constant: 1.0 if both are, else 0.0."""
     ra, rb = average_ranks(a), average_ranks(b)
     da, db = ra - ra.mean(), rb - rb.mean()
     denom = float(np.sqrt((da * da).sum() * (db * db).sum()))

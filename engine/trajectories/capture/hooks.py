@@ -4,7 +4,8 @@ The recorder itself is recorder.py (standard library only, run by every hook eve
 the engine's side: `install`/`uninstall` edit a Claude Code settings.json without disturbing the
 user's own hooks, `read_spool`/`remove_spool` hand spooled payloads to the engine in two phases
 (store first, then delete, so nothing is lost if the engine dies in between), and `assemble` maps
-one session's ordered payloads to trajectories (docs/reference/agent-traces.md §1.5, docs/reference/karl.md §1 and rule 12).
+one session's ordered payloads to trajectories (docs/reference/agent-traces.md §1.5,
+docs/reference/karl.md §1 and rule 12).
 """
 
 from __future__ import annotations

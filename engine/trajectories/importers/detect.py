@@ -1,7 +1,7 @@
 """What the next human prompt says about the previous turn, and which user lines are human prompts.
 
-Project rule 12(g) of docs/reference/karl.md: correction and redo come from the lower-cased first 300 characters
-of the next human prompt of the same session; its arrival alone means the session continued.
+Project rule 12(g) of docs/reference/karl.md: correction and redo come from the lower-cased first 300
+characters of the next human prompt of the same session; its arrival alone means the session continued.
 The pattern sets are the documented defaults; configuration may replace them.
 """
 
@@ -14,14 +14,16 @@ from dataclasses import dataclass
 DETECT_CHARS = 300
 CORRECTION_PATTERNS = (
     r"^(no|nope|wrong|stop)\b",
-    r"\b(not what i (asked|meant|wanted)|that'?s (not|wrong)|i (meant|said)|you (just )?(deleted|broke|removed)"
-    r"|undo|revert|don'?t (do|use|change|touch)|never|always|why did you|wtf)\b",
+    r"\b(not what i (asked|meant|wanted)|that'?s (not|wrong)|i (meant|said)"
+    r"|you (just )?(deleted|broke|removed)|undo|revert|don'?t (do|use|change|touch)"
+    r"|never|always|why did you|wtf)\b",
     r"\b(still|it'?s|is) (not working|broken|failing)",
     r"does ?n[o']t work",
 )
 REDO_PATTERNS = (r"\b(try again|redo|do it again|start over|one more time|again,? but)\b",)
 
-# Claude Code user lines that are not human prompts (docs/reference/karl.md §12(g), docs/reference/agent-traces.md §2.2).
+# Claude Code user lines that are not human prompts (docs/reference/karl.md §12(g),
+# docs/reference/agent-traces.md §2.2).
 NOT_HUMAN_PREFIXES = (
     "<command-",
     "<local-command-",

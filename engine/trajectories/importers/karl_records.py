@@ -7,11 +7,11 @@
   line, the signals in `outcome.signals.<signal>`, the times as `timing.first` / `timing.last` with
   `timing.num_prompts`, no prompt and no cross-turn flags.
 
-A record already is one trajectory; this maps its fields back. What the file stored about its own score (reward,
-signals, advantage) is kept beside, in `Trajectory.recorded`; our scorer never reads it. Privacy is applied again
-(prompt cut and redacted, key parameters filtered) because a record file may come from another recorder.
-A record with a malformed field raises `RecordError`, whose message names the field; the caller turns it into
-one `file:line: ...` line and reads on.
+A record already is one trajectory; this maps its fields back. What the file stored about its own score
+(reward, signals, advantage) is kept beside, in `Trajectory.recorded`; our scorer never reads it. Privacy is
+applied again (prompt cut and redacted, key parameters filtered) because a record file may come from another
+recorder. A record with a malformed field raises `RecordError`, whose message names the field; the caller
+turns it into one `file:line: ...` line and reads on.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
-"""Per-domain advantages: a Bayesian-smoothed z-score of each reward (docs/reference/karl.md §4, project rule 12(c)).
+"""Per-domain advantages: a Bayesian-smoothed z-score of each reward (docs/reference/karl.md §4,
+project rule 12(c)).
 
     μ_g = mean of all rewards                      b_d = (n_d·μ_d + κ·μ_g) / (n_d + κ),  κ = 10
     σ_d = max(popstd(rewards of d), 0.02)          if n_d ≥ 5
         = max(popstd(all rewards about μ_g), 0.02) otherwise
     A   = round((R − b_d) / σ_d, 4)
 
-docs/reference/karl.md §12(c): this is the only advantage. It is computed once, over the whole store, after every
-record has been scored, and recomputed whenever records are added or re-scored.
+docs/reference/karl.md §12(c): this is the only advantage. It is computed once, over the whole store, after
+every record has been scored, and recomputed whenever records are added or re-scored.
 """
 
 from __future__ import annotations

@@ -8,20 +8,22 @@ The §8 counting mechanism: collect evidence strings (every event's `file_path`,
 
 The default table holds only portable evidence, no personal directory names or hostnames:
 
-| entry | evidence | (skill, domain) |
-|---|---|---|
-| iOS | `.xcodeproj`, `.swift`, `xcodebuild`, `swift build/test`, `pod install` | (ios-build, ios) |
-| infra | `Dockerfile`, `docker-compose`, `docker`, `.service`, `kubectl`, `helm`, `terraform`, `.tf` | (deploy-ops, infra) |
-| data | `supabase`, `migration(s)`, `.sql`, `psql`, `alembic` | (supabase-ops, data) |
-| notebooks | `.ipynb`, `jupyter` | (notebook, data-science) |
-| Rust | `.rs`, `Cargo.toml`, `cargo` | (rust-dev, rust) |
-| Go | `.go`, `go.mod`, `go build/test/run/mod/vet` | (go-dev, go) |
-| web | `.ts/.tsx/.js/.jsx/.mjs/.cjs/.vue/.svelte/.css`, `package.json`, `npm/npx/yarn/pnpm/bun` | (web-dev, web) |
-| Python | `.py`, `pyproject.toml`, `requirements*.txt`, `pip`, `pytest`, `python`, `uv`, `ruff` | (python-dev, python) |
-| JVM | `.java/.kt/.kts/.gradle`, `pom.xml`, `gradle(w)`, `mvn` | (jvm-dev, jvm) |
-| C/C++ | `.c/.h/.cc/.cpp/.hpp`, `CMakeLists.txt`, `cmake` | (c-cpp-dev, systems) |
-| shell | `.sh/.bash/.zsh` scripts | (shell-scripting, infra) |
-| docs | `.md/.rst/.mdx`, a `docs/` folder, `mkdocs`, `sphinx` | (docs-writing, docs) |
+entry      (skill, domain)           evidence
+iOS        (ios-build, ios)          `.xcodeproj`, `.swift`, `xcodebuild`, `swift build/test`, `pod install`
+infra      (deploy-ops, infra)       `Dockerfile`, `docker-compose`, `docker`, `.service`, `kubectl`, `helm`,
+                                     `terraform`, `.tf`
+data       (supabase-ops, data)      `supabase`, `migration(s)`, `.sql`, `psql`, `alembic`
+notebooks  (notebook, data-science)  `.ipynb`, `jupyter`
+Rust       (rust-dev, rust)          `.rs`, `Cargo.toml`, `cargo`
+Go         (go-dev, go)              `.go`, `go.mod`, `go build/test/run/mod/vet`
+web        (web-dev, web)            `.ts/.tsx/.js/.jsx/.mjs/.cjs/.vue/.svelte/.css`, `package.json`,
+                                     `npm/npx/yarn/pnpm/bun`
+Python     (python-dev, python)      `.py`, `pyproject.toml`, `requirements*.txt`, `pip`, `pytest`, `python`,
+                                     `uv`, `ruff`
+JVM        (jvm-dev, jvm)            `.java/.kt/.kts/.gradle`, `pom.xml`, `gradle(w)`, `mvn`
+C/C++      (c-cpp-dev, systems)      `.c/.h/.cc/.cpp/.hpp`, `CMakeLists.txt`, `cmake`
+shell      (shell-scripting, infra)  `.sh/.bash/.zsh` scripts
+docs       (docs-writing, docs)      `.md/.rst/.mdx`, a `docs/` folder, `mkdocs`, `sphinx`
 
 Order matters only for ties: specific platforms (iOS, infra, data, notebooks) come before the
 languages they are written in, and docs come last, since nearly every repository has Markdown.

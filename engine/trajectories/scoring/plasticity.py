@@ -31,7 +31,8 @@ DEFAULT_BASELINE = 0.5  # a domain without a stored baseline
 
 @dataclass(frozen=True)
 class TrainState:
-    """What the last training saw: when (unix seconds, None if never), how many trajectories, which domains."""
+    """What the last training saw: when (unix seconds, None if never), how many trajectories,
+    which domains."""
 
     ts: float | None = None
     count: int = 0

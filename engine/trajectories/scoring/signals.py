@@ -53,11 +53,12 @@ def clip(x: float) -> float:
     return min(1.0, max(0.0, x))
 
 
-# --- counts over every event (§2.1, docs/reference/karl.md §12(b)) ----------------------------------------------
+# --- counts over every event (§2.1, docs/reference/karl.md §12(b)) ------------------------------------------
 
 
 def bash_errors(t: Trajectory) -> int:
-    """docs/reference/karl.md §12(b): Bash events that failed or have a known non-zero exit code (null never counts)."""
+    """docs/reference/karl.md §12(b): Bash events that failed or have a known non-zero exit code
+    (null never counts)."""
     return sum(1 for e in t.events if e.bash_error)
 
 

@@ -2,9 +2,9 @@
 
 Each trajectory becomes one ChatML example: a system prompt, the human's task, and the *plan* (the
 tool calls it made, one numbered line each, then the result). Its copies come from the stored
-advantage (docs/reference/karl.md §12(c): the z-score of the one pass over the store, in units of sigma). docs/reference/karl.md §12(d):
-unique examples are split 90/10 first, then oversampled inside their own side, so no trajectory is
-in both train and valid. Hold-out trajectories never reach the export.
+advantage (docs/reference/karl.md §12(c): the z-score of the one pass over the store, in units of sigma).
+docs/reference/karl.md §12(d): unique examples are split 90/10 first, then oversampled inside their own side,
+so no trajectory is in both train and valid. Hold-out trajectories never reach the export.
 
 Besides `train.jsonl` / `valid.jsonl` ({"messages": [...]}) the export writes `train_pc.jsonl` /
 `valid_pc.jsonl` in the prompt/completion form the project's SFT trainer reads.
@@ -211,7 +211,8 @@ def unique_examples(
 def split_examples(
     examples: Sequence[Example], *, seed: int = 42, valid_share: float = 0.1
 ) -> tuple[list[Example], list[Example]]:
-    """docs/reference/karl.md §12(d): each unique example goes to exactly one side (shuffled with the seed)."""
+    """docs/reference/karl.md §12(d): each unique example goes to exactly one side
+    (shuffled with the seed)."""
     order = list(examples)
     random.Random(seed).shuffle(order)
     # As published: train = max(1, floor(0.9 n)); the epsilon keeps 0.9 * 70 from flooring to 62.

@@ -367,6 +367,7 @@ def format_report(result: PlanEvalResult) -> str:
         lines.append(f"{row.name:<9} {row.n:>4} {cells} {row.parsed_share:>7.2f} {row.mean_steps:>6.1f}")
     for diff in result.diffs:
         lines.append(
-            f"{diff.a} - {diff.b:<8} {diff.metric:<11} {diff.mean:+.3f}  95% CI [{diff.lo:+.3f}, {diff.hi:+.3f}]"
+            f"{diff.a} - {diff.b:<8} {diff.metric:<11} {diff.mean:+.3f}  95% CI [{diff.lo:+.3f}, "
+            f"{diff.hi:+.3f}]"
         )
     return "\n".join(lines)

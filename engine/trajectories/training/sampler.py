@@ -1,7 +1,7 @@
 """The FlowRL sampler (docs/reference/karl.md §5) over the scored trajectories in carl.db.
 
-docs/reference/karl.md §12(c): the advantage is read from the store (one z-score pass over the whole store wrote it),
-never recomputed here. The hold-out trajectories (`holdout = 1`, stable by uid) are the evaluation
+docs/reference/karl.md §12(c): the advantage is read from the store (one z-score pass over the whole store
+wrote it), never recomputed here. The hold-out trajectories (`holdout = 1`, stable by uid) are the evaluation
 set: `load_records` leaves them out unless asked, and `sample` drops any that reach it anyway.
 Unlike the published sampler, the random draws take a seed, so a batch can be reproduced.
 """
@@ -214,7 +214,8 @@ def sample(
     min_reward: float | None = None,
     seed: int | None = None,
 ) -> list[Record]:
-    """A batch by docs/reference/karl.md §5; hold-out records are never drawn. `seed` makes the draw reproducible."""
+    """A batch by docs/reference/karl.md §5; hold-out records are never drawn.
+    `seed` makes the draw reproducible."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown sampling strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
     pool = [r for r in records if not r.holdout]

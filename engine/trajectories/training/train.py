@@ -202,8 +202,8 @@ def train_adapter(
         )
         if not train:
             raise CarlError(
-                f"no training examples: {export.eligible} eligible trajectories, {export.unique} with a positive"
-                " advantage (score more trajectories, or lower --min-reward)"
+                f"no training examples: {export.eligible} eligible trajectories, {export.unique} with a "
+                "positive advantage (score more trajectories, or lower --min-reward)"
             )
         run_name = _unique_name(store, home, name or f"traj-{strategy}")
     data_dir = data_root(home) / run_name
@@ -264,7 +264,8 @@ def format_train(result: TrainResult) -> str:
         f"run {result.run_name} (id {result.run_id}): {result.status or 'not started'}"
         + (f" ({result.error})" if result.error else ""),
         f"{result.strategy}: {result.examples} examples from {result.trajectories} trajectories,"
-        f" {result.valid_examples} validation examples; {result.steps} steps on {result.model}, final loss {loss}",
+        f" {result.valid_examples} validation examples; {result.steps} steps on {result.model}, "
+        f"final loss {loss}",
         f"data {result.data_dir}",
         f"adapter {result.model_dir or '(none saved)'}",
     ]
