@@ -56,7 +56,8 @@ def test_events_are_printed_filtered_and_as_json_lines(tmp_path: Path) -> None:
     with OpenAIServer(responder=solve) as llm:
         (home).mkdir()
         (home / "agents.yaml").write_text(
-            f"agents:\n  workers: 2\n  worker_kind: http\n  endpoint: {llm.base_url}\n  endpoint_model: {llm.model}\n"
+            f"agents:\n  workers: 2\n  worker_kind: http\n  endpoint: {llm.base_url}\n"
+            f"  endpoint_model: {llm.model}\n"
             "  task_type: math\n"
         )
         # The worker that pulls task 0 waits on it until both workers have said they are up: on a loaded

@@ -72,8 +72,10 @@ def test_down_with_the_engine_down_records_not_wanted_and_the_engine_leaves_it_d
         down = carl(home, "agents", "down")
         assert down.returncode == 0, down.stderr
         assert down.stdout.strip() == (
-            "the engine is not running: the agents plane is marked down (it stays down when the engine starts);"
-            " stopped 1 of its processes that a killed engine had left running; cancelled 1 queued 'agents up'"
+            "the engine is not running: the agents plane is marked down"
+            " (it stays down when the engine starts);"
+            " stopped 1 of its processes that a killed engine had left running;"
+            " cancelled 1 queued 'agents up'"
         )
         assert left.wait(30) is not None  # the killed engine's worker is stopped
         assert kv(home, "agents.plane") == {"wanted": False}

@@ -152,7 +152,8 @@ async def _done_by_another(db: Path, worker_id: str, timeout: float = 60.0) -> N
 
 
 async def _settled(llm: OpenAIServer, run: asyncio.Task[Any]) -> None:
-    """Nothing held, and the plane's run over (cancelled when the test failed first: it stops its processes)."""
+    """Nothing held, and the plane's run over (cancelled when the test failed first: it stops its
+    processes)."""
     llm.release()
     if not run.done():
         run.cancel()

@@ -1,4 +1,5 @@
-"""The served policy for real: the tiny model samples, and what it reports is the distribution it drew from."""
+"""The served policy for real: the tiny model samples, and what it reports is the distribution it drew
+from."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def home(tiny_home: Path) -> Path:
 
 
 def recomputed(policy: LocalPolicy, gen: Generation, temperature: float) -> tuple[np.ndarray, np.ndarray]:
-    """The trainer's view: one forward of prompt + response, log-probs and entropies of the response tokens."""
+    """The trainer's view: one forward of prompt + response, log-probs and entropies of the response
+    tokens."""
     batch = pack([(gen.prompt_token_ids, gen.token_ids)], policy.tokenizer.pad_token_id, policy.device)
     with torch.no_grad():
         logits = forward(policy.model, batch)

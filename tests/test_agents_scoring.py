@@ -1,5 +1,5 @@
-"""Step scoring of the agents plane (docs/reference/agents-plane.md §5-6, rules 3-4): replies, the offline judge's
-heuristic, the real judges over HTTP (OpenAI-compatible: tests/openai_server.py; Claude:
+"""Step scoring of the agents plane (docs/reference/agents-plane.md §5-6, rules 3-4): replies, the offline
+judge's heuristic, the real judges over HTTP (OpenAI-compatible: tests/openai_server.py; Claude:
 tests/messages_server.py through the anthropic SDK), PRM votes and clamping, every dimension of every
 environment profile, the reward, and the manager's feedback (offline and Claude)."""
 

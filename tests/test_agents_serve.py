@@ -190,7 +190,8 @@ def test_the_plane_serves_the_demo_run_it_watches_and_its_score_rises(home: Path
 
 
 def saved_weights(path: Path) -> Path:
-    """A directory a run's checkpoint could be: a config and a safetensors file (what the follower looks for)."""
+    """A directory a run's checkpoint could be: a config and a safetensors file (what the follower looks
+    for)."""
     path.mkdir(parents=True)
     (path / "config.json").write_text("{}")
     (path / "model.safetensors").write_bytes(b"\0" * 8)

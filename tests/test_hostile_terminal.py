@@ -62,7 +62,8 @@ def carl(home: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
 
 
 def raw_controls(data: bytes) -> list[str]:
-    """The characters a terminal would obey in `data` (it must be UTF-8: a lone surrogate cannot be printed)."""
+    """The characters a terminal would obey in `data` (it must be UTF-8: a lone surrogate cannot be
+    printed)."""
     return RAW_CONTROL.findall(data.decode("utf-8"))
 
 
