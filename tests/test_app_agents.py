@@ -226,7 +226,7 @@ async def test_the_pane_shows_workers_and_events_newest_first(home: Path, size: 
         full = "Agents · nats ● up · ⚠ 1 alarm · 2 workers · 1/∞ tasks · model agents-v0004"
         if size == (80, 24):  # a small pane: what needs attention in its title, the counts below
             assert pane_title(app) == "Agents · ⚠ 1 alarm"
-            assert pane_subtitle(app) == "1/∞ tasks · model agents-v0004"
+            assert pane_subtitle(app) == "model agents-v0004 · 1/∞ tasks"
         else:
             assert pane_title(app) == full and pane_subtitle(app) == ""
         assert "nats ● up" in status_text(app)

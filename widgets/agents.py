@@ -82,7 +82,7 @@ def plane_summary(
     """The pane's title and subtitle: `nats ● up · ⚠ 1 alarm · 2 workers · 123/∞ tasks · paused · model v3`
     in the title (`nats ● up · serving demo step 650 · 2 workers · 123/∞ tasks` when the plane serves a
     run); a compact pane keeps what needs attention in its title (alarms, a paused manager, a server that
-    is not up) and puts the counts and the model in its subtitle."""
+    is not up) and puts the model and the counts in its subtitle."""
     overview = overview or {}
     server, plane = overview.get("server") or {}, overview.get("plane") or {}
     manager, model = overview.get("manager") or {}, overview.get("model") or {}
@@ -102,7 +102,8 @@ def plane_summary(
     if manager:
         total = manager.get("total")
         tasks = (f"{manager.get('done') or 0:,}/{'∞' if total is None else f'{total:,}'} tasks", "")
-        if manager.get("state") and manager["state"] != "assigning":
+        stopped_too = manager.get("state") == "stopped" and nats == ("plane stopped", "")  # said once
+        if manager.get("state") and manager["state"] != "assigning" and not stopped_too:
             state_part = (manager["state"], "warn" if manager["state"] == "paused" else "")
     version = served_part(plane.get("serving"), model)
     if not compact:
@@ -110,7 +111,8 @@ def plane_summary(
             return [p for p in (nats, alarm, state_part, version, count, tasks) if p], []
         return [p for p in (nats, alarm, state_part, count, tasks, version) if p], []
     nats = nats if nats and nats[1] != "ok" else None  # the status bar says the server is up
-    return [p for p in (alarm, state_part, nats) if p], [p for p in (tasks, version) if p]
+    # what is served before the counts: the subtitle of a narrow pane is cut from the right
+    return [p for p in (alarm, state_part, nats) if p], [p for p in (version, tasks) if p]
 
 
 def served_part(serving: dict[str, Any] | None, model: dict[str, Any]) -> Part | None:
