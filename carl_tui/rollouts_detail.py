@@ -46,7 +46,7 @@ def token_styles(app: App[Any]) -> list[Style]:
     return styles
 
 
-def value(number: float | None, spec: str = "+.3f") -> str:
+def value(number: float | None, spec: str = "+z.3f") -> str:  # z: no "-0.000"
     return "—" if number is None else format(number, spec)
 
 

@@ -43,7 +43,7 @@ def head(text: str | None, width: int) -> str:
     return visible((text or "")[: width * 2]).translate(_FLAT)
 
 
-def number(value: float | None, width: int, spec: str = "+.3f") -> str:
+def number(value: float | None, width: int, spec: str = "+z.3f") -> str:  # z: no "-0.000"
     text = "—" if value is None else format(value, spec)
     return text.rjust(width)[-width:] if len(text) <= width else format(value, ".2g").rjust(width)
 
