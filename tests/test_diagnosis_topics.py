@@ -70,21 +70,7 @@ def gated_run(
     for step, value in fed:
         was_open = gate.opened_at is not None
         state = gate.update(step, value)
-        store.add_gate_states(
-            run_id,
-            [
-                {
-                    "step": state.step,
-                    "state": state.state,
-                    "threshold": state.threshold,
-                    "history": state.history_len,
-                    "above": state.above,
-                    "window": state.window,
-                    "multiplier": state.multiplier,
-                    "reason": state.reason,
-                }
-            ],
-        )
+        store.add_gate_states(run_id, [state.row()])
         if not was_open and state.opened_at is not None:
             store.add_event(run_id, step, "gate_open", state.reason)
     with store.transaction():

@@ -491,7 +491,7 @@ def _run_settings(home: Path, settings: AgentsSettings) -> Path:
 def _spawn(
     home: Path, role: str, settings_file: Path, address: Any, extra: list[str], ident: str
 ) -> subprocess.Popen[bytes]:
-    from .plane import child_argv
+    from .plane import child_argv, child_env
 
     log_path = paths.logs_dir(home) / f"agents-{ident}.log"
     with log_path.open("ab") as out:
@@ -502,12 +502,7 @@ def _spawn(
             stderr=out,
             close_fds=True,
             start_new_session=True,
-            env={
-                **os.environ,
-                "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
-                "TOKENIZERS_PARALLELISM": "false",
-                "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-            },
+            env=child_env(),
         )
 
 

@@ -104,13 +104,7 @@ class Child:
                 stderr=out,
                 close_fds=True,
                 start_new_session=True,
-                env={
-                    **os.environ,
-                    "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
-                    "TOKENIZERS_PARALLELISM": "false",
-                    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-                },
+                env=child_env(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")),
             )
         self.started_at = time.monotonic()
         self.restart_at = None
@@ -275,6 +269,18 @@ class PlaneSpec:
         if spec.serve_run is not None and (not isinstance(spec.serve_run, str) or not spec.serve_run):
             raise AgentsError(f"serve_run: expected a run's name or id, got {spec.serve_run!r}")
         return spec
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a plane process: offline from the hub unless told otherwise, no tokenizer threads,
+    no progress bars in its log."""
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        **extra,
+    }
 
 
 def child_argv(role: str, home: Path, settings_file: Path, address: Address, *extra: str) -> list[str]:

@@ -49,6 +49,19 @@ class GateState:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def row(self) -> dict[str, Any]:
+        """The store's `gate_states` row for this step (`Store.add_gate_states`)."""
+        return {
+            "step": self.step,
+            "state": self.state,
+            "threshold": self.threshold,
+            "history": self.history_len,
+            "above": self.above,
+            "window": self.window,
+            "multiplier": self.multiplier,
+            "reason": self.reason,
+        }
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GateState:
         return cls(**{name: data[name] for name in cls.__dataclass_fields__})

@@ -671,16 +671,7 @@ class MLXBackend:
         task_mean = round(float(np.nanmean(task)), 6) if np.isfinite(task).any() else math.nan
         was_open = gate.opened_at is not None
         state = gate.update(step, task_mean)
-        record.gate = {
-            "step": state.step,
-            "state": state.state,
-            "threshold": state.threshold,
-            "history": state.history_len,
-            "above": state.above,
-            "window": state.window,
-            "multiplier": state.multiplier,
-            "reason": state.reason,
-        }
+        record.gate = state.row()
         if not was_open and state.opened_at is not None:
             record.events.append(("gate_open", state.reason))
 

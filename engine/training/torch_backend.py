@@ -586,7 +586,7 @@ class GRPOReporter(TrainerCallback):
         if gate is not None:
             was_open = gate.opened_at is not None
             state_now = gate.update(step, capture.task_mean(self.rewards.names, self.rewards.task_names))
-            record.gate = _gate_row(state_now)
+            record.gate = state_now.row()
             if not was_open and state_now.opened_at is not None:
                 record.events.append(("gate_open", state_now.reason))
             self._apply_weights()
@@ -684,16 +684,3 @@ class GRPOReporter(TrainerCallback):
 def _finite(value: Any) -> float | None:
     value = float(value)
     return round(value, 6) if math.isfinite(value) else None  # float32 rewards: 0.2, not 0.20000000298
-
-
-def _gate_row(state: Any) -> dict[str, Any]:
-    return {
-        "step": state.step,
-        "state": state.state,
-        "threshold": state.threshold,
-        "history": state.history_len,
-        "above": state.above,
-        "window": state.window,
-        "multiplier": state.multiplier,
-        "reason": state.reason,
-    }
