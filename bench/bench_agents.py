@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import math
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -318,6 +320,40 @@ def bench_hops(n: int) -> dict[str, float]:
 # -- 3. plane overhead per task ------------------------------------------------------------------------
 
 
+MODEL_SERVER = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from openai_server import OpenAIServer
+
+def answer(request):
+    time.sleep({latency!r})
+    return "<step>Call the tool for the city.</step><answer>" + request["messages"][-1]["content"] + "</answer>"
+
+with OpenAIServer(responder=answer) as server:
+    print(server.base_url, server.model, flush=True)
+    sys.stdin.read()  # until the bench closes it
+"""
+
+
+@contextlib.contextmanager
+def model_server(latency_s: float) -> Iterator[tuple[str, str]]:
+    """(base URL, model) of an OpenAI-compatible server that answers after `latency_s` (tests/openai_server.py),
+    in a process of its own, as a model server on a GPU is: in the bench's process it would share one
+    interpreter with the plane's manager and audit, and its answers would wait for them."""
+    tests = str(Path(__file__).resolve().parent.parent / "tests")
+    code = MODEL_SERVER.format(tests=tests, latency=latency_s)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        url, model = proc.stdout.readline().split()
+        yield url, model
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+
+
 def bench_overhead(
     n: int, *, rounds: int = 3, kind: str = "model", latency_s: float = 0.1
 ) -> dict[str, float]:
@@ -327,26 +363,15 @@ def bench_overhead(
 
     kind "model": the built-in tiny model on this CPU (about 27 ms of CPU a task, and the plane's own
     processes share the two cores with it). kind "http": an OpenAI-compatible server that answers after
-    `latency_s`, as a model served on a GPU does (tests/openai_server.py)."""
+    `latency_s`, as a model served on a GPU does (`model_server`)."""
     from engine.agents.cli import headless
     from engine.agents.tasks import demo_tasks
     from engine.agents.worker import HttpBackend, ModelBackend
     from engine.models.tiny import build_tiny_model, default_model_dir
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from openai_server import OpenAIServer
-
-    def answer(request: dict) -> str:
-        time.sleep(latency_s)
-        return (
-            "<step>Call the tool for the city.</step><answer>"
-            + request["messages"][-1]["content"]
-            + "</answer>"
-        )
-
     specs = demo_tasks()[:n]
     direct, plane = [], []
-    with tempfile.TemporaryDirectory() as tmp, OpenAIServer(responder=answer) as llm:
+    with tempfile.TemporaryDirectory() as tmp, model_server(latency_s) as (url, model):
         home = Path(tmp)
         settings = AgentsSettings(
             workers=1,
@@ -354,8 +379,8 @@ def bench_overhead(
             max_new_tokens=32,
             concurrency=4,
             ack_wait_s=120,
-            endpoint=llm.base_url,
-            endpoint_model=llm.model,
+            endpoint=url,
+            endpoint_model=model,
         )
         build_tiny_model(default_model_dir(home))
         for _ in range(rounds):
