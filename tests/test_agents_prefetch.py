@@ -5,7 +5,9 @@ of after the ack wait. Real nats-server, a real http worker against the local Op
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,16 @@ from engine.agents.worker import run_worker
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture
+def gc_as_it_was() -> Iterator[None]:
+    """run_worker sets the garbage collector for a worker process; this test process gets it back."""
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+@pytest.mark.usefixtures("gc_as_it_was")
 async def test_a_task_fetched_ahead_goes_back_at_once_when_the_worker_stops(tmp_path: Path) -> None:
     def answer(request: dict) -> str:
         return "<step>Look it up.</step><answer>x</answer>"
