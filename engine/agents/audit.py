@@ -148,10 +148,8 @@ class AuditWriter:
         self.store = store
         self.conn = store.conn
         self._tallies: dict[str, list[float]] = {}
-        # Checkpoints off the insert path: SQLite's own run inside the commit that passes 1,000 WAL pages
-        # (about every batch), copying pages and syncing the file while the stream waits. The audit runs
-        # them itself instead: when the stream goes quiet, and every CHECKPOINT_EVERY events while it never
-        # does. Other connections to the store keep checkpointing as SQLite does.
+        # Checkpoints off the insert path (SQLite's own run inside the commit that passes 1,000 WAL pages,
+        # about every batch): the audit runs them when the stream is quiet, or every CHECKPOINT_EVERY events.
         self.conn.execute("PRAGMA wal_autocheckpoint=0")
         self.unchecked = 0  # events written since the last checkpoint
 
@@ -194,12 +192,9 @@ class AuditWriter:
 
     def _insert_new(self, parsed: list[Parsed], counts: AuditCounts) -> list[Parsed]:
         """Insert the batch's log rows (in stream order, accepted and rejected alike: the log's ids are the
-        order things arrived in) and return the entries inserted, for their summaries.
-
-        Optimistic: a message already stored comes only with a redelivered batch (the audit restarted
-        between a commit and its ack), so the rows go in with one statement that skips a stored stream key,
-        and only when it skipped one is the batch looked up key by key and inserted again. (Looking every
-        key up first cost about 2 us an event.)"""
+        order things arrived in); returns the entries inserted. Optimistic: a stored message comes back only
+        in a redelivered batch (a restart between a commit and its ack), so one statement skips a stored
+        stream key, and only when it skipped one is each key looked up (2 us an event when always done)."""
         new = _admitted(self.conn, _once_each(parsed, counts))
         before = self.conn.total_changes
         self.conn.execute("SAVEPOINT audit_batch")
@@ -219,9 +214,7 @@ class AuditWriter:
         return new
 
     def checkpoint(self) -> None:
-        """Copy the WAL into the database file, when the stream is quiet (run_audit) or after
-        CHECKPOINT_EVERY events; PASSIVE: it never waits for a reader, and what a reader still uses is
-        copied next time."""
+        """Copy the WAL into the database file (PASSIVE: it never waits for a reader)."""
         self.unchecked = 0
         try:
             self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
