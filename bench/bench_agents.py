@@ -39,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.agents.audit import AuditWriter, Incoming, tune_gc  # noqa: E402
+from engine.agents.audit import AuditWriter, Incoming  # noqa: E402
 from engine.agents.bus import Address, close, connect, ensure_stream, fetch, pull  # noqa: E402
 from engine.agents.config import AgentsSettings  # noqa: E402
 from engine.agents.events import (  # noqa: E402
@@ -388,7 +388,7 @@ def bench_overhead(
             backend = ModelBackend(settings, home) if kind == "model" else HttpBackend(settings)
             backend.answer(specs[0].event("manager"))
             gc.collect()
-            tune_gc()  # as a worker process does once its model is loaded (engine/agents/worker.py)
+            gc.freeze()  # as a worker process does once its model is loaded (engine/agents/worker.py)
             began = time.perf_counter()
             for spec in specs[1:]:
                 backend.answer(spec.event("manager"))

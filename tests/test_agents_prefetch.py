@@ -25,10 +25,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def gc_as_it_was() -> Iterator[None]:
     """run_worker sets the garbage collector for a worker process; this test process gets it back."""
-    threshold = gc.get_threshold()
     yield
     gc.unfreeze()
-    gc.set_threshold(*threshold)
 
 
 @pytest.mark.usefixtures("gc_as_it_was")

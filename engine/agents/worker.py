@@ -34,7 +34,6 @@ from nats.js.api import DeliverPolicy
 
 from engine.errors import CarlError
 
-from .audit import tune_gc
 from .bus import STREAM, Address, connect, ensure_stream, fetch, publish_retrying, pull
 from .bus import close as bus_close
 from .config import AgentsSettings
@@ -602,10 +601,11 @@ async def run_worker(
     """A worker process until it is told to stop (a control, SIGTERM or SIGINT)."""
     backend = await asyncio.to_thread(make_backend, kind, settings, home)
     # The imports and the model live as long as the process: after one full collection they are set aside
-    # from the garbage collector, whose full collections otherwise walk them all (on the tiny model, a
-    # pause of 100-500 ms every few seconds, about a tenth of the worker's time: bench/bench_agents.py).
+    # from the garbage collector, whose full collections otherwise walk them all (100-500 ms each, every
+    # few seconds at first, on the tiny model). The collector's thresholds stay: larger young generations
+    # slowed the generation (bench/bench_agents.py).
     gc.collect()
-    tune_gc()
+    gc.freeze()
     worker = Worker(
         address, settings, backend, worker_id=worker_id or default_worker_id(kind), command_id=command_id
     )
