@@ -5,13 +5,14 @@
    stream as fast as the server acknowledges them, while the audit (the engine's bridge code, in a
    process of its own) stores them in a fresh carl.db. Rate = events / (last row committed - first
    publish). Baseline: the same events written straight into a store by the same AuditWriter, with no
-   bus at all (the ratio says what the bus costs).
+   bus at all (the ratio says what the bus costs). Printed beside it: the CPU each part spent per event
+   (the audit, the publisher, nats-server), which a loaded machine's wall clock does not hide.
 2. Bus hop latency on loopback: p99 <= 5 ms. One task at a time goes from a publish (acknowledged by
    the stream) to a worker's pull consumer waiting in `fetch`, as the manager hands a task to a worker.
    Baseline: a core NATS publish to a plain subscriber on the same server.
 3. The plane's overhead per task: <= 5%. One worker answers N demo tasks through the plane (manager,
    bus, worker process, scoring, audit), against the same worker code answering the same tasks in a
-   loop with no plane. Twice: a model worker on the built-in tiny model (both draw the same samples:
+   loop with no plane (with the garbage collector set as a worker process sets it). Twice: a model worker on the built-in tiny model (both draw the same samples:
    same seed, same order), and an http worker against an OpenAI-compatible server that takes 100 ms
    an answer, as a model served on a GPU does.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import math
@@ -31,7 +33,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -144,8 +148,10 @@ async def main():
         nonlocal stored
         stored += counts.stored + counts.rejected + counts.duplicates
         if stored >= expected:
-            print(json.dumps({{"done_at": time.time(), "stored": stored}}), flush=True)
+            cpu = time.process_time() - ready_cpu
+            print(json.dumps({{"done_at": time.time(), "stored": stored, "cpu_s": cpu}}), flush=True)
             stop.set()
+    ready_cpu = time.process_time()
     print("ready", flush=True)
     await run_audit(js, AuditWriter(store), stop, on_batch=on_batch)
     await close(nc)
@@ -154,27 +160,57 @@ asyncio.run(main())
 """
 
 
-async def publish_all(address: Address, events: list[PlaneEvent]) -> float:
-    """Publish every event (each with its message id), waiting for the stream's acknowledgements in
-    windows; returns the wall time of the first publish."""
+async def publish_all(address: Address, events: list[PlaneEvent], window: int = 4000) -> tuple[float, float]:
+    """Publish every event (each with its message id) to the stream, at most `window` of them waiting for
+    the stream's acknowledgement; returns the wall time of the first publish and the CPU seconds the
+    publishing took. Every acknowledgement is read and checked for an error.
+
+    Each publish names a reply subject of its own, and one subscription counts the acknowledgements, as
+    a plane of many publishers (workers, the manager) sends them. (nats-py's `publish_async` keeps a
+    future, a semaphore slot and a parsed acknowledgement per event: about 30 us of CPU an event, which
+    on two cores is taken from the audit being measured; this costs about a third of that.)"""
     nc = await connect(address, "bench-publisher")
-    js = nc.jetstream(publish_async_max_pending=4000)
-    await ensure_stream(js, AgentsSettings().stream)
+    await ensure_stream(nc.jetstream(), AgentsSettings().stream)
     payloads = [(e.subject(), e.encode(), {"Nats-Msg-Id": e.dedup_id()}) for e in events]
+    inbox = nc.new_inbox()
+    sent = acked = 0
+    refused: list[bytes] = []
+    room = asyncio.Event()
+
+    async def on_ack(msg: Any) -> None:
+        nonlocal acked
+        acked += 1
+        if b'"error"' in msg.data:
+            refused.append(msg.data)
+        if sent - acked <= window // 2:
+            room.set()
+
+    await nc.subscribe(f"{inbox}.*", cb=on_ack, pending_msgs_limit=4 * window)
     # The events were made up front; a real publisher holds only the one it sends. Set them aside from
     # the garbage collector so that the bench does not time collections of its own test data.
     gc.collect()
     gc.freeze()
-    started = time.time()
-    futures = []
+    started, cpu = time.time(), time.process_time()
     for subject, data, headers in payloads:
-        futures.append(await js.publish_async(subject, data, headers=headers))
-        if len(futures) >= 4000:
-            await asyncio.gather(*futures)
-            futures.clear()
-    await asyncio.gather(*futures)
+        if sent - acked >= window:
+            room.clear()
+            await room.wait()
+        await nc.publish(subject, data, reply=f"{inbox}.{sent}", headers=headers)
+        sent += 1
+    while acked < sent:
+        room.clear()
+        await asyncio.wait_for(room.wait(), 30)
+    cpu = time.process_time() - cpu
     await close(nc)
-    return started
+    if refused:
+        raise RuntimeError(f"the stream refused {len(refused)} events; first: {refused[0][:200]!r}")
+    return started, cpu
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def bench_throughput(n: int) -> dict[str, float]:
@@ -202,8 +238,13 @@ def bench_throughput(n: int) -> dict[str, float]:
             auditor = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
             assert auditor.stdout is not None
             assert auditor.stdout.readline().strip() == "ready"
-            started = asyncio.run(publish_all(Address(server.url, str(token_path(home))), events))
+            assert server.proc is not None
+            server_cpu = cpu_seconds(server.proc.pid)
+            started, publisher_cpu = asyncio.run(
+                publish_all(Address(server.url, str(token_path(home))), events)
+            )
             report = json.loads(auditor.stdout.readline())
+            server_cpu = cpu_seconds(server.proc.pid) - server_cpu
             auditor.wait(30)
         finally:
             server.stop()
@@ -211,7 +252,16 @@ def bench_throughput(n: int) -> dict[str, float]:
             stored = store.conn.execute("SELECT count(*) FROM agent_events").fetchone()[0]
     plane_rate = n / (report["done_at"] - started)
     direct_rate = n / direct_s
-    return {"events": n, "stored": stored, "plane_per_s": plane_rate, "direct_per_s": direct_rate}
+    return {
+        "events": n,
+        "stored": stored,
+        "plane_per_s": plane_rate,
+        "direct_per_s": direct_rate,
+        # CPU per event, each part of the path: what a loaded machine's wall clock hides
+        "publisher_us": publisher_cpu / n * 1e6,
+        "audit_us": report["cpu_s"] / n * 1e6,
+        "server_us": server_cpu / n * 1e6,
+    }
 
 
 # -- 2. hop latency ---------------------------------------------------------------------------------
@@ -270,6 +320,40 @@ def bench_hops(n: int) -> dict[str, float]:
 # -- 3. plane overhead per task ------------------------------------------------------------------------
 
 
+MODEL_SERVER = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from openai_server import OpenAIServer
+
+def answer(request):
+    time.sleep({latency!r})
+    return "<step>Call the tool for the city.</step><answer>" + request["messages"][-1]["content"] + "</answer>"
+
+with OpenAIServer(responder=answer) as server:
+    print(server.base_url, server.model, flush=True)
+    sys.stdin.read()  # until the bench closes it
+"""
+
+
+@contextlib.contextmanager
+def model_server(latency_s: float) -> Iterator[tuple[str, str]]:
+    """(base URL, model) of an OpenAI-compatible server that answers after `latency_s` (tests/openai_server.py),
+    in a process of its own, as a model server on a GPU is: in the bench's process it would share one
+    interpreter with the plane's manager and audit, and its answers would wait for them."""
+    tests = str(Path(__file__).resolve().parent.parent / "tests")
+    code = MODEL_SERVER.format(tests=tests, latency=latency_s)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        url, model = proc.stdout.readline().split()
+        yield url, model
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+
+
 def bench_overhead(
     n: int, *, rounds: int = 3, kind: str = "model", latency_s: float = 0.1
 ) -> dict[str, float]:
@@ -279,26 +363,15 @@ def bench_overhead(
 
     kind "model": the built-in tiny model on this CPU (about 27 ms of CPU a task, and the plane's own
     processes share the two cores with it). kind "http": an OpenAI-compatible server that answers after
-    `latency_s`, as a model served on a GPU does (tests/openai_server.py)."""
+    `latency_s`, as a model served on a GPU does (`model_server`)."""
     from engine.agents.cli import headless
     from engine.agents.tasks import demo_tasks
     from engine.agents.worker import HttpBackend, ModelBackend
     from engine.models.tiny import build_tiny_model, default_model_dir
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from openai_server import OpenAIServer
-
-    def answer(request: dict) -> str:
-        time.sleep(latency_s)
-        return (
-            "<step>Call the tool for the city.</step><answer>"
-            + request["messages"][-1]["content"]
-            + "</answer>"
-        )
-
     specs = demo_tasks()[:n]
     direct, plane = [], []
-    with tempfile.TemporaryDirectory() as tmp, OpenAIServer(responder=answer) as llm:
+    with tempfile.TemporaryDirectory() as tmp, model_server(latency_s) as (url, model):
         home = Path(tmp)
         settings = AgentsSettings(
             workers=1,
@@ -306,14 +379,16 @@ def bench_overhead(
             max_new_tokens=32,
             concurrency=4,
             ack_wait_s=120,
-            endpoint=llm.base_url,
-            endpoint_model=llm.model,
+            endpoint=url,
+            endpoint_model=model,
         )
         build_tiny_model(default_model_dir(home))
         for _ in range(rounds):
             # Direct: the worker's own backend, the same tasks in the same order (the same samples).
             backend = ModelBackend(settings, home) if kind == "model" else HttpBackend(settings)
             backend.answer(specs[0].event("manager"))
+            gc.collect()
+            gc.freeze()  # as a worker process does once its model is loaded (engine/agents/worker.py)
             began = time.perf_counter()
             for spec in specs[1:]:
                 backend.answer(spec.event("manager"))
@@ -351,6 +426,10 @@ def main() -> int:
         f"({t['stored']:,} stored); baseline, the same writer with no bus: {t['direct_per_s']:,.0f}/s; "
         f"ratio {t['plane_per_s'] / t['direct_per_s']:.2f}; goal >= {GOAL_EVENTS_PER_S:,}/s "
         f"{'met' if t['plane_per_s'] >= GOAL_EVENTS_PER_S else 'NOT met'}"
+    )
+    print(
+        f"   CPU per event: audit {t['audit_us']:.1f} us, publisher {t['publisher_us']:.1f} us, "
+        f"nats-server {t['server_us']:.1f} us"
     )
     h = bench_hops(args.hops)
     print(

@@ -29,6 +29,7 @@ import contextlib
 import gc
 import json
 import logging
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
 
 AUDIT_CONSUMER = "carl-audit"
 MAX_UNACKED = 20_000  # events pushed to the audit and not yet stored
+CHECKPOINT_EVERY = 50_000  # events written between two WAL checkpoints while the stream never goes quiet
 MAX_PAYLOAD = 64 * 1024  # a rejected payload is kept up to this many bytes
 REASON_CHARS = 500  # a rejection's reason is kept up to this many characters
 AUDIT_KEY = "agents.audit"  # kv: rejected and dead-lettered totals, and the newest reason
@@ -146,6 +148,10 @@ class AuditWriter:
         self.store = store
         self.conn = store.conn
         self._tallies: dict[str, list[float]] = {}
+        # Checkpoints off the insert path (SQLite's own run inside the commit that passes 1,000 WAL pages,
+        # about every batch): the audit runs them when the stream is quiet, or every CHECKPOINT_EVERY events.
+        self.conn.execute("PRAGMA wal_autocheckpoint=0")
+        self.unchecked = 0  # events written since the last checkpoint
 
     def write(self, items: Sequence[Incoming]) -> AuditCounts:
         """Store a batch: the log rows in one statement, then each new event's summaries, in order.
@@ -166,15 +172,11 @@ class AuditWriter:
         counts = AuditCounts()
         self._tallies.clear()  # what a failed try counted was rolled back with it
         with self.store.transaction():
-            new = self._new_only(parsed, counts)
-            new = _admitted(self.conn, new)
             if one_by_one:
-                for entry in new:
+                for entry in _admitted(self.conn, self._new_only(parsed, counts)):
                     self._store_one(entry, counts)
             else:
-                # In stream order, accepted and rejected alike: the log's ids are the order things arrived in.
-                self.conn.executemany(_INSERT, [_row(item, event, why) for item, event, why in new])
-                for item, event, why in new:
+                for item, event, why in self._insert_new(parsed, counts):
                     if why is not None:
                         counts.refused(item, why)
                         continue
@@ -183,7 +185,41 @@ class AuditWriter:
             self._flush_tallies()
             if counts.rejected or counts.dead_letters:
                 self._count_refusals(counts)
+        self.unchecked += len(parsed)
+        if self.unchecked >= CHECKPOINT_EVERY:
+            self.checkpoint()
         return counts
+
+    def _insert_new(self, parsed: list[Parsed], counts: AuditCounts) -> list[Parsed]:
+        """Insert the batch's log rows (in stream order, accepted and rejected alike: the log's ids are the
+        order things arrived in); returns the entries inserted. Optimistic: a stored message comes back only
+        in a redelivered batch (a restart between a commit and its ack), so one statement skips a stored
+        stream key, and only when it skipped one is each key looked up (2 us an event when always done)."""
+        new = _admitted(self.conn, _once_each(parsed, counts))
+        before = self.conn.total_changes
+        self.conn.execute("SAVEPOINT audit_batch")
+        try:
+            self.conn.executemany(_INSERT_UNSEEN, [_row(item, event, why) for item, event, why in new])
+            if self.conn.total_changes - before == len(new):
+                return new
+            self.conn.execute("ROLLBACK TO audit_batch")
+        except BaseException:
+            self.conn.execute("ROLLBACK TO audit_batch")
+            raise
+        finally:
+            self.conn.execute("RELEASE audit_batch")
+        counts.duplicates = 0
+        new = _admitted(self.conn, self._new_only(parsed, counts))
+        self.conn.executemany(_INSERT, [_row(item, event, why) for item, event, why in new])
+        return new
+
+    def checkpoint(self) -> None:
+        """Copy the WAL into the database file (PASSIVE: it never waits for a reader)."""
+        self.unchecked = 0
+        try:
+            self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as exc:  # another connection checkpointing: it does the work
+            log.debug("audit: checkpoint: %s", exc)
 
     def _store_one(self, entry: Parsed, counts: AuditCounts) -> None:
         """One message in a savepoint: stored, or else stored as rejected with why, or else dead-lettered."""
@@ -419,6 +455,23 @@ _INSERT = (
     " environment, model_version, stream_seq, stream_key, msg_id, received_at, status, reason)"
     " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
+# The same, skipping a row whose stream key is stored already (AuditWriter._insert_new counts them).
+_INSERT_UNSEEN = _INSERT + " ON CONFLICT (stream_key) WHERE stream_key IS NOT NULL DO NOTHING"
+
+
+def _once_each(parsed: list[Parsed], counts: AuditCounts) -> list[Parsed]:
+    """`parsed` without a message repeated inside it (the same stream key twice: stored once)."""
+    seen: set[str] = set()
+    out = []
+    for entry in parsed:
+        key = entry[0].stream_key
+        if key is not None:
+            if key in seen:
+                counts.duplicates += 1
+                continue
+            seen.add(key)
+        out.append(entry)
+    return out
 
 
 def _row(item: Incoming, event: PlaneEvent | None, why: EventRejected | None) -> tuple[Any, ...]:
@@ -603,6 +656,8 @@ async def run_audit(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(enough.wait(), wait)
             enough.clear()
+            if not arrived and writer.unchecked:  # the stream is quiet: the checkpoint costs it nothing now
+                await asyncio.to_thread(writer.checkpoint)
             while arrived:
                 msgs = arrived[:batch]
                 del arrived[:batch]

@@ -18,6 +18,7 @@ from typing import Any
 
 from engine import paths
 from engine.errors import CarlError
+from engine.faults import store_trouble
 
 from .bus import (
     Address,
@@ -178,22 +179,55 @@ async def _train_what_is_ready(js: Any, trainer: Any) -> None:
         await asyncio.to_thread(trainer.step)  # applies the stop: the checkpoint is saved
 
 
+async def _receive(sub: Any, trainer: Any, refused: int) -> int:
+    """Take the rollouts waiting on the stream (up to 32): those the trainer can train on are stored (its
+    spool) before any of them is acknowledged, so a trainer killed at any moment loses none. Returns the
+    count of rollouts refused so far."""
+    msgs = await fetch(sub, 32, 0.5)
+    taken, answered = [], []
+    for msg in msgs:
+        try:
+            event = parse_event(msg.subject, msg.data)
+        except EventRejected:
+            await msg.term()  # never redelivered; the audit keeps it, with the reason
+            continue
+        answered.append(msg)
+        if isinstance(event, TrainingRolloutEvent):
+            reason = trainer.add(event)
+            if reason is None:
+                taken.append(event)
+                continue
+            refused += 1
+            if refused <= 5 or refused % 100 == 0:
+                log.info("trainer: not training on it: %s (%d refused so far)", reason, refused)
+    if taken:
+        await _stored(trainer, taken)
+    for msg in answered:
+        await msg.ack()
+    return refused
+
+
+async def _stored(trainer: Any, rollouts: list[TrainingRolloutEvent]) -> None:
+    """`trainer.keep(rollouts)`, tried again while the store is in trouble (locked, full): nothing is
+    acknowledged meanwhile. Anything else raises, and the unacknowledged rollouts come back to the
+    restarted trainer."""
+    delay = 0.5
+    while True:
+        try:
+            await asyncio.to_thread(trainer.keep, rollouts)
+            return
+        except Exception as exc:
+            if not store_trouble(exc):
+                raise
+            log.warning("trainer: cannot store %d rollouts (%s); trying again", len(rollouts), exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+
 async def _train_loop(js: Any, sub: Any, trainer: Any, stop: asyncio.Event) -> None:
     refused = 0
     while not stop.is_set() and not trainer.done:
-        for msg in await fetch(sub, 32, 0.5):
-            try:
-                event = parse_event(msg.subject, msg.data)
-            except EventRejected:
-                await msg.term()
-                continue
-            if isinstance(event, TrainingRolloutEvent):
-                reason = trainer.add(event)
-                if reason is not None:
-                    refused += 1
-                    if refused <= 5 or refused % 100 == 0:
-                        log.info("trainer: not training on it: %s (%d refused so far)", reason, refused)
-            await msg.ack()
+        refused = await _receive(sub, trainer, refused)
         # One step when enough groups are ready (commands are applied either way; a paused run waits in it).
         update = await asyncio.to_thread(trainer.step)
         if update is not None:

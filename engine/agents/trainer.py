@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import math
 import os
 import shutil
@@ -46,6 +47,7 @@ from engine.training.backend import SAVE_TOTAL_LIMIT, CommandPump, Reporter, Ste
 from .config import TrainerSettings
 from .events import ModelUpdateEvent, TrainingRolloutEvent
 from .policy import BASE_VERSION, LocalPolicy, pack, response_logprobs
+from .spool import RolloutSpool
 
 GROUP_TIMEOUT_S = 600.0  # a group still incomplete after this trains with what it has (>= 2) or is dropped
 MAX_GRAD_NORM = 1.0
@@ -55,6 +57,7 @@ REMEMBERED = 100_000  # task and group ids kept to refuse duplicates (oldest for
 STATE_FILE = "trainer_state.json"  # written last: a checkpoint without it is incomplete
 ADAPTER_DIR = "adapter"
 OPTIMIZER_FILE = "optimizer.pt"
+log = logging.getLogger("carl.agents")
 
 
 def adapters_dir(home: Path) -> Path:
@@ -166,6 +169,7 @@ class PlaneTrainer:
         self.optimizer: Any = None
         self.reporter: Reporter | None = None
         self.pump: CommandPump | None = None
+        self.spool: RolloutSpool | None = None  # the rollouts taken, stored until a checkpoint holds them
         self.run_id = 0
         self.output_dir = Path()
         self.fingerprint = ""
@@ -194,6 +198,7 @@ class PlaneTrainer:
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=settings.learning_rate)
         self.run_id = self._open_run(reopen)
+        self.spool = RolloutSpool(self.store, self.run_id)
         self.reporter = Reporter(self.store, self.run_id)
         self.pump = CommandPump(self.store, self.run_id, self.reporter, sleep=self.sleep)
 
@@ -252,6 +257,8 @@ class PlaneTrainer:
         self._require_prepared()
         found = newest_checkpoint(self.output_dir)
         if found is None:
+            self.store.truncate_run_after(self.run_id, 0)  # every step it logged happens again
+            self._restore_rollouts(0)
             return 0
         step, path = found
         state = json.loads((path / STATE_FILE).read_text())
@@ -265,6 +272,7 @@ class PlaneTrainer:
         self._last_checkpoint = (step, path)
         self.store.truncate_run_after(self.run_id, step)
         self.reporter.event(step, "resume", str(path))
+        self._restore_rollouts(step)
         return step
 
     # -- rollouts in -----------------------------------------------------------------------------
@@ -282,6 +290,43 @@ class PlaneTrainer:
         group.rollouts.append(rollout)
         self._seen_tasks.add(rollout.task_id)
         return None
+
+    def keep(self, rollouts: Sequence[TrainingRolloutEvent]) -> None:
+        """Store rollouts `add` took (the spool) before the caller acknowledges them on the stream: from
+        then on a killed trainer loses none of them (its restart reads them back, `resume`)."""
+        self._require_prepared()
+        self.spool.keep(rollouts)
+
+    def _restore_rollouts(self, step: int) -> None:
+        """After a resume from the checkpoint at `step`: the rollouts stored and not trained by a step that
+        checkpoint holds are buffered again, in their groups (a group's age counts from its first rollout's
+        arrival); those trained or given up are remembered, so a redelivered one is refused."""
+        rewound = self.spool.rewind(step)
+        for task_id, group_id in self.spool.closed():
+            self._seen_tasks.add(task_id)
+            self._closed_groups.add(group_id)
+        waiting = self.spool.waiting()
+        now, refused = time.time(), []
+        for rollout, received in waiting:
+            if self.add(rollout) is not None:  # it cannot train this run any more (its settings changed)
+                refused.append(rollout.task_id)
+                continue
+            group = self.groups[str(rollout.group_id)]
+            group.first_seen = min(group.first_seen, self.clock() - max(0.0, now - received))
+        if refused:
+            self.spool.dropped(refused)
+        if waiting or rewound:
+            log.info(
+                "trainer: %d stored rollouts back in their groups (%d to train again), %d refused",
+                len(waiting) - len(refused),
+                rewound,
+                len(refused),
+            )
+
+    def _record_used(self, step: int, groups: list[_Group]) -> None:
+        """The step's rollouts, marked with it (before the step's checkpoint is written)."""
+        checkpointed = self._last_checkpoint[0] if self._last_checkpoint is not None else None
+        self.spool.used(step, [r.task_id for g in groups for r in g.rollouts], checkpointed=checkpointed)
 
     def _refusal(self, r: TrainingRolloutEvent) -> str | None:
         task = f"task {r.task_id}"
@@ -327,6 +372,8 @@ class PlaneTrainer:
                 self._closed_groups.add(group_id)
                 self.dropped += 1
                 self._dropped_since_step += 1
+                if self.spool is not None:
+                    self.spool.dropped(r.task_id for r in group.rollouts)
         return sum(1 for g in self.groups.values() if g.complete or g.timed_out)
 
     def _take_ready(self) -> list[_Group]:
@@ -371,6 +418,7 @@ class PlaneTrainer:
         if not groups:
             return None
         record = self._optimize(groups)
+        self._record_used(self.global_step, groups)
         update = None
         max_updates = self.settings.max_updates
         if max_updates is not None and self.global_step >= max_updates:

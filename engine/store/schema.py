@@ -510,5 +510,35 @@ def _v7(db: sqlite_utils.Database) -> None:
         db.execute(f"CREATE INDEX idx_rollouts_run_{column} ON rollouts (run_id, {column})")
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
+def _v8(db: sqlite_utils.Database) -> None:
+    """The agents plane keeps up, and its trainer loses nothing.
+
+    The hot tables keep only the indexes something reads. The audit maintains every index of agent_events
+    and agent_tasks for each event it stores (the plane's rate is bounded by that writer); these three
+    cost about 2 us an event, 7% of the writer (bench/bench_agents.py), and no query needs them:
+    agent_tasks is read by its task_id only, and agent_events by worker only in `carl agents audit
+    --worker`, which reads the newest events backwards until it has enough.
+
+    `trainer_rollouts` holds each rollout the plane's trainer took, stored before it is acknowledged on the
+    stream, with the step that trained it (engine/agents/spool.py): a trainer killed at any moment loses
+    none, and trains each exactly once."""
+    for name in ("idx_agent_tasks_state", "idx_agent_tasks_worker_id", "idx_agent_events_worker_id_id"):
+        db.execute(f"DROP INDEX IF EXISTS {name}")
+    db.execute(
+        """
+        CREATE TABLE IF NOT EXISTS trainer_rollouts (
+            run_id INTEGER NOT NULL REFERENCES runs(id),
+            task_id TEXT NOT NULL,
+            group_id TEXT NOT NULL,
+            payload TEXT,  -- the rollout event as it came; cleared once a checkpoint holds its step
+            received_at REAL NOT NULL,
+            state TEXT NOT NULL,  -- waiting | used | dropped
+            step INTEGER,  -- the optimizer step that trained it
+            PRIMARY KEY (run_id, task_id)
+        ) WITHOUT ROWID
+        """
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8]
 SCHEMA_VERSION = len(MIGRATIONS)
