@@ -103,16 +103,12 @@ def config_path(home: Path) -> Path:
 
 def load_config(home: Path) -> TuiConfig:
     path = config_path(home)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return TuiConfig()
-    import tomllib  # here, not at the top: a first start without a tui.toml parses no TOML
+    # Here, not at the top: a first start without a tui.toml parses no TOML.
+    from engine.tomlfile import read_table
 
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read ({exc})") from None
+    data = read_table(path, ConfigError)  # a FIFO or a device is refused by type, never read
     try:
         return TuiConfig.from_mapping(data)
     except ValueError as exc:
