@@ -81,3 +81,17 @@ def test_toml_that_tomllib_cannot_take(tmp_path: Path, text: str, line: str) -> 
         f"{tmp_path / 'trajectories.toml'}: {line}",
         f"engine.toml: {line}",
     ]
+
+
+# -- the hook recorder ---------------------------------------------------------------------------------------------
+
+
+def test_a_hook_payload_nested_too_deeply_is_dropped_with_its_reason(tmp_path: Path) -> None:
+    """§1, found by the hook-payloads family: a payload nested thousands of levels deep raised RecursionError in
+    the recorder; it was logged as `hook failed: RecursionError` (a crash) rather than as the bad input it is."""
+    from engine.trajectories.capture.recorder import record
+
+    record(b'{"session_id": "s", "tool_input": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", tmp_path)
+    log = (tmp_path / "logs" / "hook-errors.log").read_text()
+    assert "not JSON (nested too deeply)" in log and "hook failed" not in log
+    assert not list((tmp_path / "spool" / "hooks").glob("*.json"))
