@@ -5,11 +5,18 @@ Each docstring names the issue 22 class it belongs to and the family of the suit
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import os
+import re
+import sqlite3
 from pathlib import Path
 
 import pytest
 from test_hostile_files import no_hang
+
+from engine.observe import observe
+from engine.store import Store
 
 SEEDS = Path(__file__).resolve().parent / "seeds"
 
@@ -95,3 +102,73 @@ def test_a_hook_payload_nested_too_deeply_is_dropped_with_its_reason(tmp_path: P
     log = (tmp_path / "logs" / "hook-errors.log").read_text()
     assert "not JSON (nested too deeply)" in log and "hook failed" not in log
     assert not list((tmp_path / "spool" / "hooks").glob("*.json"))
+
+
+# -- MLflow stores -------------------------------------------------------------------------------------------------
+
+
+def mlflow_db(tmp_path: Path, *statements: tuple[str, tuple]) -> Path:
+    """The suite's MLflow seed (written by MlflowClient) after `statements`, as someone else's writer may leave it."""
+    path = tmp_path / "mlflow.db"
+    path.write_bytes(gzip.decompress((SEEDS / "mlflow" / "mlflow.db.gz").read_bytes()))
+    conn = sqlite3.connect(path)
+    for statement, params in statements:
+        conn.execute(statement, params)
+    conn.commit()
+    conn.close()
+    return path
+
+
+def test_mlflow_steps_and_times_that_are_not_numbers(
+    store: Store, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """§3, found by the mlflow-db family: a step stored as text or a blob raised ValueError at insert (int(step)),
+    a start time that is text TypeError; such a value is one problem line now, and the rest of the run is read."""
+    db = mlflow_db(
+        tmp_path,
+        ("UPDATE metrics SET step = ? WHERE rowid = (SELECT min(rowid) FROM metrics)", (b"\xc3\x0e\xff",)),
+        ("UPDATE metrics SET step = 'x' WHERE rowid = (SELECT max(rowid) FROM metrics)", ()),
+        ("UPDATE runs SET start_time = 'soon', end_time = ?", (b"\x00",)),
+    )
+    _, result = observe(store, db)
+    assert result.rows == 14  # of 16: the two whose step is not one
+    assert [re.sub(r"run \w+", "run R", p) for p in result.problems] == [
+        "mlflow.db: run R, metric 'train/loss': step b'\\xc3\\x0e\\xff' is not an integer",
+        "mlflow.db: run R, metric 'train/reward': step 'x' is not an integer",
+    ]
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_mlflow_logs_no_traceback_of_its_own(
+    store: Store, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """§7, found by the mlflow-db and mlflow-mlruns families: a store without its default experiment (MLflow
+    would create it: the store is read-only) and a malformed experiment folder made MLflow log a traceback on
+    stderr before carl's own one line."""
+    from engine.observe import ObserveError
+
+    db = mlflow_db(tmp_path, ("DELETE FROM experiments", ()))
+    with pytest.raises(ObserveError):
+        observe(store, db)
+    mlruns = tmp_path / "mlruns"
+    for path in (SEEDS / "mlflow" / "mlruns").rglob("*"):
+        if path.is_file():
+            target = mlruns / path.relative_to(SEEDS / "mlflow" / "mlruns")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
+    (mlruns / ".trash").mkdir()
+    (mlruns / "0" / "meta.yaml").write_text("")  # an experiment MLflow calls malformed
+    with contextlib.suppress(ObserveError):
+        observe(store, mlruns)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_symlink_loop_inside_an_mlruns_tree(store: Store, tmp_path: Path) -> None:
+    """§4, found by the mlflow-mlruns family: the check for FIFOs in an mlruns/ tree raised OSError (ELOOP) on a
+    symbolic link loop, with a traceback; a loop is left to MLflow, which skips it."""
+    from engine.observe.mlflow_store import check_files
+
+    (tmp_path / "mlruns" / "0").mkdir(parents=True)
+    (tmp_path / "mlruns" / "0" / "a").symlink_to(tmp_path / "mlruns" / "0" / "b")
+    (tmp_path / "mlruns" / "0" / "b").symlink_to(tmp_path / "mlruns" / "0" / "a")
+    check_files(tmp_path / "mlruns")
