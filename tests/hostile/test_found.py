@@ -9,6 +9,7 @@ import contextlib
 import gzip
 import os
 import re
+import socket
 import sqlite3
 from pathlib import Path
 
@@ -172,3 +173,33 @@ def test_a_symlink_loop_inside_an_mlruns_tree(store: Store, tmp_path: Path) -> N
     (tmp_path / "mlruns" / "0" / "a").symlink_to(tmp_path / "mlruns" / "0" / "b")
     (tmp_path / "mlruns" / "0" / "b").symlink_to(tmp_path / "mlruns" / "0" / "a")
     check_files(tmp_path / "mlruns")
+
+
+# -- carl-tui --serve -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_malformed_request_prints_nothing_on_the_servers_terminal(tmp_path: Path) -> None:
+    """§10, found by the serve-requests family: every malformed request (a duplicate Host header, a bad request
+    line) printed a rich traceback with its locals on the terminal of `carl-tui --serve`, the token among them:
+    anyone who could reach the port could fill that terminal. aiohttp answers such a request 400; nothing prints."""
+    from test_serve import Served, free_port
+
+    home = tmp_path / "home"
+    home.mkdir()
+    Store(home / "carl.db").close()
+    served = Served(home, free_port(), [])
+    try:
+        url = served.url()
+        port, token = re.fullmatch(r"http://127\.0\.0\.1:(\d+)/\?token=([\w-]+)", url).group(1, 2)  # type: ignore[union-attr]
+        for request in (
+            f"GET /?token={token} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nHost: evil.example\r\n\r\n",
+            f"GET /?token={token} HTTP/1.1\x00\r\nHost: 127.0.0.1:{port}\r\n\r\n",
+        ):
+            with socket.create_connection(("127.0.0.1", int(port)), timeout=10) as sock:
+                sock.sendall(request.encode())
+                assert re.match(rb"HTTP/1\.[01] 400 ", sock.recv(100))
+    finally:
+        served.stop()
+    printed = served.output()
+    assert "Traceback" not in printed and token not in printed.replace(url, ""), printed
