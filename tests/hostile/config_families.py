@@ -173,7 +173,7 @@ def engine_seed() -> dict[str, Any]:
 
 
 def config_family(name: str, file: str, seed: Callable[[], dict[str, Any]], writer: str, load: Any) -> Family:
-    return Family(name, lambda folder: seed(), config_cases(file, writer), loaded(load), ci_examples=150)
+    return Family(name, lambda folder: seed(), config_cases(file, writer), loaded(load), ci_examples=100)
 
 
 FAMILIES = [

@@ -96,8 +96,13 @@ def mode(draw: st.DrawFn) -> tuple[str, int]:
     return how, draw(st.sampled_from([1, 3, 50, 20_000]))
 
 
-def observe_family(name: str, make_seeds: Any, cases: Any, ci_examples: int = 200) -> Family:
-    return Family(name, make_seeds, cases, feed_observe, ci_examples)
+def list_runs(ws: Workspace) -> Outcome:
+    """`carl runs` once the cases are in: every name and source stored, as the listing prints them."""
+    return swallowed(ws.cli("runs"))
+
+
+def observe_family(name: str, make_seeds: Any, cases: Any, ci_examples: int = 80) -> Family:
+    return Family(name, make_seeds, cases, feed_observe, ci_examples, after=list_runs)
 
 
 # -- JSONL logs: ours, veRL's file logger, prime-rl's metrics.jsonl ------------------------------------------------

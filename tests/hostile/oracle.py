@@ -14,6 +14,7 @@ import contextlib
 import io
 import logging
 import os
+import queue
 import re
 import shutil
 import sqlite3
@@ -51,6 +52,9 @@ CRASH_NAMES = (
     "RuntimeError",
 )
 CRASH = re.compile(r"\b(" + "|".join(CRASH_NAMES) + r")\b")
+# The one catch that names an exception by design: a rollout dump's record whose field has a shape the reader does
+# not take costs that record alone, in one `file:line` (engine/observe/rollouts/dumps.py).
+DESIGNED = re.compile(r":\d+: not a [\w-]+ record \((TypeError|AttributeError|KeyError|IndexError)\)$")
 TRACEBACK_TEXT = "Traceback (most recent call last)"
 CASE_SECONDS = 20.0  # a case still running after this is a hang (the machine is shared and may be loaded)
 
@@ -73,7 +77,7 @@ def crash_in(lines: list[str] | tuple[str, ...], allowed: tuple[str, ...] = ()) 
     """The first message that names an exception a catch-all swallowed ("" when none does)."""
     for line in lines:
         match = CRASH.search(line)
-        if match and match.group(1) not in allowed:
+        if match and match.group(1) not in allowed and not DESIGNED.search(line.rstrip()):
             return line
     return ""
 
@@ -122,9 +126,39 @@ def carl_log() -> Iterator[CarlLog]:
         logger.removeHandler(handler)
 
 
+class CaseThread:
+    """The thread cases run in, one after another (starting a thread per case costs more than many a case); a
+    case still running after its time is left to it, and the next case gets a new thread."""
+
+    current: CaseThread | None = None
+
+    def __init__(self) -> None:
+        self.work: queue.Queue[Callable[[], None]] = queue.Queue()
+        threading.Thread(target=self.serve, daemon=True, name="hostile-case").start()
+
+    def serve(self) -> None:
+        while True:
+            self.work.get()()
+
+    @classmethod
+    def run(cls, fn: Callable[[], None]) -> threading.Event:
+        if cls.current is None:
+            cls.current = CaseThread()
+        done = threading.Event()
+
+        def job() -> None:
+            try:
+                fn()
+            finally:
+                done.set()
+
+        cls.current.work.put(job)
+        return done
+
+
 def bounded(fn: Callable[[], Outcome], where: Path | None, seconds: float = CASE_SECONDS) -> Outcome:
-    """`fn()` in a thread, classified; HANG when it is still running after `seconds` (then every FIFO under
-    `where` is opened once for writing, so a thread blocked on one can end)."""
+    """`fn()` in the case thread, classified; HANG when it is still running after `seconds` (then every FIFO
+    under `where` is opened once for writing, so a thread blocked on one can end)."""
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -133,12 +167,11 @@ def bounded(fn: Callable[[], Outcome], where: Path | None, seconds: float = CASE
         except BaseException as exc:  # noqa: BLE001 (classified below, in the caller's thread)
             box["outcome"] = classify(exc)
 
-    thread = threading.Thread(target=target, daemon=True, name="hostile-case")
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
+    done = CaseThread.run(target)
+    if not done.wait(seconds):
+        CaseThread.current = None  # that one is busy for good, maybe
         release_fifos(where)
-        thread.join(2)
+        done.wait(2)
         return Outcome(HANG, f"still running after {seconds:.0f}s")
     return box["outcome"]
 

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from hostile import values as hv
 from hostile.oracle import HANG, OK, TRACEBACK, Outcome, carl_log, crash_in
 from hostile.runner import Family, Workspace
+from hostile.trajectory_families import list_trajectories
 
 # -- hooks -------------------------------------------------------------------------------------------------------
 
@@ -173,7 +174,7 @@ def event_seeds() -> list[tuple[str, dict[str, Any]]]:
 
 
 MESSAGES = (
-    8  # hostile messages a case publishes, on average (the audit writes every 0.25 s: one case, one wait)
+    8  # hostile messages a case publishes, on average (the audit writes every 0.25 s: a case waits once)
 )
 SUBJECTS = (
     "tasks.demo",
@@ -195,8 +196,7 @@ class NatsCase:
 
 
 @st.composite
-def nats_cases(draw: st.DrawFn, seeds: Any) -> NatsCase:
-    seeds = event_seeds()
+def nats_cases(draw: st.DrawFn, seeds: list[tuple[str, dict[str, Any]]]) -> NatsCase:
     messages = []
     for _ in range(draw(st.integers(1, 2 * MESSAGES - 1))):
         subject, payload = draw(st.sampled_from(seeds))
@@ -317,8 +317,16 @@ def nats_context(ws: Workspace) -> Iterator[None]:
 
 
 FAMILIES = [
-    Family("hook-payloads", lambda folder: None, hook_cases, feed_hooks, ci_examples=150),
     Family(
-        "nats-payloads", lambda folder: None, nats_cases, feed_nats, ci_examples=150, context=nats_context
+        "hook-payloads", lambda folder: None, hook_cases, feed_hooks, ci_examples=40, after=list_trajectories
+    ),
+    Family(
+        "nats-payloads",
+        lambda folder: event_seeds(),
+        nats_cases,
+        feed_nats,
+        ci_examples=12,
+        inputs_per_case=MESSAGES,
+        context=nats_context,
     ),
 ]

@@ -245,7 +245,7 @@ FAMILIES = [
         lambda folder: None,
         lambda seeds: requests(),
         feed_serve,
-        ci_examples=150,
+        ci_examples=80,
         context=serve_context,
     ),
 ]

@@ -75,7 +75,12 @@ def lines_family(
         target = draw(st.sampled_from([*targets, relative]))
         return ImportCase(files, target)
 
-    return Family(name, lambda folder: None, cases, feed_import)
+    return Family(name, lambda folder: None, cases, feed_import, ci_examples=60, after=list_trajectories)
+
+
+def list_trajectories(ws: Workspace) -> Outcome:
+    """`carl trajectories list` once the cases are in: every prompt stored, as the listing prints it."""
+    return swallowed(ws.cli("trajectories", "list", "--limit", "1000"))
 
 
 FAMILIES = [
