@@ -36,6 +36,9 @@ def main() -> int:
     parser.add_argument(
         "--seed", type=int, default=None, help="hypothesis' seed (default: a new one per family)"
     )
+    parser.add_argument(
+        "--minutes", type=float, default=None, help="stop each family after this long, with the cases it ran"
+    )
     parser.add_argument("--out", type=Path, default=OUT / "hostile.json")
     parser.add_argument("--list", action="store_true", help="list the families and stop")
     parser.add_argument("--write-seeds", action="store_true", help="write the binary seeds again and stop")
@@ -55,7 +58,7 @@ def main() -> int:
             print(f"{name:20} CI cases: {family.ci_examples}")
         return 0
     if args.one:
-        return run_one(args.one, args.cases, args.seed, args.out)
+        return run_one(args.one, args.cases, args.seed, args.out, args.minutes)
     names = [n for n in args.families.split(",") if n] or list(FAMILIES)
     unknown = [n for n in names if n not in FAMILIES]
     if unknown:
@@ -67,6 +70,8 @@ def main() -> int:
         child = [sys.executable, __file__, "--one", name, "--cases", str(args.cases), "--out", str(args.out)]
         if args.seed is not None:
             child += ["--seed", str(args.seed)]
+        if args.minutes is not None:
+            child += ["--minutes", str(args.minutes)]
         done = subprocess.run(child, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         if done.returncode != 0 and not any(r["family"] == name for r in results(args.out)):
             with args.out.open("a") as f:
@@ -78,7 +83,7 @@ def main() -> int:
     return 0
 
 
-def run_one(name: str, cases: int, seed: int | None, out: Path) -> int:
+def run_one(name: str, cases: int, seed: int | None, out: Path, minutes: float | None) -> int:
     import logging
     import random
     import shutil
@@ -88,9 +93,8 @@ def run_one(name: str, cases: int, seed: int | None, out: Path) -> int:
     from hostile.oracle import Tally, scratch_root
     from hostile.runner import run_family
 
-    logging.getLogger(
-        "carl"
-    ).propagate = False  # the engine's warnings about each bad input: counted, not shown
+    # The engine's warnings about each bad input are counted by the oracle, not shown.
+    logging.getLogger("carl").propagate = False
     seed = random.randrange(2**32) if seed is None else seed
     root = scratch_root(Path(tempfile.mkdtemp(prefix="carl-hostile-")))
     os.environ["CARL_HOME"] = str(root / "home")
@@ -108,7 +112,13 @@ def run_one(name: str, cases: int, seed: int | None, out: Path) -> int:
         family = FAMILIES[name]
         examples = -(-cases // family.inputs_per_case)  # a NATS case publishes several messages
         tally = run_family(
-            family, root / name, examples=examples, strict=False, random_seed=seed, progress=progress
+            family,
+            root / name,
+            examples=examples,
+            strict=False,
+            random_seed=seed,
+            progress=progress,
+            minutes=minutes,
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -139,7 +149,9 @@ def table(rows: list[dict]) -> str:
         if "crashed" in row:
             lines.append(f"| {row['family']} | crashed (exit {row['crashed']}) | | | | | | | |")
             continue
-        cells = [f"{row[k]:,}" for k in COLUMNS]
+        cells = [
+            f"{row[k]:,}" + (" (time cap)" if k == "inputs" and row.get("capped") else "") for k in COLUMNS
+        ]
         lines.append(
             f"| {row['family']} | "
             + " | ".join(cells)

@@ -394,6 +394,7 @@ class Tally:
     leaks: int = 0
     integrity: str = "ok"
     seconds: float = 0.0
+    capped: bool = False  # a long run stopped at its time limit before its number of cases
     examples: dict[str, list[str]] = field(default_factory=dict)
 
     def add(self, outcome: Outcome, lost: int = 0) -> None:

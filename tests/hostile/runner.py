@@ -175,6 +175,10 @@ class Refused(AssertionError):
     """A case the oracle refused (CI): hypothesis shrinks it and reports it."""
 
 
+class TimeUp(BaseException):
+    """A long run's time for the family is spent (a BaseException: hypothesis lets it through at once)."""
+
+
 def judge(family: Family, outcome: Outcome, lost: int) -> str:
     """Why the oracle refuses a case ("" when it passes)."""
     if outcome.verdict == TRACEBACK:
@@ -195,9 +199,11 @@ def run_family(
     random_seed: int | None = None,
     progress: Callable[[Tally], None] | None = None,
     leaks_fail: bool = True,
+    minutes: float | None = None,
 ) -> Tally:
     """Draw `examples` cases of `family` and feed each one; returns the tally. `strict`: the first refused case
-    raises (after hypothesis shrank it); a printed raw control byte is refused too when `leaks_fail`."""
+    raises (after hypothesis shrank it); a printed raw control byte is refused too when `leaks_fail`. A long run
+    stops after `minutes` with the cases it ran (`Tally.capped`)."""
     root.mkdir(parents=True, exist_ok=True)
     seeds = family.make_seeds(fresh_dir(root / "seeds"))
     if isinstance(seeds, dict):
@@ -205,6 +211,7 @@ def run_family(
     workspace = Workspace(root, seeds)
     tally = Tally(family.name)
     started = time.monotonic()
+    deadline = None if minutes is None or strict else started + 60 * minutes
     with family.context(workspace) if family.context else contextlib.nullcontext():
 
         @settings(
@@ -218,6 +225,8 @@ def run_family(
         )
         @given(family.cases(seeds))
         def one(case: Any) -> None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeUp
             where = workspace.next_case()
             try:
                 outcome = bounded(lambda: family.feed(case, workspace, where), where)
@@ -243,7 +252,10 @@ def run_family(
 
         if random_seed is not None:
             one = seed(random_seed)(one)
-        one()
+        try:
+            one()
+        except TimeUp:
+            tally.capped = True
         if family.after is not None:
             outcome = bounded(lambda: family.after(workspace), None)
             tally.add(outcome, workspace.baseline.lost())
