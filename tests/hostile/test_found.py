@@ -22,6 +22,12 @@ from engine.store import Store
 SEEDS = Path(__file__).resolve().parent / "seeds"
 
 
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("CARL_HOME", str(tmp_path / "home"))  # `carl --home` sets it: restored after the test
+    return tmp_path / "home"
+
+
 def one_line(text: str) -> str:
     lines = text.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in text, text
@@ -173,6 +179,31 @@ def test_a_symlink_loop_inside_an_mlruns_tree(store: Store, tmp_path: Path) -> N
     (tmp_path / "mlruns" / "0" / "a").symlink_to(tmp_path / "mlruns" / "0" / "b")
     (tmp_path / "mlruns" / "0" / "b").symlink_to(tmp_path / "mlruns" / "0" / "a")
     check_files(tmp_path / "mlruns")
+
+
+# -- TRL's completions parquet -------------------------------------------------------------------------------------
+
+
+def test_parquet_text_that_is_not_utf8(home: Path, tmp_path: Path) -> None:
+    """§2, found by the trl-parquet family: a string column holding bytes that are not UTF-8 (a damaged page; parquet
+    pages carry no checksum by default) raised UnicodeDecodeError from pyarrow's to_pydict, with a traceback. The
+    text is kept with U+FFFD now, as everywhere else."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from engine.cli import main
+
+    folder = tmp_path / "out" / "completions"
+    folder.mkdir(parents=True)
+    damaged = pa.array([b"question \x80", b"question 2"], type=pa.binary()).view(pa.string())
+    table = pa.table(
+        {"step": [1, 1], "prompt": damaged, "completion": ["a", "b"], "accuracy_reward": [1.0, 0.0]}
+    )
+    pq.write_table(table, folder / "completions_00001.parquet")
+    assert main(["--home", str(home), "observe", str(folder.parent)]) == 0
+    with Store(home / "carl.db") as store:
+        rows = store.conn.execute("SELECT prompt, completion FROM rollouts ORDER BY idx").fetchall()
+    assert rows == [("question \ufffd", "a"), ("question 2", "b")]
 
 
 # -- carl-tui --serve -----------------------------------------------------------------------------------------------
