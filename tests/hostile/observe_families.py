@@ -307,7 +307,8 @@ def mlruns_cases(draw: st.DrawFn, seeds: Any) -> FileCase:
             texts[relative] = draw(hv.mutated_bytes(texts[relative]))
         elif op == 1:  # a metric or param under a hostile name (a key is its file's path)
             folder = relative.rsplit("/", 1)[0]
-            name = hv.storable_text(draw(hv.hostile_text()))[:60].replace("/", "_").replace("\x00", "") or "x"
+            name = hv.storable_text(draw(hv.hostile_text()))[:60].replace("/", "_").replace("\x00", "")
+            name = "x" if name in ("", ".", "..") else name  # a name a file can have
             texts[f"{folder}/{name}"] = texts[relative]
         elif op == 2:  # a metric line "timestamp value step" with hostile fields
             line = " ".join(str(draw(st.one_of(hv.hostile_number(), hv.hostile_text()))) for _ in range(3))
