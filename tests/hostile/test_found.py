@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import json
 import os
 import re
 import socket
@@ -204,6 +205,53 @@ def test_parquet_text_that_is_not_utf8(home: Path, tmp_path: Path) -> None:
     with Store(home / "carl.db") as store:
         rows = store.conn.execute("SELECT prompt, completion FROM rollouts ORDER BY idx").fetchall()
     assert rows == [("question \ufffd", "a"), ("question 2", "b")]
+
+
+# -- rollout dumps (engine/store/rollouts.py, the one edge of every rollout source) ----------------------------
+
+
+def test_rollout_numbers_past_a_float(store: Store, tmp_path: Path) -> None:
+    """§3, found by the verifiers-dumps family: `output_tokens: Infinity` raised OverflowError (int(inf)), and so did
+    an integer of 400 digits (float(10**400)), with a traceback that cost the whole batch. Such a number is no
+    number now (None), and the record is kept."""
+    from engine.observe import register_source
+    from engine.observe.ingest import import_source
+
+    def result(**changes: object) -> str:
+        record = {
+            "example_id": 0,
+            "prompt": "q",
+            "completion": "a",
+            "reward": 1.0,
+            "metrics": {"correct": 1.0},
+        }
+        return json.dumps({**record, **changes})
+
+    lines = [
+        result(token_usage={"output_tokens": float("inf")}),
+        result(token_usage={"output_tokens": 10**400}, reward=10**400),
+        result(example_id=3, token_usage={"output_tokens": 7}),
+    ]
+    folder = tmp_path / "vf"
+    folder.mkdir()
+    (folder / "results.jsonl").write_text("\n".join(lines) + "\n")
+    source = register_source(store, folder / "results.jsonl", follow=False, kind="rollouts-verifiers")
+    assert import_source(store, source).rows == 3
+    rows = store.conn.execute("SELECT length, total FROM rollouts ORDER BY idx").fetchall()
+    assert rows == [(None, 1.0), (None, 1.0), (7, 1.0)]  # a reward of 400 digits: the total is the metrics'
+
+
+def test_a_rollout_extra_nested_deeper_than_json_dumps_goes() -> None:
+    """§1, found by the verifiers-dumps family: a record whose kept fields nest deeper than json.dumps goes at the
+    point of the insert (the parser, called higher up the stack, went that deep) raised RecursionError in
+    rollout_record, the one edge of every rollout source, losing the batch. The sample is kept with a note."""
+    from engine.store.rollouts import rollout_record
+
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    row = rollout_record(1, {"step": 1, "idx": 0, "prompt": "q", "extra": {"info": deep}})
+    assert json.loads(row[10]) == {"unkept": "nested too deeply to store"}
 
 
 # -- carl-tui --serve -----------------------------------------------------------------------------------------------
