@@ -182,6 +182,32 @@ def test_a_symlink_loop_inside_an_mlruns_tree(store: Store, tmp_path: Path) -> N
     check_files(tmp_path / "mlruns")
 
 
+# -- agent transcripts ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [["Bash"], True, 7])
+def test_a_tool_name_that_is_not_text_costs_nothing_beside_it(tmp_path: Path, name: object) -> None:
+    """§2, found by the claude-code family: a tool_use block whose `name` was a list or a bool raised AttributeError
+    in normalize_tool (`.strip()`), and the import's catch-all dropped the whole transcript, its good turns too
+    (`could not be read as claude-code (AttributeError: ...)`). The tool is "unknown" now, the file imported."""
+    from test_trajectory_import import claude_session, write_jsonl
+
+    from engine.trajectories.importers.files import import_paths
+
+    lines = claude_session()
+    for line in lines:
+        content = line.get("message", {}).get("content") if isinstance(line, dict) else None
+        for block in content if isinstance(content, list) else []:
+            if block.get("type") == "tool_use":
+                block["name"] = name
+                break
+    result = import_paths([write_jsonl(tmp_path / "s.jsonl", lines)])
+    assert not [s for s in result.skipped if "could not be read" in s], result.skipped
+    assert len(result.trajectories) == 3 and "unknown" in {
+        e.tool for t in result.trajectories for e in t.events
+    }
+
+
 # -- TRL's completions parquet -------------------------------------------------------------------------------------
 
 
