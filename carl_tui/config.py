@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import CarlError
+from engine.text import one_line
 from themes import DEFAULT_THEME, THEME_NAMES
 
 CHART_MODES = ("braille", "block")
@@ -51,7 +52,7 @@ class TuiConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         for key in data:
             if key not in known:
-                raise ValueError(f"{key}: unknown setting (known: {', '.join(sorted(known))})")
+                raise ValueError(f"{one_line(key, 80)}: unknown setting (known: {', '.join(sorted(known))})")
         theme = data.get("theme", DEFAULT_THEME)
         if theme not in THEME_NAMES:
             raise ValueError(f"theme: unknown theme {theme!r}; choose one of {', '.join(THEME_NAMES)}")

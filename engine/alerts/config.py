@@ -23,12 +23,14 @@ from urllib.parse import urlsplit
 
 from engine.errors import CarlError
 from engine.files import named
+from engine.text import one_line
 from engine.tomlfile import read_table
 
 FILE_NAME = "engine.toml"
 KNOWN_TABLES = ("alerts",)
 KNOWN_KEYS = ("webhook", "command", "timeout_s")
 DEFAULT_TIMEOUT_S = 10.0
+KEY_CHARS = 80  # of a key the file names and we do not know, in its line (a key may hold a newline)
 MAX_TIMEOUT_S = 120.0  # a try may hold the sender this long; the engine's loop never waits for it
 
 
@@ -58,7 +60,7 @@ def load_settings(home: Path) -> tuple[AlertSettings, list[str]]:
     except AlertsFileError as exc:  # named by its file name alone, as every line of this file is
         return AlertSettings(), [f"{FILE_NAME}: {str(exc).removeprefix(named(path) + ': ')}"]
     problems = [
-        f"{FILE_NAME}: {key}: unknown setting (known: {', '.join(KNOWN_TABLES)})"
+        f"{FILE_NAME}: {one_line(key, KEY_CHARS)}: unknown setting (known: {', '.join(KNOWN_TABLES)})"
         for key in data
         if key not in KNOWN_TABLES
     ]
@@ -66,7 +68,7 @@ def load_settings(home: Path) -> tuple[AlertSettings, list[str]]:
     if not isinstance(table, dict):
         return AlertSettings(), [*problems, f"{FILE_NAME}: alerts: expected a table ([alerts])"]
     problems += [
-        f"{FILE_NAME}: alerts.{key}: unknown setting (known: {', '.join(KNOWN_KEYS)})"
+        f"{FILE_NAME}: alerts.{one_line(key, KEY_CHARS)}: unknown setting (known: {', '.join(KNOWN_KEYS)})"
         for key in table
         if key not in KNOWN_KEYS
     ]

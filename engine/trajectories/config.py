@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import CarlError
+from engine.text import one_line
 from engine.tomlfile import read_table
 from engine.trajectories.importers.detect import CORRECTION_PATTERNS, REDO_PATTERNS, Detector
 
@@ -49,7 +50,7 @@ def load(home: Path) -> TrajectoryConfig:
     unknown = sorted(set(data) - KNOWN)
     if unknown:
         raise TrajectoryConfigError(
-            f"{path}: {unknown[0]}: unknown setting (known: {', '.join(sorted(KNOWN))})"
+            f"{path}: {one_line(unknown[0], 80)}: unknown setting (known: {', '.join(sorted(KNOWN))})"
         )
     entries = data.get("domains", [])
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):

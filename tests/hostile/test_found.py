@@ -98,6 +98,20 @@ def test_toml_that_tomllib_cannot_take(tmp_path: Path, text: str, line: str) -> 
     ]
 
 
+def test_an_unknown_key_holding_a_newline_is_named_on_one_line(tmp_path: Path) -> None:
+    """§7, found by the engine-toml family: a quoted TOML key holding a newline made the "unknown setting" problem
+    two lines in the engine's log (and in the errors of the other two files); the key is shown on one line now."""
+    for name in NAMES:
+        (tmp_path / name).write_text('"a\\nb" = 1\n[alerts]\n"c\\nd" = 2\n')
+    lines = load_toml_settings(tmp_path)
+    assert all("\n" not in line for line in lines), lines
+    assert lines[0].startswith(f"{tmp_path / 'tui.toml'}: a b: unknown setting")
+    assert lines[2:] == [
+        "engine.toml: a b: unknown setting (known: alerts)",
+        "engine.toml: alerts.c d: unknown setting (known: webhook, command, timeout_s)",
+    ]
+
+
 # -- the hook recorder ---------------------------------------------------------------------------------------------
 
 
