@@ -126,6 +126,30 @@ def test_a_hook_payload_nested_too_deeply_is_dropped_with_its_reason(tmp_path: P
     assert not list((tmp_path / "spool" / "hooks").glob("*.json"))
 
 
+def test_a_surrogate_encoded_as_bytes_in_a_spool_file(tmp_path: Path) -> None:
+    """§2, found by the hook-payloads family: json.loads decodes bytes with `surrogatepass`, so a surrogate written as
+    bytes (\\xed\\xb2\\x80, which UTF-8 forbids) came through as a lone surrogate without the `\\udc80` escape the
+    spool reader and `loads_storable` looked for: the prompt failed at insert and the whole file was set aside as
+    `cannot be stored: UnicodeEncodeError`. Now the prompt is stored with U+FFFD, and a session id holding one is
+    set aside with its reason, as an escaped one is."""
+    from engine.text import loads_storable
+    from engine.trajectories.capture.hooks import read_spool
+
+    assert loads_storable(b'{"a": "x\xed\xb2\x80y"}') == {"a": "x\ufffdy"}
+    spool = tmp_path / "spool" / "hooks"
+    spool.mkdir(parents=True)
+    prompt = b'{"session_id": "s1", "hook_event_name": "UserPromptSubmit", "prompt": "hi \xed\xb2\x80"}'
+    session = b'{"session_id": "s\xed\xb2\x80", "hook_event_name": "Stop"}'
+    for i, payload in enumerate((prompt, session)):
+        (spool / f"{i:020d}-1-0-abcdef.json").write_bytes(
+            b'{"received_at": 1700000000.0, "payload": ' + payload + b"}"
+        )
+    bad: list[str] = []
+    items = read_spool(tmp_path, on_bad=lambda path, why: bad.append(why))
+    assert [item.payload["prompt"] for item in items] == ["hi \ufffd"]
+    assert bad == ["session_id holds a lone surrogate (not UTF-8)"]
+
+
 # -- MLflow stores -------------------------------------------------------------------------------------------------
 
 
