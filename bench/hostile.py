@@ -39,6 +39,12 @@ def main() -> int:
     parser.add_argument(
         "--minutes", type=float, default=None, help="stop each family after this long, with the cases it ran"
     )
+    parser.add_argument(
+        "--total-minutes",
+        type=float,
+        default=None,
+        help="share this much time among the families: each gets what is left over the families left",
+    )
     parser.add_argument("--out", type=Path, default=OUT / "hostile.json")
     parser.add_argument("--list", action="store_true", help="list the families and stop")
     parser.add_argument("--write-seeds", action="store_true", help="write the binary seeds again and stop")
@@ -66,12 +72,18 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("")
     started = time.monotonic()
-    for name in names:
+    for done_families, name in enumerate(names):
         child = [sys.executable, __file__, "--one", name, "--cases", str(args.cases), "--out", str(args.out)]
         if args.seed is not None:
             child += ["--seed", str(args.seed)]
-        if args.minutes is not None:
-            child += ["--minutes", str(args.minutes)]
+        minutes = args.minutes
+        if (
+            args.total_minutes is not None
+        ):  # a family that finishes early leaves its time to the ones after it
+            left = args.total_minutes - (time.monotonic() - started) / 60
+            minutes = max(left / (len(names) - done_families), 0.5)
+        if minutes is not None:
+            child += ["--minutes", f"{minutes:.2f}"]
         done = subprocess.run(child, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         if done.returncode != 0 and not any(r["family"] == name for r in results(args.out)):
             with args.out.open("a") as f:
