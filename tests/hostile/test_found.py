@@ -150,6 +150,43 @@ def test_a_surrogate_encoded_as_bytes_in_a_spool_file(tmp_path: Path) -> None:
     assert bad == ["session_id holds a lone surrogate (not UTF-8)"]
 
 
+# -- NATS messages: the audit --------------------------------------------------------------------------------------
+
+
+def test_a_rejected_message_whose_type_holds_a_lone_surrogate_is_stored(store: Store) -> None:
+    """§1, found by the nats-payloads family: an event whose `type` held a lone surrogate was rejected, but the
+    rejected row carried that type as its kind, which the store cannot encode either: the message was
+    dead-lettered, acknowledged and stored nowhere. The reason and the type are made storable where a rejection is
+    made (EventRejected), so it is one rejected row like any other."""
+    from engine.agents.audit import AuditWriter, Incoming
+
+    payload = b'{"type": "x\\udc80", "task_id": "t", "worker_id": "w1", "task_type": "demo", "prompt": "p"}'
+    counts = AuditWriter(store).write(
+        [Incoming("training.rollouts", payload, stream_seq=1, stream_key="e:1")]
+    )
+    assert (counts.rejected, counts.dead_letters) == (1, 0)
+    row = store.conn.execute("SELECT kind, status, reason FROM agent_events").fetchone()
+    assert row == ("x\ufffd", "rejected", "type: text holds a lone surrogate, not UTF-8")
+
+
+def test_a_rejection_reason_for_a_value_nested_too_deeply_to_show() -> None:
+    """§1, found by the nats-payloads family: the reason of a field that failed validation quotes its value through
+    json.dumps, which raised RecursionError for a value nested deeper than it goes (the parser, higher up the stack,
+    went that deep): the audit's catch-all stored `unreadable: RecursionError: ...`. The reason says so instead."""
+    from pydantic import ValidationError
+
+    from engine.agents.events import TaskEvent, validation_reason
+
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(ValidationError) as refused:
+        TaskEvent.model_validate({"manager_id": "m", "task_type": "demo", "prompt": deep})
+    assert validation_reason(refused.value) == (
+        "prompt: Input should be a valid string (got a list nested too deeply to show)"
+    )
+
+
 # -- MLflow stores -------------------------------------------------------------------------------------------------
 
 
@@ -324,8 +361,9 @@ def test_a_rollout_extra_nested_deeper_than_json_dumps_goes() -> None:
 @pytest.mark.slow
 def test_a_malformed_request_prints_nothing_on_the_servers_terminal(tmp_path: Path) -> None:
     """§10, found by the serve-requests family: every malformed request (a duplicate Host header, a bad request
-    line) printed a rich traceback with its locals on the terminal of `carl-tui --serve`, the token among them:
-    anyone who could reach the port could fill that terminal. aiohttp answers such a request 400; nothing prints."""
+    line, a GET of the websocket without a handshake) printed a rich traceback on the terminal of `carl-tui
+    --serve`, the first two with their locals, the token among them: anyone who could reach the port could fill
+    that terminal. Each is answered 400, and nothing prints."""
     from test_serve import Served, free_port
 
     home = tmp_path / "home"
@@ -338,6 +376,8 @@ def test_a_malformed_request_prints_nothing_on_the_servers_terminal(tmp_path: Pa
         for request in (
             f"GET /?token={token} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nHost: evil.example\r\n\r\n",
             f"GET /?token={token} HTTP/1.1\x00\r\nHost: 127.0.0.1:{port}\r\n\r\n",
+            # the websocket's path, without a handshake: textual-serve logged the traceback of aiohttp's 400
+            f"GET /ws?token={token} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n",
         ):
             with socket.create_connection(("127.0.0.1", int(port)), timeout=10) as sock:
                 sock.sendall(request.encode())
