@@ -196,6 +196,13 @@ class ControlRoomServer(Server):
         self.public_url = f"{request.scheme}://{request.host}"
         return await super().handle_index(request)
 
+    async def handle_websocket(self, request: web.Request) -> web.StreamResponse:
+        """textual-serve's websocket, once the request is a websocket handshake at all: a plain GET of /ws, or a
+        handshake aiohttp refuses, is answered 400 here (textual-serve would log a traceback for each)."""
+        if not web.WebSocketResponse().can_prepare(request).ok:
+            raise web.HTTPBadRequest(text="400: not a websocket handshake\n")
+        return await super().handle_websocket(request)
+
     async def on_startup(self, app: web.Application) -> None:
         """textual-serve prints a banner here; the CLI has printed its one line already."""
 
