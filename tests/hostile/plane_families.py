@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -255,12 +256,18 @@ class Plane:
         self.bridge.start()
 
 
-def rows(ws: Workspace) -> list[tuple[str, str | None]]:
+def rows(ws: Workspace) -> tuple[list[tuple[str, str | None]], int, str]:
+    """(status and reason of every row of the audit's log, the dead-lettered total, the newest reason)."""
+    from engine.agents.audit import AUDIT_KEY
+
     conn = ws.baseline.connect()
     try:
-        return conn.execute("SELECT coalesce(status, 'ok'), reason FROM agent_events ORDER BY id").fetchall()
+        log = conn.execute("SELECT coalesce(status, 'ok'), reason FROM agent_events ORDER BY id").fetchall()
+        kv = conn.execute("SELECT value FROM kv WHERE key=?", (AUDIT_KEY,)).fetchone()
     finally:
         conn.close()
+    totals = json.loads(kv[0]) if kv else {}
+    return log, int(totals.get("dead_letters") or 0), str(totals.get("last") or "")
 
 
 def feed_nats(case: NatsCase, ws: Workspace, where: Path) -> Outcome:
@@ -270,7 +277,8 @@ def feed_nats(case: NatsCase, ws: Workspace, where: Path) -> Outcome:
     plane: Plane = ws.context["plane"]
     if plane.bridge.home != ws.home:  # a hang moved the workspace to a fresh home
         plane.restart_bridge()
-    before = len(rows(ws))
+    log, dead_before, _ = rows(ws)
+    before = len(log)
     sentinel = TaskEvent(manager_id="m", task_type="demo", prompt=f"sentinel {time.monotonic_ns()}")
 
     # What the server refuses to take (a payload past its max_payload) no client can send: left out.
@@ -285,7 +293,9 @@ def feed_nats(case: NatsCase, ws: Workspace, where: Path) -> Outcome:
     expected = before + len(messages) + 1
     deadline = time.monotonic() + 15
     while True:
-        stored = rows(ws)
+        stored, dead, last = rows(ws)
+        if dead > dead_before:  # acknowledged, and stored nowhere: not even as a rejected row
+            return Outcome(TRACEBACK, f"{dead - dead_before} message(s) dead-lettered: {last}")
         if len(stored) >= expected:
             break
         if time.monotonic() > deadline or not plane.bridge.alive():
