@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import CarlError
+from engine.text import one_line
 from themes import DEFAULT_THEME, THEME_NAMES
 
 CHART_MODES = ("braille", "block")
@@ -51,7 +52,7 @@ class TuiConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         for key in data:
             if key not in known:
-                raise ValueError(f"{key}: unknown setting (known: {', '.join(sorted(known))})")
+                raise ValueError(f"{one_line(key, 80)}: unknown setting (known: {', '.join(sorted(known))})")
         theme = data.get("theme", DEFAULT_THEME)
         if theme not in THEME_NAMES:
             raise ValueError(f"theme: unknown theme {theme!r}; choose one of {', '.join(THEME_NAMES)}")
@@ -103,16 +104,12 @@ def config_path(home: Path) -> Path:
 
 def load_config(home: Path) -> TuiConfig:
     path = config_path(home)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return TuiConfig()
-    import tomllib  # here, not at the top: a first start without a tui.toml parses no TOML
+    # Here, not at the top: a first start without a tui.toml parses no TOML.
+    from engine.tomlfile import read_table
 
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read ({exc})") from None
+    data = read_table(path, ConfigError)  # a FIFO or a device is refused by type, never read
     try:
         return TuiConfig.from_mapping(data)
     except ValueError as exc:

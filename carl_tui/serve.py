@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import hmac
 import ipaddress
+import logging
 import os
 import secrets
 import shlex
@@ -35,6 +36,8 @@ from urllib.parse import urlsplit
 import aiohttp_jinja2
 import jinja2
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from rich.logging import RichHandler
 from textual_serve.server import Server
 
 from engine.errors import CarlError
@@ -193,13 +196,37 @@ class ControlRoomServer(Server):
         self.public_url = f"{request.scheme}://{request.host}"
         return await super().handle_index(request)
 
+    async def handle_websocket(self, request: web.Request) -> web.StreamResponse:
+        """textual-serve's websocket, once the request is a websocket handshake at all: a plain GET of /ws, or a
+        handshake aiohttp refuses, is answered 400 here (textual-serve would log a traceback for each)."""
+        if not web.WebSocketResponse().can_prepare(request).ok:
+            raise web.HTTPBadRequest(text="400: not a websocket handshake\n")
+        return await super().handle_websocket(request)
+
     async def on_startup(self, app: web.Application) -> None:
         """textual-serve prints a banner here; the CLI has printed its one line already."""
+
+    def initialize_logging(self) -> None:
+        """textual-serve's logging (textual_serve/server.py), without the locals of a traceback (they hold the
+        request, token included), and without a traceback at all for a request aiohttp refused as malformed: that
+        is the client's mistake, answered 400, and anyone who can reach the port could fill the terminal with it."""
+        logging.basicConfig(
+            level="INFO",
+            format="%(message)s",
+            handlers=[RichHandler(show_path=False, show_time=False, console=self.console)],
+        )
+        logging.getLogger("aiohttp.server").addFilter(drop_client_errors)
 
     def run(self) -> None:
         """Serve until SIGINT or SIGTERM (aiohttp's handlers end it cleanly, sessions included)."""
         self.initialize_logging()
         web.run_app(self._make_app(), sock=self.sock, print=None, access_log=None, handle_signals=True)
+
+
+def drop_client_errors(record: logging.LogRecord) -> bool:
+    """False for aiohttp's log of a request it answered with a 4xx (a malformed request line or header)."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return not (isinstance(exc, HttpProcessingError) and 400 <= exc.code < 500)
 
 
 def session_command(home: Path, *, readonly: bool, start_engine: bool, experiment: str | None) -> str:

@@ -70,10 +70,20 @@ def loads_storable(raw: str | bytes) -> Any:
     """`json.loads(raw)` with the strings of the result made storable; raises what json.loads raises
     (ValueError, RecursionError). Costs one substring search on a line without a surrogate escape."""
     value = json.loads(raw)
-    probe = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
-    if "\\u" in probe and SURROGATE_ESCAPE.search(probe):
-        return storable_value(value)
-    return value
+    return storable_value(value) if may_hold_surrogates(raw) else value
+
+
+def may_hold_surrogates(raw: str | bytes) -> bool:
+    """Whether `json.loads(raw)` may give a lone surrogate: a `\\ud800` escape, or (bytes) bytes that are not
+    UTF-8, which json.loads decodes with `surrogatepass`, so a surrogate encoded as bytes comes through as one."""
+    if isinstance(raw, bytes):
+        try:
+            probe = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return True
+    else:
+        probe = raw
+    return "\\u" in probe and SURROGATE_ESCAPE.search(probe) is not None
 
 
 def visible(s: str | None) -> str:

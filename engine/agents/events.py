@@ -25,7 +25,7 @@ from pydantic import (
     field_serializer,
 )
 
-from engine.text import encodable
+from engine.text import encodable, storable
 
 SCHEMA_VERSION = 1
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # one NATS subject token: no dots, spaces or wildcards
@@ -339,8 +339,9 @@ class EventRejected(ValueError):
     """A payload that is not a valid event for its subject; `str()` is the one-line reason."""
 
     def __init__(self, reason: str, type_name: str | None = None) -> None:
-        super().__init__(reason)
-        self.type_name = type_name
+        # Both are stored with the rejected row: made storable here (a type or a key may hold a lone surrogate).
+        super().__init__(storable(reason))
+        self.type_name = storable(type_name) if type_name is not None else None
 
 
 def expected_types(subject: str) -> tuple[str, ...]:
@@ -443,7 +444,10 @@ def validation_reason(exc: ValidationError) -> str:
 
 
 def _short(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    try:
+        text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    except (RecursionError, ValueError):  # nested deeper than the encoder goes from here
+        text = f"a {type(value).__name__} nested too deeply to show"
     return text if len(text) <= 40 else text[:37] + "..."
 
 

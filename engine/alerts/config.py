@@ -16,17 +16,26 @@ from __future__ import annotations
 
 import math
 import shlex
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from engine.errors import CarlError
+from engine.files import named
+from engine.text import one_line
+from engine.tomlfile import read_table
+
 FILE_NAME = "engine.toml"
 KNOWN_TABLES = ("alerts",)
 KNOWN_KEYS = ("webhook", "command", "timeout_s")
 DEFAULT_TIMEOUT_S = 10.0
+KEY_CHARS = 80  # of a key the file names and we do not know, in its line (a key may hold a newline)
 MAX_TIMEOUT_S = 120.0  # a try may hold the sender this long; the engine's loop never waits for it
+
+
+class AlertsFileError(CarlError):
+    """engine.toml cannot be read (the engine says so in its log and goes on without alerts)."""
 
 
 @dataclass(frozen=True)
@@ -44,16 +53,14 @@ class AlertSettings:
 def load_settings(home: Path) -> tuple[AlertSettings, list[str]]:
     """The `[alerts]` table of `home/engine.toml` (no file: no alerts), and one line per problem."""
     path = home / FILE_NAME
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not path.exists() and not path.is_symlink():
         return AlertSettings(), []
-    except tomllib.TOMLDecodeError as exc:
-        return AlertSettings(), [f"{FILE_NAME}: {exc}"]
-    except (OSError, UnicodeDecodeError) as exc:
-        return AlertSettings(), [f"{FILE_NAME}: cannot read it ({exc})"]
+    try:
+        data = read_table(path, AlertsFileError)  # a FIFO or a device is refused by type, never read
+    except AlertsFileError as exc:  # named by its file name alone, as every line of this file is
+        return AlertSettings(), [f"{FILE_NAME}: {str(exc).removeprefix(named(path) + ': ')}"]
     problems = [
-        f"{FILE_NAME}: {key}: unknown setting (known: {', '.join(KNOWN_TABLES)})"
+        f"{FILE_NAME}: {one_line(key, KEY_CHARS)}: unknown setting (known: {', '.join(KNOWN_TABLES)})"
         for key in data
         if key not in KNOWN_TABLES
     ]
@@ -61,7 +68,7 @@ def load_settings(home: Path) -> tuple[AlertSettings, list[str]]:
     if not isinstance(table, dict):
         return AlertSettings(), [*problems, f"{FILE_NAME}: alerts: expected a table ([alerts])"]
     problems += [
-        f"{FILE_NAME}: alerts.{key}: unknown setting (known: {', '.join(KNOWN_KEYS)})"
+        f"{FILE_NAME}: alerts.{one_line(key, KEY_CHARS)}: unknown setting (known: {', '.join(KNOWN_KEYS)})"
         for key in table
         if key not in KNOWN_KEYS
     ]

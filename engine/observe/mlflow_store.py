@@ -13,22 +13,28 @@ only when it has the `.trash` folder MLflow's file store would otherwise create 
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import sqlite3
 import stat
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from engine.files import checked_stat, kind_of
-from engine.limits import int_text
+from engine.limits import int_text, shown
 from engine.store import Store
+from engine.text import storable
 
 from .common import (
+    MAX_PROBLEMS,
     Budget,
     IngestResult,
     ObserveError,
     WriteCost,
+    as_step,
     ensure_run,
     find_run,
     number,
@@ -91,12 +97,15 @@ def check_files(path: Path) -> None:
         for entry in entries:
             if entry.is_dir(follow_symlinks=False):
                 pending.append(Path(entry.path))
-            elif not entry.is_file() and not entry.is_dir():  # a link is followed: one to a FIFO is one too
-                try:
-                    kind = kind_of(entry.stat().st_mode)
-                except OSError:
-                    continue  # a dangling link or a loop: MLflow says so itself, without blocking
-                raise ObserveError(f"{entry.path}: {kind} inside the MLflow store; MLflow would block on it")
+                continue
+            try:
+                mode = entry.stat().st_mode  # a link is followed: one to a FIFO is one too
+            except OSError:
+                continue  # a dangling link or a loop: MLflow says so itself, without blocking
+            if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+                raise ObserveError(
+                    f"{entry.path}: {kind_of(mode)} inside the MLflow store; MLflow would block on it"
+                )
 
 
 def tracking_uri(path: Path) -> str:
@@ -126,7 +135,21 @@ def client(path: Path) -> Any:
         raise ObserveError(f"{path}: reading an MLflow store needs the mlflow extra: {INSTALL}") from None
     if path.is_dir():
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks file-store users to opt in
+    # MLflow logs what it meets on the way, with a traceback (a read-only store missing its default experiment,
+    # which it would create; a malformed experiment, through the root logger), before it raises or skips it; carl
+    # says each failure in one line, so MLflow's logging keeps quiet.
+    logging.getLogger("mlflow").setLevel(logging.CRITICAL)
+    root = logging.getLogger()
+    if not any(isinstance(f, NotFromMlflow) for f in root.filters):
+        root.addFilter(NotFromMlflow())
     return MlflowClient(tracking_uri=tracking_uri(path))
+
+
+class NotFromMlflow(logging.Filter):
+    """Drops what MLflow's modules log on the root logger (`logging.warning(...)` in its file store)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"{os.sep}mlflow{os.sep}" not in record.pathname
 
 
 def _one_line(exc: BaseException) -> str:
@@ -151,21 +174,26 @@ class MlflowBatch:
         self.count = 0
         self.keys_read = 0  # at least one key a call, however long opening the store took
         self.caught_up = True
+        self.problems: list[str] = []  # values of someone else's writer that no step can be made of
+
+    def problem(self, line: str) -> None:
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(line)
 
     def read_run(self, mlflow: Any, run: Any, experiment: str) -> None:
-        run_id = run.info.run_id
+        run_id = text(run.info.run_id)
         done = self.cursor.setdefault(run_id, {"steps": {}})
-        params = dict(run.data.params)
-        self.names[run_id] = run.info.run_name or run_id
+        params = {text(k): text(v) for k, v in run.data.params.items()}
+        self.names[run_id] = text(run.info.run_name) or run_id
         self.vocab[run_id] = _vocab(params)
-        state = [len(params), run.info.status]
+        state = [len(params), text(run.info.status)]
         if done.get("state") != state:
-            self.facts[run_id] = _facts(run, params, experiment)
+            self.facts[run_id] = _facts(run, params, text(experiment))
             done["state"] = state
         steps = done["steps"]
-        latest = {m.key: m.step for m in run.data.to_proto().metrics}
+        latest = {text(m.key): as_step(m.step) for m in run.data.to_proto().metrics}
         for key in sorted(latest):
-            if key in steps and latest[key] <= steps[key]:
+            if key in steps and latest[key] is not None and latest[key] <= steps[key]:
                 continue
             if self.keys_read and self.budget.spent(self.count):
                 self.caught_up = False
@@ -175,10 +203,14 @@ class MlflowBatch:
 
     def read_key(self, mlflow: Any, run_id: str, key: str, steps: dict[str, int]) -> None:
         last = steps.get(key)
-        points = sorted(
-            (m for m in mlflow.get_metric_history(run_id, key) if last is None or m.step > last),
-            key=lambda m: (m.step, m.timestamp),
-        )
+        points = []
+        for m in mlflow.get_metric_history(run_id, key):
+            step = as_step(m.step)
+            if step is None:  # MLflow's own writer never stores one: a store someone else wrote
+                self.problem(f"run {run_id}, metric {key!r}: step {shown(m.step)} is not an integer")
+            elif last is None or step > last:
+                points.append(Point(step, number(m.value), epoch_ms(m.timestamp)))
+        points.sort(key=lambda p: (p.step, p.wall or 0.0))
         room = max(self.budget.max_rows - self.count, 1)
         if len(points) > room:  # cut at a step boundary: the rest of the key waits for the next call
             cut = room
@@ -190,10 +222,31 @@ class MlflowBatch:
         rows = self.rows.setdefault(run_id, [])
         for m in points:
             if name is not None:
-                rows.append((m.step, name, number(m.value), m.timestamp / 1000))
+                rows.append((m.step, name, m.value, m.wall if m.wall is not None else time.time()))
         self.count += len(points)
         if points:
             steps[key] = points[-1].step
+
+
+class Point(NamedTuple):
+    """One value of a metric's history, its fields checked: MLflow's columns take whatever someone wrote."""
+
+    step: int
+    value: float | int | None
+    wall: float | None  # unix seconds
+
+
+def text(value: Any) -> str:
+    """A field MLflow read from the store as text: storable; a blob (someone else's writer) decoded, never kept."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return storable(value) if isinstance(value, str) else "" if value is None else str(value)
+
+
+def epoch_ms(value: Any) -> float | None:
+    """Unix seconds from MLflow's milliseconds, when they are a finite number."""
+    ms = number(value)
+    return ms / 1000 if ms is not None and math.isfinite(ms) else None
 
 
 def _vocab(params: dict[str, str]) -> int | None:
@@ -218,13 +271,14 @@ def _facts(run: Any, params: dict[str, str], experiment: str) -> dict[str, Any]:
     max_steps = valid_max_steps(int_text(params.get("max_steps") or ""))
     if max_steps:
         facts["max_steps"] = max_steps
-    if info.start_time:
-        facts["started_at"] = info.start_time / 1000
-    status = STATUS.get(info.status)
+    started, ended = epoch_ms(info.start_time), epoch_ms(info.end_time)
+    if started:
+        facts["started_at"] = started
+    status = STATUS.get(text(info.status))
     if status is not None:
         facts["status"] = status
-        if info.end_time:
-            facts["ended_at"] = info.end_time / 1000
+        if ended:
+            facts["ended_at"] = ended
     return facts
 
 
@@ -265,6 +319,8 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
             f"{path}: cannot read the MLflow store ({_one_line(exc)})", transient=transient
         ) from None
     result = IngestResult(caught_up=batch.caught_up, done=len(batch.cursor), total=len(runs))
+    for problem in batch.problems:
+        result.add_problem(f"{path.name}: {problem}")
     new_cursor = {"runs": batch.cursor}
     if new_cursor == cursor:
         return result

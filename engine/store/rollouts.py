@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from engine.limits import COUNT_MAX, int_within
 from engine.text import storable
 
 # A run keeps at most this many rollouts; past it its oldest steps are thinned (Store.add_rollouts). At a few
@@ -60,8 +61,8 @@ def rollout_record(run_id: int, row: dict[str, Any]) -> tuple[Any, ...]:
         json.dumps(rewards) if rewards else None,
         total,
         _number(row.get("advantage")),
-        None if row.get("length") is None else int(row["length"]),
-        json.dumps(row["extra"], default=str) if row.get("extra") else None,
+        int_within(row.get("length"), 0, COUNT_MAX),
+        extra_json(row["extra"]) if row.get("extra") else None,
         json.dumps([_text(t) for t in tokens]) if tokens is not None else None,
         pack_half(row.get("entropy")),
         pack_half(row.get("logprob")),
@@ -94,6 +95,15 @@ def unpack_half(blob: bytes | None) -> list[float] | None:
     if blob is None:
         return None
     return list(struct.unpack(f"<{len(blob) // 2}e", blob))
+
+
+def extra_json(extra: Any) -> str:
+    """A sample's `extra` as JSON text. A dump's record is kept whole, and a hostile one may nest deeper than the
+    encoder goes (the parser went deeper): then a note says so, and the sample is stored all the same."""
+    try:
+        return json.dumps(extra, default=str)
+    except RecursionError:
+        return json.dumps({"unkept": "nested too deeply to store"})
 
 
 def _number(value: Any) -> float | None:

@@ -18,12 +18,13 @@ A bad file is one line naming the file and the field; nothing is scored with a h
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.errors import CarlError
+from engine.text import one_line
+from engine.tomlfile import read_table
 from engine.trajectories.importers.detect import CORRECTION_PATTERNS, REDO_PATTERNS, Detector
 
 FILE_NAME = "trajectories.toml"
@@ -45,17 +46,12 @@ def load(home: Path) -> TrajectoryConfig:
 
     path = home / FILE_NAME
     data: dict[str, Any] = {}
-    if path.exists():
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as exc:
-            raise TrajectoryConfigError(f"{path}: {exc}") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise TrajectoryConfigError(f"{path}: cannot read ({exc})") from None
+    if path.exists() or path.is_symlink():
+        data = read_table(path, TrajectoryConfigError)  # a FIFO or a device is refused by type, never read
     unknown = sorted(set(data) - KNOWN)
     if unknown:
         raise TrajectoryConfigError(
-            f"{path}: {unknown[0]}: unknown setting (known: {', '.join(sorted(KNOWN))})"
+            f"{path}: {one_line(unknown[0], 80)}: unknown setting (known: {', '.join(sorted(KNOWN))})"
         )
     entries = data.get("domains", [])
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):

@@ -49,8 +49,9 @@ _EXIT_CODE = re.compile(
 )
 
 
-def normalize_tool(name: str | None) -> str:
-    name = (name or "").strip() or "unknown"
+def normalize_tool(name: Any) -> str:
+    """The short name the signals use; a name that is no text (a hostile file's list or bool) is "unknown"."""
+    name = (name.strip() if isinstance(name, str) else "") or "unknown"
     return TOOL_NAMES.get(name, name)
 
 

@@ -8,6 +8,7 @@ named after the directory that holds the dump.
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from pathlib import Path
@@ -131,5 +132,11 @@ def message_text(message: dict[str, Any]) -> str:
 
 
 def finite(value: Any) -> float | None:
-    """A number as a float (bool is not one); None for anything else."""
-    return float(value) if type(value) in (int, float) else None
+    """A finite number as a float; None for anything else: bool, text, NaN, inf, an int past a float's range."""
+    if type(value) not in (int, float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # 10**400 is an int JSON can hold
+        return None
+    return number if math.isfinite(number) else None

@@ -141,7 +141,7 @@ def _rows(table: Any, path: Path, key: int, first: int, out: list[dict[str, Any]
             break
         rewards.append(name)
     extras = [n for n in names if n not in KNOWN and n not in rewards and not n.startswith("__index_level_")]
-    data = table.to_pydict()
+    data = _pydict(table, path)
     groups = _groups(data["prompt"])
     steps = data.get("step")
     wall = _mtime(path) or time.time()
@@ -163,6 +163,31 @@ def _rows(table: Any, path: Path, key: int, first: int, out: list[dict[str, Any]
         )
         row += 1
     return row
+
+
+def _pydict(table: Any, path: Path) -> dict[str, list[Any]]:
+    """The table's columns as Python lists. Text that is not UTF-8 (a damaged page: parquet pages carry no checksum
+    by default) is kept with U+FFFD in a column of text, and leaves a column of messages out (`None`)."""
+    try:
+        return table.to_pydict()
+    except UnicodeDecodeError:
+        pass
+    import pyarrow as pa
+
+    data: dict[str, list[Any]] = {}
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        try:
+            data[name] = column.to_pylist()
+            continue
+        except UnicodeDecodeError:
+            pass
+        kind = column.type
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            raw = column.cast(pa.large_binary()).to_pylist()
+            data[name] = [None if v is None else v.decode("utf-8", "replace") for v in raw]
+        else:
+            data[name] = [None] * len(column)
+    return data
 
 
 def _groups(prompts: list[Any]) -> list[int]:

@@ -46,7 +46,7 @@ def samples(record: Any, step: int) -> list[dict[str, Any]]:
             "completion": chat_text(record.get("completion")),
             "rewards": {str(k): finite(v) for k, v in metrics.items()},
             "total": finite(record.get("reward")),
-            "length": None if length is None else int(length),
+            "length": length,
             "extra": {k: v for k, v in record.items() if k not in LEFT_OUT and k not in metrics},
         }
     ]

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine.errors import CarlError
-from engine.text import SURROGATE_ESCAPE, encodable, one_line, storable_value
+from engine.text import encodable, may_hold_surrogates, one_line, storable_value
 from engine.trajectories.importers.detect import DEFAULT_DETECTOR, Detector, is_human_text
 from engine.trajectories.model import (
     Event,
@@ -405,7 +405,7 @@ def _read_item(path: Path) -> tuple[SpoolItem | None, str]:
     if received_at != received_at or abs(received_at) == float("inf"):
         return None, "received_at is not a time"
     payload = wrapper["payload"]
-    if b"\\u" in raw and SURROGATE_ESCAPE.search(raw.decode("utf-8", "replace")):
+    if may_hold_surrogates(raw):  # an escape, or a surrogate encoded as bytes UTF-8 forbids
         session = payload.get("session_id")
         if isinstance(session, str) and not encodable(session):
             # Replaced, it could merge two sessions into one: the file waits in spool/bad instead.

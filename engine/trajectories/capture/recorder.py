@@ -92,6 +92,8 @@ def _parse_slow(data: bytes | str) -> tuple[dict | None, str]:
         value = json.loads(data)
     except ValueError as exc:
         return None, f"not JSON ({exc})"
+    except RecursionError:  # nested deeper than the parser goes: no hook payload is
+        return None, "not JSON (nested too deeply)"
     return (value, "") if isinstance(value, dict) else (None, "not a JSON object")
 
 
