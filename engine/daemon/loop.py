@@ -45,6 +45,7 @@ from engine.control.process import CHILDREN_KEY
 from engine.faults import store_trouble
 from engine.observe import IngestResult, ObserveError, finish_import, ingest_source, register_source
 from engine.store import Store, StoreError
+from engine.text import visible
 from engine.training.config import training_config_path
 
 from .jobs import RETRY_MOST_S, Backoff, Jobs, describe
@@ -725,6 +726,11 @@ class EngineLogFile(RotatingFileHandler):
 
     def __init__(self, path: Path) -> None:
         super().__init__(path, maxBytes=5 * 1024 * 1024, backupCount=3, encoding="utf-8")
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The line as written: control characters of the names and keys it quotes written out (`visible`), so
+        `tail -f engine.log` cannot be driven by a hostile settings key or file name."""
+        return visible(super().format(record))
 
     def doRollover(self) -> None:
         follow = [fd for fd in (1, 2) if _same_file(fd, self.baseFilename)]

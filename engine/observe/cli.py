@@ -15,7 +15,7 @@ from engine.errors import CliError
 from engine.files import resolved
 from engine.limits import COUNT_MAX, int_flag
 from engine.names import name_arg
-from engine.text import visible
+from engine.text import visible, visible_line
 
 from .common import ObserveError
 from .detect import detect_kind
@@ -93,7 +93,7 @@ def _print_result(kind: str, path: Path, result: object) -> None:
     bad = getattr(result, "bad_lines", 0)
     runs = getattr(result, "run_ids", [])
     print(
-        f"{kind}: {path}: {rows:,} metric rows into {len(runs)} run(s)"
+        f"{kind}: {visible_line(str(path))}: {rows:,} metric rows into {len(runs)} run(s)"
         + (f"; {bad:,} malformed lines skipped" if bad else "")
     )
     for problem in getattr(result, "problems", [])[:10]:

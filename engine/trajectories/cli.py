@@ -150,8 +150,8 @@ def _import(args: argparse.Namespace, home: Path) -> int:
     )
     if result.skipped:
         print(f"skipped {len(result.skipped)} malformed line(s) or file(s):")
-        for line in result.skipped[:10]:
-            print(f"  {line}")
+        for line in result.skipped[:10]:  # a skipped line names a file: its name is not trusted
+            print(f"  {visible_line(line)}")
         if len(result.skipped) > 10:
             print(f"  … and {len(result.skipped) - 10} more")
     if not result.trajectories and result.skipped:  # something was there, and none of it could be used
@@ -228,7 +228,7 @@ def _status(args: argparse.Namespace, home: Path) -> int:
     triggers = plasticity.get("triggers") or []
     print("retraining triggers: " + ("none fired" if not triggers else ""))
     for t in triggers:
-        print(f"  ⚑ {t['kind']}: {t['detail']}")
+        print(f"  ⚑ {visible_line(t['kind'])}: {visible_line(t['detail'])}")
     return 0
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from engine.text import visible
 from hostile import values as hv
 from hostile.oracle import ERROR, OK, Outcome, is_user_error
 from hostile.runner import Family, Workspace, materialize, path_kind
@@ -88,8 +89,10 @@ def loaded(load: Callable[[Path], Any]) -> Callable[[ConfigCase, Workspace, Path
         except Exception as exc:  # classified: a one-line user error, or a traceback
             if not is_user_error(exc):
                 raise
-            return Outcome(ERROR, str(exc), f"carl: {exc}\n")
-        lines = "".join(f"  {problem}\n" for problem in problems or ())
+            return Outcome(
+                ERROR, str(exc), f"carl: {visible(str(exc))}\n"
+            )  # as engine/errors.py fail() prints
+        lines = "".join(f"  {visible(problem)}\n" for problem in problems or ())
         if any("\n" in problem for problem in problems or ()):
             return Outcome("traceback", f"a problem over several lines: {problems!r}", lines)
         return Outcome(OK, "", lines)

@@ -386,3 +386,19 @@ def test_a_malformed_request_prints_nothing_on_the_servers_terminal(tmp_path: Pa
         served.stop()
     printed = served.output()
     assert "Traceback" not in printed and token not in printed.replace(url, ""), printed
+
+
+def test_the_engine_log_writes_control_characters_out(tmp_path: Path) -> None:
+    """Issue 22 §5: a settings key or file name quoted in engine.log reached `tail -f engine.log` raw."""
+    import logging
+
+    from engine.daemon.loop import EngineLogFile
+
+    handler = EngineLogFile(tmp_path / "engine.log")
+    record = logging.LogRecord(
+        "carl", logging.WARNING, __file__, 1, "engine.toml: a\x1b]52;c;eA==\x07: x", None, None
+    )
+    handler.emit(record)
+    handler.close()
+    written = (tmp_path / "engine.log").read_text()
+    assert "\x1b" not in written and "\x07" not in written and "a\\x1b]52;c;eA==\\x07" in written
