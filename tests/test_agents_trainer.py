@@ -118,7 +118,7 @@ def test_first_step_on_fresh_rollouts_has_ratio_one_and_reports_like_a_run(home:
 
     m = metrics(store, trainer.run_id, 1)
     assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
-    assert m["clip_fraction"] == 0.0 and m["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert m["clip_ratio/region_mean"] == 0.0 and m["kl"] == pytest.approx(0.0, abs=1e-6)
     assert m["groups"] == 2 and m["groups/zero_variance"] == 0 and m["samples"] == 8
     assert m["staleness/mean"] == 0.0 and m["learning_rate"] == pytest.approx(5e-3)
     assert m["rewards/verifier/mean"] == 1.0  # only the first group's rollouts carry one

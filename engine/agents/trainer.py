@@ -489,7 +489,7 @@ class PlaneTrainer:
         record.metrics = {
             "loss": float(loss.detach()),
             "kl": float(kl.detach()),
-            "clip_fraction": sum(float(t.clipped) for t in terms) / tokens,
+            "clip_ratio/region_mean": sum(float(t.clipped) for t in terms) / tokens,
             "ratio_mean": sum(float(t.ratio_sum) for t in terms) / tokens,
             "advantage_std": float(np.std(advantages)),
             "learning_rate": float(self.optimizer.param_groups[0]["lr"]),
