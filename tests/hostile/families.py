@@ -14,10 +14,10 @@ GROUPS: dict[str, list[Family]] = {
 }
 FAMILIES: dict[str, Family] = {family.name: family for group in GROUPS.values() for family in group}
 
-# Families whose printed output still holds raw control bytes where the command prints a stored name, a path or a
-# problem line as it is: visible() at every print site is issue 22 §5's work (branch r22-terminal). Their CI test
-# counts such lines and is marked xfail for them alone; every other check of theirs stays strict. Empty this set
-# once that work is merged.
+# Families whose printed output still holds raw control bytes where the command prints a stored name, a path
+# or a problem line as it is: visible() at every print site is issue 22 §5's work (branch r22-terminal). Their
+# CI test counts such lines and is marked xfail for them alone; every other check of theirs stays strict.
+# Empty this set once that work is merged.
 AWAITING_VISIBLE = frozenset(
     {
         *(family.name for family in observe_families.FAMILIES),
