@@ -12,9 +12,9 @@
    Baseline: a core NATS publish to a plain subscriber on the same server.
 3. The plane's overhead per task: <= 5%. One worker answers N demo tasks through the plane (manager,
    bus, worker process, scoring, audit), against the same worker code answering the same tasks in a
-   loop with no plane (with the garbage collector set as a worker process sets it). Twice: a model worker on the built-in tiny model (both draw the same samples:
-   same seed, same order), and an http worker against an OpenAI-compatible server that takes 100 ms
-   an answer, as a model served on a GPU does.
+   loop with no plane (with the garbage collector set as a worker process sets it). Twice: a model worker on
+   the built-in tiny model (both draw the same samples: same seed, same order), and an http worker against an
+   OpenAI-compatible server that takes 100 ms an answer, as a model served on a GPU does.
 
     python bench/bench_agents.py [--events 60000] [--hops 2000] [--tasks 60]
 """
@@ -327,7 +327,9 @@ from openai_server import OpenAIServer
 
 def answer(request):
     time.sleep({latency!r})
-    return "<step>Call the tool for the city.</step><answer>" + request["messages"][-1]["content"] + "</answer>"
+    return (
+        "<step>Call the tool for the city.</step><answer>" + request["messages"][-1]["content"] + "</answer>"
+    )
 
 with OpenAIServer(responder=answer) as server:
     print(server.base_url, server.model, flush=True)
@@ -337,9 +339,9 @@ with OpenAIServer(responder=answer) as server:
 
 @contextlib.contextmanager
 def model_server(latency_s: float) -> Iterator[tuple[str, str]]:
-    """(base URL, model) of an OpenAI-compatible server that answers after `latency_s` (tests/openai_server.py),
-    in a process of its own, as a model server on a GPU is: in the bench's process it would share one
-    interpreter with the plane's manager and audit, and its answers would wait for them."""
+    """(base URL, model) of an OpenAI-compatible server that answers after `latency_s`
+    (tests/openai_server.py), in a process of its own, as a model server on a GPU is: in the bench's process
+    it would share one interpreter with the plane's manager and audit, and its answers would wait for them."""
     tests = str(Path(__file__).resolve().parent.parent / "tests")
     code = MODEL_SERVER.format(tests=tests, latency=latency_s)
     proc = subprocess.Popen(
@@ -433,7 +435,8 @@ def main() -> int:
     )
     h = bench_hops(args.hops)
     print(
-        f"2. bus hop (publish -> worker's fetch): p50 {h['jetstream_50']:.2f} ms, p99 {h['jetstream_99']:.2f} ms; "
+        f"2. bus hop (publish -> worker's fetch): p50 {h['jetstream_50']:.2f} ms, "
+        f"p99 {h['jetstream_99']:.2f} ms; "
         f"baseline core NATS pub/sub: p50 {h['core_50']:.2f} ms, p99 {h['core_99']:.2f} ms; "
         f"ratio p99 {h['jetstream_99'] / h['core_99']:.1f}x; goal p99 <= {GOAL_HOP_P99_MS} ms "
         f"{'met' if h['jetstream_99'] <= GOAL_HOP_P99_MS else 'NOT met'}"
@@ -445,10 +448,12 @@ def main() -> int:
         o = bench_overhead(args.tasks, kind=kind)
         overhead = o["plane_s_per_task"] / o["direct_s_per_task"] - 1
         print(
-            f"3. per task, {what}: through the plane {o['plane_s_per_task'] * 1000:.1f} ms, the worker called "
-            f"directly {o['direct_s_per_task'] * 1000:.1f} ms ({o['tasks']} demo tasks, median of {o['rounds']} rounds "
+            f"3. per task, {what}: through the plane {o['plane_s_per_task'] * 1000:.1f} ms, the worker "
+            f"called directly {o['direct_s_per_task'] * 1000:.1f} ms ({o['tasks']} demo tasks, "
+            f"median of {o['rounds']} rounds "
             f"each); ratio {o['plane_s_per_task'] / o['direct_s_per_task']:.3f}, overhead {overhead:+.1%} "
-            f"({(o['plane_s_per_task'] - o['direct_s_per_task']) * 1000:+.1f} ms a task); goal <= {GOAL_OVERHEAD:.0%} "
+            f"({(o['plane_s_per_task'] - o['direct_s_per_task']) * 1000:+.1f} ms a task); "
+            f"goal <= {GOAL_OVERHEAD:.0%} "
             f"{'met' if overhead <= GOAL_OVERHEAD else 'NOT met'}"
         )
     return 0

@@ -5,12 +5,13 @@
     python bench/hostile.py --list                # the families
     python bench/hostile.py --write-seeds         # the binary seeds again, from the real writers
 
-The families, their seeds, cases and oracle are the CI suite's (tests/hostile/): here each family runs in its own
-process (a crash costs that family alone, and says so), randomized (`--seed` to repeat a run), counting every case
-instead of stopping at the first refused one. Per family it prints: inputs, clean errors (one line for the user),
-tracebacks (another exception, or one a catch-all swallowed), hangs, rows lost from the baseline store, and the
-cases that printed a raw control byte; then the first few failures of each kind. Run it at low priority on a
-shared machine: `nice -n 19 python bench/hostile.py`. Results: bench/out/hostile.json (one line per family).
+The families, their seeds, cases and oracle are the CI suite's (tests/hostile/): here each family runs in its
+own process (a crash costs that family alone, and says so), randomized (`--seed` to repeat a run), counting
+every case instead of stopping at the first refused one. Per family it prints: inputs, clean errors (one line
+for the user), tracebacks (another exception, or one a catch-all swallowed), hangs, rows lost from the
+baseline store, and the cases that printed a raw control byte; then the first few failures of each kind. Run
+it at low priority on a shared machine: `nice -n 19 python bench/hostile.py`. Results: bench/out/hostile.json
+(one line per family).
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def main() -> int:
             with args.out.open("a") as f:
                 f.write(json.dumps({"family": name, "crashed": done.returncode}) + "\n")
     print(
-        f"\n{len(names)} families, {args.cases:,} cases each, in {(time.monotonic() - started) / 60:.1f} min\n"
+        f"\n{len(names)} families, {args.cases:,} cases each, "
+        f"in {(time.monotonic() - started) / 60:.1f} min\n"
     )
     print(table(results(args.out)))
     return 0
@@ -155,7 +157,10 @@ def line(row: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    head = "| family | inputs | clean errors | tracebacks | hangs | rows lost | raw bytes printed | integrity | time |"
+    head = (
+        "| family | inputs | clean errors | tracebacks | hangs | rows lost | raw bytes printed | integrity"
+        " | time |"
+    )
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
     for row in rows:
         if "crashed" in row:

@@ -197,8 +197,8 @@ class ControlRoomServer(Server):
         return await super().handle_index(request)
 
     async def handle_websocket(self, request: web.Request) -> web.StreamResponse:
-        """textual-serve's websocket, once the request is a websocket handshake at all: a plain GET of /ws, or a
-        handshake aiohttp refuses, is answered 400 here (textual-serve would log a traceback for each)."""
+        """textual-serve's websocket, once the request is a websocket handshake at all: a plain GET of /ws, or
+        a handshake aiohttp refuses, is answered 400 here (textual-serve would log a traceback for each)."""
         if not web.WebSocketResponse().can_prepare(request).ok:
             raise web.HTTPBadRequest(text="400: not a websocket handshake\n")
         return await super().handle_websocket(request)
@@ -208,8 +208,9 @@ class ControlRoomServer(Server):
 
     def initialize_logging(self) -> None:
         """textual-serve's logging (textual_serve/server.py), without the locals of a traceback (they hold the
-        request, token included), and without a traceback at all for a request aiohttp refused as malformed: that
-        is the client's mistake, answered 400, and anyone who can reach the port could fill the terminal with it."""
+        request, token included), and without a traceback at all for a request aiohttp refused as malformed:
+        that is the client's mistake, answered 400, and anyone who can reach the port could fill the terminal
+        with it."""
         logging.basicConfig(
             level="INFO",
             format="%(message)s",

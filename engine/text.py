@@ -75,7 +75,8 @@ def loads_storable(raw: str | bytes) -> Any:
 
 def may_hold_surrogates(raw: str | bytes) -> bool:
     """Whether `json.loads(raw)` may give a lone surrogate: a `\\ud800` escape, or (bytes) bytes that are not
-    UTF-8, which json.loads decodes with `surrogatepass`, so a surrogate encoded as bytes comes through as one."""
+    UTF-8, which json.loads decodes with `surrogatepass`, so a surrogate encoded as bytes comes through as
+    one."""
     if isinstance(raw, bytes):
         try:
             probe = raw.decode("utf-8")

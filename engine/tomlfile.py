@@ -1,9 +1,9 @@
-"""Reading a TOML settings file ($CARL_HOME/tui.toml, trajectories.toml, engine.toml), with one-line errors that name
-the file: the TOML twin of yamlfile.py.
+"""Reading a TOML settings file ($CARL_HOME/tui.toml, trajectories.toml, engine.toml), with one-line errors
+that name the file: the TOML twin of yamlfile.py.
 
-The file is checked for what it is before it is opened (a FIFO in its place would block the reader for ever, a link
-to /dev/zero would fill the memory), read whole up to MAX_BYTES, and parsed; tomllib's own limits (nesting it
-recurses into, an integer of more than 4,300 digits) are one line too, never a traceback.
+The file is checked for what it is before it is opened (a FIFO in its place would block the reader for ever, a
+link to /dev/zero would fill the memory), read whole up to MAX_BYTES, and parsed; tomllib's own limits
+(nesting it recurses into, an integer of more than 4,300 digits) are one line too, never a traceback.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from engine.yamlfile import MAX_BYTES, shape_problem
 
 def read_table(path: Path, error: type[CarlError]) -> dict[str, Any]:
     """The table of the TOML file `path`; `error` with one line for a file that is not a regular file, is not
-    UTF-8, is not valid TOML, or is nested too deeply. (Whether a missing file is an error is the caller's say.)"""
+    UTF-8, is not valid TOML, or is nested too deeply. (Whether a missing file is an error is the caller's
+    say.)"""
     import tomllib  # only a home that has such a file pays for the import
 
     text = read_utf8(path, error=error, limit=MAX_BYTES)

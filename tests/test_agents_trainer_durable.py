@@ -114,7 +114,8 @@ def test_a_trainer_killed_mid_group_trains_every_rollout_exactly_once(tiny_home:
     with nats_server(home / "nats-home") as server, Store(home / "carl.db") as store:
         trainer = start_trainer(home, settings_file, server)
         try:
-            # Steps 1 and 2 (checkpointed with step 2), step 3 (not checkpointed), and half of the fourth group.
+            # Steps 1 and 2 (checkpointed with step 2), step 3 (not checkpointed), and half of the fourth
+            # group.
             asyncio.run(send(server, [*groups[0], *groups[1], *groups[2], groups[3][0]]))
             wait_for(lambda: rows(store).get(groups[2][-1].task_id) == ("used", 3), "step 3")
             wait_for(lambda: len(rows(store)) == 7, "the half group stored")

@@ -1,8 +1,8 @@
 """Hostile input, issue 22: paths that are not files (§4), and SQLite files that are not ours (§9).
 
-Each test uses the real thing: a FIFO made with os.mkfifo (the call under test runs in a thread, so a read that
-blocks fails the test instead of hanging it), a real symbolic link loop, a real foreign SQLite file whose bytes are
-compared before and after. Every failure is one line naming the path, never a hang or a traceback.
+Each test uses the real thing: a FIFO made with os.mkfifo (the call under test runs in a thread, so a read
+that blocks fails the test instead of hanging it), a real symbolic link loop, a real foreign SQLite file whose
+bytes are compared before and after. Every failure is one line naming the path, never a hang or a traceback.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def loop(tmp_path: Path) -> Path:
     return tmp_path / "loop-a"
 
 
-# -- the shared helpers ------------------------------------------------------------------------------------------
+# -- the shared helpers --------------------------------------------------------------------------------------
 
 
 def test_the_file_helpers_refuse_by_type_before_opening(tmp_path: Path, loop: Path) -> None:
@@ -102,7 +102,7 @@ def test_the_file_helpers_refuse_by_type_before_opening(tmp_path: Path, loop: Pa
     assert read_regular(good) == b"hello" and is_regular(good)
 
 
-# -- carl observe ---------------------------------------------------------------------------------------------------
+# -- carl observe --------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -152,7 +152,8 @@ def test_a_fifo_trainer_state_in_a_folder_is_not_taken_for_one(tmp_path: Path) -
 
 
 def test_a_fifo_jsonl_inside_a_folder_given_to_observe(home: Path, tmp_path: Path) -> None:
-    """§4: discovery skips a FIFO named like a log; the good log beside it is imported (held already: a guard)."""
+    """§4: discovery skips a FIFO named like a log; the good log beside it is imported (held already: a
+    guard)."""
     folder = tmp_path / "logs"
     write_jsonl(folder / "good.jsonl", [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5}])
     os.mkfifo(folder / "fifo.jsonl")
@@ -198,7 +199,7 @@ def test_an_event_file_swapped_for_a_fifo(store: Store, tmp_path: Path) -> None:
     assert batch.result.problems == [f"{fifo.name}: a FIFO (named pipe), not an event file"]
 
 
-# -- carl trajectories import -----------------------------------------------------------------------------------
+# -- carl trajectories import --------------------------------------------------------------------------------
 
 
 def test_a_fifo_among_transcripts_is_skipped_and_the_rest_imported(tmp_path: Path) -> None:
@@ -214,7 +215,8 @@ def test_a_fifo_among_transcripts_is_skipped_and_the_rest_imported(tmp_path: Pat
 def test_a_fifo_or_a_loop_given_to_trajectories_import(
     home: Path, tmp_path: Path, loop: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """§4: given by name, a FIFO is one line (not 'not found', not a hang), a loop is one line; exit status 2."""
+    """§4: given by name, a FIFO is one line (not 'not found', not a hang), a loop is one line; exit status
+    2."""
     fifo = tmp_path / "fifo.jsonl"
     os.mkfifo(fifo)
     assert carl(home, "trajectories", "import", str(fifo)) == 2
@@ -225,7 +227,7 @@ def test_a_fifo_or_a_loop_given_to_trajectories_import(
     assert one_line(capsys.readouterr().err) == f"carl: {loop}: a symbolic link loop"
 
 
-# -- configs and datasets ------------------------------------------------------------------------------------------
+# -- configs and datasets ------------------------------------------------------------------------------------
 
 
 def test_a_fifo_config_or_dataset_is_one_line(tmp_path: Path) -> None:
@@ -252,7 +254,7 @@ def test_a_symlink_loop_as_a_settings_file(loop: Path) -> None:
         read_mapping(loop, CarlError)
 
 
-# -- the store: foreign files, empty files, FIFOs ---------------------------------------------------------------
+# -- the store: foreign files, empty files, FIFOs ------------------------------------------------------------
 
 
 def foreign_db(path: Path) -> bytes:

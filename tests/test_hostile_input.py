@@ -1,8 +1,8 @@
-"""Hostile input, issue 22: text that cannot be encoded (§2), numbers out of range (§3), names that would be paths
-(§6), configs that gave a traceback (§7), a flood of metric keys and imports that import nothing (§10).
+"""Hostile input, issue 22: text that cannot be encoded (§2), numbers out of range (§3), names that would be
+paths (§6), configs that gave a traceback (§7), a flood of metric keys and imports that import nothing (§10).
 
-Every test feeds a real file (or a real command line) to the real reader: bad input is one line naming what and
-where, never a traceback, and what was good beside it is stored.
+Every test feeds a real file (or a real command line) to the real reader: bad input is one line naming what
+and where, never a traceback, and what was good beside it is stored.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def text_lines(lines: list[Any]) -> str:
     return "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines)
 
 
-# -- the shared helpers ------------------------------------------------------------------------------------------
+# -- the shared helpers --------------------------------------------------------------------------------------
 
 
 def test_storable_text() -> None:
@@ -60,7 +60,8 @@ def test_storable_text() -> None:
 
 
 def test_bounded_integers() -> None:
-    """§3: bool is not an int, a float only when integral, 2**63, NaN, inf and text refused, naming the field."""
+    """§3: bool is not an int, a float only when integral, 2**63, NaN, inf and text refused, naming the
+    field."""
     assert bounded_int(3.0, "x") == 3 and bounded_int(2**63 - 1, "x") == 2**63 - 1
     for bad, why in (
         (True, "expected an integer from 1 to 10, not True"),
@@ -98,12 +99,12 @@ def test_valid_and_imported_names() -> None:
     assert as_name("..") == "run" and as_name("out/run-1") == "out/run-1"
 
 
-# -- §2 text that cannot be encoded ---------------------------------------------------------------------------------
+# -- §2 text that cannot be encoded --------------------------------------------------------------------------
 
 
 def test_one_bad_transcript_costs_nothing_beside_it(home: Path, tmp_path: Path) -> None:
-    """§2: a lone surrogate in a prompt and a session id raised UnicodeEncodeError at insert, after every file was
-    parsed: the whole import was lost. Now the text is made storable where it is read."""
+    """§2: a lone surrogate in a prompt and a session id raised UnicodeEncodeError at insert, after every file
+    was parsed: the whole import was lost. Now the text is made storable where it is read."""
     folder = tmp_path / "projects"
     bad = text_lines(claude_session())
     bad = bad.replace("Fix the failing parser test", "Fix \\ud800 the test").replace(
@@ -134,7 +135,8 @@ def test_a_file_name_that_is_not_utf8(home: Path, tmp_path: Path) -> None:
 
 
 def test_observed_text_is_stored_not_dropped(store: Store, tmp_path: Path) -> None:
-    """§2: a key holding a lone surrogate was dropped; a run named by a file that is not UTF-8 raised at insert."""
+    """§2: a key holding a lone surrogate was dropped; a run named by a file that is not UTF-8 raised at
+    insert."""
     log = tmp_path / "m.jsonl"
     log.write_text('{"step": 1, "lo\\ud800ss": 1.0, "ok": 2.0}\n')
     _, result = observe(store, log, name=None)
@@ -149,7 +151,8 @@ def test_observed_text_is_stored_not_dropped(store: Store, tmp_path: Path) -> No
 
 
 def test_a_dataset_prompt_with_a_lone_surrogate(tmp_path: Path) -> None:
-    """§2: a dataset's \\ud800 escape reached the store mid-training (samples, rollouts); now it is storable."""
+    """§2: a dataset's \\ud800 escape reached the store mid-training (samples, rollouts); now it is
+    storable."""
     from engine.training.data import load_rows
 
     data = tmp_path / "d.jsonl"
@@ -157,12 +160,12 @@ def test_a_dataset_prompt_with_a_lone_surrogate(tmp_path: Path) -> None:
     assert load_rows(str(data), 0) == [{"prompt": "say \ufffd", "reference": "x"}]
 
 
-# -- §3 numbers out of range --------------------------------------------------------------------------------------
+# -- §3 numbers out of range ---------------------------------------------------------------------------------
 
 
 def test_huge_integers_in_observed_files(home: Path, tmp_path: Path) -> None:
-    """§3: a vocab_size >= 2**63 in a JSONL line, and in a config.json beside trainer_state.json (with max_steps
-    2**64), raised OverflowError at insert. They are ignored; the metrics are imported."""
+    """§3: a vocab_size >= 2**63 in a JSONL line, and in a config.json beside trainer_state.json (with
+    max_steps 2**64), raised OverflowError at insert. They are ignored; the metrics are imported."""
     log = tmp_path / "m.jsonl"
     write_jsonl(log, [{"step": 1, "entropy": 1.0, "vocab_size": 2**63}, {"step": 2**63, "loss": 1.0}])
     assert carl(home, "observe", str(log)) == 0
@@ -183,8 +186,8 @@ def trackio_db(path: Path, steps: list[Any], config: dict[str, Any]) -> Path:
     """A Trackio project database (its schema 2: run ids beside names) holding one run with these steps."""
     conn = sqlite3.connect(path)
     conn.execute(
-        "CREATE TABLE metrics (id INTEGER PRIMARY KEY AUTOINCREMENT, timestamp TEXT, run_id TEXT, run_name TEXT,"
-        " step INTEGER, metrics TEXT)"
+        "CREATE TABLE metrics (id INTEGER PRIMARY KEY AUTOINCREMENT, timestamp TEXT, run_id TEXT,"
+        " run_name TEXT, step INTEGER, metrics TEXT)"
     )
     conn.execute(
         "CREATE TABLE configs (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, run_name TEXT, config TEXT,"
@@ -227,8 +230,8 @@ def test_trackio_steps_that_are_not_integers(
 
 
 def test_exit_codes_past_32_bits_in_transcripts(home: Path, tmp_path: Path) -> None:
-    """§3: an exit code >= 2**63 (Codex metadata, Claude Code's 'Exit code N' text) raised OverflowError when the
-    import was saved, losing every file. A code that is no exit code is unknown; the rest is kept."""
+    """§3: an exit code >= 2**63 (Codex metadata, Claude Code's 'Exit code N' text) raised OverflowError when
+    the import was saved, losing every file. A code that is no exit code is unknown; the rest is kept."""
     codex = codex_rollout()
     for line in codex:
         payload = line.get("payload", {}) if isinstance(line, dict) else {}
@@ -286,7 +289,8 @@ def test_config_numbers_are_numbers(tmp_path: Path, yaml_text: str, line: str) -
     ],
 )
 def test_integer_flags_are_bounded(home: Path, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    """§3: an integer flag out of range reached the store (OverflowError); argparse says so in its usage line."""
+    """§3: an integer flag out of range reached the store (OverflowError); argparse says so in its usage
+    line."""
     with pytest.raises(SystemExit) as exited:
         carl(home, *argv)
     assert exited.value.code == 2
@@ -294,7 +298,8 @@ def test_integer_flags_are_bounded(home: Path, argv: list[str], capsys: pytest.C
 
 
 def test_a_port_above_65535(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """§3: a NATS URL with a port past 65535 raised ValueError deep in the client; now the setting is refused."""
+    """§3: a NATS URL with a port past 65535 raised ValueError deep in the client; now the setting is
+    refused."""
     from engine.agents.config import AgentsConfigError, load_settings
 
     path = tmp_path / "agents.yaml"
@@ -311,12 +316,12 @@ def test_a_port_above_65535(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "70000 is out of range (0 to 65535)" in capsys.readouterr().err
 
 
-# -- §6 a name becomes a path ----------------------------------------------------------------------------------------
+# -- §6 a name becomes a path --------------------------------------------------------------------------------
 
 
 def test_a_run_name_never_makes_a_path(tmp_path: Path) -> None:
-    """§6: a run named `../../../../elsewhere/x` wrote its checkpoints outside CARL_HOME; a run's directory comes
-    from its id now, and such a name is refused where it enters (config, --name)."""
+    """§6: a run named `../../../../elsewhere/x` wrote its checkpoints outside CARL_HOME; a run's directory
+    comes from its id now, and such a name is refused where it enters (config, --name)."""
     from engine.training.config import ConfigError, TrainConfig, load_config
     from engine.training.lifecycle import open_run
 
@@ -345,7 +350,7 @@ def test_a_name_flag_that_is_a_path(home: Path, capsys: pytest.CaptureFixture[st
         assert "contains a path separator" in capsys.readouterr().err
 
 
-# -- §7 configs that gave a traceback ---------------------------------------------------------------------------
+# -- §7 configs that gave a traceback ------------------------------------------------------------------------
 
 
 # Each level repeats the one before ten times: a million values from a file of a few hundred bytes.
@@ -405,7 +410,8 @@ def test_datasets_that_gave_a_traceback(tmp_path: Path, content: str, line: str)
 
 
 def test_an_output_dir_that_is_a_file(home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """§7: an output_dir that is a file raised FileExistsError with a traceback; now the run fails with one line."""
+    """§7: an output_dir that is a file raised FileExistsError with a traceback; now the run fails with one
+    line."""
     in_the_way = tmp_path / "a-file"
     in_the_way.write_text("mine")
     config = tmp_path / "carl.yaml"
@@ -422,12 +428,12 @@ def test_an_output_dir_that_is_a_file(home: Path, tmp_path: Path, capsys: pytest
         )
 
 
-# -- §10 a flood of keys; imports that import nothing -------------------------------------------------------------
+# -- §10 a flood of keys; imports that import nothing --------------------------------------------------------
 
 
 def test_distinct_keys_are_capped_per_run(store: Store, tmp_path: Path) -> None:
-    """§10: one line with 60k distinct keys took 22 s of engine time. A run keeps MAX_KEYS keys, says so once (in
-    the result and an event on the run), and keeps importing the keys it has."""
+    """§10: one line with 60k distinct keys took 22 s of engine time. A run keeps MAX_KEYS keys, says so once
+    (in the result and an event on the run), and keeps importing the keys it has."""
     log = tmp_path / "m.jsonl"
     flood = {f"k{i:05d}": 1.0 for i in range(MAX_KEYS + 1000)}
     write_jsonl(

@@ -374,8 +374,9 @@ class AuditWriter:
     def _worker_status(self, event: WorkerStatusEvent, received: float) -> None:
         self._worker_seen(event.worker_id, received)
         self.conn.execute(
-            "UPDATE agent_workers SET kind=?, task_types=?, model=?, model_version=coalesce(?, model_version),"
-            " state=?, task_id=?, host=?, pid=?, detail=? WHERE worker_id=?",
+            "UPDATE agent_workers SET kind=?, task_types=?, model=?,"
+            " model_version=coalesce(?, model_version), state=?, task_id=?, host=?, pid=?, detail=?"
+            " WHERE worker_id=?",
             (
                 event.kind,
                 _json(event.task_types),
@@ -393,7 +394,8 @@ class AuditWriter:
             self._answer(event.command_id, f"worker {event.worker_id} {event.state}" + _detail(event.detail))
 
     def _manager_status(self, event: ManagerStatusEvent, received: float) -> None:
-        # The plane's own manager is "manager"; one that joined for a `carl agents run` keeps a row of its own.
+        # The plane's own manager is "manager"; one that joined for a `carl agents run` keeps a row of its
+        # own.
         key = "agents.manager" if event.manager_id == "manager" else f"agents.manager.{event.manager_id}"
         self._kv(key, {**event.model_dump(mode="json"), "received_at": received})
         if event.command_id is not None:
@@ -431,8 +433,10 @@ class AuditWriter:
 
     def _worker_seen(self, worker_id: str, received: float, kind: str | None = None) -> None:
         self.conn.execute(
-            "INSERT INTO agent_workers (worker_id, kind, state, first_seen, last_seen) VALUES (?,?, 'idle', ?, ?)"
-            " ON CONFLICT (worker_id) DO UPDATE SET last_seen=max(coalesce(last_seen, 0), excluded.last_seen)",
+            "INSERT INTO agent_workers (worker_id, kind, state, first_seen, last_seen)"
+            " VALUES (?,?, 'idle', ?, ?)"
+            " ON CONFLICT (worker_id) DO UPDATE"
+            " SET last_seen=max(coalesce(last_seen, 0), excluded.last_seen)",
             (worker_id, kind, received, received),
         )
 
@@ -445,7 +449,8 @@ class AuditWriter:
     def _answer(self, command_id: int, result: str) -> None:
         """A command the plane answered: done, unless it finished already (failed for lack of an answer)."""
         self.conn.execute(
-            "UPDATE commands SET state='done', result=?, finished_at=? WHERE id=? AND state IN ('pending','running')",
+            "UPDATE commands SET state='done', result=?, finished_at=?"
+            " WHERE id=? AND state IN ('pending','running')",
             (result, time.time(), command_id),
         )
 

@@ -339,7 +339,8 @@ class EventRejected(ValueError):
     """A payload that is not a valid event for its subject; `str()` is the one-line reason."""
 
     def __init__(self, reason: str, type_name: str | None = None) -> None:
-        # Both are stored with the rejected row: made storable here (a type or a key may hold a lone surrogate).
+        # Both are stored with the rejected row: made storable here (a type or a key may hold a lone
+        # surrogate).
         super().__init__(storable(reason))
         self.type_name = storable(type_name) if type_name is not None else None
 

@@ -63,7 +63,8 @@ def build_scorer(settings: AgentsSettings, *, api_key: str | None = None, base_u
 def build_feedback(
     settings: AgentsSettings, *, api_key: str | None = None, base_url: str | None = None
 ) -> Any:
-    """Claude writes the manager's feedback when asked for and a key is there; otherwise the offline manager."""
+    """Claude writes the manager's feedback when asked for and a key is there; otherwise the offline
+    manager."""
     from .feedback import ClaudeFeedback, OfflineFeedback
 
     key = api_key or os.environ.get("ANTHROPIC_API_KEY")

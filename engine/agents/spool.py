@@ -37,8 +37,8 @@ class RolloutSpool:
         now = time.time()
         with self.store.transaction():
             self.conn.executemany(
-                "INSERT OR IGNORE INTO trainer_rollouts (run_id, task_id, group_id, payload, received_at, state)"
-                " VALUES (?,?,?,?,?,?)",
+                "INSERT OR IGNORE INTO trainer_rollouts"
+                " (run_id, task_id, group_id, payload, received_at, state) VALUES (?,?,?,?,?,?)",
                 [
                     (self.run_id, r.task_id, r.group_id or "", r.model_dump_json(), now, WAITING)
                     for r in rollouts
@@ -52,8 +52,8 @@ class RolloutSpool:
             self._mark(task_ids, "state=?, step=?", (USED, step))
             if checkpointed is not None:
                 self.conn.execute(
-                    "UPDATE trainer_rollouts SET payload=NULL WHERE run_id=? AND state!=? AND payload IS NOT NULL"
-                    " AND coalesce(step, 0) <= ?",
+                    "UPDATE trainer_rollouts SET payload=NULL"
+                    " WHERE run_id=? AND state!=? AND payload IS NOT NULL AND coalesce(step, 0) <= ?",
                     (self.run_id, WAITING, checkpointed),
                 )
 
@@ -75,8 +75,8 @@ class RolloutSpool:
     def waiting(self) -> list[tuple[TrainingRolloutEvent, float]]:
         """The rollouts not trained yet, oldest first, each with when it arrived."""
         rows = self.conn.execute(
-            "SELECT payload, received_at FROM trainer_rollouts WHERE run_id=? AND state=? AND payload IS NOT NULL"
-            " ORDER BY received_at, task_id",
+            "SELECT payload, received_at FROM trainer_rollouts"
+            " WHERE run_id=? AND state=? AND payload IS NOT NULL ORDER BY received_at, task_id",
             (self.run_id, WAITING),
         ).fetchall()
         return [(TrainingRolloutEvent.model_validate_json(payload), received) for payload, received in rows]
@@ -100,6 +100,7 @@ class RolloutSpool:
         for start in range(0, len(ids), CHUNK):
             chunk = ids[start : start + CHUNK]
             self.conn.execute(
-                f"UPDATE trainer_rollouts SET {assignments} WHERE run_id=? AND task_id IN ({','.join('?' * len(chunk))})",
+                f"UPDATE trainer_rollouts SET {assignments}"
+                f" WHERE run_id=? AND task_id IN ({','.join('?' * len(chunk))})",
                 (*values, self.run_id, *chunk),
             )

@@ -1,14 +1,14 @@
 """Training the served model from the plane's rollouts: GRPO through a LoRA adapter on the same base.
 
-The published loop (docs/reference/agents-plane.md §7) took one log-prob per batch and a ratio against the frozen
-reference, so the reward had no gradient. Here (docs/reference/agents-plane.md §12 rule 5) every sample keeps its own per-token
-log-probs; the importance ratio compares the current policy with the behaviour policy, the one
-that sampled the tokens (the log-probs the worker sent with the rollout), so rollouts from an
+The published loop (docs/reference/agents-plane.md §7) took one log-prob per batch and a ratio against the
+frozen reference, so the reward had no gradient. Here (docs/reference/agents-plane.md §12 rule 5) every sample
+keeps its own per-token log-probs; the importance ratio compares the current policy with the behaviour policy,
+the one that sampled the tokens (the log-probs the worker sent with the rollout), so rollouts from an
 older adapter are still trained, importance-corrected; the reference (the base, adapter
 disabled) appears only in the KL term. The adapter trains on the model the workers serve, with
-the same target modules (docs/reference/agents-plane.md §12 rule 6), and every `publish_every` steps it is written to disk
-and described by a `ModelUpdateEvent` carrying the base's fingerprint; the caller puts it in the
-plane's object store and publishes the update (weights.publish_update), so workers on any machine load it.
+the same target modules (docs/reference/agents-plane.md §12 rule 6), and every `publish_every` steps it is
+written to disk and described by a `ModelUpdateEvent` carrying the base's fingerprint; the caller puts it in
+the plane's object store and publishes the update (weights.publish_update), so workers on any machine load it.
 
 Rollouts are grouped by `group_id`. A group trains once it has `group_size` members, or, after
 waiting `group_timeout_s`, with the two or more it has; a lone straggler is dropped and counted.
@@ -464,7 +464,8 @@ class PlaneTrainer:
             record.metrics = {"loss": None}
             self.reporter.write(record)
             raise TrainingFailed(f"the loss became NaN at step {step} (is the learning rate too high?)")
-        # Phi of the response tokens from this same forward, at the sampling temperature (docs/reference/carl.md §2).
+        # Phi of the response tokens from this same forward, at the sampling temperature
+        # (docs/reference/carl.md §2).
         stats = completion_token_stats(
             logits.detach(),
             batch.input_ids,

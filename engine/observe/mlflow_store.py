@@ -135,9 +135,9 @@ def client(path: Path) -> Any:
         raise ObserveError(f"{path}: reading an MLflow store needs the mlflow extra: {INSTALL}") from None
     if path.is_dir():
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks file-store users to opt in
-    # MLflow logs what it meets on the way, with a traceback (a read-only store missing its default experiment,
-    # which it would create; a malformed experiment, through the root logger), before it raises or skips it; carl
-    # says each failure in one line, so MLflow's logging keeps quiet.
+    # MLflow logs what it meets on the way, with a traceback (a read-only store missing its default
+    # experiment, which it would create; a malformed experiment, through the root logger), before it raises or
+    # skips it; carl says each failure in one line, so MLflow's logging keeps quiet.
     logging.getLogger("mlflow").setLevel(logging.CRITICAL)
     root = logging.getLogger()
     if not any(isinstance(f, NotFromMlflow) for f in root.filters):
@@ -237,7 +237,8 @@ class Point(NamedTuple):
 
 
 def text(value: Any) -> str:
-    """A field MLflow read from the store as text: storable; a blob (someone else's writer) decoded, never kept."""
+    """A field MLflow read from the store as text: storable; a blob (someone else's writer) decoded, never
+    kept."""
     if isinstance(value, bytes):
         value = value.decode("utf-8", "replace")
     return storable(value) if isinstance(value, str) else "" if value is None else str(value)

@@ -301,7 +301,8 @@ class Store:
                 )
         self.conn.executemany(
             """
-            INSERT INTO rollups (run_id, key, level, bucket, n, vmin, vmax, vsum, first_step, last_step, last_value)
+            INSERT INTO rollups
+                (run_id, key, level, bucket, n, vmin, vmax, vsum, first_step, last_step, last_value)
             VALUES (?,?,?,?,?,?,?,?,?,?,?)
             ON CONFLICT (run_id, key, level, bucket) DO UPDATE SET
                 n = n + excluded.n,
@@ -417,8 +418,9 @@ class Store:
 
         with self.transaction():
             self.conn.executemany(
-                "INSERT INTO samples (run_id, step, idx, kind, prompt, completion, tokens, phi, entropy, rewards,"
-                " wall_time) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO samples"
+                " (run_id, step, idx, kind, prompt, completion, tokens, phi, entropy, rewards, wall_time)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 [
                     (
                         run_id,
@@ -449,7 +451,8 @@ class Store:
         with self.transaction():
             before = self.conn.total_changes
             self.conn.executemany(
-                f"INSERT OR IGNORE INTO rollouts ({ROLLOUT_COLUMNS}) VALUES ({', '.join('?' * ROLLOUT_WIDTH)})",
+                f"INSERT OR IGNORE INTO rollouts ({ROLLOUT_COLUMNS})"
+                f" VALUES ({', '.join('?' * ROLLOUT_WIDTH)})",
                 batch,
             )
             added = self.conn.total_changes - before
@@ -594,7 +597,8 @@ class Store:
             )
             experiment_id = int(cur.lastrowid)
             self.conn.executemany(
-                "INSERT INTO experiment_runs (experiment_id, arm, seed, status, updated_at) VALUES (?,?,?,?,?)",
+                "INSERT INTO experiment_runs (experiment_id, arm, seed, status, updated_at)"
+                " VALUES (?,?,?,?,?)",
                 [(experiment_id, arm, seed, "pending", now) for arm in arms for seed in seeds],
             )
         return experiment_id
@@ -779,8 +783,9 @@ class Store:
         with self.transaction():
             if started:
                 self.conn.execute(
-                    "INSERT OR REPLACE INTO engine (id, pid, host, state, started_at, heartbeat_at, stopped_at,"
-                    " version) VALUES (1, ?, ?, 'up', ?, ?, NULL, ?)",
+                    "INSERT OR REPLACE INTO engine"
+                    " (id, pid, host, state, started_at, heartbeat_at, stopped_at, version)"
+                    " VALUES (1, ?, ?, 'up', ?, ?, NULL, ?)",
                     (pid, host, now, now, version),
                 )
             else:

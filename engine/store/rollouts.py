@@ -98,8 +98,8 @@ def unpack_half(blob: bytes | None) -> list[float] | None:
 
 
 def extra_json(extra: Any) -> str:
-    """A sample's `extra` as JSON text. A dump's record is kept whole, and a hostile one may nest deeper than the
-    encoder goes (the parser went deeper): then a note says so, and the sample is stored all the same."""
+    """A sample's `extra` as JSON text. A dump's record is kept whole, and a hostile one may nest deeper than
+    the encoder goes (the parser went deeper): then a note says so, and the sample is stored all the same."""
     try:
         return json.dumps(extra, default=str)
     except RecursionError:

@@ -350,7 +350,8 @@ def _v4(db: sqlite_utils.Database) -> None:
     # `stream_key` is "<the stream's creation time>:<sequence>": a stream made anew restarts its
     # sequence at 1, and those events must not pass for ones already stored.
     db.execute(
-        "CREATE UNIQUE INDEX idx_agent_events_stream_key ON agent_events (stream_key) WHERE stream_key IS NOT NULL"
+        "CREATE UNIQUE INDEX idx_agent_events_stream_key ON agent_events (stream_key)"
+        " WHERE stream_key IS NOT NULL"
     )
     db["agent_events"].create_index(["kind", "id"])
     db["agent_events"].create_index(["task_id"])

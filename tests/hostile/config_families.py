@@ -1,6 +1,6 @@
 """The configuration families: carl.yaml, agents.yaml, tui.toml (with its [keymap]), trajectories.toml and
-engine.toml, each from its defaults as the product writes them, with hostile values, hostile bytes, or something
-that is not a file where the file should be.
+engine.toml, each from its defaults as the product writes them, with hostile values, hostile bytes, or
+something that is not a file where the file should be.
 
 A case is fed to the loader the product calls on that file; what it raises is printed the way `carl` prints it
 (`carl: <message>`), so the oracle sees what the user would.

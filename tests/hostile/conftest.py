@@ -16,8 +16,9 @@ from hostile.runner import Family, run_family
 
 @pytest.fixture
 def run_ci(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Family], Tally]]:
-    """Run a family as CI does: its CI number of cases, derandomized, strict (the first refused case fails, shrunk
-    by hypothesis); a raw control byte printed is an xfail for the families that await visible() (families.py)."""
+    """Run a family as CI does: its CI number of cases, derandomized, strict (the first refused case fails,
+    shrunk by hypothesis); a raw control byte printed is an xfail for the families that await visible()
+    (families.py)."""
     monkeypatch.setenv("CARL_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     root = scratch_root(tmp_path / "scratch")

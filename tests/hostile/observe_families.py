@@ -1,9 +1,9 @@
 """The `carl observe` families: every format it reads, from a real writer's files, mutated.
 
-A case is a folder of files (`FileCase.files`: bytes, or something that is not a regular file) and the path given
-to the reader. It is fed either to `carl observe PATH` (the command a person types, its output captured), or to the
-engine's follow of it (`register_source` and `ingest_source` tick after tick with small budgets, as the daemon does
-it, a directory through discovery).
+A case is a folder of files (`FileCase.files`: bytes, or something that is not a regular file) and the path
+given to the reader. It is fed either to `carl observe PATH` (the command a person types, its output
+captured), or to the engine's follow of it (`register_source` and `ingest_source` tick after tick with small
+budgets, as the daemon does it, a directory through discovery).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def observe_family(name: str, make_seeds: Any, cases: Any, ci_examples: int = 80
     return Family(name, make_seeds, cases, feed_observe, ci_examples, after=list_runs)
 
 
-# -- JSONL logs: ours, veRL's file logger, prime-rl's metrics.jsonl ------------------------------------------------
+# -- JSONL logs: ours, veRL's file logger, prime-rl's metrics.jsonl ------------------------------------------
 
 OURS = [
     {
@@ -164,7 +164,7 @@ def jsonl_cases(lines: list[dict[str, Any]], name: str) -> Any:
     return lambda seeds: cases(seeds)
 
 
-# -- trainer_state.json --------------------------------------------------------------------------------------------
+# -- trainer_state.json --------------------------------------------------------------------------------------
 
 STATE = {
     "best_metric": None,
@@ -196,7 +196,7 @@ def trainer_state_cases(draw: st.DrawFn, seeds: Any) -> FileCase:
     return FileCase(files, target, how, rows)
 
 
-# -- Trackio ---------------------------------------------------------------------------------------------------
+# -- Trackio -------------------------------------------------------------------------------------------------
 
 TRACKIO_SQL = (
     "INSERT INTO metrics (run_id, timestamp, run_name, step, metrics) VALUES (?, ?, ?, ?, ?)",
@@ -264,11 +264,17 @@ def trackio_cases(draw: st.DrawFn, seeds: Any) -> FileCase:
     )
 
 
-# -- MLflow: an mlflow.db and an mlruns/ directory -------------------------------------------------------------
+# -- MLflow: an mlflow.db and an mlruns/ directory -----------------------------------------------------------
 
 MLFLOW_SQL = (
-    "INSERT INTO metrics (key, value, timestamp, run_uuid, step, is_nan) SELECT ?, ?, ?, run_uuid, ?, 0 FROM runs",
-    "INSERT INTO latest_metrics (key, value, timestamp, run_uuid, step, is_nan) SELECT ?, ?, 0, run_uuid, ?, 0 FROM runs",
+    (
+        "INSERT INTO metrics (key, value, timestamp, run_uuid, step, is_nan)"
+        " SELECT ?, ?, ?, run_uuid, ?, 0 FROM runs"
+    ),
+    (
+        "INSERT INTO latest_metrics (key, value, timestamp, run_uuid, step, is_nan)"
+        " SELECT ?, ?, 0, run_uuid, ?, 0 FROM runs"
+    ),
     "UPDATE metrics SET value = ? WHERE rowid = (SELECT min(rowid) FROM metrics)",
     "UPDATE metrics SET step = ?",
     "UPDATE latest_metrics SET step = ?",
@@ -320,7 +326,7 @@ def mlruns_cases(draw: st.DrawFn, seeds: Any) -> FileCase:
     return FileCase(files, "mlruns", how, rows)
 
 
-# -- TensorBoard ---------------------------------------------------------------------------------------------------
+# -- TensorBoard ---------------------------------------------------------------------------------------------
 
 
 class TFRecords(Writer):
@@ -432,7 +438,7 @@ def tensorboard_seeds(folder: Path) -> dict[str, Any]:
     return {"tensorboard": tf_records(data), "tensorboard-file": data}
 
 
-# -- W&B -----------------------------------------------------------------------------------------------------------
+# -- W&B -----------------------------------------------------------------------------------------------------
 
 
 class WandbRecords(Writer):
@@ -552,7 +558,7 @@ def wandb_seeds(folder: Path) -> dict[str, Any]:
     return {"wandb": wandb_seed_records(data), "wandb-file": data, "wandb-dir": file.parent.name}
 
 
-# -- TRL's completions parquet ---------------------------------------------------------------------------------
+# -- TRL's completions parquet -------------------------------------------------------------------------------
 
 
 def parquet_bytes(table: dict[str, list[Any]]) -> bytes:
@@ -627,7 +633,7 @@ def trl_cases(draw: st.DrawFn, seeds: Any) -> FileCase:
     return FileCase(files, target, how, rows)
 
 
-# -- rollout dumps: veRL, prime-rl, verifiers ------------------------------------------------------------------
+# -- rollout dumps: veRL, prime-rl, verifiers ----------------------------------------------------------------
 
 VERL_SAMPLE = {"input": "<|user|>2+2=?", "output": "4 é", "gts": "4", "score": 1.0, "step": 1, "acc": True}
 VF_OUTPUT = {
@@ -714,7 +720,7 @@ def verifiers_cases(draw: st.DrawFn, seeds: Any) -> FileCase:
     return FileCase(files, "vf", how, rows)
 
 
-# -- seeds and the families ----------------------------------------------------------------------------------------
+# -- seeds and the families ----------------------------------------------------------------------------------
 
 
 def no_seeds(folder: Path) -> None:

@@ -1,11 +1,12 @@
 """The oracle of the hostile-input suite: what a case may do, and the tally of what it did.
 
 A case may return, or end in one line for the user (a CarlError, ObserveError, `file:line: reason` problem,
-argparse's usage line); any other exception is a traceback, and so is one that a catch-all turned into a message
-(`could not be read as codex (TypeError: ...)`, `unreadable: KeyError: ...`): the parser met something it did not
-expect. It must finish within a time bound (each case runs in a thread; one still running is a hang, and a FIFO it
-may be blocked on is opened once for writing so the thread can go). The rows of the baseline store are all still
-there, and `PRAGMA integrity_check` says ok. Nothing printed holds a raw control byte (what `visible` escapes).
+argparse's usage line); any other exception is a traceback, and so is one that a catch-all turned into a
+message (`could not be read as codex (TypeError: ...)`, `unreadable: KeyError: ...`): the parser met something
+it did not expect. It must finish within a time bound (each case runs in a thread; one still running is a
+hang, and a FIFO it may be blocked on is opened once for writing so the thread can go). The rows of the
+baseline store are all still there, and `PRAGMA integrity_check` says ok. Nothing printed holds a raw control
+byte (what `visible` escapes).
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ CRASH_NAMES = (
     "RuntimeError",
 )
 CRASH = re.compile(r"\b(" + "|".join(CRASH_NAMES) + r")\b")
-# The one catch that names an exception by design: a rollout dump's record whose field has a shape the reader does
-# not take costs that record alone, in one `file:line` (engine/observe/rollouts/dumps.py).
+# The one catch that names an exception by design: a rollout dump's record whose field has a shape the reader
+# does not take costs that record alone, in one `file:line` (engine/observe/rollouts/dumps.py).
 DESIGNED = re.compile(r":\d+: not a [\w-]+ record \((TypeError|AttributeError|KeyError|IndexError)\)$")
 TRACEBACK_TEXT = "Traceback (most recent call last)"
 CASE_SECONDS = 20.0  # a case still running after this is a hang (the machine is shared and may be loaded)
@@ -223,8 +224,8 @@ def printed() -> Iterator[Printed]:
 
 
 class Cli:
-    """`carl ...` in this process, as `engine.cli.main` runs it, with each command's parser built once (building
-    it is most of a short command's cost). Returns what it printed and how it ended."""
+    """`carl ...` in this process, as `engine.cli.main` runs it, with each command's parser built once
+    (building it is most of a short command's cost). Returns what it printed and how it ended."""
 
     def __init__(self, home: Path) -> None:
         self.home = home
@@ -254,7 +255,7 @@ class Cli:
         return Outcome(TRACEBACK, f"exit status {code}: {text[-2000:]}", text)
 
 
-# -- the baseline store ------------------------------------------------------------------------------------------
+# -- the baseline store --------------------------------------------------------------------------------------
 
 BASELINE_TABLES = (
     "runs",
@@ -371,13 +372,14 @@ def make_baseline(home: Path) -> Baseline:
         AuditWriter(store).write([Incoming("tasks.demo", task, stream_seq=i + 1) for i in range(3)])
         with store.transaction():
             store.conn.executemany(
-                "INSERT INTO hook_events (session_id, event, received_at, payload, assembled) VALUES (?,?,?,?,1)",
+                "INSERT INTO hook_events (session_id, event, received_at, payload, assembled)"
+                " VALUES (?,?,?,?,1)",
                 [("baseline-hooks", "Stop", now, '{"hook_event_name": "Stop"}') for _ in range(3)],
             )
     return Baseline(db)
 
 
-# -- the tally ---------------------------------------------------------------------------------------------------
+# -- the tally -----------------------------------------------------------------------------------------------
 
 
 @dataclass

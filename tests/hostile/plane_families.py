@@ -1,13 +1,14 @@
-"""Hook payloads and NATS messages: what reaches the engine while it runs, never through a command a person types.
+"""Hook payloads and NATS messages: what reaches the engine while it runs, never through a command a person
+types.
 
 - hooks: a session of Claude Code hook payloads (the shapes of docs/reference/agent-traces.md, as
   tests/test_trajectory_hooks.py builds them), mutated, each recorded by the real recorder into the spool, now
-  and then with a damaged spool file beside them; then one tick of the engine's spool job (`ingest_spool`). The
-  spool must be empty after it (each file stored, or moved aside with its reason), and no session may fail on an
-  exception the assembly did not expect (its log line names it).
-- nats: hostile messages published on the plane's subjects of a real nats-server (one for the family), stored by
-  the engine's audit (the Bridge, in its thread, on the family's store), then one good task: it must be stored,
-  every message must cost exactly one row, and the audit must still be up.
+  and then with a damaged spool file beside them; then one tick of the engine's spool job (`ingest_spool`).
+  The spool must be empty after it (each file stored, or moved aside with its reason), and no session may fail
+  on an exception the assembly did not expect (its log line names it).
+- nats: hostile messages published on the plane's subjects of a real nats-server (one for the family), stored
+  by the engine's audit (the Bridge, in its thread, on the family's store), then one good task: it must be
+  stored, every message must cost exactly one row, and the audit must still be up.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from hostile.oracle import HANG, OK, TRACEBACK, Outcome, carl_log, crash_in
 from hostile.runner import Family, Workspace
 from hostile.trajectory_families import list_trajectories
 
-# -- hooks -------------------------------------------------------------------------------------------------------
+# -- hooks ---------------------------------------------------------------------------------------------------
 
 
 def hook_session() -> list[dict[str, Any]]:
@@ -123,7 +124,7 @@ def feed_hooks(case: HookCase, ws: Workspace, where: Path) -> Outcome:
     return Outcome(OK)
 
 
-# -- NATS ----------------------------------------------------------------------------------------------------------
+# -- NATS ----------------------------------------------------------------------------------------------------
 
 
 def event_seeds() -> list[tuple[str, dict[str, Any]]]:
@@ -208,7 +209,8 @@ def nats_cases(draw: st.DrawFn, seeds: list[tuple[str, dict[str, Any]]]) -> Nats
 
 
 # Reasons of a rejected row that name an exception the parser or the store did not expect. "cannot be stored:
-# OverflowError" is the store refusing an integer past 64 bits, as the audit documents it (engine/agents/audit.py).
+# OverflowError" is the store refusing an integer past 64 bits, as the audit documents it
+# (engine/agents/audit.py).
 UNEXPECTED = ("unreadable:", "dead-lettered")
 
 

@@ -1,8 +1,8 @@
 """Running a family: its workspace (a home whose store holds the baseline), its cases drawn by hypothesis, the
 oracle applied to each, and the tally.
 
-CI runs a family with `strict=True`: the first case the oracle refuses fails the test, and hypothesis shrinks it
-to a small one. The bench runs it with `strict=False`: every case is counted, none stops the run.
+CI runs a family with `strict=True`: the first case the oracle refuses fails the test, and hypothesis shrinks
+it to a small one. The bench runs it with `strict=False`: every case is counted, none stops the run.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ class Seeds(dict):
 
 @dataclass
 class Workspace:
-    """Where a family's cases run: `home` (CARL_HOME, its carl.db holding the baseline) and a folder per case."""
+    """Where a family's cases run: `home` (CARL_HOME, its carl.db holding the baseline) and a folder per
+    case."""
 
     root: Path
     seeds: Any = None
@@ -68,8 +69,8 @@ class Workspace:
         self.reset()
 
     def reset(self, *, remove_old: bool = False) -> None:
-        """A new home: after a hang (the thread left behind may still hold the old one), or now and then in a long
-        run (a store that grows by every case makes each case slower than the one before)."""
+        """A new home: after a hang (the thread left behind may still hold the old one), or now and then in a
+        long run (a store that grows by every case makes each case slower than the one before)."""
         if remove_old:
             shutil.rmtree(self.home, ignore_errors=True)
         self.home = self.root / f"home-{self.cases}"
@@ -101,7 +102,7 @@ class Family:
     after: Callable[[Workspace], Outcome] | None = None
 
 
-# -- files on disk ---------------------------------------------------------------------------------------------
+# -- files on disk -------------------------------------------------------------------------------------------
 
 
 def materialize(where: Path, files: dict[str, bytes | str]) -> None:
@@ -166,7 +167,7 @@ def file_name(draw: st.DrawFn, name: str, hostile_one_in: int = 10) -> str:
     return f"{stem}{hostile}{dot}{suffix}" if dot else f"{name}{hostile}"
 
 
-# -- running ---------------------------------------------------------------------------------------------------
+# -- running -------------------------------------------------------------------------------------------------
 
 RESET_EVERY = 500  # a long run checks its store's integrity and starts a fresh one this often
 
@@ -201,9 +202,9 @@ def run_family(
     leaks_fail: bool = True,
     minutes: float | None = None,
 ) -> Tally:
-    """Draw `examples` cases of `family` and feed each one; returns the tally. `strict`: the first refused case
-    raises (after hypothesis shrank it); a printed raw control byte is refused too when `leaks_fail`. A long run
-    stops after `minutes` with the cases it ran (`Tally.capped`)."""
+    """Draw `examples` cases of `family` and feed each one; returns the tally. `strict`: the first refused
+    case raises (after hypothesis shrank it); a printed raw control byte is refused too when `leaks_fail`. A
+    long run stops after `minutes` with the cases it ran (`Tally.capped`)."""
     root.mkdir(parents=True, exist_ok=True)
     seeds = family.make_seeds(fresh_dir(root / "seeds"))
     if isinstance(seeds, dict):
@@ -279,7 +280,8 @@ def integrity_checked(workspace: Workspace, tally: Tally) -> None:
 
 
 def swallowed(outcome: Outcome, lines: list[str] | None = None, allowed: tuple[str, ...] = ()) -> Outcome:
-    """`outcome`, or a traceback when its printed lines (or `lines`) name an exception a catch-all swallowed."""
+    """`outcome`, or a traceback when its printed lines (or `lines`) name an exception a catch-all
+    swallowed."""
     crash = crash_in(lines if lines is not None else outcome.printed.splitlines(), allowed)
     if crash and outcome.verdict != TRACEBACK:
         return Outcome(TRACEBACK, f"swallowed: {crash}", outcome.printed)

@@ -1,10 +1,11 @@
 """The seeds of the binary families, written by the real writers and kept in tests/hostile/seeds/.
 
 torch's SummaryWriter (TensorBoard), wandb 0.29 offline (W&B), Trackio (its own SQLite), MlflowClient (an
-`mlflow.db` and an `mlruns/` directory) and pandas' `to_parquet` as TRL's `log_completions` calls it. Each writer
-runs in its own process (torch, mlflow and wandb take seconds to import, and wandb and Trackio keep their folders
-in the environment). The files are small (the SQLite ones gzipped) and kept in the repository, so CI starts from them at no cost; write them
-again with `python bench/hostile.py --write-seeds` (a newer writer's files are then what the suite mutates).
+`mlflow.db` and an `mlruns/` directory) and pandas' `to_parquet` as TRL's `log_completions` calls it. Each
+writer runs in its own process (torch, mlflow and wandb take seconds to import, and wandb and Trackio keep
+their folders in the environment). The files are small (the SQLite ones gzipped) and kept in the repository,
+so CI starts from them at no cost; write them again with `python bench/hostile.py --write-seeds` (a newer
+writer's files are then what the suite mutates).
 """
 
 from __future__ import annotations

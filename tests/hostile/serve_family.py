@@ -1,11 +1,12 @@
-"""`carl-tui --serve`: hostile HTTP requests, sent as raw bytes to a real served control room (one for the family).
+"""`carl-tui --serve`: hostile HTTP requests, sent as raw bytes to a real served control room (one for the
+family).
 
-A request is built from hostile parts (method, path, query, the token right, wrong or missing, Host and Origin,
-the cookie, websocket upgrade headers, lengths that lie, a huge header, control bytes, bytes that are not UTF-8),
-sometimes damaged as bytes. The oracle: no answer is a 5xx (an exception in a handler); the server still answers
-a good request at once afterwards (else it hangs); and what it prints (the user's terminal) holds no traceback and
-no raw control byte. A websocket upgrade that would pass (the token and the origin right) is never sent: each
-one starts a control room process, which is not what this family measures.
+A request is built from hostile parts (method, path, query, the token right, wrong or missing, Host and
+Origin, the cookie, websocket upgrade headers, lengths that lie, a huge header, control bytes, bytes that are
+not UTF-8), sometimes damaged as bytes. The oracle: no answer is a 5xx (an exception in a handler); the server
+still answers a good request at once afterwards (else it hangs); and what it prints (the user's terminal)
+holds no traceback and no raw control byte. A websocket upgrade that would pass (the token and the origin
+right) is never sent: each one starts a control room process, which is not what this family measures.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ def header_text(draw: st.DrawFn) -> str:
 
 @st.composite
 def requests(draw: st.DrawFn) -> Request:
-    """A request as raw bytes, `{port}` and `{token}` in it filled in when it is sent (the server starts once the
-    cases are defined)."""
+    """A request as raw bytes, `{port}` and `{token}` in it filled in when it is sent (the server starts once
+    the cases are defined)."""
     port, token = "{port}", "{token}"
     method = draw(
         st.sampled_from(["GET", "GET", "GET", "POST", "HEAD", "OPTIONS", "PUT", "G\x1bT", "", "GET " * 3])

@@ -35,7 +35,7 @@ def one_line(text: str) -> str:
     return lines[0]
 
 
-# -- the TOML settings files: tui.toml, trajectories.toml, engine.toml (engine/tomlfile.py) ------------------------
+# -- the TOML settings files: tui.toml, trajectories.toml, engine.toml (engine/tomlfile.py) ------------------
 
 
 def load_toml_settings(home: Path) -> list[str]:
@@ -58,9 +58,10 @@ NAMES = ("tui.toml", "trajectories.toml", "engine.toml")
 
 @pytest.mark.parametrize("kind", ["fifo", "devzero"])
 def test_a_toml_settings_file_that_is_not_a_file(tmp_path: Path, kind: str) -> None:
-    """§4, found by the tui-toml, trajectories-toml and engine-toml families: a FIFO in place of one of the three
-    TOML settings files hung the control room's start, `carl trajectories import` and the engine (read_text), and
-    a link to /dev/zero read until the memory ran out. Each is refused by type now, in one line."""
+    """§4, found by the tui-toml, trajectories-toml and engine-toml families: a FIFO in place of one of the
+    three TOML settings files hung the control room's start, `carl trajectories import` and the engine
+    (read_text), and a link to /dev/zero read until the memory ran out. Each is refused by type now, in one
+    line."""
     for name in NAMES:
         if kind == "fifo":
             os.mkfifo(tmp_path / name)
@@ -82,13 +83,14 @@ def test_a_toml_settings_file_that_is_not_a_file(tmp_path: Path, kind: str) -> N
         ("a = " + "[" * 5000 + "]" * 5000 + "\n", "invalid TOML: nested too deeply"),
         (
             "a = " + "9" * 5000 + "\n",
-            "invalid TOML: Exceeds the limit (4300 digits) for integer string conversion: value has 5000 digits",
+            "invalid TOML: Exceeds the limit (4300 digits) for integer string conversion:"
+            " value has 5000 digits",
         ),
     ],
 )
 def test_toml_that_tomllib_cannot_take(tmp_path: Path, text: str, line: str) -> None:
-    """§7, the TOML families: nesting tomllib recurses into raised RecursionError, and an integer of 5,000 digits
-    ValueError, with a traceback from each of the three loaders (they caught TOMLDecodeError alone)."""
+    """§7, the TOML families: nesting tomllib recurses into raised RecursionError, and an integer of 5,000
+    digits ValueError, with a traceback from each of the three loaders (they caught TOMLDecodeError alone)."""
     for name in NAMES:
         (tmp_path / name).write_text(text)
     assert load_toml_settings(tmp_path) == [
@@ -99,8 +101,9 @@ def test_toml_that_tomllib_cannot_take(tmp_path: Path, text: str, line: str) -> 
 
 
 def test_an_unknown_key_holding_a_newline_is_named_on_one_line(tmp_path: Path) -> None:
-    """§7, found by the engine-toml family: a quoted TOML key holding a newline made the "unknown setting" problem
-    two lines in the engine's log (and in the errors of the other two files); the key is shown on one line now."""
+    """§7, found by the engine-toml family: a quoted TOML key holding a newline made the "unknown setting"
+    problem two lines in the engine's log (and in the errors of the other two files); the key is shown on one
+    line now."""
     for name in NAMES:
         (tmp_path / name).write_text('"a\\nb" = 1\n[alerts]\n"c\\nd" = 2\n')
     lines = load_toml_settings(tmp_path)
@@ -112,12 +115,13 @@ def test_an_unknown_key_holding_a_newline_is_named_on_one_line(tmp_path: Path) -
     ]
 
 
-# -- the hook recorder ---------------------------------------------------------------------------------------------
+# -- the hook recorder ---------------------------------------------------------------------------------------
 
 
 def test_a_hook_payload_nested_too_deeply_is_dropped_with_its_reason(tmp_path: Path) -> None:
-    """§1, found by the hook-payloads family: a payload nested thousands of levels deep raised RecursionError in
-    the recorder; it was logged as `hook failed: RecursionError` (a crash) rather than as the bad input it is."""
+    """§1, found by the hook-payloads family: a payload nested thousands of levels deep raised RecursionError
+    in the recorder; it was logged as `hook failed: RecursionError` (a crash) rather than as the bad input it
+    is."""
     from engine.trajectories.capture.recorder import record
 
     record(b'{"session_id": "s", "tool_input": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", tmp_path)
@@ -127,11 +131,11 @@ def test_a_hook_payload_nested_too_deeply_is_dropped_with_its_reason(tmp_path: P
 
 
 def test_a_surrogate_encoded_as_bytes_in_a_spool_file(tmp_path: Path) -> None:
-    """§2, found by the hook-payloads family: json.loads decodes bytes with `surrogatepass`, so a surrogate written as
-    bytes (\\xed\\xb2\\x80, which UTF-8 forbids) came through as a lone surrogate without the `\\udc80` escape the
-    spool reader and `loads_storable` looked for: the prompt failed at insert and the whole file was set aside as
-    `cannot be stored: UnicodeEncodeError`. Now the prompt is stored with U+FFFD, and a session id holding one is
-    set aside with its reason, as an escaped one is."""
+    """§2, found by the hook-payloads family: json.loads decodes bytes with `surrogatepass`, so a surrogate
+    written as bytes (\\xed\\xb2\\x80, which UTF-8 forbids) came through as a lone surrogate without the
+    `\\udc80` escape the spool reader and `loads_storable` looked for: the prompt failed at insert and the
+    whole file was set aside as `cannot be stored: UnicodeEncodeError`. Now the prompt is stored with U+FFFD,
+    and a session id holding one is set aside with its reason, as an escaped one is."""
     from engine.text import loads_storable
     from engine.trajectories.capture.hooks import read_spool
 
@@ -150,14 +154,14 @@ def test_a_surrogate_encoded_as_bytes_in_a_spool_file(tmp_path: Path) -> None:
     assert bad == ["session_id holds a lone surrogate (not UTF-8)"]
 
 
-# -- NATS messages: the audit --------------------------------------------------------------------------------------
+# -- NATS messages: the audit --------------------------------------------------------------------------------
 
 
 def test_a_rejected_message_whose_type_holds_a_lone_surrogate_is_stored(store: Store) -> None:
-    """§1, found by the nats-payloads family: an event whose `type` held a lone surrogate was rejected, but the
-    rejected row carried that type as its kind, which the store cannot encode either: the message was
-    dead-lettered, acknowledged and stored nowhere. The reason and the type are made storable where a rejection is
-    made (EventRejected), so it is one rejected row like any other."""
+    """§1, found by the nats-payloads family: an event whose `type` held a lone surrogate was rejected, but
+    the rejected row carried that type as its kind, which the store cannot encode either: the message was
+    dead-lettered, acknowledged and stored nowhere. The reason and the type are made storable where a
+    rejection is made (EventRejected), so it is one rejected row like any other."""
     from engine.agents.audit import AuditWriter, Incoming
 
     payload = b'{"type": "x\\udc80", "task_id": "t", "worker_id": "w1", "task_type": "demo", "prompt": "p"}'
@@ -170,9 +174,10 @@ def test_a_rejected_message_whose_type_holds_a_lone_surrogate_is_stored(store: S
 
 
 def test_a_rejection_reason_for_a_value_nested_too_deeply_to_show() -> None:
-    """§1, found by the nats-payloads family: the reason of a field that failed validation quotes its value through
-    json.dumps, which raised RecursionError for a value nested deeper than it goes (the parser, higher up the stack,
-    went that deep): the audit's catch-all stored `unreadable: RecursionError: ...`. The reason says so instead."""
+    """§1, found by the nats-payloads family: the reason of a field that failed validation quotes its value
+    through json.dumps, which raised RecursionError for a value nested deeper than it goes (the parser, higher
+    up the stack, went that deep): the audit's catch-all stored `unreadable: RecursionError: ...`. The reason
+    says so instead."""
     from pydantic import ValidationError
 
     from engine.agents.events import TaskEvent, validation_reason
@@ -187,11 +192,12 @@ def test_a_rejection_reason_for_a_value_nested_too_deeply_to_show() -> None:
     )
 
 
-# -- MLflow stores -------------------------------------------------------------------------------------------------
+# -- MLflow stores -------------------------------------------------------------------------------------------
 
 
 def mlflow_db(tmp_path: Path, *statements: tuple[str, tuple]) -> Path:
-    """The suite's MLflow seed (written by MlflowClient) after `statements`, as someone else's writer may leave it."""
+    """The suite's MLflow seed (written by MlflowClient) after `statements`, as someone else's writer may
+    leave it."""
     path = tmp_path / "mlflow.db"
     path.write_bytes(gzip.decompress((SEEDS / "mlflow" / "mlflow.db.gz").read_bytes()))
     conn = sqlite3.connect(path)
@@ -205,8 +211,9 @@ def mlflow_db(tmp_path: Path, *statements: tuple[str, tuple]) -> Path:
 def test_mlflow_steps_and_times_that_are_not_numbers(
     store: Store, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    """§3, found by the mlflow-db family: a step stored as text or a blob raised ValueError at insert (int(step)),
-    a start time that is text TypeError; such a value is one problem line now, and the rest of the run is read."""
+    """§3, found by the mlflow-db family: a step stored as text or a blob raised ValueError at insert
+    (int(step)), a start time that is text TypeError; such a value is one problem line now, and the rest of
+    the run is read."""
     db = mlflow_db(
         tmp_path,
         ("UPDATE metrics SET step = ? WHERE rowid = (SELECT min(rowid) FROM metrics)", (b"\xc3\x0e\xff",)),
@@ -247,8 +254,8 @@ def test_mlflow_logs_no_traceback_of_its_own(
 
 
 def test_a_symlink_loop_inside_an_mlruns_tree(store: Store, tmp_path: Path) -> None:
-    """§4, found by the mlflow-mlruns family: the check for FIFOs in an mlruns/ tree raised OSError (ELOOP) on a
-    symbolic link loop, with a traceback; a loop is left to MLflow, which skips it."""
+    """§4, found by the mlflow-mlruns family: the check for FIFOs in an mlruns/ tree raised OSError (ELOOP) on
+    a symbolic link loop, with a traceback; a loop is left to MLflow, which skips it."""
     from engine.observe.mlflow_store import check_files
 
     (tmp_path / "mlruns" / "0").mkdir(parents=True)
@@ -257,14 +264,15 @@ def test_a_symlink_loop_inside_an_mlruns_tree(store: Store, tmp_path: Path) -> N
     check_files(tmp_path / "mlruns")
 
 
-# -- agent transcripts ---------------------------------------------------------------------------------------------
+# -- agent transcripts ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", [["Bash"], True, 7])
 def test_a_tool_name_that_is_not_text_costs_nothing_beside_it(tmp_path: Path, name: object) -> None:
-    """§2, found by the claude-code family: a tool_use block whose `name` was a list or a bool raised AttributeError
-    in normalize_tool (`.strip()`), and the import's catch-all dropped the whole transcript, its good turns too
-    (`could not be read as claude-code (AttributeError: ...)`). The tool is "unknown" now, the file imported."""
+    """§2, found by the claude-code family: a tool_use block whose `name` was a list or a bool raised
+    AttributeError in normalize_tool (`.strip()`), and the import's catch-all dropped the whole transcript,
+    its good turns too (`could not be read as claude-code (AttributeError: ...)`). The tool is "unknown" now,
+    the file imported."""
     from test_trajectory_import import claude_session, write_jsonl
 
     from engine.trajectories.importers.files import import_paths
@@ -283,13 +291,13 @@ def test_a_tool_name_that_is_not_text_costs_nothing_beside_it(tmp_path: Path, na
     }
 
 
-# -- TRL's completions parquet -------------------------------------------------------------------------------------
+# -- TRL's completions parquet -------------------------------------------------------------------------------
 
 
 def test_parquet_text_that_is_not_utf8(home: Path, tmp_path: Path) -> None:
-    """§2, found by the trl-parquet family: a string column holding bytes that are not UTF-8 (a damaged page; parquet
-    pages carry no checksum by default) raised UnicodeDecodeError from pyarrow's to_pydict, with a traceback. The
-    text is kept with U+FFFD now, as everywhere else."""
+    """§2, found by the trl-parquet family: a string column holding bytes that are not UTF-8 (a damaged page;
+    parquet pages carry no checksum by default) raised UnicodeDecodeError from pyarrow's to_pydict, with a
+    traceback. The text is kept with U+FFFD now, as everywhere else."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -308,13 +316,13 @@ def test_parquet_text_that_is_not_utf8(home: Path, tmp_path: Path) -> None:
     assert rows == [("question \ufffd", "a"), ("question 2", "b")]
 
 
-# -- rollout dumps (engine/store/rollouts.py, the one edge of every rollout source) ----------------------------
+# -- rollout dumps (engine/store/rollouts.py, the one edge of every rollout source) --------------------------
 
 
 def test_rollout_numbers_past_a_float(store: Store, tmp_path: Path) -> None:
-    """§3, found by the verifiers-dumps family: `output_tokens: Infinity` raised OverflowError (int(inf)), and so did
-    an integer of 400 digits (float(10**400)), with a traceback that cost the whole batch. Such a number is no
-    number now (None), and the record is kept."""
+    """§3, found by the verifiers-dumps family: `output_tokens: Infinity` raised OverflowError (int(inf)), and
+    so did an integer of 400 digits (float(10**400)), with a traceback that cost the whole batch. Such a
+    number is no number now (None), and the record is kept."""
     from engine.observe import register_source
     from engine.observe.ingest import import_source
 
@@ -343,8 +351,8 @@ def test_rollout_numbers_past_a_float(store: Store, tmp_path: Path) -> None:
 
 
 def test_a_rollout_extra_nested_deeper_than_json_dumps_goes() -> None:
-    """§1, found by the verifiers-dumps family: a record whose kept fields nest deeper than json.dumps goes at the
-    point of the insert (the parser, called higher up the stack, went that deep) raised RecursionError in
+    """§1, found by the verifiers-dumps family: a record whose kept fields nest deeper than json.dumps goes at
+    the point of the insert (the parser, called higher up the stack, went that deep) raised RecursionError in
     rollout_record, the one edge of every rollout source, losing the batch. The sample is kept with a note."""
     from engine.store.rollouts import rollout_record
 
@@ -355,15 +363,15 @@ def test_a_rollout_extra_nested_deeper_than_json_dumps_goes() -> None:
     assert json.loads(row[10]) == {"unkept": "nested too deeply to store"}
 
 
-# -- carl-tui --serve -----------------------------------------------------------------------------------------------
+# -- carl-tui --serve ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.slow
 def test_a_malformed_request_prints_nothing_on_the_servers_terminal(tmp_path: Path) -> None:
-    """§10, found by the serve-requests family: every malformed request (a duplicate Host header, a bad request
-    line, a GET of the websocket without a handshake) printed a rich traceback on the terminal of `carl-tui
-    --serve`, the first two with their locals, the token among them: anyone who could reach the port could fill
-    that terminal. Each is answered 400, and nothing prints."""
+    """§10, found by the serve-requests family: every malformed request (a duplicate Host header, a bad
+    request line, a GET of the websocket without a handshake) printed a rich traceback on the terminal of
+    `carl-tui --serve`, the first two with their locals, the token among them: anyone who could reach the port
+    could fill that terminal. Each is answered 400, and nothing prints."""
     from test_serve import Served, free_port
 
     home = tmp_path / "home"

@@ -1,4 +1,5 @@
-"""The hostile-input suite, trajectories families (tests/hostile/__init__.py): each family's CI cases pass the oracle."""
+"""The hostile-input suite, trajectories families (tests/hostile/__init__.py): each family's CI cases pass the
+oracle."""
 
 from __future__ import annotations
 

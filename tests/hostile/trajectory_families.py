@@ -1,5 +1,5 @@
-"""The `carl trajectories import` families: Claude Code transcripts, Codex rollouts and KARL records (both shapes),
-from the shapes the import tests build after the real tools' files, mutated line by line.
+"""The `carl trajectories import` families: Claude Code transcripts, Codex rollouts and KARL records (both
+shapes), from the shapes the import tests build after the real tools' files, mutated line by line.
 
 Each case is fed to `carl trajectories import PATH` (import, score, save, the retraining triggers), its output
 captured. A line the importer cannot use is one `file:line: reason`; a file a parser raised on is reported as

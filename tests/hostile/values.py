@@ -6,7 +6,8 @@ Three layers, each drawn by hypothesis (so a failing case shrinks to a small one
 - JSON: a real value (a seed) with nodes replaced, keys poisoned, types changed, nesting added, every string
   tainted; written with or without ASCII escapes (so a lone surrogate is a `\\ud800` escape or invalid UTF-8);
 - bytes: flipped, cut, duplicated, spliced from another seed, with hostile bytes inserted.
-`Raw` is JSON text written as it is (a number no Python float holds, `[[[[...`), which json.dumps cannot write.
+`Raw` is JSON text written as it is (a number no Python float holds, `[[[[...`), which json.dumps cannot
+write.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-# -- atoms -----------------------------------------------------------------------------------------------------
+# -- atoms ---------------------------------------------------------------------------------------------------
 
 TERMINAL = [
     "\x1b[2J\x1b[H",  # clear the screen
@@ -149,7 +150,8 @@ def storable_text(text: str) -> str:
 
 @functools.cache
 def hostile_text() -> st.SearchStrategy[str]:
-    """Hostile text (one strategy, built once: hypothesis spends more on building strategies than on drawing)."""
+    """Hostile text (one strategy, built once: hypothesis spends more on building strategies than on
+    drawing)."""
     return text_strategy()
 
 
@@ -174,7 +176,7 @@ def hostile_value() -> st.SearchStrategy[Any]:
     )
 
 
-# -- JSON ------------------------------------------------------------------------------------------------------
+# -- JSON ----------------------------------------------------------------------------------------------------
 
 RAW_MARK = "\ue000raw{}\ue000"
 
@@ -307,7 +309,7 @@ def json_bytes(draw: st.DrawFn, seed: Any, *, max_ops: int = 3) -> bytes:
     return data
 
 
-# -- bytes -----------------------------------------------------------------------------------------------------
+# -- bytes ---------------------------------------------------------------------------------------------------
 
 BYTE_ATOMS = [
     b"\x1b[2J",
@@ -365,7 +367,7 @@ def mutated_bytes(draw: st.DrawFn, data: bytes, *, others: tuple[bytes, ...] = (
     return data
 
 
-# -- lines -----------------------------------------------------------------------------------------------------
+# -- lines ---------------------------------------------------------------------------------------------------
 
 
 def line_bytes(line: Any) -> bytes:

@@ -398,7 +398,8 @@ class Source:
     @classmethod
     def of(cls, prompt: str, reference: str | None = None) -> Source:
         """The source of a task, made once per prompt and reference: it is read, never changed, and the
-        scorer asks for it three times a result (0.5 ms of the manager's CPU a task, bench/bench_agents.py)."""
+        scorer asks for it three times a result (0.5 ms of the manager's CPU a task,
+        bench/bench_agents.py)."""
         return _source_of(prompt, reference)
 
     @classmethod

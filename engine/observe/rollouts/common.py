@@ -132,7 +132,8 @@ def message_text(message: dict[str, Any]) -> str:
 
 
 def finite(value: Any) -> float | None:
-    """A finite number as a float; None for anything else: bool, text, NaN, inf, an int past a float's range."""
+    """A finite number as a float; None for anything else: bool, text, NaN, inf, an int past a float's
+    range."""
     if type(value) not in (int, float):
         return None
     try:

@@ -166,8 +166,9 @@ def _rows(table: Any, path: Path, key: int, first: int, out: list[dict[str, Any]
 
 
 def _pydict(table: Any, path: Path) -> dict[str, list[Any]]:
-    """The table's columns as Python lists. Text that is not UTF-8 (a damaged page: parquet pages carry no checksum
-    by default) is kept with U+FFFD in a column of text, and leaves a column of messages out (`None`)."""
+    """The table's columns as Python lists. Text that is not UTF-8 (a damaged page: parquet pages carry no
+    checksum by default) is kept with U+FFFD in a column of text, and leaves a column of messages out
+    (`None`)."""
     try:
         return table.to_pydict()
     except UnicodeDecodeError:
