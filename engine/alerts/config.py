@@ -82,8 +82,12 @@ def _webhook(value: Any, problems: list[str]) -> str | None:
     if value is None or value == "":
         return None
     if isinstance(value, str):
-        parts = urlsplit(value.strip())
-        if parts.scheme in ("http", "https") and parts.hostname:
+        try:
+            parts = urlsplit(value.strip())
+            hostname = parts.hostname
+        except ValueError:  # an unclosed "[" (an IPv6 host) or a bad port
+            parts, hostname = None, None
+        if parts is not None and parts.scheme in ("http", "https") and hostname:
             return value.strip()
     # The value itself is not shown: a webhook's URL is usually its secret.
     problems.append(f"{FILE_NAME}: alerts.webhook: expected an http:// or https:// URL")

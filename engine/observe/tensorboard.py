@@ -268,7 +268,7 @@ def tensor_scalar(value: Any, plugins: dict[str, str]) -> float | None:
 
     try:
         array = tensor_util.make_ndarray(tensor)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, KeyError):  # KeyError: a dtype enum tensorboard's stub does not know
         return None
     return float(array) if array.dtype.kind in "fiu" else None
 

@@ -410,3 +410,31 @@ def test_the_engine_log_writes_control_characters_out(tmp_path: Path) -> None:
     handler.close()
     written = (tmp_path / "engine.log").read_text()
     assert "\x1b" not in written and "\x07" not in written and "a\\x1b]52;c;eA==\\x07" in written
+
+
+def test_a_tensorboard_scalar_of_a_dtype_tensorboard_does_not_know_is_skipped() -> None:
+    """Found by bench/hostile.py (tensorboard, 16 of 10,001): a 0-d tensor whose dtype enum tensorboard's
+    stub has no numpy type for (20) raised KeyError from `make_ndarray`, a traceback for `carl observe`."""
+    from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2
+
+    from engine.observe.tensorboard import tensor_scalar
+
+    value = summary_pb2.Summary.Value(
+        tag="loss",
+        tensor=tensor_pb2.TensorProto(dtype=20, tensor_shape=tensor_shape_pb2.TensorShapeProto()),
+    )
+    assert tensor_scalar(value, {}) is None
+    value.tensor.dtype = 1  # DT_FLOAT
+    value.tensor.float_val.append(0.5)
+    assert tensor_scalar(value, {}) == 0.5
+
+
+def test_an_engine_toml_webhook_urllib_cannot_split_is_one_problem(tmp_path: Path) -> None:
+    """Found by bench/hostile.py (engine-toml, 2 of 10,000): `webhook = "http://[x"` raised ValueError
+    ('Invalid IPv6 URL') from urlsplit, a traceback where one problem line was due."""
+    from engine.alerts.config import load_settings
+
+    (tmp_path / "engine.toml").write_text('[alerts]\nwebhook = "http://[x"\n')
+    settings, problems = load_settings(tmp_path)
+    assert settings.webhook is None
+    assert problems == ["engine.toml: alerts.webhook: expected an http:// or https:// URL"]
