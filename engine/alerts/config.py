@@ -82,8 +82,12 @@ def _webhook(value: Any, problems: list[str]) -> str | None:
     if value is None or value == "":
         return None
     if isinstance(value, str):
-        parts = urlsplit(value.strip())
-        if parts.scheme in ("http", "https") and parts.hostname:
+        try:
+            parts = urlsplit(value.strip())
+            usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+        except ValueError:  # urllib's own refusal: a "[" that opens no IPv6 address, a port past 65535
+            usable = False
+        if usable:
             return value.strip()
     # The value itself is not shown: a webhook's URL is usually its secret.
     problems.append(f"{FILE_NAME}: alerts.webhook: expected an http:// or https:// URL")

@@ -112,6 +112,18 @@ def test_an_unknown_key_holding_a_newline_is_named_on_one_line(tmp_path: Path) -
     ]
 
 
+def test_a_webhook_urllib_refuses(tmp_path: Path) -> None:
+    """§7, found by the engine-toml family: a webhook URL holding a "[" that opens no IPv6 address made urllib
+    raise ValueError out of engine.toml's loader (the engine's alerts job failed on it each tick); it is the one
+    line every bad webhook gets (the URL itself is not shown: it is often the secret)."""
+    from engine.alerts.config import load_settings
+
+    (tmp_path / "engine.toml").write_text('[alerts]\nwebhook = "http://127.0.0.1:[x]9/alerts"\n')
+    settings, problems = load_settings(tmp_path)
+    assert settings.webhook is None
+    assert problems == ["engine.toml: alerts.webhook: expected an http:// or https:// URL"]
+
+
 # -- the hook recorder ---------------------------------------------------------------------------------------------
 
 
