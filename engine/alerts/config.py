@@ -7,9 +7,9 @@ command = ["notify-send", "carl"]            # or a command line ("notify.sh --u
 timeout_s = 10                               # per try, for either (default 10, at most 120)
 ```
 
-Either, both or neither may be set. A bad value is one line naming its key
-(`engine.toml: alerts.webhook: ...`) and leaves that key unset; the rest still applies. The webhook's URL
-often is its secret (Slack, Discord), so it is never written to a log line.
+Either, both or neither may be set. A bad value is one line naming its key (`engine.toml: alerts.webhook:
+...`) and leaves that key unset; the rest still applies. The webhook's URL often is its secret (Slack,
+Discord), so it is never written to a log line.
 """
 
 from __future__ import annotations
@@ -84,10 +84,10 @@ def _webhook(value: Any, problems: list[str]) -> str | None:
     if isinstance(value, str):
         try:
             parts = urlsplit(value.strip())
-            hostname = parts.hostname
-        except ValueError:  # an unclosed "[" (an IPv6 host) or a bad port
-            parts, hostname = None, None
-        if parts is not None and parts.scheme in ("http", "https") and hostname:
+            usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+        except ValueError:  # urllib's own refusal: a "[" that opens no IPv6 address, a port past 65535
+            usable = False
+        if usable:
             return value.strip()
     # The value itself is not shown: a webhook's URL is usually its secret.
     problems.append(f"{FILE_NAME}: alerts.webhook: expected an http:// or https:// URL")
