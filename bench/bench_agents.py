@@ -12,7 +12,8 @@
    Baseline: a core NATS publish to a plain subscriber on the same server.
 3. The plane's overhead per task: <= 5%. One worker answers N demo tasks through the plane (manager,
    bus, worker process, scoring, audit), against the same worker code answering the same tasks in a
-   loop with no plane (with the garbage collector set as a worker process sets it). Twice: a model worker on
+   loop with no plane, in a process started as a worker's is (the same environment, the garbage collector
+   set as a worker process sets it), so that the plane is the only difference. Twice: a model worker on
    the built-in tiny model (both draw the same samples: same seed, same order), and an http worker against an
    OpenAI-compatible server that takes 100 ms an answer, as a model served on a GPU does.
 
@@ -337,6 +338,46 @@ with OpenAIServer(responder=answer) as server:
 """
 
 
+DIRECT_WORKER = """
+import gc, json, sys, time
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from engine.agents.config import AgentsSettings
+from engine.agents.tasks import demo_tasks
+from engine.agents.worker import HttpBackend, ModelBackend
+
+settings = AgentsSettings.model_validate_json({settings!r})
+specs = demo_tasks()[:{n}]
+backend = ModelBackend(settings, Path({home!r})) if {kind!r} == "model" else HttpBackend(settings)
+backend.answer(specs[0].event("manager"))
+gc.collect()
+gc.freeze()  # as a worker process does once its model is loaded (engine/agents/worker.py)
+began = time.perf_counter()
+for spec in specs[1:]:
+    backend.answer(spec.event("manager"))
+print(json.dumps((time.perf_counter() - began) / (len(specs) - 1)))
+backend.close()
+"""
+
+
+def direct_worker(home: Path, settings: AgentsSettings, n: int, kind: str) -> float:
+    """Seconds a task for the worker's own backend answering the demo's first `n` tasks in a loop, with no
+    plane: in a process started as a worker's is (the same interpreter and environment, engine/agents/
+    plane.py), so that the plane is the only difference between the two figures."""
+    from engine.agents.plane import child_env
+
+    code = DIRECT_WORKER.format(
+        root=str(Path(__file__).resolve().parent.parent),
+        settings=settings.model_dump_json(),
+        n=n,
+        home=str(home),
+        kind=kind,
+    )
+    env = child_env(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 @contextlib.contextmanager
 def model_server(latency_s: float) -> Iterator[tuple[str, str]]:
     """(base URL, model) of an OpenAI-compatible server that answers after `latency_s`
@@ -357,18 +398,17 @@ def model_server(latency_s: float) -> Iterator[tuple[str, str]]:
 
 
 def bench_overhead(
-    n: int, *, rounds: int = 3, kind: str = "model", latency_s: float = 0.1
+    n: int, *, rounds: int = 5, kind: str = "model", latency_s: float = 0.1
 ) -> dict[str, float]:
     """Steady state, per task: the time between two results, the first result excluded (start-up is not
     a per-task cost). Through the plane, the worker always has its next task waiting (concurrency 4).
     Rounds alternate direct and plane runs; each figure is the median of its rounds.
 
-    kind "model": the built-in tiny model on this CPU (about 27 ms of CPU a task, and the plane's own
+    kind "model": the built-in tiny model on this CPU (about 16 ms of CPU a task, and the plane's own
     processes share the two cores with it). kind "http": an OpenAI-compatible server that answers after
     `latency_s`, as a model served on a GPU does (`model_server`)."""
     from engine.agents.cli import headless
     from engine.agents.tasks import demo_tasks
-    from engine.agents.worker import HttpBackend, ModelBackend
     from engine.models.tiny import build_tiny_model, default_model_dir
 
     specs = demo_tasks()[:n]
@@ -387,15 +427,7 @@ def bench_overhead(
         build_tiny_model(default_model_dir(home))
         for _ in range(rounds):
             # Direct: the worker's own backend, the same tasks in the same order (the same samples).
-            backend = ModelBackend(settings, home) if kind == "model" else HttpBackend(settings)
-            backend.answer(specs[0].event("manager"))
-            gc.collect()
-            gc.freeze()  # as a worker process does once its model is loaded (engine/agents/worker.py)
-            began = time.perf_counter()
-            for spec in specs[1:]:
-                backend.answer(spec.event("manager"))
-            direct.append((time.perf_counter() - began) / (n - 1))
-            backend.close()
+            direct.append(direct_worker(home, settings, n, kind))
             summary = asyncio.run(headless(home, settings, specs, limit=None))
             assert summary["done"] == n, summary
             with Store(home / "carl.db") as store:

@@ -70,6 +70,11 @@ FETCH_WAIT_S = 5.0  # how long one wait for a task lasts
 MAX_DELIVER = 5  # a task that made this many workers fail or vanish is not handed out again
 MAX_SETTLING = 4  # results waiting for the stream's acknowledgement before the worker waits too
 JOIN_WAIT_S = 60.0  # a worker that starts while a cluster elects its leaders waits this long for them
+# A model on this machine that answered in less than this answers the next task on the event loop's own
+# thread: handed to a thread, its Python competes for the GIL with the loop's (2-3 ms a task on the tiny
+# model, bench/bench_agents.py). A slower answer goes to a thread, so controls and heartbeats never wait
+# for it longer than this.
+INLINE_ANSWER_S = 0.25
 
 
 @dataclass
@@ -89,6 +94,7 @@ class Backend(Protocol):
     kind: str
     model: str
     version: str
+    compute_bound: bool  # its answer is computed in this process (a local model), not awaited from a server
 
     def answer(self, task: TaskEvent) -> Answer: ...
 
@@ -119,6 +125,7 @@ class ModelBackend:
     """A transformers model on this machine (engine.agents.policy)."""
 
     kind = "model"
+    compute_bound = True
 
     def __init__(self, settings: AgentsSettings, home: Path, *, seed: int = 0) -> None:
         from .policy import LocalPolicy
@@ -173,6 +180,8 @@ TOKEN_ID = re.compile(r"^token_id:(\d+)$")
 
 class HttpBackend:
     """An OpenAI-compatible chat completions endpoint (vLLM, llama.cpp server, Ollama)."""
+
+    compute_bound = False
 
     kind = "http"
 
@@ -401,6 +410,8 @@ class Worker:
         self.done = 0
         self.failures = 0
         self.last_status = 0.0
+        self.last_answer_s: float | None = None  # how long the latest answer took (INLINE_ANSWER_S)
+        self.host, self.pid = socket.gethostname(), os.getpid()
         self.lock = asyncio.Lock()  # a hot-swap waits for the task in hand
         self.js: Any = None
         self.nc: Any = None
@@ -560,8 +571,9 @@ class Worker:
             await self.status("busy", wait=False)
             started = time.monotonic()
             try:
-                answer = await asyncio.to_thread(self.backend.answer, task)
-                result = self._result(task, answer, time.monotonic() - started)
+                answer = await self._answer(task)
+                self.last_answer_s = time.monotonic() - started
+                result = self._result(task, answer, self.last_answer_s)
             except Exception as exc:  # the work failed: say so, with the reason, and move on
                 reason = " ".join(str(exc).split())[:300] or type(exc).__name__
                 result = ResultEvent(
@@ -583,6 +595,26 @@ class Worker:
             else:
                 self.failures += 1
             self.task_id = None
+
+    async def _answer(self, task: TaskEvent) -> Answer:
+        """The backend's answer: on this thread when it is a local model that answers fast
+        (INLINE_ANSWER_S), once what the loop has to send is sent; otherwise on a thread."""
+        quick = self.last_answer_s is not None and self.last_answer_s < INLINE_ANSWER_S
+        if not (self.backend.compute_bound and quick):
+            return await asyncio.to_thread(self.backend.answer, task)
+        await self._sent()
+        return self.backend.answer(task)
+
+    async def _sent(self, turns: int = 10) -> None:
+        """Let the loop run until the pull request for the next task (asked for when this one was taken)
+        and everything else queued (statuses, acknowledgements) is written to the server, so that the next
+        task is on its way while the loop is blocked. A few turns of the loop; bounded, since a fetch
+        served from messages already here sends nothing."""
+        sent = self.nc.stats["out_msgs"]
+        for _ in range(turns):
+            await asyncio.sleep(0)
+            if self.nc.stats["out_msgs"] > sent and not self.nc.pending_data_size:
+                return
 
     async def _hand_in(self, msg: Any, result: ResultEvent) -> None:
         """Publish the result and acknowledge the task once the stream has stored the result; meanwhile
@@ -649,8 +681,8 @@ class Worker:
             task_id=self.task_id,
             tasks_done=self.done,
             failures=self.failures,
-            host=socket.gethostname(),
-            pid=os.getpid(),
+            host=self.host,
+            pid=self.pid,
             detail=detail,
             command_id=command_id,
         )
