@@ -344,7 +344,7 @@ from pathlib import Path
 sys.path.insert(0, {root!r})
 from engine.agents.config import AgentsSettings
 from engine.agents.tasks import demo_tasks
-from engine.agents.worker import HttpBackend, ModelBackend
+from engine.agents.backends import HttpBackend, ModelBackend
 
 settings = AgentsSettings.model_validate_json({settings!r})
 specs = demo_tasks()[:{n}]

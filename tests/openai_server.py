@@ -26,10 +26,10 @@ Served (HTTP/1.1, keep-alive, JSON bodies with Content-Length, 127.0.0.1 on a fr
   `POST /v1/unload_lora_adapter` `{lora_name}`: vLLM's runtime LoRA API, 200 with a text body. As
   vLLM does, the server reads the adapter from its own disk: a `lora_path` that is not a directory
   holding `adapter_config.json` gets 404 "Loading lora <name> failed: No adapter found for <path>";
-  a name already loaded gets 400 (unless `load_inplace`). `runtime_lora=False` is vLLM started
-  without `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`: the two routes are not there (FastAPI's 404
-  `{"detail": "Not Found"}`, as for any unknown path). A chat request naming a model that is neither
-  served nor loaded gets vLLM's 404 JSON error.
+  a name already loaded gets 400 (unless `load_inplace`); `fail_loads(status)` scripts a failed load.
+  `runtime_lora=False` is vLLM started without `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`: the two routes
+  are not there (FastAPI's 404 `{"detail": "Not Found"}`, as for any unknown path). A chat request naming
+  a model that is neither served nor loaded gets vLLM's 404 JSON error.
 - `api_key=`: a request without `Authorization: Bearer <key>` gets a 401.
 - `hold(predicate)`: chat requests whose JSON matches wait until `release()` (or `close()`);
   `wait_held(n)` blocks until n of them are waiting, so a test can act mid-request without sleeping.
@@ -145,6 +145,7 @@ class OpenAIServer:
         self._script: deque[_Scripted] = deque()
         self._requests: list[RecordedRequest] = []
         self._adapters: dict[str, str] = {}  # LoRA name -> path, in load order
+        self._failing_loads: list[int] = []  # HTTP statuses the next adapter loads get (fail_loads)
         self._lock = threading.Condition()
         self._hold: Callable[[dict[str, Any]], bool] | None = None
         self._released = threading.Event()
@@ -203,6 +204,13 @@ class OpenAIServer:
         """Queue a failure: the next chat request gets this HTTP status and a vLLM-style error body."""
         with self._lock:
             self._script.append(_Scripted(None, status, message or f"scripted error ({status})"))
+        return self
+
+    def fail_loads(self, status: int, count: int = 1) -> Self:
+        """The next `count` adapter loads get this HTTP status and a vLLM-style error body (vLLM answers
+        500 when loading fails on its side)."""
+        with self._lock:
+            self._failing_loads += [status] * count
         return self
 
     @property
@@ -372,6 +380,9 @@ class OpenAIServer:
             return self._error(h, 400, "Both 'lora_name' and 'lora_path' must be provided.")
         with self._lock:
             loaded = name in self._adapters and not body.get("load_inplace")
+            failing = self._failing_loads.pop(0) if self._failing_loads else None
+        if failing is not None:
+            return self._error(h, failing, f"Loading lora {name} failed: scripted error ({failing})")
         if loaded:
             return self._error(h, 400, f"The lora adapter '{name}' has already been loaded.")
         if not (Path(path) / "adapter_config.json").is_file():

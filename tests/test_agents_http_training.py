@@ -16,11 +16,11 @@ import pytest
 from openai_server import OpenAIServer, logprob_of, token_id_of, tokens_of
 from test_agents_plane import arithmetic_tasks, http_settings, solve
 
+from engine.agents.backends import HttpBackend, WorkerError, behaviour_of
 from engine.agents.cli import headless
 from engine.agents.config import TrainerSettings
 from engine.agents.events import TaskEvent
 from engine.agents.tasks import load_tasks
-from engine.agents.worker import HttpBackend, WorkerError, behaviour_of
 from engine.store import StoreReader
 
 
@@ -111,7 +111,7 @@ def test_a_server_that_gives_neither_makes_train_refuse_http_workers_up_front(tm
 
 
 async def test_the_same_check_passes_a_server_that_gives_them(tmp_path: Path) -> None:
-    from engine.agents.worker import check_trainable_endpoint
+    from engine.agents.backends import check_trainable_endpoint
 
     train = TrainerSettings(enabled=True)
     with OpenAIServer(responder=sum_or_ok) as llm:

@@ -15,10 +15,11 @@ import pytest
 from agents_support import address_of, jetstream, nats_server
 from openai_server import OpenAIServer
 
+from engine.agents.backends import Answer, ModelBackend
 from engine.agents.bus import STREAM, close, fetch, publish, pull
 from engine.agents.config import AgentsSettings
 from engine.agents.events import ControlEvent, ResultEvent, TaskEvent, parse_event
-from engine.agents.worker import INLINE_ANSWER_S, Answer, ModelBackend, Worker, run_worker
+from engine.agents.worker import INLINE_ANSWER_S, Worker, run_worker
 
 pytestmark = pytest.mark.slow
 

@@ -183,9 +183,9 @@ async def test_no_dimension_is_constant_under_what_workers_send(environment: str
 @pytest.mark.slow
 async def test_the_tiny_models_own_replies_score_below_the_right_answers(tiny_model: Path) -> None:
     """Replies generated now by the untrained tiny model, as a model worker serves it."""
+    from engine.agents.backends import SYSTEM_PROMPT
     from engine.agents.config import AgentsSettings
     from engine.agents.policy import LocalPolicy
-    from engine.agents.worker import SYSTEM_PROMPT
 
     settings = AgentsSettings()
     policy = LocalPolicy.load(str(tiny_model), tiny_model.parent, seed=0)

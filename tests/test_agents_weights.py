@@ -6,12 +6,15 @@ object, a damaged archive and an archive with anything but plain files are refus
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import shutil
 import subprocess
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,10 +23,10 @@ from openai_server import OpenAIServer
 from test_agents_plane import arithmetic_tasks, http_settings, solve
 from test_agents_trainer import feed, make_trainer, sample_group
 
-from engine.agents.bus import resolve_address
+from engine.agents.bus import publish, resolve_address
 from engine.agents.cli import headless
 from engine.agents.config import AgentsSettings
-from engine.agents.events import ModelUpdateEvent
+from engine.agents.events import ControlEvent, ModelUpdateEvent
 from engine.agents.plane import child_argv, write_settings
 from engine.agents.policy import LocalPolicy
 from engine.agents.server import token_path
@@ -39,6 +42,7 @@ from engine.agents.weights import (
     received_dir,
     unpack,
 )
+from engine.agents.worker import run_worker
 from engine.models.tiny import default_model_dir
 from engine.store import Store, StoreReader
 
@@ -253,3 +257,59 @@ async def test_an_http_worker_on_another_home_has_its_server_load_the_adapter_it
         [refused] = [d for d in details if "agents-train-v0003" in d]
         assert refused.startswith(f"kept {llm.model}: ") and "\n" not in refused
         assert "no runtime LoRA loading" in refused and "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in refused
+
+
+async def test_an_adapter_load_the_server_failed_is_tried_again_and_a_refused_one_is_not(
+    tmp_path: Path,
+) -> None:
+    """vLLM answers 500 when a load fails on its side: the worker keeps its model, says it will try again,
+    and does (SWAP_RETRY_S) until the server loads the adapter. A refusal (a 4xx) is said once and not
+    tried again: asking again would get the same answer."""
+    trainer_home, worker_home = tmp_path / "trainer", tmp_path / "far-away"
+    adapters = []
+    for version in ("agents-train-v0001", "agents-train-v0002"):
+        adapter = trainer_home / "runs" / version
+        adapter.mkdir(parents=True)
+        (adapter / "adapter_config.json").write_text('{"r": 4}')
+        (adapter / "adapter_model.safetensors").write_bytes(b"\3" * 100)
+        adapters.append(ModelUpdateEvent(model_version=version, checkpoint_path=str(adapter), base_model="m"))
+    details: list[str] = []
+
+    async def on_status(msg: Any) -> None:
+        details.append(json.loads(msg.data).get("detail") or "")
+
+    async def until(what: Callable[[], bool], why: str) -> None:
+        deadline = asyncio.get_running_loop().time() + 30
+        while not what():
+            assert asyncio.get_running_loop().time() < deadline, why
+            await asyncio.sleep(0.05)
+
+    with nats_server(trainer_home) as server, OpenAIServer(responder=solve) as llm:
+        settings = http_settings(llm, workers=0, endpoint_lora=True)
+        nc, js = await jetstream(address_of(server), "trainer")
+        await nc.subscribe("status.workers.w1", cb=on_status)
+        llm.fail_loads(500)
+        await publish_update(js, adapters[0])
+        worker = asyncio.create_task(
+            run_worker(address_of(server), settings, kind="http", home=worker_home, worker_id="w1")
+        )
+        try:
+            await until(lambda: "agents-train-v0001" in llm.adapters, "the failed load was never tried again")
+            llm.fail_loads(400)
+            await publish_update(js, adapters[1])
+            await until(lambda: any("agents-train-v0002" in d for d in details), "no word on the refusal")
+            await publish(js, ControlEvent(action="stop_worker", target="w1"))
+            await asyncio.wait_for(worker, 30)
+        finally:
+            worker.cancel()
+            gc.unfreeze()  # run_worker set the collector as a worker process's
+            await nc.close()
+        loads = [r.json["lora_name"] for r in llm.requests if r.path == "/v1/load_lora_adapter"]
+
+    assert loads == ["agents-train-v0001", "agents-train-v0001", "agents-train-v0002"]
+    failed = next(d for d in details if "agents-train-v0001" in d)
+    assert failed.startswith(f"kept {llm.model}: ") and "HTTP 500" in failed
+    assert failed.endswith("(trying again in 2s)")
+    assert any(d.startswith("serving adapter agents-train-v0001") for d in details)
+    [refused] = [d for d in details if "agents-train-v0002" in d]
+    assert "HTTP 400" in refused and "trying again" not in refused

@@ -388,12 +388,12 @@ async def headless(
     from engine.store import Store
 
     from .audit import AUDIT_CONSUMER, AuditWriter, audit_bound, run_audit
+    from .backends import check_trainable_endpoint
     from .bus import TRAINER_DURABLE, connect, ensure_stream, trainer_subscription
     from .bus import close as bus_close
     from .manager import Manager, TaskFeed
     from .plane import stop_processes, write_settings
     from .roles import build_feedback, build_scorer, group_size
-    from .worker import check_trainable_endpoint
 
     await asyncio.to_thread(check_trainable_endpoint, settings)  # before anything starts: one line
     store = Store(paths.db_path(home))

@@ -368,7 +368,7 @@ class Plane:
                 f"--serve-run {spec.serve_run} with --train: the workers serve that run's weights, "
                 "so the plane cannot also train its own"
             )
-        from .worker import check_trainable_endpoint
+        from .backends import check_trainable_endpoint
 
         check_trainable_endpoint(settings)  # --train with http workers that could never feed it: one line
         if spec.tasks != "demo":
