@@ -13,8 +13,10 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import nats
 import psutil
 import pytest
 from agents_support import address_of, cluster_url, jetstream, meta_leader, nats_cluster, nats_server
@@ -107,18 +109,26 @@ def workers_seen(db: Path) -> set[str]:
         reader.close()
 
 
-async def replication(address: Address) -> tuple[int, dict[str, int]]:
-    """The stream's replicas, and the peers beside the leader of each durable consumer."""
+async def replication(address: Address, timeout: float = 60.0) -> tuple[int, dict[str, int]]:
+    """The stream's replicas, and the peers beside the leader of each durable consumer. Asked again while
+    the cluster does not answer (a node just killed: its leaders are being elected anew)."""
     nc = await connect(address, "replication-probe")
+    deadline = time.monotonic() + timeout
     try:
         js = nc.jetstream()
-        info = await js.stream_info(STREAM)
-        consumers = {
-            c.config.durable_name: len(c.cluster.replicas or [])
-            for c in await js.consumers_info(STREAM)
-            if c.config.durable_name and c.cluster is not None
-        }
-        return info.config.num_replicas, consumers
+        while True:
+            try:
+                info = await js.stream_info(STREAM)
+                consumers = {
+                    c.config.durable_name: len(c.cluster.replicas or [])
+                    for c in await js.consumers_info(STREAM)
+                    if c.config.durable_name and c.cluster is not None
+                }
+                return info.config.num_replicas, consumers
+            except (TimeoutError, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.25)
     finally:
         await bus_close(nc)
 

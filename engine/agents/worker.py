@@ -261,7 +261,7 @@ class Worker:
             return
         async with self.lock:
             self.task_id = task.task_id
-            await self.status("busy", wait=False)
+            taken = await self._taking()
             started = time.monotonic()
             try:
                 answer = await self._answer(task)
@@ -282,6 +282,7 @@ class Worker:
                     model_version=self.backend.version,
                     worker_kind=self.backend.kind,
                 )
+            await self._stored(taken)
             await self._hand_in(msg, result)
             if result.status == "success":
                 self.done += 1
@@ -308,6 +309,33 @@ class Worker:
             await asyncio.sleep(0)
             if self.nc.stats["out_msgs"] > sent and not self.nc.pending_data_size:
                 return
+
+    async def _taking(self) -> tuple[WorkerStatusEvent, asyncio.Future[Any] | None]:
+        """Say this worker took the task in hand (a busy status naming it), without waiting for the stream:
+        the receipt is waited for before the answer goes out (`_stored`), long after it came back."""
+        event = self._status_event("busy")
+        try:
+            receipt = await self.js.publish_async(
+                event.subject(), event.encode(), headers={"Nats-Msg-Id": event.dedup_id()}
+            )
+        except Exception:  # the connection is away: `_stored` publishes it the slow way
+            receipt = None
+        return event, receipt
+
+    async def _stored(self, taken: tuple[WorkerStatusEvent, asyncio.Future[Any] | None]) -> None:
+        """The busy status is in the stream before the answer: admission knows who took a task from these
+        statuses (admission.py), and a status lost while a cluster elects a new leader would have this
+        worker's answer refused for a task another worker took after it."""
+        event, receipt = taken
+        try:
+            if receipt is None:
+                raise ConnectionError("not sent")
+            if not receipt.done():
+                await asyncio.wait_for(receipt, 5.0)
+            receipt.result()
+        except Exception:  # lost with a reconnect, or timed out: again (the message id keeps it single)
+            with contextlib.suppress(Exception):
+                await publish_retrying(self.js, event, attempts=10)
 
     async def _hand_in(self, msg: Any, result: ResultEvent) -> None:
         """Publish the result and acknowledge the task once the stream has stored the result; meanwhile
@@ -360,11 +388,24 @@ class Worker:
     async def status(
         self, state: str, *, command_id: int | None = None, detail: str = "", wait: bool = True
     ) -> None:
-        """Say what this worker is doing. `wait=False` (busy and idle around each task, heartbeats): sent
-        without waiting for the stream's acknowledgement, so it costs the task nothing; a status that
-        answers a command, or a swap, waits for it."""
+        """Say what this worker is doing. `wait=False` (idle after a task, heartbeats): sent without waiting
+        for the stream's acknowledgement, so it costs the task nothing; a status that answers a command, or
+        a swap, waits for it. (Busy with a task: `_taking`.)"""
+        event = self._status_event(state, detail=detail, command_id=command_id)
+        try:
+            if wait or command_id is not None:
+                await publish_retrying(self.js, event, attempts=10)
+            else:
+                await self.nc.publish(event.subject(), event.encode())
+        except Exception as exc:  # a status is informative; the work goes on without it
+            log.debug("status not published: %s", exc)
+
+    def _status_event(
+        self, state: str, *, detail: str = "", command_id: int | None = None
+    ) -> WorkerStatusEvent:
         self.state = state if state != "stopped" else self.state
-        event = WorkerStatusEvent(
+        self.last_status = time.monotonic()
+        return WorkerStatusEvent(
             worker_id=self.worker_id,
             kind=self.backend.kind,
             task_types=[self.task_type],
@@ -379,14 +420,6 @@ class Worker:
             detail=detail,
             command_id=command_id,
         )
-        self.last_status = time.monotonic()
-        try:
-            if wait or command_id is not None:
-                await publish_retrying(self.js, event, attempts=10)
-            else:
-                await self.nc.publish(event.subject(), event.encode())
-        except Exception as exc:  # a status is informative; the work goes on without it
-            log.debug("status not published: %s", exc)
 
     # -- controls and model updates --------------------------------------------------------------
 
