@@ -1,10 +1,12 @@
 """Helpers for the agents plane's tests (imported as `agents_support`): a real nats-server in a temp
-home on a free port, stopped even when the test fails; a cluster of them on loopback; and a way to
-wait until the audit has stored everything on the stream."""
+home on a free port, stopped even when the test fails; a cluster of them on loopback; an audit storing
+the plane's events, as the engine's bridge does; and a way to wait until the audit has stored everything
+on the stream."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -104,3 +106,44 @@ async def drained(js: Any, consumer: str, timeout: float = 60.0) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"consumer {consumer} did not drain in {timeout:.0f}s")
+
+
+@contextmanager
+def audit_running(address: Address, db: Path) -> Iterator[None]:
+    """The audit storing the plane's events into the store at `db`, as the engine's bridge does: in a
+    thread with its own event loop, so a test that is not async has one too. Stopped on the way out."""
+    import threading
+
+    from engine.agents.audit import AuditWriter, run_audit
+    from engine.store import Store
+
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    failed: list[BaseException] = []
+
+    async def audit() -> None:
+        nc, js = await jetstream(address, "audit")
+        try:
+            with Store(db) as store:
+                await run_audit(js, AuditWriter(store), stop)
+        finally:
+            await close(nc)
+
+    def run() -> None:
+        try:
+            loop.run_until_complete(audit())
+        except BaseException as exc:  # said by the test's thread, on the way out
+            failed.append(exc)
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=run, name="audit", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the audit ended already
+            loop.call_soon_threadsafe(stop.set)
+        thread.join(60)
+    if failed:
+        raise failed[0]

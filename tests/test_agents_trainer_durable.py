@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agents_support import address_of, jetstream, nats_server
+from agents_support import address_of, audit_running, jetstream, nats_server
 
 from engine.agents.bus import STREAM, TRAINER_DURABLE, close, publish, trainer_subscription
 from engine.agents.config import AgentsSettings, TrainerSettings
-from engine.agents.events import TrainingRolloutEvent
+from engine.agents.events import ResultEvent, TaskEvent, TrainingRolloutEvent
 from engine.agents.plane import child_argv
 from engine.agents.spool import RolloutSpool
 from engine.store import Store
@@ -84,11 +84,22 @@ def logged_steps(store: Store) -> dict[int, float]:
 
 
 async def send(server: Any, rollouts: list[TrainingRolloutEvent]) -> None:
+    """Each rollout after its task and the worker's result, as a plane sends them: the trainer trains only
+    on rollouts the audit admitted (engine/agents/verdicts.py)."""
     nc, js = await jetstream(address_of(server))
     try:
         await (await trainer_subscription(js)).unsubscribe()  # as the manager does: the consumer exists first
         for rollout in rollouts:
-            await publish(js, rollout)
+            task = TaskEvent(task_id=rollout.task_id, manager_id="m", task_type="demo", prompt=rollout.prompt)
+            answer = ResultEvent(
+                task_id=rollout.task_id,
+                worker_id=rollout.worker_id,
+                task_type="demo",
+                status="success",
+                result=rollout.response,
+            )
+            for event in (task, answer, rollout):
+                await publish(js, event)
     finally:
         await close(nc)
 
@@ -111,7 +122,11 @@ def test_a_trainer_killed_mid_group_trains_every_rollout_exactly_once(tiny_home:
     )
     groups = [group(n) for n in range(5)]
     everything = [r for g in groups for r in g]
-    with nats_server(home / "nats-home") as server, Store(home / "carl.db") as store:
+    with (
+        nats_server(home / "nats-home") as server,
+        Store(home / "carl.db") as store,
+        audit_running(address_of(server), home / "carl.db"),
+    ):
         trainer = start_trainer(home, settings_file, server)
         try:
             # Steps 1 and 2 (checkpointed with step 2), step 3 (not checkpointed), and half of the fourth

@@ -13,6 +13,8 @@ import logging
 import os
 import signal
 import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from engine import paths
 from engine.errors import CarlError
 from engine.faults import store_trouble
 
+from .audit import audit_bound, stream_epoch
 from .bus import (
     Address,
     connect,
@@ -32,6 +35,7 @@ from .bus import close as bus_close
 from .config import AgentsSettings
 from .events import EventRejected, TrainingRolloutEvent, parse_event
 from .server import AgentsError
+from .verdicts import Verdicts
 from .weights import models_bucket, publish_update
 
 log = logging.getLogger("carl.agents")
@@ -155,7 +159,11 @@ async def run_trainer(
         await ensure_stream(js, settings.stream, settings.replicas)
         await models_bucket(js, settings.replicas)  # where each adapter goes, as many copies as the stream
         sub = await trainer_subscription(js)
-        await _train_loop(js, sub, trainer, stop)
+        receiving = _Receiving(Verdicts(paths.db_path(home), await stream_epoch(js)))
+        try:
+            await _train_loop(js, sub, trainer, stop, receiving)
+        finally:
+            receiving.verdicts.close()
         await _train_what_is_ready(js, trainer)
         status = "finished" if trainer.finished else "stopped"
         await bus_close(nc)
@@ -180,32 +188,81 @@ async def _train_what_is_ready(js: Any, trainer: Any) -> None:
         await asyncio.to_thread(trainer.step)  # applies the stop: the checkpoint is saved
 
 
-async def _receive(sub: Any, trainer: Any, refused: int) -> int:
-    """Take the rollouts waiting on the stream (up to 32): those the trainer can train on are stored (its
-    spool) before any of them is acknowledged, so a trainer killed at any moment loses none. Returns the
-    count of rollouts refused so far."""
-    msgs = await fetch(sub, 32, 0.5)
-    taken, answered = [], []
+VERDICT_WAIT_S = 30.0  # a rollout the audit has not stored after this long: the trainer says why, waits on
+
+
+@dataclass
+class _Receiving:
+    """What the trainer's receiving keeps between two fetches."""
+
+    verdicts: Verdicts
+    held: list[Any] = field(default_factory=list)  # rollouts waiting for the audit's verdict, unacknowledged
+    held_since: float | None = None  # since when the oldest of them waits
+    refused: int = 0
+    told: bool = False  # said that the audit is behind (once per wait)
+
+
+async def _receive(js: Any, sub: Any, trainer: Any, state: _Receiving) -> None:
+    """Take the rollouts waiting on the stream (up to 32) that the audit has stored (verdicts.py): those
+    it admitted and the trainer can train on are stored (its spool) before any of them is acknowledged,
+    so a trainer killed at any moment loses none; those it refused are acknowledged and left out, with
+    the audit's reason. A rollout the audit has not stored yet is held, unacknowledged, until it has."""
+    msgs = state.held + await fetch(sub, 32, 0.05 if state.held else 0.5)
+    verdicts = await asyncio.to_thread(state.verdicts.of, [m.metadata.sequence.stream for m in msgs])
+    taken, answered, held = [], [], []
     for msg in msgs:
         try:
             event = parse_event(msg.subject, msg.data)
         except EventRejected:
             await msg.term()  # never redelivered; the audit keeps it, with the reason
             continue
+        verdict = verdicts.get(msg.metadata.sequence.stream)
+        if verdict is None:
+            held.append(msg)
+            continue
         answered.append(msg)
         if isinstance(event, TrainingRolloutEvent):
-            reason = trainer.add(event)
+            if verdict.admitted:
+                reason = trainer.add(event)
+            else:
+                reason = f"task {event.task_id}: refused by the audit: {verdict.reason}"
             if reason is None:
                 taken.append(event)
                 continue
-            refused += 1
-            if refused <= 5 or refused % 100 == 0:
-                log.info("trainer: not training on it: %s (%d refused so far)", reason, refused)
+            state.refused += 1
+            if state.refused <= 5 or state.refused % 100 == 0:
+                log.info("trainer: not training on it: %s (%d refused so far)", reason, state.refused)
     if taken:
         await _stored(trainer, taken)
     for msg in answered:
         await msg.ack()
-    return refused
+    await _hold(js, state, held)
+
+
+async def _hold(js: Any, state: _Receiving, held: list[Any]) -> None:
+    """Keep the rollouts the audit has not stored yet; past VERDICT_WAIT_S, say why (once), keep them
+    from going back to the stream, and look the stream up again (one made anew has another epoch)."""
+    state.held = held
+    if not held:
+        state.held_since, state.told = None, False
+        return
+    now = time.monotonic()
+    if state.held_since is None:
+        state.held_since = now
+    if now - state.held_since < VERDICT_WAIT_S:
+        return
+    if not state.told:
+        why = "is behind" if await audit_bound(js) else "is not running (no engine, or its bridge is down)"
+        log.warning(
+            "trainer: %d rollouts wait for the audit, which %s: the trainer trains only on what it admitted",
+            len(held),
+            why,
+        )
+        state.told = True
+    state.verdicts.epoch = await stream_epoch(js)
+    for msg in held:
+        await msg.in_progress()  # the ack wait starts again: not given to the stream again meanwhile
+    state.held_since = now
 
 
 async def _stored(trainer: Any, rollouts: list[TrainingRolloutEvent]) -> None:
@@ -225,10 +282,9 @@ async def _stored(trainer: Any, rollouts: list[TrainingRolloutEvent]) -> None:
             delay = min(delay * 2, 10.0)
 
 
-async def _train_loop(js: Any, sub: Any, trainer: Any, stop: asyncio.Event) -> None:
-    refused = 0
+async def _train_loop(js: Any, sub: Any, trainer: Any, stop: asyncio.Event, receiving: _Receiving) -> None:
     while not stop.is_set() and not trainer.done:
-        refused = await _receive(sub, trainer, refused)
+        await _receive(js, sub, trainer, receiving)
         # One step when enough groups are ready (commands are applied either way; a paused run waits in it).
         update = await asyncio.to_thread(trainer.step)
         if update is not None:
