@@ -8,52 +8,35 @@ from __future__ import annotations
 import asyncio
 import signal
 from pathlib import Path
-from typing import Any
 
 import pytest
-from agents_support import address_of, audit_running, jetstream, nats_server
-from test_agents_trainer_durable import GROUP, group, rows, send, start_trainer, unacknowledged, wait_for
-
-from engine.agents.bus import close, trainer_subscription
-from engine.agents.config import AgentsSettings, TrainerSettings
-from engine.agents.events import TrainingRolloutEvent
-from engine.store import Store
+from test_agents_trainer_durable import (
+    audited_plane,
+    group,
+    plane_settings,
+    rows,
+    send,
+    start_trainer,
+    unacknowledged,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
 
-async def forge(server: Any, rollouts: list[TrainingRolloutEvent]) -> None:
-    """Rollouts published straight onto `training.rollouts` by a token holder: no task or result before
-    them, and no message id (so the stream does not take them for repeats of the real ones)."""
-    nc, js = await jetstream(address_of(server))
-    try:
-        await (await trainer_subscription(js)).unsubscribe()
-        for rollout in rollouts:
-            await js.publish(rollout.subject(), rollout.encode())
-    finally:
-        await close(nc)
-
-
 def test_the_trainer_trains_only_on_rollouts_the_audit_admitted(tiny_home: Path) -> None:
     home = tiny_home
-    train = TrainerSettings(enabled=True, group_size=GROUP, groups_per_update=1, publish_every=1)
-    settings_file = home / "plane.json"
-    settings = AgentsSettings(model="carl-tiny", temperature=1.0, train=train)
-    settings_file.write_text(settings.model_dump_json())
+    settings_file = plane_settings(home, publish_every=1)
     never_assigned = group(0)  # a whole group for tasks nobody assigned
     legit, stolen = group(1), group(2)
     # The second group's tasks were answered by w1; rollouts naming w2 claim them.
     stolen_claims = [r.model_copy(update={"worker_id": "w2"}) for r in stolen]
-    with (
-        nats_server(home / "nats-home") as server,
-        Store(home / "carl.db") as store,
-        audit_running(address_of(server), home / "carl.db"),
-    ):
+    with audited_plane(home) as (server, store):
         trainer = start_trainer(home, settings_file, server)
         try:
-            asyncio.run(forge(server, never_assigned))
+            asyncio.run(send(server, never_assigned, forged=True))
             asyncio.run(send(server, stolen))  # tasks, w1's results and w1's rollouts: admitted
-            asyncio.run(forge(server, stolen_claims))
+            asyncio.run(send(server, stolen_claims, forged=True))
             asyncio.run(send(server, legit))
             wait_for(lambda: rows(store).get(legit[-1].task_id) == ("used", 2), "the admitted groups trained")
             wait_for(lambda: asyncio.run(unacknowledged(server)) == 0, "every rollout answered")

@@ -10,7 +10,8 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -83,13 +84,18 @@ def logged_steps(store: Store) -> dict[int, float]:
     return dict(store.conn.execute("SELECT step, value FROM metrics WHERE key='samples'").fetchall())
 
 
-async def send(server: Any, rollouts: list[TrainingRolloutEvent]) -> None:
+async def send(server: Any, rollouts: list[TrainingRolloutEvent], *, forged: bool = False) -> None:
     """Each rollout after its task and the worker's result, as a plane sends them: the trainer trains only
-    on rollouts the audit admitted (engine/agents/verdicts.py)."""
+    on rollouts the audit admitted (engine/agents/verdicts.py). `forged`: the rollouts alone, as a token
+    holder would publish them straight onto `training.rollouts`, with no message id (so the stream does
+    not take them for repeats of real ones)."""
     nc, js = await jetstream(address_of(server))
     try:
         await (await trainer_subscription(js)).unsubscribe()  # as the manager does: the consumer exists first
         for rollout in rollouts:
+            if forged:
+                await js.publish(rollout.subject(), rollout.encode())
+                continue
             task = TaskEvent(task_id=rollout.task_id, manager_id="m", task_type="demo", prompt=rollout.prompt)
             answer = ResultEvent(
                 task_id=rollout.task_id,
@@ -104,6 +110,27 @@ async def send(server: Any, rollouts: list[TrainingRolloutEvent]) -> None:
         await close(nc)
 
 
+@contextmanager
+def audited_plane(home: Path) -> Iterator[tuple[Any, Store]]:
+    """Where a trainer runs: a nats-server, the store, and the audit storing the plane's events into it."""
+    with (
+        nats_server(home / "nats-home") as server,
+        Store(home / "carl.db") as store,
+        audit_running(address_of(server), home / "carl.db"),
+    ):
+        yield server, store
+
+
+def plane_settings(home: Path, publish_every: int) -> Path:
+    """The settings file of a training plane on the tiny model, one group an optimizer step."""
+    train = TrainerSettings(enabled=True, group_size=GROUP, groups_per_update=1, publish_every=publish_every)
+    settings_file = home / "plane.json"
+    settings_file.write_text(
+        AgentsSettings(model="carl-tiny", temperature=1.0, train=train).model_dump_json()
+    )
+    return settings_file
+
+
 async def unacknowledged(server: Any) -> int:
     nc, js = await jetstream(address_of(server))
     try:
@@ -115,18 +142,10 @@ async def unacknowledged(server: Any) -> int:
 
 def test_a_trainer_killed_mid_group_trains_every_rollout_exactly_once(tiny_home: Path) -> None:
     home = tiny_home
-    train = TrainerSettings(enabled=True, group_size=GROUP, groups_per_update=1, publish_every=2)
-    settings_file = home / "plane.json"
-    settings_file.write_text(
-        AgentsSettings(model="carl-tiny", temperature=1.0, train=train).model_dump_json()
-    )
+    settings_file = plane_settings(home, publish_every=2)
     groups = [group(n) for n in range(5)]
     everything = [r for g in groups for r in g]
-    with (
-        nats_server(home / "nats-home") as server,
-        Store(home / "carl.db") as store,
-        audit_running(address_of(server), home / "carl.db"),
-    ):
+    with audited_plane(home) as (server, store):
         trainer = start_trainer(home, settings_file, server)
         try:
             # Steps 1 and 2 (checkpointed with step 2), step 3 (not checkpointed), and half of the fourth
