@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,11 +14,10 @@ import pytest
 from agents_support import address_of, jetstream, nats_server
 from openai_server import OpenAIServer
 
-from engine.agents.backends import Answer, ModelBackend
 from engine.agents.bus import STREAM, close, fetch, publish, pull
 from engine.agents.config import AgentsSettings
 from engine.agents.events import ControlEvent, ResultEvent, TaskEvent, parse_event
-from engine.agents.worker import INLINE_ANSWER_S, Worker, run_worker
+from engine.agents.worker import run_worker
 
 pytestmark = pytest.mark.slow
 
@@ -70,70 +68,3 @@ async def test_a_task_fetched_ahead_goes_back_at_once_when_the_worker_stops(tmp_
         assert parse_event(msgs[0].subject, msgs[0].data).task_id == tasks[1].task_id  # type: ignore[union-attr]
         assert msgs[0].metadata.num_delivered == 2
         await close(nc)
-
-
-class ThreadNoting(ModelBackend):
-    """The real tiny model; each answer notes the thread it ran on and how long it took, after `pause`
-    seconds (a slower model)."""
-
-    def __init__(self, settings: AgentsSettings, home: Path, pause: float) -> None:
-        super().__init__(settings, home)
-        super().answer(
-            TaskEvent(manager_id="m", task_type="demo", prompt="warm up")
-        )  # its first call is slow
-        self.threads: list[int] = []
-        self.took: list[float] = []
-        self.pause = pause
-
-    def answer(self, task: TaskEvent) -> Answer:
-        self.threads.append(threading.get_ident())
-        began = time.monotonic()
-        time.sleep(self.pause)
-        answer = super().answer(task)
-        self.took.append(time.monotonic() - began)
-        return answer
-
-
-async def answered_on(tmp_path: Path, home: Path, pause: float, n: int = 4) -> ThreadNoting:
-    """A model worker in this process that answered `n` tasks: on which threads, in order, and how fast."""
-    settings = AgentsSettings(worker_kind="model", max_new_tokens=8)
-    backend = ThreadNoting(settings, home, pause)
-    with nats_server(tmp_path / "nats") as server:
-        nc, js = await jetstream(address_of(server))
-        worker = Worker(address_of(server), settings, backend, worker_id="w1", home=home)
-        running = asyncio.create_task(worker.run())
-        results = await pull(js, "results.demo", "test-results", ack_wait=60)
-        for i in range(n):
-            await publish(js, TaskEvent(manager_id="m", task_type="demo", prompt=f"What is {i} + 1?"))
-        got: list[object] = []
-        deadline = time.monotonic() + 60
-        while len(got) < n:
-            assert time.monotonic() < deadline, f"{len(got)} of {n} results"
-            got += [parse_event(m.subject, m.data) for m in await fetch(results, n, 1.0)]
-        worker.stop.set()
-        await asyncio.wait_for(running, 30)
-        await close(nc)
-    assert all(isinstance(r, ResultEvent) and r.status == "success" for r in got)
-    return backend
-
-
-async def test_a_fast_local_model_answers_on_the_loops_thread_after_its_first_task(
-    tmp_path: Path, tiny_home: Path
-) -> None:
-    """Handed to a thread, a local model's Python competes for the GIL with the event loop's (bench:
-    2-3 ms a task on the tiny model). The first answer, of unknown length, goes to a thread; once the model
-    is known to answer in under INLINE_ANSWER_S, the next ones run on the loop's own thread."""
-    backend = await answered_on(tmp_path, tiny_home, pause=0.0)
-    loop_thread = threading.get_ident()
-    assert backend.threads[0] != loop_thread
-    for before, thread in zip(backend.took, backend.threads[1:], strict=False):
-        if abs(before - INLINE_ANSWER_S) > 0.05:  # (the worker's own clock also counts a thread's hand-off)
-            assert (thread == loop_thread) == (before < INLINE_ANSWER_S), (before, backend.took)
-    assert loop_thread in backend.threads  # the warm tiny model answers in tens of ms
-
-
-async def test_a_slow_local_model_answers_on_a_thread_so_the_loop_stays_free(
-    tmp_path: Path, tiny_home: Path
-) -> None:
-    backend = await answered_on(tmp_path, tiny_home, pause=INLINE_ANSWER_S + 0.05, n=2)
-    assert threading.get_ident() not in backend.threads

@@ -49,7 +49,6 @@ class Backend(Protocol):
     kind: str
     model: str
     version: str
-    compute_bound: bool  # its answer is computed in this process (a local model), not awaited from a server
 
     def answer(self, task: TaskEvent) -> Answer: ...
 
@@ -85,7 +84,6 @@ class ModelBackend:
     """A transformers model on this machine (engine.agents.policy)."""
 
     kind = "model"
-    compute_bound = True
 
     def __init__(self, settings: AgentsSettings, home: Path, *, seed: int = 0) -> None:
         from .policy import LocalPolicy
@@ -140,8 +138,6 @@ TOKEN_ID = re.compile(r"^token_id:(\d+)$")
 
 class HttpBackend:
     """An OpenAI-compatible chat completions endpoint (vLLM, llama.cpp server, Ollama)."""
-
-    compute_bound = False
 
     kind = "http"
 
@@ -327,11 +323,3 @@ def _unit(value: float | None) -> float | None:
     if value is None or value != value:
         return None
     return min(1.0, max(0.0, float(value)))
-
-
-def make_backend(kind: str, settings: AgentsSettings, home: Path) -> Backend:
-    if kind == "model":
-        return ModelBackend(settings, home)
-    if kind == "http":
-        return HttpBackend(settings)
-    raise WorkerError(f"--kind {kind!r}: expected model or http")

@@ -1,5 +1,6 @@
 """A worker: takes tasks of one type from the plane, answers them with a backend (backends.py: a model on
-this machine, or an OpenAI-compatible server), publishes results.
+this machine, run in a process of its own by model_process.py, or an OpenAI-compatible server), publishes
+results.
 
 New weights come on `model.updates`; the worker fetches them from the plane's object store by name
 and digest into its own `$CARL_HOME` (weights.py), so it needs no filesystem shared with the trainer,
@@ -31,7 +32,7 @@ from nats.js.api import DeliverPolicy
 
 from engine.errors import CarlError
 
-from .backends import Answer, Backend, SwapNotNow, WorkerError, make_backend
+from .backends import Answer, Backend, HttpBackend, SwapNotNow, WorkerError
 from .bus import STREAM, Address, connect, ensure_stream, fetch, publish_retrying, pull
 from .bus import close as bus_close
 from .config import AgentsSettings
@@ -44,6 +45,7 @@ from .events import (
     WorkerStatusEvent,
     parse_event,
 )
+from .model_process import ModelProcess
 from .scoring import render_reply, split_reply
 from .weights import fetch_weights
 
@@ -54,14 +56,19 @@ FETCH_WAIT_S = 5.0  # how long one wait for a task lasts
 MAX_DELIVER = 5  # a task that made this many workers fail or vanish is not handed out again
 MAX_SETTLING = 4  # results waiting for the stream's acknowledgement before the worker waits too
 JOIN_WAIT_S = 60.0  # a worker that starts while a cluster elects its leaders waits this long for them
-# A model on this machine that answered in less than this answers the next task on the event loop's own
-# thread: handed to a thread, its Python competes for the GIL with the loop's (2-3 ms a task on the tiny
-# model, bench/bench_agents.py). A slower answer goes to a thread, so controls and heartbeats never wait
-# for it longer than this.
-INLINE_ANSWER_S = 0.25
 # A swap that failed for a reason that may pass (a server error, a lost connection, a fetch that timed
 # out) is tried again after these waits, unless a newer update came meanwhile. A refusal is not.
 SWAP_RETRY_S = (2.0, 10.0, 30.0)
+
+
+def make_backend(kind: str, settings: AgentsSettings, home: Path) -> Backend:
+    """A `model` worker's model runs in a process of its own (model_process.py); an `http` worker asks a
+    server."""
+    if kind == "model":
+        return ModelProcess(settings, home)
+    if kind == "http":
+        return HttpBackend(settings)
+    raise WorkerError(f"--kind {kind!r}: expected model or http")
 
 
 def default_worker_id(kind: str) -> str:
@@ -100,7 +107,6 @@ class Worker:
         self.done = 0
         self.failures = 0
         self.last_status = 0.0
-        self.last_answer_s: float | None = None  # how long the latest answer took (INLINE_ANSWER_S)
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.lock = asyncio.Lock()  # a hot-swap waits for the task in hand
         self.js: Any = None
@@ -224,6 +230,7 @@ class Worker:
         never makes the stream give it to another worker meanwhile. (An idle worker still gets a new task
         first: the server serves the pull requests in the order they came.)"""
         msgs = await self._fetch(sub, FETCH_WAIT_S)
+        self._ask_ahead(msgs)
         while msgs and not taken.is_set():
             try:
                 await asyncio.wait_for(taken.wait(), self.settings.ack_wait_s / 3)
@@ -232,6 +239,19 @@ class Worker:
                     with contextlib.suppress(Exception):
                         await msg.in_progress()
         return msgs
+
+    def _ask_ahead(self, msgs: list[Any]) -> None:
+        """A backend that can (a model in its own process) is asked for the next task's answer as soon as
+        the task is here, so that it starts on it the moment the answer in hand is done."""
+        submit = getattr(self.backend, "submit", None)
+        for msg in msgs if submit is not None else []:
+            try:
+                task = parse_event(msg.subject, msg.data)
+            except EventRejected:
+                continue  # `handle` says why
+            if isinstance(task, TaskEvent) and msg.metadata.num_delivered <= MAX_DELIVER:
+                with contextlib.suppress(WorkerError):  # the model process is gone: `handle` says so
+                    submit(task)
 
     async def _give_back(self, ahead: asyncio.Future[list[Any]] | None) -> None:
         """A task fetched ahead and never answered (the worker is stopping) goes back to the stream now, for
@@ -264,9 +284,8 @@ class Worker:
             taken = await self._taking()
             started = time.monotonic()
             try:
-                answer = await self._answer(task)
-                self.last_answer_s = time.monotonic() - started
-                result = self._result(task, answer, self.last_answer_s)
+                answer = await asyncio.to_thread(self.backend.answer, task)
+                result = self._result(task, answer, time.monotonic() - started)
             except Exception as exc:  # the work failed: say so, with the reason, and move on
                 reason = " ".join(str(exc).split())[:300] or type(exc).__name__
                 result = ResultEvent(
@@ -289,26 +308,6 @@ class Worker:
             else:
                 self.failures += 1
             self.task_id = None
-
-    async def _answer(self, task: TaskEvent) -> Answer:
-        """The backend's answer: on this thread when it is a local model that answers fast
-        (INLINE_ANSWER_S), once what the loop has to send is sent; otherwise on a thread."""
-        quick = self.last_answer_s is not None and self.last_answer_s < INLINE_ANSWER_S
-        if not (self.backend.compute_bound and quick):
-            return await asyncio.to_thread(self.backend.answer, task)
-        await self._sent()
-        return self.backend.answer(task)
-
-    async def _sent(self, turns: int = 10) -> None:
-        """Let the loop run until the pull request for the next task (asked for when this one was taken)
-        and everything else queued (statuses, acknowledgements) is written to the server, so that the next
-        task is on its way while the loop is blocked. A few turns of the loop; bounded, since a fetch
-        served from messages already here sends nothing."""
-        sent = self.nc.stats["out_msgs"]
-        for _ in range(turns):
-            await asyncio.sleep(0)
-            if self.nc.stats["out_msgs"] > sent and not self.nc.pending_data_size:
-                return
 
     async def _taking(self) -> tuple[WorkerStatusEvent, asyncio.Future[Any] | None]:
         """Say this worker took the task in hand (a busy status naming it), without waiting for the stream:
