@@ -36,7 +36,12 @@ class ActivityPanes:
 
     def show_agent_task(self: ControlRoom, task_id: str, task: dict | None) -> None:
         if task is None:
-            self.notify(f"task {task_id[:8]} is not in the store (yet)", title="agents", severity="warning")
+            self.notify(
+                f"task {task_id[:8]} is not in the store (yet)",
+                title="agents",
+                severity="warning",
+                markup=False,
+            )
             return
         from .agents import AgentTaskScreen
 
@@ -86,7 +91,9 @@ class ActivityPanes:
             return
         pending = self.sender.pending_verb("agents_pause", "agents_resume")
         if pending:
-            self.notify(f"a command is already running: {pending}; wait for it", severity="warning")
+            self.notify(
+                f"a command is already running: {pending}; wait for it", severity="warning", markup=False
+            )
             return
         if state == "paused":
             self.send_agents("agents_resume", "resuming task assignment")
@@ -102,7 +109,7 @@ class ActivityPanes:
         workers = self.main.query_one(AgentsPane).agent_workers
         worker = next((w for w in workers if w["worker_id"] == worker_id), {})
         if worker.get("state") in ("stopped", "stopping"):
-            self.notify(f"worker {worker_id} is {worker['state']} already", title="agents")
+            self.notify(f"worker {worker_id} is {worker['state']} already", title="agents", markup=False)
             return
         from .screens import ConfirmScreen
 

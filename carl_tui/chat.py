@@ -240,7 +240,7 @@ class ChatScreen(Screen[None]):
             if self.conversation == conversation_id:
                 self.action_new_conversation()
             self._refresh_list()
-            self.notify(f"deleted “{title[:40]}”", title="diagnose")
+            self.notify(f"deleted “{title[:40]}”", title="diagnose", markup=False)
 
         screen = ConfirmScreen(
             "Delete conversation", f"Delete “{title[:50]}” and its messages?", "Delete", "delete"

@@ -104,7 +104,9 @@ class ComparingRuns:
         self.comparison.open_experiment(experiment)
         self.marks_changed()
         if not self.comparison.marks:
-            self.notify(f"experiment {experiment.name}: no run has started yet", title="experiment")
+            self.notify(
+                f"experiment {experiment.name}: no run has started yet", title="experiment", markup=False
+            )
 
     def experiment_updated(self: ControlRoom, experiment: ExperimentView) -> None:
         """The followed experiment moved (a cell started): its new runs join the comparison."""

@@ -62,7 +62,9 @@ class RunControls:
             return False
         pending = self.pending_command()
         if pending is not None:
-            self.notify(f"a command is already running: {pending}; wait for it", severity="warning")
+            self.notify(
+                f"a command is already running: {pending}; wait for it", severity="warning", markup=False
+            )
             return False
         request = CommandRequest(verb, args, run_id=self.view.run.id, notice=notice or None)
         return self.sender.send(request)

@@ -136,7 +136,7 @@ class ScreenKeys:
         try:
             save_config(self.home, self.config)
         except OSError as exc:
-            self.notify(f"cannot save {config_path(self.home)}: {exc}", severity="warning")
+            self.notify(f"cannot save {config_path(self.home)}: {exc}", severity="warning", markup=False)
 
     def apply_chart_mode(self: ControlRoom) -> None:
         for chart in self.main.query(Chart):

@@ -21,6 +21,8 @@ import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from engine.store import in_chunks
+
 from .events import (
     FeedbackEvent,
     PlaneEvent,
@@ -31,7 +33,6 @@ from .events import (
 )
 
 CLAIMS = (ResultEvent, TrainingRolloutEvent, FeedbackEvent)
-CHUNK = 500  # ids per IN (...) query
 
 
 @dataclass
@@ -95,14 +96,14 @@ def _known(conn: sqlite3.Connection, task_ids: set[str], answered: set[str]) -> 
     """The stored tasks among `task_ids`, with who answered them; for those in `answered` (the batch
     holds results for them) not answered yet, also the workers that took them."""
     tasks: dict[str, Task] = {}
-    for chunk, marks in _chunks(task_ids):
+    for chunk, marks in in_chunks(task_ids):
         for task_id, manager_id, worker_id, status in conn.execute(
             f"SELECT task_id, manager_id, worker_id, status FROM agent_tasks WHERE task_id IN ({marks})",
             chunk,
         ):
             tasks[task_id] = Task(manager_id, answered_by=worker_id if status is not None else None)
     open_ids = {task_id for task_id in answered if task_id in tasks and tasks[task_id].answered_by is None}
-    for chunk, marks in _chunks(open_ids):
+    for chunk, marks in in_chunks(open_ids):
         for task_id, worker_id in conn.execute(
             f"SELECT DISTINCT task_id, worker_id FROM agent_events WHERE task_id IN ({marks})"
             " AND kind='worker_status' AND status='ok'",
@@ -111,10 +112,3 @@ def _known(conn: sqlite3.Connection, task_ids: set[str], answered: set[str]) -> 
             if worker_id:
                 tasks[task_id].takers.add(worker_id)
     return tasks
-
-
-def _chunks(ids: set[str]) -> list[tuple[list[str], str]]:
-    """`ids` in chunks for `IN (...)`, each with its placeholders."""
-    ordered = sorted(ids)
-    chunks = [ordered[start : start + CHUNK] for start in range(0, len(ordered), CHUNK)]
-    return [(chunk, ",".join("?" * len(chunk))) for chunk in chunks]

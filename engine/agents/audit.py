@@ -39,6 +39,7 @@ import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from engine.faults import store_trouble
+from engine.store import in_chunks
 from engine.text import one_line, storable
 
 from .admission import refusals
@@ -278,9 +279,7 @@ class AuditWriter:
         """The messages not stored yet (a redelivered batch, or a repeat inside this one, is stored once)."""
         keys = [item.stream_key for item, _, _ in parsed if item.stream_key is not None]
         stored: set[str] = set()
-        for start in range(0, len(keys), 500):
-            chunk = keys[start : start + 500]
-            marks = ",".join("?" * len(chunk))
+        for chunk, marks in in_chunks(keys):
             rows = self.conn.execute(
                 f"SELECT stream_key FROM agent_events WHERE stream_key IN ({marks})", chunk
             )

@@ -14,13 +14,14 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from engine.store import in_chunks
+
 from .events import TrainingRolloutEvent
 
 if TYPE_CHECKING:
     from engine.store import Store
 
 WAITING, USED, DROPPED = "waiting", "used", "dropped"
-CHUNK = 500  # task ids per IN (...)
 
 
 class RolloutSpool:
@@ -96,11 +97,8 @@ class RolloutSpool:
         return dict(rows.fetchall())
 
     def _mark(self, task_ids: Iterable[str], assignments: str, values: tuple[object, ...]) -> None:
-        ids = list(task_ids)
-        for start in range(0, len(ids), CHUNK):
-            chunk = ids[start : start + CHUNK]
+        for chunk, marks in in_chunks(task_ids):
             self.conn.execute(
-                f"UPDATE trainer_rollouts SET {assignments}"
-                f" WHERE run_id=? AND task_id IN ({','.join('?' * len(chunk))})",
+                f"UPDATE trainer_rollouts SET {assignments} WHERE run_id=? AND task_id IN ({marks})",
                 (*values, self.run_id, *chunk),
             )

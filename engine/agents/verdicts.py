@@ -16,10 +16,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.store import connect
-
-# SQLite takes at most 999 bound parameters in older builds; a fetch brings 32 rollouts at a time.
-CHUNK = 500
+from engine.store import connect, in_chunks
 
 
 @dataclass(frozen=True)
@@ -42,10 +39,7 @@ class Verdicts:
             self.conn = connect(self.db_path, readonly=True)
         keys = {f"{self.epoch}:{seq}": seq for seq in sequences}
         found: dict[int, Verdict] = {}
-        ordered = list(keys)
-        for start in range(0, len(ordered), CHUNK):
-            chunk = ordered[start : start + CHUNK]
-            marks = ",".join("?" * len(chunk))
+        for chunk, marks in in_chunks(keys):
             for key, status, reason in self.conn.execute(
                 f"SELECT stream_key, status, reason FROM agent_events WHERE stream_key IN ({marks})", chunk
             ):

@@ -45,7 +45,7 @@ from .keys import KeyMap
 from .runkeys import Row, finish_rows
 
 EVENT_MARK = "tfevents"  # tensorboard's own test of an event file's name (io_wrapper.IsSummaryEventsFile)
-EMPTY_PROFILE = ".profile-empty"  # the profiler's placeholder files: named like event files, no summaries
+EMPTY_PROFILE = ".profile-empty"  # the profiler's empty marker files: named like event files, no summaries
 MAX_DEPTH = 8  # directories below the root searched for runs
 MAX_DIRS = 10_000  # directories visited per search
 OPEN_READERS = 16  # readers kept between batches (each may buffer up to 16 MiB of a file not yet read)

@@ -5,7 +5,7 @@
 
 from typing import TYPE_CHECKING, Any
 
-from .base import MetricRow, StoreError, check_schema, connect, insert_command
+from .base import MetricRow, StoreError, check_schema, connect, in_chunks, insert_command
 from .reader import RunRow, Series, StoreReader
 from .schema import ROLLUP_LEVELS, SCHEMA_VERSION
 
@@ -24,6 +24,7 @@ __all__ = [
     "StoreReader",
     "check_schema",
     "connect",
+    "in_chunks",
     "insert_command",
 ]
 

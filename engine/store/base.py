@@ -11,6 +11,7 @@ import os
 import sqlite3
 import stat
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,16 @@ class StoreError(CarlError):
 
 
 MetricRow = tuple[int, str, float | None, float]  # (step, key, value, wall_time)
+
+
+IN_CHUNK = 500  # values per `IN (...)`: under SQLite's 999 bound parameters of older builds
+
+
+def in_chunks(values: Iterable[Any]) -> list[tuple[list[Any], str]]:
+    """`values` in chunks for `WHERE x IN (...)`, each with its `?, ?, ...` (in sorted order)."""
+    ordered = sorted(set(values))
+    chunks = [ordered[start : start + IN_CHUNK] for start in range(0, len(ordered), IN_CHUNK)]
+    return [(chunk, ",".join("?" * len(chunk))) for chunk in chunks]
 
 
 def connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
