@@ -27,7 +27,7 @@ from engine.text import one_line
 from engine.tomlfile import read_table
 
 FILE_NAME = "engine.toml"
-KNOWN_TABLES = ("alerts",)
+KNOWN_TABLES = ("alerts", "system")  # [system]: engine/system/config.py
 KNOWN_KEYS = ("webhook", "command", "timeout_s")
 DEFAULT_TIMEOUT_S = 10.0
 KEY_CHARS = 80  # of a key the file names and we do not know, in its line (a key may hold a newline)

@@ -45,6 +45,7 @@ from engine.control.process import CHILDREN_KEY
 from engine.faults import store_trouble
 from engine.observe import IngestResult, ObserveError, finish_import, ingest_source, register_source
 from engine.store import Store, StoreError
+from engine.system import SystemJob
 from engine.text import visible
 from engine.training.config import training_config_path
 
@@ -155,6 +156,7 @@ class Engine:
         self.next_sweep = 0.0  # re-assembly of recent hook sessions (turns that ended without Stop)
         self.plane: Any = None  # the agents plane (engine.agents.plane.Plane), made on first use
         self.alerts = Alerts(store, home)  # red runs and agents alarms to the user's webhook or command
+        self.system = SystemJob(store, home)  # this machine sampled into the store (engine/system/)
 
     @property
     def stopping(self) -> bool:
@@ -173,11 +175,12 @@ class Engine:
         try:
             while not self.stopping:
                 backlog = self.tick()
-                time.sleep(BACKLOG_TICK if backlog else TICK)
+                time.sleep(BACKLOG_TICK if backlog else min(TICK, self.system.seconds_to_next()))
             log.info("received %s; stopping", signal.Signals(self.stop_signal).name)
             self.interrupt_observes()
         finally:
             self.alerts.close()  # tries still due resume with the next engine (their state is in the store)
+            self.system.close()
             if self.plane is not None:
                 self.plane.shutdown()  # it comes back up with the next engine
 
@@ -204,6 +207,7 @@ class Engine:
             backlog = run("trajectories", self.trajectories_due, default=False) or backlog
             run("analysis", self.analyze_due, default=None)
             run("alerts", self.alerts_due, default=None)
+            run("system", self.system.tick, default=None)
             run("children", self.reap_children, default=None)
             run("children list", self.publish_children, default=None)
             if self.plane is not None:

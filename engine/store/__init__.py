@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 from .base import MetricRow, StoreError, check_schema, connect, in_chunks, insert_command
 from .reader import RunRow, Series, StoreReader
 from .schema import ROLLUP_LEVELS, SCHEMA_VERSION
+from .system import ProcessRow
+from .system_reads import TimeSeries
 
 if TYPE_CHECKING:
     from .db import PHI_METRIC_KEYS, Store
@@ -17,11 +19,13 @@ __all__ = [
     "ROLLUP_LEVELS",
     "SCHEMA_VERSION",
     "MetricRow",
+    "ProcessRow",
     "RunRow",
     "Series",
     "Store",
     "StoreError",
     "StoreReader",
+    "TimeSeries",
     "check_schema",
     "connect",
     "in_chunks",

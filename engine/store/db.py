@@ -38,6 +38,7 @@ from .base import (
 )
 from .rollouts import ROLLOUT_CAP, ROLLOUT_COLUMNS, ROLLOUT_WIDTH, rollout_record
 from .schema import APPLICATION_ID, MIGRATIONS, ROLLUP_LEVELS, SCHEMA_VERSION
+from .system import SystemTables
 
 
 def _finite(value: float | None) -> float | None:
@@ -68,6 +69,7 @@ class Store:
         self.db = sqlite_utils.Database(self.conn)
         self._in_txn = False
         self._migrate()
+        self.system = SystemTables(self)  # the box: nodes, samples, processes, consoles (store/system.py)
 
     # -- lifecycle -------------------------------------------------------------------------
 

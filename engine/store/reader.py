@@ -28,6 +28,7 @@ from .base import (
 from .rollout_reads import EntropyHistogram, Key, RolloutQuery, RolloutRow
 from .rollouts import ROLLOUT_COLUMNS, rollout_dict
 from .schema import ROLLUP_LEVELS
+from .system_reads import SystemReads
 
 NAN = math.nan
 # A rollup row as `_rollup_series` takes it (vsum / n: the bucket mean, NULL when it holds no finite value).
@@ -110,6 +111,7 @@ class StoreReader:
             self.conn.close()
             raise StoreError(f"{self.path}: an empty database, with nothing stored yet (not set up by carl)")
         self._run_columns = RUN_COLUMNS if self.version >= 6 else RUN_COLUMNS_V5
+        self.system = SystemReads(self.conn, self.version)  # the box: nodes, samples, processes, consoles
 
     def close(self) -> None:
         self.conn.close()

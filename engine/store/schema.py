@@ -541,5 +541,127 @@ def _v8(db: sqlite_utils.Database) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8]
+def _v9(db: sqlite_utils.Database) -> None:
+    """The box: every node's system samples, the processes of each run, and its console.
+
+    `nodes` holds each machine the engine hears from (this one, and those joined over NATS: `carl node`).
+    `system_samples` are the raw time series of a node (one row per key and sample time; the newest
+    RAW_KEEP_S per series, engine/store/system.py), `system_rollups` their minute and quarter-hour aggregates
+    for longer windows, `system_now` the newest whole sample of each node (per core, per GPU with its
+    processes, the notes: what the System pane draws). `run_processes` has one row per process of a run
+    (a runner, a rank, a launcher, a process found working in an observed run's directory), with its end.
+    `run_consoles` names a run's log files (what the log view opens and what is scanned for tracebacks),
+    `console_findings` what the scan found: a traceback, CUDA out of memory, an NCCL error."""
+    db.execute(
+        """
+        CREATE TABLE nodes (
+            id INTEGER PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE,  -- the host name, or what `carl node --name` gave
+            host TEXT,
+            via TEXT NOT NULL,  -- local (this engine samples it) | nats (a `carl node` publishes it)
+            state TEXT NOT NULL,  -- live | lost | stopped
+            info TEXT NOT NULL DEFAULT '{}',  -- JSON: cores, memory, GPUs by index (name, uuid, memory)
+            note TEXT,  -- one line: "no NVIDIA GPU: NVML not found", the reason it was lost
+            first_seen REAL NOT NULL,
+            last_seen REAL NOT NULL,
+            lost_at REAL
+        )
+        """
+    )
+    db.execute(
+        """
+        CREATE TABLE system_samples (
+            node_id INTEGER NOT NULL,
+            key TEXT NOT NULL,
+            t REAL NOT NULL,  -- wall time of the sample
+            value REAL,
+            PRIMARY KEY (node_id, key, t)
+        ) WITHOUT ROWID
+        """
+    )
+    db.execute(
+        """
+        CREATE TABLE system_rollups (
+            node_id INTEGER NOT NULL,
+            key TEXT NOT NULL,
+            width INTEGER NOT NULL,  -- seconds per bucket
+            bucket INTEGER NOT NULL,  -- floor(t / width)
+            n INTEGER NOT NULL,
+            vmin REAL,
+            vmax REAL,
+            vsum REAL,
+            last_t REAL NOT NULL,
+            last_value REAL,
+            PRIMARY KEY (node_id, key, width, bucket)
+        ) WITHOUT ROWID
+        """
+    )
+    db.execute(
+        """
+        CREATE TABLE system_now (
+            node_id INTEGER PRIMARY KEY,
+            t REAL NOT NULL,
+            sample TEXT NOT NULL  -- JSON: the newest whole sample (engine/system/readings.py)
+        )
+        """
+    )
+    db.execute(
+        """
+        CREATE TABLE run_processes (
+            id INTEGER PRIMARY KEY,
+            run_id INTEGER NOT NULL REFERENCES runs(id),
+            node_id INTEGER NOT NULL,
+            pid INTEGER NOT NULL,
+            started REAL NOT NULL,  -- the process's start time: with the pid it names one process
+            role TEXT NOT NULL,  -- runner | launcher | rank | observed
+            rank INTEGER,
+            cmdline TEXT,
+            state TEXT NOT NULL,  -- running | sleeping | stopped | zombie | ended
+            cpu REAL,  -- percent of one core over the last interval
+            rss INTEGER,  -- bytes
+            gpu_mem INTEGER,  -- bytes on every GPU together (NVML), NULL when unknown
+            gpus TEXT,  -- JSON list of the GPU indexes it holds memory on
+            seen_at REAL NOT NULL,
+            ended_at REAL,
+            exit_code INTEGER,  -- when it exited
+            signal INTEGER,  -- when a signal ended it
+            end_step INTEGER,  -- the run's last step when its end was seen
+            end_reason TEXT  -- one line, e.g. "rank 1 (pid 4242) killed by SIGKILL at step 812"
+        )
+        """
+    )
+    db.execute("CREATE UNIQUE INDEX idx_run_processes_one ON run_processes (run_id, node_id, pid, started)")
+    db.execute(
+        """
+        CREATE TABLE run_consoles (
+            id INTEGER PRIMARY KEY,
+            run_id INTEGER NOT NULL REFERENCES runs(id),
+            node_id INTEGER,
+            path TEXT NOT NULL,
+            kind TEXT NOT NULL,  -- train (our runs' log) | wandb (files/output.log) | user (--log) | node
+            scanned INTEGER NOT NULL DEFAULT 0,  -- bytes of it scanned for findings
+            identity TEXT,  -- JSON: device, inode, size when scanned (rotated or truncated: starts over)
+            added_at REAL NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE UNIQUE INDEX idx_run_consoles_path ON run_consoles (run_id, path)")
+    db.execute(
+        """
+        CREATE TABLE console_findings (
+            id INTEGER PRIMARY KEY,
+            run_id INTEGER NOT NULL REFERENCES runs(id),
+            console_id INTEGER NOT NULL,
+            kind TEXT NOT NULL,  -- traceback | oom | nccl
+            offset INTEGER NOT NULL,  -- byte offset of its first line in the file
+            line TEXT NOT NULL,  -- the line that says what went wrong (the exception, the error)
+            t REAL NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE UNIQUE INDEX idx_console_findings_at ON console_findings (console_id, offset)")
+    db.execute("CREATE INDEX idx_console_findings_run ON console_findings (run_id, id)")
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,184 @@
+"""The box in carl.db, read: nodes, their newest samples and series over time, runs' processes and consoles.
+
+Used by `StoreReader` (read-only), the engine's health rules and the diagnosis digest. A store older than
+schema 9 has none of these tables: every read answers empty there.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Any
+
+from .system import ROLLUP_WIDTHS
+
+SCHEMA = 9  # the schema version that made these tables
+
+
+@dataclass
+class TimeSeries:
+    """A node's series over wall time: raw samples (n == 1 each) or rollup buckets (their mean, min and
+    max)."""
+
+    t: list[float] = field(default_factory=list)
+    mean: list[float] = field(default_factory=list)
+    vmin: list[float] = field(default_factory=list)
+    vmax: list[float] = field(default_factory=list)
+    width: int = 0  # seconds per bucket; 0 = raw samples
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    @property
+    def latest(self) -> float | None:
+        return self.mean[-1] if self.mean else None
+
+
+class SystemReads:
+    def __init__(self, conn: sqlite3.Connection, version: int) -> None:
+        self.conn = conn
+        self.ready = version >= SCHEMA
+
+    def _rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        if not self.ready:
+            return []
+        cur = self.conn.execute(sql, params)
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    def signature(self) -> tuple[Any, ...]:
+        """Moves when a sample, a node's state, a process or a finding changed (a few index reads)."""
+        if not self.ready:
+            return ()
+        return tuple(
+            self.conn.execute(
+                "SELECT (SELECT max(t) FROM system_now), (SELECT group_concat(state) FROM nodes),"
+                " (SELECT max(seen_at) FROM run_processes), (SELECT count(ended_at) FROM run_processes),"
+                " (SELECT max(id) FROM console_findings), (SELECT count(*) FROM run_consoles)"
+            ).fetchone()
+        )
+
+    def nodes(self) -> list[dict[str, Any]]:
+        rows = self._rows(
+            "SELECT id, name, host, via, state, info, note, first_seen, last_seen, lost_at FROM nodes"
+            " ORDER BY id"
+        )
+        for row in rows:
+            row["info"] = _json(row["info"], {})
+        return rows
+
+    def now(self) -> dict[int, dict[str, Any]]:
+        """Each node's newest whole sample, by node id."""
+        rows = self._rows("SELECT node_id, t, sample FROM system_now")
+        return {r["node_id"]: _json(r["sample"], {}) for r in rows}
+
+    def keys(self, node_id: int) -> list[str]:
+        """The node's series, by a skip scan of the primary key."""
+        if not self.ready:
+            return []
+        keys, key = [], ""
+        while True:
+            row = self.conn.execute(
+                "SELECT min(key) FROM system_rollups WHERE node_id=? AND key>?", (node_id, key)
+            ).fetchone()
+            if row[0] is None:
+                return keys
+            key = row[0]
+            keys.append(key)
+
+    def series(
+        self, node_id: int, key: str, since: float, until: float, *, max_points: int = 1000
+    ) -> TimeSeries:
+        """`key` of a node between two wall times: raw samples when the window holds few enough, else the
+        finest rollup that brings it under `max_points` buckets."""
+        out = TimeSeries()
+        if not self.ready:
+            return out
+        raw = self.conn.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM system_samples WHERE node_id=? AND key=?"
+            " AND t BETWEEN ? AND ? LIMIT ?)",
+            (node_id, key, since, until, max_points + 1),
+        ).fetchone()[0]
+        oldest_raw, oldest = self.conn.execute(
+            "SELECT (SELECT min(t) FROM system_samples WHERE node_id=? AND key=?),"
+            " (SELECT min(bucket) FROM system_rollups WHERE node_id=? AND key=? AND width=?)",
+            (node_id, key, node_id, key, ROLLUP_WIDTHS[0]),
+        ).fetchone()
+        # Raw samples answer when they reach back to the window's start (or to the series' own start).
+        start = max(since, (oldest or 0) * ROLLUP_WIDTHS[0])
+        if raw <= max_points and oldest_raw is not None and oldest_raw <= start + ROLLUP_WIDTHS[0]:
+            for t, value in self.conn.execute(
+                "SELECT t, value FROM system_samples WHERE node_id=? AND key=? AND t BETWEEN ? AND ?"
+                " ORDER BY t",
+                (node_id, key, since, until),
+            ):
+                out.t.append(t)
+                out.mean.append(value)
+                out.vmin.append(value)
+                out.vmax.append(value)
+            return out
+        span = max(until - since, 1.0)
+        width = next((w for w in ROLLUP_WIDTHS if span / w <= max_points), ROLLUP_WIDTHS[-1])
+        out.width = width
+        for last_t, mean, vmin, vmax in self.conn.execute(
+            "SELECT last_t, vsum / n, vmin, vmax FROM system_rollups WHERE node_id=? AND key=? AND width=?"
+            " AND bucket BETWEEN ? AND ? ORDER BY bucket",
+            (node_id, key, width, int(since // width), int(until // width)),
+        ):
+            out.t.append(last_t)
+            out.mean.append(mean)
+            out.vmin.append(vmin)
+            out.vmax.append(vmax)
+        return out
+
+    def span(self, node_id: int) -> tuple[float, float] | None:
+        """The first and last wall time the node has samples for (rollups included)."""
+        if not self.ready:
+            return None
+        row = self.conn.execute(
+            "SELECT min(bucket) * ?, (SELECT t FROM system_now WHERE node_id=?) FROM system_rollups"
+            " WHERE node_id=? AND width=?",
+            (ROLLUP_WIDTHS[-1], node_id, node_id, ROLLUP_WIDTHS[-1]),
+        ).fetchone()
+        return None if row is None or row[0] is None or row[1] is None else (float(row[0]), float(row[1]))
+
+    # -- runs -----------------------------------------------------------------------------------------------
+
+    def run_processes(self, run_id: int) -> list[dict[str, Any]]:
+        """The run's processes, live ones first, each with its node's name."""
+        rows = self._rows(
+            "SELECT p.id, p.node_id, n.name AS node, p.pid, p.started, p.role, p.rank, p.cmdline, p.state,"
+            " p.cpu, p.rss, p.gpu_mem, p.gpus, p.seen_at, p.ended_at, p.exit_code, p.signal, p.end_step,"
+            " p.end_reason"
+            " FROM run_processes p LEFT JOIN nodes n ON n.id = p.node_id WHERE p.run_id=?"
+            " ORDER BY p.ended_at IS NOT NULL, coalesce(p.rank, -1), p.id",
+            (run_id,),
+        )
+        for row in rows:
+            row["gpus"] = _json(row["gpus"], None)
+        return rows
+
+    def run_consoles(self, run_id: int) -> list[dict[str, Any]]:
+        return self._rows(
+            "SELECT c.id, c.node_id, n.name AS node, c.path, c.kind, c.scanned, c.added_at"
+            " FROM run_consoles c LEFT JOIN nodes n ON n.id = c.node_id WHERE c.run_id=? ORDER BY c.id",
+            (run_id,),
+        )
+
+    def findings(self, run_id: int, limit: int = 20) -> list[dict[str, Any]]:
+        """What the console scan found for the run, newest first."""
+        return self._rows(
+            "SELECT f.id, f.console_id, c.path, f.kind, f.offset, f.line, f.t FROM console_findings f"
+            " JOIN run_consoles c ON c.id = f.console_id WHERE f.run_id=? ORDER BY f.id DESC LIMIT ?",
+            (run_id, limit),
+        )
+
+
+def _json(text: str | None, default: Any) -> Any:
+    if not text:
+        return default
+    try:
+        return json.loads(text)
+    except ValueError:
+        return default
