@@ -67,14 +67,15 @@ class Alerts:
     # -- what the engine calls ---------------------------------------------------------------------
 
     def runs_judged(self, judged: dict[int, Health]) -> None:
-        """An alert for each red cause of these runs not alerted on before."""
+        """An alert for each cause of these runs not alerted on before: every red flag, and every flag of the
+        box (a rank gone, a disk filling: engine/coherence/health.py BOX_CAUSES)."""
         if not self._ready():
             return
         for run_id, health in judged.items():
-            for cause, reason in health.red().items():
+            for cause, flag in health.alerting().items():
                 key = outbox.run_key(run_id, cause)
                 if not outbox.known(self.store, key):
-                    self._raise(key, self._run_payload(run_id, cause, reason))
+                    self._raise(key, self._run_payload(run_id, cause, flag.reason, flag.level))
 
     def tick(self) -> None:
         if not self._ready():
@@ -117,7 +118,7 @@ class Alerts:
 
     # -- new alerts -----------------------------------------------------------------------------------
 
-    def _run_payload(self, run_id: int, cause: str, reason: str) -> dict[str, Any]:
+    def _run_payload(self, run_id: int, cause: str, reason: str, level: str = "red") -> dict[str, Any]:
         row = self.store.run(run_id) or {}
         name, step = row.get("name") or f"#{run_id}", row.get("last_step")
         now = time.time()
@@ -129,10 +130,10 @@ class Alerts:
             "step": step,
             "cause": cause,
             "reason": reason,
-            "level": "red",
+            "level": level,
             **_stamp(now),
             "host": self.host,
-            "summary": f"carl: run {name!r} turned red at step {step}: {reason}",
+            "summary": f"carl: run {name!r} turned {level} at step {step}: {reason}",
         }
 
     def _new_alarms(self) -> None:

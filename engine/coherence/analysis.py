@@ -13,7 +13,9 @@ import time
 
 import numpy as np
 
-from .health import Health, RunSignals, assess_health
+from engine.system.health import box_flags
+
+from .health import Flag, Health, RunSignals, assess_health
 from .phases import classify_phase, crystallization_step
 
 CRYSTALLIZATION_CONFIDENCE = 0.8  # below this the chart shows no crystallization marker
@@ -101,6 +103,8 @@ def run_signals(conn: sqlite3.Connection, run_id: int) -> RunSignals | None:
     signals.phi_steps = phi_steps
     signals.phase = classify_phase(phi)
     signals.rl_start = start
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    signals.box = [Flag(*f) for f in box_flags(conn, version, run_id, status, time.time())]
     if start is None:
         return signals
     rl_since = max(since, start)

@@ -69,6 +69,11 @@ KL_RED = 5.0
 HACKING_MIN_RISE = 0.1
 HACKING_CARRY = 0.25
 
+# What the box says of a run (engine/system/health.py judges these from the store: samples, processes, the
+# console). Each is alerted on once per run whatever its level: a GPU idle for minutes, a disk filling or a
+# rank gone is what someone away from the screen wants to hear of.
+BOX_CAUSES = ("rank_died", "console_error", "gpu_idle", "gpu_memory", "disk_full", "xid")
+
 CAUSES = (
     "silent",
     "crashed",
@@ -81,6 +86,7 @@ CAUSES = (
     "kl",
     "hacking_eval",
     "hacking_verifier",
+    *BOX_CAUSES,
 )
 
 
@@ -106,6 +112,10 @@ class Health:
     def red(self) -> dict[str, str]:
         """Cause -> reason of every red flag."""
         return {f.cause: f.reason for f in self.flags if f.level == "red"}
+
+    def alerting(self) -> dict[str, Flag]:
+        """Cause -> flag, for every flag an alert is sent for: the red ones, and every flag of the box."""
+        return {f.cause: f for f in self.flags if f.level == "red" or f.cause in BOX_CAUSES}
 
 
 @dataclass
@@ -134,6 +144,7 @@ class RunSignals:
     evals: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out task reward)
     verifier: np.ndarray = field(default_factory=lambda: np.empty(0))
     verifier_steps: np.ndarray = field(default_factory=lambda: np.empty(0))
+    box: list[Flag] = field(default_factory=list)  # what the box says of the run (engine/system/health.py)
 
 
 def assess_health(sig: RunSignals, now: float | None = None) -> Health:
@@ -298,4 +309,20 @@ def _flat_beside(rise: float, carried: float, trained: np.ndarray, window: int) 
     return rise >= HACKING_MIN_RISE and rise > K_NOISE * noise and carried < HACKING_CARRY * rise
 
 
-RULES = (_silence, _loss, _zero_std, _starvation, _entropy_collapse, _coherence_trap, _clip, _kl, _hacking)
+def _box(sig: RunSignals, health: Health, now: float) -> None:
+    for flag in sig.box:
+        health.flag(flag.level, flag.reason, flag.cause)
+
+
+RULES = (
+    _silence,
+    _loss,
+    _zero_std,
+    _starvation,
+    _entropy_collapse,
+    _coherence_trap,
+    _clip,
+    _kl,
+    _hacking,
+    _box,
+)

@@ -545,13 +545,14 @@ def _v9(db: sqlite_utils.Database) -> None:
     """The box: every node's system samples, the processes of each run, and its console.
 
     `nodes` holds each machine the engine hears from (this one, and those joined over NATS: `carl node`).
-    `system_samples` are the raw time series of a node (one row per key and sample time; the newest
-    RAW_KEEP_S per series, engine/store/system.py), `system_rollups` their minute and quarter-hour aggregates
-    for longer windows, `system_now` the newest whole sample of each node (per core, per GPU with its
-    processes, the notes: what the System pane draws). `run_processes` has one row per process of a run
-    (a runner, a rank, a launcher, a process found working in an observed run's directory), with its end.
-    `run_consoles` names a run's log files (what the log view opens and what is scanned for tracebacks),
-    `console_findings` what the scan found: a traceback, CUDA out of memory, an NCCL error."""
+    `system_samples` are the raw time series of a node (one row per key and sample time; the newest RAW_KEEP_S
+    per series, engine/store/system.py), `system_rollups` their minute and quarter-hour aggregates for longer
+    windows, `system_now` the newest whole sample of each node (per core, per GPU with its processes, the
+    notes: what the System pane draws). `run_processes` has one row per process of a run (a runner, a rank, a
+    launcher, a process found working in an observed run's directory), with its end. `run_consoles` names a
+    run's log files (what the log view opens and what is scanned for tracebacks), `console_findings` what the
+    scan found: a traceback, CUDA out of memory, an NCCL error. `node_rejected` keeps what a node sent that
+    could not be stored, with the reason (as the agents audit does)."""
     db.execute(
         """
         CREATE TABLE nodes (
@@ -661,6 +662,18 @@ def _v9(db: sqlite_utils.Database) -> None:
     )
     db.execute("CREATE UNIQUE INDEX idx_console_findings_at ON console_findings (console_id, offset)")
     db.execute("CREATE INDEX idx_console_findings_run ON console_findings (run_id, id)")
+    db.execute(
+        """
+        CREATE TABLE node_rejected (
+            id INTEGER PRIMARY KEY,
+            node TEXT,  -- the name the message gave, as text
+            subject TEXT NOT NULL,
+            reason TEXT NOT NULL,  -- one line: what was wrong, and where (the field)
+            payload TEXT,  -- its first characters, as text
+            received_at REAL NOT NULL
+        )
+        """
+    )
 
 
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9]
