@@ -1,8 +1,8 @@
-"""Several nodes, without processes: what a node sends checked field by field (a hostile message is one line, never
-a traceback), the engine's writer on a real store (each message once, however often it comes; a bad one is a
-rejected row and the batch around it is stored), a node's console appended, cut back and rotated, a log followed
-through rotation and truncation, a node lost after its timeout and live again, `[nodes]` of engine.toml, and
-`carl node`'s one-line errors."""
+"""Several nodes, without processes: what a node sends checked field by field (a hostile message is one line,
+never a traceback), the engine's writer on a real store (each message once, however often it comes; a bad one
+is a rejected row and the batch around it is stored), a node's console appended, cut back and rotated, a log
+followed through rotation and truncation, a node lost after its timeout and live again, `[nodes]` of
+engine.toml, and `carl node`'s one-line errors."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def console(node: str, n: int, lines: list[str], *, epoch: str = "e1", run: str 
     )
 
 
-# -- what a node sends, checked -----------------------------------------------------------------------------
+# -- what a node sends, checked ------------------------------------------------------------------------------
 
 
 def test_a_real_sample_and_hello_pass_and_name_their_node() -> None:
@@ -146,7 +146,8 @@ def test_a_real_sample_and_hello_pass_and_name_their_node() -> None:
         ),
         (
             "carl.nodes.n1.console",
-            b'{"type": "console", "node": "n1", "console": "c", "epoch": "e", "n": 1, "lines": ["a\\nforged"]}',
+            b'{"type": "console", "node": "n1", "console": "c", "epoch": "e", "n": 1,'
+            b' "lines": ["a\\nforged"]}',
             "lines[0]: holds a line break",
         ),
         (
@@ -176,7 +177,7 @@ def test_node_and_console_names_are_data_never_paths() -> None:
     assert console_name("../../.bashrc", set()) == "bashrc"
 
 
-# -- the engine's writer --------------------------------------------------------------------------------------
+# -- the engine's writer -------------------------------------------------------------------------------------
 
 
 def test_a_batch_is_stored_with_its_bad_message_rejected_and_once_however_often_it_comes(
@@ -312,7 +313,7 @@ def test_a_silent_node_is_lost_after_its_timeout_keeps_what_it_sent_and_is_live_
     assert store.kv("nodes.consumer")["state"] == "off"
 
 
-# -- following a log --------------------------------------------------------------------------------------
+# -- following a log -----------------------------------------------------------------------------------------
 
 
 def test_a_log_is_followed_through_long_lines_bad_bytes_rotation_and_truncation(
@@ -380,7 +381,7 @@ def test_a_fifo_or_a_missing_log_is_one_line_and_a_big_log_starts_near_its_end(t
     follower.close()
 
 
-# -- settings and the command line ----------------------------------------------------------------------------
+# -- settings and the command line ---------------------------------------------------------------------------
 
 
 def test_nodes_settings_and_their_one_line_problems(tmp_path: Path) -> None:

@@ -5,7 +5,9 @@ engine/agents/bus.py: the same URLs, token file, creds and TLS, the same one-lin
 dropped first) and a duplicate window: a node that publishes a message again (its ack was lost) is stored
 once. Either side creates the stream, so what a node sends before the engine first looks is kept. The engine
 reads it through a durable pull consumer of its own (its name is kept in the store, so two engines on one
-server each read everything), acknowledging each message only once its rows are committed.
+server each read everything), acknowledging each message only once its rows are committed, and made again
+from its ack floor whenever the engine starts reading (`subscribe`), so what a killed engine left
+unacknowledged comes first, in order.
 """
 
 from __future__ import annotations
@@ -66,9 +68,23 @@ def consumer_config(durable: str) -> ConsumerConfig:
 
 
 async def subscribe(js: JetStreamContext, durable: str) -> Any:
-    return await js.pull_subscribe(
-        f"{PREFIX}.>", durable=durable, stream=STREAM, config=consumer_config(durable)
-    )
+    """The engine's consumer, delivering in stream order from the first message it has not acknowledged.
+
+    A consumer that exists is made again from its ack floor: what an engine killed mid-batch had fetched and
+    never acknowledged would otherwise come back only after ACK_WAIT_S, behind newer messages, and a node's
+    console lines must be appended in order. Messages past the floor that were acknowledged come again too,
+    and are stored once (writer.py)."""
+    config = consumer_config(durable)
+    try:
+        info = await js.consumer_info(STREAM, durable)
+    except nats.js.errors.NotFoundError:
+        info = None
+    if info is not None:
+        floor = info.ack_floor.stream_seq if info.ack_floor is not None else 0
+        await js.delete_consumer(STREAM, durable)
+        config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
+        config.opt_start_seq = (floor or 0) + 1
+    return await js.pull_subscribe(f"{PREFIX}.>", durable=durable, stream=STREAM, config=config)
 
 
 async def fetch(sub: Any, batch: int, timeout: float) -> list[Any]:

@@ -42,6 +42,7 @@ class NodesJob:
         self.plane_address = plane_address
         self.settings = NodesSettings()
         self.consumer: Consumer | None = None
+        self.retired: list[Consumer] = []  # asked to stop, not waited for (the tick never waits)
         self.next_config_check = 0.0
         self.config_seen: tuple[float, int] | None = None
         self.next_lost_check = 0.0
@@ -52,8 +53,11 @@ class NodesJob:
 
     def close(self) -> None:
         if self.consumer is not None:
-            self.consumer.stop()
+            self.retired.append(self.consumer)
             self.consumer = None
+        for consumer in self.retired:
+            consumer.stop()
+        self.retired.clear()
         self._publish()
 
     def tick(self) -> None:
@@ -84,8 +88,12 @@ class NodesJob:
     def _supervise(self) -> None:
         wanted = self.wanted()
         consumer = self.consumer
+        self.retired = [old for old in self.retired if old.alive()]
         if consumer is not None and consumer.address != wanted:
-            consumer.stop()
+            consumer.stop(
+                wait=0.0
+            )  # it ends within a fetch's wait; its batch in hand is stored or comes again
+            self.retired.append(consumer)
             self.consumer = consumer = None
             if wanted is None:
                 log.info("nodes: no longer reading nodes (no [nodes] url, and the agents plane is down)")
