@@ -8,10 +8,10 @@ A `carl node` publishes into its own JetStream stream, `CARL_NODES`, on `carl.no
   message, with the follow state they come from (`epoch`, the message's number `n`, the byte `offset`);
 - `bye`: on SIGTERM or SIGINT, its last word.
 
-Every message is one JSON object that names its `type` and its `node` (docs/reference/agents-plane.md §12.1:
-a payload names itself), so the engine checks it against the subject. What a node sends is hostile input:
-`parse` checks the subject, the size, the JSON, the node's name and every field, and raises `Rejected` with
-one line naming what is wrong; the engine stores that as a row of `node_rejected`, never a traceback.
+Every message is one JSON object that names its `type` and its `node` (docs/reference/agents-plane.md §12,
+rule 1: a payload names itself), so the engine checks it against the subject. What a node sends is hostile
+input: `parse` checks the subject, the size, the JSON, the node's name and every field, and raises `Rejected`
+with one line naming what is wrong; the engine stores that as a row of `node_rejected`, never a traceback.
 This module imports no NATS: the engine's writer and the tests use it on bytes.
 """
 
