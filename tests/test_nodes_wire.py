@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+from hostile_text import RAW_CONTROL, SHORT
 
 from engine import paths
 from engine.cli import main as carl
@@ -19,6 +22,7 @@ from engine.nodes import follow, writer
 from engine.nodes.config import DEFAULT_LOST_AFTER_S, load_nodes_settings
 from engine.nodes.follow import FollowError, LogFollower
 from engine.nodes.job import NodesJob
+from engine.nodes.state import NodeState, NodeStateError
 from engine.nodes.wire import (
     MAX_CONSOLE_BYTES,
     MAX_LINE_BYTES,
@@ -436,3 +440,37 @@ def test_carl_node_says_what_is_wrong_in_one_line(tmp_path: Path, capsys: pytest
     Store(paths.db_path(tmp_path / "home")).close()
     assert carl([*home, "node", "--list"]) == 0
     assert capsys.readouterr().out.startswith("the engine reads no nodes")
+
+
+def test_a_second_node_of_the_same_name_and_home_refuses_to_start(tmp_path: Path) -> None:
+    first = NodeState(tmp_path, "n1").acquire()
+    try:
+        with pytest.raises(NodeStateError, match="another carl node named 'n1' runs with this home"):
+            NodeState(tmp_path, "n1").acquire()
+        NodeState(tmp_path, "n2").acquire().release()  # another name: its own state
+    finally:
+        first.release()
+    NodeState(tmp_path, "n1").acquire().release()
+
+
+@pytest.mark.slow
+def test_carl_node_list_prints_what_a_hostile_node_sent_as_visible_text(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with Store(paths.db_path(home)) as store:
+        nodes = NodeWriter(store, home)
+        nodes.write(
+            [
+                Incoming("carl.nodes.x.sample", encode({"type": "sample", "node": f"a{SHORT}b"})),
+                Incoming(f"carl.nodes.{SHORT}.sample", b"{}"),
+                sample("n1", 1.0),
+            ]
+        )
+        assert len(store.system.nodes()) == 1
+    result = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "--home", str(home), "node", "--list"],
+        capture_output=True,
+        timeout=120,
+    )
+    assert result.returncode == 0 and b"Traceback" not in result.stderr
+    shown = result.stdout.decode()
+    assert RAW_CONTROL.findall(shown) == [] and "\\x1b]52" in shown and "n1" in shown

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from .consumer import Consumer
 
 CONFIG_CHECK_S = 2.0
+THIN_EVERY_S = (
+    600.0  # as the system job: the nodes' old samples are thinned even when [system] samples nothing
+)
 LOST_CHECK_S = 0.5
 RESTART_FIRST_S = 1.0
 RESTART_MOST_S = 60.0
@@ -46,6 +49,7 @@ class NodesJob:
         self.next_config_check = 0.0
         self.config_seen: tuple[float, int] | None = None
         self.next_lost_check = 0.0
+        self.next_thin = time.monotonic() + THIN_EVERY_S
         self.next_start = 0.0
         self.restarts = 0
         self.said: dict[str, str] = {}
@@ -64,6 +68,7 @@ class NodesJob:
         self._reload()
         self._supervise()
         self._lose_silent()
+        self._thin()
         self._publish()
 
     # -- the consumer --------------------------------------------------------------------------------------
@@ -128,6 +133,15 @@ class NodesJob:
         )
         for name in lost:
             log.info("nodes: %s lost: no sample for %g s", name, after)
+
+    def _thin(self) -> None:
+        now = time.monotonic()
+        if now < self.next_thin:
+            return
+        self.next_thin = now + THIN_EVERY_S
+        removed = self.store.system.thin()
+        if removed:
+            log.info("nodes: %d old sample rows thinned", removed)
 
     def _why(self) -> str:
         """Why the engine itself may have heard nothing (appended to a lost node's note), or nothing."""

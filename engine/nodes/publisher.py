@@ -404,6 +404,7 @@ class NodeProcess:
             self.say("link", f"{self.url}: disconnected; samples are kept until it is back")
         elif event == "reconnected":
             self.up.set()
+            self.said.pop("error", None)  # the next outage's errors are said again
             self.say(
                 "link", f"{self.url}: reconnected; sending the {len(self.outbox)} message(s) that waited"
             )
