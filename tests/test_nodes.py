@@ -29,7 +29,7 @@ from engine.agents.bus import Address, close, connect
 from engine.agents.server import LocalServer, free_port, token_path
 from engine.control import engine_status, start_engine, stop_engine
 from engine.nodes.bus import ensure_stream
-from engine.nodes.state import state_path
+from engine.nodes.state import NodeState, state_path
 from engine.nodes.wire import STREAM, encode
 from engine.store import Store, StoreReader
 
@@ -201,7 +201,9 @@ def test_three_nodes_appear_one_killed_is_lost_with_everything_it_sent_and_comes
         train = tmp_path / "train.log"
         written = write_lines(train, 0, 50)
         here.start_node("n1", "--log", str(train), "--run", "r1")
-        n2_home = here.start_node("n2")
+        n2_log = tmp_path / "rank1.log"
+        n2_lines = write_lines(n2_log, 0, 300)
+        n2_home = here.start_node("n2", "--log", str(n2_log))
         here.start_node("n3")
         for name in ("n1", "n2", "n3"):
             wait_for(lambda n=name: len(stored_times(here.home, n)) >= 3, 60, f"samples of {name}")
@@ -225,7 +227,10 @@ def test_three_nodes_appear_one_killed_is_lost_with_everything_it_sent_and_comes
         [registered] = read(here.home, lambda r: r.system.run_consoles(run_id))
         assert (registered["kind"], registered["node"], registered["path"]) == ("node", "n1", console["path"])
 
-        # n2 killed: lost after the timeout, and every sample the server took from it is stored, once.
+        # n2 killed while its log grows: lost after the timeout, and every sample the server took from it is
+        # stored, once.
+        wait_for(lambda: published(n2_home, "n2")["lines"] == 300, 60, "n2's first lines sent")
+        n2_lines += write_lines(n2_log, 300, 3000)
         here.nodes["n2"].send_signal(signal.SIGKILL)
         here.nodes["n2"].wait()
         wait_for(lambda: states(here.home)["n2"][0] == "lost", 60, "n2 lost")
@@ -239,12 +244,23 @@ def test_three_nodes_appear_one_killed_is_lost_with_everything_it_sent_and_comes
         assert counted["samples"] <= len(stored) and counted["last_sample_t"] in stored
 
         # n2 comes back under the same name: live again, and it goes on.
-        here.start_node("n2")
+        n2_lines += write_lines(n2_log, 3300, 200)
+        here.start_node("n2", "--log", str(n2_log))
         gpu_note = states(here.home)["n1"][
             1
         ]  # what a live node's note says: "no NVIDIA GPU: ..." here, or None
         wait_for(lambda: states(here.home)["n2"] == ("live", gpu_note), 60, "n2 live again")
         wait_for(lambda: len(stored_times(here.home, "n2")) > len(stored) + 2, 60, "n2's new samples")
+        # its log goes on from where the server got it: every line once, in order
+        wait_for(
+            lambda: (c := console_of(here.home, "n2")) is not None and c["lines"] >= len(n2_lines),
+            60,
+            "n2's log",
+        )
+        n2_console = console_of(here.home, "n2")
+        assert n2_console is not None and Path(n2_console["path"]).read_text() == "".join(
+            line + "\n" for line in n2_lines
+        )
 
         # n3 stopped: it says bye, exits 0, and is marked stopped; nothing it sent is missing.
         here.nodes["n3"].send_signal(signal.SIGTERM)
@@ -433,3 +449,61 @@ def test_without_a_nodes_url_the_engine_reads_nodes_from_the_agents_planes_serve
         wait_for(lambda: states(here.home)["n1"][0] == "lost", 120, "n1 lost once the plane is down")
         assert "nothing reads the nodes' stream" in (states(here.home)["n1"][1] or "")
         assert here.nodes["n1"].poll() is None  # the node waits for the server to come back
+
+
+def test_the_console_message_a_killed_node_left_on_its_way_is_sent_again_first_and_stored_once(
+    tmp_path: Path,
+) -> None:
+    """The window `kill -9` can hit: the server took a console message, the node never noted its ack."""
+    with room(tmp_path) as here:
+        engine_up(here.home)
+        log = tmp_path / "train.log"
+        lines = write_lines(log, 0, 10)
+        head = "".join(line + "\n" for line in lines[:5]).encode()
+        body = {"console": "train.log", "source": str(log), "run": None, "epoch": "e0", "n": 1, "offset": 0}
+        data = encode(
+            {"type": "console", "node": "n1", "host": "h", "boot": "b0", **body, "lines": lines[:5]}
+        )
+        st = log.stat()
+        follow = {
+            "path": str(log),
+            "epoch": "e0",
+            "n": 1,
+            "dev": st.st_dev,
+            "ino": st.st_ino,
+            "offset": len(head),
+        }
+        home = tmp_path / "n1"
+        home.mkdir()
+        state = NodeState(home, "n1")
+        state.inflight = {
+            "subject": "carl.nodes.n1.console",
+            "data": data.decode(),
+            "msg_id": "n1.e0.1",
+            "console": "train.log",
+            "follow": follow,
+            "lines": 5,
+        }
+        state.save()
+
+        async def as_the_killed_node_did() -> None:
+            nc = await connect(here.address, "killed-node")
+            try:
+                js = nc.jetstream()
+                await ensure_stream(js)
+                await js.publish("carl.nodes.n1.console", data, headers={"Nats-Msg-Id": "n1.e0.1"}, timeout=5)
+            finally:
+                await close(nc)
+
+        asyncio.run(as_the_killed_node_did())
+        here.start_node("n1", "--log", str(log))
+        wait_for(lambda: published(home, "n1")["lines"] == 10, 60, "the node's lines sent")
+        wait_for(
+            lambda: (c := console_of(here.home, "n1")) is not None and c["lines"] == 10, 60, "the console"
+        )
+        console = console_of(here.home, "n1")
+        assert console is not None and Path(console["path"]).read_text() == "".join(
+            line + "\n" for line in lines
+        )
+        assert len(stream_messages(here.address, "carl.nodes.n1.console")) == 2  # the repeat was stored once
+        assert json.loads(state_path(home, "n1").read_text())["inflight"] is None

@@ -305,8 +305,14 @@ class NodeProcess:
     def _resume(self) -> Outgoing | None:
         """The logs to follow, each from where a previous run got (the console message it left on its way
         comes first, as it was)."""
-        noted = self.state.inflight
-        resumed = Outgoing.from_noted(noted) if noted is not None else None
+        resumed = None
+        if self.state.inflight is not None:
+            try:
+                resumed = Outgoing.from_noted(self.state.inflight)
+            except (KeyError, TypeError, ValueError) as exc:
+                self.tell(
+                    f"{self.state.path}: the console message on its way cannot be read ({exc!r}); dropped"
+                )
         taken: set[str] = set()
         for path in self.options.logs:
             name = console_name(path.name, taken)
@@ -316,10 +322,14 @@ class NodeProcess:
                 saved = resumed.follow
             follower = LogFollower(path)
             epoch, n = secrets.token_hex(6), 0
-            if saved is not None and saved.get("path") == str(path):
-                follower.identity = (int(saved["dev"]), int(saved["ino"]))
-                follower.offset = int(saved["offset"])
-                epoch, n = str(saved["epoch"]), int(saved["n"])
+            if isinstance(saved, dict) and saved.get("path") == str(path):
+                try:
+                    identity, offset = (int(saved["dev"]), int(saved["ino"])), int(saved["offset"])
+                    epoch, n = str(saved["epoch"]), int(saved["n"])
+                except (KeyError, TypeError, ValueError):
+                    self.tell(f"{self.state.path}: where {path} got to cannot be read; following it afresh")
+                else:
+                    follower.identity, follower.offset = identity, offset
             self.logs[name] = Log(name, path, follower, epoch, n)
         return resumed
 
