@@ -30,7 +30,8 @@ from .bus import ensure_stream as ensure_nodes_stream
 from .bus import fetch, subscribe
 from .writer import Counts, Incoming, NodeWriter
 
-BATCH = 500
+# Messages a fetch asks for: at most 64 MiB at the stream's 1 MiB a message (a few MiB in practice).
+BATCH = 64
 FETCH_WAIT_S = 0.5  # an empty fetch returns after this: how soon a stop is seen
 RETRY_MOST_S = 5.0
 

@@ -225,11 +225,11 @@ class NodeProcess:
         if resumed is not None:
             self.outbox.put(resumed)
         feeders = [
-            asyncio.create_task(self._connect()),
-            asyncio.create_task(self._sampling()),
-            asyncio.create_task(self._following()),
+            asyncio.create_task(self._guarded("connecting", self._connect())),
+            asyncio.create_task(self._guarded("sampling", self._sampling())),
+            asyncio.create_task(self._guarded("following the logs", self._following())),
         ]
-        sender = asyncio.create_task(self._sending())
+        sender = asyncio.create_task(self._guarded("sending", self._sending()))
         await self.stop.wait()
         for task in feeders:
             task.cancel()
@@ -257,6 +257,16 @@ class NodeProcess:
             f" ({sent['lines']} lines) sent"
         )
         return 0
+
+    async def _guarded(self, what: str, work: Any) -> None:
+        """`work`, and if it fails for a reason nobody foresaw, the node stops with that reason in one line
+        (status 2: whatever runs it may start it again) rather than going on without it."""
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._fail(f"{what} failed: {type(exc).__name__}: {exc}")
 
     def _signalled(self, sig: int) -> None:
         self.stopped_by = signal.Signals(sig).name
