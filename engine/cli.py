@@ -105,6 +105,10 @@ COMMANDS = {
         "through the engine, evaluate each run, print the table",
     ),
     "demo": Command("engine.demo.cli", "start the built-in demo training run (through the engine)"),
+    "node": Command(
+        "engine.nodes.cli",
+        "join this machine to an engine's store as a node: samples and consoles over NATS (--join URL)",
+    ),
 }
 
 TRAIN = ("torch", "trl", "transformers")
@@ -116,6 +120,10 @@ EXTRAS = {
     "eval": (TRAIN, "this command needs the train extra: pip install 'carl-tui[train]'"),
     "push": (("huggingface_hub",), "push needs huggingface_hub: pip install 'carl-tui[train]'"),
     "agents": (("nats", "yaml"), "the agents plane needs the nats extra: pip install 'carl-tui[nats]'"),
+    "node": (
+        ("nats", "yaml", "psutil"),
+        "carl node needs the nats extra and psutil: pip install 'carl-tui[nats]' psutil",
+    ),
     "experiment": (
         (*TRAIN, "scipy"),
         "experiments train models: install the train extra (pip install 'carl-tui[train]')",

@@ -106,7 +106,7 @@ def test_settings_are_read_and_each_bad_value_is_one_line_naming_its_key(tmp_pat
     settings, problems = load_settings(tmp_path)
     assert settings.targets == ()
     assert problems == [
-        "engine.toml: other: unknown setting (known: alerts, system)",
+        "engine.toml: other: unknown setting (known: alerts, system, nodes)",
         "engine.toml: alerts.url: unknown setting (known: webhook, command, timeout_s)",
         "engine.toml: alerts.webhook: expected an http:// or https:// URL",
         "engine.toml: alerts.timeout_s: expected seconds, more than 0 and at most 120",

@@ -27,7 +27,8 @@ from engine.text import one_line
 from engine.tomlfile import read_table
 
 FILE_NAME = "engine.toml"
-KNOWN_TABLES = ("alerts", "system")  # [system]: engine/system/config.py
+# [system] and [nodes]: engine/system/config.py, engine/nodes/config.py
+KNOWN_TABLES = ("alerts", "system", "nodes")
 KNOWN_KEYS = ("webhook", "command", "timeout_s")
 DEFAULT_TIMEOUT_S = 10.0
 KEY_CHARS = 80  # of a key the file names and we do not know, in its line (a key may hold a newline)

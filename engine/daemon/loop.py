@@ -43,6 +43,7 @@ from engine.control.pidfile import (
 )
 from engine.control.process import CHILDREN_KEY
 from engine.faults import store_trouble
+from engine.nodes import NodesJob
 from engine.observe import IngestResult, ObserveError, finish_import, ingest_source, register_source
 from engine.store import Store, StoreError
 from engine.system import SystemJob
@@ -157,6 +158,7 @@ class Engine:
         self.plane: Any = None  # the agents plane (engine.agents.plane.Plane), made on first use
         self.alerts = Alerts(store, home)  # red runs and agents alarms to the user's webhook or command
         self.system = SystemJob(store, home)  # this machine sampled into the store (engine/system/)
+        self.nodes = NodesJob(store, home, self.plane_address)  # other machines, over NATS (engine/nodes/)
 
     @property
     def stopping(self) -> bool:
@@ -181,6 +183,7 @@ class Engine:
         finally:
             self.alerts.close()  # tries still due resume with the next engine (their state is in the store)
             self.system.close()
+            self.nodes.close()
             if self.plane is not None:
                 self.plane.shutdown()  # it comes back up with the next engine
 
@@ -208,6 +211,7 @@ class Engine:
             run("analysis", self.analyze_due, default=None)
             run("alerts", self.alerts_due, default=None)
             run("system", self.system.tick, default=None)
+            run("nodes", self.nodes.tick, default=None)
             run("children", self.reap_children, default=None)
             run("children list", self.publish_children, default=None)
             if self.plane is not None:
@@ -369,6 +373,11 @@ class Engine:
 
             self.plane = Plane(self.store, self.home)
         return self.plane
+
+    def plane_address(self) -> Any:
+        """The agents plane's NATS address while it is up (the nodes job reads nodes there without [nodes]
+        url)."""
+        return self.plane.address if self.plane is not None and self.plane.up else None
 
     def restore_plane(self) -> None:
         row = self.store.conn.execute("SELECT value FROM kv WHERE key='agents.plane'").fetchone()

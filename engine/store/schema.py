@@ -552,7 +552,8 @@ def _v9(db: sqlite_utils.Database) -> None:
     launcher, a process found working in an observed run's directory), with its end. `run_consoles` names a
     run's log files (what the log view opens and what is scanned for tracebacks), `console_findings` what the
     scan found: a traceback, CUDA out of memory, an NCCL error. `node_rejected` keeps what a node sent that
-    could not be stored, with the reason (as the agents audit does)."""
+    could not be stored, with the reason (as the agents audit does); `node_consoles` the log files a node
+    follows, appended to files of the engine's home, with how far each got (engine/nodes/writer.py)."""
     db.execute(
         """
         CREATE TABLE nodes (
@@ -569,6 +570,24 @@ def _v9(db: sqlite_utils.Database) -> None:
         )
         """
     )
+    db.execute(
+        """
+        CREATE TABLE node_consoles (
+            id INTEGER PRIMARY KEY,
+            node_id INTEGER NOT NULL,
+            name TEXT NOT NULL,  -- the console's name as the node gave it (its log file's name)
+            source TEXT,  -- the log's path on the node, as text: shown, never opened here
+            path TEXT NOT NULL,  -- the file under $CARL_HOME/nodes/<node id>/ its lines are appended to
+            run_id INTEGER,  -- the run it belongs to (`carl node --run`), once that run is in the store
+            epoch TEXT,  -- the node's follow state the lines come from ...
+            n INTEGER NOT NULL DEFAULT 0,  -- ... and the last of its messages appended: a repeat is skipped
+            length INTEGER NOT NULL DEFAULT 0,  -- bytes of `path` committed (more after a crash: cut back)
+            lines INTEGER NOT NULL DEFAULT 0,  -- lines appended since the node first sent it
+            updated_at REAL NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE UNIQUE INDEX idx_node_consoles_name ON node_consoles (node_id, name)")
     db.execute(
         """
         CREATE TABLE system_samples (

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,8 @@ RAW_MAX_PER_SERIES = 10_800  # ... and at most this many (six hours at 2 s; 18 m
 ROLLUP_WIDTHS = (60, 900)  # seconds per bucket: a minute, a quarter of an hour
 ROLLUP_KEEP_S = {60: 7 * 86400.0, 900: 90 * 86400.0}  # a week of minutes, a quarter of quarter-hours
 CMDLINE_CHARS = 300
+REJECTED_KEEP = 10_000  # rows of node_rejected kept, the newest: a node sending garbage cannot fill the disk
+REJECTED_PAYLOAD_CHARS = 2000  # of a rejected message, its first characters are kept to show what it was
 
 
 @dataclass
@@ -93,6 +96,126 @@ class SystemTables:
         cur = self.conn.execute("SELECT id, name, host, via, state, note, last_seen FROM nodes ORDER BY id")
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    # -- nodes heard over NATS (engine/nodes/writer.py) ------------------------------------------------------
+
+    def node_row(self, name: str) -> tuple[int, str, str] | None:
+        """(id, via, state) of the node named `name`; None when there is none."""
+        row = self.conn.execute("SELECT id, via, state FROM nodes WHERE name=?", (name,)).fetchone()
+        return None if row is None else (int(row[0]), str(row[1]), str(row[2]))
+
+    def node_count(self) -> int:
+        return int(self.conn.execute("SELECT count(*) FROM nodes").fetchone()[0])
+
+    def node_heard(self, node_id: int) -> None:
+        """A node that sent a sample is live (again, after lost or stopped), its note what its hello said."""
+        self.conn.execute(
+            "UPDATE nodes SET state='live', lost_at=NULL, note=json_extract(info, '$.note')"
+            " WHERE id=? AND state!='live'",
+            (node_id,),
+        )
+
+    def lose_silent_nodes(self, before: float, note: str) -> list[str]:
+        """Mark lost the live nodes heard over NATS whose newest sample was stored before `before` (wall
+        time), with `note`; returns their names. Read first (no write lock while every node speaks), then
+        each marked only if still silent: a sample the consumer's own connection stored meanwhile keeps its
+        node live."""
+        silent = self.conn.execute(
+            "SELECT id, name FROM nodes WHERE via='nats' AND state='live' AND last_seen<?", (before,)
+        ).fetchall()
+        lost = []
+        if silent:
+            with self.store.transaction():
+                for node_id, name in silent:
+                    changed = self.conn.execute(
+                        "UPDATE nodes SET state='lost', note=?, lost_at=? WHERE id=? AND state='live'"
+                        " AND last_seen<?",
+                        (storable(one_line(note, 300)), time.time(), node_id, before),
+                    ).rowcount
+                    if changed:
+                        lost.append(str(name))
+        return lost
+
+    def reject_node_message(self, node: str | None, subject: str, reason: str, payload: bytes | str) -> None:
+        """What a node sent that cannot be stored: its one-line reason and its first characters, as text. The
+        newest REJECTED_KEEP rows are kept."""
+        text = (
+            payload
+            if isinstance(payload, str)
+            else payload[: 4 * REJECTED_PAYLOAD_CHARS].decode(errors="replace")
+        )
+        with self.store.transaction():
+            cur = self.conn.execute(
+                "INSERT INTO node_rejected (node, subject, reason, payload, received_at) VALUES (?,?,?,?,?)",
+                (
+                    node and storable(one_line(node, 200)),
+                    storable(one_line(subject, 200)),
+                    storable(one_line(reason, 500)),
+                    storable(text[:REJECTED_PAYLOAD_CHARS]),
+                    time.time(),
+                ),
+            )
+            newest = int(cur.lastrowid)  # type: ignore[arg-type]
+            if newest % 100 == 0:  # now and then, not per row: the newest REJECTED_KEEP stay
+                self.conn.execute("DELETE FROM node_rejected WHERE id<=?", (newest - REJECTED_KEEP,))
+
+    def node_console(self, node_id: int, name: str) -> dict[str, Any] | None:
+        cur = self.conn.execute(
+            "SELECT id, node_id, name, source, path, run_id, epoch, n, length, lines FROM node_consoles"
+            " WHERE node_id=? AND name=?",
+            (node_id, name),
+        )
+        row = cur.fetchone()
+        return None if row is None else dict(zip([d[0] for d in cur.description], row, strict=True))
+
+    def node_console_count(self, node_id: int) -> int:
+        return int(
+            self.conn.execute("SELECT count(*) FROM node_consoles WHERE node_id=?", (node_id,)).fetchone()[0]
+        )
+
+    def add_node_console(self, node_id: int, name: str, source: str, directory: Path) -> dict[str, Any]:
+        """A console a node follows, its file `directory/console-<id>.log` (named by its id, never its
+        name)."""
+        with self.store.transaction():
+            cur = self.conn.execute(
+                "INSERT INTO node_consoles (node_id, name, source, path, updated_at) VALUES (?,?,?, '', ?)",
+                (node_id, storable(name), storable(one_line(source, 500)), time.time()),
+            )
+            console_id = int(cur.lastrowid)  # type: ignore[arg-type]
+            path = str(directory / f"console-{console_id}.log")
+            self.conn.execute("UPDATE node_consoles SET path=? WHERE id=?", (storable(path), console_id))
+        found = self.node_console(node_id, name)
+        assert found is not None
+        return found
+
+    def node_console_written(
+        self, console_id: int, *, epoch: str, n: int, length: int, lines: int, source: str
+    ) -> None:
+        self.conn.execute(
+            "UPDATE node_consoles SET epoch=?, n=?, length=?, lines=lines+?, source=?, updated_at=?"
+            " WHERE id=?",
+            (storable(epoch), n, length, lines, storable(one_line(source, 500)), time.time(), console_id),
+        )
+
+    def node_console_run(self, console_id: int, run_id: int) -> None:
+        self.conn.execute("UPDATE node_consoles SET run_id=? WHERE id=?", (run_id, console_id))
+
+    def run_named(self, name: str) -> int | None:
+        row = self.conn.execute("SELECT id FROM runs WHERE name=?", (name,)).fetchone()
+        return None if row is None else int(row[0])
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """One message's rows inside the caller's transaction, undone alone when it raises."""
+        with self.store.transaction():
+            self.conn.execute("SAVEPOINT node_message")
+            try:
+                yield
+            except BaseException:
+                self.conn.execute("ROLLBACK TO node_message")
+                raise
+            finally:
+                self.conn.execute("RELEASE node_message")
 
     # -- samples --------------------------------------------------------------------------------------------
 

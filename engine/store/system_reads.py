@@ -68,6 +68,24 @@ class SystemReads:
             row["info"] = _json(row["info"], {})
         return rows
 
+    def node_consoles(self, node_id: int | None = None) -> list[dict[str, Any]]:
+        """The consoles nodes follow (one node's, or every node's): the file under $CARL_HOME/nodes/ that
+        holds their lines, the path on the node, the run they belong to."""
+        where = "" if node_id is None else " WHERE c.node_id=?"
+        return self._rows(
+            "SELECT c.id, c.node_id, n.name AS node, c.name, c.source, c.path, c.run_id, c.lines, c.length,"
+            f" c.updated_at FROM node_consoles c JOIN nodes n ON n.id = c.node_id{where} ORDER BY c.id",
+            () if node_id is None else (node_id,),
+        )
+
+    def node_rejected(self, limit: int = 20) -> list[dict[str, Any]]:
+        """What nodes sent that could not be stored, newest first, with the reason."""
+        return self._rows(
+            "SELECT id, node, subject, reason, payload, received_at FROM node_rejected"
+            " ORDER BY id DESC LIMIT ?",
+            (limit,),
+        )
+
     def now(self) -> dict[int, dict[str, Any]]:
         """Each node's newest whole sample, by node id."""
         rows = self._rows("SELECT node_id, t, sample FROM system_now")
