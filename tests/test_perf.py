@@ -221,7 +221,6 @@ def test_a_grpo_steps_record() -> None:
         "perf/time/generation_s": 1.0,
         "perf/time/scoring_s": 0.25,
         "perf/time/update_s": 0.5,
-        "perf/time/other_s": 0.25,
         "perf/tokens_per_s_per_gpu": 25.0,
     }
 
@@ -247,7 +246,6 @@ def test_an_sft_step_has_what_applies_and_a_stepless_clock_no_record() -> None:
         "perf/tokens_per_s": 40.0,
         "perf/samples_per_s": 4.0,
         "perf/time/update_s": 0.45,
-        "perf/time/other_s": pytest.approx(0.05),
     }
     assert StepPerf.of(None, [1]) is None
     assert StepPerf.of((0.0, {}), [1]).metrics() == {}  # type: ignore[union-attr]

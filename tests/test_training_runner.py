@@ -260,7 +260,7 @@ def check_health_keys(store: Store, run_id: int, steps: range, *, kl: bool) -> N
 
 PERF_KEYS = ("perf/step_time_s", "perf/tokens_per_s", "perf/samples_per_s", "perf/time/update_s")
 PHASES = ("perf/time/generation_s", "perf/time/scoring_s", "perf/time/update_s")
-GRPO_PERF_KEYS = (*PHASES, "perf/prompt_tokens_per_s", "perf/completion_tokens_per_s", "perf/time/other_s")
+GRPO_PERF_KEYS = (*PHASES, "perf/prompt_tokens_per_s", "perf/completion_tokens_per_s")
 PHASES_SHARE = 0.75  # the phases, each measured where it runs, cover at least this much of the step
 
 
@@ -292,8 +292,6 @@ def check_perf(store: Store, run_id: int, *, sft: range, grpo: range, rows: int,
         prompt, completion = (values[f"perf/{k}_tokens_per_s"][step] for k in ("prompt", "completion"))
         assert prompt + completion == pytest.approx(values["perf/tokens_per_s"][step])
         assert completion * seconds == pytest.approx(lengths[step] * completions)
-        measured = sum(values[key][step] for key in PHASES)
-        assert measured + values["perf/time/other_s"][step] == pytest.approx(seconds)
     for key in ("perf/tokens_per_s_per_gpu", "perf/mfu"):
         assert not steps_of(store, run_id, key), key
 

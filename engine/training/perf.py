@@ -8,15 +8,15 @@ the same `perf/*` names whichever backend trained (docs/guide/training.md, "Thro
     perf/time/scoring_s         the reward functions, the coherence rewards' Φ included
     perf/time/update_s          learning from them: reference and old-policy forwards, loss forward, backward,
                                 clipping and the optimizer step
-    perf/time/other_s           the rest of the step (batching, padding, advantages)
     perf/tokens_per_s           prompt + completion tokens of the step, every rank's, per second of the step
     perf/prompt_tokens_per_s, perf/completion_tokens_per_s   the same, split
     perf/samples_per_s          completions (SFT: rows) per second
     perf/tokens_per_s_per_gpu   tokens_per_s / ranks, on GPUs or several ranks
     perf/mfu                    achieved model FLOP/s ÷ (peak FLOP/s x ranks), a fraction, where both known
 
-What the step records after it (Φ statistics, rollouts, the store write) is not in the step's time; it is
-timed on its own (`timing/*`).
+The rest of the step (batching, padding, advantages) is its time less the three phases. What the step records
+after it (Φ statistics, rollouts, the store write) is not in the step's time; it is timed on its own
+(`timing/*`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ PHASE_KEYS = {
     SCORING: "perf/time/scoring_s",
     UPDATE: "perf/time/update_s",
 }
-OTHER_TIME = "perf/time/other_s"
 TOKENS_PER_S = "perf/tokens_per_s"
 PROMPT_TOKENS_PER_S = "perf/prompt_tokens_per_s"
 COMPLETION_TOKENS_PER_S = "perf/completion_tokens_per_s"
@@ -171,8 +170,6 @@ class StepPerf:
         for phase, key in PHASE_KEYS.items():
             if phase in self.phases:
                 out[key] = self.phases[phase]
-        if self.phases:
-            out[OTHER_TIME] = max(0.0, seconds - sum(self.phases.values()))
         if self.per_gpu:
             out[TOKENS_PER_S_PER_GPU] = self.tokens / seconds / self.ranks
         if self.flops is not None and self.peak_flops:
