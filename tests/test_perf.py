@@ -47,6 +47,9 @@ def test_n_is_the_weights_a_token_multiplies_through(tiny_model: Path) -> None:
     assert sum(linear.values()) == TINY_N
     total = sum(p.numel() for p in model.parameters())
     assert total - TINY_N == sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
+    # The torch backend counts from the loaded model's config, MLX from config.json: the same.
+    loaded = ModelFlops.from_config(model.config.get_text_config().to_dict())
+    assert loaded == ModelFlops.from_config(json.loads((tiny_model / "config.json").read_text()))
 
 
 def test_a_grouped_query_model_with_its_own_head_dim() -> None:
