@@ -7,6 +7,7 @@ whatever moment a process dies at.
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from collections.abc import Mapping
 from typing import Any
@@ -112,9 +113,11 @@ def with_tokens_per_s(store: Store, run_id: int, rows: list[Row]) -> list[Row]:
     previous log (in this batch, else the run's stored one) over the steps since then, each of the logged
     mean step time (docs/reference/frameworks.md §2.2). TRL restores num_tokens on resume, so the
     difference stays the tokens of those steps; a log that does not move forward derives nothing."""
-    seconds = {step: value for step, key, value, _ in rows if key == STEP_TIME and value}
+    seconds = {
+        step: value for step, key, value, _ in rows if key == STEP_TIME and _finite(value) and value > 0
+    }
     seen = sorted(
-        (step, value, wall) for step, key, value, wall in rows if key == TOKENS_SEEN and value is not None
+        (step, value, wall) for step, key, value, wall in rows if key == TOKENS_SEEN and _finite(value)
     )
     if not seen or not seconds:
         return rows
@@ -127,6 +130,10 @@ def with_tokens_per_s(store: Store, run_id: int, rows: list[Row]) -> list[Row]:
             )
         before = (step, tokens)
     return rows + derived if derived else rows
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def capped_keys(store: Store, run_id: int, rows: list[Row], result: IngestResult | None) -> list[Row]:
