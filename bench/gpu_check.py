@@ -8,7 +8,8 @@ Sections (about 5 minutes on an H100):
             cuda against the forward on the same tokens
   grpo      a short GRPO run on cuda in bf16 (`python -m engine.training`), the coherence rewards on
             from step one: which Φ path each step took, and the step times; then the same with
-            `phi_source: forward` for the comparison
+            `phi_source: forward` for the comparison; every step's perf/tokens_per_s, and perf/mfu in
+            (0, 1) on a GPU of the peak table (docs/reference/gpus.md), none on another
   nccl      the run again under torchrun with one process (accelerate's multi-GPU launcher is torchrun,
             and refuses `--multi_gpu --num_processes 1`): the Trainer's accelerate sets up NCCL
   speed     the kernels at [8192 x 151,936] bf16 against one read of the logits (goal <= 1.5x): the
@@ -228,7 +229,15 @@ def run_carl(home: Path, argv: list[str], timeout: float) -> tuple[int, str]:
 def step_figures(home: Path, name: str) -> dict[str, dict[int, float]]:
     db = sqlite3.connect(home / "carl.db")
     run_id = db.execute("SELECT id FROM runs WHERE name=?", (name,)).fetchone()[0]
-    keys = ("phi/from_generate", "timing/phi_generate", "timing/phi_forward", "step_time", "phi/mean")
+    keys = (
+        "phi/from_generate",
+        "timing/phi_generate",
+        "timing/phi_forward",
+        "step_time",
+        "phi/mean",
+        "perf/tokens_per_s",
+        "perf/mfu",
+    )
     out: dict[str, dict[int, float]] = {k: {} for k in keys}
     for key, step, value in db.execute(
         f"SELECT key, step, value FROM metrics WHERE run_id=? AND key IN ({','.join('?' * len(keys))})",
@@ -269,7 +278,26 @@ def grpo() -> str:
         if len(taken) < len(paths) - 1 or any(p != expected for p in taken):
             raise AssertionError(f"phi_source {source}: steps took phi/from_generate {paths}")
         lines.append(f"{source}: median step {statistics.median(figures['step_time'].values()):.2f}s")
+        lines.append(perf_line(figures, steps))
     return "; ".join(lines)
+
+
+def perf_line(figures: dict[str, dict[int, float]], steps: list[int]) -> str:
+    """Every step's tokens/s; MFU on every step, a fraction, where this GPU's peak is in the table, else
+    none."""
+    from engine.training.flops import gpu_peak
+
+    name = torch.cuda.get_device_name()
+    tokens, mfu = figures["perf/tokens_per_s"], figures["perf/mfu"]
+    if sorted(tokens) != steps or min(tokens.values()) <= 0:
+        raise AssertionError(f"perf/tokens_per_s at steps {sorted(tokens)} of {steps}")
+    if gpu_peak(name) is None:
+        if mfu:
+            raise AssertionError(f"perf/mfu logged on {name!r}, which has no peak in the table")
+        return f"{name}: no peak known, no perf/mfu; tokens/s {statistics.median(tokens.values()):.0f}"
+    if sorted(mfu) != steps or not all(0 < value < 1 for value in mfu.values()):
+        raise AssertionError(f"perf/mfu on {name!r}: {mfu}")
+    return f"tokens/s {statistics.median(tokens.values()):.0f}, mfu {statistics.median(mfu.values()):.2e}"
 
 
 def nccl() -> str:

@@ -37,7 +37,7 @@ VERL = {  # veRL's names (engine/observe/frameworks.py maps the first eight)
     "actor/lr": lambda s: 1e-6,
     "actor/pg_loss": lambda s: math.sin(s / 5),  # below 0 at times: the log axis leaves those out
     "critic/score/max": lambda s: 1.0,
-    "timing_s/gen": lambda s: 3.0,
+    "timing_s/old_log_prob": lambda s: 3.0,  # timing_s/gen would be perf/time/generation_s
 }
 
 

@@ -20,6 +20,7 @@ from support import Launched, end_all, launched_together  # noqa: E402
 from test_training_runner import (  # noqa: E402
     PAUSED_POLLS,
     check_health_keys,
+    check_perf,
     check_rollouts,
     done,
     finish,
@@ -118,6 +119,11 @@ def test_a_short_mlx_grpo_run_reports_every_step_like_torch(one_shot: dict[str, 
         assert {"task", "format", "coherence", "total"} <= set(json.loads(rewards))
     check_rollouts(store, run_id, range(3, 9), group=8)
     check_health_keys(store, run_id, range(3, 9), kl=True)  # beta 0.04: the k3 KL to the starting model
+    check_perf(store, run_id, sft=range(1, 3), grpo=range(3, 9), rows=32, completions=8)
+    # MLX's memory, which only the training process sees: the step's peak, and what is held at its end.
+    active, peak = (steps_of(store, run_id, f"mlx/{k}_memory_gb") for k in ("active", "peak"))
+    assert sorted(active) == sorted(peak) == list(range(1, 9))
+    assert all(0 < active[step] <= peak[step] < 1 for step in active)  # a tiny model: under 1 GiB
     assert all(v >= 0 for v in steps_of(store, run_id, "kl").values())
     assert run["last_checkpoint_step"] == 8 and Path(run["last_checkpoint"]).name == "checkpoint-8"
     final = Path(run["output_dir"]) / "final"

@@ -414,3 +414,206 @@ def test_vocab_size_arriving_later_and_the_users_override(store: Store, tmp_path
     observe(store, path, follow=True)
     assert store.run(run_id)["vocab_size"] == 5000
     assert series(store, run_id, "phi/mean")[2] == pytest.approx(1 - 1.0 / math.log(5000))
+
+
+# -- throughput, timing and MFU (docs/reference/frameworks.md §2.2) ------------------------------------------
+
+# Each framework's throughput keys, read in its source at the commit of its key set above (TRL: 1.16,
+# installed).
+PERF_KEY_SETS = {
+    # verl/trainer/ppo/ray_trainer.py (marked_timer names), metric_utils.py (compute_timing_metrics,
+    # compute_throughout_metrics), workers/fsdp_workers.py (perf/mfu/actor, perf/max_memory_*).
+    "verl": [
+        "timing_s/step",
+        "timing_s/gen",
+        "timing_s/reward",
+        "timing_s/old_log_prob",
+        "timing_s/ref",
+        "timing_s/adv",
+        "timing_s/update_actor",
+        "timing_per_token_ms/gen",
+        "perf/total_num_tokens",
+        "perf/time_per_step",
+        "perf/throughput",
+        "perf/mfu/actor",
+        "perf/max_memory_allocated_gb",
+    ],
+    # src/prime_rl/trainer/rl/train.py (perf_metrics, time/*).
+    "prime-rl": [
+        "perf/throughput",
+        "perf/throughput_per_gpu",
+        "perf/mfu",
+        "perf/peak_memory",
+        "time/step",
+        "time/wait_for_batch",
+        "time/load_data",
+        "time/broadcast_weights",
+        "time/save_ckpt",
+        "time/forward_backward",
+    ],
+    # skyrl/train/trainer.py (Timer names as timing/<name>, trainer/tokens_per_second_per_gpu).
+    "skyrl": [
+        "timing/step",
+        "timing/generate",
+        "timing/postprocess_generator_output",
+        "timing/fwd_logprobs_values_reward",
+        "timing/compute_advantages_and_returns",
+        "timing/train_critic_and_policy",
+        "timing/sync_weights",
+        "trainer/tokens_per_second_per_gpu",
+    ],
+    # slime/observability/train_metric_utils.py (log_perf_data) and rollout_metrics.py.
+    "slime": [
+        "perf/rollout_time",
+        "perf/tokens_per_gpu_per_sec",
+        "perf/log_probs_time",
+        "perf/actor_train_time",
+        "perf/actor_train_tflops",
+        "perf/actor_train_tok_per_s",
+        "perf/train_wait_time",
+        "perf/train_time",
+        "perf/step_time",
+        "perf/wait_time_ratio",
+    ],
+    "trl": ["train/step_time", "train/num_tokens"],  # trl/trainer/grpo_trainer.py
+}
+# trl/experimental/async_grpo/async_grpo_trainer.py (_log_step_metrics, compute_loss), as transformers logs
+# it.
+TRL_ASYNC = [
+    f"train/{k}"
+    for k in (
+        "loss",
+        "entropy",
+        "kl",
+        "clip_ratio/low_mean",
+        "clip_ratio/high_mean",
+        "clip_ratio/region_mean",
+        "perf/step_s",
+        "perf/fwd_bwd_s",
+        "perf/fwd_s",
+        "perf/optimizer_s",
+        "perf/forwarded_tok_s_fwd_bwd",
+        "perf/forwarded_tok_s_wall_clock",
+        "perf/trained_tok_s_wall_clock",
+        "perf/mfu_fwd_bwd",
+        "perf/mfu_wall_clock",
+        "perf/rollout_wait_s",
+        "batch/forwarded_tokens_per_step",
+    )
+]
+STEP, GEN, SCORE, UPDATE = (
+    "perf/step_time_s",
+    "perf/time/generation_s",
+    "perf/time/scoring_s",
+    "perf/time/update_s",
+)
+PER_S, PER_GPU, COMPLETION_PER_S = (
+    "perf/tokens_per_s",
+    "perf/tokens_per_s_per_gpu",
+    "perf/completion_tokens_per_s",
+)
+# Source key -> the canonical name it takes; None: the key keeps its name (another key of its framework took
+# it).
+PERF_RENAMES: dict[str, dict[str, str | None]] = {
+    "verl": {
+        "timing_s/step": STEP,
+        "perf/time_per_step": None,
+        "timing_s/gen": GEN,
+        "timing_s/reward": SCORE,
+        "timing_s/update_actor": UPDATE,
+        "perf/throughput": PER_GPU,
+        "perf/mfu/actor": "perf/mfu",
+    },
+    "prime-rl": {
+        "perf/throughput": PER_S,
+        "perf/throughput_per_gpu": PER_GPU,
+        "perf/mfu": None,  # already the canonical name; its percent still becomes a fraction
+        "time/step": STEP,
+        "time/forward_backward": UPDATE,
+    },
+    "skyrl": {
+        "timing/step": STEP,
+        "timing/generate": GEN,
+        "timing/train_critic_and_policy": UPDATE,
+        "trainer/tokens_per_second_per_gpu": PER_GPU,
+    },
+    "slime": {
+        "perf/step_time": STEP,
+        "perf/rollout_time": GEN,
+        "perf/actor_train_time": UPDATE,
+        "perf/actor_train_tok_per_s": PER_S,
+    },
+    "trl": {"train/step_time": STEP},
+    "trl-async": {
+        "train/perf/step_s": STEP,
+        "train/perf/fwd_bwd_s": UPDATE,
+        "train/perf/forwarded_tok_s_wall_clock": PER_S,
+        "train/perf/trained_tok_s_wall_clock": COMPLETION_PER_S,
+        "train/perf/mfu_wall_clock": "perf/mfu",
+        "train/perf/mfu_fwd_bwd": None,
+    },
+}
+
+
+def perf_keys(framework: str) -> list[str]:
+    if framework == "trl-async":
+        return TRL_ASYNC
+    return KEY_SETS[framework] + PERF_KEY_SETS[framework]
+
+
+@pytest.mark.parametrize("framework", list(PERF_RENAMES))
+def test_throughput_keys_take_the_canonical_names(framework: str) -> None:
+    names = normalized(perf_keys(framework))
+    mapping = mapping_for(names)
+    assert mapping.framework == framework.removesuffix("-async")
+    renames = mapping.renames(names)
+    for source, canonical in PERF_RENAMES[framework].items():
+        assert renames.get(normalize_key(source)) == canonical, source
+    assert len({renames.get(n, n) for n in names}) == len(set(names))  # nothing lost
+
+
+def test_mfu_in_percent_is_stored_as_a_fraction(store: Store, tmp_path: Path) -> None:
+    """prime-rl's perf/mfu and TRL's async perf/mfu_wall_clock are percents; veRL's perf/mfu/actor is already
+    a fraction. A percent key left under its own name keeps its unit."""
+    cases = {
+        "prime-rl": (perf_keys("prime-rl"), "perf/mfu", 42.0, 0.42),
+        "verl": (perf_keys("verl"), "perf/mfu/actor", 0.42, 0.42),
+        "trl-async": ([k.removeprefix("train/") for k in TRL_ASYNC], "perf/mfu_wall_clock", 42.0, 0.42),
+    }
+    for framework, (keys, source, value, stored) in cases.items():
+        path = tmp_path / f"{framework}.jsonl"
+        values = {k: 1.0 for k in keys if normalize_key(k, jsonl=True) is not None}
+        with path.open("w") as f:
+            for step in (1, 2):
+                f.write(json.dumps({"step": step, **values, source: value * step}) + "\n")
+        _, result = observe(store, path)
+        run_id = result.run_ids[0]
+        assert series(store, run_id, "perf/mfu") == pytest.approx({1: stored, 2: 2 * stored}), framework
+        if framework == "trl-async":
+            assert series(store, run_id, "perf/mfu_fwd_bwd") == {1: 1.0, 2: 1.0}
+
+
+def test_trls_tokens_per_second_from_its_running_total(store: Store, tmp_path: Path) -> None:
+    """TRL logs num_tokens (every rank's prompt and completion tokens so far) and step_time (the mean seconds
+    of the steps since its last log): tokens/s is the total's difference over those steps' time, across the
+    batches of a followed file too."""
+    path = tmp_path / "trl.jsonl"
+    base = {"clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0, "frac_reward_zero_std": 0.0}
+    lines = [  # logging every 2 steps: 1,000 tokens a step, 0.5 s a step, then 0.25 s
+        {"step": 2, "num_tokens": 2000.0, "step_time": 0.5},
+        {"step": 4, "num_tokens": 4000.0, "step_time": 0.5},
+        {"step": 6, "num_tokens": 6000.0, "step_time": 0.25},
+    ]
+    path.write_text("".join(json.dumps({**base, **line}) + "\n" for line in lines[:2]))
+    _, result = observe(store, path, follow=True)
+    run_id = result.run_ids[0]
+    assert store.run(run_id)["framework"] == "trl"
+    assert series(store, run_id, "perf/tokens_per_s") == {4: 2000.0}  # the first log has nothing before it
+    with path.open("a") as f:  # the next batch finds step 4's total in the store
+        f.write(json.dumps({**base, **lines[2]}) + "\n")
+        f.write(json.dumps({**base, "step": 8, "num_tokens": 6000.0, "step_time": 0.5}) + "\n")  # no progress
+        f.write(json.dumps({**base, "step": 10, "num_tokens": 7000.0}) + "\n")  # no step time
+    observe(store, path, follow=True)
+    assert series(store, run_id, "perf/tokens_per_s") == {4: 2000.0, 6: 4000.0}
+    assert series(store, run_id, "num_tokens")[10] == 7000.0  # kept as it is
+    assert series(store, run_id, "perf/step_time_s") == {2: 0.5, 4: 0.5, 6: 0.25, 8: 0.5}

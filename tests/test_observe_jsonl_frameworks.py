@@ -71,7 +71,7 @@ def test_verl_file_logger(store: Store, tmp_path: Path) -> None:
         {s: verl_step(s)["critic/score/mean"] for s in (1, 2, 3)}
     )
     assert series(store, run_id, "actor/pg_clipfrac_lower")  # no concept of ours: kept as it is
-    assert series(store, run_id, "timing_s/gen")
+    assert series(store, run_id, "perf/time/generation_s")  # timing_s/gen, under carl's name
 
     # Followed: the logger keeps writing.
     logger.log(verl_step(4), 4)

@@ -117,7 +117,10 @@ def test_every_run_of_every_experiment(store: Store, db: Path, two_experiments: 
     assert series(store, verl["id"], "clip_ratio/region_mean") == pytest.approx(
         {s: 0.12 + s for s in range(5)}
     )
-    assert series(store, verl["id"], "timing_s/gen") == pytest.approx({s: 2.03 + s for s in range(5)})
+    # timing_s/gen, under carl's name (docs/reference/frameworks.md §2.2)
+    assert series(store, verl["id"], "perf/time/generation_s") == pytest.approx(
+        {s: 2.03 + s for s in range(5)}
+    )
     trl = runs["trl-run"]
     assert trl["framework"] is None  # two keys tell no framework; they are the vocabulary already
     assert series(store, trl["id"], "phi/mean") == pytest.approx(

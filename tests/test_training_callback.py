@@ -151,9 +151,23 @@ def test_a_users_scripts_stream_into_the_store_and_obey_stop(scripts: dict[str, 
         assert not store.conn.execute(
             "SELECT 1 FROM metrics WHERE run_id=? AND key='train_runtime'", (sft["id"],)
         ).fetchone()
+        # Each step's time, and tokens/s from TRL's running num_tokens (every step logged; from the second
+        # on).
+        perf = {
+            key: values(store, sft["id"], key)
+            for key in ("perf/step_time_s", "perf/tokens_per_s", "num_tokens")
+        }
+        assert sorted(perf["perf/step_time_s"]) == [1, 2, 3, 4] and min(perf["perf/step_time_s"].values()) > 0
+        assert sorted(perf["perf/tokens_per_s"]) == [2, 3, 4]
+        tokens = perf["num_tokens"]
+        for step in (2, 3, 4):
+            seconds = perf["perf/step_time_s"][step]
+            assert perf["perf/tokens_per_s"][step] * seconds == pytest.approx(tokens[step] - tokens[step - 1])
 
         plain = store.run(store.run_id_by_name("plain-script"))
         assert plain is not None and plain["status"] == "stopped" and plain["last_step"] == 2
+        assert sorted(values(store, plain["id"], "perf/step_time_s")) == [1, 2]  # no token count to divide
+        assert not values(store, plain["id"], "perf/tokens_per_s")
         stop = store.conn.execute(
             "SELECT state, result FROM commands WHERE run_id=?", (plain["id"],)
         ).fetchone()
@@ -164,6 +178,11 @@ def test_a_users_scripts_stream_into_the_store_and_obey_stop(scripts: dict[str, 
         events = store.conn.execute("SELECT step, kind FROM events WHERE run_id=?", (plain["id"],)).fetchall()
         assert events == [(2, "checkpoint")]
         assert json.loads(plain["config"]) == {"output_dir": str(tmp_path / "out" / "plain")}
+
+
+def values(store: Store, run_id: int, key: str) -> dict[int, float]:
+    rows = store.conn.execute("SELECT step, value FROM metrics WHERE run_id=? AND key=?", (run_id, key))
+    return dict(rows.fetchall())
 
 
 def test_a_script_that_dies_leaves_its_run_failed_with_the_reason(scripts: dict[str, Script]) -> None:

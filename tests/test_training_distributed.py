@@ -105,6 +105,26 @@ def test_two_processes_write_each_step_once_with_phi_over_both_ranks(
     ):
         assert tokens == round(lengths[step] * GLOBAL_BATCH), step
         assert sum(json.loads(hist)) == tokens
+    # Throughput counts every rank's completions and tokens (rank 0 writes it); per GPU is per rank here.
+    perf = {
+        key: dict(
+            store.conn.execute("SELECT step, value FROM metrics WHERE run_id=? AND key=?", (run_id, key))
+        )
+        for key in (
+            "perf/step_time_s",
+            "perf/samples_per_s",
+            "perf/tokens_per_s",
+            "perf/tokens_per_s_per_gpu",
+            "perf/completion_tokens_per_s",
+        )
+    }
+    for step in (1, 2, 3):
+        seconds = perf["perf/step_time_s"][step]
+        assert perf["perf/samples_per_s"][step] * seconds == pytest.approx(GLOBAL_BATCH)
+        assert perf["perf/completion_tokens_per_s"][step] * seconds == pytest.approx(
+            lengths[step] * GLOBAL_BATCH
+        )
+        assert perf["perf/tokens_per_s_per_gpu"][step] == pytest.approx(perf["perf/tokens_per_s"][step] / 2)
     # Every completion of the global batch is a rollout, with both ranks' advantages and per-token values.
     assert per_step(store, run_id, "rollouts") == [(1, GLOBAL_BATCH), (2, GLOBAL_BATCH), (3, GLOBAL_BATCH)]
     assert store.conn.execute(

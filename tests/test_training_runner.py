@@ -166,6 +166,12 @@ def test_a_short_grpo_run_reports_every_step(one_shot: dict[str, Launched]) -> N
         assert {"task", "format", "coherence", "total"} <= set(json.loads(rewards))
     check_rollouts(store, run_id, range(3, 9), group=8)
     check_health_keys(store, run_id, range(3, 9), kl=False)  # beta 0: no KL term, no kl key
+    check_perf(store, run_id, sft=range(1, 3), grpo=range(3, 9), rows=32, completions=8)
+    # TRL's own count of the warm-up's tokens (every rank's, cumulative) is the perf record's.
+    tokens = steps_of(store, run_id, "num_tokens")
+    for step in (1, 2):
+        per_s, seconds = (steps_of(store, run_id, k)[step] for k in ("perf/tokens_per_s", "perf/step_time_s"))
+        assert per_s * seconds == pytest.approx(tokens[step] - tokens.get(step - 1, 0.0))
     # Checkpoints, each with the gate's state beside it, recorded on the run.
     assert run["last_checkpoint_step"] == 8 and Path(run["last_checkpoint"]).name == "checkpoint-6"
     assert (Path(run["last_checkpoint"]) / "carl_gate.json").is_file()
@@ -250,6 +256,44 @@ def check_health_keys(store: Store, run_id: int, steps: range, *, kl: bool) -> N
             assert all(n == 12 for r, n in zip(rows, lengths, strict=True) if r["tokens"][-1] != "</s>")
     finally:
         reader.close()
+
+
+PERF_KEYS = ("perf/step_time_s", "perf/tokens_per_s", "perf/samples_per_s", "perf/time/update_s")
+PHASES = ("perf/time/generation_s", "perf/time/scoring_s", "perf/time/update_s")
+GRPO_PERF_KEYS = (*PHASES, "perf/prompt_tokens_per_s", "perf/completion_tokens_per_s")
+PHASES_SHARE = 0.75  # the phases, each measured where it runs, cover at least this much of the step
+
+
+def check_perf(store: Store, run_id: int, *, sft: range, grpo: range, rows: int, completions: int) -> None:
+    """Every step's throughput, the same keys on either backend (engine/training/perf.py): its time, split
+    into generation, scoring and update, which together are nearly all of it; its tokens and samples per
+    second, consistent with the step's own counts. SFT steps have what applies to them: no generation or
+    scoring. On one CPU process: no per-GPU figure and no MFU (no peak is known for a CPU)."""
+    values = {key: steps_of(store, run_id, key) for key in {*PERF_KEYS, *GRPO_PERF_KEYS}}
+    steps = [*sft, *grpo]
+    for key in PERF_KEYS:
+        assert sorted(values[key]) == steps, key
+    for key in GRPO_PERF_KEYS:
+        assert set(grpo) <= set(values[key]), key
+    for key in PHASES[:2]:
+        assert not set(sft) & set(values[key]), key
+    lengths = steps_of(store, run_id, "completions/mean_length")
+    for step in steps:
+        seconds = values["perf/step_time_s"][step]
+        phases = [values[key].get(step, 0.0) for key in PHASES]
+        assert seconds > 0 and min(phases) >= 0 and values["perf/time/update_s"][step] > 0
+        assert PHASES_SHARE * seconds <= sum(phases) <= seconds * (1 + 1e-9), (step, seconds, phases)
+        samples = values["perf/samples_per_s"][step] * seconds
+        assert samples == pytest.approx(rows if step in sft else completions), step
+        assert values["perf/tokens_per_s"][step] * seconds > samples  # a sample has a token or more
+    for step in grpo:
+        seconds = values["perf/step_time_s"][step]
+        assert values["perf/time/generation_s"][step] > 0
+        prompt, completion = (values[f"perf/{k}_tokens_per_s"][step] for k in ("prompt", "completion"))
+        assert prompt + completion == pytest.approx(values["perf/tokens_per_s"][step])
+        assert completion * seconds == pytest.approx(lengths[step] * completions)
+    for key in ("perf/tokens_per_s_per_gpu", "perf/mfu"):
+        assert not steps_of(store, run_id, key), key
 
 
 def json_entropy(store: Store, run_id: int, step: int) -> float:

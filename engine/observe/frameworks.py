@@ -15,6 +15,15 @@ the KL between the policy that sampled and the one being trained (PPO's approx K
     completions/mean_length, completions/min_length, completions/max_length, completions/clipped_ratio
     grad_norm, learning_rate, loss, frac_reward_zero_std
 
+Throughput and MFU take the names our own runs write (engine/training/perf.py; docs/reference/frameworks.md
+§2.2 says what each framework's key measures, which is not always the same span of time):
+
+    perf/step_time_s         a step's seconds
+    perf/time/generation_s, perf/time/scoring_s, perf/time/update_s   its phases
+    perf/tokens_per_s        tokens per second, every GPU's;  perf/tokens_per_s_per_gpu  the same per GPU
+    perf/completion_tokens_per_s   completion tokens per second
+    perf/mfu                 model FLOPs utilisation, a fraction (a framework's percent is divided by 100)
+
 Keys are matched as `keys.normalize_key` leaves them, so with transformers' (and OpenRLHF's, slime's,
 prime-rl's) `train/` prefix already stripped. A framework is told from the keys a run logs (`detect`), and
 only its own table is applied: `entropy_loss` is OpenRLHF's and slime's entropy, but nothing says the same of
@@ -34,7 +43,21 @@ from functools import cache
 # first wins (`KeyMapping.renames`).
 TABLES: dict[str, dict[str, str]] = {
     "carl": {},  # our own runs write the vocabulary itself (they train through TRL)
-    "trl": {},  # trl/trainer/grpo_trainer.py (TRL 1.16): the vocabulary itself
+    # trl/trainer/grpo_trainer.py (TRL 1.16): the vocabulary itself, but for its step time (training_step's
+    # seconds, the mean of the steps since the last log). Its async GRPO (trl/experimental/async_grpo/
+    # async_grpo_trainer.py, _log_step_metrics): perf/step_s between step ends, tokens through the model
+    # (prompt and completion) and trained (completion) per second of it, perf/mfu_wall_clock in percent, and
+    # perf/fwd_bwd_s (forward and backward, the optimizer step apart); before 1.16 it logged training_tok/s,
+    # completion tokens per second. `num_tokens` (cumulative) gives perf/tokens_per_s in runkeys.py.
+    "trl": {
+        "step_time": "perf/step_time_s",
+        "perf/step_s": "perf/step_time_s",
+        "perf/forwarded_tok_s_wall_clock": "perf/tokens_per_s",
+        "perf/trained_tok_s_wall_clock": "perf/completion_tokens_per_s",
+        "training_tok/s": "perf/completion_tokens_per_s",
+        "perf/fwd_bwd_s": "perf/time/update_s",
+        "perf/mfu_wall_clock": "perf/mfu",
+    },
     # volcengine/verl b178a3cd: verl/trainer/ppo/metric_utils.py (compute_data_metrics: critic/score/*,
     # response_length/*), verl/trainer/ppo/core_algos.py (compute_policy_loss: actor/pg_clipfrac is either
     # side, actor/pg_clipfrac_lower is the dual clip and stays), verl/workers/actor/dp_actor.py
@@ -52,6 +75,17 @@ TABLES: dict[str, dict[str, str]] = {
         "actor/grad_norm": "grad_norm",
         "actor/lr": "learning_rate",
         "actor/pg_loss": "loss",
+        # verl/trainer/ppo/ray_trainer.py (marked_timer: step, gen, reward, update_actor), metric_utils.py
+        # (compute_timing_metrics: timing_s/<name>; compute_throughout_metrics: perf/time_per_step, the same
+        # step time, and perf/throughput = every token of the batch / (step time x GPUs): per GPU),
+        # workers/fsdp_workers.py (perf/mfu/actor: the actor update's, a fraction).
+        "timing_s/step": "perf/step_time_s",
+        "perf/time_per_step": "perf/step_time_s",
+        "timing_s/gen": "perf/time/generation_s",
+        "timing_s/reward": "perf/time/scoring_s",
+        "timing_s/update_actor": "perf/time/update_s",
+        "perf/throughput": "perf/tokens_per_s_per_gpu",
+        "perf/mfu/actor": "perf/mfu",
     },
     # OpenRLHF/OpenRLHF 3c3be623: openrlhf/trainer/ray/ppo_actor.py (training_step: entropy_loss is the
     # token-mean entropy, not a loss; policy_loss, actor_grad_norm, actor_lr, ppo_kl, ppo_clip_ratio),
@@ -85,6 +119,14 @@ TABLES: dict[str, dict[str, str]] = {
         "optim/grad_norm": "grad_norm",
         "optim/lr": "learning_rate",
         "loss/mean": "loss",
+        # src/prime_rl/trainer/rl/train.py: the trainer's tokens (every data-parallel rank's) per second of
+        # its forward and backward, the same per GPU, MFU in percent (trainer/perf.py), time/step and
+        # time/forward_backward; the orchestrator (orchestrator/orchestrator.py) logs a time/step of its own.
+        "perf/throughput": "perf/tokens_per_s",
+        "perf/throughput_per_gpu": "perf/tokens_per_s_per_gpu",
+        "perf/mfu": "perf/mfu",
+        "time/step": "perf/step_time_s",
+        "time/forward_backward": "perf/time/update_s",
     },
     # NovaSky-AI/SkyRL a9564572: skyrl/train/trainer.py (policy/<worker status>, reward/avg_raw_reward,
     # loss/avg_kl: the KL in the reward), skyrl/backends/skyrl_train/workers/worker.py (policy_entropy,
@@ -102,6 +144,12 @@ TABLES: dict[str, dict[str, str]] = {
         "policy/grad_norm": "grad_norm",
         "policy/policy_lr": "learning_rate",
         "policy/policy_loss": "loss",
+        # skyrl/train/trainer.py (Timer: step, generate, train_critic_and_policy, logged as timing/<name>;
+        # trainer/tokens_per_second_per_gpu = the training batch's tokens / (its training time x GPUs)).
+        "timing/step": "perf/step_time_s",
+        "timing/generate": "perf/time/generation_s",
+        "timing/train_critic_and_policy": "perf/time/update_s",
+        "trainer/tokens_per_second_per_gpu": "perf/tokens_per_s_per_gpu",
     },
     # inclusionAI/AReaL 4aef98d8: areal/trainer/ppo/actor.py (ppo_update under the ppo_actor scope, its loss
     # stats under update/), areal/utils/stats_tracker.py (export adds /avg /min /max), areal/utils/functional/
@@ -130,7 +178,20 @@ TABLES: dict[str, dict[str, str]] = {
         "rollout/response_lengths": "completions/mean_length",
         "rollout/truncated": "completions/clipped_ratio",
         "lr-pg_0": "learning_rate",
+        # slime/observability/train_metric_utils.py (log_perf_data: perf/<timer>_time; perf/step_time = the
+        # trainer's wait + train; perf/actor_train_tok_per_s = the rollout batch's tokens / the train time)
+        # and rollout_metrics.py (perf/rollout_time: generating the rollout, its rewards included).
+        "perf/step_time": "perf/step_time_s",
+        "perf/rollout_time": "perf/time/generation_s",
+        "perf/actor_train_time": "perf/time/update_s",
+        "perf/actor_train_tok_per_s": "perf/tokens_per_s",
     },
+}
+# framework -> {source key: factor}: a value whose unit is not the canonical one, converted where it takes the
+# canonical name (MFU in percent becomes a fraction).
+SCALES: dict[str, dict[str, float]] = {
+    "trl": {"perf/mfu_wall_clock": 0.01},  # trl/trainer/utils.py compute_mfu: "MFU as a percentage"
+    "prime-rl": {"perf/mfu": 0.01},  # src/prime_rl/trainer/perf.py _mfu_from_tps: 100 * ...
 }
 
 # Keys (or prefixes, ending in "/") that tell a framework: a run is told by the most of them it has. `carl`
@@ -274,6 +335,18 @@ class KeyMapping:
         """The renames met since the last call (for Store.set_key_names)."""
         taken, self.renamed = self.renamed, {}
         return taken
+
+
+def scale_factors(framework: str | None, renames: dict[str, str], names: Iterable[str]) -> dict[str, float]:
+    """{stored name: factor} for a batch's `names` (before `renames`) whose values change unit: those of
+    SCALES that take their canonical name (renamed, or logged under it), never a key left under its own."""
+    table = TABLES.get(framework or "", {})
+    out = {}
+    for key in names:
+        factor = SCALES.get(framework or "", {}).get(key)
+        if factor is not None and renames.get(key, key) == table[key]:
+            out[table[key]] = factor
+    return out
 
 
 def mapping_for(keys: Iterable[str], framework: str | None = None) -> KeyMapping:

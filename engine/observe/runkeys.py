@@ -7,6 +7,7 @@ whatever moment a process dies at.
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from collections.abc import Mapping
 from typing import Any
@@ -14,11 +15,14 @@ from typing import Any
 from engine.store import Store
 
 from .common import IngestResult, valid_vocab
-from .frameworks import KeyMapping, detect
+from .frameworks import KeyMapping, detect, scale_factors
 from .keys import derived_phi
 
 Row = tuple[int, str, Any, float]  # (step, key, value, wall time)
 PHI_KEYS = frozenset({"entropy", "phi/mean", "phi/entropy"})
+TOKENS_SEEN = "num_tokens"  # TRL: prompt and completion tokens of every rank so far
+STEP_TIME = "perf/step_time_s"
+TOKENS_PER_S = "perf/tokens_per_s"
 # Distinct metric keys one run takes from a source. Each key costs its own rollups at every level, so a
 # source inventing keys (one JSONL line with 60,000 of them took 22 s) would stall the engine; real runs
 # log tens to a few hundred. Past the cap, rows of the keys the run already has are still imported.
@@ -78,11 +82,19 @@ def finish_rows(
     claimed = dict(store.conn.execute("SELECT key, source_key FROM run_keys WHERE run_id=?", (run_id,)))
     mapping = KeyMapping(framework, claimed)
     renames = mapping.renames(names)
+    scales = scale_factors(framework, renames, names)
     if renames:
         rows = [(step, renames.get(key, key), value, wall) for step, key, value, wall in rows]
         origin = origin or {}
         store.set_key_names(run_id, {new: origin.get(old, old) for old, new in renames.items()})
         names = {renames.get(name, name) for name in names}
+    if scales:
+        rows = [
+            (step, key, value * scales[key] if key in scales and value is not None else value, wall)
+            for step, key, value, wall in rows
+        ]
+    if framework == "trl" and TOKENS_SEEN in names and STEP_TIME in names and TOKENS_PER_S not in names:
+        rows = with_tokens_per_s(store, run_id, rows)
     vocab = (
         vocab_override(store, source_id)
         or valid_vocab(vocab_size)
@@ -94,6 +106,34 @@ def finish_rows(
     if vocab is not None and ("entropy" in names or "phi/mean" in names):
         rows = with_derived_phi(rows, vocab)
     return rows
+
+
+def with_tokens_per_s(store: Store, run_id: int, rows: list[Row]) -> list[Row]:
+    """`rows` plus perf/tokens_per_s where TRL logged `num_tokens` and its step time: the tokens since its
+    previous log (in this batch, else the run's stored one) over the steps since then, each of the logged
+    mean step time (docs/reference/frameworks.md §2.2). TRL restores num_tokens on resume, so the
+    difference stays the tokens of those steps; a log that does not move forward derives nothing."""
+    seconds = {
+        step: value for step, key, value, _ in rows if key == STEP_TIME and _finite(value) and value > 0
+    }
+    seen = sorted(
+        (step, value, wall) for step, key, value, wall in rows if key == TOKENS_SEEN and _finite(value)
+    )
+    if not seen or not seconds:
+        return rows
+    before = store.metric_before(run_id, TOKENS_SEEN, seen[0][0])
+    derived = []
+    for step, tokens, wall in seen:
+        if before is not None and step > before[0] and tokens > before[1] and seconds.get(step):
+            derived.append(
+                (step, TOKENS_PER_S, (tokens - before[1]) / ((step - before[0]) * seconds[step]), wall)
+            )
+        before = (step, tokens)
+    return rows + derived if derived else rows
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def capped_keys(store: Store, run_id: int, rows: list[Row], result: IngestResult | None) -> list[Row]:

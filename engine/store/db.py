@@ -217,6 +217,15 @@ class Store:
         row = self.conn.execute("SELECT id FROM runs WHERE name=?", (name,)).fetchone()
         return None if row is None else int(row[0])
 
+    def metric_before(self, run_id: int, key: str, step: int) -> tuple[int, float] | None:
+        """The run's newest (step, value) of `key` before `step` with a value (one index seek), or None."""
+        row = self.conn.execute(
+            "SELECT step, value FROM metrics WHERE run_id=? AND key=? AND step<? AND value IS NOT NULL"
+            " ORDER BY step DESC LIMIT 1",
+            (run_id, key, step),
+        ).fetchone()
+        return None if row is None else (int(row[0]), float(row[1]))
+
     # -- metrics ---------------------------------------------------------------------------
 
     def add_metrics(self, run_id: int, rows: Iterable[MetricRow]) -> int:

@@ -23,6 +23,8 @@ from engine.errors import CarlError
 if TYPE_CHECKING:
     from engine.store import Store
 
+    from .perf import StepPerf
+
 # Keys of the end-of-training summary transformers logs; not per-step metrics.
 SUMMARY_KEYS = frozenset(
     {"train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos", "train_loss"}
@@ -111,6 +113,9 @@ class StepRecord:
         default_factory=list
     )  # engine/training/rollouts.py, without the step
     events: list[tuple[str, str]] = field(default_factory=list)  # (kind, detail)
+    perf: StepPerf | None = (
+        None  # the step's time, tokens and MFU: written as perf/* (engine/training/perf.py)
+    )
 
 
 class Reporter:
@@ -128,6 +133,8 @@ class Reporter:
     def write(self, record: StepRecord) -> None:
         if self.store is None:
             return
+        if record.perf is not None:  # one place names them, whichever backend measured the step
+            record.metrics.update(record.perf.metrics())
         now = time.time()
         with self.store.transaction():
             if record.rollouts:

@@ -8,6 +8,10 @@ at the trainer's global step (one transaction per log), derives per-step Phi fro
 `entropy` (or a logged `phi/mean`), and, unless `obey_commands=False`, applies the control
 room's commands (pause, resume, stop, checkpoint, set_lr) at step boundaries. The run ends
 'finished', 'stopped', or 'failed' when the script dies before training ends.
+
+Each log also gets `perf/step_time_s` (the mean seconds from the trainer's step begin to its end, over the
+steps since the previous log) and, where TRL logs its running `num_tokens`, `perf/tokens_per_s` over those
+steps (engine/training/perf.py has the names; the first log has no earlier total to take from).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import atexit
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +30,7 @@ from engine import paths
 
 from .backend import CommandPump, Reporter, StepRecord, numeric_logs, one_line
 from .hf import CommandCallback, entropy_to_phi
+from .perf import STEP_TIME, TOKENS_PER_S
 
 PHI_KEYS = ("phi/mean", "phi_mean", "phi", "train/phi/mean")
 ENTROPY_KEYS = ("entropy", "train/entropy")
@@ -65,6 +71,9 @@ class CarlCallback(TrainerCallback):
         self.reporter: Reporter | None = None
         self.commands: CommandCallback | None = None
         self.vocab_size: int | None = None
+        self.step_began: float | None = None
+        self.seconds, self.steps = 0.0, 0  # the steps since the previous log
+        self.tokens: float | None = None  # TRL's num_tokens at the previous log
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -72,6 +81,7 @@ class CarlCallback(TrainerCallback):
         from engine.store import Store
 
         self._close()  # a second train() with the same callback starts a new run
+        self.step_began, self.seconds, self.steps, self.tokens = None, 0.0, 0, None
         home = Path(self.home) if self.home is not None else paths.carl_home()
         self.store = Store(paths.db_path(home))
         self.vocab_size = model_vocab_size(model)
@@ -127,13 +137,36 @@ class CarlCallback(TrainerCallback):
         if "train_runtime" in logs:  # the end-of-training summary, not a step
             return
         metrics = numeric_logs(logs)
+        if metrics and not any(key.startswith("eval_") for key in metrics):
+            metrics.update(self.throughput(metrics))
         if metrics:
             record = StepRecord(state.global_step, metrics, phi=phi_from_logs(metrics, self.vocab_size))
             self.reporter.write(record)
         if self.commands is not None:
             self.commands.on_log(args, state, control, logs=logs, **kwargs)
 
+    def throughput(self, metrics: dict[str, float | None]) -> dict[str, float]:
+        """The steps since the previous log: their mean time, and tokens per second from TRL's running
+        total."""
+        out: dict[str, float] = {}
+        if self.steps and self.seconds > 0:
+            out[STEP_TIME] = self.seconds / self.steps
+            tokens = metrics.get("num_tokens")
+            if tokens is not None:
+                if self.tokens is not None and tokens > self.tokens:
+                    out[TOKENS_PER_S] = (tokens - self.tokens) / self.seconds
+                self.tokens = tokens
+        self.seconds, self.steps = 0.0, 0
+        return out
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.step_began = time.perf_counter()
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.step_began is not None:
+            self.seconds += time.perf_counter() - self.step_began
+            self.steps += 1
+            self.step_began = None
         if self.commands is not None:
             self.commands.on_step_end(args, state, control, **kwargs)
 

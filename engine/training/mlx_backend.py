@@ -63,6 +63,7 @@ from .config import TrainConfig
 from .data import checked_inputs, dataset_columns, offline_if_local, prompt_text
 from .holdout import holdout_line
 from .mlx_losses import Batch, group_advantages, grpo_loss, pack, per_row, sft_loss, token_stats
+from .perf import GENERATION, GIB, MLX_ACTIVE_MEMORY, MLX_PEAK_MEMORY, SCORING, UPDATE, StepClock, StepPerf
 from .rollouts import TokenTexts, step_rollouts
 
 CARL_STATE = "carl_state.json"  # written last into a checkpoint: one without it is incomplete
@@ -189,6 +190,7 @@ class MLXBackend:
         self.sft_data: list[tuple[list[int], list[int]]] = []
         self.token_texts: TokenTexts | None = None
         self.sampling_phi_seconds = 0.0  # this step's Φ kernel time in the sampler
+        self.clock = StepClock()  # the step's phases (engine/training/perf.py)
 
     # -- prepare -------------------------------------------------------------------------------
 
@@ -312,7 +314,11 @@ class MLXBackend:
             )
             if phase != self.phase:
                 self._begin_phase(phase)
+            mx.reset_peak_memory()  # the step's own peak
             record = self._sft_step(step) if phase.startswith("sft") else self._grpo_step(step)
+            # MLX's allocator, which only this process sees (the engine samples the machine, not MLX).
+            record.metrics[MLX_ACTIVE_MEMORY] = mx.get_active_memory() / GIB
+            record.metrics[MLX_PEAK_MEMORY] = mx.get_peak_memory() / GIB
             self.reporter.write(record)  # before the commands: a pause answered at step N finds N stored
             self.last_step = step
             self.pump.poll(step, self.controls)
@@ -405,6 +411,7 @@ class MLXBackend:
         return int(np.random.default_rng([self.config.seed, epoch]).permutation(n)[within])
 
     def _sft_step(self, step: int) -> StepRecord:
+        self.clock.start()
         warmup = step <= self.warmup_steps()
         size = self.config.warmup_batch if warmup else self.config.per_device_train_batch_size
         phase_step = step - (0 if warmup else self.warmup_steps())
@@ -412,7 +419,9 @@ class MLXBackend:
         pairs = [self.sft_data[self._order(n, (phase_step - 1) * size + i)] for i in range(size)]
         batch = pack(pairs, self.tokenizer.pad_token_id or 0)
         started = time.perf_counter()
-        (loss, entropy, correct), norm = self._update(sft_loss, batch)
+        with self.clock.phase(UPDATE):
+            (loss, entropy, correct), norm = self._update(sft_loss, batch)
+        times = self.clock.stop()
         tokens = float(batch.mask.sum())
         metrics = {
             "loss": float(loss),
@@ -423,7 +432,7 @@ class MLXBackend:
             "learning_rate": self.lr,
             "timing/step_s": time.perf_counter() - started,
         }
-        record = StepRecord(step, metrics)
+        record = StepRecord(step, metrics, perf=StepPerf.of(times, [len(p) + len(c) for p, c in pairs]))
         vocab = self.vocab_size
         record.phi = {
             "phi_mean": 1.0 - float(entropy) / math.log(vocab),
@@ -436,6 +445,7 @@ class MLXBackend:
     # -- GRPO ----------------------------------------------------------------------------------
 
     def _grpo_step(self, step: int) -> StepRecord:
+        self.clock.start()
         config, rewards = self.config, self.rewards
         assert rewards is not None
         g = config.num_generations
@@ -447,10 +457,12 @@ class MLXBackend:
         started = time.perf_counter()
         key = mx.random.key(config.seed * 1_000_003 + step)  # this step's samples, the same after a resume
         samples: list[Sample] = []
-        for i, row in enumerate(rows):
-            samples += self._sample(self._prompt_ids(row["prompt"]), g, mx.random.split(key, len(rows))[i])
-        sampled = time.perf_counter()
-        texts = [self.tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in samples]
+        with self.clock.phase(GENERATION):  # as TRL's: the prompts tokenized, sampled, decoded
+            for i, row in enumerate(rows):
+                prompt_ids = self._prompt_ids(row["prompt"])
+                samples += self._sample(prompt_ids, g, mx.random.split(key, len(rows))[i])
+            sampled = time.perf_counter()
+            texts = [self.tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in samples]
         prompts = [row["prompt"] for row in rows for _ in range(g)]
         completions = [
             [{"role": "assistant", "content": t}] if isinstance(p, list) else t
@@ -463,7 +475,8 @@ class MLXBackend:
             return [phi_from_entropy(np.asarray(s.entropies), self.vocab_size) for s in samples]
 
         rewards.set_phi_provider(sampled_phi)
-        values = self._rewards(rows, prompts, completions, samples)
+        with self.clock.phase(SCORING):  # every reward function, the coherence rewards' Φ included
+            values = self._rewards(rows, prompts, completions, samples)
         weights = np.asarray(rewards.current_weights())
         advantages, totals, zero_std = group_advantages(values, weights, g, config.aggregation)
         batch = pack([(s.prompt_ids, s.token_ids) for s in samples], self.tokenizer.pad_token_id or 0)
@@ -471,19 +484,25 @@ class MLXBackend:
         mask = np.array(batch.mask).astype(bool)
         for row, sample in enumerate(samples):
             behaviour[row][mask[row]] = sample.logprobs
-        reference = self._reference_logps(batch) if self.reference is not None else None
-        (loss, entropy, logp, clip_low, clip_high, kl), norm = self._update(
-            grpo_loss,
-            batch,
-            mx.array(behaviour),
-            reference,
-            mx.array(advantages.astype(np.float32)),
-            config.temperature,
-            config.epsilon,
-            config.beta,
+        with self.clock.phase(UPDATE):  # the reference forward (lazy: evaluated with the loss) and the update
+            reference = self._reference_logps(batch) if self.reference is not None else None
+            (loss, entropy, logp, clip_low, clip_high, kl), norm = self._update(
+                grpo_loss,
+                batch,
+                mx.array(behaviour),
+                reference,
+                mx.array(advantages.astype(np.float32)),
+                config.temperature,
+                config.epsilon,
+                config.beta,
+            )
+        record = StepRecord(
+            step,
+            perf=StepPerf.of(
+                self.clock.stop(), [len(s.prompt_ids) for s in samples], [len(s.token_ids) for s in samples]
+            ),
         )
         entropies, logprobs = per_row(entropy, batch), per_row(logp, batch)
-        record = StepRecord(step)
         record.metrics = self._grpo_metrics(
             values, totals, zero_std, samples, loss, (float(clip_low), float(clip_high)), kl, norm, entropies
         )

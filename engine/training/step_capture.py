@@ -37,6 +37,7 @@ class StepCapture:
     sampled: list[np.ndarray] | None = None  # per completion: entropies measured while it was sampled
     sampled_width: int = 0  # their logits width: the |V| of Phi
     phi_source: str | None = None  # where the coherence rewards got Phi this step: generate | forward
+    forward_passes: int = 0  # forwards without gradients over the step's sequences, besides generating them
 
     def add_forward(
         self,
@@ -86,6 +87,7 @@ class StepCapture:
             weights=self.weights,
             phi_seconds=max(p[-1] for p in parts),
             phi_source=self.phi_source,
+            forward_passes=self.forward_passes,  # every rank runs the same ones
         )
         advantages = []
         for prompts, completions, prompt_ids, completion_ids, entropies, logprobs, local, _ in parts:

@@ -51,8 +51,10 @@ from .backend import (
 from .cascade import RewardSet
 from .config import TrainConfig
 from .data import checked_inputs, dataset_columns, offline_if_local, prompt_text
+from .flops import ModelFlops, gpu_peak
 from .hf import CommandCallback, entropy_to_phi
 from .holdout import holdout_line
+from .perf import GENERATION, SCORING, UPDATE, StepClock, StepPerf
 from .phi_sampling import GenerationPhi
 from .ranks import Ranks, collective_timeout
 from .rollouts import TokenTexts, step_rollouts
@@ -70,9 +72,14 @@ def make_trainer_class() -> type:
 
     class CarlGRPOTrainer(GRPOTrainer):
         capture: StepCapture
+        clock: StepClock  # the step's phases, where TRL runs them (engine/training/perf.py)
         generation_phi: GenerationPhi | None = (
             None  # set when the coherence rewards may measure while sampling
         )
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.clock = StepClock()  # started and ended by StepTimer, stopped by the reporter
+            super().__init__(*args, **kwargs)
 
         def _generate_single_turn(self, *args: Any, **kwargs: Any) -> Any:
             call = super()._generate_single_turn
@@ -87,7 +94,8 @@ def make_trainer_class() -> type:
             return out
 
         def _generate(self, prompts: list) -> Any:
-            out = super()._generate(prompts)
+            with self.clock.phase(GENERATION):  # tokenizing the prompts, sampling, decoding
+                out = super()._generate(prompts)
             if self.model.training:
                 self.capture = StepCapture(
                     prompt_ids=[list(p) for p in out[0]], completion_ids=[list(c) for c in out[1]]
@@ -101,7 +109,8 @@ def make_trainer_class() -> type:
         def _calculate_rewards(
             self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any
         ) -> Any:
-            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            with self.clock.phase(SCORING):  # every reward function, the coherence rewards' Φ included
+                rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
             if self.model.training:
                 self.capture.prompts, self.capture.completions = list(prompts), list(completions)
                 self.capture.rewards = rewards.detach().float().cpu().numpy()
@@ -117,15 +126,45 @@ def make_trainer_class() -> type:
             *args: Any,
             **kwargs: Any,
         ) -> Any:
-            logps, entropies, aux = super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
-            )
+            if self.model.training and not torch.is_grad_enabled():
+                self.capture.forward_passes += 1  # a reference or old-policy forward (its FLOPs)
+            with self.clock.phase(UPDATE):  # inside the loss already, or the forwards the loss needs
+                logps, entropies, aux = super()._get_per_token_logps_and_entropies(
+                    model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+                )
             # compute_entropy=True only in the loss forward: the policy that sampled these tokens.
             if entropies is not None and self.model.training:
                 self.capture.add_forward(input_ids, attention_mask, logits_to_keep, entropies, logps)
             return logps, entropies, aux
 
+        def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            self.clock.begin(UPDATE)  # through the backward to the optimizer step (StepTimer ends it)
+            return super().compute_loss(model, inputs, *args, **kwargs)
+
     return CarlGRPOTrainer
+
+
+def make_sft_trainer_class() -> type:
+    """SFTTrainer, timing the update and counting each step's tokens (built lazily, as the GRPO one)."""
+    from trl import SFTTrainer
+
+    class CarlSFTTrainer(SFTTrainer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.clock = StepClock()
+            self.lengths: list[int] = []  # this rank's sequence lengths in the current step
+            super().__init__(*args, **kwargs)
+
+        def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.model.training and self.clock.running:
+                self.clock.begin(UPDATE)
+                mask = inputs.get("attention_mask")
+                if mask is not None:
+                    self.lengths += [int(n) for n in mask.sum(-1).tolist()]
+                else:  # padding-free batches: one packed row
+                    self.lengths.append(int(inputs["input_ids"].numel()))
+            return super().compute_loss(model, inputs, *args, **kwargs)
+
+    return CarlSFTTrainer
 
 
 # -- the backend -----------------------------------------------------------------------------------
@@ -161,6 +200,7 @@ class TorchBackend:
         self.rows: list[dict[str, Any]] = []
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.token_texts: TokenTexts | None = None
+        self.peak_flops: float | None = None  # one GPU's dense BF16 peak, where known: MFU
 
     # -- prepare -------------------------------------------------------------------------------
 
@@ -179,6 +219,55 @@ class TorchBackend:
         self.tokenizer, self.model = self._load(self.model_path)
         self.vocab_size = int(self.model.config.get_text_config().vocab_size)
         self.token_texts = TokenTexts(self.tokenizer.decode)
+        self.peak_flops = self._peak_flops()
+
+    def _peak_flops(self) -> float | None:
+        """This GPU's peak from docs/reference/gpus.md §1 when it trains in BF16; on CPU, in FP32 or on a GPU
+        the table does not name, None: no perf/mfu (a guessed peak would be a made-up MFU)."""
+        if self.device != "cuda":
+            return None
+        name = torch.cuda.get_device_name()
+        if not torch.cuda.is_bf16_supported():
+            self.say(f"mfu: {name} trains in float32 here, and the peak table is BF16's: no perf/mfu")
+            return None
+        peak = gpu_peak(name)
+        if peak is None:
+            self.say(f"mfu: no peak FLOP/s known for {name!r} (docs/reference/gpus.md): no perf/mfu")
+            return None
+        self.say(
+            f"mfu: {name}, {peak.bf16_tflops:g} TFLOP/s dense BF16 peak ({peak.gpu}, docs/reference/gpus.md)"
+        )
+        return peak.flops
+
+    def model_flops(self, trainer: Any) -> ModelFlops | None:
+        """The trained model's FLOPs per token, when there is a peak to divide them by (LoRA: the
+        adapter's parameters are the trainable ones, the base's are frozen)."""
+        if self.peak_flops is None:
+            return None
+        adapter = 0
+        if self.config.lora.enabled:
+            adapter = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+        return ModelFlops.from_config(self.model.config.get_text_config().to_dict(), adapter_params=adapter)
+
+    def step_perf(
+        self,
+        times: tuple[float, dict[str, float]] | None,
+        prompt_lengths: Sequence[int],
+        completion_lengths: Sequence[int] | None,
+        *,
+        flops: ModelFlops | None,
+        forwards: int,
+    ) -> StepPerf | None:
+        return StepPerf.of(
+            times,
+            prompt_lengths,
+            completion_lengths,
+            ranks=self.ranks.world,
+            per_gpu=self.ranks.world > 1 or self.device == "cuda",
+            flops=flops,
+            forwards=forwards,
+            peak_flops=self.peak_flops,
+        )
 
     def say(self, message: str) -> None:
         if self.ranks.is_main:
@@ -315,7 +404,7 @@ class TorchBackend:
         self, model: Any, *, steps: int, offset: int, out: Path, resume_from: Path | None, warmup: bool
     ) -> str:
         from datasets import Dataset
-        from trl import SFTConfig, SFTTrainer
+        from trl import SFTConfig
 
         rows = [{"prompt": r["prompt"], "completion": r["completion"]} for r in self.rows]
         args = SFTConfig(
@@ -332,13 +421,14 @@ class TorchBackend:
         if warmup:
             args.learning_rate = self.config.warmup_lr
         reporter = SFTReporter(self, offset, "sft warm-up" if warmup else "sft")
-        trainer = SFTTrainer(
+        trainer = make_sft_trainer_class()(
             model=model,
             args=args,
             train_dataset=Dataset.from_list(rows),
             processing_class=self.tokenizer,
             peft_config=self._peft_config(),
         )
+        reporter.sft_trainer, reporter.flops = trainer, self.model_flops(trainer)
         # During a warm-up a new weight takes effect when GRPO starts; an SFT run has no rewards.
         set_weight = self.rewards.set_weight if self.rewards is not None else _no_rewards
         self._install(trainer, reporter, offset, set_weight=set_weight)
@@ -408,6 +498,7 @@ class TorchBackend:
             if self.ranks.world > 1:
                 rewards.set_calibration_pool(self._pool)
         reporter = GRPOReporter(self, rewards, offset)
+        reporter.flops = self.model_flops(trainer)
         self._install(trainer, reporter, offset, set_weight=reporter.set_weight)
         started = time.monotonic()
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
@@ -421,6 +512,7 @@ class TorchBackend:
 
     def _install(self, trainer: Any, reporter: TrainerCallback, offset: int, set_weight: Any) -> None:
         trainer.remove_callback(PrinterCallback)  # it prints every log as a dict; we print one line a step
+        trainer.add_callback(StepTimer(trainer.clock, cuda=self.device == "cuda"))
         trainer.add_callback(reporter)
         save_state = getattr(reporter, "save_state", None)
         if save_state is not None and self.ranks.world > 1:
@@ -472,6 +564,7 @@ class RewardPhi:
             return [phi_from_entropy(h, capture.sampled_width) for h in sampled]
         capture.phi_source = "forward"
         capture.phi_seconds = 0.0  # the forward's time alone (not a sampling kernel that went unused)
+        capture.forward_passes += 1
         sequences = [list(p) + list(c) for p, c in zip(capture.prompt_ids, completion_ids, strict=True)]
         width = max(len(s) for s in sequences)
         pad = self.trainer.processing_class.pad_token_id or 0
@@ -504,19 +597,51 @@ def _fmt(logs: dict[str, Any], keys: Sequence[tuple[str, str]]) -> str:
     )
 
 
+class StepTimer(TrainerCallback):
+    """A step's clock: started when transformers begins the step, its update closed at the optimizer step (on
+    a GPU once the step's kernels are done, so their time is not left to the next step's first sync). The
+    reporter stops the clock at the step's end; the phases are timed inside the trainer."""
+
+    def __init__(self, clock: StepClock, *, cuda: bool) -> None:
+        self.clock = clock
+        self.cuda = cuda
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.clock.start()
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.clock.end(UPDATE)
+
+
 class SFTReporter(TrainerCallback):
-    """Writes each SFT step's logs, with Phi derived from the mean token entropy TRL logs."""
+    """Writes each SFT step's logs, with Phi derived from the mean token entropy TRL logs, and its perf."""
 
     def __init__(self, backend: TorchBackend, offset: int, phase: str) -> None:
         self.backend = backend
         self.offset = offset
         self.phase = phase
+        self.sft_trainer: Any = None
+        self.flops: ModelFlops | None = None
+        self.perf: tuple[int, StepPerf] | None = None  # the step's, until its log
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        trainer = self.sft_trainer
+        times = trainer.clock.stop()
+        lengths, trainer.lengths = trainer.lengths, []
+        if self.backend.ranks.world > 1:  # every rank's rows (every rank is here at this step)
+            lengths = [n for part in self.backend.ranks.all_gather(lengths) for n in part]
+        perf = self.backend.step_perf(times, lengths, None, flops=self.flops, forwards=0)
+        self.perf = None if perf is None else (self.offset + state.global_step, perf)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
         if not logs or "train_runtime" in logs:
             return
         step = self.offset + state.global_step
         record = StepRecord(step, numeric_logs(logs))
+        if self.perf is not None and self.perf[0] == step:
+            record.perf, self.perf = self.perf[1], None
         entropy = record.metrics.get("entropy")
         if entropy is not None:
             record.phi = {
@@ -560,6 +685,7 @@ class GRPOReporter(TrainerCallback):
         self.offset = offset
         self.pending: StepRecord | None = None
         self.phi_source: str | None = None  # the coherence rewards' path so far (an event when it changes)
+        self.flops: ModelFlops | None = None
 
     @property
     def trainer(self) -> Any:
@@ -578,10 +704,20 @@ class GRPOReporter(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         step = self.offset + state.global_step
+        times = self.trainer.clock.stop()  # what follows is the step's record, not the step
         # Several ranks: every rank's completions (TRL gathered the rewards already), so the gate, Phi
         # and the samples are the same on every rank; rank 0 writes them.
         capture: StepCapture = self.trainer.capture.pooled(self.backend.ranks)
         record = StepRecord(step)
+        # Every rank's tokens; each sequence was generated once, then taken through the extra forwards and
+        # the trained one (rank 0's count of forwards: every rank runs the same ones).
+        record.perf = self.backend.step_perf(
+            times,
+            [len(p) for p in capture.prompt_ids],
+            [len(c) for c in capture.completion_ids],
+            flops=self.flops,
+            forwards=1 + capture.forward_passes,
+        )
         gate = self.rewards.gate
         if gate is not None:
             was_open = gate.opened_at is not None
