@@ -32,8 +32,8 @@ LIVE = ("running", "paused")
 # A node's newest sample older than this says nothing about now (sampling off, the node lost): its rules
 # stay quiet rather than judge from what no longer holds.
 SAMPLE_STALE_S = 120.0
-# A window counts as watched when its first sample is at most this late: the minute rollups answer for
-# windows the raw samples no longer cover, and a minute is their width.
+# A condition held over a window when the sample in force at its start (at most this much older: the
+# longest interval between samples worth judging, and the minute rollups' width) and every one after hold it.
 COVER_SLACK_S = 60.0
 
 # GPUs idle: every sample of the run's GPUs under GPU_IDLE_UTIL percent for GPU_IDLE_S while the run is
@@ -287,12 +287,16 @@ def _held(
     below: float | None = None,
     above: float | None = None,
 ) -> bool:
-    """Whether every sample (or rollup bucket) of the series in [since, now] stays below `below` / above
-    `above`, the window watched from its start and its newest sample recent."""
-    series = reads.series(node, key, since, now, max_points=2000)
-    if not len(series) or series.t[0] > since + COVER_SLACK_S or now - series.t[-1] > SAMPLE_STALE_S:
+    """Whether the series stayed below `below` / above `above` from `since` to `now`: the sample in force at
+    `since` (the newest at or before it, at most COVER_SLACK_S earlier) and every one after, the newest of
+    them recent. Rollup buckets answer by their max / min where raw samples no longer reach."""
+    series = reads.series(node, key, since - COVER_SLACK_S, now, max_points=2000)
+    at_start = [i for i, t in enumerate(series.t) if t <= since]
+    if not at_start or now - series.t[-1] > SAMPLE_STALE_S:
         return False
-    return (below is None or max(series.vmax) < below) and (above is None or min(series.vmin) > above)
+    first = at_start[-1]
+    highs, lows = series.vmax[first:], series.vmin[first:]
+    return (below is None or max(highs) < below) and (above is None or min(lows) > above)
 
 
 def _gpu_list(indexes: list[int]) -> str:
