@@ -314,3 +314,76 @@ def test_the_analyst_names_the_dead_rank_and_the_digest_lists_the_processes(
     assert f"**A process of the run died** — {reason}." in said
     assert "1 problem: A process of the run died" in said and f"health red: {reason}" in said
     assert "The engine's health check" not in said  # the same reason is not a second finding
+
+
+# -- the launcher's report of its ranks ---------------------------------------------------------------------
+
+# What torch's elastic agent printed when rank 1 of two was killed (carl train --processes 2 on this machine,
+# torch 2.13): its warning and error lines, then accelerate's traceback with the agent's summary.
+AGENT_REPORT = """\
+[rank0]:[W1202 01:21:38.266794486 reducer.cpp:1529] Warning: find_unused_parameters=True was specified
+carl train: another training process died or stopped answering after step 2 (Connection reset by peer)
+W1202 01:21:38.550000 17665 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process {rank0} \
+closing signal SIGTERM
+E1202 01:21:38.616000 17665 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) \
+local_rank: 1 (pid: {rank1}) of binary: /usr/bin/python3
+Traceback (most recent call last):
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+=======================================================
+engine.training FAILED
+-------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-02_01:21:38
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: {rank0})  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID {rank0}
+-------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-02_01:21:38
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: {rank1})  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID {rank1}
+=======================================================
+"""
+
+
+def test_the_launchers_report_is_copied_on_and_records_each_ranks_end(tmp_path: Path) -> None:
+    from engine.training.processes import LauncherReport
+
+    home = tmp_path / "home"
+    home.mkdir()
+    with Store(home / "carl.db") as store:
+        node = store.system.node(NODE, host=NODE, via="local")
+        run_id = running_run(store, step=812)
+        rows = [
+            ProcessRow(4241, 1000.0, "rank", "running", rank=0),
+            ProcessRow(4242, 1000.0, "rank", "running", rank=1),
+        ]
+        store.system.note_processes(run_id, node, rows)
+    report_text = AGENT_REPORT.format(rank0=4241, rank1=4242).encode()
+    read_end, write_end = os.pipe()
+    copied = tmp_path / "copied"
+    with open(read_end, "rb") as stream, copied.open("wb") as out:
+        report = LauncherReport(stream, home, run_id, out=out).start()
+        with open(write_end, "wb") as pipe:
+            for i in range(0, len(report_text), 97):  # in pieces that split lines, as a pipe delivers them
+                pipe.write(report_text[i : i + 97])
+                pipe.flush()
+        report.join(30.0)
+    assert copied.read_bytes() == report_text  # every byte on to our stderr
+    with Store(home / "carl.db") as store:
+        ends = {p["rank"]: p for p in processes(store, run_id)}
+        assert ends[1]["end_reason"] == "rank 1 (pid 4242) killed by SIGKILL at step 812" and ends[1]["died"]
+        assert (
+            ends[0]["end_reason"]
+            == "rank 0 (pid 4241) stopped by the launcher (SIGTERM) after rank 1 failed at step 812"
+        )
+        assert (ends[0]["signal"], ends[0]["died"]) == (15, 0)
+        level, reasons = health(store, run_id)
+        assert level == "red" and "rank 1 (pid 4242) killed by SIGKILL at step 812" in reasons

@@ -91,11 +91,11 @@ def end_self(store: Store | None, run_id: int, exit_code: int) -> None:
 class LauncherReport:
     """The launcher's stderr, copied on to ours, with the ranks' ends recorded as the agent reports them."""
 
-    def __init__(self, stream: IO[bytes], home: Path, run_id: int) -> None:
+    def __init__(self, stream: IO[bytes], home: Path, run_id: int, out: IO[bytes] | None = None) -> None:
         self.stream = stream
         self.home = home
         self.run_id = run_id
-        self.out: IO[bytes] | None = getattr(sys.stderr, "buffer", None)
+        self.out: IO[bytes] | None = out if out is not None else getattr(sys.stderr, "buffer", None)
         self.stopping = False  # set when this carl train ends the ranks itself (a second Ctrl-C)
         self.first: int | None = None  # the local rank the agent reported first
         self.closing: dict[int, str] = {}  # pid -> the signal the launcher sent it to stop it
