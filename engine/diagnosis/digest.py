@@ -21,7 +21,6 @@ import numpy as np
 
 from engine.llm.redact import redact
 from engine.store.reader import RunRow, StoreReader
-from engine.system.health import box_flags
 from engine.training.config import CascadeConfig
 
 POINTS = 32  # points per series in the digest: enough to see a shape, few tokens
@@ -300,6 +299,10 @@ def build_digest(reader: StoreReader, run_id: int, *, now: float | None = None) 
     run = next((r for r in reader.runs() if r.id == run_id), None)
     if run is None:
         raise LookupError(f"run {run_id}: no such run")
+    # The box's rules come with engine.system, which brings the store's writer: loaded when a digest is made,
+    # not when the control room imports diagnosis.
+    from engine.system.health import box_flags
+
     now_t = time.time() if now is None else now
     keys = reader.metric_keys(run_id)
     chosen = chosen_keys(keys)
