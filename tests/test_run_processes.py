@@ -387,3 +387,12 @@ def test_the_launchers_report_is_copied_on_and_records_each_ranks_end(tmp_path: 
         assert (ends[0]["signal"], ends[0]["died"]) == (15, 0)
         level, reasons = health(store, run_id)
         assert level == "red" and "rank 1 (pid 4242) killed by SIGKILL at step 812" in reasons
+
+
+def test_a_command_line_is_stored_without_the_secrets_it_names(store: Store) -> None:
+    node = store.system.node(NODE, host=NODE, via="local")
+    run_id = running_run(store)
+    argv = "python train.py --wandb-key sk-ant-api03-abcdefghijklmnopqrstuvwx --lr 1e-5"
+    store.system.note_processes(run_id, node, [ProcessRow(4242, 1.0, "observed", "running", argv)])
+    (row,) = processes(store, run_id)
+    assert "sk-ant-api03-abcdefghijklmnopqrstuvwx" not in row["cmdline"] and "--lr 1e-5" in row["cmdline"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.llm.redact import redact
 from engine.text import one_line, storable
 
 if TYPE_CHECKING:
@@ -234,7 +235,7 @@ class SystemTables:
                         p.started,
                         p.role,
                         p.rank,
-                        storable(one_line(p.cmdline, CMDLINE_CHARS)),
+                        storable(one_line(redact(p.cmdline), CMDLINE_CHARS)),  # argv may hold a key
                         p.state,
                         p.cpu,
                         p.rss,
@@ -269,7 +270,7 @@ class SystemTables:
                     exit_code,
                     signal,
                     end_step,
-                    storable(one_line(reason, 300)),
+                    storable(one_line(redact(reason), 300)),
                     int(died),
                     time.time(),
                     process_id,
