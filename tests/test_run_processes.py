@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -99,7 +100,8 @@ def test_a_runs_process_is_followed_with_its_memory_and_gpu_memory_from_nvmls_li
     tracker.tick(sample(gpu, GpuReading(index=1, processes=[GpuProcess(proc.pid, None)])), node)
     tracker.tick(sample(gpu), node)
     (row,) = processes(store, run_id)
-    assert (row["role"], row["rank"], row["state"], row["ended_at"]) == ("rank", 1, "sleeping", None)
+    assert (row["role"], row["rank"], row["ended_at"]) == ("rank", 1, None)
+    assert row["state"] in (psutil.STATUS_SLEEPING, psutil.STATUS_RUNNING)  # psutil's word for it
     assert row["rss"] > 32 * 1024 * 1024 and row["cpu"] is not None  # the second look measures the CPU
     assert (row["gpu_mem"], row["gpus"]) == (3 * 2**30, [0])
     tracker.tick(sample(), node)  # no GPU read in this sample: its GPU memory is unknown, not zero
@@ -308,7 +310,7 @@ def test_the_analyst_names_the_dead_rank_and_the_digest_lists_the_processes(
     text = digest_text(digest)
     assert "PROCESSES (1 live, 1 ended)" in text
     assert f"rank 1 pid {rank1.pid} on {NODE}: ended: {reason} (died while the run was live)" in text
-    assert f"rank 0 pid {rank0.pid} on {NODE}: sleeping" in text
+    assert re.search(rf"rank 0 pid {rank0.pid} on {NODE}: (sleeping|running), cpu \d+%, rss \d", text)
     assert f"BOX rank_died (red): {reason}" in text
     said = answer(digest, "what is wrong?")
     assert f"**A process of the run died** — {reason}." in said
