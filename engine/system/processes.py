@@ -4,7 +4,7 @@ Our runs name their own processes: the runner of a one-process run, the launchin
 accelerate's launcher of `carl train --processes N`, and each rank (rank 0 learns every rank's pid, host and
 start time in one exchange and writes them, engine/training/distributed.py). Each writes its own end when it
 exits in order; the launching `carl train` also records a rank's end as torch's elastic agent reports it
-(engine/training/rank_ends.py). For an observed run the engine looks for the processes working in its
+(engine/training/processes.py). For an observed run the engine looks for the processes working in its
 directory (working directory inside it, or a file inside it open for writing), at most every
 OBSERVED_SCAN_S and for at most SCAN_BUDGET_S at a time.
 
