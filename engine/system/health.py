@@ -218,9 +218,11 @@ class _RunBox:
         self.samples = samples
         self.nodes = sorted(samples)
         self.names: dict[int, str] = {}
-        starts = [p["started"] for p in processes if p["role"] in ("runner", "launcher")]
-        starts = starts or [p["started"] for p in processes]
-        self.life = max(starts) if starts else float(run["created_at"] or 0.0)
+        # Its current life began with its newest runner or launcher (a resume starts a new one); a run without
+        # one (ranks started by hand, an observed run) with its oldest process, else when it was made.
+        ours = [p["started"] for p in processes if p["role"] in ("runner", "launcher")]
+        others = [p["started"] for p in processes]
+        self.life = max(ours) if ours else min(others) if others else float(run["created_at"] or 0.0)
 
     @classmethod
     def read(cls, reads: SystemReads, run_id: int, now: float, *, fresh: bool = True) -> _RunBox | None:
