@@ -18,7 +18,8 @@ from support import end_all, finish, wait_for
 from support import start_training as start
 from test_training_runner import PAUSED_POLLS, held_polls
 
-from engine.store import Store
+from engine.store import SCHEMA_VERSION, Store
+from engine.store.system_reads import SystemReads
 
 pytestmark = pytest.mark.slow
 GLOBAL_BATCH = 16  # 8 completions per rank (per_device_train_batch_size), two ranks
@@ -146,6 +147,15 @@ def test_two_processes_write_each_step_once_with_phi_over_both_ranks(
     assert coherence["batches_seen"] >= 1
     assert len(coherence["calibration"]) == GLOBAL_BATCH * coherence["batches_seen"]
     assert out.count("[carl] grpo step 3/3") == 1  # rank 0 alone prints
+    # Every process of the run recorded (engine/system/processes.py), each ended cleanly: no death.
+    ended = SystemReads(store.conn, SCHEMA_VERSION).run_processes(run_id)
+    assert sorted((p["role"], p["rank"]) for p in ended) == [
+        ("launcher", None),
+        ("launcher", None),
+        ("rank", 0),
+        ("rank", 1),
+    ]
+    assert [(p["exit_code"], p["signal"], p["died"]) for p in ended] == [(0, None, 0)] * 4
 
     # Resume with both ranks from the last checkpoint: step 4 is added, nothing is repeated.
     code, out, err = finish(start(home, "--resume", "dp", "--max-steps", "4"))

@@ -249,6 +249,7 @@ class Engine:
     def analyze_due(self) -> None:
         """Phase and health of runs that received rows, and of running runs gone quiet."""
         now = time.monotonic()
+        self.dirty_runs.update(self.system.take_changed_runs())  # a process of theirs ended
         if now >= self.next_recheck:
             self.next_recheck = now + RECHECK_RUNNING_EVERY
             running = self.store.conn.execute("SELECT id FROM runs WHERE status='running'").fetchall()
@@ -486,8 +487,12 @@ class Engine:
         }
 
     def reap_children(self) -> None:
-        """Collect finished training processes so none lingers as a zombie; finish eval commands."""
-        self.children = [p for p in self.children if p.poll() is None]
+        """Collect finished training processes so none lingers as a zombie (the exit status of each is its
+        process's end: engine/system/processes.py); finish eval commands."""
+        for proc in self.children:
+            if proc.poll() is not None:
+                self.system.child_ended(proc.pid, proc.returncode)
+        self.children = [p for p in self.children if p.returncode is None]
         running = []
         for proc, command_id, eval_log in self.evals:
             if proc.poll() is None:

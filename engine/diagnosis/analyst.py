@@ -290,8 +290,46 @@ def _eval(d: dict[str, Any]) -> list[Finding]:
     ]
 
 
+# What the box says of a run (engine/system/health.py), as the analyst words it: a title and what to do.
+BOX_FINDINGS = {
+    "rank_died": (
+        "A process of the run died",
+        "its console shows its last lines; a SIGKILL with no traceback is most often the out-of-memory killer"
+        " (dmesg says so); fix the cause, then resume from the last checkpoint",
+    ),
+    "disk_full": (
+        "The disk the run writes on is filling",
+        "free space or keep fewer checkpoints (save_total_limit) before a checkpoint fails to be written",
+    ),
+    "gpu_idle": (
+        "The GPUs are idle",
+        "a stalled data pipeline, a hung collective or work left on the CPU; the console and a stack dump of"
+        " the ranks (py-spy dump) say which",
+    ),
+    "gpu_memory": (
+        "GPU memory is nearly full",
+        "lower the batch size or the sequence length, or turn on gradient checkpointing, before an"
+        " out-of-memory ends the run",
+    ),
+    "xid": (
+        "The GPU driver reported an XID error",
+        "look at dmesg and nvidia-smi -q; XID 48, 74 and 79 mean the GPU needs a reset or a replacement",
+    ),
+}
+
+
+def _box(d: dict[str, Any]) -> list[Finding]:
+    """The box's reasons: a process gone, the disk filling, idle or full GPUs, XID errors."""
+    found = []
+    for flag in d.get("box") or []:
+        if flag["cause"] in BOX_FINDINGS:
+            title, advice = BOX_FINDINGS[flag["cause"]]
+            found.append(Finding(flag["level"], flag["cause"], title, flag["reason"], advice))
+    return found
+
+
 def _health(d: dict[str, Any], found: list[Finding]) -> list[Finding]:
-    reasons = d["run"]["health_reasons"] or []
+    reasons = [r for r in d["run"]["health_reasons"] or [] if not any(r == f.detail for f in found)]
     if not reasons or d["run"]["health"] == "green":
         return []
     return [
@@ -313,6 +351,7 @@ CHECKS = (
     clip_finding,
     length_finding,
     _eval,
+    _box,
 )
 
 
@@ -338,7 +377,7 @@ FINDINGS_OF = {
     "clip": {"clip"},
     "covariance": {"entropy"},
     "length": {"length"},
-    "status": {"failed", "stalled", "health"},
+    "status": {"failed", "stalled", "health", *BOX_FINDINGS},
     "trajectories": set(),
     "agents": set(),
 }

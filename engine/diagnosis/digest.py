@@ -58,6 +58,7 @@ HEALTH_KEYS = (
     "completions/max_length",
 )
 MAX_KEYS = 40
+MAX_PROCESSES = 12  # the run's processes in the digest: a few ranks, and those that died first
 NON_TASK = {"format", "concise", "coherence", "commitment"}  # rewards that do not measure the task
 
 
@@ -298,6 +299,11 @@ def build_digest(reader: StoreReader, run_id: int, *, now: float | None = None) 
     run = next((r for r in reader.runs() if r.id == run_id), None)
     if run is None:
         raise LookupError(f"run {run_id}: no such run")
+    # The box's rules come with engine.system, which brings the store's writer: loaded when a digest is made,
+    # not when the control room imports diagnosis.
+    from engine.system.health import box_flags
+
+    now_t = time.time() if now is None else now
     keys = reader.metric_keys(run_id)
     chosen = chosen_keys(keys)
     series, trends = {}, {}
@@ -339,12 +345,23 @@ def build_digest(reader: StoreReader, run_id: int, *, now: float | None = None) 
         ],
         "samples": [sample_brief(s) for s in reader.samples(run_id, limit=3)],
         "eval": reader.latest_eval(run_id),
+        "processes": processes_brief(reader, run_id),
+        "box": [flag._asdict() for flag in box_flags(reader.conn, reader.version, run_id, run.status, now_t)],
         "counts": {
             "trajectories": reader.table_count("trajectories"),
             "agent_events": reader.table_count("agent_events"),
         },
-        "now": time.time() if now is None else now,
+        "now": now_t,
     }
+
+
+def processes_brief(reader: StoreReader, run_id: int) -> list[dict[str, Any]]:
+    """The run's processes, compactly: those that died first, then the live ones, then the other ends; at
+    most MAX_PROCESSES."""
+    rows = reader.system.run_processes(run_id)
+    rows.sort(key=lambda p: (not p["died"], p["ended_at"] is not None))
+    keys = ("role", "rank", "pid", "node", "state", "cpu", "rss", "gpu_mem", "gpus", "end_reason", "died")
+    return [{k: p[k] for k in keys} | {"ended": p["ended_at"] is not None} for p in rows[:MAX_PROCESSES]]
 
 
 # -- text ------------------------------------------------------------------------------------
@@ -484,6 +501,36 @@ def digest_text(digest: dict[str, Any]) -> str:
             f"EVAL {'passed' if e['passed'] else 'failed'}: "
             f"{'; '.join(e['reasons'])} {json.dumps(e['metrics'])}"
         )
+    lines += _box_lines(digest)
     counts = digest["counts"]
     lines.append(f"STORE {counts['trajectories']} trajectories, {counts['agent_events']} agent events")
     return redact("\n".join(lines))
+
+
+def _box_lines(digest: dict[str, Any]) -> list[str]:
+    """The run's processes (alive, or ended with the reason) and what the box says of the run."""
+    lines = []
+    processes = digest.get("processes") or []
+    if processes:
+        live = sum(not p["ended"] for p in processes)
+        lines.append(f"PROCESSES ({live} live, {len(processes) - live} ended)")
+    for p in processes:
+        name = f"rank {p['rank']}" if p["rank"] is not None else p["role"]
+        where = f" on {p['node']}" if p["node"] else ""
+        if p["ended"]:
+            died = " (died while the run was live)" if p["died"] else ""
+            lines.append(
+                f"  {name} pid {p['pid']}{where}: ended: {p['end_reason'] or 'no reason recorded'}{died}"
+            )
+            continue
+        parts = [p["state"]]
+        if p["cpu"] is not None:
+            parts.append(f"cpu {p['cpu']:.0f}%")
+        if p["rss"] is not None:
+            parts.append(f"rss {p['rss'] / 2**30:.2f} GiB")
+        if p["gpus"]:
+            parts.append(f"GPU {','.join(map(str, p['gpus']))} {_fmt((p['gpu_mem'] or 0) / 2**30)} GiB")
+        lines.append(f"  {name} pid {p['pid']}{where}: {', '.join(parts)}")
+    for flag in digest.get("box") or []:
+        lines.append(f"BOX {flag['cause']} ({flag['level']}): {flag['reason']}")
+    return lines

@@ -641,12 +641,13 @@ def _v9(db: sqlite_utils.Database) -> None:
             rss INTEGER,  -- bytes
             gpu_mem INTEGER,  -- bytes on every GPU together (NVML), NULL when unknown
             gpus TEXT,  -- JSON list of the GPU indexes it holds memory on
-            seen_at REAL NOT NULL,
+            seen_at REAL NOT NULL,  -- when the row was last written: seen alive, or its end recorded
             ended_at REAL,
             exit_code INTEGER,  -- when it exited
             signal INTEGER,  -- when a signal ended it
             end_step INTEGER,  -- the run's last step when its end was seen
-            end_reason TEXT  -- one line, e.g. "rank 1 (pid 4242) killed by SIGKILL at step 812"
+            end_reason TEXT,  -- one line, e.g. "rank 1 (pid 4242) killed by SIGKILL at step 812"
+            died INTEGER NOT NULL DEFAULT 0  -- 1: it died while its run was live (health's rank_died)
         )
         """
     )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.llm.redact import redact
 from engine.text import one_line, storable
 
 if TYPE_CHECKING:
@@ -46,6 +47,17 @@ class ProcessRow:
     rss: int | None = None
     gpu_mem: int | None = None
     gpus: list[int] | None = None
+
+
+def run_dir(output_dir: str | None, source_path: str | None) -> str | None:
+    """Where a run writes: our run's output directory, else the folder of an observed run's source (the
+    source itself when it is a directory). The disks watched and the processes looked for are its."""
+    if output_dir:
+        return output_dir
+    if not source_path:
+        return None
+    path = Path(source_path)
+    return str(path if path.is_dir() else path.parent)
 
 
 class SystemTables:
@@ -91,6 +103,22 @@ class SystemTables:
     def set_node_note(self, node_id: int, note: str | None) -> None:
         with self.store.transaction():
             self.conn.execute("UPDATE nodes SET note=? WHERE id=?", (note and one_line(note, 300), node_id))
+
+    def node_for(self, name: str, *, create: bool) -> int | None:
+        """The id of the node called `name`, its state untouched; with `create`, a node this machine's engine
+        samples (via local) is made when there is none yet (a run started before the engine ever sampled)."""
+        name = storable(one_line(name, 200))
+        with self.store.transaction():
+            row = self.conn.execute("SELECT id FROM nodes WHERE name=?", (name,)).fetchone()
+            if row is not None or not create:
+                return None if row is None else int(row[0])
+            now = time.time()
+            cur = self.conn.execute(
+                "INSERT INTO nodes (name, host, via, state, info, first_seen, last_seen)"
+                " VALUES (?,?, 'local', 'live', '{}', ?, ?)",
+                (name, name, now, now),
+            )
+            return int(cur.lastrowid)  # type: ignore[arg-type]
 
     def nodes(self) -> list[dict[str, Any]]:
         cur = self.conn.execute("SELECT id, name, host, via, state, note, last_seen FROM nodes ORDER BY id")
@@ -290,17 +318,24 @@ class SystemTables:
     def running_run_dirs(self) -> list[str]:
         """The directories of the runs that are running or paused: our runs' output directories, and the
         folder of an observed run's source."""
+        return sorted({run["dir"] for run in self.running_runs() if run["dir"]})
+
+    def running_runs(self) -> list[dict[str, Any]]:
+        """The runs that are running or paused: id, source kind, status and the directory it writes in
+        (`run_dir`)."""
         rows = self.conn.execute(
-            "SELECT output_dir, source_path FROM runs WHERE status IN ('running', 'paused')"
+            "SELECT id, source_kind, status, output_dir, source_path FROM runs"
+            " WHERE status IN ('running', 'paused') ORDER BY id"
         ).fetchall()
-        out = []
-        for output_dir, source_path in rows:
-            if output_dir:
-                out.append(output_dir)
-            elif source_path:
-                path = Path(source_path)
-                out.append(str(path if path.is_dir() else path.parent))
-        return sorted(set(out))
+        return [
+            {"id": run_id, "source_kind": kind, "status": status, "dir": run_dir(output_dir, source_path)}
+            for run_id, kind, status, output_dir, source_path in rows
+        ]
+
+    def run_state(self, run_id: int) -> dict[str, Any] | None:
+        """What deciding a process's end needs of its run: status, last step, error."""
+        row = self.conn.execute("SELECT status, last_step, error FROM runs WHERE id=?", (run_id,)).fetchone()
+        return None if row is None else {"status": row[0], "last_step": row[1], "error": row[2]}
 
     # -- processes of runs ----------------------------------------------------------------------------------
 
@@ -323,7 +358,7 @@ class SystemTables:
                         p.started,
                         p.role,
                         p.rank,
-                        storable(one_line(p.cmdline, CMDLINE_CHARS)),
+                        storable(one_line(redact(p.cmdline), CMDLINE_CHARS)),  # argv may hold a key
                         p.state,
                         p.cpu,
                         p.rss,
@@ -342,31 +377,65 @@ class SystemTables:
         end_step: int | None,
         reason: str,
         ended_at: float | None = None,
-    ) -> None:
+        died: bool = False,
+    ) -> bool:
+        """Record a process's end (once). An exact status (an exit code or a signal) also replaces an end
+        recorded as unknown: the launcher's report of a rank may come after the engine gave up waiting for it;
+        the end keeps the time it was first seen. Returns whether the row changed."""
+        exact = exit_code is not None or signal is not None
         with self.store.transaction():
-            self.conn.execute(
-                "UPDATE run_processes SET state='ended', ended_at=?, exit_code=?, signal=?, end_step=?,"
-                " end_reason=? WHERE id=? AND ended_at IS NULL",
+            cur = self.conn.execute(
+                "UPDATE run_processes SET state='ended', ended_at=coalesce(ended_at, ?), exit_code=?,"
+                " signal=?, end_step=coalesce(?, end_step), end_reason=?, died=?, seen_at=? WHERE id=?"
+                " AND (ended_at IS NULL OR (? AND exit_code IS NULL AND signal IS NULL))",
                 (
                     ended_at or time.time(),
                     exit_code,
                     signal,
                     end_step,
-                    storable(one_line(reason, 300)),
+                    storable(one_line(redact(reason), 300)),
+                    int(died),
+                    time.time(),
                     process_id,
+                    int(exact),
                 ),
             )
+            return cur.rowcount > 0
 
-    def open_processes(self, node_id: int | None = None) -> list[dict[str, Any]]:
-        """Processes not known to have ended (on one node, or all)."""
-        where = "ended_at IS NULL" + (" AND node_id=?" if node_id is not None else "")
+    def open_processes(
+        self, node_id: int | None = None, *, run_id: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Processes not known to have ended (on one node, or all; of one run, or all)."""
+        where, params = "ended_at IS NULL", []
+        if node_id is not None:
+            where, params = where + " AND node_id=?", [*params, node_id]
+        if run_id is not None:
+            where, params = where + " AND run_id=?", [*params, run_id]
         cur = self.conn.execute(
-            "SELECT id, run_id, node_id, pid, started, role, rank, state, seen_at FROM run_processes"
-            f" WHERE {where}",
-            () if node_id is None else (node_id,),
+            "SELECT id, run_id, node_id, pid, started, role, rank, cmdline, state, seen_at FROM run_processes"
+            f" WHERE {where} ORDER BY id",
+            params,
         )
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    def process_of(self, run_id: int, pid: int) -> dict[str, Any] | None:
+        """The run's newest process row with this pid (ended or not): id, rank, role, started, ended_at,
+        exit_code, signal."""
+        cur = self.conn.execute(
+            "SELECT id, rank, role, started, ended_at, exit_code, signal FROM run_processes"
+            " WHERE run_id=? AND pid=? ORDER BY started DESC LIMIT 1",
+            (run_id, pid),
+        )
+        row = cur.fetchone()
+        return None if row is None else dict(zip([d[0] for d in cur.description], row, strict=True))
+
+    def ends_written_since(self, t: float) -> list[int]:
+        """The runs whose processes' ends were recorded (or made exact) at or after wall time `t`."""
+        rows = self.conn.execute(
+            "SELECT DISTINCT run_id FROM run_processes WHERE ended_at IS NOT NULL AND seen_at >= ?", (t,)
+        ).fetchall()
+        return [r[0] for r in rows]
 
     # -- consoles and what was found in them ----------------------------------------------------------------
 

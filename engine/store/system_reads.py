@@ -11,7 +11,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from .system import ROLLUP_WIDTHS
+from .system import ROLLUP_WIDTHS, run_dir
 
 SCHEMA = 9  # the schema version that made these tables
 
@@ -168,7 +168,7 @@ class SystemReads:
         rows = self._rows(
             "SELECT p.id, p.node_id, n.name AS node, p.pid, p.started, p.role, p.rank, p.cmdline, p.state,"
             " p.cpu, p.rss, p.gpu_mem, p.gpus, p.seen_at, p.ended_at, p.exit_code, p.signal, p.end_step,"
-            " p.end_reason"
+            " p.end_reason, p.died"
             " FROM run_processes p LEFT JOIN nodes n ON n.id = p.node_id WHERE p.run_id=?"
             " ORDER BY p.ended_at IS NOT NULL, coalesce(p.rank, -1), p.id",
             (run_id,),
@@ -176,6 +176,20 @@ class SystemReads:
         for row in rows:
             row["gpus"] = _json(row["gpus"], None)
         return rows
+
+    def run_context(self, run_id: int) -> dict[str, Any] | None:
+        """What the box rules need of a run: its status, when it was made and ended, its last step, and
+        the directory it writes in (`dir`, as the engine watches it)."""
+        rows = self._rows(
+            "SELECT status, created_at, ended_at, last_step, error, output_dir, source_path FROM runs"
+            " WHERE id=?",
+            (run_id,),
+        )
+        if not rows:
+            return None
+        run = rows[0]
+        run["dir"] = run_dir(run.pop("output_dir"), run.pop("source_path"))
+        return run
 
     def run_consoles(self, run_id: int) -> list[dict[str, Any]]:
         return self._rows(

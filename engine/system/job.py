@@ -18,6 +18,7 @@ from typing import Any
 from engine.store import Store
 
 from .config import FILE_NAME, SystemSettings, load_system_settings
+from .processes import ProcessTracker
 from .sampler import Sampler
 
 CONFIG_CHECK_S = 2.0
@@ -41,6 +42,8 @@ class SystemJob:
         self.next_config_check = 0.0
         self.config_seen: tuple[float, int] | None = None
         self.samples = 0
+        self.processes = ProcessTracker(store)  # every process of the runs on this node (processes.py)
+        self.process_trouble: str | None = None  # the last failure of the tracker, logged once
 
     def seconds_to_next(self) -> float:
         """How long the engine may sleep before this job is due again."""
@@ -70,11 +73,32 @@ class SystemJob:
         sample = sampler.sample()
         self.store.system.add_sample(self.node(), sample.t, sample.scalars(), sample.to_json())
         self.samples += 1
+        self._track_processes(sample)
         if now >= self.next_thin:
             self.next_thin = now + THIN_EVERY_S
             removed = self.store.system.thin()
             if removed:
                 log.info("system samples: %d old rows thinned", removed)
+
+    def _track_processes(self, sample: Any) -> None:
+        """The runs' processes at this sample; its failure is logged once and never stops the sampling."""
+        try:
+            self.processes.tick(sample, self.node())
+        except Exception as exc:
+            message = f"system: the runs' processes: {type(exc).__name__}: {exc}"
+            if message != self.process_trouble:
+                log.warning("%s", message)
+            self.process_trouble = message
+        else:
+            self.process_trouble = None
+
+    def child_ended(self, pid: int, returncode: int) -> None:
+        """The engine reaped a process it started: its exit status is that process's end."""
+        self.processes.child_ended(pid, returncode)
+
+    def take_changed_runs(self) -> set[int]:
+        """Runs with a process end recorded since the last call: the engine analyses them again."""
+        return self.processes.take_changed_runs()
 
     def node(self) -> int:
         """This machine's node id, made on first use with what does not change (cores, memory, GPUs)."""

@@ -31,6 +31,7 @@ from engine import paths
 from .backend import CommandPump, Reporter, StepRecord, numeric_logs, one_line
 from .hf import CommandCallback, entropy_to_phi
 from .perf import STEP_TIME, TOKENS_PER_S
+from .processes import note_self
 
 PHI_KEYS = ("phi/mean", "phi_mean", "phi", "train/phi/mean")
 ENTROPY_KEYS = ("entropy", "train/entropy")
@@ -97,6 +98,7 @@ class CarlCallback(TrainerCallback):
             config={"output_dir": str(args.output_dir)},
         )
         self.store.update_run(self.run_id, pid=os.getpid(), output_dir=str(args.output_dir))
+        note_self(self.store, self.run_id, "runner")  # the engine follows it, and sees its end
         self.reporter = Reporter(self.store, self.run_id)
         if self.obey_commands:
             self.commands = CommandCallback(CommandPump(self.store, self.run_id, self.reporter))

@@ -33,15 +33,18 @@ from typing import Any
 
 from engine import paths
 from engine.store import Store, StoreError
+from engine.system.processes import note_own, rank_info
 
 from .backend import BadInput, Reporter
 from .config import TrainConfig
 from .data import checked_inputs
 from .lifecycle import EXIT_BAD_INPUT, EXIT_FAILED, open_run, say_error, train_run
+from .processes import LauncherReport, agent_row, end_self, note_ranks_of, note_self
 from .ranks import signals_deferred, start_ranks, training_backend
 
 EXIT_FILE_ENV = "CARL_EXIT_FILE"  # where rank 0 leaves its exit code for the launching carl train
 POLL_SECONDS = 0.2
+LAUNCHER_STDERR_JOIN_S = 10.0  # a rank that outlives the launcher keeps its stderr open: waited no longer
 
 
 # -- inside a rank -----------------------------------------------------------------------------------
@@ -52,6 +55,7 @@ def run_rank(
 ) -> int:
     """One rank of a launched run: join the group, open (or attach to) the run on rank 0, train."""
     ranks = start_ranks()
+    everyone = ranks.all_gather(rank_info(ranks.rank))  # rank 0 records every rank's process
     store: Store | None = None
     code = EXIT_BAD_INPUT
     with signals_deferred():
@@ -75,6 +79,7 @@ def run_rank(
                     say_error(error or "the run could not be opened")
             else:
                 run_id, output_dir = opened
+                note_ranks_of(store, run_id, everyone)
                 code = train_run(
                     store, run_id, config, home, Path(output_dir), resuming=resume is not None, ranks=ranks
                 )
@@ -82,6 +87,8 @@ def run_rank(
             if ranks.is_main:
                 _leave_exit_code(code)
                 if store is not None:
+                    if opened is not None:
+                        end_self(store, opened[0], code)
                     store.close()
         _leave_group()
     return code
@@ -179,6 +186,7 @@ def launch(config: TrainConfig, *, home: Path, run_name: str | None, resume: str
         with Store(paths.db_path(home)) as store:
             run_id, _ = open_run(store, config, home, run_name, resume)
             store.update_run(run_id, backend="torch")
+            note_self(store, run_id, "launcher")
     except (BadInput, StoreError) as exc:
         say_error(str(exc))
         return EXIT_BAD_INPUT
@@ -188,13 +196,20 @@ def launch(config: TrainConfig, *, home: Path, run_name: str | None, resume: str
         argv = launch_argv(config.processes, home, run_id, resume=resume is not None)
         env = {**os.environ, EXIT_FILE_ENV: exit_file}
         # Its own session: a Ctrl-C in the terminal reaches this process alone, which turns it into a
-        # stop at the next step boundary (torchrun's agent would tear the ranks down at once).
-        proc = subprocess.Popen(argv, env=env, start_new_session=True)
-        returncode = _wait(proc, home, run_id)
+        # stop at the next step boundary (torchrun's agent would tear the ranks down at once). Its stderr
+        # comes through this process: every byte is copied on, and the ranks' ends it reports are recorded.
+        proc = subprocess.Popen(argv, env=env, start_new_session=True, stderr=subprocess.PIPE)
+        assert proc.stderr is not None
+        report = LauncherReport(proc.stderr, home, run_id).start()
+        _note_agent(home, run_id, proc.pid)
+        returncode = _wait(proc, home, run_id, report)
+        report.join(LAUNCHER_STDERR_JOIN_S)
+        proc.stderr.close()
         code = _read_exit_code(Path(exit_file))
     finally:
         Path(exit_file).unlink(missing_ok=True)
     with Store(paths.db_path(home)) as store:
+        report.settle(store, proc.pid, returncode)
         run = store.run(run_id) or {}
         if code is None:  # rank 0 never settled the run: it died, or never started
             code = EXIT_FAILED
@@ -206,7 +221,17 @@ def launch(config: TrainConfig, *, home: Path, run_name: str | None, resume: str
             code = EXIT_FAILED
         if run.get("status") == "failed" and run.get("error"):
             say_error(str(run["error"]))  # the last line, after the launcher's own report
+        end_self(store, run_id, code)
     return code
+
+
+def _note_agent(home: Path, run_id: int, pid: int) -> None:
+    """accelerate's launcher as one of the run's processes (role launcher)."""
+    try:
+        with Store(paths.db_path(home)) as store:
+            note_own(store, run_id, [agent_row(pid)])
+    except Exception as exc:  # for watching the run only: the launch goes on
+        say_error(f"could not record the launcher's process: {exc}")
 
 
 def _launch_failure(run: dict[str, Any], returncode: int) -> str:
@@ -219,7 +244,7 @@ def _launch_failure(run: dict[str, Any], returncode: int) -> str:
     return f"the training processes did not start (accelerate launch exited with code {returncode})"
 
 
-def _wait(proc: subprocess.Popen[bytes], home: Path, run_id: int) -> int:
+def _wait(proc: subprocess.Popen[bytes], home: Path, run_id: int, report: LauncherReport) -> int:
     """Wait for the launcher. A first SIGTERM/SIGINT asks rank 0 to stop at the next step boundary (it
     tells the others), once rank 0 has joined the run; a second one ends the launcher and every rank."""
     received: list[int] = []
@@ -239,6 +264,7 @@ def _wait(proc: subprocess.Popen[bytes], home: Path, run_id: int) -> int:
                 _signal(rank0, signal.SIGTERM)
                 asked = True
             if len(received) > 1 and not ended:
+                report.stopping = True  # the ranks ended by us: no death
                 _signal_group(proc.pid, signal.SIGTERM)
                 ended = True
     finally:

@@ -142,6 +142,9 @@ LOST_RANK_MARKS = (
     "NCCL communicator",
 )
 LOST_RANK_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError")
+LOST_RANK_REASON = (
+    "another training process died or stopped answering"  # how rank 0 says so (and processes.py)
+)
 
 
 def rank_lost(exc: BaseException, step: int | None) -> str | None:
@@ -152,7 +155,7 @@ def rank_lost(exc: BaseException, step: int | None) -> str | None:
         if type(exc).__name__ in LOST_RANK_ERRORS or any(mark in text for mark in LOST_RANK_MARKS):
             detail = " ".join(text.split("] ", 1)[-1].split()).split(". ")[0][:160]  # gloo's first sentence
             after = f" after step {step}" if step else ""
-            return f"another training process died or stopped answering{after} ({detail})"
+            return f"{LOST_RANK_REASON}{after} ({detail})"
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
         seen += 1
     return None
