@@ -27,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -99,18 +101,24 @@ def make_home(root: Path) -> Path:
     return home
 
 
-def measure(argv: list[str], size: tuple[int, int], ready: str, env: dict[str, str]) -> tuple[list[int], str]:
-    """Bytes written in each of ROUNDS windows of WINDOW_S once `ready` shows, and the last screen."""
+def measure(
+    argv: list[str], size: tuple[int, int], ready: str, env: dict[str, str]
+) -> tuple[list[int], float, str]:
+    """Bytes written in each of ROUNDS windows of WINDOW_S once `ready` shows, the control room's CPU seconds
+    per window, and the last screen."""
     app = PtyApp(argv, cols=size[0], rows=size[1], env=env).start()
     try:
         app.wait_for(lambda text: ready in text, timeout=60)
         app.pump(3.0)  # the first paint and the key bar settle
+        process = psutil.Process(app.pid)
+        cpu_before = sum(process.cpu_times()[:2])
         counts = []
         for _ in range(ROUNDS):
             before = app.bytes_read
             app.pump(WINDOW_S)
             counts.append(app.bytes_read - before)
-        return counts, app.text()
+        cpu = (sum(process.cpu_times()[:2]) - cpu_before) / ROUNDS
+        return counts, cpu, app.text()
     finally:
         app.stop()
 
@@ -146,13 +154,14 @@ def main() -> None:
         whole_argv = [sys.executable, "-c", WHOLE_PANE, "--home", str(home), "--no-engine"]
         with Sampling(home) as sampling:
             for size in SIZES:
-                ours, screen = measure(ours_argv, size, "cpu", env)
-                whole, _ = measure(whole_argv, size, "cpu", env)
+                ours, ours_cpu, screen = measure(ours_argv, size, "cpu", env)
+                whole, whole_cpu, _ = measure(whole_argv, size, "cpu", env)
                 ours_b, whole_b = statistics.median(ours), statistics.median(whole)
                 print(
                     f"{size[0]}x{size[1]} ours_bytes_per_10s={ours_b:.0f} (rounds {ours})"
                     f" baseline_whole_pane_bytes_per_10s={whole_b:.0f} (rounds {whole})"
                     f" ratio={ours_b / whole_b:.2f}"
+                    f" tui_cpu_s_per_10s ours={ours_cpu:.3f} whole_pane={whole_cpu:.3f}"
                 )
             pane = [line for line in screen.splitlines() if "cpu" in line or "ram" in line or "disk" in line]
             print("pane at 160x50:", " | ".join(line.strip()[:40] for line in pane[:3]))

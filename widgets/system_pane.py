@@ -242,7 +242,7 @@ def node_lines(
             lines += gpu_lines(gpu, width, compact=detail != "full", wide=wide)
     notes = [n for n in sample.get("notes") or [] if isinstance(n, str)]
     for note in notes if wide else notes[:MAX_NOTES]:
-        lines.append([(visible_line(note), "note")])
+        lines.append([(short_note(visible_line(note), width), "note")])
     lines.append(cpu_line(sample, width, wide=wide))
     lines.append(ram_line(sample, width, wide=wide))
     disk = pick_disk(sample.get("disks"), data.run_dir, data.home)
@@ -271,6 +271,13 @@ def gpus_summary(gpus: list[Mapping[str, Any]], width: int) -> list[list[Part]]:
     )
     lost = sum(1 for g in gpus if isinstance(g.get("error"), str))
     return [first, second] + ([[(f"{lost} gpu lost (5 shows which)", "error")]] if lost else [])
+
+
+def short_note(note: str, width: int) -> str:
+    """A note that does not fit says what comes before its reason: `no NVIDIA GPU` (the pane maximized, or the
+    System screen's heading, gives the whole of it)."""
+    head = note.split(": ", 1)[0]
+    return head if len(note) > width and len(head) <= width else note
 
 
 def cpu_line(sample: Mapping[str, Any], width: int, *, wide: bool) -> list[Part]:

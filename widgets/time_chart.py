@@ -1,9 +1,10 @@
 """TimeChart: a Chart over wall time, with a run's steps under its clock.
 
 The x axis is wall time (seconds since the epoch) labelled as a clock (14:05, or 14:05:30 in a short window);
-under it, when a run's (step, wall time) points are given, a row names the step the run was at under each
-label, so a drop in a machine's series reads against the run ("GPU utilisation fell at step 400"). Everything
-else (the lines, bands, markers, scales, the cache of strips) is Chart's (widgets/chart.py).
+under it, when a run's (step, wall time) points are given, a row names the step the run was at every few
+columns, from its first step in view to its newest, so a drop in a machine's series reads against the run
+("GPU utilisation fell at step 400"). Everything else (the lines, bands, markers, scales, the cache of strips)
+is Chart's (widgets/chart.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from rich.segment import Segment
 from textual.strip import Strip
 
 from .chart import Chart
-from .raster import Range, cell_col
+from .raster import CELL_DOTS, Range, cell_col
 
 # Clock tick spacings, seconds: the first that leaves LABEL_GAP cells between labels is used.
 TICK_STEPS = (5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
@@ -87,19 +88,40 @@ class TimeChart(Chart):
         return "".join(line)
 
     def _step_row(self, width: int) -> Strip:
-        """`step` in the left gutter, then the run's step under each clock label."""
+        """`step` in the left gutter, then the run's step every LABEL_GAP cells over the part of the window
+        the run covers, from its first step in view to its newest: where the run started and where it is now
+        are always named."""
         left_w, right_w = self._gutters
         plot_w = max(0, width - left_w - right_w)
         x_range = self.x_range
         axis = self.component_style("chart--axis")
         if x_range is None or plot_w < 2:
             return Strip.blank(width, self.rich_style)
-        ticks, _ = clock_ticks(x_range, plot_w)
-        shown = [(t, step_at(self._steps, t)) for t in ticks]
-        kept = [(t, f"{s:,}") for t, s in shown if s is not None]
-        row = self._place([t for t, _ in kept], [label for _, label in kept], x_range, plot_w)
-        name = "step" if left_w > 4 else "st"[: left_w - 1]  # the gutter's width is the value labels'
+        line = [" "] * plot_w
+        first = max(0, cell_col(self._steps[0][1], x_range, plot_w, self.mode))
+        last = cell_col(self._steps[-1][1], x_range, plot_w, self.mode)
+        last = plot_w - 1 if last < 0 else last
+        # The newest step first, ending under its column (or at the edge): where the run is now always shows.
+        newest = f"{self._steps[-1][0]:,}"
+        newest_at = max(0, min(last + 1, plot_w) - len(newest))
+        line[newest_at : newest_at + len(newest)] = newest[: plot_w - newest_at]
+        free_from = 0
+        for col in [first, *range(first + LABEL_GAP, last, LABEL_GAP)]:
+            step = self._steps[0][0] if col == first else step_at(self._steps, self._time_at(col, plot_w))
+            label = f"{step:,}" if step is not None else ""
+            if label and col >= free_from and col + len(label) < newest_at:
+                line[col : col + len(label)] = label
+                free_from = col + len(label) + 1
+        name = "step" if left_w > 4 else "stp"[: left_w - 1]  # the gutter's width is the value labels'
         gutter = name.rjust(left_w - 1) + " "
-        return Strip([Segment(gutter, axis), Segment(row, axis)], width).extend_cell_length(
+        return Strip([Segment(gutter, axis), Segment("".join(line), axis)], width).extend_cell_length(
             width, self.rich_style
         )
+
+    def _time_at(self, col: int, plot_w: int) -> float:
+        """The wall time at the middle of cell column `col`."""
+        assert self.x_range is not None
+        x0, x1 = self.x_range
+        cells = CELL_DOTS[self.mode][1]
+        dots = plot_w * cells
+        return x0 + (col * cells + (cells - 1) / 2) * (x1 - x0) / max(dots - 1, 1)
