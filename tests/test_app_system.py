@@ -245,6 +245,8 @@ async def test_names_from_a_node_are_text(home: Path) -> None:
         await until(pilot, lambda: isinstance(app.screen, SystemScreen) and len(app.screen.sections) == 2)
         heading = app.screen.query_one(f"#system-node-{node}").render()
         assert "x[/bold]y\\x1b[2J" in str(heading)
+        await pilot.press("n", "n", "N")  # from node to node
+        assert isinstance(app.screen, SystemScreen)
 
 
 async def test_the_system_screen_draws_the_box_over_time_aligned_with_the_run(home: Path) -> None:

@@ -509,6 +509,11 @@ class SystemPane(Widget):
         self._strips.clear()
         self.redraw(whole=True)
 
+    def notify_style_update(self) -> None:
+        # Styles were applied again (a theme change): the cached lines have the old colours.
+        super().notify_style_update()
+        self._strips.clear()
+
     def redraw(self, *, whole: bool = False) -> None:
         """Work out the lines and refresh those that differ from what is drawn."""
         width = self.content_size.width or 40
