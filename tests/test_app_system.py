@@ -21,7 +21,8 @@ from carl_tui.system_model import SystemFeed
 from carl_tui.system_view import SystemScreen
 from engine.store import Store, StoreReader
 from engine.store.system import ProcessRow
-from engine.system import Sampler
+from engine.system import Sampler, SystemJob
+from engine.system.job import SAMPLING_OFF
 from engine.system.readings import DiskReading, GpuReading, Sample
 from widgets.system_pane import SystemPane
 from widgets.time_chart import TimeChart
@@ -346,6 +347,32 @@ async def test_the_system_screen_at_both_sizes_without_samples_or_processes(
         assert screen.query_one("#system-no-processes").display
         await pilot.press("q")
         await until(pilot, lambda: not isinstance(app.screen, SystemScreen))
+
+
+async def test_sampling_turned_off_in_engine_toml_is_said_in_the_pane(home: Path) -> None:
+    """The engine's system job marks the machine stopped while `[system] enabled = false`, and live again."""
+    with Store(home / "carl.db") as store:
+        a_run(store)
+        job = SystemJob(store, home)
+        job.tick()  # sampling, as by default
+        (home / "engine.toml").write_text("[system]\nenabled = false\n")
+        job.next_config_check = 0.0  # the job looks at engine.toml every 2 s: now
+        job.tick()
+        [node] = store.system.nodes()
+        assert (node["state"], node["note"]) == ("stopped", SAMPLING_OFF)
+        app = ControlRoom(home, start_engine=False)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: "sampling is off" in " ".join(pane(app).text().split()))
+            assert " ".join(pane(app).text().split()).startswith(
+                "○ stopped: sampling is off ([system] enabled"
+            )
+            (home / "engine.toml").write_text("[system]\nenabled = true\n")
+            job.next_config_check = 0.0
+            job.tick()
+            await until(pilot, lambda: pane(app).text().startswith("cpu") or "cpu" in pane(app).text())
+            assert "sampling is off" not in pane(app).text()
+        job.close()
+        assert store.system.nodes()[0]["state"] == "live"
 
 
 def test_the_watcher_reads_the_box_only_when_it_moved(home: Path) -> None:

@@ -361,17 +361,16 @@ def quiet_line(
         when = clock(lost_at) if isinstance(lost_at, int | float) else clock(last)
         return (f"{STATE_MARKS['lost']} {name}lost at {when}{why}", "error")
     if state == "stopped":
-        return (f"{STATE_MARKS['stopped']} {name}stopped{why} · last sample {clock(last)}", "warn")
+        since = f" · last sample {clock(last)}" if last is not None else ""
+        return (f"{STATE_MARKS['stopped']} {name}stopped{why}{since}", "warn")
     if last is None:
         return (f"{STATE_MARKS['quiet']} {name}no sample yet", "warn")
     interval = data.intervals.get(node.get("id")) or DEFAULT_INTERVAL_S  # type: ignore[arg-type]
     if now - last <= max(QUIET_INTERVALS * interval, QUIET_MIN_S):
         return None
-    why = ""
-    if node.get("via") == "local" and data.engine in ("down", "stopped"):
-        why = " · engine down"
-    elif node.get("via") == "local":
-        why = " · sampling off? ([system] enabled in engine.toml)"
+    # The engine marks the machine stopped when sampling is off (engine/system/job.py): silent with the engine
+    # up is an engine that does not get to its sampling, which the engine's log says more of.
+    why = " · engine down" if node.get("via") == "local" and data.engine in ("down", "stopped") else ""
     return (f"{STATE_MARKS['quiet']} {name}no sample since {clock(last)}{why}", "warn")
 
 
