@@ -9,7 +9,8 @@ touches the store: the watcher reads it (carl_tui/model.py), short reads run in 
 The keys live by concern, in mixins of the app (so their actions are the app's): training control
 (controls.py), comparing runs (comparing.py), the activity panes (activity.py), what the screen
 shows (screen_keys.py), the metrics explorer, the record inspector and the pinned charts
-(explorer_keys.py); and the engine's supervision (supervisor.py).
+(explorer_keys.py), the System pane and screen (system_keys.py); and the engine's supervision
+(supervisor.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from rich.text import Text
-from textual import on, work
+from textual import events, on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -395,8 +396,8 @@ class ControlRoom(
                 self.message = errors.get(path) if path else (next(iter(errors.values())) if errors else None)
             self.update_status()
 
-    def on_resize(self) -> None:
-        self.size_system_pane()
+    def on_resize(self, event: events.Resize) -> None:
+        self.size_system_pane(event.size.height)  # before App's own handler takes the new size
 
     # -- the run list and the status line -------------------------------------------------------
 

@@ -58,11 +58,12 @@ class SystemPanes:
             title += f" · {len(box.nodes)} nodes"
         set_title(pane, title)
 
-    def size_system_pane(self: ControlRoom) -> None:
-        """The pane's height from the screen's: at most half the body, or all of it maximized."""
+    def size_system_pane(self: ControlRoom, height: int | None = None) -> None:
+        """The pane's height from the screen's (`height`, or the app's): at most half the body, or all of it
+        maximized."""
         if self.widgets_gone():
             return
-        body = max(0, self.size.height - 2)  # the status line and the key bar
+        body = max(0, (height or self.size.height) - 2)  # the status line and the key bar
         wide = self.maximized == "system"
         lines = body - 2 if wide else max(MIN_LINES, body // SHARE - 2)
         self.system_pane.set_size(lines, wide)

@@ -162,6 +162,24 @@ async def test_the_pane_shows_each_gpu_and_maximized_every_reading(home: Path, s
         assert app.query_one("#main").region.width > 0
 
 
+async def test_eight_gpus_fold_to_fit_a_small_screen_and_unfold_on_a_larger_one(home: Path) -> None:
+    with Store(home / "carl.db") as store:
+        a_run(store)
+        node = store.system.node("dgx", host="dgx", via="local")
+        store_samples(store, node, [a_sample(time.time() - 2, gpus=8), a_sample(time.time(), gpus=8)])
+    app = ControlRoom(home, start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: "cpu" in pane(app).text())
+        lines = pane(app).text().splitlines()
+        assert len(lines) <= pane(app).max_lines == 9
+        assert lines[0].startswith("gpu×8") and "avg 87%" in lines[0] and "max 89%" in lines[1]
+        assert [line[:4] for line in lines[2:5]] == ["cpu ", "ram ", "disk"]
+        await pilot.resize_terminal(160, 50)
+        await until(pilot, lambda: "gpu7" in pane(app).text())
+        lines = pane(app).text().splitlines()
+        assert pane(app).max_lines == 22 and len(lines) == 8 * 2 + 3  # a GPU in two lines, then cpu ram disk
+
+
 async def test_a_lost_node_and_a_quiet_one_say_so_in_one_line(home: Path) -> None:
     now = time.time()
     with Store(home / "carl.db") as store:
