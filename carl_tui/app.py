@@ -9,7 +9,8 @@ touches the store: the watcher reads it (carl_tui/model.py), short reads run in 
 The keys live by concern, in mixins of the app (so their actions are the app's): training control
 (controls.py), comparing runs (comparing.py), the activity panes (activity.py), what the screen
 shows (screen_keys.py), the metrics explorer, the record inspector and the pinned charts
-(explorer_keys.py); and the engine's supervision (supervisor.py).
+(explorer_keys.py), the System pane and screen (system_keys.py); and the engine's supervision
+(supervisor.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from rich.text import Text
-from textual import on, work
+from textual import events, on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -40,6 +41,7 @@ from widgets.chart import LINE_COLOURS, Chart
 from widgets.command_log import CommandLog
 from widgets.reward_bars import RewardBars
 from widgets.status_bar import StatusBar, StatusInfo
+from widgets.system_pane import SystemPane
 
 from .activity import ActivityPanes
 from .commands import QUEUED_UNTIL_UP, CommandSender
@@ -55,6 +57,7 @@ from .reads import StoreReads
 from .runs import RunList
 from .screen_keys import PANES, ScreenKeys
 from .supervisor import READONLY_ENGINE_HINT, EngineSupervision, nap
+from .system_keys import SystemPanes
 
 DESTRUCTIVE = frozenset({"stop_run", "agents_stop_worker"})  # debounced longer
 
@@ -66,7 +69,14 @@ class StoreUpdated(Message):
 
 
 class ControlRoom(
-    RunControls, ComparingRuns, ActivityPanes, ScreenKeys, ExplorerKeys, EngineSupervision, App[None]
+    RunControls,
+    ComparingRuns,
+    ActivityPanes,
+    ScreenKeys,
+    ExplorerKeys,
+    EngineSupervision,
+    SystemPanes,
+    App[None],
 ):
     TITLE = "carl-tui"
     CSS_PATH = str(STYLESHEET)
@@ -126,6 +136,14 @@ class ControlRoom(
             id="maximize-trajectories",
         ),
         Binding("4", "maximize('agents')", "Maximize the Agents pane", show=False, id="maximize-agents"),
+        Binding("5", "maximize('system')", "Maximize the System pane", show=False, id="maximize-system"),
+        Binding(
+            "S",
+            "system",
+            "System screen: the machines over time, aligned with the run's steps, and its processes",
+            show=False,
+            id="system",
+        ),
         Binding("X", "clear_marks", "Clear the comparison (unmark every run)", show=False, id="clear-marks"),
         Binding("E", "open_experiment", "Open an experiment as a comparison", show=False, id="experiments"),
         Binding(
@@ -224,10 +242,14 @@ class ControlRoom(
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
         with Horizontal(id="body"):
-            with Vertical(id="runs-pane") as runs:
-                runs.border_title = "Runs"
-                yield RunList(id="run-list")
-                yield CommandLog(id="command-log")
+            with Vertical(id="left"):
+                with Vertical(id="runs-pane") as runs:
+                    runs.border_title = "Runs"
+                    yield RunList(id="run-list")
+                    yield CommandLog(id="command-log")
+                system = SystemPane(id="system", classes="pane")  # the machines (carl_tui/system_keys.py)
+                system.border_title = "System"
+                yield system
             with Vertical(id="main"):
                 # The panes with one widget are that widget, border and title included: a
                 # container around each would cost the first frame a widget and its lines.
@@ -258,6 +280,7 @@ class ControlRoom(
         if self.config_error:
             self.notify(self.config_error, title="config", severity="error", timeout=10)
         self.update_status()
+        self.size_system_pane()
         self.theme_changed_signal.subscribe(self, self.theme_changed)
         # The store was read before the screen was built: apply it now so the first paint has the data.
         if (snapshot := self.first_read.take()) is not None:
@@ -361,6 +384,10 @@ class ControlRoom(
                     severity="information" if ok else "error",
                     timeout=8,
                 )
+            if snap.box is not None:
+                self.box_updated(snap.box)
+            elif snap.view is not None or snap.runs is not None:
+                self.draw_system()  # the run's throughput, or another run selected
             if snap.trajectories is not None or snap.agent_events is not None:
                 self.place_pins()  # pinned charts take the activity row's place while it is empty
             if snap.source_errors is not None:
@@ -368,6 +395,9 @@ class ControlRoom(
                 path = self.view.run.source_path if self.view else None
                 self.message = errors.get(path) if path else (next(iter(errors.values())) if errors else None)
             self.update_status()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.size_system_pane(event.size.height)  # before App's own handler takes the new size
 
     # -- the run list and the status line -------------------------------------------------------
 

@@ -30,6 +30,7 @@ BINDING_MODULES = (
     "carl_tui.inspector",
     "carl_tui.rollouts_view",
     "carl_tui.rollouts_detail",
+    "carl_tui.system_view",
     "widgets.activity",
     "widgets.agents",
     "widgets.chat",

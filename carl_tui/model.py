@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import queue
 import re
 import time
@@ -27,6 +28,14 @@ REWARD_KEY = re.compile(r"^rewards/(?P<name>.+)/mean$")
 TOTAL_REWARD_KEYS = ("reward",)
 # What a comparison of runs draws of each run: its Φ mean, its total reward and its task reward.
 COMPARE_KEYS = ("phi/mean", "reward", "rewards/task/mean")
+# A run's throughput, shown in the System pane when the run logs it (canonical names: docs/guide/system.md).
+PERF_KEYS = (
+    "perf/tokens_per_s",
+    "perf/tokens_per_s_per_gpu",
+    "perf/samples_per_s",
+    "perf/step_time_s",
+    "perf/mfu",
+)
 # What the Agents pane shows of an event beyond its row: payload field -> key in the event dict.
 PAYLOAD_FIELDS = {
     "alarm": {"kind": "alarm_kind", "reason": "alarm_reason"},
@@ -50,6 +59,7 @@ class RunView:
     events: list[dict[str, Any]] = field(default_factory=list)  # gate opened, crystallization, ...
     gate: dict[str, Any] | None = None  # the cascade gate's newest state
     eval: dict[str, Any] | None = None  # the newest held-out evaluation (`carl eval`)
+    perf: dict[str, float] = field(default_factory=dict)  # the newest of each PERF_KEYS the run logs
 
     def markers(self, *kinds: str) -> list[int]:
         return [e["step"] for e in self.events if e["kind"] in kinds and e["step"] is not None]
@@ -87,6 +97,19 @@ class ExperimentView:
 
 
 @dataclass
+class BoxView:
+    """The machines, for the System pane: every node (its row), each one's newest whole sample and sampling
+    interval by node id, and of the selected run its directory and its processes (live ones first)."""
+
+    nodes: list[dict[str, Any]]
+    samples: dict[int, dict[str, Any]]
+    intervals: dict[int, float | None]
+    run_id: int | None = None
+    run_dir: str | None = None
+    processes: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
 class Snapshot:
     """One poll's news. `None` fields did not change since the previous snapshot."""
 
@@ -108,6 +131,7 @@ class Snapshot:
     # The compared runs by id, in the order asked for (None: unchanged), and the followed experiment.
     compare: dict[int, CompareRun] | None = None
     experiment: ExperimentView | None = None
+    box: BoxView | None = None  # the machines and the selected run's processes (None: unchanged)
     commands: list[dict[str, Any]] = field(default_factory=list)  # commands that finished
     source_errors: dict[str, str] | None = None  # path -> last error
     error: str | None = None  # the store itself could not be read
@@ -147,6 +171,8 @@ class StoreWatcher:
         self._view: RunView | None = None
         self._traj_count: tuple[int, float] | None = None
         self._agents_signature: tuple[int, float] | None = None
+        self._box_signature: tuple[Any, ...] | None = None
+        self._box_run: int | None = None  # the run whose processes the last box read has
         self._watched_commands: set[int] = set()
         self._source_errors: dict[str, str] = {}
         # A poll reads the store again while what was asked differs from what it last read.
@@ -243,6 +269,10 @@ class StoreWatcher:
         if agents_signature != self._agents_signature:
             self._agents_signature = agents_signature
             self._read_agents(reader, snap)
+        box_signature = reader.system.signature()
+        if box_signature != self._box_signature or self.selected != self._box_run:
+            self._box_signature, self._box_run = box_signature, self.selected
+            snap.box = self._read_box(reader, self.selected)
         self._read_comparison(reader, runs, snap)
         if self._watched_commands:
             done = [
@@ -292,6 +322,21 @@ class StoreWatcher:
         if experiment != self._experiment or experiment_id != self._experiment_have:
             snap.experiment = experiment
         self._experiment, self._experiment_have = experiment, experiment_id
+
+    @staticmethod
+    def _read_box(reader: StoreReader, run_id: int | None) -> BoxView:
+        """Read when a sample, a node or a process moved (engine/store/system_reads.py `signature`): a few
+        short rows, however long the box has been sampled."""
+        system = reader.system
+        nodes = system.nodes()
+        return BoxView(
+            nodes=nodes,
+            samples=system.now(),
+            intervals={node["id"]: system.sample_interval(node["id"]) for node in nodes},
+            run_id=run_id,
+            run_dir=system.run_dir(run_id) if run_id is not None and system.ready else None,
+            processes=system.run_processes(run_id) if run_id is not None else [],
+        )
 
     @staticmethod
     def _read_experiment(reader: StoreReader, experiment_id: int) -> ExperimentView | None:
@@ -353,6 +398,9 @@ class StoreWatcher:
         view.events = reader.events(run.id)
         view.gate = reader.gate_state(run.id)
         view.eval = latest_eval
+        perf = [k for k in PERF_KEYS if k in keys]
+        latest = reader.latest_values(run.id, perf) if perf else {}
+        view.perf = {k: float(v) for k, (_, v) in latest.items() if v is not None and math.isfinite(v)}
         self._view = view
         return view
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from .app import ControlRoom
 
-PANES = ("phi", "rewards", "trajectories", "agents")
+PANES = ("phi", "rewards", "trajectories", "agents", "system")
 
 
 class ScreenKeys:
@@ -95,10 +95,15 @@ class ScreenKeys:
     def action_maximize(self: ControlRoom, pane: str) -> None:
         """Toggle one pane filling the main area (LEET's digit keys)."""
         main = self.main.query_one("#main")
+        body = self.main.query_one("#body")  # the System pane sits in the left column: it fills the body
         for name in PANES:
             main.remove_class(f"-max-{name}")
+        body.remove_class("-max-system")
         self.maximized = None if self.maximized == pane else pane
-        if self.maximized:
+        self.size_system_pane()
+        if self.maximized == "system":
+            body.add_class("-max-system")
+        elif self.maximized:
             main.add_class(f"-max-{pane}")
             lists = {"trajectories": TrajectoriesPane, "agents": AgentsPane}
             if pane in lists:  # its keys work at once (the pane that had focus may be hidden now)

@@ -94,6 +94,7 @@ class EngineSupervision:
         self.engine_found_down = down
         self.engine_state = event.state
         self.update_status()
+        self.draw_system()  # the System pane says when a quiet machine's engine is down
 
     def start_engine_now(self: ControlRoom) -> None:
         """Asked for by name (the palette): start it even if `carl engine stop` stopped it."""

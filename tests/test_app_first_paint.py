@@ -33,6 +33,9 @@ DEFERRED = (
     "carl_tui.trajectories",  # enter on a trajectory
     "carl_tui.agents",  # enter on an agent task
     "carl_tui.screens",  # help, observe, eval, confirmations and value prompts
+    "carl_tui.system_view",  # `S`: the System screen, its reader and its charts over wall time
+    "carl_tui.system_model",
+    "widgets.time_chart",
     "numpy",  # the store reads lists and the chart draws them in plain Python (widgets/raster.py)
 )
 
@@ -95,7 +98,9 @@ def test_the_first_frame_imports_and_mounts_only_what_it_draws(tmp_path: Path) -
     assert first["drawn"], "the first frame shows the run's Φ chart"
     assert first["loaded"] == []
     assert "Legend" not in first["widgets"]
-    assert {"Chart", "RunList", "StatusBar", "TrajectoriesPane", "AgentsPane"} <= set(first["widgets"])
+    assert {"Chart", "RunList", "StatusBar", "TrajectoriesPane", "AgentsPane", "SystemPane"} <= set(
+        first["widgets"]
+    )
 
 
 async def test_the_key_bar_follows_the_first_frame(tmp_path: Path) -> None:

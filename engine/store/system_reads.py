@@ -7,13 +7,17 @@ schema 9 has none of these tables: every read answers empty there.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .system import ROLLUP_WIDTHS, run_dir
 
 SCHEMA = 9  # the schema version that made these tables
+MAX_PROCESSES = 500  # processes of a run read at once (live ones first): a table, not an archive
+STEP_KEYS = ("loss", "reward", "phi/mean", "learning_rate")  # a run's steps are read along one of these
 
 
 @dataclass
@@ -163,15 +167,15 @@ class SystemReads:
 
     # -- runs -----------------------------------------------------------------------------------------------
 
-    def run_processes(self, run_id: int) -> list[dict[str, Any]]:
-        """The run's processes, live ones first, each with its node's name."""
+    def run_processes(self, run_id: int, limit: int = MAX_PROCESSES) -> list[dict[str, Any]]:
+        """The run's processes, live ones first, each with its node's name (at most `limit`)."""
         rows = self._rows(
             "SELECT p.id, p.node_id, n.name AS node, p.pid, p.started, p.role, p.rank, p.cmdline, p.state,"
             " p.cpu, p.rss, p.gpu_mem, p.gpus, p.seen_at, p.ended_at, p.exit_code, p.signal, p.end_step,"
             " p.end_reason, p.died"
             " FROM run_processes p LEFT JOIN nodes n ON n.id = p.node_id WHERE p.run_id=?"
-            " ORDER BY p.ended_at IS NOT NULL, coalesce(p.rank, -1), p.id",
-            (run_id,),
+            " ORDER BY p.ended_at IS NOT NULL, coalesce(p.rank, -1), p.id LIMIT ?",
+            (run_id, limit),
         )
         for row in rows:
             row["gpus"] = _json(row["gpus"], None)
@@ -205,6 +209,102 @@ class SystemReads:
             " JOIN run_consoles c ON c.id = f.console_id WHERE f.run_id=? ORDER BY f.id DESC LIMIT ?",
             (run_id, limit),
         )
+
+    # -- what the System pane and screen need besides --------------------------------------------------------
+
+    def sample_interval(self, node_id: int) -> float | None:
+        """Seconds between the node's two newest samples (its sampling interval, as it samples now); None
+        before its second sample. Two seeks along the primary key."""
+        if not self.ready:
+            return None
+        rows = self.conn.execute(
+            "SELECT t FROM system_samples WHERE node_id=? AND key='cpu/percent' ORDER BY t DESC LIMIT 2",
+            (node_id,),
+        ).fetchall()
+        return rows[0][0] - rows[1][0] if len(rows) == 2 and rows[0][0] > rows[1][0] else None
+
+    def run_dir(self, run_id: int) -> str | None:
+        """The directory a run writes in, as the engine watches its disk: our run's output directory, an
+        observed run's source folder (SystemTables.running_run_dirs)."""
+        row = self.conn.execute("SELECT output_dir, source_path FROM runs WHERE id=?", (run_id,)).fetchone()
+        if row is None:
+            return None
+        output_dir, source_path = row
+        if output_dir:
+            return str(output_dir)
+        if source_path:
+            path = Path(source_path)
+            return str(path if path.is_dir() else path.parent)
+        return None
+
+    def run_steps(
+        self, run_id: int, since: float, until: float, *, max_points: int = 200
+    ) -> list[tuple[int, float]]:
+        """(step, wall time) of the run's steps written between two wall times: every one when there are at
+        most `max_points`, else `max_points` spread evenly over the steps. What lines the box's charts up with
+        the run (the System screen). The steps are found along one key's index, bisecting on wall time (a
+        run writes its steps in time order), so the cost grows with `max_points`, not with the run."""
+        key = self._step_key(run_id)
+        if key is None or until < since:
+            return []
+        low, high = self.conn.execute(
+            "SELECT min(step), max(step) FROM metrics WHERE run_id=? AND key=?", (run_id, key)
+        ).fetchone()
+        if low is None:
+            return []
+        first = self._first_step_at(run_id, key, since, low, high)
+        last = self._first_step_at(run_id, key, math.nextafter(until, math.inf), low, high)
+        last = high if last is None else last - 1  # the step before the first one past `until`
+        if first is None or last < first:
+            return []
+        count = self.conn.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM metrics WHERE run_id=? AND key=? AND step BETWEEN ? AND ?"
+            " LIMIT ?)",
+            (run_id, key, first, last, max_points + 1),
+        ).fetchone()[0]
+        if count <= max_points:
+            rows = self.conn.execute(
+                "SELECT step, wall_time FROM metrics WHERE run_id=? AND key=? AND step BETWEEN ? AND ?"
+                " AND wall_time IS NOT NULL ORDER BY step",
+                (run_id, key, first, last),
+            ).fetchall()
+            return [(int(step), float(t)) for step, t in rows]
+        out: list[tuple[int, float]] = []
+        for i in range(max_points):
+            row = self._step_from(run_id, key, first + (last - first) * i // (max_points - 1))
+            if row is not None and row[1] is not None and (not out or row[0] > out[-1][0]):
+                out.append((int(row[0]), float(row[1])))
+        return out
+
+    def _step_key(self, run_id: int) -> str | None:
+        for key in STEP_KEYS:
+            if self.conn.execute(
+                "SELECT 1 FROM metrics WHERE run_id=? AND key=? LIMIT 1", (run_id, key)
+            ).fetchone():
+                return key
+        row = self.conn.execute("SELECT min(key) FROM metrics WHERE run_id=?", (run_id,)).fetchone()
+        return row[0] if row else None
+
+    def _step_from(self, run_id: int, key: str, step: int) -> tuple[int, float | None] | None:
+        """The first (step, wall time) of `key` at or after `step`."""
+        return self.conn.execute(
+            "SELECT step, wall_time FROM metrics WHERE run_id=? AND key=? AND step>=? ORDER BY step LIMIT 1",
+            (run_id, key, step),
+        ).fetchone()
+
+    def _first_step_at(self, run_id: int, key: str, t: float, low: int, high: int) -> int | None:
+        """The first step written at or after wall time `t` (None: none was), by bisection over steps."""
+        found = None
+        while low <= high:
+            middle = (low + high) // 2
+            row = self._step_from(run_id, key, middle)
+            if row is None:
+                high = middle - 1
+            elif row[1] is not None and row[1] >= t:
+                found, high = int(row[0]), middle - 1
+            else:
+                low = int(row[0]) + 1
+        return found
 
 
 def _json(text: str | None, default: Any) -> Any:

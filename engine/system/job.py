@@ -24,6 +24,7 @@ from .sampler import Sampler
 CONFIG_CHECK_S = 2.0
 WATCH_RECHECK_S = 30.0
 THIN_EVERY_S = 600.0
+SAMPLING_OFF = "sampling is off ([system] enabled = false in engine.toml)"
 
 log = logging.getLogger("carl.engine.system")
 
@@ -155,6 +156,20 @@ class SystemJob:
                 log.info("system: sampling every %g s", settings.interval_s)
             else:
                 log.info("system: sampling is off ([system] enabled = false)")
+            if not (settings.enabled and self.settings.enabled):  # off, or just back on
+                self._say_sampling(settings.enabled)
             self.next_sample = 0.0
             self.next_watch = 0.0
         self.settings = settings
+
+    def _say_sampling(self, enabled: bool) -> None:
+        """The node's state says whether the machine is sampled, so the System pane can say why nothing new
+        comes: `stopped` with SAMPLING_OFF while it is off (the node is made for it, without opening NVML),
+        `live` again when it is back on (a node first sampled then is made live by `node()`)."""
+        if not enabled:
+            node_id = self.node_id
+            if node_id is None:
+                node_id = self.store.system.node(self.host, host=self.host, via="local")
+            self.store.system.set_node_state(node_id, "stopped", SAMPLING_OFF)
+        elif self.node_id is not None:
+            self.store.system.set_node_state(self.node_id, "live", self._sampler().note)
