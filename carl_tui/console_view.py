@@ -228,9 +228,9 @@ class ConsoleScreen(ModalScreen[None]):
         consoles = self.consoles or []
         if self.chosen is not None:
             where = next((i for i, c in enumerate(consoles) if c["path"] == self.chosen), 0)
-            of = f" ({where + 1} of {len(consoles)}, tab: next)" if len(consoles) > 1 else ""
+            of = f" · {where + 1} of {len(consoles)}, tab: next" if len(consoles) > 1 else ""
             kind = consoles[where]["kind"] if consoles else ""
-            name += f" · {visible_line(Path(self.chosen).name)} [{kind}]{of}"
+            name += f" · {visible_line(Path(self.chosen).name)} ({kind}){of}"
         # Titles of stored text are Text, never markup (a run's name and a path are the source's).
         self.query_one("#console").border_title = Text(name)
 

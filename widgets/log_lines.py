@@ -82,11 +82,11 @@ class LogLines(ScrollView, can_focus=True, inherit_bindings=False):
             self.scroll_end_now()
         elif whole and self.wants_top:
             self.wants_top = False
-            self.scroll_to(y=0, animate=False, immediate=True)
+            self.scroll_to(y=0, animate=False, immediate=True, force=True)
         elif whole and not was_whole and before is not None and before.start >= index.start:
-            self.scroll_to(y=index.line_of(before.start) + top, animate=False, immediate=True)
+            self.scroll_to(y=index.line_of(before.start) + top, animate=False, immediate=True, force=True)
         else:
-            self.scroll_to(y=0, animate=False, immediate=True)
+            self.scroll_to(y=0, animate=False, immediate=True, force=True)
         self.refresh()
 
     def grow(self, count: int, end: int) -> None:
@@ -141,12 +141,14 @@ class LogLines(ScrollView, can_focus=True, inherit_bindings=False):
         for old in (previous, line):
             if old is not None:
                 self._strips.discard((self._document, old))
-        self.scroll_to(y=max(0, line - min(MARK_AT, self.size.height // 4)), animate=False, immediate=True)
+        self.scroll_to(
+            y=max(0, line - min(MARK_AT, self.size.height // 4)), animate=False, immediate=True, force=True
+        )
         self.refresh()
 
     def scroll_end_now(self) -> None:
         self.following = True
-        self.scroll_to(y=self.max_scroll_y, animate=False, immediate=True)
+        self.scroll_to(y=self.max_scroll_y, animate=False, immediate=True, force=True)
 
     def _resize(self) -> None:
         self.virtual_size = Size(self._gutter() + self.widest, self.count)
@@ -249,20 +251,22 @@ class LogLines(ScrollView, can_focus=True, inherit_bindings=False):
     # -- keys ------------------------------------------------------------------------------------------------
 
     def action_move(self, delta: int) -> None:
-        self.scroll_to(y=self.scroll_offset.y + delta, animate=False, immediate=True)
+        self.scroll_to(y=self.scroll_offset.y + delta, animate=False, immediate=True, force=True)
 
     def action_page(self, direction: int) -> None:
         step = max(1, self.size.height - 1)
-        self.scroll_to(y=self.scroll_offset.y + direction * step, animate=False, immediate=True)
+        self.scroll_to(y=self.scroll_offset.y + direction * step, animate=False, immediate=True, force=True)
 
     def action_top(self) -> None:
         self.following = False
         self.wants_top = not self.whole
-        self.scroll_to(y=0, animate=False, immediate=True)
+        self.scroll_to(y=0, animate=False, immediate=True, force=True)
 
     def action_bottom(self) -> None:
         self.wants_top = False
         self.scroll_end_now()
 
     def action_sideways(self, direction: int) -> None:
-        self.scroll_to(x=max(0, self.scroll_offset.x + direction * SIDEWAYS), animate=False, immediate=True)
+        self.scroll_to(
+            x=max(0, self.scroll_offset.x + direction * SIDEWAYS), animate=False, immediate=True, force=True
+        )
