@@ -296,18 +296,21 @@ class ConsoleScreen(ModalScreen[None]):
         self.show_status()
 
     def action_again(self, direction: int) -> None:
+        """The next (1) or previous (-1) line holding the search text."""
+        forward = direction > 0
         if not self.search_text:
             self.say("nothing to search for: / first")
         elif self.reader is not None:
-            self.generation = self.reader.want_search(
-                self.search_text, self.lines.here, forward=direction > 0
-            )
+            here = self.lines.here(forward=forward)
+            self.generation = self.reader.want_search(self.search_text, here, forward=forward)
             self.say("searching…")
         self.show_status()
 
     def action_problem(self, direction: int) -> None:
+        """The next (1) or previous (-1) traceback, CUDA out-of-memory or NCCL error."""
+        forward = direction > 0
         if self.reader is not None:
-            self.generation = self.reader.want_problem(self.lines.here, forward=direction > 0)
+            self.generation = self.reader.want_problem(self.lines.here(forward=forward), forward=forward)
             self.say("looking for tracebacks…")
             self.show_status()
 

@@ -126,13 +126,13 @@ class LogLines(ScrollView, can_focus=True, inherit_bindings=False):
     def top_line(self) -> int:
         return int(self.scroll_offset.y)
 
-    @property
-    def here(self) -> int:
-        """The line searches and jumps start from: the marked one while it is on screen, else the top."""
-        top = self.top_line
-        if self.mark is not None and top <= self.mark < top + max(1, self.size.height):
+    def here(self, *, forward: bool) -> int:
+        """The line a search or a jump starts from (exclusive): the marked one while it is on screen; else,
+        so that every line on screen is looked at, the one above the screen (forward) or below it."""
+        top, height = self.top_line, max(1, self.size.height)
+        if self.mark is not None and top <= self.mark < top + height:
             return self.mark
-        return top
+        return top - 1 if forward else min(self.count, top + height)
 
     def go_to(self, line: int) -> None:
         """Mark `line` and show it MARK_AT lines down the screen; following stops."""

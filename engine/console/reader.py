@@ -240,15 +240,19 @@ class LogReader:
             return Found(generation, None, str(exc))
 
     def _line_start(self, line: int, end: int) -> int:
+        """The first byte of `line`; the end of the document past its last line, 0 before its first."""
         assert self.index is not None
-        line = max(0, min(line, self.index.count(end) - 1))
-        return self.index.span(line, end)[0] if self.index.count(end) else 0
+        if line >= self.index.count(end):
+            return end
+        return self.index.span(max(0, line), end)[0]
 
     def _search(self, generation: int, text: str, line: int, forward: bool, end: int) -> Found:
+        """From the line after `line` down, then from the top (forward); from the line before it up, then from
+        the bottom."""
         assert self.file is not None and self.index is not None
         pattern = Pattern.of(text)
-        if forward:  # from the line after `line`, then from the top
-            start = self._line_start(line + 1, end) if line + 1 < self.index.count(end) else end
+        if forward:
+            start = self._line_start(line + 1, end)
             spans, wrapped = [(start, end), (0, start)], "search went on from the top"
         else:
             start = self._line_start(line, end)
@@ -262,20 +266,20 @@ class LogReader:
         return Found(generation, None, f"not found: {pattern.text}")
 
     def _problem(self, generation: int, line: int, forward: bool, end: int) -> Found:
+        """The first problem on a line after `line` (forward), or the last one before it."""
         assert self.file is not None and self.index is not None
-        here = self._line_start(line, end)
-        problem = self._next_problem(here, end) if forward else self._previous_problem(here)
+        if forward:
+            problem = self._next_problem(self._line_start(line + 1, end), end)
+        else:
+            problem = self._previous_problem(self._line_start(line, end))
         what = "below" if forward else "above"
         if problem is None:
             return Found(generation, None, "" if self._stale() else f"no traceback, OOM or NCCL error {what}")
         return Found(generation, self.index.line_of(problem.offset), f"{KINDS[problem.kind]}: {problem.line}")
 
-    def _next_problem(self, here: int, end: int) -> Any:
-        """The first problem starting after `here`, a chunk at a time from the line after it."""
+    def _next_problem(self, pos: int, end: int) -> Any:
+        """The first problem starting at or after `pos` (a line's first byte), a chunk at a time."""
         assert self.file is not None
-        pos = self._line_start(self.index.line_of(here) + 1, end) if self.index is not None else here
-        if pos <= here:
-            return None
         while pos < end:
             data = self.file.read(pos, min(CHUNK, end - pos))
             final = pos + len(data) >= end

@@ -217,10 +217,10 @@ def _observe_dir(args: argparse.Namespace, home: Path, root: Path, logs: list[st
         if args.vocab_size is not None:
             for source_id, _ in sources:
                 set_vocab_override(store, source_id, args.vocab_size)
-        if logs:
-            _attach(store, [source_id for source_id, _ in sources], logs)
         read = _follow_dir if args.follow else _import_dir
         ok, failed = read(store, root, sources)
+        if logs:  # after the import, so its runs are there (the engine gives them to those still to come)
+            _attach(store, [source_id for source_id, _ in sources], logs)
         if args.vocab_size is not None:
             _backfill_sources(store, [s for s, _ in sources], args.vocab_size)
     errors += failed
