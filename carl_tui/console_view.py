@@ -72,9 +72,9 @@ class ConsoleScreen(ModalScreen[None]):
     BINDINGS = [
         Binding("escape,q", "close", "Close", id="console.close"),
         Binding("slash", "search", "Search", key_display="/", id="console.search"),
-        Binding("n", "again(1)", "Next match", id="console.next-match"),
+        Binding("n", "again(1)", "Next", id="console.next-match"),
         Binding("N", "again(-1)", "Previous match", show=False, id="console.previous-match"),
-        Binding("t", "problem(1)", "Next traceback", id="console.next-traceback"),
+        Binding("t", "problem(1)", "Traceback", id="console.next-traceback"),
         Binding("T", "problem(-1)", "Previous traceback", show=False, id="console.previous-traceback"),
         Binding("tab", "next_console", "Next log", id="console.next-log"),
     ]
@@ -255,7 +255,7 @@ class ConsoleScreen(ModalScreen[None]):
                 parts.append("following")
             elif lines.count:
                 top = lines.top_line
-                last = min(lines.count, top + lines.size.height)
+                last = min(lines.count, top + lines.rows)
                 if lines.whole:
                     parts.append(f"lines {top + 1:,}–{last:,}")
                 parts.append("end: follow")

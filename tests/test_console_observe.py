@@ -100,6 +100,24 @@ def test_observe_with_log_names_the_console_and_refuses_a_fifo(home: Path, tmp_p
     assert consoles(home)[-1] == (2, "train.log", "user")
 
 
+def test_the_engine_s_training_process_log_is_its_run_s_console(home: Path, tmp_path: Path) -> None:
+    """A `train` command: the engine starts the process with its output to logs/train-...log, and the run it
+    opens (here one whose config is wrong: it fails at once, and says why in its log) gets that log."""
+    from engine.control import start_engine
+
+    config = tmp_path / "bad.yaml"
+    config.write_text("max_steps: -3\n")
+    start_engine(home)
+    with Store(paths.db_path(home)) as store:
+        store.enqueue_command("train", {"config": str(config)}, target="engine")
+    (run_id, name, kind) = wait_for(lambda: consoles(home), what="the training run's console")[0]
+    assert kind == "train" and name.startswith("train-") and name.endswith(".log")
+    log = home / "logs" / name
+    with Store(paths.db_path(home)) as store:
+        assert store.run(run_id)["status"] == "failed"
+    assert "max_steps: Input should be greater than 0" in log.read_text()
+
+
 def test_a_wandb_runs_output_log_is_its_console(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "wb", {"name": "grpo", "steps": [[s, grpo_step(s)] for s in range(3)]})
     with Store(tmp_path / "carl.db") as store:

@@ -282,3 +282,41 @@ def test_the_digest_carries_the_newest_finding_and_the_analyst_answers_why_it_cr
     )
     assert "(train.log line 41)" in first
     assert "🔴 **A traceback in the console**" in reply and "t jumps to the traceback" in reply
+
+
+def test_a_console_error_is_alerted_once(tmp_path: Path, store: Store) -> None:
+    """Through [alerts] (a command, the JSON on its stdin): once for the run, though it is judged again and
+    the console gets another traceback."""
+    import json
+
+    from test_alerts import judge, pump
+
+    from engine.alerts import Alerts
+
+    home = Path(store.path).parent
+    out = tmp_path / "alerts.jsonl"
+    script = "import sys; open(sys.argv[1], 'a').write(sys.stdin.read() + '\\n')"
+    (home / "engine.toml").write_text(
+        f"[alerts]\ncommand = {json.dumps([sys.executable, '-c', script, str(out)])}\n"
+    )
+    log = tmp_path / "train.log"
+    log.write_bytes(steps(0, 3) + TRACEBACK)
+    run_id = store.create_run("grpo", source_kind="carl")
+    store.update_run(run_id, status="failed")
+    store.system.add_console(run_id, str(log), "train")
+    scan_console(store, console(store, run_id))
+    alerts = Alerts(store, home)
+    try:
+        alerts.runs_judged(judge(store, run_id))
+        sent = pump(alerts, lambda: out.exists() and out.read_text(), "the alert")
+        with open(log, "ab") as f:
+            f.write(OOM)
+        scan_console(store, console(store, run_id))
+        alerts.runs_judged(judge(store, run_id))
+        for _ in range(20):
+            alerts.tick()
+    finally:
+        alerts.close()
+    (alert,) = [json.loads(line) for line in out.read_text().splitlines() if line]
+    assert (alert["cause"], alert["level"]) == ("console_error", "red") and alert["run"] == "grpo"
+    assert alert["reason"].startswith("traceback in the console: RuntimeError: CUDA error") and sent

@@ -37,7 +37,7 @@ class LogLines(ScrollView, can_focus=True, inherit_bindings=False):
         Binding("pageup", "page(-1)", "Page up", show=False, id="log-lines.page-up"),
         Binding("pagedown", "page(1)", "Page down", show=False, id="log-lines.page-down"),
         Binding("home,g", "top", "Top", show=False, id="log-lines.top"),
-        Binding("end,G", "bottom", "Bottom (follow)", key_display="G", id="log-lines.bottom"),
+        Binding("end,G", "bottom", "Follow", key_display="G", id="log-lines.bottom"),
         Binding("left,h", "sideways(-1)", "Left", show=False, id="log-lines.left"),
         Binding("right,l", "sideways(1)", "Right", show=False, id="log-lines.right"),
     ]
@@ -99,10 +99,8 @@ class LogLines(ScrollView, can_focus=True, inherit_bindings=False):
         self._resize()
         if self.following:
             self.scroll_end_now()
-        top = int(self.scroll_offset.y)
-        if top <= last < top + self.size.height:
-            self.refresh_lines(last - top, min(self.size.height, count - last))
-        elif count > last + 1 and last + 1 < top + self.size.height:
+        top = self.top_line
+        if last < top + self.rows and count > top:  # what changed is on screen (cached lines cost nothing)
             self.refresh()
 
     def close(self) -> None:
@@ -126,10 +124,15 @@ class LogLines(ScrollView, can_focus=True, inherit_bindings=False):
     def top_line(self) -> int:
         return int(self.scroll_offset.y)
 
+    @property
+    def rows(self) -> int:
+        """Lines on screen (a horizontal scrollbar takes one)."""
+        return max(1, self.scrollable_content_region.height)
+
     def here(self, *, forward: bool) -> int:
         """The line a search or a jump starts from (exclusive): the marked one while it is on screen; else,
         so that every line on screen is looked at, the one above the screen (forward) or below it."""
-        top, height = self.top_line, max(1, self.size.height)
+        top, height = self.top_line, self.rows
         if self.mark is not None and top <= self.mark < top + height:
             return self.mark
         return top - 1 if forward else min(self.count, top + height)
@@ -142,7 +145,7 @@ class LogLines(ScrollView, can_focus=True, inherit_bindings=False):
             if old is not None:
                 self._strips.discard((self._document, old))
         self.scroll_to(
-            y=max(0, line - min(MARK_AT, self.size.height // 4)), animate=False, immediate=True, force=True
+            y=max(0, line - min(MARK_AT, self.rows // 4)), animate=False, immediate=True, force=True
         )
         self.refresh()
 
@@ -254,7 +257,7 @@ class LogLines(ScrollView, can_focus=True, inherit_bindings=False):
         self.scroll_to(y=self.scroll_offset.y + delta, animate=False, immediate=True, force=True)
 
     def action_page(self, direction: int) -> None:
-        step = max(1, self.size.height - 1)
+        step = max(1, self.rows - 1)
         self.scroll_to(y=self.scroll_offset.y + direction * step, animate=False, immediate=True, force=True)
 
     def action_top(self) -> None:
