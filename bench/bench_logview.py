@@ -42,11 +42,12 @@ import sys, time
 from textual.app import App
 from textual.screen import Screen
 
-log, pending, shown = open(sys.argv[1], "w", buffering=1), [], {"top": None}
+log, pending, seen, shown = open(sys.argv[1], "w", buffering=1), [], set(), {"top": None}
 post = App.post_message
 def post_message(self, message):
     key = getattr(message, "key", None)
-    if key in ("L", "pageup", "pagedown") and all(t != message.time for _, t in pending):
+    if key in ("L", "pageup", "pagedown") and message.time not in seen:
+        seen.add(message.time)  # the app hands a key on to the screen: counted once
         pending.append((key, message.time))
     return post(self, message)
 App.post_message = post_message
@@ -160,6 +161,12 @@ def in_app(home: Path) -> dict[str, list[float]]:
             app.send(key)
             app.pump(0.03)
         app.pump(1.0)
+        app.send(b"\x1b")  # closed, then opened again: the modules are loaded now
+        app.wait_for(lambda t: "Quit" in t and "bench-logview" in t, timeout=30)
+        app.pump(1.0)
+        app.send(b"L")
+        app.wait_for(lambda t: LAST.decode().strip() in t, timeout=60)
+        app.pump(1.0)
     finally:
         app.stop()
     out: dict[str, list[float]] = {}
@@ -189,9 +196,11 @@ def main() -> None:
     build_home(home, log)
     keys = in_app(home)
     tail_ms = statistics.median(tail_seconds(log) for _ in range(5)) * 1000
-    (open_ms,) = keys["L"]
+    first_ms, again_ms = keys["L"]
     print(
-        f"logview_in_app_open_at_end_ms={open_ms:.1f} tail_n50_ms={tail_ms:.1f} ratio={open_ms / tail_ms:.2f}"
+        f"logview_in_app_open_at_end_ms={first_ms:.1f} (the first time: numpy and the view's modules are "
+        f"loaded) again_ms={again_ms:.1f} tail_n50_ms={tail_ms:.1f} ratio={first_ms / tail_ms:.0f} "
+        f"ratio_again={again_ms / tail_ms:.0f}"
     )
     for key in ("pageup", "pagedown"):
         ms = keys.get(key, [])

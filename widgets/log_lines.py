@@ -173,24 +173,28 @@ class LogLines(ScrollView, can_focus=True, inherit_bindings=False):
     # -- drawing ---------------------------------------------------------------------------------------------
 
     def render_line(self, y: int) -> Strip:
+        """The gutter, then the cached text from the view's column, padded: one Strip made a line (a Strip is
+        not cheap to make, and a page of new lines makes fifty)."""
         width = self.size.width
         styles = self._line_styles()
         i = int(self.scroll_offset.y) + y
         if self.index is None or i >= self.count:
             return Strip.blank(width, styles["base"])
-        base = styles["mark"] if i == self.mark else styles["base"]
+        marked = i == self.mark
+        base = styles["mark"] if marked else styles["base"]
         content = self._content(i)
         gutter = self._gutter()
+        room = max(0, width - gutter)
         x = int(self.scroll_offset.x)
-        segments: list[Segment] = []
-        if gutter:
-            number = self.index.number(i)
-            segments.append(Segment(f"{number:>{gutter - 1},} ", styles["number"]))
-        shown = content.crop(x, x + max(0, width - gutter))
-        if i == self.mark:
-            shown = shown.apply_style(styles["mark"])
-        segments.extend(shown)
-        return Strip(segments).adjust_cell_length(width, base)
+        cells = min(room, max(0, content.cell_length - x))
+        shown = list(content) if x == 0 and content.cell_length <= room else list(content.crop(x, x + room))
+        if marked:
+            shown = list(Segment.apply_style(shown, styles["mark"]))
+        segments = [Segment(f"{self.index.number(i):>{gutter - 1},} ", styles["number"])] if gutter else []
+        segments += shown
+        if cells < room:
+            segments.append(Segment(" " * (room - cells), base))
+        return Strip(segments, gutter + room)
 
     def _content(self, i: int) -> Strip:
         """Line i's text (from its first column), made once and cached."""
