@@ -188,3 +188,31 @@ def test_the_control_room_loads_the_log_view_only_when_asked() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert json.loads(out.stdout) == []
+
+
+async def test_the_observe_dialog_names_a_console_log(home: Path, tmp_path: Path) -> None:
+    """`o`: a path and a console log; the engine's observe command gets the log (a FIFO is refused there)."""
+    from test_app_control import commands, settled
+
+    metrics, log, fifo = tmp_path / "metrics.jsonl", tmp_path / "train.log", tmp_path / "pipe"
+    metrics.write_text('{"step": 1, "loss": 0.5}\n')
+    os.mkfifo(fifo)
+    make_run(home, "first", [])
+    app = ControlRoom(home, start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.view is not None)
+        await pilot.press("o")
+        await until(pilot, lambda: app.screen.__class__.__name__ == "ObserveScreen")
+        app.screen.query_one("#observe-path").value = str(metrics)
+        app.screen.query_one("#observe-log").value = str(fifo)
+        app.screen.query_one("#observe-log").focus()
+        await pilot.press("enter")
+        error = str(app.screen.query_one("#observe-error", Static).content)
+        assert error == f"log: {fifo}: a FIFO (named pipe), not a regular file (a log)"
+        app.screen.query_one("#observe-log").value = str(log)  # not there yet: taken
+        await pilot.press("enter")
+        await until(pilot, lambda: app.screen.__class__.__name__ != "ObserveScreen")
+        await settled(pilot)
+    assert commands(home) == [
+        ("observe", {"path": str(metrics), "follow": True, "name": None, "logs": [str(log)]}, "engine")
+    ]
