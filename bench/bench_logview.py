@@ -116,6 +116,7 @@ def engine_open(path: Path) -> tuple[float, float, int, int]:
         read_line(first.file, first.index, i, first.end)[0] for i in range(first.count - 50, first.count)
     ]
     end_shown = time.perf_counter() - started
+    reader.view_ready.set()  # drawn: the reader indexes the whole file now
     assert shown[-1] == LAST.decode().strip()
     while not (whole := [r for r in reader.answer(timeout=0.01) if isinstance(r, Opened) and r.whole]):
         pass

@@ -197,6 +197,8 @@ class ConsoleScreen(ModalScreen[None]):
                 self.query_one("#console-empty").display = False
                 self.indexing = None if result.whole else self.indexing
                 self.lines.show(result.index, result.file, result.count, result.end, whole=result.whole)
+                if not result.whole:  # its end is drawn with this refresh: the reader indexes the rest now
+                    self.call_after_refresh(event.reader.view_ready.set)
                 if result.note:
                     self.say(result.note)
                     self.notify(result.note, title="console", markup=False)

@@ -152,6 +152,8 @@ def test_a_big_file_shows_its_end_first_then_the_whole(tmp_path: Path) -> None:
     assert tail.end == path.stat().st_size and text_of(tail, tail.count - 1) == line(n - 1).decode().strip()
     assert tail.index.start >= tail.end - TAIL_BYTES  # only its end was read
     assert any(isinstance(r, Progress) for r in first)
+    assert reader.answer(timeout=0.01) == []  # the whole index waits for the view to draw the end ...
+    reader.view_ready.set()  # ... which it says once it has
     whole = [r for r in settle(reader, Opened) if isinstance(r, Opened)][-1]
     assert whole.whole and whole.count == n and whole.index.number(n - 1) == n
     assert text_of(whole, 0) == line(0).decode().strip()

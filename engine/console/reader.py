@@ -5,8 +5,8 @@
 
 - `Opened`: a document to show, with its own descriptor of the file (`LogFile.dup`) for the view to read
   lines with. A file larger than TAIL_FIRST is shown first by its last TAIL_BYTES (an index that does not
-  know its line numbers), while the whole file is indexed a chunk at a time (`Progress`); then the whole
-  document comes, and the view keeps its place.
+  know its line numbers); once the view says it drew that (`view_ready`), the whole file is indexed a chunk
+  at a time (`Progress`); then the whole document comes, and the view keeps its place.
 - `Grew`: the file grew and the new lines are indexed (the view follows, as `tail -f`, when at the bottom).
 - `Opened` with a `note`: the file was truncated, or replaced (rotated): it is read again from its start.
 - `Found`: where a search or a jump to a problem landed (a line of the current document), or why nowhere.
@@ -18,6 +18,7 @@ Searches and jumps run here, a chunk at a time, and one asked for later makes an
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ TAIL_FIRST = 8 << 20  # a larger file shows its end before its whole index is bu
 TAIL_BYTES = 1 << 20  # how much of its end
 FOLLOW_S = 0.2  # how often a followed file is looked at
 RETRY_S = 2.0  # how often a file that could not be read is tried again
+VIEW_WAIT_S = 1.0  # the longest the whole index waits for the view to draw the file's end
 GROW_BYTES = 64 << 20  # of a file grown a lot at once, indexed before requests are answered again
 
 
@@ -87,6 +89,10 @@ class LogReader:
         self.failed: str | None = None
         self.next_look = 0.0
         self._busy = 0  # the generation of the request being answered
+        # Set by the view once it drew the file's end: the whole index is built after that (the GIL is shared:
+        # indexing first would hold back the first screen), or after VIEW_WAIT_S whatever happens.
+        self.view_ready = threading.Event()
+        self.view_waited_until = 0.0
 
     # -- from the UI thread ----------------------------------------------------------------------------------
 
@@ -120,6 +126,10 @@ class LogReader:
             self._open(out, note="")
             return out  # the first screen before anything else
         if not self.whole:
+            if not self.view_ready.is_set() and time.monotonic() < self.view_waited_until:
+                self.view_ready.wait(timeout=self.follow_s if timeout is None else timeout)
+                if not self.view_ready.is_set() and time.monotonic() < self.view_waited_until:
+                    return out  # the view has not drawn the file's end yet: indexing now would slow it
             self._index_some(out)
         else:
             try:
@@ -171,6 +181,8 @@ class LogReader:
             self.shown_end = size
             out.append(Opened(tail, self.file.dup(), tail.count(size), size, whole=False, note=note))
             out.append(Progress(0, size))
+            self.view_ready.clear()
+            self.view_waited_until = time.monotonic() + VIEW_WAIT_S
         else:
             self.index.scan(self.file, size)
             self._whole(out, note)
@@ -191,6 +203,7 @@ class LogReader:
         size = self.file.size()
         while self.index.scanned < size and time.monotonic() < deadline:
             self.index.scan(self.file, min(size, self.index.scanned + CHUNK))
+            time.sleep(0)  # the GIL to the UI thread between chunks: the view scrolls while this indexes
         if self.index.scanned < size:
             out.append(Progress(self.index.scanned, size))
         else:
