@@ -110,6 +110,7 @@ class ControlRoom(
         Binding("r", "resume_run", "Resume a stopped or crashed run", show=False, id="resume-run"),
         Binding("v", "samples", "Samples (per-token Φ)", show=False, id="samples"),
         Binding("R", "rollouts", "Rollouts viewer", show=False, id="rollouts"),
+        Binding("L", "log_view", "Console log of the run", show=False, id="log-view"),
         Binding("d", "diagnose", "Diagnose", id="diagnose"),
         Binding(
             "m",
@@ -461,6 +462,15 @@ class ControlRoom(
 
         reader = RolloutsReader(self.db_path, self.view.run.id, period=1.0 / self.refresh_hz)
         self.push_screen(RolloutsScreen(self.view.run, reader))
+
+    def action_log_view(self) -> None:
+        """The log view on the selected run's console (carl_tui/console_view.py, loaded on first use)."""
+        if self.view is None:
+            self.notify("no run selected: no console to show", title="console")
+            return
+        from .console_view import ConsoleScreen
+
+        self.push_screen(ConsoleScreen(self.view.run, self.db_path))
 
     def queued_suffix(self) -> str:
         return "" if self.engine_state == "up" else QUEUED_UNTIL_UP

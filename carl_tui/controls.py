@@ -233,6 +233,8 @@ class RunControls:
             "follow": request.follow,
             "name": request.name,
         }
+        if request.log:
+            args["logs"] = [str(Path(request.log).expanduser().resolve())]  # the console of its runs
         self.send_to_engine("observe", args, f"observe {request.path}", "observe")
 
     # -- views of the selected run ------------------------------------------------------------------

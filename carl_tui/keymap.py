@@ -31,10 +31,12 @@ BINDING_MODULES = (
     "carl_tui.rollouts_view",
     "carl_tui.rollouts_detail",
     "carl_tui.system_view",
+    "carl_tui.console_view",
     "widgets.activity",
     "widgets.agents",
     "widgets.chat",
     "widgets.rollout_list",
+    "widgets.log_lines",
 )
 KEY_NAMES = {"question_mark": "?", "slash": "/", "escape": "esc", "plus": "+"}
 

@@ -6,6 +6,7 @@ is a `Text` with its control characters made visible (engine/text.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rich.table import Table
@@ -144,6 +145,7 @@ class ObserveRequest:
     path: str
     follow: bool
     name: str | None
+    log: str | None = None  # the file the run's script writes its output to: its console
 
 
 class ObserveScreen(Dialog):
@@ -163,6 +165,8 @@ class ObserveScreen(Dialog):
             yield Input(placeholder="~/runs/grpo-out", id="observe-path")
             yield Label("Run name (optional)")
             yield Input(placeholder="derived from the source", id="observe-name")
+            yield Label("Console log (optional): the file its stdout/stderr go to")
+            yield Input(placeholder="~/runs/grpo-out/train.log", id="observe-log")
             with Horizontal():
                 yield Checkbox("Follow (keep tailing)", value=True, id="observe-follow")
                 yield Button("Observe", variant="primary", id="observe-ok")
@@ -188,7 +192,26 @@ class ObserveScreen(Dialog):
                 return
         name = self.query_one("#observe-name", Input).value.strip() or None
         follow = self.query_one("#observe-follow", Checkbox).value
-        self.dismiss(ObserveRequest(path, follow, name))
+        log = self.query_one("#observe-log", Input).value.strip() or None
+        if log is not None and (problem := log_problem(log)):
+            self.query_one("#observe-error", Static).update(Text(visible(problem)))
+            return
+        self.dismiss(ObserveRequest(path, follow, name, log))
+
+
+def log_problem(path: str) -> str | None:
+    """Why `path` cannot be a console log (a FIFO, a device, a directory), in one line; a file not there yet
+    is fine (the script is about to write it)."""
+    from engine.files import FileKindError, regular_file
+
+    target = Path(path).expanduser()
+    if not target.exists():
+        return None
+    try:
+        regular_file(target, "regular file (a log)")
+    except FileKindError as exc:
+        return f"log: {exc}"
+    return None
 
 
 class ConfirmScreen(Dialog):

@@ -31,6 +31,7 @@ from typing import Any
 from engine import __version__, paths
 from engine.alerts import Alerts
 from engine.coherence.analysis import analyze_runs
+from engine.console.job import ConsoleJob, attach_logs
 from engine.control.pidfile import (
     PidRecord,
     ensure_home,
@@ -159,6 +160,7 @@ class Engine:
         self.alerts = Alerts(store, home)  # red runs and agents alarms to the user's webhook or command
         self.system = SystemJob(store, home)  # this machine sampled into the store (engine/system/)
         self.nodes = NodesJob(store, home, self.plane_address)  # other machines, over NATS (engine/nodes/)
+        self.consoles = ConsoleJob(store)  # runs' log files, scanned for tracebacks (engine/console/)
 
     @property
     def stopping(self) -> bool:
@@ -212,6 +214,7 @@ class Engine:
             run("alerts", self.alerts_due, default=None)
             run("system", self.system.tick, default=None)
             run("nodes", self.nodes.tick, default=None)
+            self.dirty_runs.update(run("consoles", self.consoles.tick, default=set()))
             run("children", self.reap_children, default=None)
             run("children list", self.publish_children, default=None)
             if self.plane is not None:
@@ -438,6 +441,7 @@ class Engine:
                 env={**os.environ, "HF_HUB_OFFLINE": "1"},
             )
         self.children.append(proc)
+        self.consoles.expect_train(proc.pid, log_path)  # the run it opens gets this log as its console
         what = f"resuming {resume}" if resume else f"training with {config}"
         self.child_info[proc.pid] = {
             "kind": "train",
@@ -525,8 +529,13 @@ class Engine:
             self.finish(command_id, False, "observe: 'name' must be text")
             return
         follow = bool(args.get("follow", False))
+        logs = args.get("logs") or []
+        if not isinstance(logs, list) or not all(isinstance(p, str) for p in logs):
+            self.finish(command_id, False, "observe: 'logs' must be a list of paths")
+            return
         try:
             paths = self.register_observed(path, follow=follow, name=name)
+            attach_logs(self.store, list(paths), logs)  # the consoles of its runs (--log)
         except Exception as exc:
             self.finish(command_id, False, describe(exc))
             return

@@ -67,6 +67,43 @@ def _failed(d: dict[str, Any]) -> list[Finding]:
     return []
 
 
+CONSOLE_ADVICE = {
+    "oom": "lower the batch (per_device_train_batch_size, num_generations) or max_completion_length, or turn "
+    "on gradient checkpointing, then resume from the last checkpoint",
+    "nccl": "a rank or the interconnect failed: check that every rank is alive (the processes of the run) "
+    "and run again with NCCL_DEBUG=INFO for NCCL's own account",
+    "traceback": "open the log view (L) on the run: t jumps to the traceback, with its frames",
+}
+CONSOLE_TITLE = {
+    "oom": "CUDA ran out of memory",
+    "nccl": "An NCCL error",
+    "traceback": "A traceback in the console",
+}
+
+
+def _console(d: dict[str, Any]) -> list[Finding]:
+    """The newest traceback, CUDA out-of-memory or NCCL error the scan found in the run's console; its level
+    is the engine's (the console_error reason of its health, engine/system/health.py) when it has one."""
+    findings = (d.get("console") or {}).get("findings") or []
+    if not findings:
+        return []
+    newest, run = findings[0], d["run"]
+    ended_it = run["health"] == "red" and any("in the console:" in r for r in run["health_reasons"] or [])
+    severity = (
+        "red" if newest["kind"] in ("oom", "nccl") or run["status"] == "failed" or ended_it else "yellow"
+    )
+    at = f" line {newest['line_no']:,}" if newest["line_no"] else ""
+    return [
+        Finding(
+            severity,
+            "console",
+            CONSOLE_TITLE.get(newest["kind"], "An error in the console"),
+            f"`{newest['line']}` ({newest['file']}{at})",
+            CONSOLE_ADVICE.get(newest["kind"], CONSOLE_ADVICE["traceback"]),
+        )
+    ]
+
+
 def _nan(d: dict[str, Any]) -> list[Finding]:
     for key in ("loss", "train/loss"):
         points = d["series"].get(key)
@@ -339,6 +376,7 @@ def _health(d: dict[str, Any], found: list[Finding]) -> list[Finding]:
 
 CHECKS = (
     _failed,
+    _console,
     _nan,
     _stalled,
     _trap,
@@ -377,7 +415,7 @@ FINDINGS_OF = {
     "clip": {"clip"},
     "covariance": {"entropy"},
     "length": {"length"},
-    "status": {"failed", "stalled", "health", *BOX_FINDINGS},
+    "status": {"failed", "console", "stalled", "health", *BOX_FINDINGS},
     "trajectories": set(),
     "agents": set(),
 }
@@ -683,6 +721,8 @@ def _status_answer(d: dict[str, Any], question: str) -> list[str]:
         )
     if run["error"]:
         lines.append(f"- Error: {run['error']}.")
+    if console := _console(d):
+        lines.append(f"- Its console's last error: {console[0].detail}.")
     return lines
 
 

@@ -4,7 +4,8 @@ Everything comes from the store: the run row, its config, a handful of series do
 few dozen points, each series' trend (first, last, range, noise, and since when it has been
 flat), the cascade gate (its transitions, the rule it ran under, the step it opened or came
 closest, and the task-reward means of the window that decided it), chart events, recent commands,
-a few samples and the newest eval. `digest_text` renders it as a few kilobytes of plain lines;
+a few samples, the newest eval, and what the scan of the run's console found (the newest traceback, CUDA
+out-of-memory or NCCL error, engine/console/). `digest_text` renders it as a few kilobytes of plain lines;
 secrets are redacted.
 """
 
@@ -15,6 +16,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -59,6 +61,7 @@ HEALTH_KEYS = (
 )
 MAX_KEYS = 40
 MAX_PROCESSES = 12  # the run's processes in the digest: a few ranks, and those that died first
+CONSOLE_FINDINGS = 3  # the newest tracebacks / OOM / NCCL errors of the run's console in the digest
 NON_TASK = {"format", "concise", "coherence", "commitment"}  # rewards that do not measure the task
 
 
@@ -294,6 +297,25 @@ def sample_brief(sample: dict[str, Any], *, cut: bool = True) -> dict[str, Any]:
     }
 
 
+def console_brief(reader: StoreReader, run_id: int) -> dict[str, Any]:
+    """The run's log files and the newest CONSOLE_FINDINGS of their scan (newest first)."""
+    return {
+        "files": [
+            {"file": Path(c["path"]).name, "kind": c["kind"]} for c in reader.system.run_consoles(run_id)
+        ],
+        "findings": [
+            {
+                "kind": f["kind"],
+                "line": f["line"],
+                "file": Path(f["path"]).name,
+                "line_no": f["line_no"],
+                "t": f["t"],
+            }
+            for f in reader.system.findings(run_id, limit=CONSOLE_FINDINGS)
+        ],
+    }
+
+
 def build_digest(reader: StoreReader, run_id: int, *, now: float | None = None) -> dict[str, Any]:
     """Everything the diagnosis knows about a run, as JSON-able data (not yet redacted)."""
     run = next((r for r in reader.runs() if r.id == run_id), None)
@@ -347,6 +369,7 @@ def build_digest(reader: StoreReader, run_id: int, *, now: float | None = None) 
         "eval": reader.latest_eval(run_id),
         "processes": processes_brief(reader, run_id),
         "box": [flag._asdict() for flag in box_flags(reader.conn, reader.version, run_id, run.status, now_t)],
+        "console": console_brief(reader, run_id),
         "counts": {
             "trajectories": reader.table_count("trajectories"),
             "agent_events": reader.table_count("agent_events"),
@@ -502,6 +525,18 @@ def digest_text(digest: dict[str, Any]) -> str:
             f"{'; '.join(e['reasons'])} {json.dumps(e['metrics'])}"
         )
     lines += _box_lines(digest)
+    console = digest.get("console") or {}
+    if console.get("files"):
+        lines.append(
+            "CONSOLE (the run's stdout/stderr: "
+            + ", ".join(f"{c['file']} [{c['kind']}]" for c in console["files"])
+            + ")"
+        )
+        for f in console["findings"]:
+            at = f" line {f['line_no']}" if f["line_no"] else ""
+            lines.append(f"  {f['kind']} in {f['file']}{at}, {_ago(digest['now'] - f['t'])} ago: {f['line']}")
+        if not console["findings"]:
+            lines.append("  no traceback, CUDA out-of-memory or NCCL error found in it")
     counts = digest["counts"]
     lines.append(f"STORE {counts['trajectories']} trajectories, {counts['agent_events']} agent events")
     return redact("\n".join(lines))

@@ -1,6 +1,7 @@
-"""`carl observe PATH [--follow] [--name N] [--vocab-size V]`: import runs another tool wrote, or have the
-engine follow them. PATH is a file (one source) or a directory: every run found in it (discover.py),
-one line each."""
+"""`carl observe PATH [--follow] [--name N] [--vocab-size V] [--log FILE ...]`: import runs another tool
+wrote, or have the engine follow them. PATH is a file (one source) or a directory: every run found in it
+(discover.py), one line each. `--log` names a file the run's script writes its stdout and stderr to: the run's
+console (the log view, `L`, and the scan for tracebacks, engine/console/)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 from engine import paths
 from engine.errors import CliError
-from engine.files import resolved
+from engine.files import regular_file, resolved
 from engine.limits import COUNT_MAX, int_flag
 from engine.names import name_arg
 from engine.text import visible, visible_line
@@ -34,18 +35,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the model's vocabulary size |V|, for Φ from entropy (default: from the run's own config)",
     )
+    parser.add_argument(
+        "--log",
+        action="append",
+        metavar="FILE",
+        help="a file the run's stdout/stderr go to: its console, shown with L and scanned for tracebacks "
+        "(repeatable)",
+    )
+
+
+def console_logs(args: argparse.Namespace) -> list[str]:
+    """The --log files, absolute; a FIFO, a device or a directory is refused here, in one line. A file not
+    there yet is taken (a script about to write it) and said so."""
+    logs = []
+    for given in args.log or []:
+        path = resolved(given, CliError)
+        if path.exists():
+            regular_file(path, "regular file (a log)", CliError)
+        else:
+            print(f"--log {visible_line(str(path))}: not there yet; shown once it is", file=sys.stderr)
+        logs.append(str(path))
+    return list(dict.fromkeys(logs))
+
+
+def _attach(store: Any, source_ids: list[int | None], logs: list[str]) -> None:
+    from engine.console.job import attach_logs
+
+    runs = attach_logs(store, [s for s in source_ids if s is not None], logs)
+    names = ", ".join(Path(p).name for p in logs)
+    if runs:
+        print(f"console: {visible_line(names)} for {len(runs)} run(s)")
+    else:
+        print(f"console: {visible_line(names)} for the runs to come")
 
 
 def run(args: argparse.Namespace, home: Path) -> int:
     path = resolved(args.path, CliError)  # a symbolic link loop is one line
     vocab = args.vocab_size
+    logs = console_logs(args)
     if path.is_dir():
-        return _observe_dir(args, home, path)
+        return _observe_dir(args, home, path, logs)
     kind = detect_kind(path)  # a bad path fails here, before anything is stored
     if vocab is not None:
         _register_with_vocab(home, path, args.follow, args.name, kind, vocab)
     if args.follow:
-        return _observe_via_engine(home, path, args.name, vocab)
+        return _observe_via_engine(home, path, args.name, vocab, logs)
     from engine.coherence.analysis import analyze_runs
     from engine.store import Store
 
@@ -58,6 +92,8 @@ def run(args: argparse.Namespace, home: Path) -> int:
             backfill_phi(store, run_id, vocab)  # what an earlier import stored without |V|
         with store.transaction():
             analyze_runs(store.conn, result.run_ids)
+        if logs:
+            _attach(store, [_source_id(store, path)], logs)
     _print_result(kind, path, result)
     if imported_nothing(result):
         raise CliError(f"{path}: nothing imported{_first_problem(result)}")
@@ -100,14 +136,19 @@ def _print_result(kind: str, path: Path, result: object) -> None:
         print(f"  {visible(problem)}", file=sys.stderr)
 
 
-def _observe_via_engine(home: Path, path: Path, name: str | None, vocab: int | None) -> int:
+def _observe_via_engine(
+    home: Path, path: Path, name: str | None, vocab: int | None, logs: list[str] | None = None
+) -> int:
     """Hand a followed source to the engine (its one writer) and wait until it has caught up."""
     from engine.control import ensure_engine
     from engine.store import Store
 
     ensure_engine(home)  # says so on stderr when it starts one: the engine outlives this command
     with Store(paths.db_path(home)) as store:
-        command_id = store.enqueue_command("observe", {"path": str(path), "follow": True, "name": name})
+        args: dict[str, Any] = {"path": str(path), "follow": True, "name": name}
+        if logs:
+            args["logs"] = logs  # the engine names them the console of the source's runs
+        command_id = store.enqueue_command("observe", args)
         state, result = _wait(store, [command_id], f"engine importing {path.name}")[0]
         if vocab is not None:
             _backfill_sources(store, [_source_id(store, path)], vocab)
@@ -153,7 +194,7 @@ def _backfill_sources(store: Any, source_ids: list[int | None], vocab: int) -> N
 # -- a directory ---------------------------------------------------------------------------------------------
 
 
-def _observe_dir(args: argparse.Namespace, home: Path, root: Path) -> int:
+def _observe_dir(args: argparse.Namespace, home: Path, root: Path, logs: list[str]) -> int:
     """Every run found in `root`: one line each, then imported (or handed to the engine to follow)."""
     from engine.store import Store
 
@@ -178,6 +219,8 @@ def _observe_dir(args: argparse.Namespace, home: Path, root: Path) -> int:
                 set_vocab_override(store, source_id, args.vocab_size)
         read = _follow_dir if args.follow else _import_dir
         ok, failed = read(store, root, sources)
+        if logs:  # after the import, so its runs are there (the engine gives them to those still to come)
+            _attach(store, [source_id for source_id, _ in sources], logs)
         if args.vocab_size is not None:
             _backfill_sources(store, [s for s, _ in sources], args.vocab_size)
     errors += failed

@@ -46,6 +46,7 @@ from .runkeys import Row, finish_rows
 
 FILE_SUFFIX = ".wandb"
 RUN_DIR_PREFIXES = ("run-", "offline-run-")
+CONSOLE_FILE = "files/output.log"  # the run's console, as W&B captures it (its `console` setting)
 BLOCK = 32 * 1024  # the log's block size (wandb.sdk.internal.datastore.LEVELDBLOG_BLOCK_LEN)
 MAX_VALUE_JSON = 1024  # longer summary values (tables, media) are left out of the run's config
 MAX_CONFIG_JSON = 64 * 1024  # a config value longer than this is left out
@@ -471,6 +472,9 @@ def _write_run(
         if source["name"]:
             name = str(source["name"]) if single else f"{source['name']}/{name}"
         run = ensure_run(store, source, name, external_id=external_id, started_at=read.started_at)
+    # The run's console: W&B writes what the script printed to files/output.log of each run directory (a
+    # resumed run's second directory too); the engine scans it and the log view shows it (engine/console/).
+    store.system.add_console(run.id, str(path.parent / CONSOLE_FILE), "wandb")
     facts: dict[str, Any] = {}
     vocab_size = run.vocab_size
     if read.config or read.summary:

@@ -676,6 +676,7 @@ def _v9(db: sqlite_utils.Database) -> None:
             kind TEXT NOT NULL,  -- traceback | oom | nccl
             offset INTEGER NOT NULL,  -- byte offset of its first line in the file
             line TEXT NOT NULL,  -- the line that says what went wrong (the exception, the error)
+            line_no INTEGER,  -- the file's line number (from 1) of its first line
             t REAL NOT NULL
         )
         """

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 from engine.llm.redact import redact
 from engine.text import one_line, storable
 
+from .base import in_chunks
+
 if TYPE_CHECKING:
     from .db import Store
 
@@ -452,6 +454,25 @@ class SystemTables:
             ).fetchone()
             return int(row[0])
 
+    def runs_updated_since(self, t: float) -> list[tuple[int, int]]:
+        """(run id, pid) of the runs written to since `t` that have a pid: the engine looks among them for
+        the run a training process it started became (engine/console/job.py)."""
+        rows = self.conn.execute(
+            "SELECT id, pid FROM runs WHERE updated_at >= ? AND pid IS NOT NULL ORDER BY id", (t,)
+        ).fetchall()
+        return [(int(r[0]), int(r[1])) for r in rows]
+
+    def runs_of_sources(self, source_ids: Iterable[int]) -> dict[int, list[int]]:
+        """Source id -> the ids of its runs."""
+        ids = list(source_ids)
+        out: dict[int, list[int]] = {i: [] for i in ids}
+        for chunk, marks in in_chunks(ids):
+            for run_id, source_id in self.conn.execute(
+                f"SELECT id, source_id FROM runs WHERE source_id IN ({marks}) ORDER BY id", chunk
+            ):
+                out[source_id].append(run_id)
+        return out
+
     def consoles(self) -> list[dict[str, Any]]:
         """Every console with its scan position (`identity` decoded)."""
         cur = self.conn.execute(
@@ -471,19 +492,27 @@ class SystemTables:
         run_id: int,
         scanned: int,
         identity: dict[str, Any],
-        findings: Iterable[tuple[str, int, str]],
+        findings: Iterable[tuple[str, int, str] | tuple[str, int, str, int | None]],
     ) -> int:
-        """Where the scan of a console got to, and what it found there ((kind, offset, line) each), together.
-        Returns the findings that were new."""
+        """Where the scan of a console got to, and what it found there ((kind, offset, line[, line number])
+        each), together. Returns the findings that were new."""
         now = time.time()
         with self.store.transaction():
             before = self.conn.total_changes
             self.conn.executemany(
-                "INSERT OR IGNORE INTO console_findings (run_id, console_id, kind, offset, line, t)"
-                " VALUES (?,?,?,?,?,?)",
+                "INSERT OR IGNORE INTO console_findings (run_id, console_id, kind, offset, line, line_no, t)"
+                " VALUES (?,?,?,?,?,?,?)",
                 [
-                    (run_id, console_id, kind, offset, storable(one_line(line, 500)), now)
-                    for kind, offset, line in findings
+                    (
+                        run_id,
+                        console_id,
+                        f[0],
+                        f[1],
+                        storable(one_line(f[2], 500)),
+                        f[3] if len(f) > 3 else None,
+                        now,
+                    )
+                    for f in findings
                 ],
             )
             added = self.conn.total_changes - before

@@ -205,8 +205,9 @@ class SystemReads:
     def findings(self, run_id: int, limit: int = 20) -> list[dict[str, Any]]:
         """What the console scan found for the run, newest first."""
         return self._rows(
-            "SELECT f.id, f.console_id, c.path, f.kind, f.offset, f.line, f.t FROM console_findings f"
-            " JOIN run_consoles c ON c.id = f.console_id WHERE f.run_id=? ORDER BY f.id DESC LIMIT ?",
+            "SELECT f.id, f.console_id, c.path, f.kind, f.offset, f.line, f.line_no, f.t"
+            " FROM console_findings f JOIN run_consoles c ON c.id = f.console_id"
+            " WHERE f.run_id=? ORDER BY f.id DESC LIMIT ?",
             (run_id, limit),
         )
 
@@ -305,6 +306,11 @@ class SystemReads:
             else:
                 low = int(row[0]) + 1
         return found
+
+    def last_write(self, run_id: int) -> float | None:
+        """When the run last had a row written (runs.last_update): whether it went on after a finding."""
+        rows = self._rows("SELECT last_update FROM runs WHERE id=?", (run_id,))
+        return rows[0]["last_update"] if rows else None
 
 
 def _json(text: str | None, default: Any) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from engine.faults import store_trouble
@@ -305,3 +306,39 @@ def _gpu_list(indexes: list[int]) -> str:
     if len(indexes) == 1:
         return f"GPU {indexes[0]}"
     return "GPUs " + ", ".join(map(str, indexes[:-1])) + f" and {indexes[-1]}"
+
+
+# -- console_error: what the console scan found (engine/console/) -------------------------------------------
+
+# A run that printed a traceback and has written no row for this long since it was found has ended with it
+# (an observed script that crashed keeps the status `running`: nothing tells its end but the silence).
+CRASH_QUIET_S = 60.0
+CONSOLE_REASON_CHARS = 200  # of the exception line in the reason (the whole line is in the finding)
+CONSOLE_WHAT = {"traceback": "traceback", "oom": "CUDA out of memory", "nccl": "NCCL error"}
+
+
+def console_error(reads: SystemReads, run_id: int, status: str, now: float) -> list[BoxFlag]:
+    """The newest finding of the run's consoles. Red for CUDA out of memory and NCCL errors (training does
+    not go on after either), and for a traceback that ended the run: the run failed, or it has written
+    nothing for CRASH_QUIET_S since the traceback was found. Yellow for a traceback while the run goes on, or
+    in a run that ended otherwise (stopped, finished, imported): something printed one, and it did not stop
+    the run."""
+    found = reads.findings(run_id, limit=1)
+    if not found:
+        return []
+    finding = found[0]
+    level = "red"
+    if finding["kind"] == "traceback" and status != "failed":
+        last = reads.last_write(run_id)
+        ended_with_it = status == "running" and (last is None or last <= finding["t"])
+        if not (ended_with_it and now - finding["t"] >= CRASH_QUIET_S):
+            level = "yellow"
+    line = finding["line"]
+    if len(line) > CONSOLE_REASON_CHARS:
+        line = line[: CONSOLE_REASON_CHARS - 1] + "…"
+    where = Path(finding["path"]).name + (f" line {finding['line_no']:,}" if finding["line_no"] else "")
+    what = CONSOLE_WHAT.get(finding["kind"], finding["kind"])
+    return [BoxFlag(level, "console_error", f"{what} in the console: {line} ({where})")]
+
+
+BOX_RULES.append(console_error)
