@@ -110,7 +110,7 @@ def test_an_unknown_key_holding_a_newline_is_named_on_one_line(tmp_path: Path) -
     assert all("\n" not in line for line in lines), lines
     assert lines[0].startswith(f"{tmp_path / 'tui.toml'}: a b: unknown setting")
     assert lines[2:] == [
-        "engine.toml: a b: unknown setting (known: alerts, system)",
+        "engine.toml: a b: unknown setting (known: alerts, system, nodes)",
         "engine.toml: alerts.c d: unknown setting (known: webhook, command, timeout_s)",
     ]
 
