@@ -407,6 +407,7 @@ class ControlRoom(
         self.selected = run_id
         self.watcher.select(run_id)
         self.view = None
+        self.run_list.highlight_run(run_id)  # the list says which run the panes show
 
     def fill_run_list(self) -> None:
         self.run_list.show(
@@ -419,6 +420,8 @@ class ControlRoom(
 
     @on(OptionList.OptionHighlighted, "#run-list")
     def run_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if event.option_index != event.option_list.highlighted:
+            return  # the highlight moved on since this message was sent (a run selected meanwhile)
         run_id = int(event.option.id) if event.option.id else None
         if run_id is not None and run_id != self.selected:
             self.select(run_id)

@@ -10,7 +10,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
 from textual.widgets import OptionList
-from textual.widgets.option_list import Option
+from textual.widgets.option_list import Option, OptionDoesNotExist
 
 from engine.store import RunRow
 from engine.text import visible_line
@@ -49,6 +49,15 @@ class RunList(OptionList):
                 if run.id == selected:
                     self.highlighted = index
                     break
+
+    def highlight_run(self, run_id: int) -> None:
+        """Move the highlight to this run (when the list shows it), so the list agrees with the panes."""
+        try:
+            index = self.get_option_index(str(run_id))
+        except OptionDoesNotExist:
+            return
+        if self.highlighted != index:
+            self.highlighted = index
 
 
 def visible_runs(runs: list[RunRow], filter_text: str) -> list[RunRow]:

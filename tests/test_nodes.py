@@ -130,7 +130,10 @@ def read(home: Path, fn: Any) -> Any:
 
 
 def states(home: Path) -> dict[str, tuple[str, str | None]]:
-    return read(home, lambda r: {n["name"]: (n["state"], n["note"]) for n in r.system.nodes()})
+    """The nodes heard over NATS (the engine's own machine, sampling off here, is left out)."""
+    return read(
+        home, lambda r: {n["name"]: (n["state"], n["note"]) for n in r.system.nodes() if n["via"] == "nats"}
+    )
 
 
 def stored_times(home: Path, name: str) -> list[float]:

@@ -556,7 +556,7 @@ def _v9(db: sqlite_utils.Database) -> None:
     follows, appended to files of the engine's home, with how far each got (engine/nodes/writer.py)."""
     db.execute(
         """
-        CREATE TABLE nodes (
+        CREATE TABLE IF NOT EXISTS nodes (
             id INTEGER PRIMARY KEY,
             name TEXT NOT NULL UNIQUE,  -- the host name, or what `carl node --name` gave
             host TEXT,
@@ -572,7 +572,7 @@ def _v9(db: sqlite_utils.Database) -> None:
     )
     db.execute(
         """
-        CREATE TABLE node_consoles (
+        CREATE TABLE IF NOT EXISTS node_consoles (
             id INTEGER PRIMARY KEY,
             node_id INTEGER NOT NULL,
             name TEXT NOT NULL,  -- the console's name as the node gave it (its log file's name)
@@ -587,10 +587,10 @@ def _v9(db: sqlite_utils.Database) -> None:
         )
         """
     )
-    db.execute("CREATE UNIQUE INDEX idx_node_consoles_name ON node_consoles (node_id, name)")
+    db.execute("CREATE UNIQUE INDEX IF NOT EXISTS idx_node_consoles_name ON node_consoles (node_id, name)")
     db.execute(
         """
-        CREATE TABLE system_samples (
+        CREATE TABLE IF NOT EXISTS system_samples (
             node_id INTEGER NOT NULL,
             key TEXT NOT NULL,
             t REAL NOT NULL,  -- wall time of the sample
@@ -601,7 +601,7 @@ def _v9(db: sqlite_utils.Database) -> None:
     )
     db.execute(
         """
-        CREATE TABLE system_rollups (
+        CREATE TABLE IF NOT EXISTS system_rollups (
             node_id INTEGER NOT NULL,
             key TEXT NOT NULL,
             width INTEGER NOT NULL,  -- seconds per bucket
@@ -618,7 +618,7 @@ def _v9(db: sqlite_utils.Database) -> None:
     )
     db.execute(
         """
-        CREATE TABLE system_now (
+        CREATE TABLE IF NOT EXISTS system_now (
             node_id INTEGER PRIMARY KEY,
             t REAL NOT NULL,
             sample TEXT NOT NULL  -- JSON: the newest whole sample (engine/system/readings.py)
@@ -627,7 +627,7 @@ def _v9(db: sqlite_utils.Database) -> None:
     )
     db.execute(
         """
-        CREATE TABLE run_processes (
+        CREATE TABLE IF NOT EXISTS run_processes (
             id INTEGER PRIMARY KEY,
             run_id INTEGER NOT NULL REFERENCES runs(id),
             node_id INTEGER NOT NULL,
@@ -651,10 +651,13 @@ def _v9(db: sqlite_utils.Database) -> None:
         )
         """
     )
-    db.execute("CREATE UNIQUE INDEX idx_run_processes_one ON run_processes (run_id, node_id, pid, started)")
+    db.execute(
+        "CREATE UNIQUE INDEX IF NOT EXISTS idx_run_processes_one"
+        " ON run_processes (run_id, node_id, pid, started)"
+    )
     db.execute(
         """
-        CREATE TABLE run_consoles (
+        CREATE TABLE IF NOT EXISTS run_consoles (
             id INTEGER PRIMARY KEY,
             run_id INTEGER NOT NULL REFERENCES runs(id),
             node_id INTEGER,
@@ -666,10 +669,10 @@ def _v9(db: sqlite_utils.Database) -> None:
         )
         """
     )
-    db.execute("CREATE UNIQUE INDEX idx_run_consoles_path ON run_consoles (run_id, path)")
+    db.execute("CREATE UNIQUE INDEX IF NOT EXISTS idx_run_consoles_path ON run_consoles (run_id, path)")
     db.execute(
         """
-        CREATE TABLE console_findings (
+        CREATE TABLE IF NOT EXISTS console_findings (
             id INTEGER PRIMARY KEY,
             run_id INTEGER NOT NULL REFERENCES runs(id),
             console_id INTEGER NOT NULL,
@@ -681,11 +684,13 @@ def _v9(db: sqlite_utils.Database) -> None:
         )
         """
     )
-    db.execute("CREATE UNIQUE INDEX idx_console_findings_at ON console_findings (console_id, offset)")
-    db.execute("CREATE INDEX idx_console_findings_run ON console_findings (run_id, id)")
+    db.execute(
+        "CREATE UNIQUE INDEX IF NOT EXISTS idx_console_findings_at ON console_findings (console_id, offset)"
+    )
+    db.execute("CREATE INDEX IF NOT EXISTS idx_console_findings_run ON console_findings (run_id, id)")
     db.execute(
         """
-        CREATE TABLE node_rejected (
+        CREATE TABLE IF NOT EXISTS node_rejected (
             id INTEGER PRIMARY KEY,
             node TEXT,  -- the name the message gave, as text
             subject TEXT NOT NULL,
