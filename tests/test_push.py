@@ -396,20 +396,23 @@ def test_no_token_anywhere_is_one_line(
             "run 'pushme' was not trained by carl (it is trackio): no model to push",
         ),
         (
-            {"status": "running", "pid": os.getpid()},
-            f"run 'pushme' is still running (pid {os.getpid()}): push it",
+            {"status": "running", "pid": "this process"},
+            "run 'pushme' is still running (pid {pid}): push it",
         ),
         ({"status": "paused", "pid": None}, "run 'pushme' is still paused: push it once it has finished"),
     ],
+    ids=["no-model", "not-carl", "running", "paused"],  # the same on every worker (no pid in a test's id)
 )
 def test_a_run_that_cannot_be_pushed_is_one_line(
     tmp_path: Path, hub: HubServer, tiny_model: Path, carl_push: Any, setup: dict[str, Any], message: str
 ) -> None:
     settings = dict(setup)  # parametrize shares the dict between runs
+    if settings.get("pid") == "this process":
+        settings["pid"] = os.getpid()
     make_run(tmp_path, settings.pop("model", tiny_model), **settings)
     code, out, err = carl_push(tmp_path, hub.url)
     assert code == 2 and out == ""
-    assert one_error(err).startswith(message)
+    assert one_error(err).startswith(message.format(pid=os.getpid()))
     assert hub.requests == []
 
 
