@@ -200,3 +200,73 @@ async def test_a_crashing_trl_style_script_observed_with_log_shows_its_traceback
         await pilot.press("T")
         await until(pilot, lambda: lines.mark == 6)
         assert f"traceback: {EXCEPTION}" in str(app.screen.query_one("#console-status", Static).content)
+
+
+# A real TRL script: GRPOTrainer on the tiny model, TensorBoard for its metrics, its stdout and stderr to a
+# file; its reward function fails at the third step, as a user's buggy reward does.
+TRL_SCRIPT = """
+import sys
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+model, out = sys.argv[1], sys.argv[2]
+calls = []
+
+def brevity(completions, **_):
+    calls.append(1)
+    if len(calls) == 3:
+        raise ValueError("reward server answered 502 for batch 3")
+    return [1.0 / (1 + len(c)) for c in completions]
+
+args = GRPOConfig(
+    output_dir=out, max_steps=6, per_device_train_batch_size=4, num_generations=2, max_completion_length=8,
+    report_to=["tensorboard"], use_cpu=True, logging_steps=1, save_strategy="no", disable_tqdm=True,
+)
+prompts = Dataset.from_list([{"prompt": f"hello {i}"} for i in range(32)])
+print("training", flush=True)
+GRPOTrainer(model=model, reward_funcs=[brevity], args=args, train_dataset=prompts).train()
+"""
+
+
+async def test_a_real_trl_script_whose_stdout_goes_to_a_file_shows_its_traceback_when_it_crashes(
+    home: Path, tmp_path: Path, tiny_model: Path
+) -> None:
+    out, log = tmp_path / "grpo-out", tmp_path / "train.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    with open(log, "wb") as sink:  # `python train.py > train.log 2>&1`
+        script = subprocess.Popen(
+            [sys.executable, "-c", TRL_SCRIPT, str(tiny_model), str(out)], stdout=sink, stderr=sink, env=env
+        )
+    try:
+        # Followed from its first logged step: the event file TRL's TensorBoard callback writes.
+        wait_for(lambda: any(out.glob("runs/*/events.out.tfevents.*")), timeout=180, what="TRL's first step")
+        followed = carl(home, "observe", str(out), "--follow", "--name", "grpo", "--log", str(log))
+        assert followed.returncode == 0, followed.stderr
+        assert script.wait(timeout=180) == 1  # the reward function raised
+    finally:
+        end_all([script])
+    exception = "ValueError: reward server answered 502 for batch 3"
+    assert exception in log.read_text()
+
+    def reasons() -> list[str]:
+        with Store(paths.db_path(home)) as store:
+            row = store.conn.execute("SELECT health_reasons FROM runs WHERE name='grpo'").fetchone()
+        return json.loads(row[0]) if row else []
+
+    wait_for(
+        lambda: any(r.startswith(f"traceback in the console: {exception}") for r in reasons()),
+        timeout=90,
+        what="the run's health naming the traceback",
+    )
+    app = ControlRoom(home, start_engine=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until(pilot, lambda: app.view is not None and app.view.run.name == "grpo")
+        await pilot.press("L")
+        await until(pilot, lambda: isinstance(app.screen, ConsoleScreen))
+        lines = app.screen.query_one(LogLines)
+        await until(pilot, lambda: lines.count > 0)
+        await pilot.press("T")  # the last traceback, from the end of the file
+        status = app.screen.query_one("#console-status", Static)
+        await until(pilot, lambda: exception in str(status.content))
+        shown = [lines.render_line(y).text for y in range(lines.size.height)]
+        assert any("Traceback (most recent call last):" in text for text in shown)

@@ -459,7 +459,7 @@ def register(store: Store, found: Discovery, *, follow: bool, name: str | None =
         done = Registered(run)
         try:
             main = register_source(
-                store, run.main.path, follow=follow, name=name or run.name, kind=run.main.kind
+                store, run.main.path, follow=follow, name=name, default_name=run.name, kind=run.main.kind
             )
         except ObserveError as exc:
             done.errors.append(str(exc))

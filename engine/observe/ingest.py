@@ -44,8 +44,13 @@ def register_source(
     name: str | None = None,
     kind: str | None = None,
     attach_to: int | None = None,
+    default_name: str | None = None,
 ) -> int:
     """Record `path` (made absolute) as a source of `kind` (else its detected kind); returns the source id.
+
+    `name` is the user's (`--name`), kept over any earlier one; `default_name` (what discovery calls the run)
+    is taken only by a source that has no name yet, so observing a folder again never renames what the user
+    named.
 
     `attach_to` names the source whose run a rollout source's samples join (`sources.attach_to`), as discovery
     (discover.py) sets it.
@@ -60,6 +65,9 @@ def register_source(
     row = store.conn.execute("SELECT kind FROM sources WHERE path=?", (str(resolved),)).fetchone()
     if row is not None and row[0] != kind:
         raise ObserveError(f"{resolved}: was observed as {row[0]} but now looks like {kind}")
+    if name is None and default_name is not None:
+        named = store.conn.execute("SELECT name FROM sources WHERE path=?", (str(resolved),)).fetchone()
+        name = default_name if named is None or named[0] is None else None
     source_id = store.upsert_source(kind, str(resolved), name=name, follow=follow)
     with store.transaction():
         if attach_to is not None:
