@@ -8,6 +8,7 @@ link to /dev/zero would fill the memory), read whole up to MAX_BYTES, and parsed
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +36,34 @@ def read_table(path: Path, error: type[CarlError]) -> dict[str, Any]:
     if problem is not None:
         raise error(f"{named(path)}: {problem}")
     return data
+
+
+class FileWatch:
+    """Whether a settings file changed since the last look: its modification time and size, looked at no more
+    often than every `every` seconds (the engine's jobs read engine.toml again when it changes). A file that
+    is not there counts as one state, so removing it is a change too."""
+
+    def __init__(self, path: Path, every: float = 2.0) -> None:
+        self.path = path
+        self.every = every
+        self.seen: tuple[float, int] | None = None
+        self.next_look = 0.0
+
+    def changed(self) -> bool:
+        now = time.monotonic()
+        if now < self.next_look:
+            return False
+        self.next_look = now + self.every
+        try:
+            stat = self.path.stat()
+            seen = (stat.st_mtime, stat.st_size)
+        except OSError:
+            seen = (0.0, -1)
+        if seen == self.seen:
+            return False
+        self.seen = seen
+        return True
+
+    def look_now(self) -> None:
+        """The next `changed()` looks at the file whatever the time (a test, or a job told to)."""
+        self.next_look = 0.0

@@ -374,7 +374,7 @@ async def test_sampling_turned_off_in_engine_toml_is_said_in_the_pane(home: Path
         job = SystemJob(store, home)
         job.tick()  # sampling, as by default
         (home / "engine.toml").write_text("[system]\nenabled = false\n")
-        job.next_config_check = 0.0  # the job looks at engine.toml every 2 s: now
+        job.config.look_now()  # the job looks at engine.toml every 2 s: now
         job.tick()
         [node] = store.system.nodes()
         assert (node["state"], node["note"]) == ("stopped", SAMPLING_OFF)
@@ -385,7 +385,7 @@ async def test_sampling_turned_off_in_engine_toml_is_said_in_the_pane(home: Path
                 "○ stopped: sampling is off ([system] enabled"
             )
             (home / "engine.toml").write_text("[system]\nenabled = true\n")
-            job.next_config_check = 0.0
+            job.config.look_now()
             job.tick()
             await until(pilot, lambda: pane(app).text().startswith("cpu") or "cpu" in pane(app).text())
             assert "sampling is off" not in pane(app).text()

@@ -21,6 +21,7 @@ from typing import Any
 from engine.coherence.health import Health
 from engine.llm.redact import redact
 from engine.store import Store
+from engine.tomlfile import FileWatch
 
 from . import outbox
 from .config import FILE_NAME, AlertSettings, load_settings
@@ -58,8 +59,7 @@ class Alerts:
         self.home = home
         self.host = socket.gethostname()
         self.settings = AlertSettings()
-        self.config_seen: tuple[float, int] | None = None  # engine.toml's (mtime, size) when last read
-        self.next_config_check = 0.0
+        self.config = FileWatch(home / FILE_NAME, CONFIG_CHECK_S)  # engine.toml, read again when it changes
         self.dues: list[Due] | None = None  # pending tries, read from the store on the first tick
         self.in_flight: set[tuple[str, str]] = set()
         self.sender: Sender | None = None
@@ -98,18 +98,8 @@ class Alerts:
         return bool(self.settings.targets)
 
     def _reload(self) -> None:
-        now = time.monotonic()
-        if now < self.next_config_check:
+        if not self.config.changed():
             return
-        self.next_config_check = now + CONFIG_CHECK_S
-        try:
-            stat = (self.home / FILE_NAME).stat()
-            seen = (stat.st_mtime, stat.st_size)
-        except OSError:
-            seen = (0.0, -1)
-        if seen == self.config_seen:
-            return
-        self.config_seen = seen
         self.settings, problems = load_settings(self.home)
         for line in problems:
             log.warning("%s", line)

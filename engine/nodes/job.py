@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.tomlfile import FileWatch
+
 from .config import FILE_NAME, NodesSettings, load_nodes_settings
 
 if TYPE_CHECKING:
@@ -46,8 +48,7 @@ class NodesJob:
         self.settings = NodesSettings()
         self.consumer: Consumer | None = None
         self.retired: list[Consumer] = []  # asked to stop, not waited for (the tick never waits)
-        self.next_config_check = 0.0
-        self.config_seen: tuple[float, int] | None = None
+        self.config = FileWatch(home / FILE_NAME, CONFIG_CHECK_S)  # engine.toml, read again when it changes
         self.next_lost_check = 0.0
         self.next_thin = time.monotonic() + THIN_EVERY_S
         self.next_start = 0.0
@@ -162,18 +163,8 @@ class NodesJob:
     # -- settings and state ---------------------------------------------------------------------------------
 
     def _reload(self) -> None:
-        now = time.monotonic()
-        if now < self.next_config_check:
+        if not self.config.changed():
             return
-        self.next_config_check = now + CONFIG_CHECK_S
-        try:
-            stat = (self.home / FILE_NAME).stat()
-            seen = (stat.st_mtime, stat.st_size)
-        except OSError:
-            seen = (0.0, -1)
-        if seen == self.config_seen:
-            return
-        self.config_seen = seen
         settings, problems = load_nodes_settings(self.home)
         for line in problems:
             log.warning("%s", line)

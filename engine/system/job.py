@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.store import Store
+from engine.tomlfile import FileWatch
 
 from .config import FILE_NAME, SystemSettings, load_system_settings
 from .processes import ProcessTracker
@@ -40,8 +41,7 @@ class SystemJob:
         self.next_sample = 0.0
         self.next_watch = 0.0
         self.next_thin = time.monotonic() + THIN_EVERY_S
-        self.next_config_check = 0.0
-        self.config_seen: tuple[float, int] | None = None
+        self.config = FileWatch(home / FILE_NAME, CONFIG_CHECK_S)  # engine.toml, read again when it changes
         self.samples = 0
         self.processes = ProcessTracker(store)  # every process of the runs on this node (processes.py)
         self.process_trouble: str | None = None  # the last failure of the tracker, logged once
@@ -136,18 +136,8 @@ class SystemJob:
         }
 
     def _reload(self) -> None:
-        now = time.monotonic()
-        if now < self.next_config_check:
+        if not self.config.changed():
             return
-        self.next_config_check = now + CONFIG_CHECK_S
-        try:
-            stat = (self.home / FILE_NAME).stat()
-            seen = (stat.st_mtime, stat.st_size)
-        except OSError:
-            seen = (0.0, -1)
-        if seen == self.config_seen:
-            return
-        self.config_seen = seen
         settings, problems = load_system_settings(self.home)
         for line in problems:
             log.warning("%s", line)
