@@ -16,6 +16,10 @@ Sections (about 5 minutes on an H100):
             Triton kernel's block and warps, the torch kernel's chunk size; peak memory against the
             logits' size
   scale     bench/bench_phi_scale.py on cuda: a Qwen2.5-0.5B-shaped model, coherence cost per step
+  nvml      the engine's sampler through NVML (nvidia-ml-py): every GPU found and named as torch names it;
+            non-zero utilisation read while a GRPO run trains, its process listed on the GPU; this
+            process's GPU memory as NVML sees it against torch.cuda.memory_reserved (goal within 10%);
+            the engine's system job storing the gpu/* series
 Needs torch with CUDA, transformers, accelerate, trl, datasets, pydantic, sqlite-utils, pyyaml; not textual.
 `--only kernel,speed` runs some sections.
 """
@@ -403,7 +407,92 @@ def scale() -> str:
     )
 
 
-SECTIONS = {"kernel": kernel, "tiny": tiny, "speed": speed, "grpo": grpo, "nccl": nccl, "scale": scale}
+def nvml() -> str:
+    from engine.store import Store, StoreReader
+    from engine.system import Sampler
+    from engine.system.job import SystemJob
+
+    sampler = Sampler()
+    if sampler.note:
+        raise AssertionError(f"NVML on a CUDA machine: {sampler.note}")
+    first = sampler.sample()
+    count = torch.cuda.device_count()
+    names = [g.name for g in first.gpus]
+    if len(first.gpus) != count or torch.cuda.get_device_name(0) not in names[0]:
+        raise AssertionError(
+            f"NVML found {names}, torch {count} GPU(s) named {torch.cuda.get_device_name(0)!r}"
+        )
+    # Non-zero utilisation while a real GRPO run trains, and its process on the GPU.
+    home = Path(tempfile.mkdtemp(prefix="carl-gpu-nvml-"))
+    config = carl_config(home / "grpo-nvml.yaml", "carl-tiny", 8)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    argv = [sys.executable, "-m", "engine.training", "--home", str(home), "--config", str(config)]
+    train = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peak_util, seen_pid, samples = 0.0, False, 0
+    try:
+        while train.poll() is None:
+            sample = sampler.sample()
+            samples += 1
+            peak_util = max([peak_util] + [g.util or 0.0 for g in sample.gpus])
+            seen_pid |= any(p.pid == train.pid for g in sample.gpus for p in g.processes)
+            time.sleep(0.25)
+    finally:
+        if train.poll() is None:
+            train.kill()
+        train.wait()
+    if train.returncode != 0:
+        raise AssertionError(f"the GRPO run exited {train.returncode}")
+    if peak_util <= 0:
+        raise AssertionError(f"NVML read 0% utilisation over {samples} samples of a GRPO run")
+    # This process's memory: NVML's per-process figure against what torch reserved (its CUDA context adds a
+    # few hundred MiB: 8 GiB reserved keeps that under the 10% the check allows).
+    block = torch.empty(8 * 2**30, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    reserved = torch.cuda.memory_reserved()
+    mine = [p.used_bytes for g in sampler.sample().gpus for p in g.processes if p.pid == os.getpid()]
+    del block
+    if not mine or mine[0] is None:
+        raise AssertionError("NVML does not list this process's GPU memory (a container without its pid?)")
+    ratio = mine[0] / reserved
+    if not 0.9 <= ratio <= 1.1:
+        raise AssertionError(
+            f"NVML says {mine[0] / 2**30:.2f} GiB, torch reserved {reserved / 2**30:.2f} GiB"
+        )
+    # The engine's job stores the gpu series.
+    with Store(home / "carl.db") as store:
+        job = SystemJob(store, home, sampler=sampler)
+        for _ in range(3):
+            job.next_sample = 0.0
+            job.tick()
+    reader = StoreReader(home / "carl.db")
+    try:
+        keys = reader.system.keys(reader.system.nodes()[0]["id"])
+    finally:
+        reader.close()
+    if "gpu/0/util" not in keys or "gpu/0/mem_used" not in keys:
+        raise AssertionError(f"the system job stored {keys}")
+    gpu = first.gpus[0]
+    return (
+        f"{count} GPU(s), {gpu.name}; peak util {peak_util:.0f}% over {samples} samples of a GRPO run"
+        f" (its pid listed: {seen_pid}); NVML {mine[0] / 2**30:.2f} GiB"
+        f" vs reserved {reserved / 2**30:.2f} GiB"
+        f" (ratio {ratio:.3f}); power {gpu.power_w} W of {gpu.power_limit_w}, {gpu.temp_c} C"
+    )
+
+
+SECTIONS = {
+    "kernel": kernel,
+    "tiny": tiny,
+    "speed": speed,
+    "grpo": grpo,
+    "nccl": nccl,
+    "scale": scale,
+    "nvml": nvml,
+}
 
 
 def main() -> int:
