@@ -164,6 +164,9 @@ def test_the_runs_health_carries_the_box_reasons(store: Store, tmp_path: Path) -
     box = Box(store, tmp_path / "run")
     now = time.time()
     box.feed(now - GPU_IDLE_S - 60, now, util=(0.0, 0.0), free=1 * GiB)
+    # Written just now (NOW is when this module was imported, which a worker may have done long before): the
+    # run is not silent, so its reasons are the box's alone.
+    store.update_run(box.run_id, last_update=now)
     with store.transaction():
         health = analyze_run(store.conn, box.run_id)
     assert health is not None and health.level == "red"
