@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import sys
 import threading
 import time
@@ -19,7 +20,8 @@ import pytest
 from engine import paths
 from engine.agents.audit import AuditWriter, Incoming
 from engine.agents.events import AlarmEvent
-from engine.alerts import Alerts, load_settings
+from engine.alerts import Alerts, AlertSettings, load_settings
+from engine.alerts.deliver import Delivery, Sender, deliver
 from engine.alerts.outbox import RETRY_DELAYS_S, alarm_key, run_key
 from engine.coherence.analysis import analyze_run
 from engine.control import start_engine, stop_engine
@@ -44,8 +46,8 @@ class Hook:
     """A local webhook: records every POST (when, and its JSON) and answers from a script of statuses
     (then 200)."""
 
-    def __init__(self, statuses: list[int] | None = None) -> None:
-        self.statuses = list(statuses or [])
+    def __init__(self, statuses: list[int | tuple[int, dict[str, str]]] | None = None) -> None:
+        self.statuses = list(statuses or [])  # a status, or (status, headers)
         self.posts: list[tuple[float, dict[str, Any]]] = []
         hook = self
 
@@ -55,7 +57,10 @@ class Hook:
                 assert self.headers["Content-Type"] == "application/json"
                 hook.posts.append((time.monotonic(), body))
                 status = hook.statuses.pop(0) if hook.statuses else 200
+                status, headers = status if isinstance(status, tuple) else (status, {})
                 self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
@@ -349,3 +354,82 @@ def test_a_bad_engine_toml_is_one_line_in_the_log_and_the_engine_goes_on(tmp_pat
         assert "not a url" not in log.read_text()
     finally:
         stop_engine(home, timeout=10.0)
+
+
+# -- one try: redirects, slow answers, one target never waiting on another ---------------------------------
+
+
+def test_a_redirected_post_is_a_failed_try_that_says_where_never_followed() -> None:
+    elsewhere = Hook()  # where the redirect points: it must hear nothing (urllib sent it a GET, bodiless)
+    hook = Hook(statuses=[(302, {"Location": f"{elsewhere.url.split('?')[0]}?token={SECRET}"})])
+    try:
+        settings = AlertSettings(webhook=hook.url, timeout_s=5.0)
+        error = deliver(Delivery("k", "webhook", b'{"cause": "loss"}', settings))
+        port = elsewhere.server.server_address[1]
+        assert error == (
+            f"HTTP 302, a redirect to http://127.0.0.1:{port}/carl: not followed for a POST"
+        )  # where it pointed, without its query (a token)
+        assert len(hook.posts) == 1 and elsewhere.posts == []
+    finally:
+        hook.close()
+        elsewhere.close()
+
+
+class DrippingServer:
+    """Answers every request `200 OK`, then its body one byte a second, for ever."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/hook"
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # closed by close()
+                return
+            threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
+
+    def _drip(self, conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+            while not self.stop.wait(1.0):
+                try:
+                    conn.sendall(b"x")
+                except OSError:
+                    return
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+
+
+def test_a_webhook_that_drips_its_answer_fails_within_the_timeout_and_never_holds_the_command(
+    tmp_path: Path,
+) -> None:
+    server = DrippingServer()
+    done = tmp_path / "done"
+    sender = Sender()
+    try:
+        settings = AlertSettings(webhook=server.url, command=("sh", "-c", f"cat > {done}"), timeout_s=2.0)
+        started = time.monotonic()
+        sender.submit(Delivery("slow", "webhook", b"{}", settings))
+        sender.submit(Delivery("quick", "command", b'{"cause": "loss"}', settings))
+        outcomes: list[Any] = []
+        wait_for(lambda: outcomes.extend(sender.done()) or len(outcomes) == 2, timeout=30, what="both tries")
+        by_key = {o.key: (o.error, o.target) for o in outcomes}
+        assert outcomes[0].key == "quick" and by_key["quick"] == (None, "command")  # it did not wait
+        assert by_key["slow"] == ("no whole answer within 2s", "webhook")
+        assert time.monotonic() - started < 10  # the whole try bounded by timeout_s, not by the drip
+        assert json.loads(done.read_text()) == {"cause": "loss"}
+    finally:
+        sender.close()
+        server.close()
