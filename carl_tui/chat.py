@@ -322,13 +322,15 @@ class ChatScreen(Screen[None]):
             self.query_one(ChatLog).add_error(parts)
             return
         system = "\n\n".join(block["text"] for block in parts["system"])
+        digest = parts["digest"]["text"]
         tools = "\n".join(f"- {t['name']}: {t['description']}" for t in parts["tools"])
         offline = "(offline now: nothing is sent; the analyst reads the same digest)"
         text = (
             f"model: {parts['model']}   max_tokens: {parts['max_tokens']}   "
             f"history: {len(history)} earlier messages   cached: digest and tools\n"
             f"{offline if self.diagnoser.offline else ''}"
-            f"\n── system ──\n{system}\n\n── tools ──\n{tools}"
+            f"\n── system ──\n{system}\n\n── the first message's data: the run digest ──\n{digest}"
+            f"\n\n── tools ──\n{tools}"
         )
         self.app.push_screen(TextScreen("What is sent to Claude", text))
 

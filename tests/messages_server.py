@@ -22,9 +22,10 @@ Wire details, matched to what anthropic 2.x (on `httpx2`/`httpcore2`/`h11`) send
   close-delimited body);
 - every reply has a `request-id: req_…` header (the SDK exposes it as `request_id`);
 - `message_start` carries `usage.input_tokens`, `cache_creation_input_tokens` and `cache_read_input_tokens`.
-  When the request has any `cache_control` (on system, tools, message blocks or top level), the tools and
-  system part is the cached prefix: its first sight is reported as cache creation, every later request with
-  the same model, tools and system as a cache read. Without `cache_control` both are 0.
+  When the request has any `cache_control` (on system, tools, message blocks or top level), the tools, the
+  system part and the message blocks up to the last one marked are the cached prefix, as the API caches it:
+  its first sight is reported as cache creation, every later request with the same prefix as a cache read.
+  Without `cache_control` both are 0.
 """
 
 from __future__ import annotations
@@ -72,6 +73,18 @@ def _tokens(value: object) -> int:
     """A stable, rough token count: about four characters a token, at least one."""
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
     return max(1, math.ceil(len(text) / 4))
+
+
+def _cached_blocks(messages: list[Any]) -> list[Any]:
+    """The message blocks up to and including the last one with `cache_control`: with tools and system, the
+    prefix the API caches at that breakpoint ([] when no message block has one)."""
+    blocks = [
+        block
+        for message in messages
+        for block in (message.get("content") if isinstance(message.get("content"), list) else [])
+    ]
+    marked = [i for i, block in enumerate(blocks) if isinstance(block, dict) and "cache_control" in block]
+    return blocks[: marked[-1] + 1] if marked else []
 
 
 def _has_cache_control(value: object) -> bool:
@@ -566,8 +579,12 @@ class MessagesServer:
         total = _tokens(body.get("system", "")) + _tokens(body.get("tools", [])) + _tokens(body["messages"])
         creation = read = 0
         if _has_cache_control(body):
-            prefix = json.dumps([body.get("model"), body.get("tools"), body.get("system")], sort_keys=True)
+            blocks = _cached_blocks(body["messages"])
+            prefix = json.dumps(
+                [body.get("model"), body.get("tools"), body.get("system"), blocks], sort_keys=True
+            )
             cached = _tokens(body.get("tools", [])) + _tokens(body.get("system", ""))
+            cached += _tokens(blocks) if blocks else 0
             with self._lock:
                 seen = prefix in self._cached_prefixes
                 self._cached_prefixes.add(prefix)
@@ -742,3 +759,17 @@ def messages_server() -> Iterator[MessagesServer]:
     """A running server for one test (import it into a test module, or wrap it in a local fixture)."""
     with MessagesServer() as server:
         yield server
+
+
+def conversation_of(body: dict[str, Any]) -> list[Any]:
+    """The messages of a request as the conversation: each one's text, the run digest's data block (which the
+    diagnosis puts first in the first user message) left out."""
+    out: list[Any] = []
+    for message in body["messages"]:
+        content = message["content"]
+        if isinstance(content, list):
+            blocks = [b for b in content if not str(b.get("text", "")).startswith("<run_digest>")]
+            texts = [b["text"] for b in blocks if b.get("type") == "text"]
+            content = texts[0] if len(texts) == len(blocks) == 1 else blocks
+        out.append(content)
+    return out

@@ -125,6 +125,68 @@ SECRETS: list[tuple[str, str, str]] = [
         "AccountKey=Zm9vYmFyYmF6cXV4Zm9vYmFyYmF6cXV4Zm9vYmFyYmF6cXV4Zm9vYmFy==",
         "Zm9vYmFyYmF6cXV4Zm9vYmFyYmF6cXV4Zm9vYmFyYmF6cXV4Zm9vYmFy==",
     ),
+    # Issue 30 §7: shapes that reached the Messages API before.
+    (
+        "wandb key",
+        "wandb login 8f3a2c9d1e7b6a5f4c3d2e1f0a9b8c7d6e5f4a3b",
+        "8f3a2c9d1e7b6a5f4c3d2e1f0a9b8c7d6e5f4a3b",
+    ),
+    (
+        "wandb key in netrc",
+        "machine api.wandb.ai\n  login user\n  password 0a1b2c3d4e5f60718293a4b5c6d7e8f901a2b3c4",
+        "0a1b2c3d4e5f60718293a4b5c6d7e8f901a2b3c4",
+    ),
+    (
+        "slack webhook",
+        "SLACK_HOOK=https://hooks.slack.com/services/T01ABCDEF/B02GHIJKL/Xy7Zk9Wq2Rt5Vn8Mp3LsAb4C",
+        "Xy7Zk9Wq2Rt5Vn8Mp3LsAb4C",
+    ),
+    (
+        "discord webhook",
+        "post to https://discord.com/api/webhooks/123456789012345678/aB3dE5fG7hI9jK1lM3nO5pQ7rS9tU1vW3xY5zA7bC9d",
+        "aB3dE5fG7hI9jK1lM3nO5pQ7rS9tU1vW3xY5zA7bC9d",
+    ),
+    (
+        "telegram bot token",
+        "curl https://api.telegram.org/bot123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw/sendMessage",
+        "AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw",
+    ),
+    (
+        "telegram, bare",
+        "TG 987654321:AAF9x2Lm5Nz7Wx4Rt9Ky3Pv6Bc1Df0Gj2Hk in .env",
+        "AAF9x2Lm5Nz7Wx4Rt9Ky3Pv6Bc1Df0Gj2Hk",
+    ),
+    (
+        "google oauth",
+        "access ya29.a0AfH6SMBx7Kq2Lm9Nz5Wv8Rt3Yp6Hc1Df4Gj7Kl0Mn in the log",
+        "a0AfH6SMBx7Kq2Lm9Nz5Wv8Rt3Yp6Hc1Df4Gj7Kl0Mn",
+    ),
+    (
+        "digitalocean",
+        "doctl auth init -t dop_v1_" + "a1b2c3d4" * 8,
+        "dop_v1_" + "a1b2c3d4" * 8,
+    ),
+    (
+        "shopify",
+        "X-Shopify-Access-Token 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",
+        "0f1e2d3c4b5a69788796a5b4c3d2e1f0",
+    ),
+    ("mailgun", "MG key-3ax6xnjp29jd6fds4gc373sgvjxteol0 for mail", "3ax6xnjp29jd6fds4gc373sgvjxteol0"),
+    ("twilio api key", "twilio SK0123456789abcdef0123456789abcdef", "SK0123456789abcdef0123456789abcdef"),
+    (
+        "groq",
+        "GROQ gsk_Ab1Cd2Ef3Gh4Ij5Kl6Mn7Op8Qr9St0Uv1Wx2Yz3Ab4Cd5Ef6Gh7Ij8",
+        "Ab1Cd2Ef3Gh4Ij5Kl6Mn7Op8Qr9St0Uv",
+    ),
+    ("replicate", "r8_Xy7Zk9Wq2Rt5Vn8Mp3LsAb4Cd6Ef8Gh0Ij2Kl", "Xy7Zk9Wq2Rt5Vn8Mp3LsAb4Cd6Ef8Gh0Ij2Kl"),
+    ("sshpass", "sshpass -p 'hunter2!' ssh gpu-box", "hunter2!"),
+    ("curl user", "curl -u admin:Tr0ub4dor3 https://registry.example.invalid/v2/", "Tr0ub4dor3"),
+    (
+        "azure sas",
+        "https://acct.blob.core.windows.net/ckpt?sv=2022-11-02&ss=b&sig=Zm9vYmFyYmF6cXV4%2Bzm9vYmFy%3D",
+        "Zm9vYmFyYmF6cXV4%2Bzm9vYmFy%3D",
+    ),
+    ("json password, plain value", '{"user": "carl", "password": "hunter2"}', "hunter2"),
 ]
 
 # Text that must come back exactly as it went in: what the store and the digest are full of.
@@ -164,4 +226,10 @@ INTACT: list[str] = [
     "token train/num_input_tokens_seen2",
     "token=tests/test_store.py::test_case_12",
     "secret = checkpoints/run12-lora-r16",
+    "git_commit: 4e1f2a3b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e0f",  # a hash named as one
+    "HEAD is now at 8a7b6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b",
+    "curl -u admin https://registry.example.invalid/v2/",  # no password given: curl asks for it
+    "time 12:34:56, step 123456789 done",
+    "a key-value store",
+    "signature=verified; sig=ok",
 ]

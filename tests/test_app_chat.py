@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from messages_server import MessagesServer
+from messages_server import MessagesServer, conversation_of
 from support import until
 from test_diagnosis import grpo_run
 from test_diagnosis_claude import KEY
@@ -91,7 +91,7 @@ async def test_errors_show_as_a_line_and_the_chat_goes_on(home: Path, server: Me
         await ask(pilot, app, "second")
         await until(pilot, lambda: "Fine now." in log_text(app))
         # The failed question is not sent again as history.
-        assert [m["content"] for m in server.last_request.json["messages"]] == ["second"]
+        assert conversation_of(server.last_request.json) == ["second"]
 
 
 async def test_slash_commands_and_history(home: Path, server: MessagesServer) -> None:
@@ -148,7 +148,7 @@ async def test_a_stored_conversation_is_resumed_and_deleted(home: Path, server: 
         assert app.screen.conversation == conversation
         await ask(pilot, app, "and now?")
         await until(pilot, lambda: "Still closed." in log_text(app))
-        sent = [m["content"] for m in server.last_request.json["messages"]]
+        sent = conversation_of(server.last_request.json)
         assert sent == ["why flat at step 40?", "Because **the gate** was closed.", "and now?"]
         await until(pilot, lambda: not app.screen.busy)
         await pilot.press("ctrl+l")

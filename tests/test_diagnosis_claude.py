@@ -11,7 +11,7 @@ import pytest
 from messages_server import MessagesServer, Reply
 from test_diagnosis import grpo_run, rollout_run
 
-from engine.diagnosis.chat import ChatEvent, Diagnoser
+from engine.diagnosis.chat import INSTRUCTIONS, ChatEvent, Diagnoser
 from engine.store import Store
 
 KEY = "sk-ant-test-key-0123456789abcdef"
@@ -43,11 +43,18 @@ def test_streams_text_with_cached_digest_and_tools(store: Store, server: Message
     body = request.json
     assert body["model"] == "claude-test" and body["stream"] is True
     assert "temperature" not in body and "top_p" not in body
-    digest_block = body["system"][-1]
+    # The system prompt holds the instructions alone; the digest, which holds what other tools wrote, is data
+    # in the first user message, fenced and cached.
+    assert [block["text"] for block in body["system"]] == [INSTRUCTIONS]
+    [message] = body["messages"]
+    digest_block, question = message["content"]
+    assert message["role"] == "user" and question == {"type": "text", "text": "how is it going?"}
     assert digest_block["cache_control"] == {"type": "ephemeral"}
+    assert digest_block["text"].startswith("<run_digest>\n") and digest_block["text"].endswith(
+        "\n</run_digest>"
+    )
     assert "RUN claude-run" in digest_block["text"] and "rewards/task/mean" in digest_block["text"]
     assert body["tools"][-1]["cache_control"] == {"type": "ephemeral"}
-    assert body["messages"] == [{"role": "user", "content": "how is it going?"}]
 
 
 def test_a_follow_up_reads_the_cache_and_carries_the_history(
@@ -62,11 +69,10 @@ def test_a_follow_up_reads_the_cache_and_carries_the_history(
         [{"role": "user", "content": "first?"}, {"role": "assistant", "content": "First answer."}],
     )
     assert events[-1].data["usage"]["cache_read_input_tokens"] > 0
-    assert [m["content"] for m in server.last_request.json["messages"]] == [
-        "first?",
-        "First answer.",
-        "second?",
-    ]
+    first, answer, second = server.last_request.json["messages"]
+    assert [block.get("text") for block in first["content"]][1:] == ["first?"]  # after the digest
+    assert first["content"][0]["text"].startswith("<run_digest>")
+    assert [answer["content"], second["content"]] == ["First answer.", "second?"]
 
 
 def test_a_tool_round_trip_answers_from_the_store(store: Store, server: MessagesServer, run_id: int) -> None:

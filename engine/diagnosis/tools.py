@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.llm.redact import redact
+from engine.llm.redact import redact, redact_value
 from engine.store.reader import StoreReader
 
 from .digest import sample_brief
@@ -224,7 +224,9 @@ def run_tool(reader: StoreReader, run_id: int, name: str, args: dict[str, Any]) 
     handler = _HANDLERS.get(name)
     if handler is None:
         raise ToolError(f"unknown tool {name!r}")
-    result = handler(reader, run_id, args)
+    # Redacted as a structure, before it is encoded (JSON's escapes hide labels from the text checks), then as
+    # the text it becomes.
+    result = redact_value(handler(reader, run_id, args))
     text = redact(json.dumps(result, ensure_ascii=False, default=_num))
     if len(text) > MAX_RESULT_CHARS:
         text = text[:MAX_RESULT_CHARS] + ' … (truncated: ask for a narrower range)"'

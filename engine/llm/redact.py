@@ -116,6 +116,58 @@ _CHECKS: list[tuple[tuple[str, ...], bool, re.Pattern[str], Replacement]] = [
         "[REDACTED:slack-token]",
     ),
     (("AIza",), False, re.compile(r"\bAIza[0-9A-Za-z_\-]{35}\b"), "[REDACTED:google-key]"),
+    (("ya29.",), False, re.compile(r"\bya29\.[0-9A-Za-z_\-]{20,}"), "[REDACTED:google-oauth]"),
+    (
+        ("hooks.slack.com/",),
+        False,
+        re.compile(r"(?<=hooks\.slack\.com/)(?:services|workflows|triggers)/[A-Za-z0-9_/\-]{10,}"),
+        "[REDACTED:slack-webhook]",
+    ),
+    (
+        ("/api/webhooks/",),
+        True,
+        re.compile(r"(?i)(?<=/api/webhooks/)\d{5,}/[A-Za-z0-9_\-]{20,}"),
+        "[REDACTED:discord-webhook]",
+    ),
+    # A Telegram bot token: the bot's number, a colon, ~35 characters (also in api.telegram.org/bot...).
+    (
+        (":",),
+        False,
+        re.compile(r"(?<![\w:])(?:bot)?\d{8,10}:[A-Za-z0-9_\-]{30,45}(?![\w\-])"),
+        "[REDACTED:telegram-token]",
+    ),
+    (
+        ("do", "dor_v1_", "dop_v1_"),
+        False,
+        re.compile(r"\bdo[opr]_v1_[a-f0-9]{64}\b"),
+        "[REDACTED:digitalocean-token]",
+    ),
+    (("shp",), False, re.compile(r"\bshp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}\b"), "[REDACTED:shopify-token]"),
+    (("key-",), False, re.compile(r"\bkey-[0-9a-zA-Z]{32}\b"), "[REDACTED:mailgun-key]"),
+    (("SK",), False, re.compile(r"\bSK[0-9a-fA-F]{32}\b"), "[REDACTED:twilio-key]"),
+    (("gsk_",), False, re.compile(r"\bgsk_[A-Za-z0-9]{40,}"), "[REDACTED:groq-key]"),
+    (("r8_",), False, re.compile(r"\br8_[A-Za-z0-9]{30,}"), "[REDACTED:replicate-token]"),
+    (("pplx-",), False, re.compile(r"\bpplx-[A-Za-z0-9]{40,}"), "[REDACTED:perplexity-key]"),
+    (("xai-",), False, re.compile(r"\bxai-[A-Za-z0-9]{40,}"), "[REDACTED:xai-key]"),
+    (("dapi",), False, re.compile(r"\bdapi[0-9a-f]{32}(?:-\d)?\b"), "[REDACTED:databricks-token]"),
+    (("PMAK-",), False, re.compile(r"\bPMAK-[0-9a-f]{24}-[0-9a-f]{34}\b"), "[REDACTED:postman-key]"),
+    (("ATATT",), False, re.compile(r"\bATATT[A-Za-z0-9_\-=]{20,}"), "[REDACTED:atlassian-token]"),
+    (("lin_api_",), False, re.compile(r"\blin_api_[A-Za-z0-9]{32,}"), "[REDACTED:linear-key]"),
+    (
+        ("ntn_", "secret_"),
+        False,
+        re.compile(r"\b(?:ntn_[A-Za-z0-9]{40,}|secret_[A-Za-z0-9]{43})\b"),
+        "[REDACTED:notion-token]",
+    ),
+    (
+        ("pat-",),
+        False,
+        re.compile(r"\bpat-(?:na|eu)\d-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"),
+        "[REDACTED:hubspot-token]",
+    ),
+    (("wandb_v",), False, re.compile(r"\bwandb_v\d+_[A-Za-z0-9_]{20,}"), "[REDACTED:wandb-key]"),
+    # Azure's shared access signature: the `sig=` of a SAS URL or connection string.
+    (("sig=",), True, re.compile(r"(?i)(?<=[?&;]sig=)[A-Za-z0-9%+/=]{16,}"), "[REDACTED:azure-sas]"),
     (("npm_",), False, re.compile(r"\bnpm_[A-Za-z0-9]{36}\b"), "[REDACTED:npm-token]"),
     (("pypi-",), False, re.compile(r"\bpypi-[A-Za-z0-9_\-]{32,}"), "[REDACTED:pypi-token]"),
     (
@@ -145,6 +197,19 @@ _CHECKS: list[tuple[tuple[str, ...], bool, re.Pattern[str], Replacement]] = [
         True,
         re.compile(r"(?i)\b(bearer|token)\s+([A-Za-z0-9_\-\.=:/+]{16,})"),
         lambda m: m.group() if metric_like(m.group(2)) else f"{m.group(1)} [REDACTED:token]",
+    ),
+    # `sshpass -p PASSWORD ssh ...`, `curl -u user:PASSWORD URL`: the password of a command line.
+    (
+        ("sshpass",),
+        False,
+        re.compile(r"(\bsshpass\b[^\n|;&]{0,200}?\s-p\s*['\"]?)(?!\[REDACTED)([^\s'\"]+)"),
+        r"\1[REDACTED:password]",
+    ),
+    (
+        ("curl",),
+        False,
+        re.compile(r"(\bcurl\b[^\n|;&]{0,300}?\s(?:-u|--user)\s*['\"]?[^\s:'\"]*:)(?!\[REDACTED)([^\s'\"]+)"),
+        r"\1[REDACTED:password]",
     ),
     # `mysql -u root -pS3cret`: the password glued to -p (a bare -p asks for it; -P is the port). The
     # options before it are bounded: an unbounded lazy run made a text of many `mysql` words quadratic.
@@ -190,6 +255,23 @@ _NEAR_KEYWORD = re.compile(
     (?<![{_TOKEN}])(?P<value>[{_TOKEN}]{{16,}})(?![{_TOKEN}])
     """
 )
+# A W&B API key: 40 hex characters. A git commit is 40 hex characters too: one named as such (commit, sha,
+# revision, hash...) in the words just before it stays.
+_HEX40 = re.compile(r"(?<![0-9A-Za-z])[0-9a-f]{40}(?![0-9A-Za-z])")
+_HASH_WORDS = re.compile(
+    r"(?i)(?<![a-z])(?:commit|sha|sha1|git|revision|rev|hash|checksum|digest|head|tree|blob)(?![a-z])"
+    r"(?:[\s:=#'\"]+\w{1,12}){0,3}[\s:=#'\"@]*$"
+)
+
+
+def _hex40(match: re.Match[str]) -> str:
+    value = match.group()
+    if not (any(c.isdigit() for c in value) and any(c.isalpha() for c in value)):
+        return value
+    before = match.string[max(0, match.start() - 48) : match.start()]
+    return value if _HASH_WORDS.search(before) else "[REDACTED:wandb-key]"
+
+
 # An AWS secret access key without its label: 40 base64 characters on their own.
 _AWS_SECRET = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
 
@@ -207,13 +289,25 @@ def redact(text: str) -> str:
         text = _ASSIGNMENT.sub(_redact_assignment, text)
         text = _NEAR_KEYWORD.sub(_near_keyword, text)
     if len(text) >= 40:
+        text = _HEX40.sub(_hex40, text)
         text = _AWS_SECRET.sub(_aws_secret, text)
     return text
 
 
+# A key whose value is a secret, however plain the value looks (`{"password": "hunter2"}`): what a label in
+# text says, said by a JSON object's key. A bare `token` is not one: the rollouts' per-token entries use it.
+_SECRET_KEY = re.compile(
+    r"(?i)(?:[\w\-]*[_\-])?(?:password|passwd|pwd|secret|client[_\-]?secret|api[_\-]?key|access[_\-]?key|"
+    r"secret[_\-]?key|private[_\-]?key|signing[_\-]?key|account[_\-]?key|credentials?|"
+    r"(?:auth|access|refresh|api|bot|bearer|session|id)[_\-]?token)s?"
+)
+
+
 def redact_value(value: Any) -> Any:
-    """A parsed JSON value (a hook payload, a tool's input) with every string in it redacted; dicts and lists
-    are copied (a loop, not recursion: the value may be nested as deep as its parser allowed)."""
+    """A parsed JSON value (a hook payload, a tool's input or result) with every string in it redacted, before
+    it is encoded (an encoded `\\"password\\": ...` or `\\n` hides a label from the text checks); the
+    string under a key that names a secret goes whatever it looks like. Dicts and lists are copied (a loop,
+    not recursion: the value may be nested as deep as its parser allowed)."""
     if isinstance(value, str):
         return redact(value)
     if not isinstance(value, dict | list):
@@ -224,12 +318,26 @@ def redact_value(value: Any) -> Any:
         node = stack.pop()
         items = node.items() if isinstance(node, dict) else enumerate(node)
         for key, item in list(items):
-            if isinstance(item, str):
+            if isinstance(item, str) and isinstance(key, str) and _secret_under(key, item):
+                node[key] = "[REDACTED:secret]"
+            elif isinstance(item, str):
                 node[key] = redact(item)
             elif isinstance(item, dict | list):
                 node[key] = item.copy()
                 stack.append(node[key])
     return root
+
+
+def _secret_under(key: str, value: str) -> bool:
+    """Whether `value`, under the JSON key `key`, is a secret to replace whole: the key names one, and the
+    value is not empty, a number or a metric name."""
+    return (
+        bool(_SECRET_KEY.fullmatch(key.strip()))
+        and bool(value.strip())
+        and not value.startswith("[REDACTED")
+        and not _looks_like_a_number(value)
+        and not metric_like(value)
+    )
 
 
 def _redact_assignment(match: re.Match[str]) -> str:
