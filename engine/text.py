@@ -24,6 +24,21 @@ SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
 # C0 controls but tab and newline, DEL, and the C1 controls (\x9b is a one-byte CSI).
 _CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _NAMED = {"\r": "\\r"}
+# Characters a terminal does not show as themselves, written out as \uXXXX: Unicode's format characters
+# (category Cf: bidi overrides and isolates, which make `rtl\u202egpj.exe` print as "rtlexe.jpg"; zero-width
+# spaces and joiners, which glue emoji into one glyph of a width no two terminals agree on; the BOM, soft
+# hyphen, invisible operators, tags) and the variation selectors (U+FE0F makes a narrow symbol wide in some
+# terminals, not in others). Cf's ranges as of Unicode 15 (tests/test_text.py checks them against the running
+# Python's unicodedata).
+_INVISIBLE = re.compile(
+    "[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u2064\u2066-\u206f\ufe00-\ufe0f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f\U000e0100-\U000e01ef]"
+)
+# Combining marks past the second on one character (a "zalgo" run stacks dozens on one cell, and terminals
+# draw them over the lines above and below): written out too.
+_MARKS = "\u0300-\u036f\u0483-\u0489\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f"
+_MARK_RUN = re.compile(f"(?<=[{_MARKS}][{_MARKS}])[{_MARKS}]+")
 
 
 def encodable(s: str) -> bool:
@@ -89,11 +104,17 @@ def may_hold_surrogates(raw: str | bytes) -> bool:
 
 def visible(s: str | None) -> str:
     """`s` with control characters other than newline and tab written out (`\\x1b`, `\\x9b`, `\\r`),
-    so printing it never moves the cursor, clears the screen or sets the clipboard; storable too (a
-    lone surrogate cannot be printed either). None (a stored NULL) shows as nothing."""
+    so printing it never moves the cursor, clears the screen or sets the clipboard; format characters and
+    variation selectors (`\\u202e`, `\\u200d`, `\\ufe0f`) and combining marks past two on a character
+    written out too, so what is printed takes the cells it is measured to take; storable too (a lone
+    surrogate cannot be printed either). None (a stored NULL) shows as nothing."""
     if not s:
         return ""
-    return _CONTROLS.sub(_escape, storable(s))
+    s = _CONTROLS.sub(_escape, storable(s))
+    if s.isascii():
+        return s
+    s = _INVISIBLE.sub(_escape_wide, s)
+    return _MARK_RUN.sub(_escape_run, s)
 
 
 def visible_line(s: str | None) -> str:
@@ -105,6 +126,15 @@ def visible_line(s: str | None) -> str:
 def _escape(match: re.Match[str]) -> str:
     char = match.group()
     return _NAMED.get(char) or f"\\x{ord(char):02x}"
+
+
+def _escape_wide(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def _escape_run(match: re.Match[str]) -> str:
+    return "".join(f"\\u{ord(c):04x}" for c in match.group())
 
 
 class VisibleStream:

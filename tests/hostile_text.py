@@ -23,14 +23,26 @@ DEL = "\x7f"
 LINK = "x[link=http://127.0.0.1/]y"  # markup that made a link (and, in a run name, killed the app)
 MARKUP = "[b]bold[/b][/]"  # a closing tag with nothing open raises MarkupError
 SURROGATE = "s\ud800"
+# Issue 30 §9: text that moves a border without a control byte: a bidi override (`rtl\u202egpj.exe` prints as
+# "rtlexe.jpg"), an isolate, zero-width characters, an emoji glued by ZWJs, a run of combining marks.
+BIDI = "rtl\u202egpj.exe\u2066iso\u2069"
+ZERO_WIDTH = "a\u200bb\ufeffc\u2060d"
+ZWJ = "\U0001f468\u200d\U0001f469\u200d\U0001f467\u2764\ufe0f"
+ZALGO = "Z" + "\u0301\u0302\u0303\u0304\u0305\u0306\u0307\u0308" * 3
 
 # Every shape in one string, and a short one for names that must fit a column.
-HOSTILE = f"{CLEAR}{TITLE}{CLIPBOARD}{C1_CSI}{OVERSTRIKE}{DEL}{LINK}{MARKUP}{SURROGATE}"
+HOSTILE = (
+    f"{CLEAR}{TITLE}{CLIPBOARD}{C1_CSI}{OVERSTRIKE}{DEL}{LINK}{MARKUP}{SURROGATE}{BIDI}{ZERO_WIDTH}{ZWJ}{ZALGO}"
+)
 SHORT = f"r\x1b]52;c;aGk=\x07{C1_CSI}\r\b{LINK}[/]"
 
 # A raw control byte on a screen line or in printed output: anything a terminal obeys (C0 but \n and
-# \t, DEL, C1). Their visible forms (`\x1b`, `\x9b`, `\r`) are plain text and pass.
-RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# \t, DEL, C1), a format character or variation selector, or a third combining mark on one character. Their
+# visible forms (`\x1b`, `\x9b`, `\r`, `\u202e`) are plain text and pass.
+RAW_CONTROL = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f"
+    "\ufe00-\ufe0f\ufeff]|[\u0300-\u036f]{3}"
+)
 
 
 def hostile(label: str) -> str:

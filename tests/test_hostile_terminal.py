@@ -50,6 +50,31 @@ def test_visible_writes_out_every_control_character_but_newline_and_tab() -> Non
     assert out.getvalue() == "run \\x1b[2J\\x9b\n"
 
 
+def test_visible_writes_out_format_characters_and_long_runs_of_combining_marks() -> None:
+    """Issue 30 §9: what moves a border without a control byte becomes text too; ordinary accents, Greek,
+    CJK and emoji stay as they are."""
+    assert visible("rtl\u202egpj.exe") == "rtl\\u202egpj.exe"  # not "rtlexe.jpg"
+    assert visible("\u2066iso\u2069 a\u200bb\ufeff") == "\\u2066iso\\u2069 a\\u200bb\\ufeff"
+    assert visible("\U0001f468\u200d\U0001f469") == "\U0001f468\\u200d\U0001f469"
+    assert visible("\u2764\ufe0f") == "\u2764\\ufe0f"
+    assert visible("Z\u0301\u0302\u0303\u0304") == "Z\u0301\u0302\\u0303\\u0304"  # two marks stay
+    assert visible("tag\U000e0041") == "tag\\U000e0041"
+    plain = "café Φ — naïve 数据 \U0001f600 e\u0301"
+    assert visible(plain) == plain
+
+
+def test_every_format_character_of_this_python_is_written_out() -> None:
+    """The ranges in engine/text.py against the running Python's Unicode database (category Cf)."""
+    import unicodedata
+
+    missed = [
+        hex(cp)
+        for cp in range(0xA0, sys.maxunicode + 1)
+        if unicodedata.category(chr(cp)) == "Cf" and visible(chr(cp)) == chr(cp)
+    ]
+    assert missed == []
+
+
 # -- the headless commands -------------------------------------------------------------------------------
 
 
