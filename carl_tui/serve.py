@@ -14,19 +14,29 @@ What this module adds around it:
 - a request from a page on another origin is refused (403) even with the token: a browser's
   `Origin` must be the address it asked for (or one listed in $CARL_SERVE_ORIGINS, for a reverse
   proxy); and on loopback the `Host` must be a loopback name, so a DNS-rebound name cannot reach it;
-- `/static` serves its files and never lists its folder.
+- `/static` serves its files and never lists its folder;
+- a websocket message that is not what the page sends (not JSON, not a list, a resize without two numbers) is
+  dropped with one log line, never a traceback; a terminal size is clamped to what a screen can be, before the
+  session starts and at every resize (a 3000x3000 session, or one of 0 rows, spun at 100% and outlived its
+  tab);
+- a session's process is started in a session of its own and ends with its tab: asked to quit, then
+  SIGTERM, then SIGKILL to its whole process group, each after a short wait.
 Imported only by `carl-tui --serve` (aiohttp is a slow import; the control room never loads it).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import hmac
 import ipaddress
+import json
 import logging
 import os
 import secrets
 import shlex
+import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterable
@@ -35,14 +45,81 @@ from urllib.parse import urlsplit
 
 import aiohttp_jinja2
 import jinja2
-from aiohttp import web
+from aiohttp import WSMsgType, web
 from aiohttp.http_exceptions import HttpProcessingError
 from rich.logging import RichHandler
+from textual_serve.app_service import AppService
 from textual_serve.server import Server
 
 from engine.errors import CarlError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+log = logging.getLogger("carl.serve")
+
+# A browser's terminal, in cells: what any real screen gives, and no more (a session renders every cell).
+MIN_WIDTH, MAX_WIDTH = 10, 500
+MIN_HEIGHT, MAX_HEIGHT = 5, 200
+MAX_MESSAGE = 64 * 1024  # characters of one websocket message from the page (a paste, a resize)
+QUIT_WAIT_S = 5.0  # a session asked to quit gets this long, then SIGTERM, then as long again, then SIGKILL
+
+
+def clamped_size(width: object, height: object) -> tuple[int, int]:
+    """A terminal size the session can take: numbers, each within what a screen can be."""
+
+    def number(value: object, default: int) -> int:
+        if isinstance(value, bool):
+            return default
+        if isinstance(value, int | float) and value == value and abs(value) < 1e9:  # not NaN, not huge
+            return int(value)
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit() and len(value) < 10:
+            return int(value)
+        return default
+
+    return (
+        min(max(number(width, 80), MIN_WIDTH), MAX_WIDTH),
+        min(max(number(height, 24), MIN_HEIGHT), MAX_HEIGHT),
+    )
+
+
+class Session(AppService):
+    """textual-serve's AppService (textual_serve/app_service.py) with its process in a session of its own,
+    started without a shell, and always ended with its tab: the quit message, then SIGTERM and SIGKILL to its
+    process group (a control room stuck in a render ignored the quit and outlived the tab)."""
+
+    def __init__(self, argv: list[str], **kwargs: object) -> None:
+        super().__init__(shlex.join(argv), **kwargs)  # type: ignore[arg-type]
+        self.argv = argv
+
+    async def _open_app_process(self, width: int = 80, height: int = 24) -> asyncio.subprocess.Process:
+        environment = self._build_environment(width=width, height=height)
+        self._process = process = await asyncio.create_subprocess_exec(
+            *self.argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=environment,
+            start_new_session=True,
+        )
+        assert process.stdin is not None
+        self._stdin = process.stdin
+        return process
+
+    async def stop(self) -> None:
+        process = self._process
+        task = self._task
+        with contextlib.suppress(Exception):  # a pipe already closed: the ending below still runs
+            await asyncio.wait_for(super().stop(), QUIT_WAIT_S)
+        if process is not None and process.returncode is None:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, sig)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(process.wait(), QUIT_WAIT_S)
+                if process.returncode is not None:
+                    break
+        if task is not None and not task.done():
+            task.cancel()
+        self._task = None
 
 
 class ServeError(CarlError):
@@ -197,11 +274,61 @@ class ControlRoomServer(Server):
         return await super().handle_index(request)
 
     async def handle_websocket(self, request: web.Request) -> web.StreamResponse:
-        """textual-serve's websocket, once the request is a websocket handshake at all: a plain GET of /ws, or
-        a handshake aiohttp refuses, is answered 400 here (textual-serve would log a traceback for each)."""
+        """textual-serve's websocket (textual_serve/server.py `handle_websocket`) with a session that always
+        ends with its tab (`Session`) and a clamped size; a plain GET of /ws, or a handshake aiohttp refuses,
+        is answered 400 here (textual-serve would log a traceback for each)."""
         if not web.WebSocketResponse().can_prepare(request).ok:
             raise web.HTTPBadRequest(text="400: not a websocket handshake\n")
-        return await super().handle_websocket(request)
+        websocket = web.WebSocketResponse(heartbeat=15, max_msg_size=MAX_MESSAGE * 4)
+        width, height = clamped_size(request.query.get("width", "80"), request.query.get("height", "24"))
+        session: Session | None = None
+        try:
+            await websocket.prepare(request)
+            session = Session(
+                shlex.split(self.command),
+                write_bytes=websocket.send_bytes,
+                write_str=websocket.send_str,
+                close=websocket.close,
+                download_manager=self.download_manager,
+                debug=self.debug,
+            )
+            await session.start(width, height)
+            await self._process_messages(websocket, session)
+        except asyncio.CancelledError:
+            await websocket.close()
+        except Exception as exc:  # one line, never the request's locals (they hold the token)
+            log.warning(
+                "a browser session ended on an error: %s",
+                " ".join(f"{type(exc).__name__}: {exc}".split())[:200],
+            )
+        finally:
+            if session is not None:
+                await session.stop()
+        return websocket
+
+    async def _process_messages(self, websocket: web.WebSocketResponse, app_service: AppService) -> None:
+        """The page's messages to its session (stdin, resize, ping, blur, focus), each checked: one that is
+        not what the page sends is dropped with one log line, the session goes on."""
+        async for message in websocket:
+            if message.type != WSMsgType.TEXT:
+                continue
+            envelope = _envelope(message.data)
+            if envelope is None:
+                log.warning("a browser session sent a message that is not one of the page's; dropped")
+                continue
+            kind, data = envelope
+            if kind == "stdin" and isinstance(data, str):
+                await app_service.send_bytes(data.encode("utf-8", "replace"))
+            elif kind == "resize" and isinstance(data, dict):
+                await app_service.set_terminal_size(*clamped_size(data.get("width"), data.get("height")))
+            elif kind == "ping" and isinstance(data, str | int | float) and not isinstance(data, bool):
+                await websocket.send_json(["pong", data])
+            elif kind == "blur":
+                await app_service.blur()
+            elif kind == "focus":
+                await app_service.focus()
+            else:
+                log.warning("a browser session sent a %r message it cannot send; dropped", kind[:20])
 
     async def on_startup(self, app: web.Application) -> None:
         """textual-serve prints a banner here; the CLI has printed its one line already."""
@@ -222,6 +349,19 @@ class ControlRoomServer(Server):
         """Serve until SIGINT or SIGTERM (aiohttp's handlers end it cleanly, sessions included)."""
         self.initialize_logging()
         web.run_app(self._make_app(), sock=self.sock, print=None, access_log=None, handle_signals=True)
+
+
+def _envelope(text: object) -> tuple[str, object] | None:
+    """`[kind, data]` from a websocket text message, or None when it is not that shape."""
+    if not isinstance(text, str) or len(text) > MAX_MESSAGE:
+        return None
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, list) or not value or not isinstance(value[0], str):
+        return None
+    return value[0], value[1] if len(value) > 1 else None
 
 
 def drop_client_errors(record: logging.LogRecord) -> bool:

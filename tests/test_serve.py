@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -203,6 +204,28 @@ def chromium() -> str:
     return path
 
 
+def launch(playwright: Any, chromium: str, where: Path) -> Any:
+    """Chromium with a home of the test's own: its profile, crash reports and caches stay in `where` (issue 30
+    §13: the suite left a `~/.config/chromium` behind), and without the background traffic this machine's
+    closed network refuses."""
+    home = where / "chromium-home"
+    home.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+    }
+    args = [
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+    ]
+    args += ["--disable-breakpad", "--disable-crash-reporter"]
+    return playwright.chromium.launch(executable_path=chromium, env=env, args=args)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "served", [[], ["--allow-control"]], ids=["read-only", "allow-control"], indirect=True
@@ -223,7 +246,7 @@ def test_the_control_room_in_a_browser(chromium: str, served: Served) -> None:
     assert code == 200 and f"ws://localhost:{base.rsplit(':', 1)[1]}/ws" in body
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium)
+        browser = launch(playwright, chromium, Path(served.argv[served.argv.index("--home") + 1]).parent)
         try:
             page = browser.new_page()
             page.route(
@@ -257,7 +280,7 @@ def test_a_read_only_browser_session_starts_no_engine(chromium: str, home: Path)
     try:
         url = served.url()
         with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=chromium)
+            browser = launch(playwright, chromium, home.parent)
             try:
                 page = browser.new_page()
                 page.route(re.compile(r"^https?://(?!127\.0\.0\.1)"), lambda route: route.abort())
@@ -384,3 +407,63 @@ def test_a_bad_allowed_origin_is_one_line(tmp_path: Path) -> None:
     out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "CARL_SERVE_ORIGINS" in out.stderr, out.stderr
+
+
+async def _bad_session(url: str, origin: str, messages: list[str]) -> None:
+    """A websocket session that sends `messages`, each answered or dropped, then a ping, then closes."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, session.ws_connect(url, headers={"Origin": origin}) as ws:
+        for message in messages:
+            await ws.send_str(message)
+        await ws.send_str('["ping", "still-here"]')
+        async for reply in ws:  # the session answers the ping after every bad message: it went on
+            if reply.type == aiohttp.WSMsgType.TEXT and "still-here" in reply.data:
+                break
+        await ws.close()
+
+
+@pytest.mark.slow
+def test_bad_websocket_messages_and_sizes_never_leave_a_session_behind(home: Path) -> None:
+    """Issue 30 §8: with a valid token, malformed messages printed tracebacks on the server's terminal, and a
+    resize to 0 before the app started, or to 3000x3000, left the session's process alive (100% CPU) after its
+    tab closed. Real websocket sessions: each bad message is dropped with one line, sizes are clamped, and
+    every session's process ends when its socket closes."""
+    import asyncio
+
+    served = Served(home, free_port(), [])
+    try:
+        url = served.url()
+        base, token = re.fullmatch(r"(http://127\.0\.0\.1:\d+)/\?token=([\w-]+)", url).group(1, 2)  # type: ignore[union-attr]
+        ws = base.replace("http://", "ws://") + f"/ws?token={token}"
+        server = psutil.Process(served.proc.pid)
+        bad = [
+            "not json",
+            "{}",
+            "[]",
+            "[1, 2]",
+            '["resize"]',
+            '["resize", {"width": "x", "height": null}]',
+            '["resize", {"width": 3000, "height": 3000}]',
+            '["resize", {"width": -4, "height": 0}]',
+            '["stdin", 42]',
+            '["ping", {"a": 1}]',
+            '["nonsense", 1]',
+            "[" * 5000 + "]" * 5000,
+            '["stdin", "' + "x" * 300_000 + '"]',
+        ]
+        asyncio.run(_bad_session(f"{ws}&width=0&height=-5", base, bad))  # a size of nothing, before it starts
+        asyncio.run(_bad_session(f"{ws}&width=3000&height=3000", base, ['["resize", {"width": 1e308}]']))
+
+        def sessions() -> list[psutil.Process]:
+            return [p for p in server.children(recursive=True) if p.is_running() and p.status() != "zombie"]
+
+        deadline = time.monotonic() + 30
+        while sessions() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sessions() == [], "a session's process outlived its tab"
+    finally:
+        assert served.stop() == []
+    output = served.output()
+    assert "Traceback" not in output
+    assert "a browser session sent a message that is not one of the page's; dropped" in output
