@@ -1,8 +1,12 @@
 """Fixtures shared by the test files: a real store in a temporary directory, and a local server that
-speaks the Anthropic Messages API (tests/messages_server.py)."""
+speaks the Anthropic Messages API (tests/messages_server.py); every test's temporary files in its own
+folder."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +14,34 @@ import pytest
 from messages_server import MessagesServer
 
 from engine.store import Store
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The session's (each xdist worker's) temporary files in a folder of its own, removed when it ends: what
+    a package makes when it is imported (wandb's `wandb-media`, `wandb-artifacts`), before any test runs."""
+    folder = tempfile.mkdtemp(prefix="carl-tests-")
+    config.stash[SESSION_TEMP] = folder
+    os.environ["TMPDIR"] = folder
+    tempfile.tempdir = folder
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(SESSION_TEMP, None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+SESSION_TEMP = pytest.StashKey[str]()
+
+
+@pytest.fixture(autouse=True)
+def own_temp_folder(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The system temp folder of each test, and of every process it starts, is one of its own under pytest's
+    (which pytest removes with its old runs): torchrun's `torchelastic_*` folders and wandb's `wandb-media`
+    and `wandb-artifacts` ones no longer pile up in /tmp (issue 30 §13)."""
+    folder = tmp_path_factory.mktemp("tmp", numbered=True)
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
 
 
 @pytest.fixture
