@@ -53,6 +53,7 @@ def test_the_behaviour_policy_is_read_as_vllm_gives_it() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # minutes of training: far from its limit on a busy machine
 async def test_http_workers_feed_training_with_the_servers_log_probs_and_token_ids(
     tmp_path: Path, tiny_home: Path
 ) -> None:

@@ -136,6 +136,7 @@ def audit(home: Path, kind: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # minutes of training: far from its limit on a busy machine
 def test_the_plane_serves_the_demo_run_it_watches_and_its_score_rises(home: Path) -> None:
     config = small_demo(home)
     store = Store(home / "carl.db")

@@ -191,6 +191,7 @@ def runs(home: Path) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # minutes of training: far from its limit on a busy machine
 def test_an_experiment_trains_every_arm_through_the_engine_and_reruns_nothing_finished(
     tmp_path: Path, home: Path
 ) -> None:
@@ -253,6 +254,7 @@ def test_an_experiment_trains_every_arm_through_the_engine_and_reruns_nothing_fi
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # minutes of training: far from its limit on a busy machine
 def test_an_interrupted_experiment_adopts_its_running_run_and_a_stopped_arm_is_reported_then_rerun(
     tmp_path: Path, home: Path
 ) -> None:

@@ -245,6 +245,7 @@ def test_an_observed_runs_kl_clip_and_evals_are_read_from_the_store(store: Store
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # minutes of training: far from its limit on a busy machine
 def test_the_demo_run_ends_green(tmp_path: Path) -> None:
     """The demo's config, warm-up and all, with a quarter of its GRPO steps, as the engine starts it."""
     home = tmp_path / "home"

@@ -249,6 +249,7 @@ def test_kill_9_then_resume_replays_the_lost_steps_exactly(
     assert replayed == pytest.approx(unbroken, abs=1e-5)
 
 
+@pytest.mark.timeout(900)  # minutes of training: far from its limit on a busy machine
 def test_the_mlx_warmup_reaches_the_torch_loss_on_the_demo(
     tmp_path: Path, tiny_model: Path, store: Store
 ) -> None:

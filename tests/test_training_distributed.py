@@ -78,6 +78,7 @@ def kill_all(proc: subprocess.Popen[str]) -> None:
 # -- two ranks, every step once -------------------------------------------------------------------
 
 
+@pytest.mark.timeout(900)  # minutes of training: far from its limit on a busy machine
 def test_two_processes_write_each_step_once_with_phi_over_both_ranks(
     tmp_path: Path, tiny_model: Path, store: Store
 ) -> None:
