@@ -180,6 +180,9 @@ class ControlRoom(
         self.engine_found_down = False  # the last look found it down (read-only: say how to start it)
         self.engine_asked = False  # the user asked for the engine from the palette
         self.engine_state = "down"
+        self.engine_said: str | None = (
+            None  # the engine's last problem notified (said again only if it changes)
+        )
         self.config_error: str | None = None
         try:
             self.config = load_config(self.home)

@@ -47,6 +47,7 @@ class EngineSupervision:
     def supervise_engine(self: ControlRoom) -> None:
         """Start the engine if it is down; restart it (with backoff) if it dies."""
         from engine.control import engine_status, start_engine
+        from engine.control.process import stalled, why_stuck
 
         worker = get_current_worker()
         backoff = 2.0
@@ -54,7 +55,12 @@ class EngineSupervision:
         while not worker.is_cancelled:
             # Read-only: not even a dead engine's pidfile is removed.
             status = engine_status(self.home, recover=not self.readonly)
-            if status.state == "up":
+            if status.state == "up" and stalled(status) is not None:  # up, but it writes nothing: say why
+                self.post_message(
+                    EngineState("stalled", f"the engine is stalled: {why_stuck(self.home, status)}")
+                )
+                seen_up = True
+            elif status.state == "up":
                 self.post_message(EngineState("up"))
                 seen_up, backoff = True, 2.0
             elif (status.stopped_by_user and not self.engine_asked) or not self.auto_engine:
@@ -78,8 +84,9 @@ class EngineSupervision:
     def on_engine_state(self: ControlRoom, event: EngineState) -> None:
         if self.widgets_gone():
             return
-        if event.detail and event.detail != self.message:
+        if event.detail and event.detail not in (self.message, self.engine_said):
             self.notify(event.detail, title="engine", severity="error", timeout=8)
+        self.engine_said = event.detail or None  # said once until it changes (a stall is seen every 2 s)
         if event.started_pid is not None:
             # The engine outlives this control room: say so now, and (cli.py) again after `q`.
             from engine.control import started_line

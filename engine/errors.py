@@ -4,6 +4,7 @@ guard that turns one into that line: `carl` and `carl-tui` share it."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import sys
 from collections.abc import Callable
 from typing import TypeVar
@@ -29,7 +30,8 @@ def fail(message: str) -> int:
 
 
 def guard(fn: Callable[[T], int], args: T) -> int:
-    """Errors meant for the user become one line; anything else is a bug and keeps its traceback."""
+    """Errors meant for the user become one line, a full disk included; anything else is a bug and keeps its
+    traceback."""
     try:
         return fn(args)
     except (CarlError, FileNotFoundError) as exc:
@@ -39,3 +41,10 @@ def guard(fn: Callable[[T], int], args: T) -> int:
     except BrokenPipeError:  # `carl ... | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush does not raise
         return 0
+    except (sqlite3.OperationalError, OSError) as exc:
+        from engine import paths
+        from engine.faults import disk_full, full_disk_message
+
+        if not disk_full(exc):
+            raise
+        return fail(full_disk_message(exc, paths.carl_home(create=False)))

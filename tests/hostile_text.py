@@ -31,8 +31,8 @@ ZWJ = "\U0001f468\u200d\U0001f469\u200d\U0001f467\u2764\ufe0f"
 ZALGO = "Z" + "\u0301\u0302\u0303\u0304\u0305\u0306\u0307\u0308" * 3
 
 # Every shape in one string, and a short one for names that must fit a column.
-HOSTILE = (
-    f"{CLEAR}{TITLE}{CLIPBOARD}{C1_CSI}{OVERSTRIKE}{DEL}{LINK}{MARKUP}{SURROGATE}{BIDI}{ZERO_WIDTH}{ZWJ}{ZALGO}"
+HOSTILE = f"{CLEAR}{TITLE}{CLIPBOARD}{C1_CSI}{OVERSTRIKE}{DEL}{LINK}{MARKUP}{SURROGATE}" + (
+    f"{BIDI}{ZERO_WIDTH}{ZWJ}{ZALGO}"
 )
 SHORT = f"r\x1b]52;c;aGk=\x07{C1_CSI}\r\b{LINK}[/]"
 

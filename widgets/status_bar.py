@@ -12,7 +12,15 @@ from engine.text import visible_line
 
 HEALTH_MARK = {"green": "●", "yellow": "▲", "red": "✕"}
 READ_ONLY = " │ read-only"
-ENGINE_MARK = {"up": "●", "starting": "◌", "restarting": "◌", "down": "✕", "stopped": "○", "external": "●"}
+ENGINE_MARK = {
+    "up": "●",
+    "starting": "◌",
+    "restarting": "◌",
+    "down": "✕",
+    "stopped": "○",
+    "external": "●",
+    "stalled": "▲",  # up, but no heartbeat for 20 s: a full disk, a store it cannot write
+}
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,10 @@ from .pidfile import (
 )
 
 POLL = 0.05  # seconds between checks while waiting for the engine to come up or go away
+# The engine beats every 2 s (engine/daemon/loop.py HEARTBEAT_EVERY): ten beats missed and it is stalled (a
+# full disk, a store it cannot write), not slow. Its longest lone work in a tick is a time-boxed batch.
+STALLED_AFTER_S = 20.0
+LOG_TAIL_BYTES = 64 * 1024  # of engine.log read for its last error
 # The store's kv row where the engine lists the processes it started and has not reaped yet:
 # {"pid": the engine's pid, "children": [{"kind": "train"|"eval", "pid", "command_id", "what", "log",
 # "started_at"}]}. The engine rewrites it when the list changes (and empties it when it starts).
@@ -95,6 +99,64 @@ class EngineError(CarlError):
     """The engine did not come up (the reason is in its log)."""
 
 
+def stalled(status: EngineStatus, now: float | None = None) -> float | None:
+    """Seconds since the heartbeat of an engine that is up but has not beaten for STALLED_AFTER_S (None: it
+    beats, or it is down)."""
+    if status.state != "up" or not status.heartbeat_at:
+        return None
+    quiet = (time.time() if now is None else now) - status.heartbeat_at
+    return quiet if quiet >= STALLED_AFTER_S else None
+
+
+def last_log_error(path: Path) -> str | None:
+    """The newest ERROR or WARNING line of engine.log (its message only), read from the file's end."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            size = log.tell()
+            log.seek(max(0, size - LOG_TAIL_BYTES))
+            tail = log.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        for level in (" ERROR ", " WARNING "):
+            if level in line:
+                message = line.split(level, 1)[1]
+                return message.split("] ", 1)[1] if message.startswith("[engine") else message
+    return None
+
+
+def why_stuck(home: Path, status: EngineStatus) -> str:
+    """What is known of why an engine does not answer: its log's last error, and the disk when it is full."""
+    from engine.faults import disk_line
+
+    parts = []
+    error = last_log_error(status.log_path)
+    if error:
+        parts.append(f"its last error: {error[:200]}")
+    disk = disk_line(home)
+    if disk:
+        parts.append(disk)
+    return "; ".join(parts) or f"nothing in its log ({status.log_path})"
+
+
+def start_failure(home: Path, status: EngineStatus, code: int | None) -> str:
+    """One line when an engine did not come up: its log's last error, its exit status, a full disk; never
+    only "see the log" when the log says nothing."""
+    from engine.faults import disk_line
+
+    parts = []
+    error = last_log_error(status.log_path)
+    if error:
+        parts.append(error[:200])
+    elif code not in (None, 0):
+        parts.append(f"it exited with status {code} before writing a line to {status.log_path}")
+    disk = disk_line(home)
+    if disk:
+        parts.append(disk)
+    return "the engine did not start: " + ("; ".join(parts) or f"see {status.log_path}")
+
+
 def engine_status(home: Path | None = None, *, recover: bool = True) -> EngineStatus:
     """`recover=False` leaves a dead engine's pidfile in place: a read-only session writes nothing."""
     home = _home(home)
@@ -141,6 +203,8 @@ def engine_report(home: Path | None = None) -> dict[str, Any]:
         "log_path": str(status.log_path),
         "stale_pidfile_recovered": status.stale_pidfile_recovered,
         "stopped_by_user": status.stopped_by_user,
+        "stalled_s": None,  # seconds without a heartbeat, when up but stalled
+        "why": None,  # what is known of why it is stalled (its log's last error, a full disk)
         "training": [],
         "evals": [],
         "agents": {"up": False, "wanted": False, "server": None, "processes": []},
@@ -163,6 +227,9 @@ def engine_report(home: Path | None = None) -> dict[str, Any]:
                 found["training"], found["evals"] = _running(reader, children.get("children") or [])
         return found
 
+    quiet = stalled(status)
+    if quiet is not None:
+        report["stalled_s"], report["why"] = round(quiet, 1), why_stuck(home, status)
     return {**report, **_read_store(home, running, {})}  # without a readable store: the status alone
 
 
@@ -233,7 +300,10 @@ def start_engine(home: Path | None = None, *, wait: float = 10.0) -> tuple[Engin
     status = engine_status(home)
     if status.state == "up":
         return status, False
-    child = _spawn(home)
+    try:
+        child = _spawn(home)
+    except OSError as exc:  # its log cannot even be opened (a full disk, a read-only home)
+        raise EngineError(f"the engine did not start: {exc}; {_disk_or_log(home)}") from None
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         status = engine_status(home)
@@ -242,7 +312,19 @@ def start_engine(home: Path | None = None, *, wait: float = 10.0) -> tuple[Engin
         if child.poll() not in (None, 0):
             break  # it failed (the reason is in the log); an exit 0 lost the lock to a racing start
         time.sleep(POLL)
+    _last_start_code[home] = child.poll()
     return status, False
+
+
+_last_start_code: dict[
+    Path, int | None
+] = {}  # the exit status of the last engine this process failed to start
+
+
+def _disk_or_log(home: Path) -> str:
+    from engine.faults import disk_line
+
+    return disk_line(home) or f"see {log_path(home)}"
 
 
 def started_line(pid: int | None, after: str = "this command") -> str:
@@ -261,7 +343,7 @@ def ensure_engine(home: Path | None = None, *, say: Callable[[str], None] | None
     """
     status, started = start_engine(home)
     if status.state != "up":
-        raise EngineError(f"the engine did not start; see {status.log_path}")
+        raise EngineError(start_failure(_home(home), status, _last_start_code.get(_home(home))))
     if started:
         (say or _say_on_stderr)(started_line(status.pid))
     return status

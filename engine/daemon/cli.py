@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.control import engine_report, start_engine, stop_engine
+from engine.control.process import _last_start_code, start_failure
 from engine.durations import compact_duration
 from engine.errors import CliError
 
@@ -28,7 +29,7 @@ def run(args: argparse.Namespace, home: Path) -> int:
     if args.action == "start":
         status, started = start_engine(home)
         if status.state != "up":
-            raise CliError(f"engine did not start; see {status.log_path}")
+            raise CliError(start_failure(home, status, _last_start_code.get(home)))
         if started:
             print(
                 f"engine started (pid {status.pid}) in the background; log {status.log_path}; "
@@ -52,7 +53,9 @@ def run(args: argparse.Namespace, home: Path) -> int:
         print(json.dumps(report))
     else:
         print("\n".join(engine_lines(report)))
-    return 0 if report["state"] == "up" else 3
+    if report["state"] != "up":
+        return 3
+    return 4 if report["stalled_s"] is not None else 0
 
 
 def engine_lines(report: dict[str, Any]) -> list[str]:
@@ -72,8 +75,13 @@ def engine_lines(report: dict[str, Any]) -> list[str]:
         report["heartbeat_at"] and f", heartbeat {compact_duration(time.time() - report['heartbeat_at'])} ago"
     )
     uptime = f", up {compact_duration(report['uptime_s'])}" if report["uptime_s"] is not None else ""
+    head = f"engine up (pid {report['pid']}{uptime}{beat or ''})"
+    if report["stalled_s"] is not None:
+        since = time.strftime("%H:%M:%S", time.localtime(report["heartbeat_at"]))
+        head = f"engine stalled since {since} (pid {report['pid']}, no heartbeat for"
+        head += f" {compact_duration(report['stalled_s'])}): {report['why']}"
     lines = [
-        f"engine up (pid {report['pid']}{uptime}{beat or ''})",
+        head,
         f"  home      {report['home']}",
         f"  log       {report['log_path']}",
     ]

@@ -149,7 +149,7 @@ def _observe_via_engine(
         if logs:
             args["logs"] = logs  # the engine names them the console of the source's runs
         command_id = store.enqueue_command("observe", args)
-        state, result = _wait(store, [command_id], f"engine importing {path.name}")[0]
+        state, result = _wait(store, [command_id], f"engine importing {path.name}", home)[0]
         if vocab is not None:
             _backfill_sources(store, [_source_id(store, path)], vocab)
     if state == "failed":
@@ -158,11 +158,19 @@ def _observe_via_engine(
     return 0
 
 
-def _wait(store: Any, command_ids: list[int], label: str) -> list[tuple[str, str]]:
-    """(state, result) of each command, once every one is done or failed."""
+ENGINE_CHECK_S = 2.0  # how often a wait looks at the engine itself
+
+
+def _wait(store: Any, command_ids: list[int], label: str, home: Path) -> list[tuple[str, str]]:
+    """(state, result) of each command, once every one is done or failed; CliError when the engine stops or
+    stalls first (a full disk: it cannot write the result), saying why: never a wait for ever."""
     marks = ",".join("?" * len(command_ids))
+    next_check = time.monotonic() + ENGINE_CHECK_S
     with LazyProgress(label) as progress:
         while True:
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + ENGINE_CHECK_S
+                _engine_answers(home)
             rows = dict(
                 (r[0], (r[1], r[2]))
                 for r in store.conn.execute(
@@ -173,6 +181,22 @@ def _wait(store: Any, command_ids: list[int], label: str) -> list[tuple[str, str
             if all(rows[c][0] in ("done", "failed") for c in command_ids):
                 return [rows[c] for c in command_ids]
             time.sleep(0.2)
+
+
+def _engine_answers(home: Path) -> None:
+    """CliError when the engine is down or stalled, with what is known of why."""
+    from engine.control import engine_status
+    from engine.control.process import stalled, why_stuck
+
+    status = engine_status(home)
+    if status.state != "up":
+        raise CliError(f"the engine stopped before it finished; see {status.log_path}")
+    quiet = stalled(status)
+    if quiet is not None:
+        raise CliError(
+            f"the engine has not answered for {quiet:.0f} s ({why_stuck(home, status)}); the source stays"
+            " registered and is read once the engine is back"
+        )
 
 
 def _source_id(store: Any, path: Path) -> int | None:
@@ -273,13 +297,18 @@ def _follow_dir(store: Any, root: Path, sources: list[tuple[int, Found]]) -> tup
         if reportable:
             commands.append(store.enqueue_command("observe", {"path": str(source.path), "follow": True}))
     errors = []
-    for state, result in _wait(store, commands, "engine importing"):
+    for state, result in _wait(store, commands, "engine importing", root_home(store)):
         if state == "failed":
             errors.append(result or "observe failed")
         else:
             print(visible(result or ""))
     print(f"the engine keeps following {len(sources)} source(s) from {visible(str(root))}")
     return len(sources) - len(errors), errors
+
+
+def root_home(store: Any) -> Path:
+    """The $CARL_HOME of a store (its folder)."""
+    return Path(store.path).parent
 
 
 class LazyProgress:
@@ -308,7 +337,7 @@ class LazyProgress:
             )
 
             self.progress = Progress(
-                TextColumn("{task.description}"),
+                TextColumn("{task.description}", markup=False),  # a path's `[/bold]` is text, not markup
                 BarColumn(),
                 TaskProgressColumn(),
                 TimeElapsedColumn(),
@@ -316,7 +345,7 @@ class LazyProgress:
                 transient=True,
             )
             self.progress.start()
-            self.task = self.progress.add_task(self.label, total=total)
+            self.task = self.progress.add_task(visible(self.label), total=total)
         self.progress.update(self.task, completed=done, total=total)
 
     def __exit__(self, *exc: object) -> None:

@@ -39,6 +39,16 @@ def in_chunks(values: Iterable[Any]) -> list[tuple[list[Any], str]]:
     return [(chunk, ",".join("?" * len(chunk))) for chunk in chunks]
 
 
+def unreadable(path: Path, exc: sqlite3.Error) -> str:
+    """Why a store could not be opened, in one line: a full disk when it is one (SQLite says "disk I/O error"
+    when it cannot make its WAL files), else not a carl database."""
+    from engine.faults import disk_line
+
+    if isinstance(exc, sqlite3.OperationalError) and (full := disk_line(path.parent)):
+        return f"{path}: cannot be opened: {full} ({exc}): free some space, then try again"
+    return f"{path}: not a readable carl database ({exc})"
+
+
 def connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
     if readonly:
         uri = f"{path.absolute().as_uri()}?mode=ro"  # a path with ? or # in it stays a path
@@ -66,7 +76,7 @@ def existing_store(path: Path) -> bool:
         try:
             conn = connect(path, readonly=True)
         except sqlite3.Error as exc:
-            raise StoreError(f"{path}: not a readable carl database ({exc})") from None
+            raise StoreError(unreadable(path, exc)) from None
         try:
             check_schema(conn, path)
         finally:
@@ -81,7 +91,7 @@ def check_schema(conn: sqlite3.Connection, path: Path) -> int:
         app_id = conn.execute("PRAGMA application_id").fetchone()[0]
         tables = conn.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]
     except sqlite3.DatabaseError as exc:
-        raise StoreError(f"{path}: not a readable carl database ({exc})") from None
+        raise StoreError(unreadable(path, exc)) from None
     if tables and app_id != APPLICATION_ID:
         raise StoreError(f"{path}: this SQLite file is not a carl database (application_id {app_id:#x})")
     if version > SCHEMA_VERSION:

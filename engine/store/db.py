@@ -35,6 +35,7 @@ from .base import (
     read_experiment,
     read_experiment_runs,
     read_experiments,
+    unreadable,
 )
 from .rollouts import ROLLOUT_CAP, ROLLOUT_COLUMNS, ROLLOUT_WIDTH, rollout_record
 from .schema import APPLICATION_ID, MIGRATIONS, ROLLUP_LEVELS, SCHEMA_VERSION
@@ -65,7 +66,7 @@ class Store:
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.execute("PRAGMA busy_timeout=30000")
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{self.path}: not a readable carl database ({exc})") from None
+            raise StoreError(unreadable(self.path, exc)) from None
         self.db = sqlite_utils.Database(self.conn)
         self._in_txn = False
         self._migrate()
