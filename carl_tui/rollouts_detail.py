@@ -27,7 +27,11 @@ from textual.widgets import Footer, Static
 
 from engine.store import RunRow
 from engine.text import visible, visible_line
-from widgets.token_text import LEVELS, legend, token_text
+from widgets.long_text import LongText
+from widgets.token_text import LEVELS, legend, token_pieces, token_text
+
+GROUP_CHARS = 20_000  # of a completion shown in a group's column (the sample screen draws the whole of it)
+GROUP_TOKENS = 5_000
 
 
 def token_styles(app: App[Any]) -> list[Style]:
@@ -69,11 +73,29 @@ def numbers(sample: dict[str, Any], signs: tuple[Style, Style], *, length: bool 
 
 
 def completion_text(sample: dict[str, Any], styles: list[Style]) -> Text:
-    """The completion, token-coloured when its per-token entropies are stored for exactly its tokens."""
+    """The completion as one Text (a group's column), token-coloured when its per-token entropies are stored
+    for exactly its tokens; cut at GROUP_CHARS characters (the sample screen shows it whole)."""
     tokens, entropy = sample.get("tokens"), sample.get("entropy")
     if tokens and entropy and len(tokens) == len(entropy):
+        if len(tokens) > GROUP_TOKENS:
+            text = token_text(tokens[:GROUP_TOKENS], entropy[:GROUP_TOKENS], styles)
+            return text.append(
+                f" … ({len(tokens) - GROUP_TOKENS:,} more tokens: enter opens it)", style="dim"
+            )
         return token_text(tokens, entropy, styles)
-    return Text(visible(sample.get("completion")))
+    completion = sample.get("completion") or ""
+    if len(completion) > GROUP_CHARS:
+        rest = f" … ({len(completion) - GROUP_CHARS:,} more characters: enter opens it)"
+        return Text(visible(completion[:GROUP_CHARS])).append(rest, style="dim")
+    return Text(visible(completion))
+
+
+def completion_pieces(sample: dict[str, Any], styles: list[Style]) -> list[tuple[str, Style | None]]:
+    """The whole completion as pieces for a LongText: token-coloured as `completion_text`, or plain."""
+    tokens, entropy = sample.get("tokens"), sample.get("entropy")
+    if tokens and entropy and len(tokens) == len(entropy):
+        return token_pieces(tokens, entropy, styles)
+    return [(visible(sample.get("completion")), None)]
 
 
 def extras(extra: dict[str, Any]) -> str:
@@ -129,9 +151,9 @@ class RolloutSampleScreen(ModalScreen[None]):
             box.border_title = Text(f"Sample · {visible_line(self.run.name)} · step {self.sample['step']:,}")
             yield Static(summary(self.run, self.sample, sign_styles(self.app)), id="sample-summary")
             yield Static("prompt", classes="sample-heading")
-            yield Static(Text(visible(self.sample.get("prompt"))), id="sample-prompt")
+            yield LongText([(visible(self.sample.get("prompt")), None)], id="sample-prompt")
             yield Static("completion", classes="sample-heading")
-            yield Static(completion_text(self.sample, styles), id="sample-completion")
+            yield LongText(completion_pieces(self.sample, styles), id="sample-completion")
             yield Static(legend_or_note(self.run, self.sample, styles), id="sample-legend")
         yield Footer()
 

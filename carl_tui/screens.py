@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 from textual import events
@@ -19,6 +20,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Static
 
 from engine.text import visible, visible_line
+from widgets.long_text import LongText
 
 
 def bindings_table(rows: list[tuple[str, str]]) -> Table:
@@ -342,6 +344,8 @@ class SamplesScreen(ModalScreen[None]):
             yield OptionList(*options, id="sample-list")
             with VerticalScroll(id="sample-text"):
                 yield Static("", id="sample-body")
+                yield LongText(id="sample-completion")  # the completion, of any length, a screen at a time
+                yield Static("", id="sample-figures")
 
     def on_mount(self) -> None:
         if self.samples:
@@ -358,22 +362,25 @@ class SamplesScreen(ModalScreen[None]):
         body = Text()
         body.append("prompt: ", style="bold")
         body.append(visible((sample.get("prompt") or "")[-400:]) + "\n\n", style="dim")
-        body.append("completion (coloured by per-token Φ):\n", style="bold")
+        body.append("completion (coloured by per-token Φ):", style="bold")
         tokens, phi = sample.get("tokens"), sample.get("phi")
         if tokens and phi and len(tokens) == len(phi):
-            for token, value in zip(tokens, phi, strict=True):
-                body.append(
-                    visible(token), style=phi_colour(value, theme.error, theme.warning, theme.success)
-                )
+            pieces = [
+                (visible(token), Style.parse(phi_colour(value, theme.error, theme.warning, theme.success)))
+                for token, value in zip(tokens, phi, strict=True)
+            ]
         else:
-            body.append(visible(sample.get("completion")))
+            pieces = [(visible(sample.get("completion")), None)]
+        figures = Text()
         if phi:
             entropy = sample.get("entropy") or []
-            body.append(f"\n\nΦ min {min(phi):.3f} · mean {sum(phi) / len(phi):.3f} · max {max(phi):.3f}")
+            figures.append(f"\nΦ min {min(phi):.3f} · mean {sum(phi) / len(phi):.3f} · max {max(phi):.3f}")
             if entropy:
-                body.append(f" · H mean {sum(entropy) / len(entropy):.3f} nats")
-            body.append(f" · {len(phi)} tokens")
+                figures.append(f" · H mean {sum(entropy) / len(entropy):.3f} nats")
+            figures.append(f" · {len(phi)} tokens")
         self.query_one("#sample-body", Static).update(body)
+        self.query_one("#sample-completion", LongText).set_pieces(pieces)
+        self.query_one("#sample-figures", Static).update(figures)
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(result)

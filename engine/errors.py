@@ -7,6 +7,7 @@ import os
 import sqlite3
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 from engine.text import visible
@@ -42,9 +43,10 @@ def guard(fn: Callable[[T], int], args: T) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush does not raise
         return 0
     except (sqlite3.OperationalError, OSError) as exc:
-        from engine import paths
         from engine.faults import disk_full, full_disk_message
 
         if not disk_full(exc):
             raise
-        return fail(full_disk_message(exc, paths.carl_home(create=False)))
+        # $CARL_HOME as engine/paths.py reads it (importing paths here would make an import circle)
+        home = Path(os.environ.get("CARL_HOME") or Path.home() / ".carl").expanduser()
+        return fail(full_disk_message(exc, home))

@@ -15,6 +15,7 @@ from support import status_text, until
 from carl_tui.app import ControlRoom
 from engine.store import Store
 from widgets.command_log import CommandLog
+from widgets.long_text import LongText
 
 
 @pytest.fixture
@@ -166,10 +167,11 @@ async def test_samples_view_colours_tokens_by_phi(home: Path) -> None:
         await settled(pilot)
         assert app.screen.__class__.__name__ == "SamplesScreen"
         await pilot.pause(0.1)
-        body = app.screen.query_one("#sample-body").render()
-        text = body.plain if hasattr(body, "plain") else str(body)
-        assert "get_weather" in text and "Φ min 0.100" in text and "5 tokens" in text
-        styles = {str(span.style) for span in getattr(body, "spans", [])}
+        completion = app.screen.query_one("#sample-completion", LongText)
+        figures = app.screen.query_one("#sample-figures").render()
+        assert "get_weather" in completion.plain
+        assert "Φ min 0.100" in str(figures) and "5 tokens" in str(figures)
+        styles = {str(style) for _, style in completion.pieces}
         assert len(styles) >= 3  # low, middle and high Phi get different colours
 
 

@@ -41,6 +41,7 @@ from engine.store.rollout_reads import RolloutRow, percentiles
 from engine.training.rollouts import TokenTexts, step_rollouts
 from widgets.chart import Chart
 from widgets.histogram import Histogram
+from widgets.long_text import LongText
 from widgets.token_text import level
 
 SIZES = [(80, 24), (160, 50)]
@@ -331,11 +332,11 @@ async def test_group_sample_token_colours_histogram_and_band(
         sample = app.screen
         summary = sample.query_one("#sample-summary", Static)
         await pilot.pause()
-        prompt = sample.query_one("#sample-prompt", Static).content
+        prompt = sample.query_one("#sample-prompt", LongText)
         assert prompt.plain.startswith("[link=https://x.invalid]click[/link] \\x1b[31mred\\x1b[0m")
-        completion = sample.query_one("#sample-completion", Static).content
+        completion = sample.query_one("#sample-completion", LongText)
         assert completion.plain == "".join(TOKENS)
-        tokens = styled(completion)
+        tokens = [(text, style or Style()) for text, style in completion.pieces]
         assert [t for t, _ in tokens] == TOKENS
         values = entropies(1, 5)
         forks = {TOKENS[i] for i in sorted(range(7), key=lambda i: -values[i])[:2]}
@@ -410,7 +411,7 @@ async def test_every_source_of_the_rollouts_table(home: Path, stores: dict[str, 
             await pilot.press("enter")
             await until(pilot, lambda: isinstance(app.screen, RolloutSampleScreen))
             sample = app.screen
-            assert sample.query_one("#sample-completion", Static).content.plain == sample.sample["completion"]
+            assert sample.query_one("#sample-completion", LongText).plain == sample.sample["completion"]
             assert "carl's own runs" in sample.query_one("#sample-legend", Static).content.plain
             await pilot.press("escape", "escape", "escape")
             await until(pilot, lambda: not isinstance(app.screen, RolloutsScreen | RolloutGroupScreen))

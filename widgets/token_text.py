@@ -41,20 +41,30 @@ def phi(entropy: float, vocab_size: int | None) -> float | None:
     return None if not vocab_size or vocab_size < 2 else 1.0 - entropy / math.log(vocab_size)
 
 
-def token_text(tokens: Sequence[str], entropy: Sequence[float], colours: Sequence[Style]) -> Text:
-    """The tokens, each in the colour of its entropy's step, the forking ones underlined too; a token whose
-    entropy is missing (NaN) is left plain."""
-    text = Text()
+def token_pieces(
+    tokens: Sequence[str], entropy: Sequence[float], colours: Sequence[Style]
+) -> list[tuple[str, Style | None]]:
+    """The tokens as (text, style) pieces (widgets/long_text.py draws any number of them): each in the
+    colour of its entropy's step, the forking ones underlined too; a token whose entropy is missing (NaN) is
+    plain."""
     forks = forking_tokens(entropy)
+    underline = Style(underline=True, bold=True)
+    pieces: list[tuple[str, Style | None]] = []
     for i, (token, value) in enumerate(zip(tokens, entropy, strict=True)):
         shown = visible(token)  # a token may be any bytes the tokenizer knows: ESC and CR included
         if not math.isfinite(value):
-            text.append(shown)
+            pieces.append((shown, None))
             continue
         style = colours[level(value)]
-        if i in forks:
-            style += Style(underline=True, bold=True)
-        text.append(shown, style=style)
+        pieces.append((shown, style + underline if i in forks else style))
+    return pieces
+
+
+def token_text(tokens: Sequence[str], entropy: Sequence[float], colours: Sequence[Style]) -> Text:
+    """`token_pieces` as one Rich Text, for a short completion shown whole (a group's columns)."""
+    text = Text()
+    for shown, style in token_pieces(tokens, entropy, colours):
+        text.append(shown, style=style or "")
     return text
 
 
