@@ -224,6 +224,16 @@ def test_stored_series_staleness_bound_from_the_config_truncation_and_throughput
     assert "past the run's bound of 2 (max_staleness_steps)" in health.reasons[0]
 
 
+def test_the_slower_sampling_of_rl_after_an_sft_warm_up_is_no_throughput_drop(store: Store) -> None:
+    """Our own runs' SFT warm-up runs far more tokens a second than GRPO, which samples: throughput is judged
+    within RL once the run is there."""
+    run_id = store.create_run("grpo", source_kind="carl", status="finished", config={"method": "grpo"})
+    add_series(store, run_id, {"perf/tokens_per_s": noisy(20_000, 20, 0.05)})
+    add_series(store, run_id, {"perf/tokens_per_s": noisy(3_000, 10, 0.05), "reward": np.full(10, 0.5)}, 21)
+    health = analyze_run(store.conn, run_id)
+    assert health is not None and health.level == "green", health.reasons
+
+
 # -- the done-when, through real files -----------------------------------------------------------------
 
 

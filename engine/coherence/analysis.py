@@ -115,7 +115,9 @@ def run_signals(conn: sqlite3.Connection, run_id: int) -> RunSignals | None:
     signals.rl_start = start
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     signals.box = [Flag(*f) for f in box_flags(conn, version, run_id, status, time.time())]
-    read_async(conn, run_id, since, signals)
+    # throughput is judged within one phase: an SFT warm-up runs far more tokens a second than GRPO's sampling
+    in_rl = start is not None and (last_step or 0) >= start
+    read_async(conn, run_id, since, signals, throughput_since=max(since, start) if in_rl else since)
     if start is None:
         return signals
     rl_since = max(since, start)
@@ -136,8 +138,11 @@ def run_signals(conn: sqlite3.Connection, run_id: int) -> RunSignals | None:
     return signals
 
 
-def read_async(conn: sqlite3.Connection, run_id: int, since: int, signals: RunSignals) -> None:
-    """The async-RL and throughput series from step `since`, and the run's staleness bound."""
+def read_async(
+    conn: sqlite3.Connection, run_id: int, since: int, signals: RunSignals, *, throughput_since: int
+) -> None:
+    """The async-RL series from step `since`, the throughput from `throughput_since`, and the run's staleness
+    bound."""
     signals.mismatch_key = _first_key(conn, run_id, MISMATCH_KEYS)
     signals.mismatch_steps, signals.mismatch = _series(conn, run_id, (signals.mismatch_key,), since)
     signals.staleness_max_steps, signals.staleness_max = _series(
@@ -149,7 +154,9 @@ def read_async(conn: sqlite3.Connection, run_id: int, since: int, signals: RunSi
         framework = conn.execute("SELECT framework FROM runs WHERE id=?", (run_id,)).fetchone()[0]
         signals.staleness_bound = staleness_bound(run_config(conn, run_id), framework)
     signals.throughput_key = _first_key(conn, run_id, THROUGHPUT_KEYS)
-    signals.throughput_steps, signals.throughput = _series(conn, run_id, (signals.throughput_key,), since)
+    signals.throughput_steps, signals.throughput = _series(
+        conn, run_id, (signals.throughput_key,), throughput_since
+    )
 
 
 def _first_key(conn: sqlite3.Connection, run_id: int, keys: tuple[str, ...]) -> str:
