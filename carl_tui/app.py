@@ -52,7 +52,7 @@ from .controls import CONTROL_ACTIONS, RUN_ACTIONS, RunControls
 from .explorer_keys import ExplorerKeys
 from .keymap import check_keymap, keymap_line, known_ids
 from .model import FirstRead, RunView, Snapshot, StoreWatcher, run_state
-from .panes import draw_run, line_style
+from .panes import RewardsPane, draw_run, line_style, rewards_title, set_title
 from .reads import StoreReads
 from .runs import RunList
 from .screen_keys import PANES, ScreenKeys
@@ -260,7 +260,7 @@ class ControlRoom(
                 phi = Chart(id="phi-chart", classes="pane")
                 phi.border_title = "Φ coherence"
                 yield phi
-                with Horizontal(id="rewards-pane", classes="pane") as rewards:
+                with RewardsPane(id="rewards-pane", classes="pane") as rewards:
                     rewards.border_title = "Rewards"
                     yield Chart(id="reward-chart")
                     yield RewardBars(id="reward-bars")
@@ -402,6 +402,13 @@ class ControlRoom(
 
     def on_resize(self, event: events.Resize) -> None:
         self.size_system_pane(event.size.height)  # before App's own handler takes the new size
+
+    def refit_rewards_title(self) -> None:
+        """The Rewards pane's title for the pane's new width (narrower, it says less; carl_tui/panes.py); the
+        pane calls it when it is resized."""
+        if self.view is not None and not self.comparison.comparing:
+            pane = self.main.query_one("#rewards-pane")
+            set_title(pane, rewards_title(self.view, pane.outer_size.width))
 
     # -- the run list and the status line -------------------------------------------------------
 

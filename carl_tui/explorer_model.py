@@ -1,6 +1,7 @@
-"""What the metrics explorer shows, as plain values (no Textual, no store): the keys grouped by prefix,
-the `/` filter, the rows of the chart grid, and what each chart draws (the runs' lines, smoothed, on a
-log axis or not, with its title). carl_tui/explorer.py draws it; tests use it on its own."""
+"""What the metrics explorer shows, as plain values (no Textual, no store): the keys grouped by prefix (and
+the families of KEY_GROUPS under one heading each), the `/` filter, the rows of the chart grid, and what each
+chart draws (the runs' lines, smoothed, on a log axis or not, with its title). carl_tui/explorer.py draws it;
+tests use it on its own."""
 
 from __future__ import annotations
 
@@ -18,6 +19,16 @@ from .smoothing import Smoothing
 NO_PREFIX = "(no prefix)"  # the group of the keys without a "/": loss, reward, entropy, ...
 PIN_MARK = "◆"  # a key pinned to the main screen
 GLOB_CHARS = frozenset("*?[")
+# Families shown under one heading whatever their prefixes, in this order inside it: async RL (the canonical
+# names of engine/observe/frameworks.py, then the frameworks' own async keys no table renames: veRL's
+# rollout_corr/ and fully_async/, SkyRL's async/), and throughput.
+KEY_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "async RL: mismatch, staleness",
+        ("mismatch/", "staleness/", "off_policy/", "rollout_corr/", "fully_async/", "async/"),
+    ),
+    ("perf: throughput, time, MFU", ("perf/",)),
+)
 
 
 @dataclass(frozen=True)
@@ -29,8 +40,19 @@ class KeyInfo:
 
     @property
     def group(self) -> str:
-        """The part before the first "/" (TensorBoard's and W&B's sections)."""
-        return self.key.split("/", 1)[0] if "/" in self.key else ""
+        """Its family's heading (KEY_GROUPS), else the part before the first "/" (TensorBoard's and W&B's
+        sections)."""
+        return self.family[1]
+
+    @property
+    def family(self) -> tuple[int, str, int]:
+        """(the family's place in KEY_GROUPS, its heading, the place of the key's prefix in it); outside them
+        (len(KEY_GROUPS), the prefix, 0)."""
+        for place, (heading, prefixes) in enumerate(KEY_GROUPS):
+            for rank, prefix in enumerate(prefixes):
+                if self.key.startswith(prefix):
+                    return place, heading, rank
+        return len(KEY_GROUPS), (self.key.split("/", 1)[0] if "/" in self.key else ""), 0
 
     @property
     def label(self) -> str:
@@ -46,8 +68,9 @@ def group_title(group: str) -> str:
 
 
 def order_keys(keys: Sequence[KeyInfo]) -> list[KeyInfo]:
-    """By group (the keys without a prefix first), then by key."""
-    return sorted(keys, key=lambda info: (info.group != "", info.group, info.key))
+    """The keys without a prefix first, then KEY_GROUPS' families (their prefixes in order), then the other
+    groups by name; by key within each."""
+    return sorted(keys, key=lambda info: (info.group != "", *info.family, info.key))
 
 
 def is_glob(text: str) -> bool:

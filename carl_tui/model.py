@@ -36,6 +36,10 @@ PERF_KEYS = (
     "perf/step_time_s",
     "perf/mfu",
 )
+# Async RL, shown in the Rewards pane's title when the run logs it (canonical names:
+# engine/observe/frameworks.py): the sampler/learner mismatch as a KL, else as a mean |Δ log p|, and the
+# samples' staleness.
+ASYNC_KEYS = ("mismatch/kl", "mismatch/logprob_abs_diff/mean", "staleness/mean")
 # What the Agents pane shows of an event beyond its row: payload field -> key in the event dict.
 PAYLOAD_FIELDS = {
     "alarm": {"kind": "alarm_kind", "reason": "alarm_reason"},
@@ -60,6 +64,7 @@ class RunView:
     gate: dict[str, Any] | None = None  # the cascade gate's newest state
     eval: dict[str, Any] | None = None  # the newest held-out evaluation (`carl eval`)
     perf: dict[str, float] = field(default_factory=dict)  # the newest of each PERF_KEYS the run logs
+    async_rl: dict[str, float] = field(default_factory=dict)  # the newest of each ASYNC_KEYS the run logs
 
     def markers(self, *kinds: str) -> list[int]:
         return [e["step"] for e in self.events if e["kind"] in kinds and e["step"] is not None]
@@ -398,11 +403,16 @@ class StoreWatcher:
         view.events = reader.events(run.id)
         view.gate = reader.gate_state(run.id)
         view.eval = latest_eval
-        perf = [k for k in PERF_KEYS if k in keys]
-        latest = reader.latest_values(run.id, perf) if perf else {}
-        view.perf = {k: float(v) for k, (_, v) in latest.items() if v is not None and math.isfinite(v)}
+        view.perf = _latest(reader, run.id, [k for k in PERF_KEYS if k in keys])
+        view.async_rl = _latest(reader, run.id, [k for k in ASYNC_KEYS if k in keys])
         self._view = view
         return view
+
+
+def _latest(reader: StoreReader, run_id: int, keys: list[str]) -> dict[str, float]:
+    """The newest finite value of each of `keys` (one index seek each)."""
+    latest = reader.latest_values(run_id, keys) if keys else {}
+    return {k: float(v) for k, (_, v) in latest.items() if v is not None and math.isfinite(v)}
 
 
 def find_experiment(reader: StoreReader, ref: str | int) -> ExperimentView | None:

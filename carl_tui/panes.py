@@ -6,8 +6,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
+from textual.containers import Horizontal
 from textual.content import Content
 from textual.screen import Screen
 from textual.widget import Widget
@@ -31,6 +33,7 @@ ENTROPY_SCALE = AxisScale(min_span=0.1, limits=(0.0, math.inf))  # nats
 # Rewards are mostly scores in [0, 1] or [-1, 1] per function: a swing smaller than 0.1 is noise
 # at that scale. Reward functions may return any value, so no limits.
 REWARD_SCALE = AxisScale(min_span=0.1)
+TITLE_MARGIN = 6  # a border title's columns besides its text: `╭─ ` and ` ─╮`
 
 
 def _num(value: float | None, digits: int = 4) -> str:
@@ -98,22 +101,64 @@ def draw_phi(chart: Chart, view: RunView) -> str:
     return "Φ coherence"
 
 
-def draw_rewards(chart: Chart, view: RunView, colors: list[str]) -> str:
-    """One line per reward function (the total when there are none). Returns the pane title."""
+class RewardsPane(Horizontal):
+    """The Rewards pane (its chart and bars): its title says less when the pane is narrower (`rewards_title`),
+    so it is fitted again when the pane's size changes (the terminal's, or a pane maximized)."""
+
+    def on_resize(self) -> None:
+        refit = getattr(self.app, "refit_rewards_title", None)
+        if refit is not None:
+            refit()
+
+
+def draw_rewards(chart: Chart, view: RunView, colors: list[str], width: int = 0) -> str:
+    """One line per reward function (the total when there are none). Returns the pane title for a pane
+    `width` columns wide (0: not laid out yet, the whole title)."""
     series = [view.series[f"rewards/{name}/mean"] for name in view.reward_names]
     if not series and "reward" in view.series:
         series = [view.series["reward"]]
     chart.left_scale = REWARD_SCALE
     _feed(chart, *series)
+    return rewards_title(view, width)
+
+
+def rewards_title(view: RunView, width: int = 0) -> str:
+    """`Rewards · total 1.74 · mismatch KL 0.012 · stale 1.3 · gate ... · 3 functions`, as much of it as fits
+    a pane `width` columns wide (0: all of it). Narrower, the count of functions goes first (the bars show
+    them), then the long forms and the word "total", then the gate, staleness and the mismatch."""
     total = view.latest("reward")
-    title = "Rewards"
-    if total is not None:
-        title += f" · total {_num(total, 3)}"
+    number = _num(total, 3) if total is not None else None
+    kl, diff = view.async_rl.get("mismatch/kl"), view.async_rl.get("mismatch/logprob_abs_diff/mean")
+    mismatch = (None, None)
+    if kl is not None:
+        mismatch = (f"mismatch KL {kl:.2g}", f"mismatch {kl:.2g}")
+    elif diff is not None:
+        mismatch = (f"mismatch |Δlog p| {diff:.2g}", f"|Δlog p| {diff:.2g}")
+    stale = view.async_rl.get("staleness/mean")
+    stale_text = f"stale {stale:.2g}" if stale is not None else None
+    gate = (None, None)
     if view.gate:
-        title += f" · gate {view.gate['reason'] or view.gate['state']}"
-    if view.reward_names:
-        count = len(view.reward_names)
-        title += f" · {count} function{'s' if count != 1 else ''}"
+        gate = (f"gate {view.gate['reason'] or view.gate['state']}", f"gate {view.gate['state']}")
+    count = len(view.reward_names)
+    functions = f"{count} function{'s' if count != 1 else ''}" if count else None
+    head = "Rewards" + (f" · total {number}" if number else "")
+    short_head = "Rewards" + (f" {number}" if number else "")
+    variants = (
+        (head, mismatch[0], stale_text, gate[0], functions),
+        (head, mismatch[0], stale_text, gate[0]),
+        (head, mismatch[1], stale_text, gate[0]),
+        (head, mismatch[1], stale_text, gate[1]),
+        (short_head, mismatch[1], stale_text, gate[1]),
+        (short_head, mismatch[1], stale_text),
+        (short_head, mismatch[1]),
+        (short_head,),
+    )
+    room = width - TITLE_MARGIN
+    title = head
+    for parts in variants:
+        title = " · ".join(p for p in parts if p)
+        if not width or cell_len(title) <= room:
+            break
     return title
 
 
@@ -166,7 +211,8 @@ def draw_run(screen: Screen, view: RunView, *, comparing: bool) -> None:
     else:
         reward_chart.empty_text = "no reward data yet"
     colors = reward_colors(reward_chart, len(view.reward_names))
-    set_title(screen.query_one("#rewards-pane"), draw_rewards(reward_chart, view, colors))
+    pane = screen.query_one("#rewards-pane")
+    set_title(pane, draw_rewards(reward_chart, view, colors, pane.outer_size.width))
     bars = [(short_name(name), view.latest(f"rewards/{name}/mean")) for name in view.reward_names]
     if "reward" in view.series:
         bars.append(("total", view.latest("reward")))

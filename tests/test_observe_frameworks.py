@@ -227,7 +227,7 @@ CONCEPTS = {
     "prime-rl": {
         "entropy": "entropy/all/mean",
         "reward": "train/agg/effective/default/reward/mean",
-        "policy_kl": "mismatch_kl/all/mean",
+        "mismatch/kl": "mismatch_kl/all/mean",  # the sampler against the learner, not PPO's step
         "clip_ratio/low_mean": "is_masked_low/mean",
         "clip_ratio/high_mean": "is_masked_high/mean",
         "clip_ratio/region_mean": "is_masked/mean",

@@ -2,7 +2,8 @@
 
 Health's RL rules read the run from the start of RL (`rl_start`): the first step with a reward, or, while a
 run is still in its SFT warm-up, the step after the warm-up its config names.
-Entropy collapse is judged from there.
+Entropy collapse is judged from there. The async-RL series (mismatch, staleness) and throughput are read over
+every step, with the run's configured staleness bound from its stored config (engine/coherence/staleness.py).
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ from engine.system.health import box_flags
 
 from .health import Flag, Health, RunSignals, assess_health
 from .phases import classify_phase, crystallization_step
+from .staleness import staleness_bound
 
 CRYSTALLIZATION_CONFIDENCE = 0.8  # below this the chart shows no crystallization marker
 HORIZON_STEPS = 2000  # phase and health look at the newest steps only, so a 1M-step run costs the same
 EARLY_ENTROPY_STEPS = 200  # the start of RL's entropy, kept as the collapse baseline past the horizon
 EVALS_READ = 50  # the newest held-out evals the hacking rule compares
+MISMATCH_KEYS = ("mismatch/kl", "mismatch/logprob_abs_diff/mean")  # the first a run has is judged
+THROUGHPUT_KEYS = ("perf/tokens_per_s", "perf/tokens_per_s_per_gpu")
 
 
 def _series(
@@ -40,6 +44,16 @@ def _series(
     return np.empty(0, dtype=np.int64), np.empty(0)
 
 
+def run_config(conn: sqlite3.Connection, run_id: int) -> dict:
+    """The run's stored config ({} when it has none, or none that reads as an object)."""
+    row = conn.execute("SELECT config FROM runs WHERE id=?", (run_id,)).fetchone()
+    try:
+        config = json.loads(row[0]) if row and row[0] else {}
+    except ValueError:
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
 def rl_start(conn: sqlite3.Connection, run_id: int) -> int | None:
     """The first step of RL: the first with a reward, else (a run still in its SFT warm-up) the step after the
     warm-up its config names; None for a run with neither (SFT, or a source that logs no reward)."""
@@ -47,12 +61,8 @@ def rl_start(conn: sqlite3.Connection, run_id: int) -> int | None:
         row = conn.execute("SELECT min(step) FROM metrics WHERE run_id=? AND key=?", (run_id, key)).fetchone()
         if row[0] is not None:
             return int(row[0])
-    row = conn.execute("SELECT config FROM runs WHERE id=?", (run_id,)).fetchone()
-    try:
-        config = json.loads(row[0]) if row and row[0] else {}
-    except ValueError:
-        return None
-    if not isinstance(config, dict) or config.get("method") != "grpo":
+    config = run_config(conn, run_id)
+    if config.get("method") != "grpo":
         return None
     warmup = config.get("sft_warmup_steps")
     return int(warmup) + 1 if isinstance(warmup, int) and warmup >= 0 else 1
@@ -105,6 +115,9 @@ def run_signals(conn: sqlite3.Connection, run_id: int) -> RunSignals | None:
     signals.rl_start = start
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     signals.box = [Flag(*f) for f in box_flags(conn, version, run_id, status, time.time())]
+    # throughput is judged within one phase: an SFT warm-up runs far more tokens a second than GRPO's sampling
+    in_rl = start is not None and (last_step or 0) >= start
+    read_async(conn, run_id, since, signals, throughput_since=max(since, start) if in_rl else since)
     if start is None:
         return signals
     rl_since = max(since, start)
@@ -119,7 +132,39 @@ def run_signals(conn: sqlite3.Connection, run_id: int) -> RunSignals | None:
     signals.kl_steps, signals.kl = _series(conn, run_id, ("kl",), rl_since)
     signals.evals = held_out_scores(conn, run_id)
     signals.verifier_steps, signals.verifier = _series(conn, run_id, ("rewards/verifier/mean",), rl_since)
+    signals.truncation_steps, signals.truncation = _series(
+        conn, run_id, ("completions/clipped_ratio",), rl_since
+    )
     return signals
+
+
+def read_async(
+    conn: sqlite3.Connection, run_id: int, since: int, signals: RunSignals, *, throughput_since: int
+) -> None:
+    """The async-RL series from step `since`, the throughput from `throughput_since`, and the run's staleness
+    bound."""
+    signals.mismatch_key = _first_key(conn, run_id, MISMATCH_KEYS)
+    signals.mismatch_steps, signals.mismatch = _series(conn, run_id, (signals.mismatch_key,), since)
+    signals.staleness_max_steps, signals.staleness_max = _series(
+        conn, run_id, ("staleness/max", "staleness/mean"), since
+    )
+    _, signals.staleness_mean = _series(conn, run_id, ("staleness/mean",), since)
+    _, signals.staleness_violations = _series(conn, run_id, ("staleness/violations",), since)
+    if len(signals.staleness_max):
+        framework = conn.execute("SELECT framework FROM runs WHERE id=?", (run_id,)).fetchone()[0]
+        signals.staleness_bound = staleness_bound(run_config(conn, run_id), framework)
+    signals.throughput_key = _first_key(conn, run_id, THROUGHPUT_KEYS)
+    signals.throughput_steps, signals.throughput = _series(
+        conn, run_id, (signals.throughput_key,), throughput_since
+    )
+
+
+def _first_key(conn: sqlite3.Connection, run_id: int, keys: tuple[str, ...]) -> str:
+    """The first of `keys` the run has (one index seek each), else the first."""
+    for key in keys:
+        if conn.execute("SELECT 1 FROM metrics WHERE run_id=? AND key=? LIMIT 1", (run_id, key)).fetchone():
+            return key
+    return keys[0]
 
 
 def _clip_series(conn: sqlite3.Connection, run_id: int, since: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,9 +1,11 @@
 """A run's health: green, yellow or red, with the reasons that made it so (docs/reference/carl.md §6.1).
 
 Every rule reads the run's own stored series, and every threshold below is a named constant with its reason.
-The RL rules (entropy collapse, zero-std groups, clip fractions, KL, reward hacking) look at the steps of RL
-only, from the first step with a reward: an SFT warm-up is meant to make the policy certain, so its entropy
-drop is learning, not a collapse. The caller (engine/coherence/analysis.py) cuts the series there.
+The RL rules (entropy collapse, zero-std groups, clip fractions, KL, reward hacking, truncation) look at the
+steps of RL only, from the first step with a reward: an SFT warm-up is meant to make the policy certain, so
+its entropy drop is learning, not a collapse. The caller (engine/coherence/analysis.py) cuts the series there.
+The async-RL rules (sampler/learner mismatch, staleness) and the throughput rule read every step: a trainer's
+log may hold no reward at all (prime-rl's).
 
 Each flag has a stable cause (`CAUSES`), so that an alert about a cause is sent once per run
 (engine/alerts/), however its reason's numbers change.
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .phases import K_NOISE, MIN_POINTS, robust_noise, trailing_window
+from .staleness import Bound
 
 LEVELS = {"green": 0, "yellow": 1, "red": 2}
 
@@ -69,6 +72,43 @@ KL_RED = 5.0
 HACKING_MIN_RISE = 0.1
 HACKING_CARRY = 0.25
 
+# Sampler/learner mismatch (`mismatch/kl`: KL(sampler ‖ learner), nats per token; docs/reference/frameworks.md
+# §2.3). A vLLM or SGLang sampler and an FSDP or Megatron learner disagree a little on the same weights, and
+# that is harmless; a mismatch that grows is what precedes collapse in async and vLLM-sampled runs (Liu, Li et
+# al. 2025, "When Speed Kills Stability": gradient norms exploded after it grew). Over the trailing window's
+# mean: at 0.01 the average sequence sits at the top of veRL's typical per-sequence K3 rejection threshold
+# (0.001 to 0.01, verl docs/algo/rollout_corr_math.md), where many samples would be rejected as off-policy
+# (yellow); at 0.1 veRL's own health check calls the gap significant (docs/algo/rollout_corr.md; red). At any
+# level, a rise to MISMATCH_RISE_RATIO times the run's first window, beyond K_NOISE noise widths and above
+# MISMATCH_KL_FLOOR (the bottom of veRL's range: below it the two engines agree to kernel noise), is yellow:
+# the trend is the warning.
+MISMATCH_KL_YELLOW = 0.01
+MISMATCH_KL_RED = 0.1
+MISMATCH_KL_FLOOR = 1e-3
+MISMATCH_RISE_RATIO = 3.0
+# A run that logs only the mean |log π_learner − log π_sampler| (TRL, SkyRL, slime) is judged on its rise
+# alone, above 0.035 nats: the mean |Δ| of a Gaussian log-ratio whose K3 (about Var/2) is MISMATCH_KL_FLOOR.
+# The link between the two is only approximate, so no level of it is called yellow or red.
+MISMATCH_ABS_DIFF_FLOOR = 0.035
+
+# Share of completions cut at the length limit (`completions/clipped_ratio`), over RL. Answers growing past
+# the limit is the length blow-up that comes with collapse (docs/reference/carl.md §10.5; DAPO's overlong
+# filtering, arXiv 2503.14476), and a truncated answer is scored unfinished. Yellow when the trailing mean
+# rose by TRUNCATION_RISE (a share, from the run's first window) beyond K_NOISE noise widths, or stands above
+# TRUNCATION_YELLOW, where the limit shapes most answers (the offline analyst's line,
+# engine/diagnosis/rl_health.py).
+TRUNCATION_RISE = 0.1
+TRUNCATION_YELLOW = 0.5
+
+# A sudden throughput drop: the median of the last THROUGHPUT_RECENT logs of `perf/tokens_per_s` (else per
+# GPU) below (1 − THROUGHPUT_DROP) of the median of the THROUGHPUT_BASELINE logs before them. A GRPO step's
+# tokens move by tens of percent with its completions' lengths, and a checkpoint or an eval slows one log; a
+# median of three that halves takes more: a GPU or node lost, throttling, a sampler restarted, swapping
+# (yellow).
+THROUGHPUT_DROP = 0.5
+THROUGHPUT_RECENT = 3
+THROUGHPUT_BASELINE = 20
+
 # What the box says of a run (engine/system/health.py judges these from the store: samples, processes, the
 # console). Each is alerted on once per run whatever its level: a GPU idle for minutes, a disk filling or a
 # rank gone is what someone away from the screen wants to hear of.
@@ -86,6 +126,10 @@ CAUSES = (
     "kl",
     "hacking_eval",
     "hacking_verifier",
+    "mismatch",
+    "staleness",
+    "truncation",
+    "throughput",
     *BOX_CAUSES,
 )
 
@@ -145,6 +189,20 @@ class RunSignals:
     verifier: np.ndarray = field(default_factory=lambda: np.empty(0))
     verifier_steps: np.ndarray = field(default_factory=lambda: np.empty(0))
     box: list[Flag] = field(default_factory=list)  # what the box says of the run (engine/system/health.py)
+    # async RL and throughput, over every step (not only RL's)
+    mismatch: np.ndarray = field(default_factory=lambda: np.empty(0))
+    mismatch_steps: np.ndarray = field(default_factory=lambda: np.empty(0))
+    mismatch_key: str = "mismatch/kl"  # or mismatch/logprob_abs_diff/mean, judged on its rise alone
+    staleness_max: np.ndarray = field(default_factory=lambda: np.empty(0))
+    staleness_max_steps: np.ndarray = field(default_factory=lambda: np.empty(0))
+    staleness_mean: np.ndarray = field(default_factory=lambda: np.empty(0))
+    staleness_violations: np.ndarray = field(default_factory=lambda: np.empty(0))
+    staleness_bound: Bound | None = None  # the run's configured bound (engine/coherence/staleness.py)
+    truncation: np.ndarray = field(default_factory=lambda: np.empty(0))  # RL steps only
+    truncation_steps: np.ndarray = field(default_factory=lambda: np.empty(0))
+    throughput: np.ndarray = field(default_factory=lambda: np.empty(0))
+    throughput_steps: np.ndarray = field(default_factory=lambda: np.empty(0))
+    throughput_key: str = "perf/tokens_per_s"
 
 
 def assess_health(sig: RunSignals, now: float | None = None) -> Health:
@@ -309,6 +367,133 @@ def _flat_beside(rise: float, carried: float, trained: np.ndarray, window: int) 
     return rise >= HACKING_MIN_RISE and rise > K_NOISE * noise and carried < HACKING_CARRY * rise
 
 
+def risen(values: np.ndarray, ratio: float | None, least: float, floor: float) -> tuple[float, float] | None:
+    """(first window's mean, trailing window's mean) when the series rose: by `least` at least, to `ratio`
+    times where given, beyond K_NOISE noise widths of a difference of two window means, and to `floor` at
+    least."""
+    if len(values) < 2 * MIN_POINTS:
+        return None
+    w = trailing_window(len(values))
+    early, late = float(values[:w].mean()), float(values[-w:].mean())
+    noise = robust_noise(values) * math.sqrt(2.0 / w)
+    rose = late - early >= least and late - early > K_NOISE * noise and late >= floor
+    return (early, late) if rose and (ratio is None or late >= ratio * max(early, 0.0)) else None
+
+
+def _span(steps: np.ndarray, first: bool) -> str:
+    """`steps 1–12`: the steps of a series' first window (`risen`'s early one), or of its trailing one."""
+    w = trailing_window(len(steps))
+    part = steps[:w] if first else steps[-w:]
+    return f"steps {int(part[0]):,}–{int(part[-1]):,}"
+
+
+def _mismatch(sig: RunSignals, health: Health, now: float) -> None:
+    values = np.asarray(sig.mismatch, dtype=np.float64)
+    if not len(values):
+        return
+    steps = (
+        np.asarray(sig.mismatch_steps) if len(sig.mismatch_steps) == len(values) else np.arange(len(values))
+    )
+    is_kl = sig.mismatch_key == "mismatch/kl"
+    what = "mismatch KL" if is_kl else "mismatch |Δ log p|"
+    bad = ~np.isfinite(values[-trailing_window(len(values)) :])
+    if bad.any():
+        at = int(steps[-trailing_window(len(values)) :][np.argmax(bad)])
+        health.flag("red", f"sampler/learner {what} is not finite at step {at}", "mismatch")
+        return
+    values, steps = _finite(values, steps)
+    if not len(values):
+        return
+    late = float(values[-trailing_window(len(values)) :].mean())
+    if is_kl and late >= MISMATCH_KL_RED:
+        health.flag(
+            "red", f"sampler/learner mismatch KL {late:.3g} nats per token: far off-policy", "mismatch"
+        )
+        return
+    rise = risen(values, MISMATCH_RISE_RATIO, 0.0, MISMATCH_KL_FLOOR if is_kl else MISMATCH_ABS_DIFF_FLOOR)
+    if rise is not None:
+        health.flag(
+            "yellow",
+            f"sampler/learner {what} rising: {rise[0]:.3g} nats per token at {_span(steps, True)},"
+            f" {rise[1]:.3g} at {_span(steps, False)}",
+            "mismatch",
+        )
+    elif is_kl and late >= MISMATCH_KL_YELLOW:
+        health.flag("yellow", f"sampler/learner mismatch KL at {late:.3g} nats per token", "mismatch")
+
+
+def _staleness(sig: RunSignals, health: Health, now: float) -> None:
+    violations, _ = _finite(sig.staleness_violations)
+    if len(violations):
+        w = min(trailing_window(len(violations)), len(violations))
+        count = float(violations[-w:].sum())
+        if count > 0:
+            health.flag(
+                "yellow",
+                f"{count:,.0f} samples trained past the staleness bound in the last {w} logs",
+                "staleness",
+            )
+            return
+    bound = sig.staleness_bound
+    worst, steps = _finite(sig.staleness_max, sig.staleness_max_steps)
+    if bound is None or not len(worst):
+        return
+    w = trailing_window(len(worst))
+    recent, recent_steps = worst[-w:], steps[-w:]
+    if float(recent.max()) <= bound.versions:
+        return
+    mean, _ = _finite(sig.staleness_mean)
+    typical = float(mean[-trailing_window(len(mean)) :].mean()) if len(mean) else None
+    if typical is not None and typical > bound.versions:
+        health.flag(
+            "red",
+            f"samples {typical:.3g} policy versions stale on average, past the run's bound of"
+            f" {bound.versions} ({bound.setting})",
+            "staleness",
+        )
+        return
+    at = int(recent_steps[int(np.argmax(recent))])
+    health.flag(
+        "yellow",
+        f"samples {float(recent.max()):g} policy versions stale at step {at}, past the run's bound of"
+        f" {bound.versions} ({bound.setting})",
+        "staleness",
+    )
+
+
+def _truncation(sig: RunSignals, health: Health, now: float) -> None:
+    share, steps = _finite(sig.truncation, sig.truncation_steps)
+    if not len(share):
+        return
+    rise = risen(share, None, TRUNCATION_RISE, 0.0)
+    late = float(share[-trailing_window(len(share)) :].mean())
+    if rise is not None:
+        health.flag(
+            "yellow",
+            f"truncated completions rising: {rise[0]:.0%} hit the length limit at {_span(steps, True)},"
+            f" {rise[1]:.0%} at {_span(steps, False)}",
+            "truncation",
+        )
+    elif late >= TRUNCATION_YELLOW:
+        health.flag("yellow", f"{late:.0%} of completions hit the length limit", "truncation")
+
+
+def _throughput(sig: RunSignals, health: Health, now: float) -> None:
+    rate, steps = _finite(sig.throughput, sig.throughput_steps)
+    if len(rate) < THROUGHPUT_RECENT + MIN_POINTS:
+        return
+    recent = float(np.median(rate[-THROUGHPUT_RECENT:]))
+    before = float(np.median(rate[-THROUGHPUT_RECENT - THROUGHPUT_BASELINE : -THROUGHPUT_RECENT]))
+    if before > 0 and recent < (1 - THROUGHPUT_DROP) * before:
+        unit = "tokens/s per GPU" if sig.throughput_key.endswith("per_gpu") else "tokens/s"
+        health.flag(
+            "yellow",
+            f"throughput fell {1 - recent / before:.0%}: {before:,.0f} → {recent:,.0f} {unit} since step "
+            f"{int(steps[-THROUGHPUT_RECENT])}",
+            "throughput",
+        )
+
+
 def _box(sig: RunSignals, health: Health, now: float) -> None:
     for flag in sig.box:
         health.flag(flag.level, flag.reason, flag.cause)
@@ -324,5 +509,9 @@ RULES = (
     _clip,
     _kl,
     _hacking,
+    _mismatch,
+    _staleness,
+    _truncation,
+    _throughput,
     _box,
 )

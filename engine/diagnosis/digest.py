@@ -58,6 +58,11 @@ HEALTH_KEYS = (
     "entropy/p50",
     "entropy/p90",
     "completions/max_length",
+    # async RL (engine/observe/frameworks.py): the sampler against the learner, and the samples' age
+    "mismatch/kl",
+    "mismatch/logprob_abs_diff/mean",
+    "staleness/mean",
+    "completions/aborted_ratio",
 )
 MAX_KEYS = 40
 MAX_PROCESSES = 12  # the run's processes in the digest: a few ranks, and those that died first

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.coherence.health import CLIP_RED, CLIP_SPIKE, KL_RED, KL_YELLOW
+from engine.coherence.health import CLIP_RED, CLIP_SPIKE, KL_RED, KL_YELLOW, TRUNCATION_YELLOW
 
 from .wording import Finding, fmt, level_text, movement
 
-CLIPPED_SHARE = 0.5  # completions cut at max_completion_length: above half, the limit shapes the answers
+CLIPPED_SHARE = TRUNCATION_YELLOW  # completions cut at max_completion_length: the limit shapes the answers
 CLIP_KEYS = ("clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean")
 
 
@@ -97,7 +97,7 @@ def kl_answer(d: dict[str, Any], question: str) -> list[str]:
             ]
         if policy:
             lines.append(
-                f"- `policy_kl` (sampler against learner) is {level_text(policy)}, {movement(policy)}."
+                f"- `policy_kl` (how far an update moved) is {level_text(policy)}, {movement(policy)}."
             )
         return lines
     if t["nan_steps"] or (t["late"] is not None and t["late"] >= KL_RED):
@@ -116,7 +116,7 @@ def kl_answer(d: dict[str, Any], question: str) -> list[str]:
     if beta is not None:
         lines.append(f"- `beta` is {fmt(beta)} in the config: the loss adds beta × KL per token.")
     if policy:
-        lines.append(f"- `policy_kl` (sampler against learner) is {level_text(policy)}, {movement(policy)}.")
+        lines.append(f"- `policy_kl` (how far an update moved) is {level_text(policy)}, {movement(policy)}.")
     return lines
 
 

@@ -2,18 +2,36 @@
 
 One declarative table per framework (docs/reference/frameworks.md §2): a source key, or a pattern, and the key
 the control room charts it under. The vocabulary is TRL's (what transformers logs for GRPOTrainer, without
-`train/`), since TRL runs and our own runs already write it, plus one concept TRL has no key for: `policy_kl`,
-the KL between the policy that sampled and the one being trained (PPO's approx KL, prime-rl's mismatch KL).
+`train/`), since TRL runs and our own runs already write it, plus the concepts TRL has no key for.
 
     entropy                  mean token entropy, nats (gives Φ once |V| is known)
     entropy/p10, entropy/p50, entropy/p90   percentiles of the per-token entropy (carl's own trainers)
     cov/logp_adv             Cov(log π, A) over the completion tokens (carl's own trainers; collapse signal)
     reward, reward_std       the total reward's mean and spread;  rewards/<fn>/mean  each reward function
-    kl                       KL to the reference model;  policy_kl  KL between sampler and learner
+    kl                       KL to the reference model
+    policy_kl                PPO's approx KL between the policy the batch's old log-probs came from and
+                             the one being updated: how far an update moved (not sampler against learner)
     clip_ratio/low_mean      share of tokens clipped below (r < 1 - ε_low, A < 0)
     clip_ratio/high_mean     share clipped above (r > 1 + ε_high, A > 0);  clip_ratio/region_mean  either side
     completions/mean_length, completions/min_length, completions/max_length, completions/clipped_ratio
+    completions/aborted_ratio   share of the step's samples the sampler aborted (no response at all)
     grad_norm, learning_rate, loss, frac_reward_zero_std
+
+Async RL: the sampler (vLLM, SGLang) against the learner on the same tokens, and how old the samples are
+(docs/reference/frameworks.md §2.3 says what each framework's key measures):
+
+    mismatch/kl              KL(sampler ‖ learner), nats per token: the k3 estimator where the framework
+                             logs it (never below 0), else its k1 estimate
+    mismatch/logprob_abs_diff/mean, /max, /std   |log π_learner − log π_sampler| per token, nats
+    mismatch/prob_abs_diff/mean, /max, /std      |π_learner − π_sampler| per token, a probability (veRL)
+    mismatch/prob_corr       Pearson correlation of the two per-token probabilities (veRL)
+    mismatch/is_ratio/mean, /min, /max   the importance ratio π_learner / π_sampler per token (1: none)
+    staleness/mean, staleness/max   policy versions between the policy that sampled and the one trained
+                             on the samples (0: on-policy)
+    staleness/violations     samples trained in the step past the run's configured bound (SkyRL's count)
+    off_policy/share         share of the step's samples an older policy sampled (staleness above 0)
+    off_policy/dropped       samples dropped in the step for being too stale
+    off_policy/dropped_total, off_policy/stale_total   since the run began: dropped; stale ones trained on
 
 Throughput and MFU take the names our own runs write (engine/training/perf.py; docs/reference/frameworks.md
 §2.2 says what each framework's key measures, which is not always the same span of time):
@@ -23,6 +41,7 @@ Throughput and MFU take the names our own runs write (engine/training/perf.py; d
     perf/tokens_per_s        tokens per second, every GPU's;  perf/tokens_per_s_per_gpu  the same per GPU
     perf/completion_tokens_per_s   completion tokens per second
     perf/mfu                 model FLOPs utilisation, a fraction (a framework's percent is divided by 100)
+    perf/trainer_wait_share  share of the trainer's step spent waiting for samples (async RL)
 
 Keys are matched as `keys.normalize_key` leaves them, so with transformers' (and OpenRLHF's, slime's,
 prime-rl's) `train/` prefix already stripped. A framework is told from the keys a run logs (`detect`), and
@@ -57,6 +76,20 @@ TABLES: dict[str, dict[str, str]] = {
         "training_tok/s": "perf/completion_tokens_per_s",
         "perf/fwd_bwd_s": "perf/time/update_s",
         "perf/mfu_wall_clock": "perf/mfu",
+        # The sampler against the learner (grpo_trainer.py, _generate_and_score_completions, with vLLM and
+        # vllm_importance_sampling_correction): |old_per_token_logps - sampling_per_token_logps| over the
+        # completion tokens, and the importance ratio exp(old - sampling) as applied (truncated or masked at
+        # vllm_importance_sampling_clip_min/max). Async GRPO (async_grpo_trainer.py, the rollout queue's
+        # iterator): each sample's staleness (model versions behind), the mean and the max over the log, and
+        # the samples dropped past max_staleness, summed over the log (`_reduce_metric`: a "total" is a sum).
+        "sampling/sampling_logp_difference/mean": "mismatch/logprob_abs_diff/mean",
+        "sampling/sampling_logp_difference/max": "mismatch/logprob_abs_diff/max",
+        "sampling/importance_sampling_ratio/mean": "mismatch/is_ratio/mean",
+        "sampling/importance_sampling_ratio/min": "mismatch/is_ratio/min",
+        "sampling/importance_sampling_ratio/max": "mismatch/is_ratio/max",
+        "sample/staleness_mean": "staleness/mean",
+        "sample/staleness_max": "staleness/max",
+        "sample/dropped_stale_total": "off_policy/dropped",
     },
     # volcengine/verl b178a3cd: verl/trainer/ppo/metric_utils.py (compute_data_metrics: critic/score/*,
     # response_length/*), verl/trainer/ppo/core_algos.py (compute_policy_loss: actor/pg_clipfrac is either
@@ -86,6 +119,39 @@ TABLES: dict[str, dict[str, str]] = {
         "timing_s/update_actor": "perf/time/update_s",
         "perf/throughput": "perf/tokens_per_s_per_gpu",
         "perf/mfu/actor": "perf/mfu",
+        # verl-project/verl 1dda039b (where volcengine/verl moved): verl/trainer/ppo/rollout_corr_helper.py
+        # compute_offpolicy_metrics, logged as rollout_corr/<name>: k3_kl = mean(ρ - log ρ - 1) with
+        # ρ = π_old / π_rollout, kl = mean(log π_rollout - log π_old), both KL(rollout ‖ old) per token
+        # (π_old: the learner's recompute in decoupled mode; in bypass mode the policy being updated);
+        # compute_is_metrics: rollout_is_* are the IS weights as applied (truncated).
+        # verl/utils/debug/metrics.py calculate_debug_metrics: training/rollout_probs_diff_* are |p_old -
+        # p_rollout| on probabilities (it exponentiates first, whatever calculate_log_prob_diff's name says),
+        # and the probabilities' Pearson correlation. verl/trainer/ppo/v1/trainer_base.py:
+        # training/off_policy/trajectory_staleness/* = (global_steps - 1) - the newest model version a
+        # trajectory used; v1/replay_buffer.py: training/off_policy/evicted_samples, the groups dropped past
+        # max_off_policy_threshold in the step. metric_utils.py: response/aborted_ratio, the share of
+        # responses of length 0. experimental/fully_async_policy/ (detach_utils.py, fully_async_trainer.py,
+        # fully_async_rollouter.py): fully_async/count/* are running totals; stale_samples_processed
+        # (b178a3cd) became stale_trajectory_processed (x rollout.n); fully_async/trainer/idle_ratio =
+        # timing_s/gen / timing_s/step, trainer/idle_ratio at b178a3cd.
+        "rollout_corr/k3_kl": "mismatch/kl",
+        "rollout_corr/kl": "mismatch/kl",
+        "training/rollout_probs_diff_mean": "mismatch/prob_abs_diff/mean",
+        "training/rollout_probs_diff_max": "mismatch/prob_abs_diff/max",
+        "training/rollout_probs_diff_std": "mismatch/prob_abs_diff/std",
+        "training/rollout_actor_probs_pearson_corr": "mismatch/prob_corr",
+        "rollout_corr/rollout_is_mean": "mismatch/is_ratio/mean",
+        "rollout_corr/rollout_is_min": "mismatch/is_ratio/min",
+        "rollout_corr/rollout_is_max": "mismatch/is_ratio/max",
+        "training/off_policy/trajectory_staleness/mean": "staleness/mean",
+        "training/off_policy/trajectory_staleness/max": "staleness/max",
+        "training/off_policy/evicted_samples": "off_policy/dropped",
+        "fully_async/count/dropped_stale_samples": "off_policy/dropped_total",
+        "fully_async/count/stale_samples_processed": "off_policy/stale_total",
+        "fully_async/count/stale_trajectory_processed": "off_policy/stale_total",
+        "response/aborted_ratio": "completions/aborted_ratio",
+        "fully_async/trainer/idle_ratio": "perf/trainer_wait_share",
+        "trainer/idle_ratio": "perf/trainer_wait_share",
     },
     # OpenRLHF/OpenRLHF 3c3be623: openrlhf/trainer/ray/ppo_actor.py (training_step: entropy_loss is the
     # token-mean entropy, not a loss; policy_loss, actor_grad_norm, actor_lr, ppo_kl, ppo_clip_ratio),
@@ -101,6 +167,11 @@ TABLES: dict[str, dict[str, str]] = {
         "actor_grad_norm": "grad_norm",
         "actor_lr": "learning_rate",
         "policy_loss": "loss",
+        # openrlhf/models/loss.py PolicyLoss (with vLLM IS correction): vllm_kl = mean(log π_rollout - log
+        # π_old), the k1 estimate of KL(rollout ‖ old). Not logprobs_diff: ppo_actor.py and
+        # experience_maker.py compute it as log π_actor - log π_ref, against the reference model, so it keeps
+        # its name.
+        "vllm_kl": "mismatch/kl",
     },
     # PrimeIntellect-ai/prime-rl 559b4477: src/prime_rl/trainer/rl/train.py (entropy/all, mismatch_kl/all,
     # loss, optim/*), src/prime_rl/trainer/rl/loss.py (is_masked_{low,high}: DPPO's masked tokens, its clip),
@@ -108,7 +179,10 @@ TABLES: dict[str, dict[str, str]] = {
     "prime-rl": {
         "entropy/all/mean": "entropy",
         r"re:agg/effective/[^/]+/reward/mean": "reward",
-        "mismatch_kl/all/mean": "policy_kl",
+        # trainer/rl/loss.py compute_importance_ratio_and_mismatch_kl(trainer_logprobs, inference_logprobs):
+        # ρ - log ρ - 1 with ρ = π_trainer / π_inference, the k3 estimate of KL(inference ‖ trainer) on the
+        # tokens the inference server sampled: the sampler against the learner, not PPO's step.
+        "mismatch_kl/all/mean": "mismatch/kl",
         "is_masked_low/mean": "clip_ratio/low_mean",
         "is_masked_high/mean": "clip_ratio/high_mean",
         "is_masked/mean": "clip_ratio/region_mean",
@@ -127,6 +201,12 @@ TABLES: dict[str, dict[str, str]] = {
         "perf/mfu": "perf/mfu",
         "time/step": "perf/step_time_s",
         "time/forward_backward": "perf/time/update_s",
+        # orchestrator/orchestrator.py (the shipped batch): off_policy/mean and /max are staleness in steps
+        # (orchestrator/utils.py episode_staleness: the version the batch trains on minus the one that
+        # generated the episode); off_policy/dropped, the queued traces voided past max_off_policy_steps since
+        # the last batch, is already the canonical name.
+        "off_policy/mean": "staleness/mean",
+        "off_policy/max": "staleness/max",
     },
     # NovaSky-AI/SkyRL a9564572: skyrl/train/trainer.py (policy/<worker status>, reward/avg_raw_reward,
     # loss/avg_kl: the KL in the reward), skyrl/backends/skyrl_train/workers/worker.py (policy_entropy,
@@ -150,6 +230,16 @@ TABLES: dict[str, dict[str, str]] = {
         "timing/generate": "perf/time/generation_s",
         "timing/train_critic_and_policy": "perf/time/update_s",
         "trainer/tokens_per_second_per_gpu": "perf/tokens_per_s_per_gpu",
+        # skyrl/train/trainer.py: |rollout_logprobs - action_log_probs| over the response tokens;
+        # skyrl/train/fully_async_trainer.py: each group's staleness = global_step - the step it was scheduled
+        # at, its share above 0, and the groups past max_staleness_steps (logged, not dropped).
+        "policy/rollout_train_logprobs_abs_diff_mean": "mismatch/logprob_abs_diff/mean",
+        "policy/rollout_train_logprobs_abs_diff_max": "mismatch/logprob_abs_diff/max",
+        "policy/rollout_train_logprobs_abs_diff_std": "mismatch/logprob_abs_diff/std",
+        "async/staleness_mean": "staleness/mean",
+        "async/staleness_max": "staleness/max",
+        "async/staleness_ratio": "off_policy/share",
+        "async/staleness_violation_count": "staleness/violations",
     },
     # inclusionAI/AReaL 4aef98d8: areal/trainer/ppo/actor.py (ppo_update under the ppo_actor scope, its loss
     # stats under update/), areal/utils/stats_tracker.py (export adds /avg /min /max), areal/utils/functional/
@@ -163,6 +253,17 @@ TABLES: dict[str, dict[str, str]] = {
         "ppo_actor/update/grad_norm": "grad_norm",
         "ppo_actor/update/lr": "learning_rate",
         "ppo_actor/update/actor_loss/avg": "loss",
+        # areal/utils/functional/functional.py (with rejection_sampling): behave_approx_kl = log π_prox -
+        # log π_behave, whose mean under the behaviour policy is -KL(behave ‖ prox): its sign is turned where
+        # it takes the canonical name (SCALES); behave_imp_weight = π_prox / π_behave.
+        # areal/trainer/ppo/actor.py _log_version_staleness_stats: (current version - 1) - the token's
+        # behaviour version, the lag behind the last weights broadcast (0 when synchronous).
+        "ppo_actor/update/behave_approx_kl/avg": "mismatch/kl",
+        "ppo_actor/update/behave_imp_weight/avg": "mismatch/is_ratio/mean",
+        "ppo_actor/update/behave_imp_weight/min": "mismatch/is_ratio/min",
+        "ppo_actor/update/behave_imp_weight/max": "mismatch/is_ratio/max",
+        "ppo_actor/update/version_stats/sample_staleness_proximal_avg": "staleness/mean",
+        "ppo_actor/update/version_stats/sample_staleness_proximal_max": "staleness/max",
     },
     # THUDM/slime 624b824a: slime/backends/megatron_utils/loss.py (reported_loss: entropy_loss is the entropy,
     # pg_clipfrac either side, ppo_kl, kl_loss), slime/backends/megatron_utils/model.py (train/<key>,
@@ -185,13 +286,21 @@ TABLES: dict[str, dict[str, str]] = {
         "perf/rollout_time": "perf/time/generation_s",
         "perf/actor_train_time": "perf/time/update_s",
         "perf/actor_train_tok_per_s": "perf/tokens_per_s",
+        "perf/wait_time_ratio": "perf/trainer_wait_share",  # train_metric_utils.py: wait / (wait + train)
+        # slime/backends/megatron_utils/loss.py: train_rollout_logprob_abs_diff, the mean |log π - log
+        # π_rollout| (π: the recomputed old policy, or the current one with use_rollout_logprobs); tis = π_old
+        # / π_rollout before its clamp (with use_tis or get_mismatch_metrics).
+        "train_rollout_logprob_abs_diff": "mismatch/logprob_abs_diff/mean",
+        "tis": "mismatch/is_ratio/mean",
     },
 }
 # framework -> {source key: factor}: a value whose unit is not the canonical one, converted where it takes the
-# canonical name (MFU in percent becomes a fraction).
+# canonical name (MFU in percent becomes a fraction; a KL logged with the other sign is turned).
 SCALES: dict[str, dict[str, float]] = {
     "trl": {"perf/mfu_wall_clock": 0.01},  # trl/trainer/utils.py compute_mfu: "MFU as a percentage"
     "prime-rl": {"perf/mfu": 0.01},  # src/prime_rl/trainer/perf.py _mfu_from_tps: 100 * ...
+    # areal/utils/functional/functional.py: behave_approx_kl = log π_prox - log π_behave estimates -KL
+    "areal": {"ppo_actor/update/behave_approx_kl/avg": -1.0},
 }
 
 # Keys (or prefixes, ending in "/") that tell a framework: a run is told by the most of them it has. `carl`
@@ -207,7 +316,15 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "frac_reward_zero_std",
         "num_tokens",
     ),
-    "verl": ("actor/", "critic/", "timing_s/", "response_length/", "perf/time_per_step"),
+    "verl": (
+        "actor/",
+        "critic/",
+        "timing_s/",
+        "response_length/",
+        "perf/time_per_step",
+        "rollout_corr/",
+        "fully_async/",
+    ),
     "openrlhf": ("actor_grad_norm", "actor_lr", "ppo_clip_ratio", "return", "logprobs_diff"),
     "prime-rl": ("entropy/all/", "mismatch_kl/all/", "optim/", "agg/", "time/wait_for_batch"),
     "skyrl": (
@@ -216,6 +333,7 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "reward/avg_raw_reward",
         "loss/avg_kl",
         "generate/avg_num_tokens",
+        "async/staleness_mean",
     ),
     "areal": ("ppo_actor/", "ppo_actor/update/approx_kl/avg", "ppo_actor/update/dual_clip_ratio/avg"),
     "slime": (
