@@ -405,6 +405,11 @@ def _pair(seen: Seen) -> list[FoundRun]:
         _keep_unreadable_apart(run)
         runs.append(run)
     metrics = [m for m in seen.metrics if id(m) not in taken]
+    for found in [m for m in metrics if not m.readable and m.kind in pairing.STARTS_KNOWN]:
+        owner = _started_with(found, runs)
+        if owner is not None:  # not peeked (its package is missing): told by its start alone
+            owner.same.append(found)
+            metrics.remove(found)
     runs += [FoundRun(m) for m in metrics if m.kind != "wandb"]
     _pair_wandb(runs, [m for m in metrics if m.kind == "wandb"])
     for state in seen.states:
@@ -420,6 +425,18 @@ def _pair(seen: Seen) -> list[FoundRun]:
     for run in runs:
         _prefer_readable(run)
     return runs
+
+
+def _started_with(found: Found, runs: list[FoundRun]) -> FoundRun | None:
+    """The run whose tracker of another kind started nearest `found`, within PAIR_SECONDS, if any."""
+    near = [
+        (abs(f.started - found.started), run)
+        for run in runs
+        if found.kind not in {t.kind for t in run.trackers}
+        for f in run.trackers
+        if f.kind in pairing.STARTS_KNOWN and abs(f.started - found.started) <= PAIR_SECONDS
+    ]
+    return min(near, key=lambda n: n[0])[1] if near else None
 
 
 def _join_all(seen: Seen) -> list[FoundRun]:

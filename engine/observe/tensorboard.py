@@ -268,17 +268,23 @@ def read_events(
 
 
 def sub_run_key(folder: str, tag: str) -> str | None:
-    """The parent run's key for a value of an `add_scalars` sub-run, else None.
+    """The parent run's key for a value of an `add_scalars` sub-run, else None; `folder` is the sub-run's
+    folder relative to its parent run's.
 
-    `SummaryWriter.add_scalars(main_tag, {name: value})` (torch/utils/tensorboard/writer.py, and
-    tensorboardX's writer.py alike) writes each value with the tag `main_tag` into its own writer's folder,
-    `<logdir>/<main_tag with "/" as "_">_<name>`: the parent's series `main_tag/name`. The key is kept as
-    written (no `reward_` channel alias: `reward_parts/format` is a part of a reward, not a reward function);
-    only transformers' `train/` prefix goes, as for every key."""
-    prefix = tag.replace("/", "_") + "_"
-    if not folder.startswith(prefix) or len(folder) == len(prefix):
-        return None
-    key = storable(f"{tag}/{folder[len(prefix) :]}")
+    `SummaryWriter.add_scalars(main_tag, {name: value})` writes each value with the tag `main_tag` into a
+    writer of its own, in a folder of its own: torch (torch/utils/tensorboard/writer.py)
+    `<logdir>/<main_tag with "/" as "_">_<name>`, tensorboardX 2.6 (tensorboardX/writer.py)
+    `<logdir>/<main_tag>/<name>`. Either is the parent's series `main_tag/name`, kept as written (no
+    `reward_` channel alias: `reward_parts/format` is a part of a reward, not a reward function); only
+    transformers' `train/` prefix goes, as for every key."""
+    if folder.startswith(tag + "/") and len(folder) > len(tag) + 1:
+        key = folder  # tensorboardX
+    else:
+        prefix = tag.replace("/", "_") + "_"
+        if "/" in folder or not folder.startswith(prefix) or len(folder) == len(prefix):
+            return None
+        key = f"{tag}/{folder[len(prefix) :]}"  # torch
+    key = storable(key)
     key = key[6:] if key.startswith("train/") else key
     return key if 0 < len(key) <= MAX_KEY_LENGTH else None
 
@@ -407,7 +413,7 @@ class EventBatch:
             return True
         records = entry.get("records", 0)
         opened = open_event_file(self.source_id, path, st.st_ino, records)
-        channel = None if parent is None else posixpath.basename(run_dir)
+        channel = None if parent is None else run_dir if parent == "." else run_dir[len(parent) + 1 :]
         read = read_events(opened, records, entry.get("bytes", 0), self.budget, self.row_count, channel)
         if read.state == "changed":  # not the file the cursor describes: read again from the top next time
             OPEN.pop((self.source_id, str(path)), None)
@@ -455,12 +461,16 @@ class EventBatch:
 
 
 def parent_run(run_dir: str, runs: dict[str, list[Path]]) -> str | None:
-    """The run whose folder holds this run's folder (its event files' writer made it: `add_scalars`), or
-    None."""
+    """The nearest run whose folder holds this run's folder (its writer made it: `add_scalars`), or None."""
     if run_dir in ("", "."):
         return None
-    parent = posixpath.dirname(run_dir) or "."
-    return parent if parent in runs else None
+    folder = run_dir
+    while folder:
+        folder = posixpath.dirname(folder)
+        parent = folder or "."
+        if parent in runs:
+            return parent
+    return None
 
 
 def _run_name(source: dict[str, Any], root: Path, run_dir: str, run_count: int) -> str:
