@@ -83,6 +83,9 @@ def event_runs(root: Path) -> dict[str, list[Path]]:
                     f"{root}: cannot read the directory ({exc.strerror})", transient=True
                 ) from None
             continue  # a run directory removed or closed to us: the others go on
+        # A name that is not UTF-8 cannot be opened by tensorboard's reader (it decodes the path) nor kept in
+        # the store: skipped, as discovery skips it with a note.
+        entries = [e for e in entries if storable(e.name) == e.name]
         files = sorted((e.name for e in entries if is_event_file(e.name) and _regular(e)), key=name_order)
         if files:
             runs[directory.relative_to(root).as_posix()] = [directory / name for name in files]
