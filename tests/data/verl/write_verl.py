@@ -1,8 +1,9 @@
 """Writes what veRL 0.9.1 writes for a run logged with `Tracking(project, experiment,
 default_backend=["file", "tensorboard"])` and a rollout dump (`trainer.rollout_data_dir`), with veRL's own
-code: `verl/utils/tracking.py` loaded from the installed package (its FileLogger and _TensorboardAdapter, which
-uses torch's SummaryWriter), and `RayPPOTrainer._write_generations` (verl/trainer/ppo/ray_trainer.py) taken from
-the installed file's source. `import verl` itself is not run: it pulls in ray, which the writers do not need.
+code: `verl/utils/tracking.py` loaded from the installed package (its FileLogger and _TensorboardAdapter,
+which uses torch's SummaryWriter), and `RayPPOTrainer._write_generations` (verl/trainer/ppo/ray_trainer.py)
+taken from the installed file's source. `import verl` itself is not run: it pulls in ray, which the writers do
+not need.
 
 Run in a venv with `pip install torch==2.13.0 tensorboard orjson packaging` and `pip install verl==0.9.1
 --no-deps`, from the folder the run starts in (veRL writes relative to it):
