@@ -389,7 +389,7 @@ def _pair(seen: Seen) -> list[FoundRun]:
     """Sources that hold the same values logged one run (pairing.py) and are read into it; of the rest, a
     W&B run started with a TensorBoard run, and an output dir's trainer_state.json, are reported as the same
     run (told by time and place alone, they are not read into it)."""
-    units = pairing.peek([*seen.metrics, *seen.states])
+    units = pairing.peek(pairing.worth_peeking([*seen.metrics, *seen.states]))
     runs: list[FoundRun] = []
     taken: set[int] = set()
     for group in pairing.groups(units):

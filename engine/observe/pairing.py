@@ -87,6 +87,18 @@ def peek(sources: Iterable[Found]) -> list[Unit]:
     return units
 
 
+def worth_peeking(sources: list[Found]) -> list[Found]:
+    """The sources that may have logged a run with another one: a source of another kind near it in time
+    (`near`, on what their names and files tell), or any source when a store of many runs is there (its runs'
+    times are known only once it is read). A folder of fifty TensorBoard runs peeks at none."""
+    if any(f.kind in MULTI_RUN_KINDS for f in sources):
+        return sources
+    units = [
+        Unit(f, started=f.started if f.kind in STARTS_KNOWN else None, ended=f.ended or None) for f in sources
+    ]
+    return [a.found for a in units if any(a.kind != b.kind and near(a, b) for b in units)]
+
+
 def _units(scratch: Store, source_id: int, found: Found) -> list[Unit]:
     rows = scratch.conn.execute(
         "SELECT id, external_id, started_at, last_update FROM runs WHERE source_id=? ORDER BY id",
