@@ -51,7 +51,7 @@ from .config import ConfigError, TuiConfig, config_path, load_config
 from .controls import CONTROL_ACTIONS, RUN_ACTIONS, RunControls
 from .explorer_keys import ExplorerKeys
 from .keymap import check_keymap, keymap_line, known_ids
-from .model import FirstRead, RunView, Snapshot, StoreWatcher, run_state
+from .model import FirstRead, RunView, Snapshot, StoreWatcher, run_state, state_line
 from .panes import RewardsPane, draw_run, line_style, rewards_title, set_title
 from .reads import StoreReads
 from .runs import RunList
@@ -445,7 +445,7 @@ class ControlRoom(
         wanted = (self.agents_overview.get("plane") or {}).get("wanted")
         info = StatusInfo(
             run=run.name if run else None,
-            state=run_state(run) if run else None,
+            state=state_line(run) if run else None,
             backend=run.backend if run and run.backend in ("torch", "mlx") else None,
             step=run.last_step if run else None,
             max_steps=run.max_steps if run else None,

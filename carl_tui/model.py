@@ -473,6 +473,13 @@ def _progress(reader: StoreReader, run: RunRow) -> tuple[float | None, float | N
     return 1.0 / seconds, eta, "warm-up" if end == warmup and warmup else None
 
 
+def state_line(run: RunRow) -> str:
+    """The run's state as the status line shows it: a run stopped short says why (an observed run whose
+    writer went quiet before its planned steps, engine/observe/ending.py)."""
+    state = run_state(run)
+    return f"{state}: {run.error}" if state == "stopped" and run.error else state
+
+
 def run_state(run: RunRow, now: float | None = None) -> str:
     """live / silent / presumed crashed for running runs (seeded from the last write, as LEET)."""
     if run.status != "running":

@@ -19,7 +19,15 @@ from .comparison import Mark
 from .model import run_state
 
 MARK = "▌"  # a run marked for comparison, in the Runs list
-STATE_MARKS = {"live": "●", "silent": "◌", "presumed crashed": "✕", "finished": "✓", "failed": "✕"}
+STATE_MARKS = {
+    "live": "●",
+    "silent": "◌",
+    "presumed crashed": "✕",
+    "finished": "✓",
+    "failed": "✕",
+    "stopped": "■",
+    "imported": "·",
+}
 
 
 class RunList(OptionList):

@@ -118,28 +118,27 @@ def test_a_trl_output_dir_is_one_run(store: Store, trl_output: Path) -> None:
     found = discover(trl_output)
     [run] = found.runs
     assert run.metrics.kind == "tensorboard" and run.metrics.path == board
-    assert kinds(run.same) == ["wandb", "trainer_state"]  # the same run, logged to three trackers
+    # The same run, logged to three trackers holding the same values at the same steps: read into one run.
+    assert kinds(run.joined) == ["wandb", "trainer_state"] and run.same == []
     assert [(f.kind, f.path) for f in run.rollouts] == [("rollouts-trl", trl_output / "completions")]
     assert run.name == "grpo-out"  # not the date and host of its TensorBoard folder
     line = describe(found, run)
-    assert line.startswith(
-        f"TensorBoard run: runs/{board.name} + TRL completions: completions; also found W&B run:"
-    )
-    assert line.endswith("trainer_state.json: . (the same run)")
+    assert line.startswith(f"TensorBoard run: runs/{board.name} + W&B run: wandb/offline-run-")
+    assert line.endswith(" + trainer_state.json: . + TRL completions: completions")
     assert found.notes == []
 
     # From the folder above, the same.
     [above] = discover(trl_output.parent).runs
-    assert (above.metrics, above.same, above.rollouts, above.name) == (
+    assert (above.metrics, above.joined, above.rollouts, above.name) == (
         run.metrics,
-        run.same,
+        run.joined,
         run.rollouts,
         run.name,
     )
 
     [registered] = register(store, found, follow=False)
     assert registered.errors == []
-    board_source, completions = sources(store)
+    board_source, wandb_source, state_source, completions = sources(store)
     assert (board_source["kind"], board_source["path"], board_source["name"]) == (
         "tensorboard",
         str(board),
@@ -147,9 +146,15 @@ def test_a_trl_output_dir_is_one_run(store: Store, trl_output: Path) -> None:
     )
     assert (completions["kind"], completions["path"]) == ("rollouts-trl", str(trl_output / "completions"))
     assert completions["attach_to"] == board_source["id"] and board_source["attach_to"] is None
+    assert wandb_source["attach_to"] == state_source["attach_to"] == board_source["id"]  # joined
     # Registering again keeps the sources (and their cursors).
     register(store, found, follow=True)
-    assert [s["id"] for s in sources(store)] == [board_source["id"], completions["id"]]
+    assert [s["id"] for s in sources(store)] == [
+        board_source["id"],
+        wandb_source["id"],
+        state_source["id"],
+        completions["id"],
+    ]
     assert all(s["follow"] == 1 for s in sources(store))
 
 
@@ -158,7 +163,8 @@ def test_a_tracker_whose_package_is_missing_comes_last(
 ) -> None:
     monkeypatch.setattr(discover_module, "installed", lambda package: package != "tensorboard")
     [run] = discover(trl_output).runs
-    assert run.metrics.kind == "wandb" and kinds(run.same) == ["tensorboard", "trainer_state"]
+    assert run.metrics.kind == "wandb" and kinds(run.joined) == ["trainer_state"]
+    assert kinds(run.same) == ["tensorboard"]  # not readable: told by its start, and named in a note
     monkeypatch.setattr(discover_module, "installed", lambda package: package not in ("tensorboard", "wandb"))
     [run] = discover(trl_output).runs
     assert run.metrics.kind == "trainer_state" and kinds(run.same) == ["tensorboard", "wandb"]
@@ -170,9 +176,9 @@ def test_a_tracker_whose_package_is_missing_comes_last(
 
 
 def test_runs_are_paired_by_start_time(trl_output: Path, tmp_path: Path) -> None:
-    """Two W&B runs in an output dir beside one TensorBoard run: the one that started with it is the same run,
-    the one an hour later a run of its own, and trainer_state.json
-    (rewritten by each run) goes with the newest."""
+    """Two W&B runs in an output dir beside one TensorBoard run, holding the same values: the one that started
+    with it is the same run, the one an hour later a run of its own (the same values, but not the same run),
+    and trainer_state.json goes with the run whose values it holds; the completions with the newest run."""
     out = tmp_path / "out"
     shutil.copytree(trl_output, out, symlinks=True)
     [original] = [p for p in (out / "wandb").iterdir() if p.name.startswith("offline-run-")]
@@ -183,11 +189,11 @@ def test_runs_are_paired_by_start_time(trl_output: Path, tmp_path: Path) -> None
     later = out / "wandb" / f"offline-run-{stamp}-later0"
     shutil.copytree(original, later)
     found = discover(out)
-    assert [(r.metrics.kind, kinds(r.same)) for r in found.runs] == [
-        ("tensorboard", ["wandb"]),
-        ("wandb", ["trainer_state"]),
+    assert [(r.metrics.kind, kinds(r.joined)) for r in found.runs] == [
+        ("tensorboard", ["wandb", "trainer_state"]),
+        ("wandb", []),
     ]
-    assert found.runs[0].same[0].path == original and found.runs[1].metrics.path == later
+    assert found.runs[0].joined[0].path == original and found.runs[1].metrics.path == later
     assert kinds(found.runs[1].rollouts) == ["rollouts-trl"]  # the newest run of the dir
 
 

@@ -59,6 +59,7 @@ HEARTBEAT_EVERY = 2.0
 INGEST_SECONDS = 0.2  # time box of one source's batch
 RETRY_FAILED_SOURCE = 5.0  # a source that raised is retried this much later, then twice as late each time
 TROUBLE_PAUSE = 1.0  # after a tick that failed as a whole
+SETTLE_EVERY = 5.0  # how often followed runs are checked for an end (engine/observe/ending.py)
 ANALYZE_EVERY = 1.0  # phase/health of runs that received rows, at most this often
 RECHECK_RUNNING_EVERY = (
     5.0  # running runs are re-analysed this often (runners write directly, not via ingest)
@@ -151,6 +152,7 @@ class Engine:
         self.dirty_runs: set[int] = set()  # runs with rows not yet analysed
         self.next_analysis = 0.0
         self.next_recheck = 0.0
+        self.next_settle = 0.0
         self.children: list[subprocess.Popen[bytes]] = []  # training processes this engine started
         self.evals: list[tuple[subprocess.Popen[bytes], int, Path]] = []  # (process, command id, log)
         self.child_info: dict[int, dict[str, Any]] = {}  # pid -> what `carl engine status` shows of it
@@ -209,6 +211,7 @@ class Engine:
             run("heartbeat", self.heartbeat, default=None, retry_later=False)
             run("commands", self.claim_commands, default=None)
             backlog = run("ingest", self.ingest_due, default=False)  # each source isolated inside
+            run("run ends", self.settle_runs, default=None)
             backlog = run("trajectories", self.trajectories_due, default=False) or backlog
             run("analysis", self.analyze_due, default=None)
             run("alerts", self.alerts_due, default=None)
@@ -284,6 +287,20 @@ class Engine:
                     raise
                 self.say(f"analysis {run_id}", logging.ERROR, f"analysis of run {run_id}: {describe(exc)}")
         return judged
+
+    def settle_runs(self) -> None:
+        """Followed runs gone quiet end, and those ended so that grew again run again
+        (engine/observe/ending.py), every SETTLE_EVERY seconds."""
+        from engine.observe.ending import settle
+
+        now = time.monotonic()
+        if now < self.next_settle:
+            return
+        self.next_settle = now + SETTLE_EVERY
+        changed = settle(self.store)
+        self.dirty_runs.update(changed)
+        for run_id in changed:
+            log.info("run %d: %s", run_id, self.store.run(run_id)["status"])
 
     def alerts_due(self) -> None:
         """New agents alarms, and the alert tries now due."""
@@ -533,8 +550,12 @@ class Engine:
         if not isinstance(logs, list) or not all(isinstance(p, str) for p in logs):
             self.finish(command_id, False, "observe: 'logs' must be a list of paths")
             return
+        pairing = args.get("pairing", "auto")
+        if pairing not in ("auto", "join", "separate"):
+            self.finish(command_id, False, "observe: 'pairing' must be auto, join or separate")
+            return
         try:
-            paths = self.register_observed(path, follow=follow, name=name)
+            paths = self.register_observed(path, follow=follow, name=name, pairing=pairing)
             attach_logs(self.store, list(paths), logs)  # the consoles of its runs (--log)
         except Exception as exc:
             self.finish(command_id, False, describe(exc))
@@ -545,7 +566,9 @@ class Engine:
         verb = "following" if follow else "importing"
         log.info("command %d: %s %s as source(s) %s", command_id, verb, path, ", ".join(map(str, paths)))
 
-    def register_observed(self, path: str, *, follow: bool, name: str | None) -> dict[int, str]:
+    def register_observed(
+        self, path: str, *, follow: bool, name: str | None, pairing: str = "auto"
+    ) -> dict[int, str]:
         """The sources of what an observe command names: a file, a run's folder, or a directory of runs found
         by discovery (a TRL output dir, a wandb/ dir...), metrics first and rollouts attached."""
         from engine.observe import ObserveError
@@ -553,14 +576,14 @@ class Engine:
 
         root = Path(path).expanduser()
         if root.is_dir():
-            found = discover(root)
+            found = discover(root, pairing)
             kinds = [
                 f.kind for run in found.runs for f in {id(x): x for x in (run.main, *run.rollouts)}.values()
             ]
             # A folder holding one trainer_state.json (and nothing else found) stays one source,
             # as it always was.
             if len(kinds) > 1 or kinds[:1] not in ([], ["trainer_state"]):
-                registered = register(self.store, found, follow=follow, name=name)
+                registered = register(self.store, found, follow=follow, name=name, pairing=pairing)
                 paths = {sid: str(f.path) for r in registered for sid, f in r.sources}
                 if not paths:
                     errors = [e for r in registered for e in r.errors]

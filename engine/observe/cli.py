@@ -20,7 +20,7 @@ from engine.text import visible, visible_line
 
 from .common import ObserveError
 from .detect import detect_kind
-from .discover import Found, describe, discover, register, relative
+from .discover import Found, describe, discover, import_order, register, relative
 
 MAX_VOCAB = COUNT_MAX
 
@@ -35,6 +35,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the model's vocabulary size |V|, for Φ from entropy (default: from the run's own config)",
     )
+    pairing = parser.add_mutually_exclusive_group()
+    pairing.add_argument(
+        "--join",
+        dest="pairing",
+        action="store_const",
+        const="join",
+        help="a directory: every source found in it logged one training run (one carl run)",
+    )
+    pairing.add_argument(
+        "--separate",
+        dest="pairing",
+        action="store_const",
+        const="separate",
+        help="a directory: each source found in it is a carl run of its own (no pairing of trackers)",
+    )
+    parser.set_defaults(pairing="auto")
     parser.add_argument(
         "--log",
         action="append",
@@ -224,7 +240,7 @@ def _observe_dir(args: argparse.Namespace, home: Path, root: Path, logs: list[st
 
     from .runkeys import set_vocab_override
 
-    found = discover(root)
+    found = discover(root, args.pairing)
     print(f"found {len(found.runs)} run(s) in {visible(str(root))}:")
     for found_run in found.runs:
         print(f"  {describe(found, found_run)}")
@@ -235,9 +251,9 @@ def _observe_dir(args: argparse.Namespace, home: Path, root: Path, logs: list[st
 
         ensure_engine(home)
     with Store(paths.db_path(home)) as store:
-        registered = register(store, found, follow=args.follow, name=args.name)
+        registered = register(store, found, follow=args.follow, name=args.name, pairing=args.pairing)
         errors = [e for r in registered for e in r.errors]
-        sources = [(source_id, f) for r in registered for source_id, f in r.sources]
+        sources = import_order(registered)
         if args.vocab_size is not None:
             for source_id, _ in sources:
                 set_vocab_override(store, source_id, args.vocab_size)

@@ -18,7 +18,7 @@ from engine.store import Store, StoreError
 from engine.text import storable
 
 from . import jsonl, mlflow_store, rollouts, tensorboard, trackio, trainer_state, wandb_run
-from .common import Budget, IngestResult, ObserveError, source_run_ids
+from .common import Budget, IngestResult, ObserveError, joins_key, source_run_ids
 from .detect import detect_kind
 
 Reader = Callable[[Store, dict[str, Any], Budget], IngestResult]
@@ -75,6 +75,24 @@ def register_source(
         if follow:  # following again: what a finished import left 'imported' is live once more
             _move_runs(store, source_id, "imported", "running")
     return source_id
+
+
+def set_joined(store: Store, source_id: int, target: int | None, external_id: str | None = None) -> None:
+    """Read a metrics source into the run of source `target` (discovery found both logged one training run),
+    or into runs of its own again (`target` None). A store of many runs joins one run at a time
+    (`external_id`), in kv `observe.joins.<id>` (common.joined_to); any other source joins whole, through
+    `sources.attach_to`."""
+    with store.transaction():
+        if external_id is None:
+            store.conn.execute("UPDATE sources SET attach_to=? WHERE id=?", (target, source_id))
+        joins = store.kv(joins_key(source_id))
+        if external_id is not None or (target is None and joins):
+            joins = dict(joins) if isinstance(joins, dict) else {}
+            if target is None:
+                joins.clear()
+            else:
+                joins[external_id] = target
+            store.set_kv(joins_key(source_id), joins)
 
 
 def ingest_source(
@@ -153,7 +171,7 @@ def import_source(
             progress(batch.done, batch.total)
     if finish:
         finish_import(store, source_id)
-    total.run_ids = source_run_ids(store, source_id)
+    total.run_ids = list(dict.fromkeys([*total.run_ids, *source_run_ids(store, source_id)]))
     return total
 
 

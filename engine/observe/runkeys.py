@@ -7,6 +7,7 @@ whatever moment a process dies at.
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ from engine.store import Store
 from .common import IngestResult, valid_vocab
 from .frameworks import KeyMapping, detect, scale_factors
 from .keys import derived_phi
+from .model_vocab import model_path, model_vocab
 
 Row = tuple[int, str, Any, float]  # (step, key, value, wall time)
 PHI_KEYS = frozenset({"entropy", "phi/mean", "phi/entropy"})
@@ -28,6 +30,8 @@ TOKENS_PER_S = "perf/tokens_per_s"
 # log tens to a few hundred. Past the cap, rows of the keys the run already has are still imported.
 MAX_KEYS = 5_000
 KEYS_CAPPED = "keys capped"  # the run's event that says so, once
+MAX_CONFIG_TEXT = 16 << 20  # a run's stored config read to find its model (veRL's is tens of KiB)
+MAX_REMEMBERED = 10_000
 
 
 def vocab_key(source_id: int, *, fallback: bool = False) -> str:
@@ -100,12 +104,40 @@ def finish_rows(
         or valid_vocab(vocab_size)
         or valid_vocab(stored_vocab)
         or valid_vocab(store.kv(vocab_key(source_id, fallback=True)))
+        or config_model_vocab(store, run_id)
     )
     if vocab is not None and vocab != stored_vocab:
         store.update_run(run_id, vocab_size=vocab)
     if vocab is not None and ("entropy" in names or "phi/mean" in names):
         rows = with_derived_phi(rows, vocab)
     return rows
+
+
+# run id -> (the length of the config looked at, the |V| its model gave): a config is read again only when
+# it changed, so a run whose model cannot be found costs one short read a batch.
+MODEL_VOCAB: dict[int, tuple[int, int | None]] = {}
+
+
+def config_model_vocab(store: Store, run_id: int) -> int | None:
+    """|V| of the model the run's stored config names (veRL's `actor_rollout_ref.model.path` as a tracker
+    kept it, transformers' `_name_or_path`), when its config.json is on this machine (model_vocab.py)."""
+    size, text = store.conn.execute(
+        "SELECT length(config), config FROM runs WHERE id=?", (run_id,)
+    ).fetchone() or (0, None)
+    seen = MODEL_VOCAB.get(run_id)
+    if seen is not None and seen[0] == size:
+        return seen[1]
+    vocab = None
+    if size and size <= MAX_CONFIG_TEXT:
+        try:
+            path = model_path(json.loads(text))
+        except (ValueError, RecursionError):
+            path = None
+        vocab = model_vocab(path) if path else None
+    if len(MODEL_VOCAB) >= MAX_REMEMBERED:
+        MODEL_VOCAB.clear()
+    MODEL_VOCAB[run_id] = (size, vocab)
+    return vocab
 
 
 def with_tokens_per_s(store: Store, run_id: int, rows: list[Row]) -> list[Row]:

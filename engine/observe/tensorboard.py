@@ -21,6 +21,7 @@ import contextlib
 import functools
 import json
 import os
+import posixpath
 import re
 import stat
 from collections import OrderedDict
@@ -30,6 +31,7 @@ from typing import Any
 
 from engine.files import kind_of
 from engine.store import Store
+from engine.text import storable
 
 from .common import (
     Budget,
@@ -41,7 +43,7 @@ from .common import (
     valid_max_steps,
     valid_vocab,
 )
-from .keys import KeyMap
+from .keys import MAX_KEY_LENGTH, KeyMap
 from .runkeys import Row, finish_rows
 
 EVENT_MARK = "tfevents"  # tensorboard's own test of an event file's name (io_wrapper.IsSummaryEventsFile)
@@ -81,6 +83,9 @@ def event_runs(root: Path) -> dict[str, list[Path]]:
                     f"{root}: cannot read the directory ({exc.strerror})", transient=True
                 ) from None
             continue  # a run directory removed or closed to us: the others go on
+        # A name that is not UTF-8 cannot be opened by tensorboard's reader (it decodes the path) nor kept in
+        # the store: skipped, as discovery skips it with a note.
+        entries = [e for e in entries if storable(e.name) == e.name]
         files = sorted((e.name for e in entries if is_event_file(e.name) and _regular(e)), key=name_order)
         if files:
             runs[directory.relative_to(root).as_posix()] = [directory / name for name in files]
@@ -182,16 +187,25 @@ class FileRead:
     skipped: int = 0  # summaries that are not scalars
     not_events: list[int] = field(default_factory=list)  # whole records that are not Event messages
     facts: dict[str, Any] = field(default_factory=dict)  # vocab_size, model, max_steps from config texts
+    parent_rows: list[Row] = field(default_factory=list)  # an add_scalars sub-run's rows, for its parent
 
 
 def read_events(
-    opened: EventFile, start: int, start_bytes: int, budget: Budget, rows_before: int
+    opened: EventFile,
+    start: int,
+    start_bytes: int,
+    budget: Budget,
+    rows_before: int,
+    channel: str | None = None,
 ) -> FileRead:
     """Read records until the file ends, a record is cut off or damaged, or the budget is spent.
 
     The first `start` records (`start_bytes` bytes) were stored by an earlier batch: they are read again only
     to reach the rest (and to learn their tags' plugins), never turned into rows. State "changed": they are
     not there as the cursor says (the file was rewritten in place).
+
+    `channel`: the folder name of a run inside another run's folder, which may be an `add_scalars` sub-run
+    (`sub_run_key`): its values go to `parent_rows` under the parent's key for them.
     """
     from google.protobuf.message import DecodeError
 
@@ -246,9 +260,36 @@ def read_events(
                 read.skipped += fresh
                 continue
             if fresh:
+                if channel is not None:
+                    sub_key = sub_run_key(channel, value.tag)
+                    if sub_key is not None:
+                        read.parent_rows.append((step, sub_key, number, wall))
+                        continue
                 name = keys[value.tag]
                 if name is not None:
                     append((step, name, number, wall))
+
+
+def sub_run_key(folder: str, tag: str) -> str | None:
+    """The parent run's key for a value of an `add_scalars` sub-run, else None; `folder` is the sub-run's
+    folder relative to its parent run's.
+
+    `SummaryWriter.add_scalars(main_tag, {name: value})` writes each value with the tag `main_tag` into a
+    writer of its own, in a folder of its own: torch (torch/utils/tensorboard/writer.py)
+    `<logdir>/<main_tag with "/" as "_">_<name>`, tensorboardX 2.6 (tensorboardX/writer.py)
+    `<logdir>/<main_tag>/<name>`. Either is the parent's series `main_tag/name`, kept as written (no
+    `reward_` channel alias: `reward_parts/format` is a part of a reward, not a reward function); only
+    transformers' `train/` prefix goes, as for every key."""
+    if folder.startswith(tag + "/") and len(folder) > len(tag) + 1:
+        key = folder  # tensorboardX
+    else:
+        prefix = tag.replace("/", "_") + "_"
+        if "/" in folder or not folder.startswith(prefix) or len(folder) == len(prefix):
+            return None
+        key = f"{tag}/{folder[len(prefix) :]}"  # torch
+    key = storable(key)
+    key = key[6:] if key.startswith("train/") else key
+    return key if 0 < len(key) <= MAX_KEY_LENGTH else None
 
 
 def tensor_scalar(value: Any, plugins: dict[str, str]) -> float | None:
@@ -309,9 +350,10 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
     old_files: dict[str, dict[str, Any]] = source["cursor"].get("files", {})
     batch = EventBatch(source, budget, old_files)
     for run_dir, paths in runs.items():
+        parent = parent_run(run_dir, runs)
         for path in paths:
             name = path.name if run_dir == "" else path.relative_to(root).as_posix()
-            if not batch.read_file(path, name, run_dir):
+            if not batch.read_file(path, name, run_dir, parent):
                 break
         if not batch.result.caught_up:
             break
@@ -356,8 +398,9 @@ class EventBatch:
         self.facts: dict[str, dict[str, Any]] = {}  # by run directory: what its config texts tell
         self.row_count = 0
 
-    def read_file(self, path: Path, name: str, run_dir: str) -> bool:
-        """Read what is new in one file; False when the batch is full."""
+    def read_file(self, path: Path, name: str, run_dir: str, parent: str | None = None) -> bool:
+        """Read what is new in one file; False when the batch is full. `parent`: the run whose folder holds
+        this run's, whose series an `add_scalars` sub-run's values are (`sub_run_key`)."""
         entry = self.files.get(name, {})
         try:
             st = os.stat(path)
@@ -373,7 +416,8 @@ class EventBatch:
             return True
         records = entry.get("records", 0)
         opened = open_event_file(self.source_id, path, st.st_ino, records)
-        read = read_events(opened, records, entry.get("bytes", 0), self.budget, self.row_count)
+        channel = None if parent is None else run_dir if parent == "." else run_dir[len(parent) + 1 :]
+        read = read_events(opened, records, entry.get("bytes", 0), self.budget, self.row_count, channel)
         if read.state == "changed":  # not the file the cursor describes: read again from the top next time
             OPEN.pop((self.source_id, str(path)), None)
             self.files[name] = {}
@@ -382,6 +426,9 @@ class EventBatch:
         if read.rows:
             self.rows.setdefault(run_dir, []).extend(read.rows)
             self.row_count += len(read.rows)
+        if read.parent_rows and parent is not None:
+            self.rows.setdefault(parent, []).extend(read.parent_rows)
+            self.row_count += len(read.parent_rows)
         if read.facts:
             self.facts.setdefault(run_dir, {}).update(read.facts)
         if opened.records >= records:  # else still skipping what an earlier batch stored
@@ -414,6 +461,19 @@ class EventBatch:
                 f"{where}: cut off at the end of the file (still being written?); not read yet"
             )
         return new
+
+
+def parent_run(run_dir: str, runs: dict[str, list[Path]]) -> str | None:
+    """The nearest run whose folder holds this run's folder (its writer made it: `add_scalars`), or None."""
+    if run_dir in ("", "."):
+        return None
+    folder = run_dir
+    while folder:
+        folder = posixpath.dirname(folder)
+        parent = folder or "."
+        if parent in runs:
+            return parent
+    return None
 
 
 def _run_name(source: dict[str, Any], root: Path, run_dir: str, run_count: int) -> str:

@@ -720,6 +720,82 @@ def verifiers_cases(draw: st.DrawFn, seeds: Any) -> FileCase:
     return FileCase(files, "vf", how, rows)
 
 
+# -- issue 29's discovery paths: verifiers 0.4 traces, a run from several trackers, add_scalars sub-runs ---
+
+# Files the real writers wrote (tests/data/*/write_*.py).
+DATA = Path(__file__).resolve().parent.parent / "data"
+
+
+def data_files(folder: str) -> dict[str, bytes]:
+    """Every file under tests/data/<folder> but the script that wrote them, relative path -> bytes."""
+    root = DATA / folder
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.endswith(".py")
+    }
+
+
+def data_seeds(folder: Path) -> dict[str, Any]:
+    return {name: data_files(name) for name in ("verifiers", "verl", "tensorboardx")}
+
+
+def json_lines(data: bytes) -> list[Any]:
+    import json
+
+    return [json.loads(line) for line in data.splitlines() if line.strip()]
+
+
+@st.composite
+def verifiers_traces_cases(draw: st.DrawFn, seeds: Any) -> FileCase:
+    """verifiers 0.4's run dir: its traces.jsonl mutated line by line (or left empty beside `configs/`)."""
+    files = dict(seeds["verifiers"])
+    [traces] = [name for name in files if name.endswith("traces.jsonl")]
+    lines = json_lines(files[traces])
+    files[traces] = draw(path_kind(draw(hv.mutated_lines(lines)) if draw(st.integers(0, 9)) else b""))
+    how, rows = draw(mode())
+    return FileCase(
+        {f"vf/{k}": v for k, v in files.items()}, draw(st.sampled_from(["vf", f"vf/{traces}"])), how, rows
+    )
+
+
+@st.composite
+def paired_trackers_cases(draw: st.DrawFn, seeds: Any) -> FileCase:
+    """veRL's file logger, TensorBoard and rollout dump of one run, discovered together (pairing.py peeks at
+    each and joins them): one of them mutated."""
+    files = dict(seeds["verl"])
+    log = "my_project/grpo_run.jsonl"
+    [events] = [name for name in files if "tfevents" in name]
+    victim = draw(st.sampled_from([log, events, "rollouts/2.jsonl"]))
+    if victim == events:
+        records = tf_records(files[events])
+        at = draw(st.integers(0, len(records)))
+        records.insert(at, draw(hostile_event()))
+        files[events] = TFRecords(records, draw(st.sampled_from([b"", b"\x00" * 11])))
+    else:
+        files[victim] = draw(path_kind(draw(hv.mutated_lines(json_lines(files[victim])))))
+    how, rows = draw(mode())
+    return FileCase({f"exp/{k}": v for k, v in files.items()}, "exp", how, rows)
+
+
+@st.composite
+def add_scalars_cases(draw: st.DrawFn, seeds: Any) -> FileCase:
+    """tensorboardX's add_scalars sub-runs under hostile folder names, their records mutated."""
+    files = {}
+    for name, data in seeds["tensorboardx"].items():
+        folder, _, file = name.rpartition("/")
+        parts = folder.split("/")
+        if len(parts) == 3:  # run/<main_tag>/<name>: the sub-run's folders named by the writer's caller
+            parts[1] = draw(file_name(parts[1], hostile_one_in=3))
+            parts[2] = draw(st.sampled_from([parts[2], "", "x" * 200, "a/b"])) or parts[2]
+        records = tf_records(data)
+        if draw(st.booleans()):
+            records.insert(draw(st.integers(0, len(records))), draw(hostile_event()))
+        files["/".join([*parts, file])] = draw(path_kind(TFRecords(records)))
+    how, rows = draw(mode())
+    return FileCase(files, "run", how, rows)
+
+
 # -- seeds and the families ----------------------------------------------------------------------------------
 
 
@@ -753,4 +829,7 @@ FAMILIES = [
     observe_family("verl-dumps", no_seeds, verl_cases),
     observe_family("prime-rl-dumps", no_seeds, prime_cases),
     observe_family("verifiers-dumps", no_seeds, verifiers_cases),
+    observe_family("verifiers-traces", data_seeds, verifiers_traces_cases),
+    observe_family("paired-trackers", data_seeds, paired_trackers_cases, ci_examples=40),
+    observe_family("tensorboard-add-scalars", data_seeds, add_scalars_cases, ci_examples=40),
 ]

@@ -1,10 +1,20 @@
-"""verifiers' evaluation results: `results.jsonl` as `vf-eval` writes it.
+"""verifiers' evaluations: `traces.jsonl` (verifiers 0.4, `verifiers.v1`) and the older `results.jsonl`.
 
-`save_outputs` (verifiers/legacy/utils/save_utils.py) appends one rollout a line, `json.dumps(output) + "\n"`,
-where `state_to_output` makes the output: `example_id`, `prompt` and `completion` (messages, or text),
-`reward` (the rubric's weighted total), `metrics` (each rubric function's score, also copied to the top
-level), `answer`, `info`, `error`, `timing`, `is_completed`, `is_truncated`, `stop_condition`, `token_usage`.
-An evaluation has no training step: every sample is step 0, and the rollouts of one example form a group.
+verifiers 0.4's `vf-eval` writes a run into `<output_dir>/<run dir>/` (verifiers/v1/cli/output.py: the
+resolved config under `configs/`, and a fresh `traces.jsonl`), then appends each finished episode with
+`utils/trace_store.write_episode`: one line, pydantic's `dump_json(episode, exclude_none=True)` of a
+`verifiers.v1.episode.Episode` — `id`, `env` (`id`, `name`), `task` (`type`, `data`, `key`, `hash`), `group`,
+`run` (`{"type": "eval", "id", "name"}`, or a training run's with `work.step`), `ok`, `errors` and `traces`,
+one per agent (verifiers/v1/trace.py: the message graph `nodes`, named weighted `rewards`, `metrics`). Each
+trace is one sample, read as prime-rl's episodes are (prime.py); its step is the training step the episode was
+dispatched at (`run.work.step`), else 0 for an evaluation, and its group the consumer's `group.id`, else the
+task (`task.key`, else `task.hash`): the rollouts of one example.
+
+The legacy `results.jsonl` (verifiers/legacy/utils/save_utils.py `save_outputs`) holds one rollout a line,
+from `state_to_output`: `example_id`, `prompt` and `completion` (messages, or text), `reward` (the rubric's
+weighted total), `metrics` (each rubric function's score, also copied to the top level), `answer`, `info`,
+`error`, `timing`, `is_completed`, `is_truncated`, `stop_condition`, `token_usage`. Every sample is step 0,
+and the rollouts of one example form a group.
 """
 
 from __future__ import annotations
@@ -12,13 +22,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from engine.limits import int_within
 from engine.store import Store
 
 from ..common import Budget, IngestResult
 from . import dumps
 from .common import chat_text, finite
+from .prime import _sample as trace_sample
 
-FILE_NAME = "results.jsonl"
+TRACES_FILE = "traces.jsonl"  # verifiers 0.4 (verifiers/v1/utils/trace_store.py TRACES_FILE)
+FILE_NAME = "results.jsonl"  # the legacy path
+FILE_NAMES = (TRACES_FILE, FILE_NAME)
 LEFT_OUT = frozenset(
     {"example_id", "prompt", "completion", "reward", "metrics", "timing", "tool_defs", "trajectory"}
 )
@@ -27,14 +41,21 @@ LEFT_OUT = frozenset(
 def files(root: Path, since: int) -> tuple[Path, list[tuple[int, str]]]:
     if root.is_file():
         return root.parent, [(0, root.name)]
-    return root, [(0, FILE_NAME)] if (root / FILE_NAME).is_file() else []
+    return root, [(0, name) for name in FILE_NAMES if (root / name).is_file()][:1]
+
+
+def is_episode(record: Any) -> bool:
+    """A verifiers 0.4 episode (a line of traces.jsonl): a list of traces and the task they solved."""
+    return isinstance(record, dict) and isinstance(record.get("traces"), list) and "task" in record
 
 
 def samples(record: Any, step: int) -> list[dict[str, Any]]:
     if not isinstance(record, dict):
         raise dumps.BadRecord("not an object")
+    if is_episode(record):
+        return episode_samples(record, step)
     if "prompt" not in record and "completion" not in record:
-        raise dumps.BadRecord("no prompt or completion (not a verifiers result)")
+        raise dumps.BadRecord("no prompt or completion, nor traces (not a verifiers result or episode)")
     metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
     usage = record.get("token_usage")
     length = finite(usage.get("output_tokens")) if isinstance(usage, dict) else None
@@ -52,9 +73,32 @@ def samples(record: Any, step: int) -> list[dict[str, Any]]:
     ]
 
 
+def episode_samples(episode: dict[str, Any], step: int) -> list[dict[str, Any]]:
+    """One sample per trace of a verifiers 0.4 episode."""
+    run = episode.get("run") if isinstance(episode.get("run"), dict) else {}
+    work = run.get("work") if isinstance(run.get("work"), dict) else {}
+    own_step = int_within(work.get("step"))
+    step = step if own_step is None else own_step
+    group = episode.get("group")
+    task = episode.get("task") if isinstance(episode.get("task"), dict) else {}
+    group_id = group.get("id") if isinstance(group, dict) else task.get("key") or task.get("hash")
+    out = []
+    for trace in episode["traces"]:
+        if isinstance(trace, dict):
+            sample = trace_sample(trace, step, group_id, episode.get("env"), episode)
+            sample["extra"]["episode_ok"] = episode.get("ok")
+            if run.get("id") is not None:
+                sample["extra"]["run"] = run.get("id")
+            out.append(sample)
+    return out
+
+
 def run_name(root: Path) -> str:
-    """`<env>--<model>-<run id>`, from the folder vf-eval made (outputs/evals/<env>--<model>/<run id>/)."""
+    """verifiers 0.4: the run dir's name (`<env>--<model>--<harness>--<short id>` by default); the legacy
+    layout: `<env>--<model>-<run id>`, from outputs/evals/<env>--<model>/<run id>/."""
     folder = root.parent if root.is_file() else root
+    if root.name == TRACES_FILE or (folder / TRACES_FILE).is_file():
+        return folder.name
     return f"{folder.parent.name}-{folder.name}" if folder.parent.name else folder.name
 
 
