@@ -139,7 +139,7 @@ def wandb_datastore_and_values(file: Path) -> int:
 
 
 def wandb_reader_alone(file: Path) -> int:
-    scan = wandb_run.RunScan(file, file.name, {}, IngestResult())
+    scan = wandb_run.RunScan(file, file.name, {}, IngestResult(), set())
     scan.run(Budget(10**12, 3600), 0)
     return len(scan.read.rows)
 

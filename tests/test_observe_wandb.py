@@ -298,7 +298,8 @@ def records_of(path: Path) -> list[tuple[int, bytes]]:
     from engine.observe.wandb_log import RecordLog
 
     with open(path, "rb") as f:
-        return [(offset, item) for offset, item in RecordLog(f, path.stat().st_size, 0) if type(item) is bytes]
+        items = RecordLog(f, path.stat().st_size, 0)
+        return [(offset, bytes(item)) for offset, item in items if isinstance(item, bytes | memoryview)]
 
 
 def test_a_record_type_this_wandb_does_not_know_is_one_line(

@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 import wandb_frames
+from support import series
 
+from engine.console.scan import scan_console
 from engine.observe import observe, register_source
 from engine.observe.ingest import ingest_source
 from engine.observe.wandb_log import (
@@ -37,7 +39,7 @@ def read_all(data: bytes, offset: int = 0, **kw: Any) -> tuple[list[tuple[int, A
 
 
 def payloads(items: list[tuple[int, Any]]) -> list[bytes]:
-    return [item for _, item in items if type(item) is bytes]
+    return [bytes(item) for _, item in items if isinstance(item, bytes | memoryview)]
 
 
 def sizes() -> list[int]:
@@ -235,3 +237,39 @@ def test_output_records_become_the_runs_console_once(store: Store, tmp_path: Pat
     copy = Path(console["path"])
     assert copy.parent == store.path.parent / "consoles" and console["kind"] == "wandb"
     assert copy.read_text() == "".join(lines)
+
+
+@pytest.mark.parametrize("version", ["0.19.11", "0.31.0"])
+def test_a_run_each_wandb_wrote_is_read_whole(store: Store, version: str) -> None:
+    """The fixture run of each wandb (the oldest and the newest the registry has) read under the wandb
+    installed here: metrics, config, the end, veRL's validation table and a TRL-style table as rollouts, the
+    console."""
+    [run_dir] = (DATA / version).glob("wandb/offline-run-*")
+    _, result = observe(store, run_dir)
+    assert result.bad_lines == 0, result.problems
+    [run_id] = result.run_ids
+    run = store.run(run_id)
+    assert (run["name"], run["status"], run["vocab_size"], run["max_steps"]) == (
+        "fixture-grpo",
+        "finished",
+        128,
+        12,
+    )
+    assert series(store, run_id, "reward") == {step: step / 12 for step in range(1, 13)}
+    rows = store.conn.execute(
+        "SELECT step, idx, prompt, completion, rewards, total, advantage FROM rollouts ORDER BY step, idx"
+    ).fetchall()
+    validation = [r for r in rows if r[0] in (4, 8, 12)]
+    assert [(r[0], r[2], r[3], json.loads(r[4])) for r in validation] == [
+        (step, prompt, f"answer {n} at {step}", {"score": float((step + n) % 2)})
+        for step in (4, 8, 12)
+        for n, prompt in enumerate(["What is 2+2?", "Name a prime.", "Capital of France?"])
+    ]
+    assert [r for r in rows if r[0] == 6] == [
+        (6, 1_000_000, "2+2?", "4", '{"accuracy_reward": 1.0}', 1.0, 0.5),  # the second table key's range
+        (6, 1_000_001, "2+2?", "5", '{"accuracy_reward": 0.0}', 0.0, -0.5),
+    ]
+    [console] = store.system.consoles()
+    text = Path(console["path"]).read_text()
+    assert "step 12: reward 1.000" in text and "ValueError: a fixture" in text
+    assert scan_console(store, console).new == 1  # the traceback

@@ -37,6 +37,7 @@ MAGIC = 0xBEE1
 VERSION = 0
 HEADER_LEN = 7  # the file header, and each chunk header too
 BLOCK = 32 * 1024
+MASK = BLOCK - 1
 CHUNK = struct.Struct("<IHB")  # checksum, length, type
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 MAX_RECORD = 16 << 20  # bytes of one record held at most; a longer one is skipped
@@ -108,7 +109,7 @@ class RecordLog:
         self.buf = self.f.read(min(READ_SIZE, self.size - base))
         self.base = base
 
-    def __iter__(self) -> Iterator[tuple[int, bytes | Damaged | Oversized]]:
+    def __iter__(self) -> Iterator[tuple[int, bytes | memoryview | Damaged | Oversized]]:
         size, crc32, unpack = self.size, zlib.crc32, CHUNK.unpack_from
         pos = self.offset
         if self.skip is not None:
@@ -120,31 +121,41 @@ class RecordLog:
         held = 0
         self._load(pos)
         buf, base = self.buf, self.base
+        view, filled = memoryview(buf), len(buf)
         while True:
-            room = BLOCK - pos % BLOCK
+            room = BLOCK - (pos & MASK)
             if room < HEADER_LEN:  # the block's zero tail (not checked, as wandb's reader does not)
                 if pos + room > size:
                     break
                 pos += room
                 continue
-            if pos + HEADER_LEN > size:
-                break  # the end, or a chunk header still being written
             at = pos - base
-            if at + HEADER_LEN > len(buf):
+            if at + HEADER_LEN > filled:
+                if pos + HEADER_LEN > size:
+                    break  # the end, or a chunk header still being written
                 self._load(pos)
                 buf, base, at = self.buf, self.base, pos - self.base
+                view, filled = memoryview(buf), len(buf)
             checksum, length, kind = unpack(buf, at)
-            end = pos + HEADER_LEN + length
+            stop = at + HEADER_LEN + length  # in buf
+            # The common case first: a whole record in one chunk, within its block and what was read.
+            if (
+                kind == FULL
+                and length < room - 6
+                and stop <= filled
+                and not parts
+                and crc32(view[at + 6 : stop]) == checksum
+            ):
+                self.resync = False
+                self.offset = end = base + stop
+                yield pos, view[at + HEADER_LEN : stop]
+                pos = start = end
+                continue
+            end = base + stop
             if HEADER_LEN + length > room:
                 problem = f"a chunk of {length:,} bytes is longer than the rest of its block"
             elif end > size:
                 break  # a chunk still being written
-            elif kind == FULL and not parts and crc32(buf[at + 6 : at - pos + end]) == checksum:
-                self.resync = False
-                self.offset = end
-                yield pos, buf[at + HEADER_LEN : at - pos + end]
-                pos = start = end
-                continue
             elif checksum == 0 and length == 0 and kind == 0 and not parts:
                 # Zeroed space (a preallocated file): on at the next block, as wandb's reader goes; at the
                 # end of what was written it may yet be filled, so reading waits here.
@@ -152,7 +163,7 @@ class RecordLog:
                     break
                 pos = start = pos + room
                 continue
-            elif crc32(buf[at + 6 : at - pos + end]) != checksum:
+            elif crc32(view[at + 6 : stop]) != checksum:
                 problem = "checksum mismatch"
             elif kind in (FULL, FIRST):
                 if parts:  # this chunk begins a record: the one being put together lost its end
@@ -160,7 +171,7 @@ class RecordLog:
                     parts, held = [], 0
                 self.resync = False
                 start = pos
-                payload = buf[at + HEADER_LEN : at - pos + end]
+                payload = buf[at + HEADER_LEN : stop]
                 pos = end
                 if kind == FULL:
                     self.offset = pos
@@ -176,7 +187,7 @@ class RecordLog:
                         continue
                     problem = "a piece of a record whose beginning is missing"
                 else:
-                    parts.append(buf[at + HEADER_LEN : at - pos + end])
+                    parts.append(buf[at + HEADER_LEN : stop])
                     held += length
                     pos = end
                     if kind == LAST:
@@ -193,6 +204,7 @@ class RecordLog:
                         start, held = pos, 0
                         self._load(pos)
                         buf, base = self.buf, self.base
+                        view, filled = memoryview(buf), len(buf)
                     continue
             else:
                 problem = f"unknown chunk type {kind}"
