@@ -110,12 +110,13 @@ class Layout:
     step: int
     shared: tuple[tuple[str, int], ...]  # columns every sample of a row gets in its `extra` (wide rows)
     samples_of_row: tuple[Fields, ...] = field(default_factory=tuple)
+    width: int = 0  # the table's columns: a shorter row is read as if its missing cells were empty
 
     def samples(self, row: Sequence[Any]) -> list[dict[str, Any]]:
         """The samples of one row (in order): prompt, completion, rewards, total, advantage, group_id, extra
         and `step` (None when the row does not say it)."""
-        if len(row) <= max(self.step, *(f.completion for f in self.samples_of_row), 0):
-            return []
+        if len(row) < self.width:
+            row = [*row, *([None] * (self.width - len(row)))]
         step = int_within(row[self.step], 0) if self.step >= 0 else None
         shared = {name: _kept(row[i]) for name, i in self.shared}
         out = []
@@ -179,7 +180,7 @@ def _row_layout(
     used |= {i for _, i in rewards}
     extra = tuple((names[i], i) for i in range(len(names)) if i not in used)
     fields = Fields(prompt, completion, total, advantage, group, tuple(rewards), extra)
-    return Layout(name, cm.same_as, step, (), (fields,))
+    return Layout(name, cm.same_as, step, (), (fields,), len(names))
 
 
 def _wide_layout(name: str, cm: ColumnMap, names: list[str], step: int) -> Layout | None:
@@ -207,7 +208,7 @@ def _wide_layout(name: str, cm: ColumnMap, names: list[str], step: int) -> Layou
         samples.append(Fields(prompt, completion, total, advantage, group, rewards, extra))
     if not samples:
         return None
-    return Layout(name, cm.same_as, step, tuple(plain), tuple(samples))
+    return Layout(name, cm.same_as, step, tuple(plain), tuple(samples), len(names))
 
 
 def _first(names: list[str], wanted: tuple[str, ...]) -> int:
