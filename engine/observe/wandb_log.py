@@ -4,7 +4,7 @@ offset on, in a file that may still be growing.
 wandb 0.30 removed its Python reader of this framing (`wandb/sdk/internal/datastore.py`); the record
 protobufs still ship (`wandb.proto.wandb_internal_pb2.Record`), so wandb_run.py parses what this module
 frames with whatever wandb is installed. The format, as wandb's Go reader documents it
-(`core/pkg/leveldb/record.go`, read at wandb commit b6e29505, docs/reference/frameworks.md §W&B framing):
+(`core/pkg/leveldb/record.go`, read at wandb commit b6e29505; docs/reference/frameworks.md §6):
 
 - a 7-byte file header: `:W&B`, the magic 0xBEE1 as a little-endian uint16, the version 0;
 - then LevelDB log blocks of 32 KiB, counted from the start of the file (so the first one holds 7 bytes
