@@ -146,7 +146,8 @@ class RecordLog:
                 and not parts
                 and crc32(view[at + 6 : stop]) == checksum
             ):
-                self.resync = False
+                if self.resync:
+                    self.resync = False
                 self.offset = end = base + stop
                 yield pos, view[at + HEADER_LEN : stop]
                 pos = start = end
