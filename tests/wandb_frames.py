@@ -1,6 +1,7 @@
 """A `.wandb` file written the way wandb's own writer frames it (core/pkg/leveldb/record.go, `Writer`): the
-tests' and the hostile suite's writer of records, since wandb 0.30 has no Python writer either. `chunks` are
-what `Writer.Next`/`Write`/`Close` put in the file for one record."""
+tests' and the hostile suite's writer of records, since wandb 0.30 has no Python writer either. `frame` puts
+in a file what `Writer.Next`/`Write`/`Close` put there for each record; files the real wandb wrote are the
+same bytes (tests/test_wandb_log.py)."""
 
 from __future__ import annotations
 
