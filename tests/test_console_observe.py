@@ -120,20 +120,17 @@ def test_the_engine_s_training_process_log_is_its_run_s_console(home: Path, tmp_
 
 def test_a_wandb_runs_output_log_is_its_console(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "wb", {"name": "grpo", "steps": [[s, grpo_step(s)] for s in range(3)]})
+    # W&B writes what the script printed there (an online run, and wandb 0.31 offline too; wandb 0.29 offline
+    # keeps it in the .wandb file, tests/test_wandb_log.py): the scan reads it like any console.
+    output_log = run_dir / "files" / "output.log"
+    output_log.write_text("step 0\n")
     with Store(tmp_path / "carl.db") as store:
         _, result = observe(store, run_dir)
         (run_id,) = result.run_ids
         (console,) = store.system.consoles()
-        assert (console["run_id"], console["path"], console["kind"]) == (
-            run_id,
-            str(run_dir / "files" / "output.log"),
-            "wandb",
-        )
-        # W&B's sender writes what the script printed there (an online run; an offline run keeps it in the
-        # .wandb file until synced): the scan reads it like any console.
-        (run_dir / "files" / "output.log").write_text(
-            f"step 0\nTraceback (most recent call last):\n  File x\n{EXCEPTION}\n"
-        )
+        assert (console["run_id"], console["path"], console["kind"]) == (run_id, str(output_log), "wandb")
+        with open(output_log, "a") as f:
+            f.write(f"Traceback (most recent call last):\n  File x\n{EXCEPTION}\n")
         assert scan_console(store, console).new == 1
 
 

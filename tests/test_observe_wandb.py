@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import wandb_frames
 from support import series
 from test_daemon import metric_count, wait_for
 
@@ -256,7 +257,7 @@ def test_a_file_cut_anywhere_waits_for_the_rest(store: Store, grpo_run: Path, tm
     cuts = [5, 1000, block - 3, block + 4, block + 300, len(data) - 20]
     for n, cut in enumerate(cuts):
         followed = tmp_path / f"cut-{n}" / run_file(grpo_run).name
-        followed.parent.mkdir()
+        shutil.copytree(grpo_run / "files", followed.parent / "files")  # its tables
         followed.write_bytes(data[:cut])
         source_id = register_source(store, followed, follow=True, name=f"cut-{n}")
         first = ingest(store, source_id)
@@ -292,61 +293,48 @@ def test_a_file_from_a_newer_wandb_is_one_line(store: Store, grpo_run: Path, tmp
     assert metric_rows(store) == stored and good.rows == stored  # nothing stored is lost
 
 
+def records_of(path: Path) -> list[tuple[int, bytes]]:
+    """(offset, bytes) of each record of a run file, as our framing reader reads them."""
+    from engine.observe.wandb_log import RecordLog
+
+    with open(path, "rb") as f:
+        items = RecordLog(f, path.stat().st_size, 0)
+        return [(offset, bytes(item)) for offset, item in items if isinstance(item, bytes | memoryview)]
+
+
 def test_a_record_type_this_wandb_does_not_know_is_one_line(
     store: Store, grpo_run: Path, tmp_path: Path
 ) -> None:
-    """The run rewritten by wandb's own DataStore, with one record of a type from the future added."""
-    from wandb.proto.wandb_internal_pb2 import Record
-    from wandb.sdk.internal.datastore import DataStore
-
-    reader = DataStore()
-    copy = tmp_path / "original.wandb"
-    shutil.copy(run_file(grpo_run), copy)
-    reader.open_for_scan(str(copy))
+    """The run framed again as wandb frames it (tests/wandb_frames.py), with one record of a type from the
+    future added."""
+    records = [data for _, data in records_of(run_file(grpo_run))]
+    future = b"\xb8\x3e\x01"  # field 999: a record type these protobufs do not have
     newer = tmp_path / "newer" / run_file(grpo_run).name
     newer.parent.mkdir()
-    writer = DataStore()
-    writer.open_for_write(str(newer))
-    count = 0
-    while (data := reader.scan_data()) is not None:
-        writer.write(Record.FromString(data))
-        count += 1
-        if count == 3:
-            future = Record()
-            future.MergeFromString(b"\xb8\x3e\x01")  # field 999: a record type these protobufs do not have
-            writer.write(future)
-    writer.close()
-    reader.close()
+    wandb_frames.write(newer, [*records[:3], future, *records[3:]])
 
     _, result = observe(store, newer)
-    assert result.rows == STEPS * 8 and result.bad_lines == 1
+    assert result.rows == STEPS * 8 and result.bad_lines == 1 + 3  # the line, and the three missing tables
     assert result.problems[0].startswith(f"{newer.name}: record 4 (byte ")
     assert "a record type wandb" in result.problems[0] and "newer wandb" in result.problems[0]
+    assert "no such file" in result.problems[1] and len(result.problems) == 2  # a missing table, said once
 
 
 def test_a_damaged_record_is_one_line_and_reading_goes_on(
     store: Store, grpo_run: Path, tmp_path: Path
 ) -> None:
     from wandb.proto.wandb_internal_pb2 import Record
-    from wandb.sdk.internal.datastore import DataStore
 
-    copy = tmp_path / "original.wandb"  # DataStore opens what it scans for writing too: never the run's own
-    shutil.copy(run_file(grpo_run), copy)
-    reader = DataStore()
-    reader.open_for_scan(str(copy))
     history: dict[int, int] = {}  # step -> where its history record starts
-    while True:
-        offset = reader.get_offset()
-        if (data := reader.scan_data()) is None:
-            break
+    for offset, data in records_of(run_file(grpo_run)):
         record = Record.FromString(data)
         if record.WhichOneof("record_type") == "history":
             history[record.history.step.num] = offset
-    reader.close()
-    data = bytearray(copy.read_bytes())
+    data = bytearray(run_file(grpo_run).read_bytes())
     data[history[200] + 7 + 20] ^= 0xFF  # in the data of step 200's record: its checksum fails
     damaged = tmp_path / run_file(grpo_run).name
     damaged.write_bytes(bytes(data))
+    shutil.copytree(grpo_run / "files", tmp_path / "files")
 
     _, result = observe(store, damaged)
     assert result.bad_lines == 1 and len(result.problems) == 1

@@ -150,6 +150,15 @@ def _print_result(kind: str, path: Path, result: object) -> None:
     )
     for problem in getattr(result, "problems", [])[:10]:
         print(f"  {visible(problem)}", file=sys.stderr)
+    _reader_note(kind)
+
+
+def _reader_note(kind: str) -> None:
+    """Which reader read W&B run files: ours over the installed wandb's protobufs (wandb_run.reader_note)."""
+    if kind == "wandb":
+        from .wandb_run import reader_note
+
+        print(f"  W&B: {reader_note()}")
 
 
 def _observe_via_engine(
@@ -171,6 +180,7 @@ def _observe_via_engine(
     if state == "failed":
         raise CliError(result or "observe failed")
     print(f"{result}; the engine keeps following it")
+    _reader_note(detect_kind(path))
     return 0
 
 
@@ -294,6 +304,7 @@ def _import_dir(store: Any, root: Path, sources: list[tuple[int, Found]]) -> tup
         print(f"{source.kind}: {where}: {result.rows:,} rows{bad}")
         for problem in result.problems[:10]:
             print(f"  {visible(problem)}", file=sys.stderr)
+        _reader_note(source.kind)
         if imported_nothing(result):
             errors.append(f"{source.kind}: {where}: nothing imported{_first_problem(result)}")
     with store.transaction():

@@ -1,4 +1,5 @@
-"""W&B run files (`run-<id>.wandb`), read offline with wandb's own record reader and protobufs.
+"""W&B run files (`run-<id>.wandb`) of any wandb from 0.19 on, read offline: our reader of the framing
+(wandb_log.py) over the record protobufs of whatever wandb is installed.
 
 A source is a run directory (`run-*` or `offline-run-*`), its `.wandb` file, or a `wandb/` directory holding
 several runs; each W&B run becomes one carl run (a resumed run's second directory joins the first: same run
@@ -6,14 +7,17 @@ id), named from its display name, else its id. From the records: history (every 
 with "/"; the step is transformers' `train/global_step` where its WandbCallback logged one, else `_step`;
 `_timestamp` is the wall time, other `_` keys are not metrics), config (the
 run's config, and |V| when a `vocab_size` appears anywhere in it), summary (kept in the config as
-`summary`), the run's name, and its exit.
+`summary`), the run's name, and its exit; tables of samples a history value points to become the run's
+rollouts (wandb_tables.py), and output records its console where wandb wrote no output.log
+(wandb_console.py).
 
-The file is LevelDB-log framed (32 KiB blocks) and read with wandb's DataStore, which wandb 0.30 removed
-(hence the extra's pin). The cursor per file is the byte offset after the last whole record, so a record
-still being written is read again, whole, later (wandb itself writes the file a block at a time); a damaged
-one is one problem line, and reading goes on at the first record that starts in a later block. A file
-written by a newer wandb (another log format version, or record types these protobufs do not know) is one
-line naming the file and the record.
+wandb 0.30 removed its Python reader of the framing (and the extra's old `<0.30` pin with it): the protobufs
+still ship (`wandb.proto.wandb_internal_pb2.Record`, which picks the v5/v6/v7 module for the installed
+protobuf), and wandb 0.31 ships no local reader to prefer (`reader_note` says what is used). The cursor per
+file is the byte offset after the last whole record, so a record still being written is read again, whole,
+later (wandb itself writes the file a block at a time); a damaged one is one problem line, and reading goes on
+at the first record that starts in a later block. A file of another log format version, or record types the
+installed protobufs do not know (a newer writer), is one line naming the file and the record.
 """
 
 from __future__ import annotations
@@ -21,15 +25,17 @@ from __future__ import annotations
 import functools
 import json
 import os
-import struct
 import time
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
 from typing import Any
 
+from engine.files import open_regular
 from engine.store import Store
+from engine.store.source_links import attached_kinds
 
+from . import wandb_console, wandb_tables
 from .common import (
     Budget,
     IngestResult,
@@ -42,12 +48,13 @@ from .common import (
     valid_vocab,
 )
 from .keys import KeyMap
+from .rollouts.common import ROW_WEIGHT
 from .runkeys import Row, finish_rows
+from .wandb_log import HEADER_LEN, Damaged, Oversized, RecordLog, header_problem
 
 FILE_SUFFIX = ".wandb"
 RUN_DIR_PREFIXES = ("run-", "offline-run-")
-CONSOLE_FILE = "files/output.log"  # the run's console, as W&B captures it (its `console` setting)
-BLOCK = 32 * 1024  # the log's block size (wandb.sdk.internal.datastore.LEVELDBLOG_BLOCK_LEN)
+MAX_RECORD_MIB = 16  # wandb_log.MAX_RECORD, for the problem line
 MAX_VALUE_JSON = 1024  # longer summary values (tables, media) are left out of the run's config
 MAX_CONFIG_JSON = 64 * 1024  # a config value longer than this is left out
 MAX_CONFIG_DEPTH = 6  # how deep a config is searched for `vocab_size`
@@ -56,6 +63,8 @@ GLOBAL_STEP_KEYS = frozenset(
     {"train/global_step", "global_step"}
 )  # transformers' WandbCallback logs the first
 MEDIA_TYPE = "/_type"  # wandb logs a media object's fields flat, beside its type
+MEDIA_FIELDS = frozenset({"_type", "path"})  # a media object's fields kept (a table's file)
+LOCAL_READERS = (("wandb.beta", "LocalApi"), ("wandb", "LocalApi"))  # where a local reader would ship
 KEYS = KeyMap()
 
 
@@ -104,46 +113,45 @@ def run_id_of(path: Path) -> str:
 
 
 @functools.cache
-def wandb_api() -> tuple[type, Any, str]:
-    """(a read-only DataStore class, the Record message, wandb's version), or ObserveError."""
+def wandb_api() -> tuple[Any, str]:
+    """(the Record message of the installed wandb, wandb's version), or ObserveError."""
     try:
         import wandb
         from wandb.proto.wandb_internal_pb2 import Record
-        from wandb.sdk.internal import datastore
-    except ImportError:
+    except ImportError as exc:
+        why = "" if getattr(exc, "name", None) == "wandb" else f" ({' '.join(str(exc).split())[:160]})"
         raise ObserveError(
-            "reading W&B run files needs the wandb extra (wandb<0.30, which still has the record reader):"
-            " pip install 'carl-tui[wandb]'"
+            "reading W&B run files needs wandb's record protobufs (any wandb from 0.19, the wandb extra):"
+            f" pip install 'carl-tui[wandb]'{why}"
         ) from None
-
-    class ReadOnlyDataStore(datastore.DataStore):  # type: ignore[misc, name-defined]
-        """wandb's DataStore opens a file to scan it with "r+b": this one opens it read-only."""
-
-        def open_for_scan(self, fname: str) -> None:
-            self._fname = fname
-            self._fp = open(fname, "rb")  # noqa: SIM115 (closed by DataStore.close)
-            self._index = 0
-            self._size_bytes = os.stat(fname).st_size
-            self._opened_for_scan = True
-            self._read_header()
-
-    return ReadOnlyDataStore, Record, wandb.__version__
+    return Record, str(getattr(wandb, "__version__", "?"))
 
 
-def header_problem(path: Path, version: str) -> str:
-    """Why the file's header was refused, in one line."""
-    from wandb.sdk.internal import datastore
+def shipped_local_reader() -> str | None:
+    """The local reader API the installed wandb ships (`wandb.beta.LocalApi` was proposed in wandb PR
+    #12745), or None; wandb 0.31 ships none."""
+    import importlib
 
-    with open(path, "rb") as f:
-        head = f.read(datastore.LEVELDBLOG_HEADER_LEN)
-    ident, magic, format_version = struct.unpack("<4sHB", head)
-    if ident == datastore.LEVELDBLOG_HEADER_IDENT.encode() and magic == datastore.LEVELDBLOG_HEADER_MAGIC:
-        return (
-            f"record 0 (the file header): log format version {format_version}, but wandb {version} reads"
-            f" version {datastore.LEVELDBLOG_HEADER_VERSION} (written by a newer wandb?);"
-            " the file is not read"
-        )
-    return "record 0 (the file header): not a W&B run file; the file is not read"
+    for module, name in LOCAL_READERS:
+        try:
+            if hasattr(importlib.import_module(module), name):
+                return f"{module}.{name}"
+        except ImportError:
+            continue
+    return None
+
+
+def reader_note() -> str:
+    """Which reader reads W&B run files here, for `carl observe`'s output."""
+    try:
+        _, version = wandb_api()
+    except ObserveError as exc:
+        return str(exc)
+    note = f"read by carl's framing reader over wandb {version}'s record protobufs"
+    shipped = shipped_local_reader()
+    if shipped:
+        return f"{note} (wandb {version} ships {shipped}, whose API this carl does not know yet)"
+    return f"{note} (wandb {version} ships no local reader)"
 
 
 # -- one run file ------------------------------------------------------------------------------
@@ -162,17 +170,34 @@ class RunRead:
     summary: dict[str, Any] = field(default_factory=dict)  # "a/b" -> its latest JSON text, or REMOVE
     exit_code: int | None = None
     wall: float | None = None  # the newest `_timestamp`
+    rollouts: list[dict[str, Any]] = field(default_factory=list)  # samples of the tables it logged
+    console: list[str] = field(default_factory=list)  # the text of its output records
 
     def seen(self) -> bool:
-        return bool(self.rows or self.name or self.config or self.summary or self.exit_code is not None)
+        return bool(
+            self.rows
+            or self.name
+            or self.config
+            or self.summary
+            or self.exit_code is not None
+            or self.rollouts
+            or self.console
+        )
+
+    def weight(self) -> int:
+        """What the batch's time box counts: a metric row 1, a sample ROW_WEIGHT."""
+        return len(self.rows) + ROW_WEIGHT * len(self.rollouts)
 
 
 class RunScan:
     """Reads the records of one run file from a cursor entry on, whole records only."""
 
-    def __init__(self, path: Path, name: str, entry: dict[str, Any], result: IngestResult) -> None:
+    def __init__(
+        self, path: Path, name: str, entry: dict[str, Any], result: IngestResult, left_out: set[str]
+    ) -> None:
         self.path, self.name, self.result = path, name, result
         self.entry = dict(entry)
+        self.left_out = left_out  # dump kinds attached to the run: their tables are left out
         self.read = RunRead()
         self.cut: str | None = None  # where a record still being written begins, when the read stopped at one
 
@@ -181,82 +206,90 @@ class RunScan:
 
     def run(self, budget: Budget, rows_before: int) -> bool:
         """Read until the end, a record still being written, or the budget; returns whether caught up."""
-        store_class, record_class, version = wandb_api()
-        data_store = store_class()
-        try:
-            data_store.open_for_scan(str(self.path))
-        except FileNotFoundError:
-            raise ObserveError(
-                f"{self.path}: the run file is gone (moved or deleted?)", transient=True
-            ) from None
-        except OSError as exc:
-            raise ObserveError(f"{self.path}: cannot read it ({exc.strerror})", transient=True) from None
-        except AssertionError:  # fewer bytes than a header: the writer has only just created the file
-            data_store.close()
-            return True
-        except Exception:  # noqa: BLE001 (DataStore raises a bare Exception for a header it does not read)
-            data_store.close()
-            self.result.add_problem(f"{self.name}: {header_problem(self.path, version)}")
-            self.entry["refused"] = "header"
-            return True
-        try:
-            size = self.path.stat().st_size  # what was written when the file was opened
-            data_store.seek(max(self.entry.get("offset", 0), data_store.get_offset()))
-            return self.scan(data_store, record_class.FromString, version, size, budget, rows_before)
-        finally:
-            data_store.close()
+        record_class, version = wandb_api()
+        if not self.path.exists():
+            raise ObserveError(f"{self.path}: the run file is gone (moved or deleted?)", transient=True)
+        with open_regular(self.path, "W&B run file", ObserveError) as f:
+            try:
+                size = os.fstat(f.fileno()).st_size  # what was written when the file was opened
+                if self.entry.get("offset", 0) < HEADER_LEN:
+                    head = f.read(HEADER_LEN)
+                    if len(head) < HEADER_LEN:
+                        return True  # the writer has only just created the file
+                    problem = header_problem(head)
+                    if problem:
+                        self.result.add_problem(
+                            f"{self.name}: record 0 (the file header): {problem}; not read"
+                        )
+                        self.entry["refused"] = "header"
+                        return True
+                return self.scan(f, size, record_class.FromString, version, budget, rows_before)
+            except OSError as exc:
+                raise ObserveError(f"{self.path}: cannot read it ({exc.strerror})", transient=True) from None
 
-    def scan(
-        self, data_store: Any, parse: Any, version: str, size: int, budget: Budget, rows_before: int
-    ) -> bool:
+    def scan(self, f: Any, size: int, parse: Any, version: str, budget: Budget, rows_before: int) -> bool:
         from google.protobuf.message import DecodeError
 
-        entry, rows = self.entry, self.read.rows
-        offset, records = data_store.get_offset(), entry.get("records", 0)
-        while True:
-            if (records & 15) == 0 and budget.spent(rows_before + len(rows)):
-                entry["offset"], entry["records"] = offset, records
-                return False
-            try:
-                data = data_store.scan_data()
-            except (AssertionError, IndexError):  # DataStore's checks of framing, length and CRC
-                if data_store.get_offset() >= size:
-                    break  # it ran into the end of the file: a record still being written
-                offset = self.skip_damage(data_store, records + 1, offset, size)
-                continue
-            if data is None:
-                break  # the end, or a record whose last part is still to be written
-            records += 1
-            entry["records"] = records
-            start, offset = offset, data_store.get_offset()
-            entry.pop("resync", None)
-            try:
-                record = parse(data)
-            except DecodeError:
-                self.result.add_problem(f"{self.where(records, start)}: not a W&B record; skipped")
-                continue
-            self.take(record, version, self.where(records, start))
-        entry["offset"], entry["records"] = offset, records
-        if offset < size:
-            self.cut = self.where(records + 1, offset)
-        return True
+        entry, read = self.entry, self.read
+        skip = entry.get("skip")
+        log = RecordLog(
+            f,
+            size,
+            entry.get("offset", 0),
+            resync=bool(entry.get("resync")),
+            skip=(int(skip[0]), int(skip[1])) if skip else None,
+            deadline=budget.deadline,
+        )
+        records = entry.get("records", 0)
+        caught_up = True
+        for start, item in log:
+            if type(item) is bytes:  # a record
+                records += 1
+                try:
+                    record = parse(item)
+                except DecodeError:
+                    self.result.add_problem(f"{self.where(records, start)}: not a W&B record; skipped")
+                    continue
+                tables = len(read.rollouts)
+                self.take(record, version, records, start)
+                if ((records & 15) == 0 or len(read.rollouts) != tables) and budget.spent(
+                    rows_before + read.weight()
+                ):
+                    caught_up = False
+                    break
+            elif isinstance(item, Damaged):
+                self.result.add_problem(
+                    f"{self.where(records + 1, start)}: damaged ({item.reason}); read on from the next block"
+                )
+            elif isinstance(item, Oversized):
+                records += 1
+                self.result.add_problem(
+                    f"{self.where(records, start)}: {item.size:,} bytes, longer than {MAX_RECORD_MIB} MiB;"
+                    " skipped unread"
+                )
+        entry["offset"], entry["records"] = log.offset, records
+        for key, value in (("resync", log.resync), ("skip", list(log.skip) if log.skip else None)):
+            if value:
+                entry[key] = value
+            else:
+                entry.pop(key, None)
+        if log.stopped == "deadline":
+            return False
+        if caught_up and log.stopped == "partial":
+            self.cut = self.where(records + 1, log.offset)
+        return caught_up
 
-    def skip_damage(self, data_store: Any, number: int, offset: int, size: int) -> int:
-        """One line for a damaged record (none for what follows until a record reads whole again), and on at
-        the first record that starts in a later block; returns where reading resumes."""
-        if not self.entry.get("resync"):
-            self.result.add_problem(
-                f"{self.where(number, offset)}: damaged (framing or checksum); read on from the next block"
-            )
-            self.entry["resync"] = True
-        return next_record_start(data_store, (offset // BLOCK + 1) * BLOCK, size)
-
-    def take(self, record: Any, version: str, where: str) -> None:
+    def take(self, record: Any, version: str, number: int, offset: int) -> None:
         kind = record.WhichOneof("record_type")
         if kind == "history":
-            self.take_history(record.history)
+            self.take_history(record.history, number, offset)
         elif kind == "summary":
             self.take_summary(record.summary)
+        elif kind == "output_raw" or (kind == "output" and not self.entry.get("raw_output")):
+            if kind == "output_raw":
+                self.entry["raw_output"] = True
+            if self.entry.get("console") != "file":
+                self.read.console.append(getattr(record, kind).line)
         elif kind == "config":
             self.read.config.extend(_config_updates(record.config))
         elif kind == "run":
@@ -271,16 +304,18 @@ class RunScan:
             if "newer" in self.entry:
                 self.result.bad_lines += 1  # told once per file; still counted
             else:
-                self.entry["newer"] = self.entry.get("records", 0)
+                self.entry["newer"] = number
                 self.result.add_problem(
-                    f"{where}: a record type wandb {version} does not know (written by a newer wandb?);"
-                    " skipped"
+                    f"{self.where(number, offset)}: a record type wandb {version} does not know (written by a"
+                    " newer wandb?); skipped"
                 )
 
-    def take_history(self, history: Any) -> None:
+    def take_history(self, history: Any, number: int, offset: int) -> None:
         step, wall, names, values, media = _history_values(history, self.read.wall, ())
+        fields: dict[str, dict[str, Any]] = {}
         if media:  # a media object's numbers (a table's size, rows, columns) are not metrics: read it again
             step, wall, names, values, _ = _history_values(history, wall, tuple(f"{p}/" for p in media))
+            fields = _media_fields(history, media)
         if step is None:
             step = history.step.num
         if wall is None:
@@ -288,6 +323,12 @@ class RunScan:
         self.read.wall = wall
         count = len(names)  # the rows' tuples built in C: a third of the loop's time otherwise
         self.read.rows.extend(zip(repeat(step, count), names, values, repeat(wall, count), strict=True))
+        for ref in wandb_tables.table_refs(fields, step, wall):
+            self.read.rollouts.extend(
+                wandb_tables.read_table(
+                    self.path.parent, ref, self.entry, self.left_out, self.result, self.where(number, offset)
+                )
+            )
 
     def take_summary(self, summary: Any) -> None:
         """wandb updates the summary after every step: each key's latest text is kept, and decoded once."""
@@ -299,30 +340,17 @@ class RunScan:
             latest["/".join(item.nested_key) or item.key] = REMOVE
 
 
-def next_record_start(data_store: Any, position: int, size: int) -> int:
-    """The first position from `position` on where a record begins (a whole one or the first part of a long
-    one), found with DataStore's own fragment reader: a block begins with the rest of the record that crossed
-    into it, and a damaged fragment sends the search on to the next block. The store is left there."""
-    from wandb.sdk.internal import datastore
-
-    starts = (datastore.LEVELDBLOG_FULL, datastore.LEVELDBLOG_FIRST)
-    while position < size:
-        if BLOCK - position % BLOCK < datastore.LEVELDBLOG_HEADER_LEN:
-            position += BLOCK - position % BLOCK  # the block's zero trailer
-            continue
-        data_store.seek(position)
-        try:
-            fragment = data_store.scan_record()
-        except (AssertionError, IndexError):
-            if data_store.get_offset() >= size:
-                break  # a fragment still being written: looked at again when there is more
-            position = (position // BLOCK + 1) * BLOCK
-            continue
-        if fragment is None or fragment[0] in starts:
-            break
-        position = data_store.get_offset()
-    data_store.seek(position)
-    return position
+def _media_fields(history: Any, media: list[str]) -> dict[str, dict[str, Any]]:
+    """The `_type` and `path` of each media object of a history record (key -> {field: value})."""
+    prefixes = {f"{key}/": key for key in media}
+    out: dict[str, dict[str, Any]] = {}
+    for item in history.item:
+        nested = item.nested_key
+        key = nested[0] if len(nested) == 1 else "/".join(nested) or item.key
+        head, _, last = key.rpartition("/")
+        if last in MEDIA_FIELDS and f"{head}/" in prefixes and len(item.value_json) <= MAX_VALUE_JSON:
+            out.setdefault(head, {})[last] = _json(item.value_json)
+    return out
 
 
 def _history_values(
@@ -420,8 +448,9 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
     old_files: dict[str, dict[str, Any]] = source["cursor"].get("files", {})
     files = dict(old_files)
     result = IngestResult(caught_up=True)
-    reads: list[tuple[Path, RunRead]] = []
+    reads: list[tuple[Path, RunRead, str]] = []
     row_count = 0
+    left_out = attached_kinds(store, source["id"])
     for path in paths:
         name = path.name if path == root else path.relative_to(root).as_posix()
         entry = files.get(name, {})
@@ -434,7 +463,7 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
         if entry.get("refused") or st.st_size <= entry.get("offset", 0):
             files[name] = entry
             continue
-        scan = RunScan(path, name, {**entry, "inode": st.st_ino}, result)
+        scan = RunScan(path, name, {**entry, "inode": st.st_ino}, result, left_out)
         caught_up = scan.run(budget, row_count)
         files[name] = scan.entry
         if scan.cut and not source["follow"]:
@@ -442,8 +471,8 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
                 f"{scan.cut}: cut off at the end of the file (still being written?); not read yet"
             )
         if scan.read.seen():
-            reads.append((path, scan.read))
-            row_count += len(scan.read.rows)
+            reads.append((path, scan.read, name))
+            row_count += scan.read.weight()
         if not caught_up:
             result.caught_up = False
             break
@@ -452,9 +481,10 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
     if files == old_files:
         return result  # nothing moved: no write, so an idle source costs a stat per file per tick
     with WriteCost.measure(row_count), store.transaction():
-        for path, read in reads:
-            run_id = _write_run(store, source, path, read, single=len(paths) == 1, result=result)
-            result.run_ids.append(run_id)
+        for path, read, name in reads:
+            run_id = _write_run(store, source, path, read, files[name], single=len(paths) == 1, result=result)
+            if run_id not in result.run_ids:
+                result.run_ids.append(run_id)
         store.save_source_progress(
             source["id"], {"files": files}, rows=result.rows, bad_lines=result.bad_lines
         )
@@ -462,9 +492,17 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
 
 
 def _write_run(
-    store: Store, source: dict[str, Any], path: Path, read: RunRead, *, single: bool, result: IngestResult
+    store: Store,
+    source: dict[str, Any],
+    path: Path,
+    read: RunRead,
+    entry: dict[str, Any],
+    *,
+    single: bool,
+    result: IngestResult,
 ) -> int:
-    """Create or update the carl run of one W&B run and add its rows; inside the batch's transaction."""
+    """Create or update the carl run of one W&B run and add its rows, samples and console; inside the batch's
+    transaction, which commits `entry` (the run file's cursor entry) with them."""
     external_id = run_id_of(path)
     run = find_run(store, source["id"], external_id)
     if run is None:
@@ -472,9 +510,9 @@ def _write_run(
         if source["name"]:
             name = str(source["name"]) if single else f"{source['name']}/{name}"
         run = ensure_run(store, source, name, external_id=external_id, started_at=read.started_at)
-    # The run's console: W&B writes what the script printed to files/output.log of each run directory (a
-    # resumed run's second directory too); the engine scans it and the log view shows it (engine/console/).
-    store.system.add_console(run.id, str(path.parent / CONSOLE_FILE), "wandb")
+    # The run's console (each run directory's: a resumed run's second one too); the engine scans it and the
+    # log view shows it (engine/console/).
+    wandb_console.register(store, run.id, source["id"], path, external_id, read.console, entry, result)
     facts: dict[str, Any] = {}
     vocab_size = run.vocab_size
     if read.config or read.summary:
@@ -500,6 +538,8 @@ def _write_run(
         result.rows += store.add_metrics(
             run.id, finish_rows(store, run.id, source["id"], read.rows, vocab_size=vocab_size, result=result)
         )
+    if read.rollouts:
+        store.add_rollouts(run.id, read.rollouts)  # a (step, idx) already stored is ignored
     return run.id
 
 

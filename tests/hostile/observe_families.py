@@ -442,43 +442,27 @@ def tensorboard_seeds(folder: Path) -> dict[str, Any]:
 
 
 class WandbRecords(Writer):
-    """A `.wandb` file: its records written by wandb's own DataStore (LevelDB log blocks, CRC32 each)."""
+    """A `.wandb` file: its records framed as wandb's writer frames them (tests/wandb_frames.py: LevelDB log
+    blocks, a CRC-32 each)."""
 
     def __init__(self, records: list[bytes]) -> None:
         self.records = records
 
     def write(self, path: Path) -> None:
-        from wandb.sdk.internal import datastore
+        import wandb_frames
 
-        store = datastore.DataStore()
-        store.open_for_write(str(path))
-        for record in self.records:
-            store._write_data(record)  # what DataStore.write does with a record's bytes
-        store.close()
+        wandb_frames.write(path, self.records)
 
     def __repr__(self) -> str:
         return f"WandbRecords({len(self.records)} records)"
 
 
 def wandb_seed_records(data: bytes) -> list[bytes]:
-    """The records of a `.wandb` file, as wandb's DataStore reads them (header, then framed records)."""
-    records, at = [], 7
-    pending = b""
-    while at + 7 <= len(data):
-        offset = at % 32768
-        if 32768 - offset < 7:
-            at += 32768 - offset
-            continue
-        _, length, kind = struct.unpack("<IHB", data[at : at + 7])
-        chunk = data[at + 7 : at + 7 + length]
-        at += 7 + length
-        if kind == 0 and length == 0:
-            break
-        pending += chunk
-        if kind in (1, 4):  # FULL or LAST
-            records.append(pending)
-            pending = b""
-    return records
+    """The records of a `.wandb` file, as our framing reader reads them."""
+    from engine.observe.wandb_log import RecordLog
+
+    items = RecordLog(io.BytesIO(data), len(data), 0)
+    return [bytes(item) for _, item in items if isinstance(item, bytes | memoryview)]
 
 
 @st.composite
@@ -556,6 +540,63 @@ def wandb_seeds(folder: Path) -> dict[str, Any]:
     [file] = (SEEDS / "wandb").glob("*/run-*.wandb")
     data = file.read_bytes()
     return {"wandb": wandb_seed_records(data), "wandb-file": data, "wandb-dir": file.parent.name}
+
+
+# W&B Tables: history records pointing at table files (veRL's wide validation table, TRL's completions table),
+# the files mutated, missing, not regular files, or named by paths that would leave the run's files/.
+WANDB_TABLES = {
+    "val/generations": {
+        "columns": ["step", "input_1", "output_1", "score_1", "input_2", "output_2", "score_2"],
+        "data": [[4, "2+2?", "4", 1.0, "3+3?", "7", 0.0], [8, "2+2?", "4", 1.0, "3+3?", "6", 1.0]],
+    },
+    "completions": {
+        "columns": ["step", "prompt", "completion", "accuracy", "solution", "advantage"],
+        "data": [
+            [8, [{"role": "user", "content": "2+2?"}], "4", 1.0, "4", 0.5],
+            [8, "2+2?", "5", 0.0, "4", -0.5],
+        ],
+    },
+}
+TABLE_PATHS = (
+    "../../escape.table.json",
+    "/etc/passwd",
+    "media/table/" + "x" * 300 + ".json",
+    "",
+    "media/\x00",
+)
+
+
+def table_record(key: str, path: str, step: int) -> bytes:
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    record = Record()
+    record.history.step.num = step
+    for field, value in (("_type", "table-file"), ("path", path), ("nrows", 2)):
+        item = record.history.item.add()
+        item.nested_key.extend([key, field])
+        item.value_json = hv.dumps(value).decode()
+    return record.SerializeToString()
+
+
+@st.composite
+def wandb_table_cases(draw: st.DrawFn, seeds: Any) -> FileCase:
+    run_dir = f"wandb/{seeds['wandb-dir']}"
+    records = list(seeds["wandb"])
+    files: dict[str, Any] = {}
+    for n in range(draw(st.integers(1, 3))):
+        key = draw(st.sampled_from(sorted(WANDB_TABLES)))
+        path = f"media/table/{key}_{n}_abc.table.json"
+        if draw(st.integers(0, 9)) == 0:
+            path = draw(st.sampled_from(TABLE_PATHS))
+        table = WANDB_TABLES[key]
+        content = draw(hv.json_bytes(table)) if draw(st.booleans()) else hv.dumps(table)
+        if path.startswith("media/table/") and len(path) < 100 and draw(st.integers(0, 7)):
+            files[f"{run_dir}/files/{path}"] = draw(path_kind(content))
+        at = draw(st.integers(0, len(records)))
+        records.insert(at, table_record(key if draw(st.integers(0, 5)) else proto_text(draw), path, 8))
+    files[f"{run_dir}/run-seed.wandb"] = WandbRecords(records)
+    how, rows = draw(mode())
+    return FileCase(files, draw(st.sampled_from(["wandb", run_dir])), how, rows)
 
 
 # -- TRL's completions parquet -------------------------------------------------------------------------------
@@ -825,6 +866,7 @@ FAMILIES = [
     observe_family("mlflow-mlruns", mlflow_seeds, mlruns_cases, ci_examples=30),
     observe_family("tensorboard", tensorboard_seeds, tensorboard_cases),
     observe_family("wandb", wandb_seeds, wandb_cases),
+    observe_family("wandb-tables", wandb_seeds, wandb_table_cases, ci_examples=40),
     observe_family("trl-parquet", trl_seeds, trl_cases),
     observe_family("verl-dumps", no_seeds, verl_cases),
     observe_family("prime-rl-dumps", no_seeds, prime_cases),
