@@ -88,7 +88,10 @@ def build_venvs() -> None:
 def write_run(version: str, folder: Path) -> Path:
     """A run written by `version`'s wandb into `folder`; its `.wandb` file."""
     subprocess.run(
-        [str(python_of(VERSIONS[version])), str(WRITE), str(folder)], check=True, capture_output=True
+        [str(python_of(VERSIONS[version])), str(WRITE), str(folder)],
+        check=True,
+        capture_output=True,
+        cwd=folder.parent,  # never the repo: a stray `wandb/` folder there would shadow the package
     )
     [file] = folder.glob("wandb/offline-run-*/run-*.wandb")
     return file
@@ -101,6 +104,7 @@ def read_with(python: Path | str, file: Path) -> dict[str, Any]:
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=file.parent,  # `python -c` imports from its working directory first: never the repo's
     )
     return json.loads(done.stdout)
 

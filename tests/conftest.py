@@ -35,13 +35,16 @@ SESSION_TEMP = pytest.StashKey[str]()
 
 
 @pytest.fixture(autouse=True)
-def own_temp_folder(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The system temp folder of each test, and of every process it starts, is one of its own under pytest's
-    (which pytest removes with its old runs): torchrun's `torchelastic_*` folders and wandb's `wandb-media`
-    and `wandb-artifacts` ones no longer pile up in /tmp (issue 30 §13)."""
-    folder = tmp_path_factory.mktemp("tmp", numbered=True)
-    monkeypatch.setenv("TMPDIR", str(folder))
-    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+def own_temp_folder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The system temp folder of each test, and of every process it starts, is one of its own (removed with
+    the session's, as a module's fixtures may keep using what they made in it): torchrun's `torchelastic_*`
+    folders and wandb's `wandb-media` and `wandb-artifacts` ones no longer pile up in /tmp (issue 30 §13). Its
+    path stays short (`/tmp/carl-tests-XXXXXXXX/tXXXXXXXX`): Chromium makes its singleton socket under it, and
+    a Unix socket's path is at most 107 bytes (under pytest's deep per-test folders Chromium aborted: "Socket
+    path too long")."""
+    folder = tempfile.mkdtemp(prefix="t", dir=request.config.stash[SESSION_TEMP])
+    monkeypatch.setenv("TMPDIR", folder)
+    monkeypatch.setattr(tempfile, "tempdir", folder)
 
 
 @pytest.fixture

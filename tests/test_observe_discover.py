@@ -35,11 +35,17 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def wandb_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """W&B offline, silent, with no network and no login."""
+    """W&B offline, silent, with no network and no login. wandb reads its environment once per process (in
+    `wandb.setup()`), so the setup is torn down whenever the environment changes: else a run started after
+    another test's run ignores WANDB_DIR and writes `wandb/` into the working directory."""
+    import wandb
+
     saved = {k: os.environ.get(k) for k in ("WANDB_MODE", "WANDB_SILENT", "WANDB_DIR", "WANDB_API_KEY")}
     os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")
     os.environ.pop("WANDB_API_KEY", None)
+    wandb.teardown()
     yield
+    wandb.teardown()
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)
@@ -59,6 +65,7 @@ def trl_output(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, wandb
     out = tmp_path_factory.mktemp("trl") / "grpo-out"
     out.mkdir()
     os.environ["WANDB_DIR"] = str(out)
+    wandb.teardown()  # the next run reads WANDB_DIR (see wandb_env)
 
     def brevity(completions: list[str], **_: object) -> list[float]:
         return [1.0 / (1 + len(c)) for c in completions]
