@@ -3,6 +3,7 @@ by TRL's own async GRPO trace logger (engine/observe/trackio_traces.py)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support import until
 
 from engine.observe import ingest_source, observe, register_source
 from engine.observe import trackio_traces as traces_module
@@ -282,3 +284,34 @@ def test_a_bad_or_oversized_trace_is_one_line_and_the_rest_is_read(
     [run_id] = result.run_ids
     steps = [r["step"] for r in rollouts(store, run_id)]
     assert len(steps) == 12 - 4 and steps.count(0) == 1
+
+
+async def test_the_traces_in_the_rollouts_viewer(tmp_path: Path, grpo_project: Path) -> None:
+    """The run's traces listed by the viewer (`R`) at 80×24, a GRPO group side by side, and a sample with the
+    policy version that sampled it."""
+    from rich.console import Console
+    from test_app_rollouts import open_viewer, rows
+    from textual.widgets import Static
+
+    from carl_tui.app import ControlRoom
+    from carl_tui.rollouts_detail import RolloutGroupScreen, RolloutSampleScreen
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    with Store(home / "carl.db") as store:
+        _, result = observe(store, grpo_project)
+    [run_id] = result.run_ids
+    app = ControlRoom(home, start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_viewer(pilot, run_id)
+        listed = rows(app)
+        assert [(r.step, r.idx, r.group_id) for r in listed] == [(2, i, str(i // 2)) for i in range(4)]
+        assert listed[0].prompt.startswith("system: Answer with a number.") and listed[1].total == 1.0
+        await pilot.press("g")
+        await until(pilot, lambda: isinstance(app.screen, RolloutGroupScreen))
+        assert [s["advantage"] for s in app.screen.samples] == [1.0, -1.0]
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, RolloutSampleScreen))
+        console = Console(file=io.StringIO(), width=120)
+        console.print(app.screen.query_one("#sample-summary", Static).content)
+        assert "step 2 · group 0 · #0 · policy v2" in console.file.getvalue()
