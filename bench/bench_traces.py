@@ -81,6 +81,14 @@ def build_project(folder: Path) -> Path:
     env = {**os.environ, "TRACKIO_DIR": str(folder)}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=3600, stdout=subprocess.DEVNULL)
     shutil.rmtree(folder / "traces", ignore_errors=True)  # Trackio's session files for the Hub: not read
+    conn = sqlite3.connect(db)
+    try:
+        written = conn.execute("SELECT count(*) FROM traces").fetchone()[0]
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+    if written != ROWS:
+        raise RuntimeError(f"trackio wrote {written:,} traces, {ROWS:,} logged")
     marker.touch()
     print(f"  wrote {ROWS:,} traces with trackio in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return db

@@ -425,7 +425,7 @@ class ExplorerScreen(ModalScreen[None]):
         set_subtitle(
             heat,
             Text(
-                f" step {series.steps[row]:,} · {short_number(histogram.total)} values"
+                f" step {series.steps[row]:,} · {short_count(histogram.total)} values"
                 f" · {short_number(histogram.low)} … {short_number(histogram.high)} "
             ),
         )
@@ -610,6 +610,11 @@ class ExplorerScreen(ModalScreen[None]):
         at = min(max(at + direction * max(heat.plot_height, 1), 0), len(steps) - 1)
         self.cursor_step = steps[at]
         self.draw_charts()
+
+
+def short_count(value: float) -> str:
+    """A count of values: whole as 2,000, else in a few characters."""
+    return f"{value:,.0f}" if value.is_integer() and value < 1e12 else short_number(value)
 
 
 def _same(a: tuple, b: tuple) -> bool:
