@@ -127,7 +127,7 @@ def import_traces(db: Path, home: Path) -> float:
 
 def import_verl_dump(db: Path, work: Path) -> float:
     """Rows/s of our veRL dump reader on the same samples, written as veRL's `{step}.jsonl` files."""
-    from engine.observe import observe
+    from engine.observe import import_source, register_source
     from engine.store import Store
 
     dump = work / "verl_dump"
@@ -150,7 +150,7 @@ def import_verl_dump(db: Path, work: Path) -> float:
         (dump / f"{step}.jsonl").write_text("\n".join(lines) + "\n")
     with Store(work / "verl.db") as store:
         started = time.perf_counter()
-        observe(store, dump)
+        import_source(store, register_source(store, dump, follow=False, kind="rollouts-verl"))
         seconds = time.perf_counter() - started
         assert store.conn.execute("SELECT count(*) FROM rollouts").fetchone()[0] == ROWS
     return ROWS / seconds
