@@ -3,6 +3,8 @@ charts grouped by prefix.
 
 - 80×24: a list of the keys (grouped, each with its newest value) and one chart of the highlighted key;
   160×50: a grid of small charts, as many columns as fit, scrolled by rows (carl_tui/explorer_grid.py).
+- A key of histograms (▦) is a heat strip over steps (widgets/heat_strip.py): a line per step, its colour the
+  density of the step's buckets; zoomed, every step read has its line and `←` `→` move the cursor over them.
 - `/` filters the keys (a substring, or a glob with * ? [), `enter` zooms one chart, `s` cycles the
   smoothing and `[` `]` change its weight or window (carl_tui/smoothing.py), `l` puts the chart on a
   log axis, `p` pins it to the main screen, `i` opens the record inspector at the chart's cursor
@@ -32,7 +34,9 @@ from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
 
 from engine.store import Series
+from engine.store.histograms import HistogramSeries
 from widgets.chart import Chart
+from widgets.heat_strip import HeatStrip, short_number
 
 from .explorer_data import ExplorerFeed, Listing, News, Pair
 from .explorer_grid import CHART_HEIGHT, ChartGrid
@@ -48,6 +52,7 @@ from .explorer_model import (
     grid_rows,
     group_title,
     locate,
+    moved_among,
     moved_step,
     plan_chart,
     rows_in_view,
@@ -142,6 +147,7 @@ class ExplorerScreen(ModalScreen[None]):
         self.feed: ExplorerFeed | None = None
         self.listing: Listing | None = None
         self.series: dict[Pair, Series] = {}
+        self.heats: dict[Pair, HistogramSeries] = {}  # the keys of histograms read
         self.keys: list[KeyInfo] = []  # the keys the filter lets through, in order
         self.filter_text = ""
         self.smoothing = Smoothing()
@@ -166,9 +172,11 @@ class ExplorerScreen(ModalScreen[None]):
             with Horizontal(id="explorer-list-view"):
                 yield OptionList(id="explorer-keys")
                 yield Chart(mode=self.chart_mode, empty_text="reading…", id="explorer-chart")
+                yield HeatStrip(empty_text="reading…", id="explorer-heat")
             yield Static("", id="explorer-empty")  # the grid's empty state
             yield ChartGrid(id="explorer-grid")
             yield Chart(mode=self.chart_mode, empty_text="reading…", id="explorer-zoom")
+            yield HeatStrip(fit=False, empty_text="reading…", id="explorer-heat-zoom")
         yield Footer()
 
     @property
@@ -226,6 +234,7 @@ class ExplorerScreen(ModalScreen[None]):
         news = event.news
         self.error = None
         self.series.update(news.series)
+        self.heats.update(news.histograms)
         if news.listing is not None:
             self.listing = news.listing
             self.apply_filter()
@@ -245,6 +254,10 @@ class ExplorerScreen(ModalScreen[None]):
         """Ask the feed for the series of the keys in view (of every run shown)."""
         if self.feed is not None:
             self.feed.want((run.id, key) for key in self.visible_keys() for run in self.runs)
+
+    def is_heat(self, key: str | None) -> bool:
+        """Whether `key` names histograms (drawn as a heat strip)."""
+        return key is not None and self.listing is not None and key in self.listing.histograms
 
     def visible_keys(self) -> list[str]:
         if self.zoomed or not self.wide:
@@ -301,7 +314,7 @@ class ExplorerScreen(ModalScreen[None]):
     def key_line(self, info: KeyInfo, width: int) -> Text:
         """A key, marked when pinned, and its newest value (of the first run) at the right."""
         latest = self.listing.latest.get((self.runs[0].id, info.key)) if self.listing and self.runs else None
-        value = short_value(latest)
+        value = "" if info.histogram is not None else short_value(latest)  # its label has the mark
         name = (f"{PIN_MARK} " if info.key in self.pinned else "  ") + info.label
         room = width - len(value) - 1
         if cell_len(name) > room:
@@ -329,7 +342,8 @@ class ExplorerScreen(ModalScreen[None]):
         where = locate(self.rows, self.current) if self.current else None
         if where is not None:
             self.top = scrolled_to(self.rows, self.top, where[0], height, CHART_HEIGHT)
-        grid.show(self.rows, self.top, columns, height, self.chart_mode)
+        histograms = self.listing.histograms if self.listing else {}
+        grid.show(self.rows, self.top, columns, height, self.chart_mode, histograms)
 
     # -- drawing -----------------------------------------------------------------------------------
 
@@ -355,6 +369,12 @@ class ExplorerScreen(ModalScreen[None]):
     def draw_charts(self) -> None:
         """Hand each chart in view its plan (a chart whose plan did not change is left alone)."""
         if self.zoomed or not self.wide:
+            heated = self.is_heat(self.current)
+            self.set_class(heated, "-heat")
+            if heated:
+                heat = self.query_one("#explorer-heat-zoom" if self.zoomed else "#explorer-heat", HeatStrip)
+                self.draw_heat(heat, self.current, cursor=True)
+                return
             target = self.query_one("#explorer-zoom" if self.zoomed else "#explorer-chart", Chart)
             if self.current is None:
                 draw(target, None, "no keys match the filter" if self.filter_text else "no metrics yet")
@@ -364,10 +384,51 @@ class ExplorerScreen(ModalScreen[None]):
             return
         grid = self.query_one(ChartGrid)
         for key, chart in grid.cells():
+            if self.is_heat(key):
+                continue
             draw(chart, self.plan(key), self.empty_text(key))
             chart.set_class(key == self.current, "-selected")
             set_subtitle(chart, None)
             chart.set_markers(())
+        for key, heat in grid.heat_cells():
+            self.draw_heat(heat, key, cursor=False)
+            heat.set_class(key == self.current, "-selected")
+
+    def draw_heat(self, heat: HeatStrip, key: str | None, *, cursor: bool) -> None:
+        """A key of histograms of the first run shown, as a heat strip; with `cursor`, the step cursor on its
+        line and what the step holds in the bottom border."""
+        info = next((i for i in self.keys if i.key == key), None)
+        series = self.heats.get((self.runs[0].id, key)) if self.runs and key else None
+        title = info.label if info else ""
+        if series is None or not series:
+            heat.set_empty("reading…" if series is None else "no histograms")
+            set_title(heat, title)
+            set_subtitle(heat, None)
+            return
+        heat.set_data(series.steps, series.histograms)
+        title += f" · {series.stored:,} steps" + (
+            f" ({len(series):,} shown)" if len(series) < series.stored else ""
+        )
+        if len(self.runs) > 1:
+            title += f" · run {self.runs[0].name}"
+        set_title(heat, title)
+        if not cursor:
+            set_subtitle(heat, None)
+            return
+        if self.cursor_step is None:
+            heat.set_cursor(None)
+            set_subtitle(heat, Text(" ← → cursor · i inspects a step "))
+            return
+        row = min(range(len(series.steps)), key=lambda i: abs(series.steps[i] - (self.cursor_step or 0)))
+        heat.set_cursor(row)
+        histogram = series.histograms[row]
+        set_subtitle(
+            heat,
+            Text(
+                f" step {series.steps[row]:,} · {short_count(histogram.total)} values"
+                f" · {short_number(histogram.low)} … {short_number(histogram.high)} "
+            ),
+        )
 
     def empty_text(self, key: str) -> str:
         if any((run.id, key) not in self.series for run in self.runs):
@@ -471,13 +532,16 @@ class ExplorerScreen(ModalScreen[None]):
         self.draw_charts()
 
     def action_log(self) -> None:
-        if self.current is None:
+        if self.current is None or self.is_heat(self.current):
             return
         self.log_keys ^= {self.current}
         self.draw_charts()
 
     def action_pin(self) -> None:
         if self.current is None or self.pin_callback is None:
+            return
+        if self.is_heat(self.current):
+            self.notify("a key of histograms is drawn here only: it cannot be pinned", severity="warning")
             return
         self.pinned = set(self.pin_callback(self.current))
         self.show_keys()
@@ -493,7 +557,11 @@ class ExplorerScreen(ModalScreen[None]):
         if self.current is None:
             return
         if self.zoomed or not self.wide:
-            if dx:
+            if dx and self.is_heat(self.current):
+                heat = self.heats.get((self.runs[0].id, self.current)) if self.runs else None
+                self.cursor_step = moved_among(heat.steps if heat else [], self.cursor_step, dx)
+                self.draw_charts()
+            elif dx:
                 series = self.series.get((self.runs[0].id, self.current)) if self.runs else None
                 self.cursor_step = moved_step(series, self.cursor_step, dx)
                 self.draw_charts()
@@ -519,6 +587,9 @@ class ExplorerScreen(ModalScreen[None]):
         self.show_keys()
 
     def action_page(self, direction: int) -> None:
+        if (self.zoomed or not self.wide) and self.is_heat(self.current) and self.runs:
+            self.page_heat(direction)
+            return
         if not self.wide or self.zoomed or not self.rows:
             return
         grid = self.query_one(ChartGrid)
@@ -527,6 +598,23 @@ class ExplorerScreen(ModalScreen[None]):
         self.top = target
         self.current = self.rows[target].keys[0]
         self.show_keys()
+
+    def page_heat(self, direction: int) -> None:
+        """Page up or down a heat strip: the cursor a screen of steps away."""
+        series = self.heats.get((self.runs[0].id, self.current or ""))
+        if not series:
+            return
+        heat = self.query_one("#explorer-heat-zoom" if self.zoomed else "#explorer-heat", HeatStrip)
+        steps = series.steps
+        at = steps.index(self.cursor_step) if self.cursor_step in steps else len(steps) - 1
+        at = min(max(at + direction * max(heat.plot_height, 1), 0), len(steps) - 1)
+        self.cursor_step = steps[at]
+        self.draw_charts()
+
+
+def short_count(value: float) -> str:
+    """A count of values: whole as 2,000, else in a few characters."""
+    return f"{value:,.0f}" if value.is_integer() and value < 1e12 else short_number(value)
 
 
 def _same(a: tuple, b: tuple) -> bool:

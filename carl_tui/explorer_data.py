@@ -1,8 +1,9 @@
 """The metrics explorer's reads (no Textual): every key of the runs shown, with each key's newest value
-and its source's name, and the series of the keys in view, cached per (run, key) and extended with the
-rows that arrive. One thread owns an `ExplorerFeed`; the screen asks it for the keys in view through a
-request queue and gets back only what changed (Toolong's reader thread fed by a request queue, as the
-control room's StoreWatcher in carl_tui/model.py)."""
+and its source's name, and the series of the keys in view, cached per (run, key) and extended with the rows
+that arrive; a key of histograms is read whole (at most MAX_HEAT_ROWS of its steps) when its run moved. One
+thread owns an `ExplorerFeed`; the screen asks it for the keys in view through a request queue and gets back
+only what changed (Toolong's reader thread fed by a request queue, as the control room's StoreWatcher in
+carl_tui/model.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.store import RunRow, Series, StoreReader
+from engine.store.histograms import HistogramSeries
 
-from .explorer_model import KeyInfo, order_keys
+from .explorer_model import KeyInfo, histogram_id, order_keys
 
 Pair = tuple[int, str]  # (run id, key)
 MAX_POINTS = 1024  # buckets a series is read at: more than a zoomed chart's dot columns at 160 wide
+MAX_HEAT_ROWS = 512  # steps of a key of histograms read: a zoomed heat strip's lines, scrolled
 
 
 @dataclass
@@ -28,6 +31,7 @@ class Listing:
     runs: list[RunRow]
     keys: list[KeyInfo]
     latest: dict[Pair, float | None] = field(default_factory=dict)
+    histograms: dict[str, str] = field(default_factory=dict)  # explorer name -> stored key of histograms
 
 
 @dataclass
@@ -37,6 +41,7 @@ class News:
 
     listing: Listing | None = None
     series: dict[Pair, Series] = field(default_factory=dict)
+    histograms: dict[Pair, HistogramSeries] = field(default_factory=dict)
 
 
 def read_listing(reader: StoreReader, runs: Sequence[RunRow]) -> Listing:
@@ -44,6 +49,7 @@ def read_listing(reader: StoreReader, runs: Sequence[RunRow]) -> Listing:
     sources gave the keys a framework's map renamed (the first run that renamed a key names it)."""
     keys: dict[str, str | None] = {}
     latest: dict[Pair, float | None] = {}
+    stored: dict[str, None] = {}  # keys of histograms, in the order met
     for run in runs:
         run_keys = reader.metric_keys(run.id)
         names = reader.key_names(run.id)
@@ -52,7 +58,30 @@ def read_listing(reader: StoreReader, runs: Sequence[RunRow]) -> Listing:
                 keys[key] = names.get(key)
         for key, (_, value) in reader.latest_values(run.id, run_keys).items():
             latest[(run.id, key)] = value
-    return Listing(list(runs), order_keys([KeyInfo(key, source) for key, source in keys.items()]), latest)
+        stored.update(dict.fromkeys(reader.histograms.keys(run.id)))
+    histograms = {histogram_id(key, keys): key for key in stored}
+    infos = [KeyInfo(key, source) for key, source in keys.items()]
+    infos += [KeyInfo(name, histogram=key) for name, key in histograms.items()]
+    return Listing(list(runs), order_keys(infos), latest, histograms)
+
+
+def read_histograms(
+    reader: StoreReader,
+    pairs: Iterable[Pair],
+    names: dict[str, str],
+    cache: dict[Pair, HistogramSeries],
+    stale: set[Pair],
+) -> dict[Pair, HistogramSeries]:
+    """The histograms of `pairs` (run, explorer name) not cached or stale, read again whole; `names` gives
+    each name's stored key. Returns those read; `cache` and `stale` are updated."""
+    changed: dict[Pair, HistogramSeries] = {}
+    for pair in pairs:
+        if pair in cache and pair not in stale:
+            continue
+        run_id, name = pair
+        cache[pair] = changed[pair] = reader.histograms.series(run_id, names[name], max_steps=MAX_HEAT_ROWS)
+        stale.discard(pair)
+    return changed
 
 
 def read_series(
@@ -98,6 +127,9 @@ class ExplorerFeed:
         self.wanted: tuple[Pair, ...] = ()
         self.cache: dict[Pair, Series] = {}
         self.stale: set[Pair] = set()
+        self.histogram_names: dict[str, str] = {}  # explorer name -> stored key, from the listing
+        self.heat_cache: dict[Pair, HistogramSeries] = {}
+        self.heat_stale: set[Pair] = set()
 
     def want(self, pairs: Iterable[Pair]) -> None:
         """Read these (run, key) series (the keys in view), and keep them up to date."""
@@ -139,8 +171,13 @@ class ExplorerFeed:
             keys = self.first(news.listing.keys)
             wanted = tuple((run_id, key) for key in keys for run_id in self.run_ids)
             self.first = None
-        news.series = read_series(reader, wanted, self.cache, self.stale)
-        return news if news.listing is not None or news.series else None
+        names = self.histogram_names
+        heat = [pair for pair in wanted if pair[1] in names]
+        news.series = read_series(
+            reader, [pair for pair in wanted if pair[1] not in names], self.cache, self.stale
+        )
+        news.histograms = read_histograms(reader, heat, names, self.heat_cache, self.heat_stale)
+        return news if news.listing is not None or news.series or news.histograms else None
 
     def _relist(self, reader: StoreReader) -> Listing | None:
         """The listing again when a run's row moved (its last step, its status); the cached series of
@@ -157,5 +194,8 @@ class ExplorerFeed:
                     del self.cache[pair]
                 else:
                     self.stale.add(pair)
+            self.heat_stale.update(pair for pair in self.heat_cache if pair[0] == run.id)
         self.runs = {run.id: run for run in runs}
-        return read_listing(reader, runs)
+        listing = read_listing(reader, runs)
+        self.histogram_names = listing.histograms
+        return listing

@@ -8,7 +8,7 @@ from __future__ import annotations
 import fnmatch
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from engine.store import Series
@@ -18,6 +18,7 @@ from .smoothing import Smoothing
 
 NO_PREFIX = "(no prefix)"  # the group of the keys without a "/": loss, reward, entropy, ...
 PIN_MARK = "◆"  # a key pinned to the main screen
+HISTOGRAM_MARK = "▦"  # a key of histograms, drawn as a heat strip over steps
 GLOB_CHARS = frozenset("*?[")
 # Families shown under one heading whatever their prefixes, in this order inside it: async RL (the canonical
 # names of engine/observe/frameworks.py, then the frameworks' own async keys no table renames: veRL's
@@ -33,10 +34,12 @@ KEY_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 @dataclass(frozen=True)
 class KeyInfo:
-    """A metric key, and the name its source gave it when a framework's key map renamed it."""
+    """A metric key, and the name its source gave it when a framework's key map renamed it. A key of
+    histograms has its stored key in `histogram`, and `key` is how the explorer names it (`histogram_id`)."""
 
     key: str
     source: str | None = None
+    histogram: str | None = None
 
     @property
     def group(self) -> str:
@@ -58,9 +61,17 @@ class KeyInfo:
     def label(self) -> str:
         """The key as shown, with its source's name beside it: `entropy  (actor/entropy)`; text that
         cannot drive the terminal."""
+        if self.histogram is not None:
+            return visible_line(f"{self.histogram}  {HISTOGRAM_MARK}")
         if self.source and self.source != self.key:
             return visible_line(f"{self.key}  ({self.source})")
         return visible_line(self.key)
+
+
+def histogram_id(key: str, scalars: Collection[str]) -> str:
+    """How the explorer names a key of histograms: the key itself, or the key marked when a metric has the
+    same name (the two are drawn apart)."""
+    return key if key not in scalars else f"{key}  {HISTOGRAM_MARK}"
 
 
 def group_title(group: str) -> str:
@@ -272,7 +283,14 @@ def moved_step(series: Series | None, step: int | None, direction: int) -> int |
     when there is no step yet. A bucket's step is its last (a step the store has a row at)."""
     if series is None or not len(series):
         return step
-    steps = list(series.last)
+    return moved_among(list(series.last), step, direction)
+
+
+def moved_among(steps: Sequence[int], step: int | None, direction: int) -> int | None:
+    """The next (direction > 0) or previous step of `steps` (in order) from `step`; the newest when there is
+    no step yet, `step` when there are none."""
+    if not steps:
+        return step
     if step is None:
         return int(steps[-1])
     if direction > 0:

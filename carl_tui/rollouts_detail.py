@@ -113,13 +113,25 @@ def entropy_summary(entropy: list[float], vocab_size: int | None) -> str:
     return line
 
 
+def policy(sample: dict[str, Any]) -> str:
+    """The policy version that sampled it, and how far behind the step's it was (async RL), when the source
+    says (engine/observe/rollouts/tracker_columns.py)."""
+    version = (sample.get("extra") or {}).get("policy_version")
+    if type(version) is not int:
+        return ""
+    behind = sample["step"] - version
+    return f" · policy v{version:,}" + (f" ({behind:,} behind)" if behind > 0 else "")
+
+
 def summary(run: RunRow, sample: dict[str, Any], signs: tuple[Style, Style]) -> Table:
     """Where the sample sits, its numbers, each reward function's value, its entropy, the source's extras."""
     table = Table.grid(padding=(0, 1))
     table.add_column(no_wrap=True, style="bold")
     table.add_column()
     group = visible_line(sample.get("group_id")) or "—"
-    table.add_row("sample", Text(f"step {sample['step']:,} · group {group} · #{sample['idx']}"))
+    table.add_row(
+        "sample", Text(f"step {sample['step']:,} · group {group} · #{sample['idx']}{policy(sample)}")
+    )
     table.add_row("", numbers(sample, signs))
     for name, score in (sample.get("rewards") or {}).items():
         table.add_row(Text(visible_line(name), style="dim"), value(score))

@@ -94,9 +94,13 @@ def test_every_scalar_of_a_long_tag_is_read(store: Store, tmp_path: Path) -> Non
     expected = loader_scalars(file)
     assert len(expected["train/loss"]) == 12_000
     assert stored(store, run_id) == {"loss": expected["train/loss"], "eval/loss": expected["eval/loss"]}
-    assert result.rows == 12_000 + 120
+    assert result.rows == 12_000 + 120 + 1  # the scalars and the histogram
+    [(key, step)] = store.conn.execute(
+        "SELECT key, step FROM histograms WHERE run_id=?", (run_id,)
+    ).fetchall()
+    assert (key, step) == ("weights", 5)
     entry = store.source(source_id)["cursor"]["files"][file.name]
-    assert entry["skipped"] == 3 and entry["bytes"] == file.stat().st_size  # histogram, text, image
+    assert entry["skipped"] == 2 and entry["bytes"] == file.stat().st_size  # the text (no samples), the image
     walls = [r[0] for r in store.conn.execute("SELECT wall_time FROM metrics WHERE run_id=?", (run_id,))]
     assert (
         file.stat().st_mtime - 120 < min(walls) <= max(walls) <= file.stat().st_mtime + 1

@@ -3,9 +3,13 @@
 A source is one event file or a directory tree of runs: each directory holding event files is one run, named
 after its path relative to the root, and a run's files are read in name order (numbers as numbers). Every
 scalar is read (no reservoir): `simple_value` as torch's SummaryWriter writes it, and 0-d tensors of the
-scalars plugin as tf2-style writers do. Histograms, images, text and other summaries are skipped and counted
-(`skipped` in the file's cursor), except the two texts transformers' TensorBoardCallback writes first
-(`model_config` and `args`, as JSON): they give the run its |V|, model and step budget.
+scalars plugin as tf2-style writers do. Histograms (v1 `histo` of torch's and tensorboardX's `add_histogram`,
+and the `histograms` plugin's tensors) are stored as histograms (observe/histograms.py); texts that hold
+samples (OpenRLHF's `train/generated_samples`, tables of samples) become rollouts of the run
+(rollouts/tensorboard_text.py); a text larger than MAX_TEXT_RECORD bytes is skipped with one line. Images and
+other summaries are skipped and counted (`skipped` in the file's cursor), and so are the two texts
+transformers' TensorBoardCallback writes first (`model_config` and `args`, as JSON): they give the run its
+|V|, model and step budget.
 
 The reader is the stub that tensorboard uses without TensorFlow (`PyRecordReader_New`): unlike the loaders
 built on it, it tells a record cut off at the end of a file still being written ("truncated record", waited
@@ -30,7 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.files import kind_of
+from engine.limits import shown
 from engine.store import Store
+from engine.store.histograms import KEYS_CAP, HistogramRow, add_histograms
 from engine.text import storable
 
 from .common import (
@@ -43,7 +49,10 @@ from .common import (
     valid_max_steps,
     valid_vocab,
 )
+from .histograms import HISTOGRAM_PLUGIN, from_histo, from_tensor
 from .keys import MAX_KEY_LENGTH, KeyMap
+from .rollouts.common import ROW_WEIGHT, store_at_next_places
+from .rollouts.tensorboard_text import tag_name, text_samples
 from .runkeys import Row, finish_rows
 
 EVENT_MARK = "tfevents"  # tensorboard's own test of an event file's name (io_wrapper.IsSummaryEventsFile)
@@ -56,6 +65,8 @@ SCALAR_PLUGIN = "scalars"
 CONFIG_TEXTS = ("model_config/text_summary", "args/text_summary")  # SummaryWriter.add_text appends the suffix
 MAX_CONFIG_TEXT = 1 << 20  # bytes of such a text parsed
 MAX_MODEL_NAME = 200
+TEXT_PLUGIN = "text"
+MAX_TEXT_RECORD = 4 << 20  # bytes of one text summary looked at for samples; a larger one is skipped
 KEYS = KeyMap()
 DIGITS = re.compile(r"(\d+)")
 
@@ -188,6 +199,13 @@ class FileRead:
     not_events: list[int] = field(default_factory=list)  # whole records that are not Event messages
     facts: dict[str, Any] = field(default_factory=dict)  # vocab_size, model, max_steps from config texts
     parent_rows: list[Row] = field(default_factory=list)  # an add_scalars sub-run's rows, for its parent
+    samples: list[dict[str, Any]] = field(default_factory=list)  # rollouts from texts that hold samples
+    histograms: list[HistogramRow] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # "record N: ...", one line each
+
+    def weight(self) -> int:
+        """What the batch's budget counts: a rollout as ROW_WEIGHT rows, a histogram as one."""
+        return len(self.rows) + len(self.parent_rows) + len(self.samples) * ROW_WEIGHT + len(self.histograms)
 
 
 def read_events(
@@ -215,7 +233,7 @@ def read_events(
     read = FileRead()
     append = read.rows.append
     while True:
-        if (opened.records & 255) == 0 and budget.spent(rows_before + len(read.rows)):
+        if (opened.records & 255) == 0 and budget.spent(rows_before + read.weight()):
             read.state = "budget"
             return read
         try:
@@ -252,12 +270,20 @@ def read_events(
             elif kind == "tensor" or kind is None:
                 number = tensor_scalar(value, plugins)
                 if number is None:
-                    read.skipped += fresh
                     if fresh and value.tag in CONFIG_TEXTS:
                         read.facts.update(config_facts(value))
+                        read.skipped += 1
+                    elif fresh and not other_tensor(
+                        value, plugins.get(value.tag), step, wall, read, opened.records
+                    ):
+                        read.skipped += 1
                     continue
             else:  # a histogram, image or audio summary of the v1 kind
-                read.skipped += fresh
+                if fresh and not (
+                    kind == "histo"
+                    and add_histogram(value.tag, from_histo(value.histo), step, wall, read, opened.records)
+                ):
+                    read.skipped += 1
                 continue
             if fresh:
                 if channel is not None:
@@ -314,6 +340,52 @@ def tensor_scalar(value: Any, plugins: dict[str, str]) -> float | None:
     return float(array) if array.dtype.kind in "fiu" else None
 
 
+def other_tensor(value: Any, plugin: str | None, step: int, wall: float, read: FileRead, record: int) -> bool:
+    """A tensor that is no scalar: a text that may hold samples, or a histogram of the `histograms` plugin.
+    Returns whether it was taken (False: skipped, and counted as such)."""
+    if plugin == HISTOGRAM_PLUGIN:
+        return add_histogram(value.tag, from_tensor(value.tensor), step, wall, read, record)
+    if plugin == TEXT_PLUGIN:
+        texts = value.tensor.string_val
+        size = sum(len(text) for text in texts)
+        if size > MAX_TEXT_RECORD:
+            read.problems.append(
+                f"record {record}: text {shown(tag_name(value.tag))} at step {step} is {size:,} bytes,"
+                f" over the limit of {MAX_TEXT_RECORD:,}; skipped"
+            )
+            return False
+        samples = text_samples(value.tag, text_cells(value.tensor))
+        for sample in samples or ():
+            sample.setdefault("step", step)
+            sample["wall_time"] = wall
+            read.samples.append(sample)
+        return samples is not None
+    return False
+
+
+def text_cells(tensor: Any) -> list[list[str]]:
+    """A string tensor as rows of text: a 2-D one row by row, a single text as one cell, else nothing."""
+    texts = [raw.decode("utf-8", "replace") for raw in tensor.string_val]
+    dims = [d.size for d in tensor.tensor_shape.dim]
+    if len(dims) == 2 and dims[0] > 0 and dims[1] > 0 and dims[0] * dims[1] == len(texts):
+        return [texts[row * dims[1] : (row + 1) * dims[1]] for row in range(dims[0])]
+    return [[texts[0]]] if len(texts) == 1 else []
+
+
+def add_histogram(tag: str, histogram: Any, step: int, wall: float, read: FileRead, record: int) -> bool:
+    """Take a histogram summary; False (and a problem line when it is no usable histogram) when it is not."""
+    name = KEYS[tag]
+    if name is None:
+        return False
+    if histogram is None:
+        read.problems.append(
+            f"record {record}: {shown(tag)} at step {step} is not a usable histogram; skipped"
+        )
+        return False
+    read.histograms.append((step, name, histogram, wall))
+    return True
+
+
 def config_facts(value: Any) -> dict[str, Any]:
     """|V|, the model and the step budget from a config that transformers' TensorBoardCallback wrote as text
     (`model_config`: the model's config.json; `args`: the TrainingArguments), when they are there."""
@@ -365,7 +437,7 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
     if files == old_files:
         return result  # nothing moved: no write, so an idle source costs a directory walk per tick
     with WriteCost.measure(batch.row_count), store.transaction():
-        for run_dir in {**batch.rows, **batch.facts}:
+        for run_dir in {**batch.rows, **batch.facts, **batch.samples, **batch.histograms}:
             run = find_run(store, source["id"], run_dir) or ensure_run(
                 store, source, _run_name(source, root, run_dir, len(runs)), external_id=run_dir
             )
@@ -380,6 +452,11 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
             result.rows += store.add_metrics(
                 run.id, finish_rows(store, run.id, source["id"], rows, vocab_size=vocab_size, result=result)
             )
+            result.rows += store_at_next_places(store, run.id, batch.samples.get(run_dir, []))
+            added, refused = add_histograms(store, run.id, batch.histograms.get(run_dir, []))
+            result.rows += added
+            for key in refused:
+                result.add_problem(f"histogram {shown(key)}: the run has {KEYS_CAP} histogram keys already")
             result.run_ids.append(run.id)
         store.save_source_progress(
             source["id"], {"files": files}, rows=result.rows, bad_lines=result.bad_lines
@@ -396,7 +473,9 @@ class EventBatch:
         self.result = IngestResult(caught_up=True)
         self.rows: dict[str, list[Row]] = {}  # by run directory
         self.facts: dict[str, dict[str, Any]] = {}  # by run directory: what its config texts tell
-        self.row_count = 0
+        self.samples: dict[str, list[dict[str, Any]]] = {}  # by run directory: rollouts from its texts
+        self.histograms: dict[str, list[HistogramRow]] = {}
+        self.row_count = 0  # what the budget counts (FileRead.weight)
 
     def read_file(self, path: Path, name: str, run_dir: str, parent: str | None = None) -> bool:
         """Read what is new in one file; False when the batch is full. `parent`: the run whose folder holds
@@ -425,10 +504,13 @@ class EventBatch:
             return False
         if read.rows:
             self.rows.setdefault(run_dir, []).extend(read.rows)
-            self.row_count += len(read.rows)
         if read.parent_rows and parent is not None:
             self.rows.setdefault(parent, []).extend(read.parent_rows)
-            self.row_count += len(read.parent_rows)
+        if read.samples:
+            self.samples.setdefault(run_dir, []).extend(read.samples)
+        if read.histograms:
+            self.histograms.setdefault(run_dir, []).extend(read.histograms)
+        self.row_count += read.weight()
         if read.facts:
             self.facts.setdefault(run_dir, {}).update(read.facts)
         if opened.records >= records:  # else still skipping what an earlier batch stored
@@ -449,6 +531,8 @@ class EventBatch:
         }
         for number in read.not_events:
             self.result.add_problem(f"{name}: record {number}: not a TensorBoard event; skipped")
+        for problem in read.problems:
+            self.result.add_problem(f"{name}: {problem}")
         where = f"{name}: record {opened.records + 1}"
         if read.state == "broken":
             OPEN.pop((self.source_id, str(path)), None)

@@ -3,6 +3,8 @@
 Opened read-only (`mode=ro`) in autocommit mode: every SELECT is its own short read
 transaction and is drained at once, so the Trackio writer is never held up. Rows are tailed
 by `metrics.id`; each Trackio run becomes one carl run (external id = Trackio's run id).
+Histograms in a metrics payload (`trackio.Histogram`) are stored as histograms (observe/histograms.py), and
+the project's traces (`trackio.Trace`) as rollouts of their runs (trackio_traces.py), tailed by rowid.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from engine.limits import shown
 from engine.store import Store
+from engine.store.histograms import KEYS_CAP, HistogramRow, add_histograms
 from engine.store.schema import APPLICATION_ID
 from engine.text import loads_storable
 
@@ -31,8 +34,11 @@ from .common import (
     valid_max_steps,
     valid_vocab,
 )
+from .histograms import from_json, is_histogram_json
 from .keys import KeyMap
+from .rollouts.common import store_at_next_places
 from .runkeys import finish_rows
+from .trackio_traces import read_traces
 
 PAGE = 500  # Trackio rows per query
 METRICS_COLUMNS = {"id", "timestamp", "run_name", "step", "metrics"}
@@ -107,6 +113,8 @@ class TrackioBatch:
         self.configs: dict[str, dict[str, Any]] = {}
         self.rows: dict[str, list[tuple[int, str, float | None, float]]] = {}
         self.row_count = 0
+        self.traces: dict[str, list[dict[str, Any]]] = {}  # external id -> its traces, as rollouts
+        self.histograms: dict[str, list[HistogramRow]] = {}
         self.walls: dict[str, float] = {}
         self.now = time.time()
         self.result = IngestResult()  # the rows skipped, each one line
@@ -134,9 +142,23 @@ class TrackioBatch:
                 value = _metric(raw)
                 if value is not None:
                     values[name] = value
+                elif is_histogram_json(raw):
+                    self.add_histogram(external_id, step, name, raw, wall)
         rows = self.rows.setdefault(external_id, [])
         rows.extend((step, name, value, wall) for name, value in values.items())
         self.row_count += len(values)
+
+    def add_histogram(self, external_id: str, step: int, key: str, raw: dict[str, Any], wall: float) -> None:
+        histogram = from_json(raw)
+        if histogram is None:
+            self.result.add_problem(f"{shown(key)} at step {step}: not a usable histogram; skipped")
+            return
+        self.histograms.setdefault(external_id, []).append((step, key, histogram, wall))
+        self.row_count += 1
+
+    def add_trace(self, external_id: str, run_name: str, sample: dict[str, Any]) -> None:
+        self.names.setdefault(external_id, run_name)
+        self.traces.setdefault(external_id, []).append(sample)
 
     def wall_time(self, stamp: str) -> float:
         wall = self.walls.get(stamp)
@@ -158,6 +180,7 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
     path = Path(source["path"])
     cursor = dict(source["cursor"])
     metrics_id, configs_id = cursor.get("metrics_id", 0), cursor.get("configs_id", 0)
+    traces_at = cursor.get("traces_rowid", 0)
     if not path.exists():
         raise ObserveError(f"{path}: the Trackio database is gone (moved or deleted?)", transient=True)
     batch = TrackioBatch(store, source)
@@ -169,6 +192,17 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
         run_col = _run_column(conn, path)
         configs_id = _read_configs(conn, run_col, configs_id, batch)
         metrics_id, caught_up = _read_metrics(conn, run_col, metrics_id, batch, budget)
+        if caught_up:  # traces next, in what the metrics left of the budget
+            traces_at, caught_up = read_traces(
+                conn,
+                run_col,
+                traces_at,
+                budget,
+                batch.row_count,
+                batch.add_trace,
+                batch.result,
+                batch.wall_time,
+            )
         last_id = conn.execute("SELECT max(id) FROM metrics").fetchone()[0] or 0
         single_run = _single_run(conn, run_col) if _names_first_run(store, source, batch) else False
     except sqlite3.OperationalError as exc:
@@ -179,7 +213,7 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
         conn.close()
     result = batch.result
     result.caught_up, result.done, result.total = caught_up, metrics_id, max(last_id, metrics_id)
-    new_cursor = {"metrics_id": metrics_id, "configs_id": configs_id}
+    new_cursor = {"metrics_id": metrics_id, "configs_id": configs_id, "traces_rowid": traces_at}
     if new_cursor == source["cursor"]:
         return result
     with WriteCost.measure(batch.row_count), store.transaction():
@@ -192,9 +226,21 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
                     store, run.id, source["id"], rows, vocab_size=vocab, origin=KEYS.origin, result=result
                 )
                 result.rows += store.add_metrics(run.id, rows)
+            _write_extras(batch, external_id, run.id)
+            if rows or batch.traces.get(external_id) or batch.histograms.get(external_id):
                 result.run_ids.append(run.id)
         store.save_source_progress(source["id"], new_cursor, rows=result.rows, bad_lines=result.bad_lines)
     return result
+
+
+def _write_extras(batch: TrackioBatch, external_id: str, run_id: int) -> None:
+    """A run's traces (as rollouts) and histograms; inside the batch's transaction."""
+    result = batch.result
+    result.rows += store_at_next_places(batch.store, run_id, batch.traces.get(external_id, []))
+    added, refused = add_histograms(batch.store, run_id, batch.histograms.get(external_id, []))
+    result.rows += added
+    for key in refused:
+        result.add_problem(f"histogram {shown(key)}: the run has {KEYS_CAP} histogram keys already; skipped")
 
 
 def _read_configs(conn: sqlite3.Connection, run_col: str, after: int, batch: TrackioBatch) -> int:

@@ -25,6 +25,7 @@ from .base import (
     read_experiment_runs,
     read_experiments,
 )
+from .histograms import HistogramReads
 from .rollout_reads import EntropyHistogram, Key, RolloutQuery, RolloutRow
 from .rollouts import ROLLOUT_COLUMNS, rollout_dict
 from .schema import ROLLUP_LEVELS
@@ -112,6 +113,7 @@ class StoreReader:
             raise StoreError(f"{self.path}: an empty database, with nothing stored yet (not set up by carl)")
         self._run_columns = RUN_COLUMNS if self.version >= 6 else RUN_COLUMNS_V5
         self.system = SystemReads(self.conn, self.version)  # the box: nodes, samples, processes, consoles
+        self.histograms = HistogramReads(self.conn, self.version)  # observed runs' histograms
 
     def close(self) -> None:
         self.conn.close()

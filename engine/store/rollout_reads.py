@@ -304,6 +304,14 @@ def rollout_group(
     return [rollout_dict(r) for r in rows]
 
 
+def next_rollout_idx(conn: sqlite3.Connection, run_id: int, step: int) -> int:
+    """The place after the last sample stored at a run's step (0 for a step with none): where a source whose
+    samples carry no place of their own (a tracker's traces, TensorBoard texts) puts its next one. One seek
+    of the (run_id, step, idx) index."""
+    row = conn.execute("SELECT max(idx) FROM rollouts WHERE run_id=? AND step=?", (run_id, step)).fetchone()
+    return 0 if row[0] is None else int(row[0]) + 1
+
+
 # -- token entropy -------------------------------------------------------------------------------------------
 
 

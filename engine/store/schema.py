@@ -702,5 +702,43 @@ def _v9(db: sqlite_utils.Database) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9]
+def _v10(db: sqlite_utils.Database) -> None:
+    """Issue 29: what today's trackers write beside metrics. Each part of the issue keeps its own block."""
+    _v10_histograms(db)
+
+
+def _v10_histograms(db: sqlite_utils.Database) -> None:
+    """Histograms of observed runs (i29-traces): TensorBoard's `add_histogram`, Trackio's and W&B's
+    `Histogram`.
+
+    One row per run, key and step: the bucket edges (n + 1) and counts (n), each packed as float64
+    little-endian (engine/store/histograms.py); a run keeps a bounded number of keys and of steps per key,
+    thinned like rollouts. The explorer draws a key as a heat strip over steps."""
+    db.execute(
+        """
+        CREATE TABLE IF NOT EXISTS histograms (
+            run_id INTEGER NOT NULL REFERENCES runs(id),
+            key TEXT NOT NULL,
+            step INTEGER NOT NULL,
+            edges BLOB NOT NULL,  -- n + 1 increasing bucket edges, float64 little-endian
+            counts BLOB NOT NULL,  -- n counts, float64 little-endian
+            wall_time REAL,
+            PRIMARY KEY (run_id, key, step)
+        ) WITHOUT ROWID
+        """
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+    _v1,
+    _v2,
+    _v3,
+    _v4,
+    _v5,
+    _v6,
+    _v7,
+    _v8,
+    _v9,
+    _v10,
+]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -232,14 +232,15 @@ def sql_value(draw: st.DrawFn) -> Any:
 
 
 @st.composite
-def sqlite_bytes(draw: st.DrawFn, seed: bytes, statements: tuple[str, ...]) -> bytes:
-    """The SQLite file `seed` after a few hostile statements, and now and then damaged bytes."""
+def sqlite_bytes(draw: st.DrawFn, seed: bytes, statements: tuple[str, ...], value: Any = sql_value) -> bytes:
+    """The SQLite file `seed` after a few hostile statements (their values from `value`), and now and then
+    damaged bytes."""
     conn = sqlite3.connect(":memory:")
     try:
         conn.deserialize(seed)
         for _ in range(draw(st.integers(1, 4))):
             statement = draw(st.sampled_from(statements))
-            params = [sql_value(draw) for _ in range(statement.count("?"))]
+            params = [value(draw) for _ in range(statement.count("?"))]
             with contextlib.suppress(sqlite3.Error):  # one this file cannot take: the others make it hostile
                 conn.execute(statement, params)
         conn.commit()
@@ -262,6 +263,61 @@ def trackio_cases(draw: st.DrawFn, seeds: Any) -> FileCase:
         how,
         rows,
     )
+
+
+# -- Trackio traces and histograms --------------------------------------------------------------------------
+
+TRACE_MESSAGES = [{"role": "user", "content": "2 + 2 = ?"}, {"role": "assistant", "content": "4"}]
+TRACE_METADATA = {
+    "reward": 1.0,
+    "rewards/accuracy": 1.0,
+    "advantage": 0.5,
+    "group_id": 3,
+    "model_version": 7,
+    "step": 7,
+    "completion_tokens": 2,
+}
+HISTOGRAM = {"_type": "trackio.histogram", "bins": [0.0, 1.0, 2.0, 3.0], "values": [4, 0, 1]}
+TRACES_SQL = (
+    (
+        "INSERT INTO traces (id, run_id, timestamp, run_name, step, key, trace_index, messages, metadata,"
+        " search_text) SELECT ?, run_id, ?, run_name, ?, ?, ?, ?, ?, '' FROM configs"
+    ),
+    "UPDATE traces SET messages = ? WHERE rowid = (SELECT min(rowid) FROM traces)",
+    "UPDATE traces SET metadata = ? WHERE rowid = (SELECT max(rowid) FROM traces)",
+    "UPDATE traces SET step = ?",
+    "UPDATE traces SET trace_index = ?",
+    "UPDATE traces SET key = ?, run_name = ?",
+    "UPDATE traces SET timestamp = ?",
+    "UPDATE traces SET run_id = ? WHERE rowid % 2 = 1",
+    "UPDATE metrics SET metrics = ? WHERE id = (SELECT max(id) FROM metrics)",
+    "DELETE FROM traces WHERE rowid % 2 = 0",
+    "ALTER TABLE traces DROP COLUMN metadata",
+    "DROP TABLE traces",
+)
+
+
+def trace_value(draw: st.DrawFn) -> Any:
+    """A value for a traces or metrics column: a hostile trace's messages or metadata, a hostile histogram in
+    a metrics payload, or any value `sql_value` makes."""
+    kind = draw(st.integers(0, 4))
+    if kind == 0:
+        return hv.dumps(draw(hv.mutated_json(TRACE_MESSAGES))).decode("utf-8", "replace")
+    if kind == 1:
+        return hv.dumps(draw(hv.mutated_json(TRACE_METADATA))).decode("utf-8", "replace")
+    if kind == 2:
+        payload = {"train/loss": 0.5, "logprobs": draw(hv.mutated_json(HISTOGRAM))}
+        return hv.dumps(payload).decode("utf-8", "replace")
+    if kind == 3 and draw(st.integers(0, 9)) == 0:  # a trace past the reader's limit
+        return hv.dumps([{"role": "user", "content": "x" * (5 << 20)}]).decode()
+    return sql_value(draw)
+
+
+@st.composite
+def trackio_traces_cases(draw: st.DrawFn, seeds: Any) -> FileCase:
+    data = draw(sqlite_bytes(seeds["trackio-traces"], TRACES_SQL, trace_value))
+    how, rows = draw(mode())
+    return FileCase({"trackio/project.db": draw(path_kind(data))}, "trackio/project.db", how, rows)
 
 
 # -- MLflow: an mlflow.db and an mlruns/ directory -----------------------------------------------------------
@@ -401,6 +457,107 @@ def hostile_event(draw: st.DrawFn) -> bytes:
             value.histo.min = draw(st.floats(allow_nan=True))
         event.summary.value.append(value)
     return event.SerializeToString()
+
+
+def hostile_sample_text(draw: st.DrawFn) -> bytes:
+    """A text as a hostile writer of samples may put it: OpenRLHF's form, a markdown table or JSON, their
+    parts hostile; bytes that are not UTF-8; now and then past the reader's limit."""
+    kind = draw(st.integers(0, 5))
+    if kind == 0:
+        text = f"Sample:\\n{proto_text(draw)}\\n\\nReward: {draw(hv.hostile_number())}"
+    elif kind == 1:
+        header = draw(st.sampled_from(["prompt | completion | reward", "response", proto_text(draw)[:80]]))
+        rows = [" | ".join(proto_text(draw)[:200] for _ in range(3)) for _ in range(draw(st.integers(0, 4)))]
+        many = draw(st.sampled_from([1, 1, 1, 12_000]))
+        text = "\n".join([f"| {header} |", "|---|---|---|", *(f"| {row} |" for row in rows * many)])
+    elif kind == 2:
+        seed = {"prompt": "q", "completion": "a", "reward": 1.0, "rewards/x": 0.5, "group_id": 1}
+        value = draw(hv.mutated_json(seed if draw(st.booleans()) else [seed, seed]))
+        return hv.dumps(value)
+    elif kind == 3:
+        return draw(st.binary(max_size=60)) + draw(st.sampled_from(hv.BYTE_ATOMS))
+    elif kind == 4 and draw(st.integers(0, 9)) == 0:
+        text = "Sample:\\n" + "x" * (5 << 20) + "\\n\\nReward: 1.0"
+    else:
+        text = proto_text(draw)
+    return text.encode("utf-8", "surrogatepass")
+
+
+@st.composite
+def hostile_sample_event(draw: st.DrawFn) -> bytes:
+    """An Event holding what becomes rollouts or histograms, hostile: texts of samples (one, or a 2-D table
+    whose shape may lie), v1 histograms with NaN, inf, limits going down or lengths that disagree, and tensors
+    of the histograms plugin of any dtype and shape."""
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    event = Event(
+        step=draw(st.sampled_from([0, -1, 2**63 - 1, -(2**63), 3])),
+        wall_time=draw(st.sampled_from([0.0, float("nan"), float("inf"), 1.7e9])),
+    )
+    for _ in range(draw(st.integers(1, 3))):
+        kind = draw(st.integers(0, 2))
+        value = Summary.Value(
+            tag=draw(
+                st.sampled_from(["train/generated_samples/text_summary", "actor/logprobs", "train/ratio"])
+            )
+            if draw(st.booleans())
+            else proto_text(draw)
+        )
+        if kind == 0:
+            value.metadata.plugin_data.plugin_name = "text"
+            value.tensor.dtype = draw(st.sampled_from([7, 7, 1]))
+            for dim in draw(st.lists(st.sampled_from([1, 2, 3, 0, -1, 2**40]), max_size=2)):
+                value.tensor.tensor_shape.dim.add(size=dim)
+            value.tensor.string_val.extend(hostile_sample_text(draw) for _ in range(draw(st.integers(0, 4))))
+        elif kind == 1:
+            numbers = st.floats(allow_nan=True, allow_infinity=True)
+            value.histo.min = draw(numbers)
+            value.histo.max = draw(numbers)
+            value.histo.bucket_limit.extend(draw(st.lists(numbers, max_size=6)))
+            value.histo.bucket.extend(draw(st.lists(numbers, max_size=6)))
+            if draw(st.integers(0, 19)) == 0:
+                value.histo.bucket_limit.extend(range(70_000))
+                value.histo.bucket.extend([1.0] * 70_000)
+        else:
+            value.metadata.plugin_data.plugin_name = "histograms"
+            value.tensor.dtype = draw(st.integers(0, 30))
+            for dim in draw(st.lists(st.sampled_from([3, 2, 0, -1, 2**40, 70_000]), max_size=3)):
+                value.tensor.tensor_shape.dim.add(size=dim)
+            value.tensor.tensor_content = draw(st.binary(max_size=96))
+            if draw(st.booleans()):
+                value.tensor.double_val.extend(draw(st.lists(st.floats(allow_nan=True), max_size=9)))
+        event.summary.value.append(value)
+    return event.SerializeToString()
+
+
+@st.composite
+def tensorboard_samples_cases(draw: st.DrawFn, seeds: Any) -> FileCase:
+    records = list(seeds["tensorboard-samples"])
+    content: Any
+    if draw(st.integers(0, 3)) == 0:
+        content = draw(hv.mutated_bytes(seeds["tensorboard-samples-file"]))
+    else:
+        for _ in range(draw(st.integers(1, 3))):
+            at = draw(st.integers(0, len(records)))
+            if draw(st.booleans()) and records:  # a record's own bytes damaged, framed again with good CRCs
+                records[min(at, len(records) - 1)] = draw(
+                    hv.mutated_bytes(records[min(at, len(records) - 1)])
+                )
+            else:
+                records.insert(at, draw(hostile_sample_event()))
+        content = TFRecords(records)
+    how, rows = draw(mode())
+    name = "tb/run1/events.out.tfevents.1700000000.host.1.0"
+    return FileCase({name: draw(path_kind(content))}, draw(st.sampled_from(["tb", name])), how, rows)
+
+
+def tensorboard_samples_seeds(folder: Path) -> dict[str, Any]:
+    from hostile.seeds import SEEDS
+
+    [file] = (SEEDS / "tensorboard-samples").glob("events.out.tfevents.*")
+    data = file.read_bytes()
+    return {"tensorboard-samples": tf_records(data), "tensorboard-samples-file": data}
 
 
 @st.composite
@@ -865,6 +1022,12 @@ FAMILIES = [
     observe_family("mlflow-db", mlflow_seeds, mlflow_db_cases, ci_examples=30),
     observe_family("mlflow-mlruns", mlflow_seeds, mlruns_cases, ci_examples=30),
     observe_family("tensorboard", tensorboard_seeds, tensorboard_cases),
+    observe_family(
+        "trackio-traces",
+        lambda folder: {"trackio-traces": seed_bytes("trackio-traces.db")},
+        trackio_traces_cases,
+    ),
+    observe_family("tensorboard-samples", tensorboard_samples_seeds, tensorboard_samples_cases),
     observe_family("wandb", wandb_seeds, wandb_cases),
     observe_family("wandb-tables", wandb_seeds, wandb_table_cases, ci_examples=40),
     observe_family("trl-parquet", trl_seeds, trl_cases),

@@ -1,7 +1,9 @@
 """The seeds of the binary families, written by the real writers and kept in tests/hostile/seeds/.
 
 torch's SummaryWriter (TensorBoard), wandb 0.29 offline (W&B), Trackio (its own SQLite), MlflowClient (an
-`mlflow.db` and an `mlruns/` directory) and pandas' `to_parquet` as TRL's `log_completions` calls it. Each
+`mlflow.db` and an `mlruns/` directory) and pandas' `to_parquet` as TRL's `log_completions` calls it; and the
+rollouts and histograms trackers write: Trackio 0.43's traces and histograms, TensorBoard texts of samples (as
+OpenRLHF 0.11 writes them, and tables) and histograms of both kinds (`write_trace_seeds`). Each
 writer runs in its own process (torch, mlflow and wandb take seconds to import, and wandb and Trackio keep
 their folders in the environment). The files are small (the SQLite ones gzipped) and kept in the repository,
 so CI starts from them at no cost; write them again with `python bench/hostile.py --write-seeds` (a newer
@@ -53,6 +55,42 @@ trackio.init(project="hostile", name="seed-run", config=CONFIG, auto_log_cpu=Fal
 for step in range(8):
     trackio.log({"train/loss": 1 / (step + 1), "train/reward": step / 8}, step=step)
 trackio.finish()
+"""
+
+TRACKIO_TRACES = """
+import sys, numpy as np, trackio
+trackio.init(project="hostile-traces", name="seed-run", config=CONFIG, auto_log_cpu=False, auto_log_gpu=False)
+for step in range(4):
+    traces = [
+        trackio.Trace(
+            [{"role": "user", "content": f"{step} + {i} = ?"}, {"role": "assistant", "content": "4"}],
+            metadata={"reward": float(i % 2), "rewards/accuracy": float(i % 2), "advantage": 0.5 - i % 2,
+                      "group_id": i // 2, "model_version": step, "completion_tokens": 2},
+        )
+        for i in range(4)
+    ]
+    histogram = trackio.Histogram(np.arange(40.0) - step, num_bins=8)
+    trackio.log({"train/loss": 1 / (step + 1), "logprobs": histogram, "rollouts": traces}, step=step)
+trackio.finish()
+"""
+
+TENSORBOARD_SAMPLES = r"""
+import sys, numpy as np
+from torch.utils.tensorboard import SummaryWriter
+from tensorboard.plugins.histogram import summary_v2 as histogram
+from tensorboard.plugins.text import summary_v2 as text
+writer = SummaryWriter(sys.argv[1])
+log = writer._get_file_writer()
+for step in range(4):
+    writer.add_scalar("train/reward", step / 4, step)
+    sample = f"{step} + {step} = {2 * step}"
+    writer.add_text("train/generated_samples", f"Sample:\\n{sample}\\n\\nReward: {step / 4:.4f}", step)
+    writer.add_histogram("actor/logprobs", np.arange(50.0) - step, step)
+    log.add_summary(histogram.histogram_pb("train/ratio", np.arange(10.0), buckets=4), step)
+writer.add_text("eval/table", "| prompt | completion | reward |\n|---|---|---|\n| 2+2 | 4 | 1 |", 3)
+table = np.array([["prompt", "response", "score"], ["q", "r", "0.5"]])
+log.add_summary(text.text_pb("eval/generations", table), 3)
+writer.close()
 """
 
 MLFLOW = """
@@ -125,10 +163,21 @@ def write_seeds(folder: Path = SEEDS) -> None:
         run_writer(MLFLOW, f"sqlite:///{mlflow_db}", mlruns.as_uri(), env={"MLFLOW_ALLOW_FILE_STORE": "true"})
         pack(mlflow_db, folder / "mlflow" / "mlflow.db.gz")
         run_writer(PARQUET, str(folder / "trl"))
+    write_trace_seeds(folder)
     (folder / "README.md").write_text(
         "Seeds of the hostile-input suite, written by the real writers (tests/hostile/seeds.py);\n"
         "write them again with `python bench/hostile.py --write-seeds`.\n"
     )
+
+
+def write_trace_seeds(folder: Path = SEEDS) -> None:
+    """The seeds of the trackers' rollouts and histograms (Trackio traces, TensorBoard samples), alone."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        run_writer(TRACKIO_TRACES, env={"TRACKIO_DIR": str(work / "trackio")})
+        pack(work / "trackio" / "hostile-traces.db", folder / "trackio-traces.db.gz")
+        shutil.rmtree(folder / "tensorboard-samples", ignore_errors=True)
+        run_writer(TENSORBOARD_SAMPLES, str(folder / "tensorboard-samples"))
 
 
 def pack(db: Path, to: Path) -> None:

@@ -234,8 +234,11 @@ def mutated_json(draw: st.DrawFn, seed: Any, *, max_ops: int = 3) -> Any:
         if not isinstance(value, dict | list):
             value = {"value": value}
         paths = paths_of(value)
-        if not paths:
-            value[draw(hostile_text()) if isinstance(value, dict) else 0] = draw(hostile_value())
+        if not paths:  # an empty object or list: something goes in
+            if isinstance(value, dict):
+                value[draw(hostile_text())] = draw(hostile_value())
+            else:
+                value.append(draw(hostile_value()))
             continue
         node, key = paths[draw(st.integers(0, len(paths) - 1))]
         if op == "value":

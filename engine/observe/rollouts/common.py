@@ -16,6 +16,7 @@ from typing import Any
 
 from engine.files import kind_of, reason
 from engine.store import Store
+from engine.store.rollout_reads import next_rollout_idx
 
 from ..common import Budget, IngestResult, ObserveError, RunInfo, ensure_run, find_run
 
@@ -76,6 +77,22 @@ def write_batch(
             result.rows = store.add_rollouts(run.id, rows)
             result.run_ids.append(run.id)
         store.save_source_progress(source["id"], cursor, rows=result.rows, bad_lines=result.bad_lines)
+
+
+def store_at_next_places(store: Store, run_id: int, samples: list[dict[str, Any]]) -> int:
+    """Store a run's samples that carry no place of their own (a tracker's traces, TensorBoard texts), each
+    at the next free place (`idx`) of its step. Inside the batch's transaction: the cursor that covers them
+    commits with them, so a place is never taken twice. Returns rows added."""
+    if not samples:
+        return 0
+    places: dict[int, int] = {}
+    for sample in samples:
+        step = sample["step"]
+        if step not in places:
+            places[step] = next_rollout_idx(store.conn, run_id, step)
+        sample["idx"] = places[step]
+        places[step] += 1
+    return store.add_rollouts(run_id, samples)
 
 
 def not_a_file(path: Path) -> str | None:
