@@ -42,6 +42,9 @@ run = wandb.init(project="carl-test", name=spec.get("name"), config=spec.get("co
 for step, metrics in spec["steps"]:
     if spec.get("table_every") and step % spec["table_every"] == 0:  # as TRL logs its completions
         metrics = {**metrics, "completions": wandb.Table(columns=["prompt", "completion"], data=[["p", "c"]])}
+    if spec.get("histogram"):  # as veRL and TRL users log a distribution: counts and n + 1 edges
+        counts, edges = spec["histogram"]
+        metrics = {**metrics, "actor/log_probs": wandb.Histogram(np_histogram=(counts, edges))}
     wandb.log(metrics, step=step) if step is not None else wandb.log(metrics)
 for key, value in spec.get("summary", {}).items():
     run.summary[key] = value
@@ -188,6 +191,32 @@ def test_a_run_directory(store: Store, grpo_run: Path) -> None:
     assert file.stat().st_mtime - 120 < min(walls) <= max(walls) <= file.stat().st_mtime + 1  # `_timestamp`
     assert store.source(source_id)["cursor"]["files"][file.name]["offset"] == file.stat().st_size
     assert (file.read_bytes(), file.stat().st_mtime_ns) == before  # the user's file is never written
+
+
+def test_histograms_are_kept_as_wandb_wrote_them(store: Store, tmp_path: Path) -> None:
+    """A `wandb.Histogram` is logged flat (`<key>/_type`, `<key>/values`, `<key>/bins`): kept as the run's
+    histogram at its step, never as metrics."""
+    from engine.store import StoreReader
+
+    edges = [-2.0, -1.0, -0.25, 0.0]
+    spec = {
+        "steps": [[step, {"train/reward": step / 2}] for step in range(3)],
+        "histogram": [[1, 5, 2], edges],
+    }
+    run_dir = write_run(tmp_path, spec)
+    _, result = observe(store, run_dir)
+    [run_id] = result.run_ids
+    assert result.rows == 3 + 3 and result.problems == []
+    reader = StoreReader(store.path)
+    try:
+        assert reader.histograms.keys(run_id) == ["actor/log_probs"]
+        series = reader.histograms.series(run_id, "actor/log_probs")
+        metric_keys = reader.metric_keys(run_id)
+    finally:
+        reader.close()
+    assert series.steps == [0, 1, 2]
+    assert all(list(h.edges) == edges and list(h.counts) == [1, 5, 2] for h in series.histograms)
+    assert not any(key.startswith("actor/log_probs") for key in metric_keys), metric_keys
 
 
 def test_a_wandb_directory_with_two_runs(store: Store, tmp_path: Path) -> None:

@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.files import open_regular
+from engine.limits import shown
 from engine.store import Store
+from engine.store.histograms import KEYS_CAP, HistogramRow, add_histograms
 from engine.store.source_links import attached_kinds
 
 from . import wandb_console, wandb_tables
@@ -47,6 +49,8 @@ from .common import (
     valid_max_steps,
     valid_vocab,
 )
+from .histograms import JSON_TYPES as HISTOGRAM_TYPES
+from .histograms import from_json as histogram_of
 from .keys import KeyMap
 from .rollouts.common import ROW_WEIGHT
 from .runkeys import Row, finish_rows
@@ -64,6 +68,10 @@ GLOBAL_STEP_KEYS = frozenset(
 )  # transformers' WandbCallback logs the first
 MEDIA_TYPE = "/_type"  # wandb logs a media object's fields flat, beside its type
 MEDIA_FIELDS = frozenset({"_type", "path"})  # a media object's fields kept (a table's file)
+# A `wandb.Histogram` is logged flat too: `<key>/_type` "histogram", `<key>/values` (n counts), `<key>/bins`
+# (n + 1 edges; 512 buckets at most by default, a few kB of JSON). Longer lists are no histogram wandb writes.
+HISTOGRAM_FIELDS = frozenset({"values", "bins", "packedBins"})
+MAX_HISTOGRAM_JSON = 2 << 20
 LOCAL_READERS = (("wandb.beta", "LocalApi"), ("wandb", "LocalApi"))  # where a local reader would ship
 KEYS = KeyMap()
 
@@ -172,6 +180,7 @@ class RunRead:
     wall: float | None = None  # the newest `_timestamp`
     rollouts: list[dict[str, Any]] = field(default_factory=list)  # samples of the tables it logged
     console: list[str] = field(default_factory=list)  # the text of its output records
+    histograms: list[HistogramRow] = field(default_factory=list)  # its `wandb.Histogram` values
 
     def seen(self) -> bool:
         return bool(
@@ -182,11 +191,12 @@ class RunRead:
             or self.exit_code is not None
             or self.rollouts
             or self.console
+            or self.histograms
         )
 
     def weight(self) -> int:
-        """What the batch's time box counts: a metric row 1, a sample ROW_WEIGHT."""
-        return len(self.rows) + ROW_WEIGHT * len(self.rollouts)
+        """What the batch's time box counts: a metric row 1, a sample ROW_WEIGHT, a histogram 1."""
+        return len(self.rows) + ROW_WEIGHT * len(self.rollouts) + len(self.histograms)
 
 
 class RunScan:
@@ -329,6 +339,16 @@ class RunScan:
                     self.path.parent, ref, self.entry, self.left_out, self.result, self.where(number, offset)
                 )
             )
+        for key, media_fields in fields.items():
+            if media_fields.get("_type") in HISTOGRAM_TYPES and (name := KEYS[key]) is not None:
+                histogram = histogram_of(media_fields)
+                if histogram is None:
+                    self.result.add_problem(
+                        f"{self.where(number, offset)}: {shown(key)} at step {step} is not a usable"
+                        " histogram; skipped"
+                    )
+                else:
+                    self.read.histograms.append((step, name, histogram, wall))
 
     def take_summary(self, summary: Any) -> None:
         """wandb updates the summary after every step: each key's latest text is kept, and decoded once."""
@@ -341,14 +361,20 @@ class RunScan:
 
 
 def _media_fields(history: Any, media: list[str]) -> dict[str, dict[str, Any]]:
-    """The `_type` and `path` of each media object of a history record (key -> {field: value})."""
+    """The `_type` and `path` of each media object of a history record, and a histogram's buckets (key ->
+    {field: value})."""
     prefixes = {f"{key}/": key for key in media}
     out: dict[str, dict[str, Any]] = {}
     for item in history.item:
         nested = item.nested_key
         key = nested[0] if len(nested) == 1 else "/".join(nested) or item.key
         head, _, last = key.rpartition("/")
-        if last in MEDIA_FIELDS and f"{head}/" in prefixes and len(item.value_json) <= MAX_VALUE_JSON:
+        if f"{head}/" not in prefixes:
+            continue
+        size = len(item.value_json)
+        if (last in MEDIA_FIELDS and size <= MAX_VALUE_JSON) or (
+            last in HISTOGRAM_FIELDS and size <= MAX_HISTOGRAM_JSON
+        ):
             out.setdefault(head, {})[last] = _json(item.value_json)
     return out
 
@@ -540,6 +566,13 @@ def _write_run(
         )
     if read.rollouts:
         store.add_rollouts(run.id, read.rollouts)  # a (step, idx) already stored is ignored
+    if read.histograms:
+        added, refused = add_histograms(store, run.id, read.histograms)
+        result.rows += added
+        for key in refused:
+            result.add_problem(
+                f"histogram {shown(key)}: the run has {KEYS_CAP} histogram keys already; skipped"
+            )
     return run.id
 
 
