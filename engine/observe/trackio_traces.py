@@ -26,8 +26,8 @@ from engine.limits import shown
 from engine.text import loads_storable
 
 from .common import Budget, IngestResult, as_step
-from .rollouts.common import ROW_WEIGHT
-from .rollouts.tracker_columns import TRACKIO_TRACES, mapped, split_messages
+from .rollouts.common import ROW_WEIGHT, split_messages
+from .rollouts.tracker_columns import TRACKIO_TRACES, mapped
 
 PAGE = 200  # traces whose sizes are read at once
 MAX_TRACE_CHARS = 4 << 20  # a trace's messages and metadata together; a larger one is skipped, unread

@@ -120,13 +120,3 @@ def mapped(columns: ColumnMap, fields: dict[str, Any]) -> dict[str, Any]:
 def _text(value: Any) -> str:
     text = value if isinstance(value, str) else str(value) if type(value) in (int, float, bool) else ""
     return text[:200]
-
-
-def split_messages(messages: list[dict[str, Any]]) -> tuple[str | None, str | None]:
-    """A conversation as (prompt, completion): the messages before the first assistant message, and the rest
-    (the policy's turns and the tool results between them), each as text; a conversation with no assistant
-    message is all prompt."""
-    first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
-    prompt = chat_text(messages[:first]) if first else None
-    completion = chat_text(messages[first:]) if first < len(messages) else None
-    return prompt, completion
