@@ -115,7 +115,7 @@ def entropy_summary(entropy: list[float], vocab_size: int | None) -> str:
 
 def policy(sample: dict[str, Any]) -> str:
     """The policy version that sampled it, and how far behind the step's it was (async RL), when the source
-    says (engine/observe/rollouts/tracker_columns.py)."""
+    says (engine/observe/rollouts/columns.py `policy_version`)."""
     version = (sample.get("extra") or {}).get("policy_version")
     if type(version) is not int:
         return ""

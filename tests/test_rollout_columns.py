@@ -3,7 +3,7 @@ columns fit, and the samples of its rows."""
 
 from __future__ import annotations
 
-from engine.observe.rollouts.columns import COLUMN_MAPS, ColumnMap, match
+from engine.observe.rollouts.columns import COLUMN_MAPS, ColumnMap, has_completion, mapped, match
 
 
 def test_a_wide_verl_row_is_several_samples() -> None:
@@ -50,3 +50,26 @@ def test_a_source_declares_its_own_map() -> None:
     [sample] = layout.samples(["x", "y", 1.0, float("nan"), "z"])
     assert sample["rewards"] == {"r1": 1.0, "r2": None} and sample["extra"] == {"t": "z"}
     assert list(COLUMN_MAPS) == ["verl", "trl", "samples"]  # the order is the preference
+
+
+def test_one_map_serves_a_table_and_a_record() -> None:
+    """A reward name ending in "/" is a prefix in a table's row as in a record (`mapped`, which also reads a
+    dict of rewards, the policy version and the length, and compares names case-insensitively)."""
+    cm = ColumnMap(
+        "a test's own samples",
+        prompt=("q",),
+        completion=("a",),
+        rewards=("rewards/",),
+        reward_dicts=("scores",),
+        policy_version=("model_version",),
+        length=("completion_tokens",),
+    )
+    layout = match(["q", "a", "rewards/acc", "rewards/"], maps={"mine": cm})
+    assert layout is not None
+    [sample] = layout.samples(["x", "y", 1.0, 2.0])
+    assert sample["rewards"] == {"acc": 1.0} and sample["extra"] == {"rewards/": 2.0}
+    record = {"Q": "x", "a": "y", "rewards/acc": 1, "scores": {"len": 0.5}, "model_version": 3, "t": "z"}
+    row = mapped(cm, record)
+    assert (row["prompt"], row["completion"], row["rewards"]) == ("x", "y", {"acc": 1.0, "len": 0.5})
+    assert row["extra"] == {"t": "z", "policy_version": 3} and row["length"] is None and row["step"] is None
+    assert has_completion(cm, ["A "]) and not has_completion(cm, ["q"])

@@ -7,13 +7,13 @@ and `metadata` as JSON, `spans`, the run (`run_id`, `run_name`), the log's `step
 `traces/<project>/<run>/<id>.jsonl`, an agent-session file for the Hub's viewer, "never the source of truth:
 the `traces` table stays authoritative" (`write_trace_sessions`); those files are not read.
 
-Each trace becomes a rollout of its run (tracker_columns.TRACKIO_TRACES says which metadata field is what).
-The table is tailed by rowid (Trackio inserts, never updates, a trace), the rowid reached kept in the source's
-cursor with the rows: one cursor per project file, so every run of it is followed and a restart resumes where
-the last commit left. A page's sizes are read first; a trace larger than MAX_TRACE_CHARS is skipped with one
-line, unread, and a batch reads at most MAX_BATCH_CHARS of them (always at least one). A trace that is not
-one (messages that are not a list of messages, metadata that is not an object, a step that is no integer) is
-one line and skipped.
+Each trace becomes a rollout of its run (rollouts/columns.py TRACKIO_TRACES says which metadata field is
+what). The table is tailed by rowid (Trackio inserts, never updates, a trace), the rowid reached kept in the
+source's cursor with the rows: one cursor per project file, so every run of it is followed and a restart
+resumes where the last commit left. A page's sizes are read first; a trace larger than MAX_TRACE_CHARS is
+skipped with one line, unread, and a batch reads at most MAX_BATCH_CHARS of them (always at least one). A
+trace that is not one (messages that are not a list of messages, metadata that is not an object, a step that
+is no integer) is one line and skipped.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from engine.limits import shown
 from engine.text import loads_storable
 
 from .common import Budget, IngestResult, as_step
-from .rollouts.common import ROW_WEIGHT
-from .rollouts.tracker_columns import TRACKIO_TRACES, mapped, split_messages
+from .rollouts.columns import TRACKIO_TRACES, mapped
+from .rollouts.common import ROW_WEIGHT, split_messages
 
 PAGE = 200  # traces whose sizes are read at once
 MAX_TRACE_CHARS = 4 << 20  # a trace's messages and metadata together; a larger one is skipped, unread

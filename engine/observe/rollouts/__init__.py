@@ -11,7 +11,7 @@ A source's samples join the run of the source its `attach_to` names, else a run 
 own GRPO runs write their rollouts through the training Reporter instead (engine/training/backend.py).
 Rollouts a tracker logged come with that tracker's source, not as a source kind of their own: Trackio's traces
 (engine/observe/trackio_traces.py) and TensorBoard's texts of samples (tensorboard_text.py), their fields
-named by one declarative column map per source (tracker_columns.py).
+named by one declarative column map per source (columns.py, as are W&B Tables' columns).
 """
 
 from __future__ import annotations

@@ -1,18 +1,38 @@
-"""Which columns of a tracker's table of samples mean what: one declarative map per source, like the framework
-key maps of engine/observe/frameworks.py.
+"""Which column (or field) of a tracker's samples means what: one declarative map per source, like the
+framework key maps of engine/observe/frameworks.py.
 
-A table of samples logged through a tracker (a W&B Table, Trackio's traces, TensorBoard text) has columns
-named by whoever logged it. A `ColumnMap` names, for one source, the columns that hold the prompt, the
-completion, each reward function's score, the total reward, the advantage, the group and the step; every other
-column is kept in the sample's `extra`. `match(columns)` picks the first map of `COLUMN_MAPS` a table fits
-(the order is the preference), and `Layout.samples(row)` turns one row (a list of cells in column order) into
-the samples of the store's rollouts table (engine/store/rollouts.py), without `idx`: the reader gives each its
-place.
+Samples logged through a tracker (a W&B Table, Trackio's traces, TensorBoard text) have columns named by
+whoever logged them. A `ColumnMap` names, for one source, the columns that hold the prompt, the completion,
+each reward function's score, the total reward, the advantage, the group, the step, the policy version and the
+length; every other column is kept in the sample's `extra`. Two readers apply a map:
 
-Two shapes are known: one sample a row (TRL's completions table: `step, prompt, completion, <one column per
-reward function>, advantage`), and several samples side by side in one row (veRL's validation table: `step,
-input_1, output_1, score_1, input_2, output_2, score_2, ...`, `wide`). A table of neither shape is not samples
-(a user's own table of numbers): it is left alone.
+- `Layout`, to a table's rows of cells (W&B Tables, engine/observe/wandb_tables.py): `match(columns)` picks
+  the first map of `COLUMN_MAPS` a table fits (the order is the preference), and `Layout.samples(row)` turns
+  one row (a list of cells in column order) into samples. Two shapes are known: one sample a row (TRL's
+  completions table: `step, prompt, completion, <one column per reward function>, advantage`), and several
+  samples side by side in one row (veRL's validation table: `step, input_1, output_1, score_1, input_2,
+  output_2, score_2, ...`, `wide`). A table of neither shape is not samples (a user's own table of numbers):
+  it is left alone.
+- `mapped(column_map, fields)`, to one record of named fields (a Trackio trace's metadata,
+  engine/observe/trackio_traces.py, with `TRACKIO_TRACES`; a row or JSON object of a TensorBoard text,
+  rollouts/tensorboard_text.py, with `TENSORBOARD_TEXT`): the names are compared case-insensitively, and the
+  policy version goes to `extra` as `policy_version`.
+
+Either makes the samples of the store's rollouts table (engine/store/rollouts.py), without `idx`: the reader
+gives each its place.
+
+Where the names come from (each map's `source` cites its own):
+- W&B Tables: veRL's validation generations (`val/generations`, verl/utils/tracking.py, veRL 0.9.1), TRL's
+  completions table (trl/trainer/grpo_trainer.py, TRL 1.16), any user's table of prompts and completions.
+- Trackio traces: TRL's async GRPO `log_rollout_traces` (trl/experimental/async_grpo/async_grpo_trainer.py,
+  TRL 1.16: the sample's metrics `reward`, `reward_std`, `rewards/<function>`, and `advantage`, `group_id`,
+  `model_version`, `prompt_tokens`, `completion_tokens`); veRL's validation generations
+  (`val/generations`: `sample_index`, `score`; verl/utils/tracking.py `log_generations_to_trackio`) and its
+  rollout trace ops (`rollout_trace/<op>`: `step`, `sample_index`, `rollout_n`, `validate`;
+  verl/utils/rollout_trace.py `_log_trackio_trace`), both at verl 1dda039b9.
+- TensorBoard text: the column names of a table (markdown, or a 2-D string tensor with a header row), and
+  OpenRLHF's `train/generated_samples` (openrlhf/utils/logging_utils.py, OpenRLHF 0.11.0: the decoded
+  prompt and response together, and the reward), which rollouts/tensorboard_text.py parses itself.
 """
 
 from __future__ import annotations
@@ -23,28 +43,36 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.limits import int_within
+from engine.limits import COUNT_MAX, int_within
 
+from ..common import as_step
 from .common import MAX_TEXT, chat_text, finite
 
 WIDE = re.compile(r"(.+)_(\d{1,6})$")  # `input_3`: the name and the sample's number in a wide row
+MISSING = object()
 
 
 @dataclass(frozen=True)
 class ColumnMap:
-    """The columns of one source's tables of samples. Each field lists the names that mean it, the first one
-    present wins; `rewards` are all taken (each the score of one reward function, named after its column)."""
+    """The columns of one source's samples. Each field lists the names that mean it, the first one present
+    wins (`mapped` compares them case-insensitively: name them in lower case). `rewards` are all taken, each
+    the score of one reward function named after its column; a name ending in "/" is a prefix: every column
+    under it is one reward function, named after the rest (`rewards/accuracy` -> `accuracy`; not in a wide
+    row). `reward_dicts`, `policy_version` and `length` are read by `mapped` only: no table map names them."""
 
-    source: str  # who writes tables of this shape, and where (cited)
+    source: str  # who writes samples of this shape, and where (cited)
     prompt: tuple[str, ...]
     completion: tuple[str, ...]
     rewards: tuple[str, ...] = ()
+    reward_dicts: tuple[str, ...] = ()  # a field holding {reward function: score}
     total: tuple[str, ...] = ()  # the total reward; without it the rewards' sum is the total
     advantage: tuple[str, ...] = ()
-    group: tuple[str, ...] = ()  # without it, the samples of one prompt form a group
-    step: tuple[
-        str, ...
-    ] = ()  # without it (or in a cell that is not a step), the step the table was logged at
+    group: tuple[str, ...] = ()  # without it, the samples of one prompt form a group (in a table)
+    # Without it (or in a cell that is not a step), the step the samples were logged at.
+    step: tuple[str, ...] = ()
+    # The policy that sampled it (async RL: how many steps behind the learner it is), in `extra`.
+    policy_version: tuple[str, ...] = ()
+    length: tuple[str, ...] = ()  # completion tokens
     requires: tuple[str, ...] = ()  # columns a table must have to be of this source
     # Numeric columns after the completion, up to the first one that is not numeric or is another field's,
     # are reward functions' scores (TRL names one column after each of its reward functions).
@@ -55,6 +83,7 @@ class ColumnMap:
     same_as: str = ""
 
 
+# The maps of W&B Tables, tried by `match` in this order.
 COLUMN_MAPS: dict[str, ColumnMap] = {
     "verl": ColumnMap(
         "veRL's validation generations, logged to W&B as `val/generations` (ValidationGenerationsLogger,"
@@ -86,6 +115,38 @@ COLUMN_MAPS: dict[str, ColumnMap] = {
         step=("step", "global_step", "_step"),
     ),
 }
+
+
+# The maps of records, each applied by its reader with `mapped`.
+TRACKIO_TRACES = ColumnMap(
+    "Trackio traces' metadata: TRL's async GRPO `log_rollout_traces`"
+    " (trl/experimental/async_grpo/async_grpo_trainer.py, TRL 1.16), veRL's `val/generations` and"
+    " `rollout_trace/<op>` (verl/utils/tracking.py, verl/utils/rollout_trace.py, verl 1dda039b9)",
+    prompt=("prompt",),  # else the trace's messages before its first assistant message
+    completion=("completion", "response"),  # else the messages from the first assistant message on
+    rewards=("rewards/",),
+    reward_dicts=("rewards",),
+    total=("reward", "score", "total_reward"),
+    advantage=("advantage",),
+    group=("group_id", "group", "uid", "sample_index"),
+    step=("step", "global_step", "training_step"),
+    policy_version=("model_version", "policy_version", "weight_version"),
+    length=("completion_tokens", "response_length"),
+)
+
+TENSORBOARD_TEXT = ColumnMap(
+    "a TensorBoard text's table (markdown, or a 2-D string tensor with a header row) or JSON objects,"
+    " by their column names (rollouts/tensorboard_text.py)",
+    prompt=("prompt", "input", "query", "question"),
+    completion=("completion", "response", "output", "generation", "generated", "sample", "text"),
+    rewards=("rewards/",),
+    total=("reward", "score", "total_reward"),
+    advantage=("advantage",),
+    group=("group_id", "group", "uid"),
+    step=("step", "global_step"),
+    policy_version=("model_version", "policy_version"),
+    length=("completion_tokens", "response_length", "length"),
+)
 
 
 @dataclass(frozen=True)
@@ -162,6 +223,63 @@ def match(
     return None
 
 
+def has_completion(column_map: ColumnMap, names: list[str]) -> bool:
+    """Whether a record (or table) with these field names holds samples: one of them is a completion."""
+    wanted = set(column_map.completion)
+    return any(name.strip().lower() in wanted for name in names)
+
+
+def mapped(column_map: ColumnMap, fields: dict[str, Any]) -> dict[str, Any]:
+    """A rollout row (without `idx`) from one sample's fields, as `column_map` says; `step` is None when no
+    field gives one, `group_id` empty when none names the group. The prompt and completion are made text."""
+    lower: dict[str, str] = {}
+    for name in fields:
+        lower.setdefault(str(name).strip().lower(), name)
+    used: set[str] = set()
+
+    def take(names: tuple[str, ...]) -> Any:
+        for name in names:
+            key = lower.get(name)
+            if key is not None and key not in used:
+                used.add(key)
+                return fields[key]
+        return MISSING
+
+    cm = column_map
+    prompt, completion = take(cm.prompt), take(cm.completion)
+    reward, advantage, group = take(cm.total), take(cm.advantage), take(cm.group)
+    step, version, length = take(cm.step), take(cm.policy_version), take(cm.length)
+    rewards: dict[str, float | None] = {}
+    for name in cm.rewards:
+        if name.endswith("/"):
+            for key, value in fields.items():
+                if key not in used and str(key).lower().startswith(name) and len(key) > len(name):
+                    used.add(key)
+                    rewards[str(key)[len(name) :]] = finite(value)
+        elif (key := lower.get(name)) is not None and key not in used:
+            used.add(key)
+            rewards[str(key)] = finite(fields[key])
+    for name in cm.reward_dicts:
+        if (key := lower.get(name)) is not None and key not in used and isinstance(fields[key], dict):
+            used.add(key)
+            rewards.update({str(k): finite(v) for k, v in fields[key].items()})
+    extra = {str(k): v for k, v in fields.items() if k not in used}
+    policy_version = None if version is MISSING else as_step(version)
+    if policy_version is not None:
+        extra["policy_version"] = policy_version
+    return {
+        "prompt": None if prompt is MISSING else chat_text(prompt),
+        "completion": None if completion is MISSING else chat_text(completion),
+        "total": None if reward is MISSING else finite(reward),
+        "rewards": rewards,
+        "advantage": None if advantage is MISSING else finite(advantage),
+        "group_id": "" if group is MISSING or group is None else _text(group),
+        "step": None if step is MISSING else as_step(step),
+        "length": None if length is MISSING else int_within(length, 0, COUNT_MAX),
+        "extra": extra,
+    }
+
+
 def _row_layout(
     name: str, cm: ColumnMap, names: list[str], step: int, rows: Sequence[Sequence[Any]]
 ) -> Layout | None:
@@ -171,7 +289,11 @@ def _row_layout(
         return None
     total, advantage, group = _first(names, cm.total), _first(names, cm.advantage), _first(names, cm.group)
     used = {prompt, completion, step, total, advantage, group}
-    rewards = [(names[i], i) for i in range(len(names)) if names[i] in cm.rewards and i not in used]
+    rewards = [
+        (reward, i)
+        for i in range(len(names))
+        if i not in used and (reward := _reward_name(names[i], cm.rewards)) is not None
+    ]
     if cm.rewards_after_completion:
         for i in range(completion + 1, len(names)):
             if i in used or not all(_number_or_empty(row[i]) for row in rows if len(row) > i):
@@ -225,6 +347,18 @@ def _first_of(columns: dict[str, int], wanted: tuple[str, ...]) -> int:
     return -1
 
 
+def _reward_name(column: str, wanted: tuple[str, ...]) -> str | None:
+    """The reward function a column scores, as `wanted` names them (a name ending in "/" a prefix); None when
+    it is not a reward's."""
+    for name in wanted:
+        if not name.endswith("/"):
+            if column == name:
+                return column
+        elif column.startswith(name) and len(column) > len(name):
+            return column[len(name) :]
+    return None
+
+
 def _number_or_empty(value: Any) -> bool:
     return value is None or (type(value) in (int, float))
 
@@ -241,3 +375,8 @@ def _kept(value: Any) -> Any:
     if isinstance(value, str) and len(value) > MAX_TEXT:
         return value[:MAX_TEXT] + " [cut]"
     return value
+
+
+def _text(value: Any) -> str:
+    text = value if isinstance(value, str) else str(value) if type(value) in (int, float, bool) else ""
+    return text[:200]

@@ -130,6 +130,16 @@ def chat_text(value: Any) -> str | None:
     return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + " [cut]"
 
 
+def split_messages(messages: list[dict[str, Any]]) -> tuple[str | None, str | None]:
+    """A conversation as (prompt, completion): the messages before the first assistant message, and the rest
+    (the policy's turns and the tool results between them), each as text; a conversation with no assistant
+    message is all prompt."""
+    first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
+    prompt = chat_text(messages[:first]) if first else None
+    completion = chat_text(messages[first:]) if first < len(messages) else None
+    return prompt, completion
+
+
 def message_text(message: dict[str, Any]) -> str:
     """A chat message's text: its content (text parts joined, other parts as [type]) and its tool calls."""
     content = message.get("content")

@@ -9,7 +9,7 @@ table. A text is samples when:
   an `n`, `text` the first sample of the step decoded whole (prompt and response together, so it is kept as
   the completion, with no prompt);
 - it is a table (markdown, or a 2-D string tensor whose first row is its header) one of whose columns is a
-  completion (tracker_columns.TENSORBOARD_TEXT names which column is what);
+  completion (columns.py TENSORBOARD_TEXT names which column is what);
 - it is JSON: an object, or a list of objects, with a completion field;
 - or its tag's last part names samples (SAMPLE_TAGS): then the whole text is one sample's completion.
 
@@ -22,8 +22,8 @@ import json
 import re
 from typing import Any
 
+from .columns import TENSORBOARD_TEXT, has_completion, mapped
 from .common import chat_text, finite
-from .tracker_columns import TENSORBOARD_TEXT, has_completion, mapped
 
 TEXT_SUFFIX = "/text_summary"  # what SummaryWriter.add_text appends to a tag
 SAMPLE_TAGS = frozenset({"generated_samples", "samples", "generations", "completions", "rollouts"})
@@ -73,7 +73,7 @@ def _samples(tag: str, cells: list[list[str]]) -> list[dict[str, Any]] | None:
     return None
 
 
-TEXT_ROLES = frozenset(TENSORBOARD_TEXT["prompt"] + TENSORBOARD_TEXT["completion"])
+TEXT_ROLES = frozenset(TENSORBOARD_TEXT.prompt + TENSORBOARD_TEXT.completion)
 
 
 def _row(header: list[str], row: list[str]) -> dict[str, Any]:
