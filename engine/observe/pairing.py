@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 from engine.store import Store
 
-from . import tensorboard
 from .common import MULTI_RUN_KINDS, ObserveError
 from .ingest import ingest_source, register_source
 
@@ -83,7 +82,6 @@ def peek(sources: Iterable[Found]) -> list[Unit]:
             except Exception:  # noqa: BLE001 (a reader's library failing on a file: no pairing, not a failure)
                 continue
             units += _units(scratch, source_id, found)
-            tensorboard.forget_source(source_id)  # the scratch source's kept event-file readers
     return units
 
 

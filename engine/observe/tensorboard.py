@@ -11,12 +11,13 @@ other summaries are skipped and counted (`skipped` in the file's cursor), and so
 transformers' TensorBoardCallback writes first (`model_config` and `args`, as JSON): they give the run its
 |V|, model and step budget.
 
-The reader is the stub that tensorboard uses without TensorFlow (`PyRecordReader_New`): unlike the loaders
-built on it, it tells a record cut off at the end of a file still being written ("truncated record", waited
-for) from a damaged one ("failed ... crc32 check": one problem line, and the file stops there, since the
-stub cannot step over it). It cannot start at an offset, so the cursor counts each file's records (and bytes,
-16 + len(record) a record); a restarted engine skips that many, and a followed file's reader is kept open
-between batches so that only a restart pays for the skip.
+Records are framed by our own reader (tfrecord.py): it starts at the byte offset the cursor keeps, so a
+batch reads only what is new in each file, however many files are followed (no reader kept open between
+batches, none re-reading a file from its top); a record over MAX_RECORD (16 MiB) is stepped over unread with
+one line naming the file, its offset and size; the time budget is checked every 256 records and every 4 MiB.
+A record cut off at the end of a file still being written is waited for; a damaged one (its CRC does not
+match) is one problem line, and the file stops there, since its framing cannot be trusted past it. A tag's
+plugin is named on its first value only: those of texts and histograms are kept in the file's cursor.
 """
 
 from __future__ import annotations
@@ -28,12 +29,11 @@ import os
 import posixpath
 import re
 import stat
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.files import kind_of
+from engine.files import kind_of, open_regular
 from engine.limits import shown
 from engine.store import Store
 from engine.store.histograms import KEYS_CAP, HistogramRow, add_histograms
@@ -54,13 +54,13 @@ from .keys import MAX_KEY_LENGTH, KeyMap
 from .rollouts.common import ROW_WEIGHT, store_at_next_places
 from .rollouts.tensorboard_text import tag_name, text_samples
 from .runkeys import Row, finish_rows
+from .tfrecord import MAX_RECORD, OVERHEAD, Oversized, Records, crc32c_api
 
 EVENT_MARK = "tfevents"  # tensorboard's own test of an event file's name (io_wrapper.IsSummaryEventsFile)
 EMPTY_PROFILE = ".profile-empty"  # the profiler's empty marker files: named like event files, no summaries
 MAX_DEPTH = 8  # directories below the root searched for runs
 MAX_DIRS = 10_000  # directories visited per search
-OPEN_READERS = 16  # readers kept between batches (each may buffer up to 16 MiB of a file not yet read)
-RECORD_OVERHEAD = 16  # TFRecord framing: length (8) + its CRC (4) + the data's CRC (4)
+BUDGET_BYTES = 4 << 20  # bytes read between two looks at the batch's budget (and every 256 records)
 SCALAR_PLUGIN = "scalars"
 CONFIG_TEXTS = ("model_config/text_summary", "args/text_summary")  # SummaryWriter.add_text appends the suffix
 MAX_CONFIG_TEXT = 1 << 20  # bytes of such a text parsed
@@ -133,68 +133,29 @@ def _regular(entry: os.DirEntry[str]) -> bool:
 # -- one event file ----------------------------------------------------------------------------
 
 
-@dataclass
-class EventFile:
-    """An open reader of one event file and how far it has read."""
-
-    reader: Any
-    inode: int
-    records: int = 0
-    bytes: int = 0
-    plugins: dict[str, str] = field(default_factory=dict)  # tag -> plugin of its first metadata
-
-
-# (source id, path) -> its reader, least recently used first. A stub reader holds no file descriptor (it opens
-# the file for each read), only what it has read and not yet returned.
-OPEN: OrderedDict[tuple[int, str], EventFile] = OrderedDict()
-
-
 @functools.cache
-def tensorboard_api() -> tuple[Any, Any, Any]:
-    """(the stub's record reader constructor, its errors module, the Event message), or ObserveError."""
+def tensorboard_api() -> Any:
+    """The Event message class (and the CRC-32C our framing reader needs), or ObserveError."""
     try:
         from tensorboard.compat.proto.event_pb2 import Event
-        from tensorboard.compat.tensorflow_stub import errors, pywrap_tensorflow
+
+        crc32c_api()
     except ImportError:
         raise ObserveError(
             "reading TensorBoard event files needs the tensorboard extra: pip install 'carl-tui[tensorboard]'"
         ) from None
-    return pywrap_tensorflow.PyRecordReader_New, errors, Event
-
-
-def open_event_file(source_id: int, path: Path, inode: int, records: int) -> EventFile:
-    """The kept reader of `path` when it is at or before `records`, else a new one from the top."""
-    key = (source_id, str(path))
-    kept = OPEN.pop(key, None)
-    if kept is not None and kept.inode == inode and kept.records <= records:
-        OPEN[key] = kept
-        return kept
-    new_reader, errors, _ = tensorboard_api()
-    try:
-        reader = new_reader(os.fsencode(path))
-    except (errors.NotFoundError, OSError):
-        raise ObserveError(f"{path}: the event file is gone (moved or deleted?)", transient=True) from None
-    opened = EventFile(reader, inode)
-    OPEN[key] = opened
-    while len(OPEN) > OPEN_READERS:
-        OPEN.popitem(last=False)
-    return opened
-
-
-def forget_source(source_id: int) -> None:
-    """Drop the readers kept for a source (its import is over)."""
-    for key in [k for k in OPEN if k[0] == source_id]:
-        del OPEN[key]
+    return Event
 
 
 @dataclass
 class FileRead:
-    """What one call read from one event file."""
+    """What one call read from one event file, and where it got to."""
 
+    records: int = 0  # records of the file read so far, this call's included
+    offset: int = 0  # the byte where the next record begins
+    plugins: dict[str, str] = field(default_factory=dict)  # tag -> plugin of its first metadata
     rows: list[Row] = field(default_factory=list)
-    state: str = (
-        "end"  # "end" (caught up), "cut" (a record still being written), "broken", "budget", "changed"
-    )
+    state: str = "end"  # "end" (caught up), "cut" (a record still being written), "broken", "budget"
     skipped: int = 0  # summaries that are not scalars
     not_events: list[int] = field(default_factory=list)  # whole records that are not Event messages
     facts: dict[str, Any] = field(default_factory=dict)  # vocab_size, model, max_steps from config texts
@@ -207,93 +168,109 @@ class FileRead:
         """What the batch's budget counts: a rollout as ROW_WEIGHT rows, a histogram as one."""
         return len(self.rows) + len(self.parent_rows) + len(self.samples) * ROW_WEIGHT + len(self.histograms)
 
+    def kept_plugins(self) -> dict[str, str]:
+        """The plugins the cursor keeps: every tag's but the scalars' (a tag without one is a scalar)."""
+        return {tag: plugin for tag, plugin in self.plugins.items() if plugin != SCALAR_PLUGIN}
+
 
 def read_events(
-    opened: EventFile,
-    start: int,
-    start_bytes: int,
+    path: Path,
+    entry: dict[str, Any],
+    size: int,
     budget: Budget,
     rows_before: int,
     channel: str | None = None,
 ) -> FileRead:
-    """Read records until the file ends, a record is cut off or damaged, or the budget is spent.
-
-    The first `start` records (`start_bytes` bytes) were stored by an earlier batch: they are read again only
-    to reach the rest (and to learn their tags' plugins), never turned into rows. State "changed": they are
-    not there as the cursor says (the file was rewritten in place).
+    """Read the records of `path` from its cursor `entry` on, up to `size` bytes, until the file ends, a
+    record is cut off or damaged, or the budget is spent (looked at after a record, every 256 records and
+    every BUDGET_BYTES: every call reads at least one).
 
     `channel`: the folder name of a run inside another run's folder, which may be an `add_scalars` sub-run
     (`sub_run_key`): its values go to `parent_rows` under the parent's key for them.
     """
+    parse = event_parser()
+    read = FileRead(
+        records=entry.get("records", 0), offset=entry.get("bytes", 0), plugins=dict(entry.get("plugins", {}))
+    )
+    with open_regular(path, "event file", ObserveError) as f:
+        records = Records(f, read.offset, size)
+        unchecked = 0  # bytes read since the budget was looked at
+        try:
+            for offset, record in records:
+                read.records += 1
+                read.offset = records.offset
+                if isinstance(record, Oversized):
+                    read.problems.append(
+                        f"record {read.records} (byte {offset}): {record.length + OVERHEAD:,} bytes, over the"
+                        f" limit of {MAX_RECORD:,}; skipped unread"
+                    )
+                    continue
+                take_event(parse(record), read, channel)
+                unchecked += len(record) + OVERHEAD
+                if (read.records & 255) == 0 or unchecked >= BUDGET_BYTES:
+                    unchecked = 0
+                    if budget.spent(rows_before + read.weight()):
+                        read.state = "budget"
+                        return read
+        except OSError as exc:
+            raise ObserveError(f"{path}: cannot read it ({exc.strerror})", transient=True) from None
+    read.state = {"end": "end", "cut": "cut", "damaged": "broken"}[records.stopped]
+    return read
+
+
+def event_parser() -> Any:
+    """A function from a record's bytes to its Event, or None when the record is not one."""
     from google.protobuf.message import DecodeError
 
-    _, errors, event_class = tensorboard_api()
-    from_string = event_class.FromString
-    reader, plugins, keys = opened.reader, opened.plugins, KEYS
-    read = FileRead()
-    append = read.rows.append
-    while True:
-        if (opened.records & 255) == 0 and budget.spent(rows_before + read.weight()):
-            read.state = "budget"
-            return read
+    from_string = tensorboard_api().FromString
+
+    def parse(record: bytes) -> Any:
         try:
-            reader.GetNext()
-        except errors.OutOfRangeError:
-            read.state = "changed" if opened.records < start else "end"
-            return read
-        except errors.DataLossError as exc:
-            read.state = (
-                "changed" if opened.records < start else "cut" if "truncated" in str(exc) else "broken"
-            )
-            return read
-        record = reader.record()
-        opened.records += 1
-        opened.bytes += len(record) + RECORD_OVERHEAD
-        fresh = opened.records > start
-        if opened.records == start and opened.bytes != start_bytes:
-            read.state = "changed"
-            return read
-        try:
-            event = from_string(record)
+            return from_string(record)
         except DecodeError:  # whole and checksummed, yet not an Event (a tag that is not UTF-8, say)
-            if fresh:
-                read.not_events.append(opened.records)
-            continue
-        values = event.summary.value
-        if not values:
-            continue  # the file version, a graph, a session log: no summaries
-        step, wall = event.step, event.wall_time
-        for value in values:
-            kind = value.WhichOneof("value")
-            if kind == "simple_value":
-                number: float | None = value.simple_value
-            elif kind == "tensor" or kind is None:
-                number = tensor_scalar(value, plugins)
-                if number is None:
-                    if fresh and value.tag in CONFIG_TEXTS:
-                        read.facts.update(config_facts(value))
-                        read.skipped += 1
-                    elif fresh and not other_tensor(
-                        value, plugins.get(value.tag), step, wall, read, opened.records
-                    ):
-                        read.skipped += 1
-                    continue
-            else:  # a histogram, image or audio summary of the v1 kind
-                if fresh and not (
-                    kind == "histo"
-                    and add_histogram(value.tag, from_histo(value.histo), step, wall, read, opened.records)
-                ):
+            return None
+
+    return parse
+
+
+def take_event(event: Any, read: FileRead, channel: str | None) -> None:
+    """The scalars, histograms, samples and config facts of one record's event (None: not an Event)."""
+    if event is None:
+        read.not_events.append(read.records)
+        return
+    values = event.summary.value
+    if not values:
+        return  # the file version, a graph, a session log: no summaries
+    plugins, keys, record = read.plugins, KEYS, read.records
+    step, wall = event.step, event.wall_time
+    for value in values:
+        kind = value.WhichOneof("value")
+        if kind == "simple_value":
+            number: float | None = value.simple_value
+        elif kind == "tensor" or kind is None:
+            number = tensor_scalar(value, plugins)
+            if number is None:
+                if value.tag in CONFIG_TEXTS:
+                    read.facts.update(config_facts(value))
+                    read.skipped += 1
+                elif not other_tensor(value, plugins.get(value.tag), step, wall, read, record):
                     read.skipped += 1
                 continue
-            if fresh:
-                if channel is not None:
-                    sub_key = sub_run_key(channel, value.tag)
-                    if sub_key is not None:
-                        read.parent_rows.append((step, sub_key, number, wall))
-                        continue
-                name = keys[value.tag]
-                if name is not None:
-                    append((step, name, number, wall))
+        else:  # a histogram, image or audio summary of the v1 kind
+            if not (
+                kind == "histo"
+                and add_histogram(value.tag, from_histo(value.histo), step, wall, read, record)
+            ):
+                read.skipped += 1
+            continue
+        if channel is not None:
+            sub_key = sub_run_key(channel, value.tag)
+            if sub_key is not None:
+                read.parent_rows.append((step, sub_key, number, wall))
+                continue
+        name = keys[value.tag]
+        if name is not None:
+            read.rows.append((step, name, number, wall))
 
 
 def sub_run_key(folder: str, tag: str) -> str | None:
@@ -432,8 +409,6 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
     result, files = batch.result, batch.files
     result.done = sum(entry.get("bytes", 0) for entry in files.values())
     result.total = max(_total_bytes(runs), result.done)
-    if result.caught_up and not source["follow"]:
-        forget_source(source["id"])
     if files == old_files:
         return result  # nothing moved: no write, so an idle source costs a directory walk per tick
     with WriteCost.measure(batch.row_count), store.transaction():
@@ -493,15 +468,8 @@ class EventBatch:
         self.files[name] = entry
         if entry.get("broken") or st.st_size == entry.get("bytes", 0):
             return True
-        records = entry.get("records", 0)
-        opened = open_event_file(self.source_id, path, st.st_ino, records)
         channel = None if parent is None else run_dir if parent == "." else run_dir[len(parent) + 1 :]
-        read = read_events(opened, records, entry.get("bytes", 0), self.budget, self.row_count, channel)
-        if read.state == "changed":  # not the file the cursor describes: read again from the top next time
-            OPEN.pop((self.source_id, str(path)), None)
-            self.files[name] = {}
-            self.result.caught_up = False
-            return False
+        read = read_events(path, entry, st.st_size, self.budget, self.row_count, channel)
         if read.rows:
             self.rows.setdefault(run_dir, []).extend(read.rows)
         if read.parent_rows and parent is not None:
@@ -513,33 +481,31 @@ class EventBatch:
         self.row_count += read.weight()
         if read.facts:
             self.facts.setdefault(run_dir, {}).update(read.facts)
-        if opened.records >= records:  # else still skipping what an earlier batch stored
-            self.files[name] = self.new_entry(path, name, entry, st.st_ino, opened, read)
+        self.files[name] = self.new_entry(name, entry, st.st_ino, read)
         if read.state == "budget":
             self.result.caught_up = False
             return False
         return True
 
-    def new_entry(
-        self, path: Path, name: str, entry: dict[str, Any], inode: int, opened: EventFile, read: FileRead
-    ) -> dict[str, Any]:
-        new = {
+    def new_entry(self, name: str, entry: dict[str, Any], inode: int, read: FileRead) -> dict[str, Any]:
+        new: dict[str, Any] = {
             "inode": inode,
-            "records": opened.records,
-            "bytes": opened.bytes,
+            "records": read.records,
+            "bytes": read.offset,
             "skipped": entry.get("skipped", 0) + read.skipped,
         }
+        if plugins := read.kept_plugins():
+            new["plugins"] = plugins
         for number in read.not_events:
             self.result.add_problem(f"{name}: record {number}: not a TensorBoard event; skipped")
         for problem in read.problems:
             self.result.add_problem(f"{name}: {problem}")
-        where = f"{name}: record {opened.records + 1}"
+        where = f"{name}: record {read.records + 1} (byte {read.offset})"
         if read.state == "broken":
-            OPEN.pop((self.source_id, str(path)), None)
             self.result.add_problem(
                 f"{where}: failed its CRC check (damaged); the rest of the file is not read"
             )
-            new["broken"] = opened.records + 1
+            new["broken"] = read.records + 1
         elif read.state == "cut" and not self.follow:
             self.result.add_problem(
                 f"{where}: cut off at the end of the file (still being written?); not read yet"
