@@ -640,3 +640,46 @@ def test_a_missing_source_is_transient_while_followed(store: Store, tmp_path: Pa
     with pytest.raises(ObserveError, match="no such file or directory") as err:
         ingest_source(store, source_id)
     assert err.value.transient and store.source(source_id)["state"] == "following"
+
+
+def test_a_file_slower_to_read_than_a_batch_still_goes_on(store: Store, tmp_path: Path) -> None:
+    """A batch whose budget is spent before its first row (the whole file used to be read first, then
+    nothing stored, for ever: 0 of 1,024 rollouts of a 67 MiB file) stores a row at least and moves on; the
+    groups carry over from one batch to the next."""
+    out = tmp_path / "grpo"
+    trl_step(out, 1, g=4, prompts=10)  # 40 rows, groups of 4
+    source_id = register(store, out / "completions", "rollouts-trl")
+    batches = 0
+    while True:
+        result = ingest_source(store, source_id, max_rows=1_000_000, max_seconds=0)
+        batches += 1
+        assert result.rows >= 1 or result.caught_up
+        if result.caught_up:
+            break
+        assert batches <= 40
+    rows = rollouts(store, only_run(store, source_id))
+    assert len(rows) == 40 and batches >= 2
+    groups = {(r["prompt"], r["group_id"]) for r in rows}
+    assert len(groups) == 10 and len({g for _, g in groups}) == 10  # one group per prompt, across batches
+
+
+def test_a_small_file_of_one_huge_completion_is_read_in_bounded_memory(store: Store, tmp_path: Path) -> None:
+    """300 copies of one 512 KiB completion: a 1 MB dictionary-encoded file that is 150 MB once decoded. It
+    is read a few rows at a time, and a batch holds a bounded amount of text before it is written."""
+    import tracemalloc
+
+    out = tmp_path / "grpo"
+    huge = "y" * (512 << 10)
+    path = trl_log_completions(out, 1, ["p"] * 300, [huge] * 300, {"r": [1.0] * 300}, [0.0] * 300)
+    assert path.stat().st_size < 2 << 20
+    source_id = register(store, out / "completions", "rollouts-trl")
+    tracemalloc.start()
+    try:
+        result = drain(store, source_id)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.rows == 300 and result.problems == []
+    assert peak < 120 << 20, f"{peak / 2**20:.0f} MiB held at once"  # the whole file decoded: 150 MB and more
+    [first] = rollouts(store, only_run(store, source_id))[:1]
+    assert first["completion"] == huge

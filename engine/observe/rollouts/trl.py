@@ -8,13 +8,19 @@ other column and every column after it (but `advantage`) are extras. A GRPO grou
 with the same prompt. The file has no reward weights, so a sample's total is the plain sum of its reward
 columns.
 
-Files are read in step order. The cursor is the file being read and how many of its rows are stored. A file
-that cannot be read yet (pandas writes it in place) is waited for while it is the newest one and was written
-to in the last STALE_SECONDS; otherwise it is one problem line and reading goes on with the next file.
+Files are read in step order, a few rows at a time (`ParquetFile.iter_batches`, from the row group that holds
+the cursor's row): never a whole file, and each text cut to MAX_TEXT before it becomes a Python string, so a
+small dictionary-encoded file of a thousand copies of one 1 MB completion costs a batch's worth of memory. A
+row group over MAX_ROW_GROUP bytes uncompressed is skipped with one line. The cursor is the file being read,
+how many of its rows are stored, and the group of the last one; every batch stores at least one row or moves
+the cursor past a file, so a file slower to read than a batch's budget still goes on. A file that cannot be
+read yet (pandas writes it in place) is waited for while it is the newest one and was written to in the last
+STALE_SECONDS; otherwise it is one problem line and reading goes on with the next file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -26,13 +32,17 @@ from engine.limits import int_text
 from engine.store import Store
 
 from ..common import Budget, IngestResult, ObserveError
-from .common import attached_run, chat_text, not_a_file, spent, write_batch
+from .common import MAX_TEXT, attached_run, chat_text, not_a_file, spent, write_batch
 
 FILE = re.compile(r"completions_(\d+)\.parquet$")
 REQUIRED = ("prompt", "completion")
 KNOWN = frozenset({"step", "prompt", "completion", "advantage"})
 STALE_SECONDS = 30.0
 WAIT = object()
+BATCH_ROWS = 16  # rows decoded at a time
+MAX_ROW_GROUP = 1 << 30  # uncompressed bytes of one row group; a larger one is skipped with one line
+BATCH_TEXT = 64 << 20  # characters of prompts and completions one batch holds before it is written
+TEXT_BYTES = 4 * (MAX_TEXT + 1)  # UTF-8 bytes of a text kept before decoding (chat_text cuts at MAX_TEXT)
 
 
 def run_name(root: Path) -> str:
@@ -53,16 +63,18 @@ def ingest(store: Store, source: dict[str, Any], budget: Budget) -> IngestResult
     new_cursor = dict(cursor)
     for key, name in todo:
         path = folder / name
-        first = cursor.get("row", 0) if (key, name) == at else 0
-        table = _read(path, result, waiting=bool(source["follow"]) and (key, name) == listing[-1])
-        if table is WAIT:
+        resumed = cursor if (key, name) == at else {}
+        parquet = _open(path, result, waiting=bool(source["follow"]) and (key, name) == listing[-1])
+        if parquet is WAIT:
             break  # the newest file is still being written: read it again later
-        if table is None:  # unusable: its problem is reported, the next file is read
+        if parquet is None:  # unusable: its problem is reported, the next file is read
             new_cursor = {"key": key, "file": name, "row": 0, "done": True}
             continue
-        stop = _rows(table, path, key, first, rows, budget)
-        new_cursor = {"key": key, "file": name, "row": stop, "done": stop >= table.num_rows}
-        if stop < table.num_rows:
+        reading = FileRows(parquet, path, key, resumed, result)
+        stop = reading.read(rows, budget)
+        total = parquet.metadata.num_rows
+        new_cursor = {"key": key, "file": name, "row": stop, "done": stop >= total, **reading.group_state()}
+        if stop < total:
             result.caught_up = False
             break
     result.done = max(new_cursor.get("key", 0), 0)  # progress in steps
@@ -89,8 +101,9 @@ def _listing(root: Path) -> tuple[Path, list[tuple[int, str]]]:
     return root, sorted((step, name) for step, name in found if step is not None)
 
 
-def _read(path: Path, result: IngestResult, *, waiting: bool) -> Any:
-    """The file's table; WAIT when it may still be being written; None (and a problem) when it is unusable."""
+def _open(path: Path, result: IngestResult, *, waiting: bool) -> Any:
+    """The file as a ParquetFile (its footer read, no row yet); WAIT when it may still be being written; None
+    (and a problem) when it is unusable."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -102,7 +115,7 @@ def _read(path: Path, result: IngestResult, *, waiting: bool) -> Any:
         result.add_problem(f"{path.name}: {refused}")
         return None
     try:
-        table = pq.read_table(path)
+        parquet = pq.ParquetFile(path)
     except FileNotFoundError:
         if waiting:
             return WAIT
@@ -111,14 +124,19 @@ def _read(path: Path, result: IngestResult, *, waiting: bool) -> Any:
     except Exception as exc:  # pyarrow raises ArrowInvalid, OSError and more for a file it cannot read
         if waiting and time.time() - _mtime(path) < STALE_SECONDS:
             return WAIT
-        result.add_problem(f"{path.name}: not a readable parquet file ({' '.join(str(exc).split())[:160]})")
+        result.add_problem(f"{path.name}: not a readable parquet file ({_said(exc)})")
         return None
-    missing = [c for c in REQUIRED if c not in table.column_names]
+    names = parquet.schema_arrow.names
+    missing = [c for c in REQUIRED if c not in names]
     if missing:
-        columns = ", ".join(table.column_names) or "none"
+        columns = ", ".join(names) or "none"
         result.add_problem(f"{path.name}: no {' or '.join(missing)} column (it has: {columns})")
         return None
-    return table
+    return parquet
+
+
+def _said(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:160]
 
 
 def _mtime(path: Path) -> float:
@@ -128,76 +146,120 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-def _rows(table: Any, path: Path, key: int, first: int, out: list[dict[str, Any]], budget: Budget) -> int:
-    """Append the table's samples from row `first` on until the budget is spent; returns the row after
-    them."""
+class FileRows:
+    """The samples of one completions file from the cursor's row on, a batch of rows at a time."""
+
+    def __init__(
+        self, parquet: Any, path: Path, key: int, cursor: dict[str, Any], result: IngestResult
+    ) -> None:
+        import pyarrow as pa
+
+        self.parquet, self.path, self.key, self.result = parquet, path, key, result
+        self.first = int(cursor.get("row", 0))
+        self.group = int(cursor.get("group", -1))  # the group of the row before `first`
+        self.previous: str | None = cursor.get("prompt")  # a digest of that row's prompt
+        schema = parquet.schema_arrow
+        names = schema.names
+        start = names.index("completion") + 1
+        self.rewards: list[str] = []
+        for name in names[start:]:
+            if name == "advantage" or not pa.types.is_floating(schema.field(name).type):
+                break
+            self.rewards.append(name)
+        self.extras = [
+            n
+            for n in names
+            if n not in KNOWN and n not in self.rewards and not n.startswith("__index_level_")
+        ]
+        self.wall = _mtime(path) or time.time()
+
+    def group_state(self) -> dict[str, Any]:
+        return {"group": self.group, "prompt": self.previous}
+
+    def read(self, out: list[dict[str, Any]], budget: Budget) -> int:
+        """Append samples from row `first` on until the file ends or the budget is spent (after one row at
+        least) or the batch holds BATCH_TEXT characters of text; returns the row after the last one
+        appended."""
+        metadata = self.parquet.metadata
+        row, group_start, held = self.first, 0, 0
+        for index in range(metadata.num_row_groups):
+            group_rows = metadata.row_group(index).num_rows
+            if row >= group_start + group_rows:
+                group_start += group_rows
+                continue
+            size = metadata.row_group(index).total_byte_size
+            if size > MAX_ROW_GROUP:
+                self.result.add_problem(
+                    f"{self.path.name}: row group {index} (rows {group_start}-{group_start + group_rows - 1})"
+                    f" is {size:,} bytes uncompressed, over the limit of {MAX_ROW_GROUP:,}; skipped"
+                )
+                group_start += group_rows
+                row = group_start
+                continue
+            at = group_start
+            try:
+                for batch in self.parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=[index]):
+                    if at + batch.num_rows <= row:
+                        at += batch.num_rows
+                        continue
+                    data = _columns(batch)
+                    for i in range(row - at, batch.num_rows):
+                        sample = self.sample(data, i, row)
+                        out.append(sample)
+                        row += 1
+                        held += len(sample["prompt"] or "") + len(sample["completion"] or "")
+                        if spent(budget, len(out)) or held >= BATCH_TEXT:
+                            return row
+                    at += batch.num_rows
+            except Exception as exc:  # a damaged page: the rest of the file is one problem line
+                self.result.add_problem(
+                    f"{self.path.name}: row {row}: cannot be read ({_said(exc)}); skipped"
+                )
+                return metadata.num_rows
+            group_start += group_rows
+        return row
+
+    def sample(self, data: dict[str, list[Any]], i: int, row: int) -> dict[str, Any]:
+        prompt = data["prompt"][i]
+        text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
+        digest = hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).hexdigest()
+        if digest != self.previous:  # a GRPO group is a run of rows with the same prompt
+            self.group += 1
+            self.previous = digest
+        steps = data.get("step")
+        step = steps[i] if steps is not None and type(steps[i]) is int else self.key
+        return {
+            "step": step,
+            "idx": row,
+            "group_id": str(self.group),
+            "prompt": chat_text(prompt),
+            "completion": chat_text(data["completion"][i]),
+            "rewards": {name: data[name][i] for name in self.rewards},
+            "advantage": data["advantage"][i] if "advantage" in data else None,
+            "extra": {name: data[name][i] for name in self.extras},
+            "wall_time": self.wall,
+        }
+
+
+def _columns(batch: Any) -> dict[str, list[Any]]:
+    """A batch's columns as Python lists, texts cut to TEXT_BYTES before they are decoded. Text that is not
+    UTF-8 (a damaged page: parquet pages carry no checksum by default) is kept with U+FFFD; a column of
+    messages that cannot be decoded is left out (`None`)."""
     import pyarrow as pa
-
-    names = table.column_names
-    start = names.index("completion") + 1
-    rewards: list[str] = []
-    for name in names[start:]:
-        if name == "advantage" or not pa.types.is_floating(table.schema.field(name).type):
-            break
-        rewards.append(name)
-    extras = [n for n in names if n not in KNOWN and n not in rewards and not n.startswith("__index_level_")]
-    data = _pydict(table, path)
-    groups = _groups(data["prompt"])
-    steps = data.get("step")
-    wall = _mtime(path) or time.time()
-    row = first
-    while row < table.num_rows and not spent(budget, len(out)):
-        step = steps[row] if steps is not None and type(steps[row]) is int else key
-        out.append(
-            {
-                "step": step,
-                "idx": row,
-                "group_id": str(groups[row]),
-                "prompt": chat_text(data["prompt"][row]),
-                "completion": chat_text(data["completion"][row]),
-                "rewards": {name: data[name][row] for name in rewards},
-                "advantage": data["advantage"][row] if "advantage" in data else None,
-                "extra": {name: data[name][row] for name in extras},
-                "wall_time": wall,
-            }
-        )
-        row += 1
-    return row
-
-
-def _pydict(table: Any, path: Path) -> dict[str, list[Any]]:
-    """The table's columns as Python lists. Text that is not UTF-8 (a damaged page: parquet pages carry no
-    checksum by default) is kept with U+FFFD in a column of text, and leaves a column of messages out
-    (`None`)."""
-    try:
-        return table.to_pydict()
-    except UnicodeDecodeError:
-        pass
-    import pyarrow as pa
+    import pyarrow.compute as pc
 
     data: dict[str, list[Any]] = {}
-    for name, column in zip(table.column_names, table.columns, strict=True):
+    for name, column in zip(batch.schema.names, batch.columns, strict=True):
+        kind = column.type
+        if pa.types.is_dictionary(kind):
+            column = column.dictionary_decode()
+            kind = column.type
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            raw = pc.binary_slice(column.cast(pa.large_binary()), 0, TEXT_BYTES).to_pylist()
+            data[name] = [None if v is None else v.decode("utf-8", "replace") for v in raw]
+            continue
         try:
             data[name] = column.to_pylist()
-            continue
         except UnicodeDecodeError:
-            pass
-        kind = column.type
-        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-            raw = column.cast(pa.large_binary()).to_pylist()
-            data[name] = [None if v is None else v.decode("utf-8", "replace") for v in raw]
-        else:
             data[name] = [None] * len(column)
     return data
-
-
-def _groups(prompts: list[Any]) -> list[int]:
-    """A group number per row: a new group starts where the prompt changes."""
-    out, group, previous = [], -1, object()
-    for prompt in prompts:
-        text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
-        if text != previous:
-            group += 1
-            previous = text
-        out.append(group)
-    return out
