@@ -283,6 +283,9 @@ class Store:
             entry[1].append(math.nan if value is None else value)
         upserts: list[tuple[Any, ...]] = []
         for key, (step_list, value_list) in by_key.items():
+            if len(step_list) <= SMALL_FOLD:  # a few steps of a key (many runs followed): numpy costs more
+                upserts += _fold_small(run_id, key, step_list, value_list)
+                continue
             steps = np.asarray(step_list, dtype=np.int64)
             values = np.asarray(value_list, dtype=np.float64)
             order = np.argsort(steps, kind="stable")
@@ -817,3 +820,41 @@ PHI_METRIC_KEYS = {
     "phi_p90": "phi/p90",
     "entropy_mean": "phi/entropy",
 }
+
+
+SMALL_FOLD = 32  # rows of one key folded in plain Python; numpy's fixed cost per call is larger below this
+
+
+def _fold_small(
+    run_id: int, key: str, step_list: list[int], value_list: list[float]
+) -> list[tuple[Any, ...]]:
+    """The rollup upserts of one key's few new rows, as `Store._merge_rollups` computes them with numpy: per
+    bucket the count of values, their min, max and sum (NaN when none), the first and last step, and the value
+    at the last step."""
+    pairs = sorted(zip(step_list, value_list, strict=True))
+    out: list[tuple[Any, ...]] = []
+    for level in ROLLUP_LEVELS:
+        bucket: int | None = None
+        chunk: list[tuple[int, float]] = []
+        for step, value in pairs:
+            b = step // level
+            if b != bucket:
+                if bucket is not None:
+                    out.append(_bucket_row(run_id, key, level, bucket, chunk))
+                bucket, chunk = b, []
+            chunk.append((step, value))
+        if bucket is not None:
+            out.append(_bucket_row(run_id, key, level, bucket, chunk))
+    return out
+
+
+def _bucket_row(
+    run_id: int, key: str, level: int, bucket: int, chunk: list[tuple[int, float]]
+) -> tuple[Any, ...]:
+    valid = [v for _, v in chunk if v == v]
+    if not valid:
+        low = high = total = math.nan
+    else:  # as numpy's reduceat: the sum runs over every value, a NaN counted as 0.0
+        zeroed = [v if v == v else 0.0 for _, v in chunk]
+        low, high, total = min(valid), max(valid), sum(zeroed[1:], zeroed[0])
+    return (run_id, key, level, bucket, len(valid), low, high, total, chunk[0][0], chunk[-1][0], chunk[-1][1])
