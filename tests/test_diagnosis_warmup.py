@@ -17,7 +17,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support import end_all, finish, series, start_training, wait_for
 from test_diagnosis import grpo_run
+from test_training_runner import paused_at
 
 from engine.coherence.analysis import analyze_run
 from engine.console.scan import scan_console
@@ -113,7 +115,8 @@ def entropy_starts(text: str) -> set[str]:
         rf"steps only \([^)]*\): {NUMBER}",
         rf"from {NUMBER} in the first quarter",
     )
-    lines = [line for line in text.splitlines() if "ntropy" in line]
+    # The loss's line names the warm-up's cross-entropy: its numbers are the loss's.
+    lines = [line for line in text.splitlines() if re.search(r"(?<!cross-)[Ee]ntropy", line)]
     return {m.group(1).rstrip(".,") for line in lines for p in patterns for m in re.finditer(p, line)}
 
 
@@ -319,3 +322,60 @@ def test_the_usual_questions_agree_with_the_runs_health(store: Store, four_runs:
         if kind == "rl":
             assert "; no collapse: " in answers["is it collapsing?"]
             assert "- The SFT warm-up before RL (steps 1–600) is not judged" in answers["is it collapsing?"]
+
+
+# -- §11 on a real run: the tiny model's warm-up, paused in it, then its first GRPO steps ----------------
+
+REAL_WARMUP = 60
+
+
+def test_a_real_tiny_model_run_in_its_warm_up_then_in_rl(
+    store: Store, tmp_path: Path, tiny_model: Path
+) -> None:
+    """`carl train` on the demo's config (its warm-up cut to 60 steps, then 3 GRPO steps), paused in the
+    warm-up: its entropy falls from ln|V| as it learns, and the analyst called that a collapse. Asked there,
+    and again once RL has begun, every answer agrees with health and names one starting entropy."""
+    config = load_config(ROOT / "engine" / "training" / "demo.yaml").model_dump(mode="json")
+    config |= {"model": str(tiny_model), "sft_warmup_steps": REAL_WARMUP, "max_steps": 3, "save_steps": 1000}
+    config["eval"]["at_end"] = False
+    path = tmp_path / "warm.yaml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    proc = start_training(tmp_path, "--config", str(path), "--name", "warm")
+    try:
+        run_id = wait_for(lambda: store.run_id_by_name("warm"), proc=proc)
+        held = paused_at(store, run_id, proc, after_step=40)
+        assert held < REAL_WARMUP
+        health, reasons, digest = judged(store, run_id)
+        assert (health, reasons) == ("green", ["training dynamics healthy"])
+        assert (digest["rl"]["start"], digest["rl"]["stage"]) == (REAL_WARMUP + 1, "warmup")
+        entropy = series(store, run_id, "phi/entropy")
+        first, now = entropy[1], entropy[held]
+        assert first > 6.0 and now < first / 2  # what the old rule called a collapse
+        for question in (*QUESTIONS, "how is the loss?"):
+            text = answer(digest, question)
+            assert "Entropy collapsed" not in text and "that is a collapse" not in text, (question, text)
+            assert entropy_starts(text) == {f"{first:.3g}"}, (question, text)
+        lead = answer(digest, "is it collapsing?").splitlines()[2]
+        assert lead.startswith(
+            f"The run is in its SFT warm-up (step {held} of {REAL_WARMUP}; RL starts at step "
+            f"{REAL_WARMUP + 1}): its entropy (`phi/entropy`) fell from {first:.3g} nats at step 1 to "
+            f"{now:.3g} at step {held}. "
+            "That is learning, not a collapse"
+        ), lead
+        loss = answer(digest, "how is the loss?").splitlines()[2]
+        assert ", falling from " in loss and "flat" not in loss, loss
+        store.enqueue_command("resume", target="run", run_id=run_id, origin="test")
+        code, _, err = finish(proc, timeout=600)
+    finally:
+        end_all([proc])
+    assert code == 0, err
+    health, reasons, digest = judged(store, run_id)
+    assert digest["rl"]["stage"] == "rl" and digest["run"]["step"] == REAL_WARMUP + 3
+    rl_first = series(store, run_id, "phi/entropy")[REAL_WARMUP + 1]
+    for question in QUESTIONS:
+        text = answer(digest, question)
+        assert "Entropy collapsed" not in text and "that is a collapse" not in text, (question, text)
+        assert entropy_starts(text) == {f"{rl_first:.3g}"}, (question, text)
+    lead = answer(digest, "is it collapsing?").splitlines()[2]
+    assert f"since RL began at step {REAL_WARMUP + 1}: {rl_first:.3g} nats at step {REAL_WARMUP + 1}" in lead
+    assert "too few RL steps to judge a collapse yet (3 of the 10 the control room's health needs)" in lead
