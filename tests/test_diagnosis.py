@@ -97,7 +97,7 @@ def test_plateau_and_reward_hacking(store: Store) -> None:
     assert found["hacking"].severity == "yellow"
     assert re.search(r"format reward at 0\.98 .* stays flat at 0\.(29|30)", found["hacking"].detail)
     assert re.search(
-        r"rewards/task/mean has stayed at 0\.(29|30)\d* ± 0\.0\d+ since step \d+", found["plateau"].detail
+        r"`rewards/task/mean` has stayed at 0\.(29|30)\d* ± 0\.0\d+ since step \d+", found["plateau"].detail
     )
     text = answer(found["_digest"], "why is reward flat since step 40?")
     assert "**Around step 40**" in text
@@ -118,7 +118,7 @@ def test_the_coherence_trap(store: Store) -> None:
         },
     )
     trap = findings(store, run_id)["trap"]
-    assert trap.severity == "red"
+    assert trap.severity == "yellow"  # as the control room's health flags the trap
     assert re.search(r"Φ 0\.6\d*→0\.9\d* .* stays at 0\.(39|40)", trap.detail)
 
 
@@ -376,8 +376,9 @@ def test_carl_diagnose_offline_streams_and_json(store: Store) -> None:
     cmd = [sys.executable, "-m", "engine.cli", "diagnose", "cli", "why is the task reward flat?"]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+    # Into a pipe the answer is its Markdown (tests/test_diagnosis_render.py draws it on a terminal).
     assert done.stdout.startswith("**Offline analyst**") and "no ANTHROPIC_API_KEY" in done.stdout
-    assert "rewards/task/mean is flat" in done.stdout
+    assert "`rewards/task/mean` is flat" in done.stdout
     as_json = subprocess.run([*cmd, "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     result = json.loads(as_json.stdout)
     assert result["offline"] and result["run_id"] == run_id

@@ -281,13 +281,21 @@ def test_entropy_questions_lead_with_entropy(store: Store, question: str) -> Non
         store, "collapsed", 100, **{"phi/entropy": lambda s: 5.0 * math.exp(-s / 15) + 0.05}
     )
     lead, text = ask(store, collapsed, question)
-    step, last = last_value(store, collapsed, "phi/entropy")
-    assert lead.startswith(f"Entropy (`phi/entropy`) is {last:.3g} nats at step {step}")
-    assert "; that is a collapse: the last quarter is at " in lead
+    # The numbers are health's own (its reason says them): the start of RL, and the trailing window.
+    reason = json.loads(store.run(collapsed)["health_reasons"])[0]
+    start, now = re.match(
+        r"entropy collapsed from (\S+) to (\S+) nats since RL began at step 1$", reason
+    ).groups()
+    assert lead.startswith(
+        f"Entropy (`phi/entropy`) since RL began at step 1: {start} nats at the start of RL (the mean of "
+        f"steps 1–10), {now} now (the mean of steps 91–100), "
+    )
+    assert "; that is a collapse: the control room's health calls it a collapse when " in lead
     assert text.index("- 🟡 **Entropy collapsed**") == text.index("- 🟡 **", text.index("**Findings**"))
     healthy = grpo_run(store, "healthy", 100, **{"phi/entropy": lambda s: 3.0 - 0.005 * s})
     lead, _ = ask(store, healthy, question)
-    assert lead.startswith("Entropy (`phi/entropy`) is 2.5 nats at step 100") and "; no collapse: " in lead
+    assert lead.startswith("Entropy (`phi/entropy`) since RL began at step 1: 2.97 nats at the start of RL")
+    assert "; no collapse: " in lead
 
 
 # -- rewards, eval, loss, status -------------------------------------------------------------------------
@@ -357,7 +365,7 @@ def test_eval_questions(store: Store, question: str) -> None:
 def test_loss_questions(store: Store, question: str) -> None:
     run_id = grpo_run(store, "nan", 80, loss=lambda s: None if s > 50 else 0.1)
     lead, text = ask(store, run_id, question)
-    first = re.match(r"The loss became NaN or inf: loss is NaN/inf from about step (\d+) ", lead)
+    first = re.match(r"The loss became NaN or inf: `loss` is NaN/inf from about step (\d+) ", lead)
     assert first and 51 <= int(first.group(1)) <= 53  # the NaN starts at 51; the digest holds 32 buckets
     assert "**The loss became NaN**" in text.split("**Findings**")[1].splitlines()[1]
     finite = grpo_run(store, "finite", 80, loss=lambda s: 1.0 - 0.01 * s)
@@ -445,7 +453,10 @@ def test_covariance_questions(store: Store) -> None:
     step, last = last_value(store, run_id, "cov/logp_adv")
     assert lead.startswith(f"Cov(log π, A) (`cov/logp_adv`) is {last:.3g} at step {step} (mean ")
     assert "; positive on average: the tokens the policy was already sure of are the rewarded ones" in lead
-    assert "- Entropy (`phi/entropy`) over the run: falling from " in text
+    assert (
+        "- Entropy (`phi/entropy`) since RL began at step 1: 1.94 nats at the start of RL (the mean of "
+        in text
+    )
     lead, _ = ask(store, grpo_run(store, "observed", 20), "Cov(log π, A)? the logprob covariance")
     assert lead.startswith("This run has no `cov/logp_adv`: Cov(log π, A) is recorded by carl's own trainers")
 

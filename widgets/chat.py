@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from markdown_it import MarkdownIt
 from rich.text import Text
 from textual import events
 from textual.binding import Binding
@@ -19,13 +18,8 @@ from textual.message import Message
 from textual.widgets import Markdown, Static, TextArea
 from textual.widgets.markdown import MarkdownStream
 
+from engine.diagnosis.render import answer_parser
 from engine.text import visible, visible_line
-
-
-def answer_parser() -> MarkdownIt:
-    """Markdown as Claude writes it (GitHub's flavour: tables, strikethrough), with links, autolinks, bare
-    URLs and images left as the text they are."""
-    return MarkdownIt("gfm-like").disable(["linkify", "link", "autolink", "image"])
 
 
 class ChatLog(VerticalScroll):
@@ -49,7 +43,8 @@ class ChatLog(VerticalScroll):
 
     # Everything shown is text with its control characters made visible: a question, an answer, a tool's
     # input or result quote stored names, keys and prompts. Answers are Markdown (Claude writes it) without
-    # links: a URL it quotes from a stored name is text, not a link to follow (`answer_parser`).
+    # links or HTML: a URL or a tag it quotes from a stored name is text (`answer_parser`, shared with
+    # `carl diagnose`).
 
     def add_user(self, text: str) -> None:
         self._add(Static(Text("› " + visible(text)), classes="chat-user"))

@@ -26,16 +26,25 @@ EARLY_ENTROPY_STEPS = 200  # the start of RL's entropy, kept as the collapse bas
 EVALS_READ = 50  # the newest held-out evals the hacking rule compares
 MISMATCH_KEYS = ("mismatch/kl", "mismatch/logprob_abs_diff/mean")  # the first a run has is judged
 THROUGHPUT_KEYS = ("perf/tokens_per_s", "perf/tokens_per_s_per_gpu")
+ENTROPY_KEYS = ("phi/entropy", "entropy")  # the first a run has is judged
 
 
 def _series(
-    conn: sqlite3.Connection, run_id: int, keys: tuple[str, ...], since: int
+    conn: sqlite3.Connection,
+    run_id: int,
+    keys: tuple[str, ...],
+    since: int,
+    *,
+    before: int | None = None,
+    limit: int = -1,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The first of `keys` the run has, as (steps, values) from step `since` on."""
+    """The first of `keys` the run has, as (steps, values) from step `since` on (before step `before`, at
+    most `limit` of them, when given)."""
     for key in keys:
         rows = conn.execute(
-            "SELECT step, value FROM metrics WHERE run_id=? AND key=? AND step>=? ORDER BY step",
-            (run_id, key, since),
+            "SELECT step, value FROM metrics WHERE run_id=? AND key=? AND step>=? AND step<? ORDER BY step"
+            " LIMIT ?",
+            (run_id, key, since, 2**62 if before is None else before, limit),
         ).fetchall()
         if rows:
             steps = np.array([r[0] for r in rows], dtype=np.int64)
@@ -68,16 +77,18 @@ def rl_start(conn: sqlite3.Connection, run_id: int) -> int | None:
     return int(warmup) + 1 if isinstance(warmup, int) and warmup >= 0 else 1
 
 
-def early_entropy(conn: sqlite3.Connection, run_id: int, since: int) -> np.ndarray:
-    """The run's entropy over the first steps of RL (from `since`)."""
-    for key in ("phi/entropy", "entropy"):
-        rows = conn.execute(
-            "SELECT value FROM metrics WHERE run_id=? AND key=? AND step>=? ORDER BY step LIMIT ?",
-            (run_id, key, since, EARLY_ENTROPY_STEPS),
-        ).fetchall()
-        if rows:
-            return np.array([np.nan if r[0] is None else r[0] for r in rows], dtype=np.float64)
-    return np.empty(0)
+def rl_entropy(
+    conn: sqlite3.Connection, run_id: int, start: int, since: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of the entropy the collapse rule reads: from `since` (the horizon, never before RL's
+    `start`), after the first EARLY_ENTROPY_STEPS of RL, kept as the collapse baseline, when the horizon has
+    passed them. The offline analyst (engine/diagnosis/digest.py) reads the same."""
+    since = max(since, start)
+    steps, values = _series(conn, run_id, ENTROPY_KEYS, since)
+    if since == start or not len(steps):
+        return steps, values
+    early_steps, early = _series(conn, run_id, ENTROPY_KEYS, start, before=since, limit=EARLY_ENTROPY_STEPS)
+    return np.concatenate([early_steps, steps]), np.concatenate([early, values])
 
 
 def held_out_scores(conn: sqlite3.Connection, run_id: int) -> list[tuple[int, float]]:
@@ -123,10 +134,7 @@ def run_signals(conn: sqlite3.Connection, run_id: int) -> RunSignals | None:
     rl_since = max(since, start)
     signals.reward_steps, signals.reward = _series(conn, run_id, ("reward", "rewards/task/mean"), rl_since)
     signals.task_steps, signals.task = _series(conn, run_id, ("rewards/task/mean", "reward"), rl_since)
-    _, entropy = _series(conn, run_id, ("phi/entropy", "entropy"), rl_since)
-    if rl_since > start:  # keep the start of RL's entropy as the collapse baseline
-        entropy = np.concatenate([early_entropy(conn, run_id, start), entropy])
-    signals.entropy = entropy
+    signals.entropy_steps, signals.entropy = rl_entropy(conn, run_id, start, since)
     _, signals.zero_std = _series(conn, run_id, ("frac_reward_zero_std",), rl_since)
     signals.clip_steps, signals.clip = _clip_series(conn, run_id, rl_since)
     signals.kl_steps, signals.kl = _series(conn, run_id, ("kl",), rl_since)

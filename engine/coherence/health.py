@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -175,6 +176,7 @@ class RunSignals:
     reward: np.ndarray
     entropy: np.ndarray
     zero_std: np.ndarray
+    entropy_steps: np.ndarray = field(default_factory=lambda: np.empty(0))  # when known
     phase: str | None = None
     phi_steps: np.ndarray = field(default_factory=lambda: np.empty(0))
     rl_start: int | None = None
@@ -256,16 +258,43 @@ def _starvation(sig: RunSignals, health: Health, now: float) -> None:
             health.flag("red", f"reward starvation: {starved:.0%} of steps have zero reward", "starvation")
 
 
+class EntropyJudgement(NamedTuple):
+    """Entropy over RL as the collapse rule reads it: its start (the mean of the first tenth of the RL steps
+    read, MIN_POINTS at least) and where it is now (the trailing window's mean), with the steps of each."""
+
+    start: float
+    start_steps: tuple[int, int]
+    now: float
+    now_steps: tuple[int, int]
+    collapsed: bool
+
+
+def judge_entropy(entropy: np.ndarray, steps: np.ndarray | None = None) -> EntropyJudgement | None:
+    """The collapse rule on RL's entropy (its steps, when given, name the windows); None below 2 * MIN_POINTS
+    finite values. The one place the start of RL's entropy is defined: health's reason and the offline
+    analyst (engine/diagnosis/entropy.py) both say this number."""
+    values, at = _finite(entropy, steps)
+    if len(values) < 2 * MIN_POINTS:
+        return None
+    head, tail = max(MIN_POINTS, len(values) // 10), trailing_window(len(values))
+    start, now = float(values[:head].mean()), float(values[-tail:].mean())
+    return EntropyJudgement(
+        start,
+        (int(at[0]), int(at[head - 1])),
+        now,
+        (int(at[-tail]), int(at[-1])),
+        entropy_collapsed(start, now),
+    )
+
+
 def _entropy_collapse(sig: RunSignals, health: Health, now: float) -> None:
-    entropy, _ = _finite(sig.entropy)
-    if len(entropy) < 2 * MIN_POINTS:
-        return
-    early = float(entropy[: max(MIN_POINTS, len(entropy) // 10)].mean())
-    late = float(entropy[-trailing_window(len(entropy)) :].mean())
-    if entropy_collapsed(early, late):
+    judged = judge_entropy(sig.entropy, sig.entropy_steps)
+    if judged is not None and judged.collapsed:
         since = f" since RL began at step {sig.rl_start}" if sig.rl_start is not None else ""
         health.flag(
-            "yellow", f"entropy collapsed from {early:.3g} to {late:.3g} nats{since}", "entropy_collapse"
+            "yellow",
+            f"entropy collapsed from {judged.start:.3g} to {judged.now:.3g} nats{since}",
+            "entropy_collapse",
         )
 
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from engine.coherence.health import ENTROPY_COLLAPSE_MIN_DROP, ENTROPY_COLLAPSE_RATIO, entropy_collapsed
 from engine.llm.redact import redact
 
 from .digest import task_keys
+from .entropy import brief as entropy_brief
+from .entropy import entropy_answer, entropy_finding
 from .rl_health import (
     clip_answer,
     clip_finding,
@@ -35,7 +36,7 @@ from .rl_health import (
     length_finding,
 )
 from .router import TOPICS, route
-from .wording import Finding, fmt, is_flat, level_text, movement
+from .wording import Finding, code, fmt, is_flat, level_text, moved, movement, prose
 
 SEVERITY_ORDER = {"red": 0, "yellow": 1, "info": 2}
 OFFLINE_LABEL = "**Offline analyst** (deterministic, from the store; not Claude)"
@@ -60,7 +61,8 @@ def _failed(d: dict[str, Any]) -> list[Finding]:
                 "red",
                 "failed",
                 "The run failed",
-                f"at step {fmt(run['step'])}: {run['error'] or 'no reason recorded'}",
+                f"at step {fmt(run['step'])}: "
+                + (prose(run["error"]) if run["error"] else "no reason recorded"),
                 "fix the cause, then resume from the last checkpoint (r in the control room)",
             )
         ]
@@ -74,6 +76,9 @@ CONSOLE_ADVICE = {
     "and run again with NCCL_DEBUG=INFO for NCCL's own account",
     "traceback": "open the log view (L) on the run: t jumps to the traceback, with its frames",
 }
+# How health words each kind in its reason (engine/system/health.py CONSOLE_WHAT), which the finding stands
+# for.
+CONSOLE_REASON = {"traceback": "traceback", "oom": "CUDA out of memory", "nccl": "NCCL error"}
 CONSOLE_TITLE = {
     "oom": "CUDA ran out of memory",
     "nccl": "An NCCL error",
@@ -98,8 +103,9 @@ def _console(d: dict[str, Any]) -> list[Finding]:
             severity,
             "console",
             CONSOLE_TITLE.get(newest["kind"], "An error in the console"),
-            f"`{newest['line']}` ({newest['file']}{at})",
+            f"{code(newest['line'])} ({prose(newest['file'])}{at})",
             CONSOLE_ADVICE.get(newest["kind"], CONSOLE_ADVICE["traceback"]),
+            covers=f"{CONSOLE_REASON.get(newest['kind'], newest['kind'])} in the console: ",
         )
     ]
 
@@ -118,7 +124,8 @@ def _nan(d: dict[str, Any]) -> list[Finding]:
                     "red",
                     "nan",
                     "The loss became NaN",
-                    f"{key} is NaN/inf from about step {first} (last finite value {fmt(t['vmax'])} at most)",
+                    f"{code(key)} is NaN/inf from about step {first} "
+                    f"(last finite value {fmt(t['vmax'])} at most)",
                     "lower the learning rate or clip gradients harder, "
                     "and resume from a checkpoint before it",
                 )
@@ -156,18 +163,20 @@ def _plateau(d: dict[str, Any]) -> list[Finding]:
         share = span / _steps(t)
         level = t["flat_level"]
         detail = (
-            f"{key} has stayed at {fmt(level)} ± {fmt(t['noise'])} since step {t['flat_since']} "
+            f"{code(key)} has stayed at {fmt(level)} ± {fmt(t['noise'])} since step {t['flat_since']} "
             f"({span} steps, {share:.0%} of the steps it was logged; range {fmt(t['vmin'])}–{fmt(t['vmax'])})"
         )
         ceiling = t["vmax"] is not None and level is not None and level >= 0.95 * t["vmax"] and level >= 0.95
         if ceiling:
-            out.append(Finding("info", "plateau", f"{key} is at its ceiling", detail, "the task is solved"))
+            out.append(
+                Finding("info", "plateau", f"{code(key)} is at its ceiling", detail, "the task is solved")
+            )
             continue
         out.append(
             Finding(
                 "yellow",
                 "plateau",
-                f"{key} is flat",
+                f"{code(key)} is flat",
                 detail,
                 "check the zero-variance share and the entropy; a larger group (num_generations), "
                 "a higher temperature or a learning-rate change can restart progress",
@@ -191,8 +200,9 @@ def _hacking(d: dict[str, Any]) -> list[Finding]:
                 "yellow",
                 "hacking",
                 "Reward hacking: the format is learned, the task is not",
-                f"format reward at {fmt(form['late'])} (from {fmt(form['early'])}) while {task['key']} stays "
-                f"flat at {fmt(task['late'])} (change {fmt(task['change'])}, noise {fmt(task['noise'])})",
+                f"format reward at {fmt(form['late'])} (from {fmt(form['early'])}) while "
+                f"{code(task['key'])} stays flat at {fmt(task['late'])} (change {fmt(task['change'])}, "
+                f"noise {fmt(task['noise'])})",
                 "raise the task weight or lower the format weight; check the task reward on samples (v)",
             )
         ]
@@ -233,61 +243,28 @@ def _gate(d: dict[str, Any]) -> list[Finding]:
 
 
 def _trap(d: dict[str, Any]) -> list[Finding]:
-    phi = d.get("rewarded_trends", {}).get("phi/mean") or d["trends"].get("phi/mean")
+    phi = d["rl_trends"].get("phi/mean") or d["trends"].get("phi/mean")
     keys = task_keys(d)
     if not phi or not keys or phi["early"] is None or phi["late"] is None:
         return []
     task = d["trends"][keys[0]]
     rise = phi["late"] - phi["early"]
-    if rise > max(0.05, 3 * (phi["noise"] or 0)) and phi["late"] >= 0.9 and is_flat(task):
+    # The task compared over the same quarters as Φ: a task reward that rose, then levelled off high, is not
+    # the trap. Yellow, as the control room's health flags it (engine/coherence/health.py).
+    if rise > max(0.05, 3 * (phi["noise"] or 0)) and phi["late"] >= 0.9 and not moved(task):
         return [
             Finding(
-                "red",
+                "yellow",
                 "trap",
                 "The coherence trap: Φ rises while the task does not",
-                f"Φ {fmt(phi['early'])}→{fmt(phi['late'])} (max {fmt(phi['vmax'])}) while {task['key']} "
-                f"stays at {fmt(task['late'])} (change {fmt(task['change'])}): "
+                f"Φ {fmt(phi['early'])}→{fmt(phi['late'])} (max {fmt(phi['vmax'])}) while "
+                f"{code(task['key'])} stays at {fmt(task['late'])} (change {fmt(task['change'])}): "
                 "the policy is becoming certain, not correct",
                 "keep the coherence weights below the task's (cascade.cap_ratio), or close the gate by "
                 "lowering their weights (w) until the task reward moves",
             )
         ]
     return []
-
-
-def _entropy_judged(d: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """(the run's entropy trend, the trend it is judged on): over the rewarded steps when an SFT warm-up came
-    first (its entropy drop is learning, not a collapse; as the control room's health judges it),
-    else the run."""
-    t = d["trends"].get("phi/entropy") or d["trends"].get("entropy")
-    during = d.get("rewarded_trends", {}).get(t["key"]) if t else None
-    if during and during["early"] and during["late"] is not None:
-        return t, during
-    return t, t
-
-
-def _entropy(d: dict[str, Any]) -> list[Finding]:
-    t, judged = _entropy_judged(d)
-    if not t or not judged or not judged["early"] or judged["late"] is None:
-        return []
-    if not entropy_collapsed(judged["early"], judged["late"]):
-        return []
-    where = ""
-    if judged is not t:
-        where = (
-            f" over the rewarded steps {judged['first_step']}–{judged['last_step']} (across the SFT warm-up "
-            f"before them it went {fmt(t['early'])}→{fmt(t['late'])}, which is learning)"
-        )
-    return [
-        Finding(
-            "yellow",
-            "entropy",
-            "Entropy collapsed",
-            f"{t['key']} fell from {fmt(judged['early'])} to {fmt(judged['late'])} nats{where} "
-            f"({(judged['late'] / judged['early'] - 1):+.0%}; min {fmt(judged['vmin'])})",
-            "a collapsed policy explores little: raise the temperature or add an entropy bonus",
-        )
-    ]
 
 
 def _variance(d: dict[str, Any]) -> list[Finding]:
@@ -315,7 +292,14 @@ def _eval(d: dict[str, Any]) -> list[Finding]:
         f"{k} {fmt(m[k])}" for k in ("task", "solved", "format", "phi") if m.get(k) is not None
     )
     if e["passed"]:
-        return [Finding("info", "eval", "The held-out eval passed", f"{figures}: {'; '.join(e['reasons'])}")]
+        return [
+            Finding(
+                "info",
+                "eval",
+                "The held-out eval passed",
+                f"{figures}: {'; '.join(e['reasons'])}",
+            )
+        ]
     return [
         Finding(
             "yellow",
@@ -361,16 +345,26 @@ def _box(d: dict[str, Any]) -> list[Finding]:
     for flag in d.get("box") or []:
         if flag["cause"] in BOX_FINDINGS:
             title, advice = BOX_FINDINGS[flag["cause"]]
-            found.append(Finding(flag["level"], flag["cause"], title, flag["reason"], advice))
+            reason = flag["reason"]
+            found.append(Finding(flag["level"], flag["cause"], title, prose(reason), advice, covers=reason))
     return found
 
 
 def _health(d: dict[str, Any], found: list[Finding]) -> list[Finding]:
-    reasons = [r for r in d["run"]["health_reasons"] or [] if not any(r == f.detail for f in found)]
+    reasons = [
+        r
+        for r in d["run"]["health_reasons"] or []
+        if not any(r == f.detail or (f.covers and r.startswith(f.covers)) for f in found)
+    ]
     if not reasons or d["run"]["health"] == "green":
         return []
     return [
-        Finding(d["run"]["health"] or "yellow", "health", "The engine's health check", "; ".join(reasons))
+        Finding(
+            d["run"]["health"] or "yellow",
+            "health",
+            "The engine's health check",
+            "; ".join(prose(r) for r in reasons),
+        )
     ]
 
 
@@ -383,7 +377,7 @@ CHECKS = (
     _hacking,
     _plateau,
     _gate,
-    _entropy,
+    entropy_finding,
     _variance,
     kl_finding,
     clip_finding,
@@ -440,10 +434,12 @@ def _around(d: dict[str, Any], step: int, keys: list[str] | None = None) -> list
         after = [v for s, v in points if s >= step]
         if before and after:
             b, a = sum(before) / len(before), sum(after) / len(after)
-            lines.append(f"- `{key}`: mean {fmt(b)} before step {step}, {fmt(a)} from it on ({a - b:+.3g})")
+            lines.append(
+                f"- {code(key)}: mean {fmt(b)} before step {step}, {fmt(a)} from it on ({a - b:+.3g})"
+            )
         elif after:
             lines.append(
-                f"- `{key}`: {fmt(after[0])} at step {step}, {fmt(after[-1])} now (no data before it)"
+                f"- {code(key)}: {fmt(after[0])} at step {step}, {fmt(after[-1])} now (no data before it)"
             )
     return lines
 
@@ -453,9 +449,9 @@ def _gate_answer(d: dict[str, Any], question: str) -> list[str]:
     now = gate["current"]
     if not now:
         return [
-            f"Run {run['name']} has no cascade gate record, so there is no gate to open or close: carl "
-            "records one every step for the runs it trains with a task reward (this run's source: "
-            f"{run['source']})."
+            f"Run {prose(run['name'])} has no cascade gate record, so there is no gate to open or close: "
+            "carl records one every step for the runs it trains with a task reward (this run's source: "
+            f"{prose(run['source'])})."
         ]
     rule, opened = gate["rule"], gate["opened"]
     pct = f"p{round(rule['percentile'] * 100)}"
@@ -556,47 +552,13 @@ def _phi_answer(d: dict[str, Any], question: str) -> list[str]:
     for e in d["events"]:
         if e["kind"] == "crystallization":
             lines.append(f"- Crystallization at step {e['step']}: {e['detail']}.")
-    if during := d.get("rewarded_trends", {}).get("phi/mean"):
+    if during := d["rl_trends"].get("phi/mean"):
         lines.append(
-            f"- Over the rewarded steps only ({during['first_step']}–{during['last_step']}): "
-            f"{fmt(during['early'])} → {fmt(during['late'])}."
+            f"- Over the RL steps only ({during['first_step']}–{during['last_step']}): "
+            f"{fmt(during['early'])} in the first quarter, {fmt(during['late'])} in the last."
         )
     if d["eval"] and d["eval"]["metrics"].get("phi") is not None:
         lines.append(f"- The held-out eval's answers: Φ {fmt(d['eval']['metrics']['phi'])}.")
-    return lines
-
-
-def _entropy_answer(d: dict[str, Any], question: str) -> list[str]:
-    t = d["trends"].get("phi/entropy") or d["trends"].get("entropy")
-    if not t:
-        return [
-            "This run has no entropy series (`phi/entropy` or `entropy`), so the offline analyst cannot "
-            "answer about its entropy."
-        ]
-    lead = f"Entropy (`{t['key']}`) is {level_text(t, ' nats')}, {movement(t)}"
-    _, judged = _entropy_judged(d)
-    if judged and judged["early"] and judged["late"] is not None:
-        ratio = judged["late"] / judged["early"]
-        verdict = (
-            "that is a collapse" if entropy_collapsed(judged["early"], judged["late"]) else "no collapse"
-        )
-        over = " of the rewarded steps" if judged is not t else ""
-        lead += (
-            f"; {verdict}: the last quarter{over} is at {ratio:.0%} of the first (the analyst warns below "
-            f"{ENTROPY_COLLAPSE_RATIO:.0%} and {ENTROPY_COLLAPSE_MIN_DROP:g} nats lower)"
-        )
-    lines = [lead + "."]
-    lines.append(f"- Lowest: {fmt(t['vmin'])} nats; highest: {fmt(t['vmax'])} nats.")
-    if during := d.get("rewarded_trends", {}).get(t["key"]):
-        lines.append(
-            f"- Over the rewarded steps only ({during['first_step']}–{during['last_step']}): "
-            f"{fmt(during['early'])} → {fmt(during['late'])} nats."
-        )
-    temperature = d["run"]["temperature"] or (d["config"] or {}).get("temperature")
-    if temperature is not None:
-        lines.append(f"- Sampling temperature: {fmt(temperature)}.")
-    if d["eval"] and d["eval"]["metrics"].get("entropy") is not None:
-        lines.append(f"- The held-out eval's answers: {fmt(d['eval']['metrics']['entropy'])} nats.")
     return lines
 
 
@@ -623,22 +585,28 @@ def _hacking_verdict(d: dict[str, Any]) -> str:
     return (
         f"No reward hacking in the numbers: the analyst calls it hacking when the format reward is at least "
         f"{HACK_FORMAT} and at least {HACK_GAP} above a flat task reward; here format {fmt(form['late'])} "
-        f"and `{tasks[0]['key']}` {fmt(tasks[0]['late'])} in the last quarter, the task {movement(tasks[0])}."
+        f"and {code(tasks[0]['key'])} {fmt(tasks[0]['late'])} in the last quarter, "
+        f"the task {movement(tasks[0])}."
     )
 
 
 def _rewards_answer(d: dict[str, Any], question: str) -> list[str]:
     keys = _reward_keys(d, question)
+    if not keys and d["rl"]["stage"] == "warmup":
+        return [
+            f"{_stage_sentence(d)}: no reward is computed before RL, so there is no reward to be flat yet. "
+            "The warm-up's progress shows in its loss."
+        ]
     if not keys:
         return ["This run has no reward series, so the offline analyst cannot answer about its rewards."]
-    lines = [f"`{k}` is {level_text(d['trends'][k])}, {movement(d['trends'][k])}." for k in keys]
+    lines = [f"{code(k)} is {level_text(d['trends'][k])}, {movement(d['trends'][k])}." for k in keys]
     if re.search(r"hack|cheat|gaming", question):
         lines.insert(0, _hacking_verdict(d))
     lines[1:] = [f"- {line}" for line in lines[1:]]
     rewards = (d["config"] or {}).get("rewards")
     if isinstance(rewards, list) and rewards:
         weights = ", ".join(
-            f"{r.get('name')} ×{r.get('weight', 1.0)}" for r in rewards if isinstance(r, dict)
+            f"{prose(r.get('name'))} ×{prose(r.get('weight', 1.0))}" for r in rewards if isinstance(r, dict)
         )
         lines.append(f"- Weights in the config: {weights}.")
     zero = d["trends"].get("frac_reward_zero_std")
@@ -654,9 +622,9 @@ def _eval_answer(d: dict[str, Any], question: str) -> list[str]:
     e, name = d["eval"], d["run"]["name"]
     if not e:
         return [
-            f"No held-out eval has run for run {name}, so the offline analyst has no eval result to report: "
-            f"run `carl eval {name}` (or press e in the control room) to score the model on the prompts the "
-            "run held out of training."
+            f"No held-out eval has run for run {prose(name)}, so the offline analyst has no eval result to "
+            f"report: run {code('carl eval ' + name)} (or press e in the control room) to score the model "
+            "on the prompts the run held out of training."
         ]
     m = e["metrics"]
     where = (f" at step {m['step']}" if m.get("step") is not None else "") + (
@@ -673,10 +641,10 @@ def _eval_answer(d: dict[str, Any], question: str) -> list[str]:
         + ", ".join(f for f in figures if f)
         + "."
     ]
-    lines += [f"- {reason}" for reason in e["reasons"]]
+    lines += [f"- {reason}" for reason in e["reasons"]]  # carl's own words and numbers (evaluate.py)
     if keys := task_keys(d):
         t = d["trends"][keys[0]]
-        lines.append(f"- In training, `{keys[0]}` was {fmt(t['last'])} at step {t['last_step']}.")
+        lines.append(f"- In training, {code(keys[0])} was {fmt(t['last'])} at step {t['last_step']}.")
     return lines
 
 
@@ -684,18 +652,80 @@ def _loss_answer(d: dict[str, Any], question: str) -> list[str]:
     key = next((k for k in ("loss", "train/loss") if k in d["trends"]), None)
     if key is None:
         return ["This run has no loss series (`loss`), so the offline analyst cannot answer about its loss."]
-    t = d["trends"][key]
+    t, stage = d["trends"][key], d["rl"]["stage"]
+    rl, before = d["rl_trends"].get(key), d["before_rl_trends"].get(key)
     if nan := _nan(d):
         lines = [
             f"The loss became NaN or inf: {nan[0].detail}.",
             f"- Its finite values: {fmt(t['vmin'])}–{fmt(t['vmax'])}, {movement(t)}.",
         ]
+    elif stage == "warmup" and d["rl"]["warmup_steps"]:
+        lines = [
+            f"{_stage_sentence(d)}: the loss ({code(key)}), the cross-entropy on the warm-up's example "
+            f"answers, is {level_text(t)}, {movement(t)}; no NaN or inf."
+        ]
+    elif rl and before:
+        # Two losses: the SFT warm-up's cross-entropy, then RL's policy loss, which sits near 0 by
+        # construction.
+        lines = [
+            f"Over the RL steps (from step {d['rl']['start']}) the loss ({code(key)}) is {level_text(rl)}, "
+            f"{movement(rl)}; no NaN or inf. RL's loss is a policy-gradient surrogate that sits near 0: its "
+            "level says little, a NaN or a blow-up says much.",
+            f"- Before RL ({_warmup_words(d)}, steps {before['first_step']}–{before['last_step']}): "
+            f"{fmt(before['first'])} at step {before['first_step']} to {fmt(before['last'])} at step "
+            f"{before['last_step']}, {movement(before)}.",
+        ]
     else:
-        lines = [f"The loss (`{key}`) is {level_text(t)}, {movement(t)}; no NaN or inf."]
+        lines = [f"The loss ({code(key)}) is {level_text(t)}, {movement(t)}; no NaN or inf."]
     for other in ("grad_norm", "learning_rate", "kl"):
         if o := d["trends"].get(other):
             lines.append(f"- `{other}` is {fmt(o['last'])} at step {o['last_step']}, {movement(o)}.")
     return lines
+
+
+def _warmup_words(d: dict[str, Any]) -> str:
+    return "the SFT warm-up" if d["rl"]["warmup_steps"] else "the steps before the first reward"
+
+
+def _stage_sentence(d: dict[str, Any]) -> str:
+    """Where a run before RL is: `The run is in its SFT warm-up (step 425 of 600; RL starts at step 601)`."""
+    rl, step = d["rl"], d["run"]["step"]
+    if rl["warmup_steps"]:
+        return (
+            f"The run is in its SFT warm-up (step {fmt(step)} of {fmt(rl['warmup_steps'])}; "
+            f"RL starts at step {rl['start']})"
+        )
+    return f"The run has not reached RL (step {fmt(step)}; RL starts at step {rl['start']}, its first reward)"
+
+
+def _stage(d: dict[str, Any]) -> str:
+    """` (SFT warm-up, RL from step 601)` or ` (RL since step 601, after an SFT warm-up)`: the headline's word
+    on RL."""
+    rl = d["rl"]
+    if rl["stage"] == "warmup":
+        return f" (SFT warm-up, RL from step {rl['start']})" if rl["warmup_steps"] else " (before RL)"
+    if rl["stage"] == "rl" and rl["warmup_steps"]:
+        return f" (RL since step {rl['start']}, after an SFT warm-up)"
+    return ""
+
+
+CRASH_WORDS = r"crash|fail|die[ds]?\b|dead|error|exception|traceback|kill|oom\b|out of memory|nccl|broke"
+
+
+def _crash(d: dict[str, Any], problems: list[Finding]) -> str:
+    """Why the run crashed, from what the store holds of its end (its error, its console, a process that
+    died, a silence), or that it did not."""
+    run = d["run"]
+    causes = [f for f in problems if f.topic in ("failed", "console", "rank_died", "stalled")]
+    if causes:
+        return "What the store holds of its end: " + "; ".join(f"{f.title}: {f.detail}" for f in causes) + "."
+    where = f"it is {run['status']} at step {fmt(run['step'])}"
+    if run["status"] == "running" and run["last_update"]:
+        where += f" and wrote its last step {(d['now'] - run['last_update']) / 60:.0f} min ago"
+    return (
+        f"Run {prose(run['name'])} has not crashed: {where}; no error is recorded, its console shows no "
+        "traceback, and no process of it died."
+    )
 
 
 def _status_answer(d: dict[str, Any], question: str) -> list[str]:
@@ -707,20 +737,28 @@ def _status_answer(d: dict[str, Any], question: str) -> list[str]:
         else "nothing looks wrong in its numbers"
     )
     lines = [
-        f"Run {run['name']} is {run['status']} at step {fmt(run['step'])}"
+        f"Run {prose(run['name'])} is {run['status']} at step {fmt(run['step'])}"
         + (f" of {fmt(run['max_steps'])}" if run["max_steps"] else "")
+        + _stage(d)
         + f"; {verdict}."
     ]
+    if re.search(CRASH_WORDS, question):
+        lines = [_crash(d, problems), f"- {lines[0]}"]
     if run["status"] == "running" and run["last_update"]:
         lines.append(f"- Last step written {(d['now'] - run['last_update']) / 60:.0f} min ago.")
     if run["phase"] or run["health"]:
         lines.append(
             f"- Phase {run['phase'] or '—'}, health {run['health'] or '—'}"
-            + (f": {'; '.join(run['health_reasons'])}" if run["health_reasons"] else "")
+            + (f": {'; '.join(map(prose, run['health_reasons']))}" if run["health_reasons"] else "")
             + "."
         )
+    if d["rl"]["stage"] == "warmup":
+        lines.append(
+            f"- {_stage_sentence(d)}: the control room's RL rules (entropy collapse, zero-variance groups, "
+            "the KL, the clip fractions) judge the RL steps only."
+        )
     if run["error"]:
-        lines.append(f"- Error: {run['error']}.")
+        lines.append(f"- Error: {prose(run['error'])}.")
     if console := _console(d):
         lines.append(f"- Its console's last error: {console[0].detail}.")
     return lines
@@ -757,7 +795,7 @@ def _agents_answer(d: dict[str, Any], question: str) -> list[str]:
 ANSWERS = {
     "gate": _gate_answer,
     "phi": _phi_answer,
-    "entropy": _entropy_answer,
+    "entropy": entropy_answer,
     "rewards": _rewards_answer,
     "eval": _eval_answer,
     "loss": _loss_answer,
@@ -793,14 +831,18 @@ def answer(digest: dict[str, Any], question: str = "", *, reason: str = "") -> s
     if not topics:
         lines += [*_not_understood(), ""]
     headline = [
-        f"Run **{run['name']}**: {run['status']}, step {fmt(run['step'])}"
+        f"Run **{prose(run['name'])}**: {run['status']}, step {fmt(run['step'])}"
         + (f" of {fmt(run['max_steps'])}" if run["max_steps"] else "")
+        + _stage(digest)
         + (f", phase {run['phase']}" if run["phase"] else "")
     ]
-    for key in (*task_keys(digest)[:1], "phi/mean", "phi/entropy"):
-        t = digest["trends"].get(key)
-        if t:
-            headline.append(f"`{key}` {fmt(t['first'])}→{fmt(t['last'])}")
+    for key in task_keys(digest)[:1]:
+        t = digest["trends"][key]
+        headline.append(f"{code(key)} {fmt(t['first'])}→{fmt(t['last'])}")
+    if phi := digest["trends"].get("phi/mean"):
+        headline.append(f"`phi/mean` {fmt(phi['last'])} at step {phi['last_step']}")
+    if entropy := entropy_brief(digest):
+        headline.append(entropy)
     lines.append("; ".join(headline) + ".")
     if match := re.search(r"step\s+(\d+)", q):
         around = _around(digest, int(match.group(1)))
@@ -816,7 +858,7 @@ def answer(digest: dict[str, Any], question: str = "", *, reason: str = "") -> s
     if findings:
         lines += ["", f"**Findings** ({len(problems)} problem{'s' if len(problems) != 1 else ''})"]
     for f in findings:
-        mark = {"red": "🔴", "yellow": "🟡"}.get(f.severity, "ℹ️")
+        mark = {"red": "🔴", "yellow": "🟡"}.get(f.severity, "ℹ")  # no U+FE0F: visible() writes it out
         lines.append(
             f"- {mark} **{f.title}** — {f.detail}."
             + (f" *{f.advice[0].upper()}{f.advice[1:]}.*" if f.advice else "")

@@ -1,14 +1,15 @@
 """`carl diagnose RUN ["question"]`: the control room's diagnosis, streamed to stdout.
 
-Claude when a key is there, else the offline analyst (labelled). Tool calls and retries go to
-stderr so stdout is the answer alone; `--json` prints one object instead. The exchange is kept
-as a conversation of the run, so the control room can resume it.
-"""
+Claude when a key is there, else the offline analyst (labelled). The answer is Markdown: drawn by Rich on a
+terminal, the Markdown as written into a pipe (render.py). Tool calls and retries go to stderr so stdout is
+the answer alone; `--json` prints one object instead, with the answer's Markdown as it is. The exchange is
+kept as a conversation of the run, so the control room can resume it."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -17,12 +18,13 @@ from typing import Any, TextIO
 from engine import paths
 from engine.errors import CarlError
 from engine.store.reader import StoreReader
-from engine.text import visible
+from engine.text import VisibleStream, visible
 
 from .analyst import analyze
 from .chat import Diagnoser
 from .conversations import Conversations
 from .digest import build_digest
+from .render import PIPE_WIDTH, AnswerPrinter
 
 DEFAULT_QUESTION = "How is this run doing? Is anything wrong, and what should I change?"
 
@@ -116,10 +118,14 @@ def diagnose(
         raise DiagnoseError("the question is empty")
     diagnoser = Diagnoser(db, run_id, api_key=api_key, model=model, base_url=base_url, offline=offline)
     final: dict[str, Any] = {}
+    # The printer makes the answer's text visible before it draws it; the escapes it writes are its own
+    # styles, which the command's visible stdout (engine/cli.py) would write out as text.
+    raw = out.stream if isinstance(out, VisibleStream) else out
+    width = shutil.get_terminal_size((PIPE_WIDTH, 24)).columns
+    printer = AnswerPrinter(raw, terminal=_isatty(raw), width=width)
     for event in diagnoser.ask(question):
         if event.kind == "text" and not as_json:
-            out.write(visible(event.text))
-            out.flush()
+            printer.feed(event.text)
         elif event.kind == "tool_call" and not as_json:
             print(visible(f"⚙ {event.text}({json.dumps(event.data['input'])})"), file=err, flush=True)
         elif event.kind == "status" and not as_json:
@@ -127,16 +133,23 @@ def diagnose(
         elif event.kind in ("done", "error"):
             final = event.data
             if event.kind == "error" and not as_json:
+                printer.close()
                 print(f"\ncarl diagnose: {visible(event.text)}", file=err, flush=True)
+    printer.close()
     _save(db, run_id, question, final, diagnoser)
     if as_json:
         print(
             json.dumps({"run": ref, "run_id": run_id, "question": question, **final, "findings": findings}),
             file=out,
         )
-    elif final.get("answer") and not final["answer"].endswith("\n"):
-        out.write("\n")
     return 1 if final.get("error") else 0
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or a bare stream
+        return False
 
 
 def _save(db: Path, run_id: int, question: str, final: dict[str, Any], diagnoser: Diagnoser) -> None:

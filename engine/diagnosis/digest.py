@@ -21,11 +21,17 @@ from typing import Any
 
 import numpy as np
 
+from engine.coherence.health import judge_entropy
+from engine.coherence.phases import K_NOISE, MIN_POINTS
 from engine.llm.redact import redact
 from engine.store.reader import RunRow, StoreReader
 from engine.training.config import CascadeConfig
 
 POINTS = 32  # points per series in the digest: enough to see a shape, few tokens
+# A trend over part of a run (RL, or the warm-up before it) reads raw steps up to this many, so that its ends
+# are the stretch's own steps (a rollup bucket may straddle the start of RL); buckets that straddle are left
+# out beyond it.
+WINDOW_POINTS = 2048
 # Series worth a look, in the order they are shown; rewards/<name>/mean of every reward is added.
 DRAWN = ("phi/mean", "phi/entropy", "reward", "loss", "frac_reward_zero_std")  # + each reward: full series
 KEYS = (
@@ -89,6 +95,7 @@ class Trend:
     flat_since: int | None  # the step since which it has not moved beyond its noise
     flat_level: float | None
     nan_steps: int  # buckets whose values were all NaN / inf
+    change_band: float | None = None  # late - early within this is no move: K_NOISE sds of that difference
 
     @property
     def change(self) -> float | None:
@@ -118,44 +125,68 @@ def _bins(steps: np.ndarray, values: np.ndarray, points: int) -> tuple[np.ndarra
 
 
 def _noise(values: np.ndarray) -> float:
-    """Median absolute step-to-step change, scaled to a standard deviation (robust to trends)."""
+    """Median absolute step-to-step change, scaled to a standard deviation (robust to trends); for a series
+    that mostly repeats one value (a reward at its maximum but for a few steps: a median of 0) the standard
+    deviation of the changes, so that those few steps still count as its noise."""
     diffs = np.diff(values[np.isfinite(values)])
     if len(diffs) == 0:
         return 0.0
-    return float(1.4826 * np.median(np.abs(diffs - np.median(diffs))) / math.sqrt(2))
+    robust = float(1.4826 * np.median(np.abs(diffs - np.median(diffs))) / math.sqrt(2))
+    return robust if robust > 0 else float(np.std(diffs) / math.sqrt(2))
 
 
 def _flat_since(steps: np.ndarray, values: np.ndarray, noise: float) -> tuple[int | None, float | None]:
-    """The earliest step from which the series stays within its noise of one level, when that
-    stretch covers at least a quarter of the run and five points."""
+    """The earliest step from which the series has not moved beyond its noise, when that stretch covers at
+    least a quarter of the run and five points. A stretch has not moved when the change across it of a
+    straight line fitted to it is within K_NOISE standard errors of that change (the step-to-step `noise` over
+    the stretch's points: the longer the stretch, the smaller the move that counts), and no point of it is
+    more than 5 noise widths from its mean (a jump)."""
     finite = np.isfinite(values)
-    steps, values = steps[finite], values[finite]
+    steps, values = steps[finite].astype(np.float64), values[finite]
     n = len(values)
     if n < 8:
         return None, None
-    spread = float(np.nanmax(values) - np.nanmin(values))
-    band = max(2.5 * noise, 0.02 * spread, 1e-9)
-    start = n - 1
-    for i in range(n - 2, -1, -1):
-        tail = values[i:]
-        slope_change = abs(np.polyfit(steps[i:] - steps[i], tail, 1)[0]) * (steps[-1] - steps[i])
-        if slope_change > band or np.abs(tail - tail.mean()).max() > 2 * band:
-            break
-        start = i
+    x, y = steps - steps.mean(), values - values.mean()
+    # Sums over each tail values[i:], for every i at once (a tail of one point is always flat).
+    m = np.arange(n, 0, -1, dtype=np.float64)
+    sx, sy = np.cumsum(x[::-1])[::-1], np.cumsum(y[::-1])[::-1]
+    sxx, sxy = np.cumsum((x * x)[::-1])[::-1], np.cumsum((x * y)[::-1])[::-1]
+    spread = np.maximum(sxx - sx * sx / m, 0.0)  # sum of (x - the tail's mean x)^2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slope = np.where(spread > 0, (sxy - sx * sy / m) / spread, 0.0)
+        se = np.where(spread > 0, noise / np.sqrt(spread), 0.0)  # of the slope
+    span = steps[-1] - steps
+    tiny = 1e-9 * max(1.0, float(np.abs(values).max()))
+    moved = np.abs(slope) * span > np.maximum(K_NOISE * se * span, tiny)
+    mean = (sy / m)[:-1]
+    top = np.maximum.accumulate(y[::-1])[::-1][:-1]
+    bottom = np.minimum.accumulate(y[::-1])[::-1][:-1]
+    jumped = np.maximum(top - mean, mean - bottom) > max(5 * noise, tiny)
+    broken = np.flatnonzero(moved[:-1] | jumped)
+    start = int(broken[-1]) + 1 if len(broken) else 0
     if n - start < max(5, n // 4):
         return None, None
     return int(steps[start]), float(values[start:].mean())
 
 
-def trend(reader: StoreReader, run_id: int, key: str, since: int | None = None) -> Trend | None:
-    """The trend of `key` over the run, or from step `since` on."""
+def trend(
+    reader: StoreReader, run_id: int, key: str, since: int | None = None, until: int | None = None
+) -> Trend | None:
+    """The trend of `key` over the run, or from step `since` on, or up to step `until` (read at the
+    resolution of that stretch: raw steps when it holds few enough)."""
     series = reader.series(run_id, key, max_points=512)
+    if (since is not None or until is not None) and len(series.last):
+        end = series.last[-1] if until is None else until
+        series = reader.metric_range(run_id, key, since or 0, end, max_points=WINDOW_POINTS)
     first = np.asarray(series.first, dtype=np.int64)
     steps = np.asarray(series.last, dtype=np.int64)
     values = np.asarray(series.mean, dtype=np.float64)
+    keep = np.ones(len(first), dtype=bool)
     if since is not None:
-        keep = first >= since
-        first, steps, values = first[keep], steps[keep], values[keep]
+        keep &= first >= since
+    if until is not None:
+        keep &= steps <= until
+    first, steps, values = first[keep], steps[keep], values[keep]
     if len(first) == 0:
         return None
     finite = values[np.isfinite(values)]
@@ -173,7 +204,7 @@ def trend(reader: StoreReader, run_id: int, key: str, since: int | None = None) 
         first_step=int(first[0]),
         last_step=int(steps[-1]),
         first=mean(values[:1]),
-        last=series.latest,
+        last=series.latest if series.latest is not None else mean(values[-1:]),
         vmin=float(finite.min()) if len(finite) else None,
         vmax=float(finite.max()) if len(finite) else None,
         early=mean(values[:quarter]),
@@ -183,6 +214,7 @@ def trend(reader: StoreReader, run_id: int, key: str, since: int | None = None) 
         flat_since=flat_step,
         flat_level=flat_level,
         nan_steps=int((~np.isfinite(values)).sum()),
+        change_band=K_NOISE * noise * math.sqrt(2.0 / quarter) if len(values) >= 2 else None,
     )
 
 
@@ -347,22 +379,28 @@ def build_digest(reader: StoreReader, run_id: int, *, now: float | None = None) 
         )
         series[key] = [[int(a), _round(float(b))] for a, b in zip(steps, values, strict=True)]
     config = reader.run_config(run_id)
-    # Phi and entropy over the steps the task reward covers (an SFT warm-up has no rewards):
-    # what the coherence trap compares.
-    rewarded = [t.first_step for k, t in trends.items() if k == "reward" or k.startswith("rewards/")]
+    rl = rl_brief(reader, run, config)
+    # Phi, entropy and the loss over the RL steps and before them, apart: an SFT warm-up makes the policy
+    # certain on purpose (the coherence trap compares Φ over RL), and its loss is another loss than RL's.
     window: dict[str, Any] = {}
-    if rewarded:
-        since = min(rewarded)
-        for key in ("phi/mean", "phi/entropy", "entropy"):
-            if key in trends and trends[key].first_step < since and (t := trend(reader, run_id, key, since)):
-                window[key] = t.__dict__ | {"change": t.change}
+    before: dict[str, Any] = {}
+    if rl["stage"] == "rl":
+        for key in ("phi/mean", "phi/entropy", "entropy", "loss", "train/loss"):
+            if key in trends and trends[key].first_step < rl["start"]:
+                if t := trend(reader, run_id, key, rl["start"]):
+                    window[key] = _trend_dict(t)
+                if key in ("loss", "train/loss") and (t := trend(reader, run_id, key, until=rl["start"] - 1)):
+                    before[key] = _trend_dict(t)
     return {
         "run": _run_fields(run),
         "config": config,
         "keys": keys,
         "series": series,
-        "trends": {k: t.__dict__ | {"change": t.change} for k, t in trends.items()},
-        "rewarded_trends": window,
+        "trends": {k: _trend_dict(t) for k, t in trends.items()},
+        "rl": rl,
+        "rl_trends": window,
+        "before_rl_trends": before,
+        "entropy": entropy_brief(reader, run, trends, rl),
         "gate": _gate(reader, run_id, config, _task_keys(trends)),
         "events": [e for e in reader.events(run_id) if e["kind"] != "checkpoint"][-20:],
         "checkpoints": [e["step"] for e in reader.events(run_id) if e["kind"] == "checkpoint"][-5:],
@@ -381,6 +419,65 @@ def build_digest(reader: StoreReader, run_id: int, *, now: float | None = None) 
         },
         "now": now_t,
     }
+
+
+def _trend_dict(t: Trend) -> dict[str, Any]:
+    return t.__dict__ | {"change": t.change}
+
+
+def rl_brief(reader: StoreReader, run: RunRow, config: dict[str, Any]) -> dict[str, Any]:
+    """Where the run stands with RL, as the control room's health reads it (engine/coherence/analysis.py
+    `rl_start`): the first RL step (the first with a reward, else the step after the SFT warm-up the config
+    names; None for a run without RL), the stage (`warmup` before it, `rl` from it on, None without RL) and
+    the warm-up's length in the config."""
+    from engine.coherence.analysis import rl_start
+
+    start = rl_start(reader.conn, run.id)
+    warmup = config.get("sft_warmup_steps")
+    warmup = warmup if isinstance(warmup, int) and not isinstance(warmup, bool) and warmup > 0 else None
+    stage = None if start is None else "rl" if (run.last_step or 0) >= start else "warmup"
+    return {"start": start, "stage": stage, "warmup_steps": warmup}
+
+
+def entropy_brief(
+    reader: StoreReader, run: RunRow, trends: dict[str, Trend], rl: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The run's entropy as the control room's health judges it: over the RL steps only, its start and where
+    it is now by the collapse rule itself (engine/coherence/health.py `judge_entropy`, on the steps
+    engine/coherence/analysis.py `rl_entropy` reads), and the steps before RL (an SFT warm-up: learning, not
+    judged) apart, from their first value to their last. None: the run logs no entropy."""
+    from engine.coherence.analysis import HORIZON_STEPS, rl_entropy
+
+    t = trends.get("phi/entropy") or trends.get("entropy")
+    if t is None:
+        return None
+    brief: dict[str, Any] = {
+        "key": t.key,
+        "run": {"first": t.first, "first_step": t.first_step, "last": t.last, "last_step": t.last_step},
+        "before_rl": None,
+        "rl": None,
+    }
+    start = rl["start"]
+    if (
+        start is not None
+        and t.first_step < start
+        and (before := trend(reader, run.id, t.key, until=start - 1))
+    ):
+        brief["before_rl"] = {
+            "first": before.first,
+            "first_step": before.first_step,
+            "last": before.last,
+            "last_step": before.last_step,
+        }
+    if rl["stage"] == "rl":
+        steps, values = rl_entropy(reader.conn, run.id, start, max(0, (run.last_step or 0) - HORIZON_STEPS))
+        judged = judge_entropy(values, steps)
+        brief["rl"] = {
+            "points": int(np.isfinite(values).sum()),
+            "needs": 2 * MIN_POINTS,
+            "judged": None if judged is None else judged._asdict(),
+        }
+    return brief
 
 
 def processes_brief(reader: StoreReader, run_id: int) -> list[dict[str, Any]]:
@@ -457,7 +554,10 @@ def digest_text(digest: dict[str, Any]) -> str:
     if config_line := _config_line(digest["config"]):
         lines.append(f"CONFIG {config_line}")
     lines.append(f"METRIC KEYS ({len(digest['keys'])}): {', '.join(digest['keys'][:60])}")
-    lines.append("TRENDS (first→last; early/late = mean of first/last quarter; noise = step-to-step sd)")
+    lines.append(
+        "TRENDS (first→last; early/late = mean of first/last quarter; noise = step-to-step sd; late - early "
+        "within the change band is no move)"
+    )
     for key, t in digest["trends"].items():
         flat = (
             f", flat since step {t['flat_since']} at {_fmt(t['flat_level'])}"
@@ -468,13 +568,14 @@ def digest_text(digest: dict[str, Any]) -> str:
         lines.append(
             f"  {key}: {_fmt(t['first'])}→{_fmt(t['last'])} (steps {t['first_step']}–{t['last_step']}, "
             f"min {_fmt(t['vmin'])}, max {_fmt(t['vmax'])}, early {_fmt(t['early'])}, late "
-            f"{_fmt(t['late'])}, noise {_fmt(t['noise'])}{flat}{nan})"
+            f"{_fmt(t['late'])}, noise {_fmt(t['noise'])}, change band ±{_fmt(t['change_band'])}{flat}{nan})"
         )
-    for key, t in digest["rewarded_trends"].items():
+    for key, t in digest["rl_trends"].items():
         lines.append(
-            f"  {key} over the rewarded steps only ({t['first_step']}–{t['last_step']}): early "
+            f"  {key} over the RL steps only ({t['first_step']}–{t['last_step']}): early "
             f"{_fmt(t['early'])}, late {_fmt(t['late'])}, noise {_fmt(t['noise'])}"
         )
+    lines += _entropy_lines(digest)
     lines.append(f"SERIES (step:value, ≤{POINTS} points of bucket means)")
     for key, points in digest["series"].items():
         lines.append(f"  {key}: " + " ".join(f"{s}:{_fmt(v)}" for s, v in points))
@@ -545,6 +646,35 @@ def digest_text(digest: dict[str, Any]) -> str:
     counts = digest["counts"]
     lines.append(f"STORE {counts['trajectories']} trajectories, {counts['agent_events']} agent events")
     return redact("\n".join(lines))
+
+
+def _entropy_lines(digest: dict[str, Any]) -> list[str]:
+    """Where the run stands with RL, and its entropy as health judges it."""
+    rl, entropy = digest["rl"], digest["entropy"]
+    if rl["stage"] is None:
+        lines = [
+            "RL none: no step with a reward (health's RL rules, entropy collapse among them, do not apply)"
+        ]
+    elif rl["stage"] == "warmup":
+        lines = [
+            f"RL starts at step {rl['start']} (the run is before it: SFT warm-up of "
+            f"{_fmt(rl['warmup_steps'])} steps; health judges entropy over the RL steps only)"
+        ]
+    else:
+        lines = [f"RL from step {rl['start']} (health's RL rules read the steps from there)"]
+    if entropy and entropy["before_rl"]:
+        b = entropy["before_rl"]
+        lines.append(
+            f"  {entropy['key']} before RL (steps {b['first_step']}–{b['last_step']}, not judged): "
+            f"{_fmt(b['first'])}→{_fmt(b['last'])}"
+        )
+    if entropy and entropy["rl"] and (j := entropy["rl"]["judged"]):
+        lines.append(
+            f"  {entropy['key']} over RL as health judges it: start {_fmt(j['start'])} (steps "
+            f"{j['start_steps'][0]}–{j['start_steps'][1]}), now {_fmt(j['now'])} (steps {j['now_steps'][0]}–"
+            f"{j['now_steps'][1]}): {'collapsed' if j['collapsed'] else 'no collapse'}"
+        )
+    return lines
 
 
 def _box_lines(digest: dict[str, Any]) -> list[str]:

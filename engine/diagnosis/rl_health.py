@@ -10,6 +10,7 @@ from typing import Any
 
 from engine.coherence.health import CLIP_RED, CLIP_SPIKE, KL_RED, KL_YELLOW, TRUNCATION_YELLOW
 
+from .entropy import entropy_line
 from .wording import Finding, fmt, level_text, movement
 
 CLIPPED_SHARE = TRUNCATION_YELLOW  # completions cut at max_completion_length: the limit shapes the answers
@@ -183,9 +184,8 @@ def covariance_answer(d: dict[str, Any], question: str) -> list[str]:
             "which holds the entropy up"
         )
     lines = [f"Cov(log π, A) (`cov/logp_adv`) is {level_text(t)}, {movement(t)}; {sign}."]
-    entropy = d["trends"].get("phi/entropy") or d["trends"].get("entropy")
-    if entropy:
-        lines.append(f"- Entropy (`{entropy['key']}`) over the run: {movement(entropy)}.")
+    if entropy := entropy_line(d):
+        lines.append(f"- {entropy}")
     lines.append(
         "- Per token, over the step's completion tokens, each carrying its completion's advantage; "
         "docs/reference/frameworks.md §4."
