@@ -1,4 +1,4 @@
-"""How long command 1's demo takes, from `carl demo` to its stored eval, on this machine's cores idle and busy.
+"""How long command 1's demo takes, from `carl demo` to its stored eval, idle and busy.
 
 Each round starts the whole demo headless in a fresh `$CARL_HOME` (the engine, the tiny model built from
 scratch, the SFT warm-up, GRPO with the cascade, the end-of-run eval, the agents plane beside it), exactly as
@@ -55,7 +55,11 @@ def one_round(hog: int) -> dict[str, object]:
     started = time.monotonic()
     try:
         subprocess.run(
-            [sys.executable, "-m", "engine.cli", "demo"], env=env, check=True, capture_output=True, timeout=300
+            [sys.executable, "-m", "engine.cli", "demo"],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=300,
         )
         marks["queued"] = time.monotonic() - started
         while time.monotonic() - started < LIMIT_S:
@@ -122,7 +126,9 @@ def main() -> None:
         results.append((name, result))
         marks = result["marks"]
         assert isinstance(marks, dict)
-        print(f"\n{name} round ({result['hog']} spinning processes beside it, mean load {result['load']:.2f}):")
+        print(
+            f"\n{name} round ({result['hog']} spinning processes beside it, mean load {result['load']:.2f}):"
+        )
         for mark, at in marks.items():
             print(f"  {mark:<14} {minutes(at)}")
         for at, text in result["stages"]:  # type: ignore[attr-defined]
