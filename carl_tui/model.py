@@ -590,11 +590,12 @@ def plane_starting(overview: dict[str, Any], starting: Starting, engine: str) ->
 
 def nats_state(overview: dict[str, Any], starting: Starting, engine: str) -> str | None:
     """The plane's NATS server for the status line, while the plane is wanted or on its way (None: no
-    plane). A local server is the engine's child: while the engine is not up, a stored "up" is from before."""
+    plane). A local server is the engine's child: while the engine is starting, a stored "up" is from before
+    and the server is starting with it. Otherwise the stored state, as the Agents pane's title says it."""
     server, plane = overview.get("server") or {}, overview.get("plane") or {}
     if not (server and plane.get("wanted")):
         return "starting" if starting.plane_queued() else None
     state = server.get("state") or "?"
-    if state == "up" and engine != "up":
-        return "starting" if engine in ("starting", "restarting") else "down"
+    if state == "up" and engine in ("starting", "restarting"):
+        return "starting"
     return state

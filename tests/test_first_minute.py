@@ -15,7 +15,7 @@ import pytest
 from support import ROOT, status_text, until
 
 from carl_tui.app import ControlRoom
-from carl_tui.model import StoreWatcher, queued_state, starting_state
+from carl_tui.model import Starting, StoreWatcher, nats_state, queued_state, starting_state
 from engine import paths
 from engine.demo.start import start_demo
 from engine.store import Store
@@ -99,6 +99,19 @@ def test_the_starting_states_read_as_progress() -> None:
     assert queued_state(pending, "starting", now) == "starting 1s: waiting for the engine to start"
     assert queued_state(pending, "up", now) == "starting 1s: queued for the engine"
     assert queued_state({**pending, "state": "done"}, "up", now) == "starting 1s: starting its process"
+
+
+def test_a_stored_nats_up_from_before_reads_as_starting_while_the_engine_starts() -> None:
+    """The plane's local nats-server is the engine's child: the first frame of a session that starts the
+    engine said `nats ● up` from the last session's row while both were starting."""
+    overview = {"server": {"state": "up"}, "plane": {"wanted": True}}
+    assert nats_state(overview, Starting(), "starting") == "starting"
+    assert nats_state(overview, Starting(), "restarting") == "starting"
+    assert nats_state(overview, Starting(), "up") == "up"
+    assert nats_state(overview, Starting(), "down") == "up"  # as stored, as the Agents pane's title says
+    assert nats_state({}, Starting(), "starting") is None  # no plane wanted, none on its way
+    queued = Starting(commands=({"verb": "agents_up", "state": "pending", "args": {}},))
+    assert nats_state({}, queued, "down") == "starting"
 
 
 def test_the_watcher_reports_a_stage_only_while_the_run_has_no_step(home: Path) -> None:
