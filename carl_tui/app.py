@@ -51,7 +51,20 @@ from .config import ConfigError, TuiConfig, config_path, load_config
 from .controls import CONTROL_ACTIONS, RUN_ACTIONS, RunControls
 from .explorer_keys import ExplorerKeys
 from .keymap import check_keymap, keymap_line, known_ids
-from .model import FirstRead, RunView, Snapshot, StoreWatcher, run_state, state_line
+from .model import (
+    FirstRead,
+    RunView,
+    Snapshot,
+    Starting,
+    StoreWatcher,
+    command_of_run,
+    nats_state,
+    plane_starting,
+    queued_state,
+    run_state,
+    starting_state,
+    state_line,
+)
 from .panes import RewardsPane, draw_run, line_style, rewards_title, set_title
 from .reads import StoreReads
 from .runs import RunList
@@ -165,9 +178,12 @@ class ControlRoom(
         claude_base_url: str | None = None,
         experiment: str | None = None,
         first_read: FirstRead | None = None,
+        follow_run: str | None = None,
     ) -> None:
         """`first_read`: the store's first read, already made (`carl-tui` makes it before it
-        imports Textual); by default the control room makes it here."""
+        imports Textual); by default the control room makes it here. `follow_run`: the name of a run the
+        engine was just asked to start (`carl-tui --demo`): the status line says how far it has come until
+        it opens, and the control room selects it then."""
         super().__init__()
         self.home = home or paths.carl_home()
         self.db_path = paths.db_path(self.home)
@@ -179,7 +195,7 @@ class ControlRoom(
         self.engine_started_pid: int | None = None  # the engine this control room started, if any
         self.engine_found_down = False  # the last look found it down (read-only: say how to start it)
         self.engine_asked = False  # the user asked for the engine from the palette
-        self.engine_state = "down"
+        self.engine_state = "down"  # until the first read says (below)
         self.engine_said: str | None = (
             None  # the engine's last problem notified (said again only if it changes)
         )
@@ -193,6 +209,15 @@ class ControlRoom(
         # The first paint has the store's data: it is read before the screen is built.
         self.first_read = first_read or FirstRead(StoreWatcher(self.db_path))
         self.watcher = self.first_read.watcher
+        # The first frame says what the supervisor will find: up, or starting when this session starts it.
+        if self.first_read.engine_up:
+            self.engine_state = "up"
+        elif self.auto_engine:
+            self.engine_state = "starting"
+        else:
+            self.engine_state = "stopped" if self.first_read.engine_stopped else "down"
+        self.starting = Starting()  # runs and the agents plane on their way (model.py)
+        self.agent_data: tuple[list[dict], list[dict], int | None] = ([], [], None)
         self.sender = CommandSender(self, self.db_path, self.watcher, readonly=readonly)
         self.reads = StoreReads(self, self.db_path)
         self.runs: list[RunRow] = []
@@ -203,6 +228,7 @@ class ControlRoom(
         self.maximized: str | None = None
         self.last_key: dict[str, float] = {}
         self.select_next_new_run = False
+        self.follow_run = follow_run  # the run on its way that is selected when it opens (by its name)
         self.domains: list[dict] = []  # trajectory domain baselines, with the trajectories
         self.plasticity: dict | None = None
         self.agents_overview: dict = {}  # the agents plane: server, plane, manager, model (see the reader)
@@ -353,6 +379,10 @@ class ControlRoom(
                 if self.select_next_new_run and newest > max((r.id for r in self.runs), default=0):
                     self.select_next_new_run = False  # the run started with `n`: follow it
                     self.select(newest)
+                opened = next((r.id for r in snap.runs if r.name == self.follow_run), None)
+                if opened is not None:  # the run `--demo` asked for has opened: show it
+                    self.follow_run = None
+                    self.select(opened)
                 self.runs = snap.runs
                 self.fill_run_list()
             if snap.compare is not None:
@@ -374,11 +404,13 @@ class ControlRoom(
                 self.main.query_one("#trajectories").border_subtitle = trajectory_summary(
                     self.domains, self.plasticity
                 )
+            if snap.starting is not None:
+                self.starting = snap.starting
             if snap.agent_events is not None:
                 self.agents_overview = snap.agent_overview or {}
-                self.main.query_one(AgentsPane).set_data(
-                    snap.agent_events or [], snap.agent_workers or [], self.agents_overview, snap.agent_count
-                )
+                self.agent_data = (snap.agent_events or [], snap.agent_workers or [], snap.agent_count)
+            if snap.agent_events is not None or snap.starting is not None:
+                self.feed_agents_pane()
             for command in snap.commands:
                 self.sender.finished(command)
                 ok = command["state"] == "done"
@@ -437,15 +469,31 @@ class ControlRoom(
             self.select(run_id)
             self.draw_compare()  # the highlighted run's lines go on top
 
+    def feed_agents_pane(self) -> None:
+        """The Agents pane: the plane's events and workers, and whether the plane is on its way."""
+        overview = dict(self.agents_overview)
+        if plane_starting(overview, self.starting, self.engine_state):
+            overview["starting"] = True
+        events, workers, count = self.agent_data
+        self.main.query_one(AgentsPane).set_data(events, workers, overview, count)
+
     def update_status(self) -> None:
         view = self.view
         run = view.run if view else None
+        now = time.time()
+        state = state_line(run) if run else None
+        waiting = run is None or self.select_next_new_run or self.follow_run is not None
+        queued = self.starting.queued_run(self.runs) if waiting else None
+        if queued is not None:  # a run on its way (`--demo`, `n`): how far it has come, not the last run
+            run, view, state = None, None, queued_state(queued, self.engine_state, now)
+        elif run is not None and state == "starting":
+            command = command_of_run(self.starting, run)
+            since = command["created_at"] if command else run.started_at
+            state = starting_state(self.starting.stage, since, now)
         reason = run.health_reasons[0] if run and run.health_reasons else None
-        server = self.agents_overview.get("server") or {}
-        wanted = (self.agents_overview.get("plane") or {}).get("wanted")
         info = StatusInfo(
-            run=run.name if run else None,
-            state=state_line(run) if run else None,
+            run=run.name if run else (queued["args"].get("name") or "run") if queued else None,
+            state=state,
             backend=run.backend if run and run.backend in ("torch", "mlx") else None,
             step=run.last_step if run else None,
             max_steps=run.max_steps if run else None,
@@ -458,8 +506,8 @@ class ControlRoom(
             eval_task=view.eval["metrics"].get("task") if view and view.eval else None,
             engine=self.engine_state,
             engine_hint=READONLY_ENGINE_HINT if self.readonly and self.engine_found_down else None,
-            # The plane's NATS server, while the plane is wanted.
-            nats=(server.get("state") or "?") if server and wanted else None,
+            # The plane's NATS server, while the plane is wanted or on its way.
+            nats=nats_state(self.agents_overview, self.starting, self.engine_state),
             readonly=self.readonly,
             message=self.message,
         )

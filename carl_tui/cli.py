@@ -97,10 +97,15 @@ def _run_tui(args: argparse.Namespace) -> int:
         raise CliError("--serve needs textual-serve: pip install 'carl-tui[serve]'")
     if args.experiment is not None:
         _check_experiment(home, args.experiment)
+    follow_run = None
     if args.demo:
         from engine.demo.start import start_demo
 
-        start_demo(home, args.demo_steps, args.backend, stay=args.demo_stay)
+        # The control room starts the engine itself after its first frame, which shows the demo on its way
+        # from the first second; only a session that starts no engine waits for one here.
+        follow_run = start_demo(
+            home, args.demo_steps, args.backend, stay=args.demo_stay, engine=args.no_engine or args.serve
+        )
     os.environ.setdefault("TEXTUAL_ANIMATIONS", "none")  # nothing moves unless data does
     if args.serve:
         return _serve(home, args)
@@ -120,6 +125,7 @@ def _run_tui(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         experiment=args.experiment,
         first_read=first_read,
+        follow_run=follow_run,
     )
     app.run()
     _say_engine_left_running(home, app.engine_started_pid)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.durations import compact_duration
 from engine.store import RunRow, Series, StoreError, StoreReader
 
 PHI_KEYS = ("phi/mean", "phi/p10", "phi/p90", "phi/entropy", "entropy")
@@ -114,6 +115,33 @@ class BoxView:
     processes: list[dict[str, Any]] = field(default_factory=list)
 
 
+# A train command done this long ago whose run has not opened yet is still starting (its process imports).
+STARTED_RECENTLY_S = 120.0
+
+
+@dataclass(frozen=True)
+class Starting:
+    """What is on its way before it shows: the selected run's stage while it has no step yet (what it said
+    it is doing, `{"text", "at"}`), and the engine's commands that start a run or the agents plane (pending,
+    running, or just done: engine/store/reader.py `starting_commands`)."""
+
+    stage: dict[str, Any] | None = None
+    commands: tuple[dict[str, Any], ...] = ()
+
+    def queued_run(self, runs: list[RunRow]) -> dict[str, Any] | None:
+        """The newest train command whose run is not in `runs` yet (by the name it asked for)."""
+        names = {r.name for r in runs}
+        for command in reversed(self.commands):
+            name = command["args"].get("name") if isinstance(command["args"], dict) else None
+            if command["verb"] == "train" and command["state"] != "failed" and name not in names:
+                return command
+        return None
+
+    def plane_queued(self) -> bool:
+        """An `agents_up` the engine has not carried out yet."""
+        return any(c["verb"] == "agents_up" and c["state"] in ("pending", "running") for c in self.commands)
+
+
 @dataclass
 class Snapshot:
     """One poll's news. `None` fields did not change since the previous snapshot."""
@@ -138,6 +166,7 @@ class Snapshot:
     experiment: ExperimentView | None = None
     box: BoxView | None = None  # the machines and the selected run's processes (None: unchanged)
     commands: list[dict[str, Any]] = field(default_factory=list)  # commands that finished
+    starting: Starting | None = None  # what is on its way (None: unchanged)
     source_errors: dict[str, str] | None = None  # path -> last error
     error: str | None = None  # the store itself could not be read
 
@@ -153,11 +182,24 @@ class FirstRead:
     def __init__(self, watcher: StoreWatcher) -> None:
         self.watcher = watcher
         self.snapshot: Snapshot | None = watcher.poll()
+        # The engine as the first frame should show it (the supervisor looks again after the first paint).
+        self.engine_up, self.engine_stopped = engine_found(watcher)
 
     def take(self) -> Snapshot | None:
         """The snapshot, once: whoever applies it takes it."""
         snapshot, self.snapshot = self.snapshot, None
         return snapshot
+
+
+def engine_found(watcher: StoreWatcher) -> tuple[bool, bool]:
+    """Whether this home's engine is up, and whether the user stopped it: from its pidfile and its row, as
+    `carl engine status` tells (engine/control/process.py), without starting or removing anything."""
+    from engine.control.pidfile import is_our_engine, read_pidfile
+
+    row = (watcher.reader.engine_row() if watcher.reader is not None else None) or {}
+    record = read_pidfile(watcher.db_path.parent)
+    up = record is not None and is_our_engine(record, row.get("heartbeat_at"), row.get("pid"))
+    return up, not up and row.get("state") == "stopped"
 
 
 class StoreWatcher:
@@ -180,6 +222,7 @@ class StoreWatcher:
         self._box_run: int | None = None  # the run whose processes the last box read has
         self._watched_commands: set[int] = set()
         self._source_errors: dict[str, str] = {}
+        self._starting = Starting()
         # A poll reads the store again while what was asked differs from what it last read.
         self._compare_wanted: tuple[int, ...] = ()
         self._compare_have: tuple[int, ...] = ()
@@ -287,11 +330,23 @@ class StoreWatcher:
             ]
             self._watched_commands -= {c["id"] for c in done}
             snap.commands = done
+        starting = self._read_starting(reader, run)
+        if starting != self._starting:
+            self._starting = snap.starting = starting
         errors = {s["path"]: s["last_error"] for s in reader.sources() if s["last_error"]}
         if errors != self._source_errors:
             self._source_errors = errors
             snap.source_errors = errors
         return snap
+
+    @staticmethod
+    def _read_starting(reader: StoreReader, run: RunRow | None) -> Starting:
+        """The selected run's stage while it is starting, and the engine's starting commands."""
+        stage = None
+        if run is not None and run.status == "running" and not run.last_update:
+            stage = reader.run_stage(run.id)
+        commands = reader.starting_commands(time.time() - STARTED_RECENTLY_S)
+        return Starting(stage, tuple(commands))
 
     def _read_comparison(self, reader: StoreReader, runs: list[RunRow], snap: Snapshot) -> None:
         """The compared runs' series (a run whose row did not move keeps its object, so its chart
@@ -492,3 +547,55 @@ def run_state(run: RunRow, now: float | None = None) -> str:
     if quiet >= 120:
         return "silent"
     return "live"
+
+
+# -- what is on its way: the status line and the Agents pane before a run or the plane shows --------
+
+
+def starting_state(stage: dict[str, Any] | None, since: float | None, now: float) -> str:
+    """A starting run's state in the status line, with how long it has been starting and what it said it
+    is doing: `starting 14s: importing torch, transformers and TRL`."""
+    clock = f" {compact_duration(now - since)}" if since else ""
+    return f"starting{clock}: {stage['text']}" if stage else f"starting{clock}"
+
+
+def queued_state(command: dict[str, Any], engine: str, now: float) -> str:
+    """The state of a run the engine was asked to start and has not opened yet (the command's progress)."""
+    if command["state"] == "pending":
+        what = "queued for the engine" if engine == "up" else "waiting for the engine to start"
+    elif command["state"] == "running":
+        what = "the engine is starting it"
+    else:
+        what = "starting its process"
+    return f"starting {compact_duration(now - command['created_at'])}: {what}"
+
+
+def command_of_run(starting: Starting, run: RunRow) -> dict[str, Any] | None:
+    """The train command that started `run` (by the name it asked for), while it is recent."""
+    for command in starting.commands:
+        if command["verb"] == "train" and command["args"].get("name") == run.name:
+            return command
+    return None
+
+
+def plane_starting(overview: dict[str, Any], starting: Starting, engine: str) -> bool:
+    """The agents plane is on its way: an `agents up` not carried out yet, or a plane that is wanted while
+    its server is not up (or the engine that runs it is not)."""
+    if starting.plane_queued():
+        return True
+    server, plane = overview.get("server") or {}, overview.get("plane") or {}
+    state = server.get("state")
+    return bool(plane.get("wanted")) and (state not in ("up", "external") or engine != "up")
+
+
+def nats_state(overview: dict[str, Any], starting: Starting, engine: str) -> str | None:
+    """The plane's NATS server for the status line, while the plane is wanted or on its way (None: no
+    plane). A local server is the engine's child: while the engine is starting, a stored "up" is from before
+    and the server is starting with it. Otherwise the stored state, as the Agents pane's title says it."""
+    server, plane = overview.get("server") or {}, overview.get("plane") or {}
+    if not (server and plane.get("wanted")):
+        return "starting" if starting.plane_queued() else None
+    state = server.get("state") or "?"
+    if state == "up" and engine in ("starting", "restarting"):
+        return "starting"
+    return state

@@ -101,6 +101,7 @@ class EngineSupervision:
         self.engine_found_down = down
         self.engine_state = event.state
         self.update_status()
+        self.feed_agents_pane()  # the plane is on its way while its engine is
         self.draw_system()  # the System pane says when a quiet machine's engine is down
 
     def start_engine_now(self: ControlRoom) -> None:

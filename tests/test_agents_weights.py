@@ -107,7 +107,7 @@ async def test_a_worker_on_another_home_fetches_the_adapter_by_name_and_digest_a
             worker.wait(30)
     assert summary["done"] == 3 and summary["model_versions"] == {update.model_version: 3}
 
-    fetched = received_dir(worker_home) / announced.digest.removeprefix("SHA-256=").rstrip("=")
+    fetched = received_dir(worker_home, "far") / announced.digest.removeprefix("SHA-256=").rstrip("=")
     assert (fetched / "adapter_model.safetensors").is_file()
     assert (fetched / DIGEST_FILE).read_text().strip() == announced.digest
     assert not (trainer_home / "agents" / "received").exists()  # the trainer's home was never used for it
@@ -140,12 +140,62 @@ async def test_a_replaced_or_damaged_object_is_refused_and_nothing_is_unpacked(t
         bucket = await models_bucket(js)
         await bucket.put("r-v0001", b"other bytes under the same name")
         with pytest.raises(WeightsError, match="holds other weights now"):
-            await fetch_weights(js, announced, worker_home)
+            await fetch_weights(js, announced, worker_home, "w1")
         missing = announced.model_copy(update={"object_name": "r-v0999"})
         with pytest.raises(WeightsError, match="no such object"):
-            await fetch_weights(js, missing, worker_home)
+            await fetch_weights(js, missing, worker_home, "w1")
         await nc.close()
-    assert [p for p in received_dir(worker_home).iterdir()] == []
+    assert [p for p in received_dir(worker_home, "w1").iterdir()] == []
+
+
+async def test_two_workers_of_one_home_fetching_one_update_at_once_keep_their_own_copy(
+    tmp_path: Path,
+) -> None:
+    """The demo's plane runs two workers on one home. Both fetch each update at once; each must load files
+    that nobody replaces under it. With one shared folder, the worker that unpacked second replaced the
+    directory the first was loading from ("holds no .safetensors file"), and it served its old weights."""
+    weights = tmp_path / "adapter"
+    weights.mkdir()
+    (weights / "adapter_config.json").write_text("{}")
+    (weights / "adapter_model.safetensors").write_bytes(os.urandom(3 << 20))
+    update = ModelUpdateEvent(model_version="demo-v0100", checkpoint_path=str(weights), base_model="tiny")
+    home = tmp_path / "home"
+
+    async def fetch_and_hold(js: Any, worker_id: str) -> tuple[Path, int]:
+        """Fetch, then open the weights as a loader would: the file's identity at the moment it loads."""
+        path = await fetch_weights(js, announced, home, worker_id)
+        return path, os.stat(path / "adapter_model.safetensors").st_ino
+
+    with nats_server(tmp_path / "plane") as server:
+        nc, js = await jetstream(address_of(server))
+        announced = await publish_update(js, update)
+        # Both start before either has unpacked: both find no copy, and both fetch and unpack.
+        fetched = await asyncio.gather(*(fetch_and_hold(js, w) for w in ("w1", "w2")))
+        again = await fetch_weights(js, announced, home, "w1")  # already there: not fetched again
+        await nc.close()
+    sent = (weights / "adapter_model.safetensors").read_bytes()
+    for path, inode in fetched:
+        assert os.stat(path / "adapter_model.safetensors").st_ino == inode  # nothing replaced under a loader
+        assert (path / "adapter_model.safetensors").read_bytes() == sent
+        assert (path / DIGEST_FILE).read_text().strip() == announced.digest
+    (one, _), (two, _) = fetched
+    assert one != two and again == one
+    assert sorted(p.name.split("-")[0] for p in (home / "agents" / "received").iterdir()) == ["w1", "w2"]
+
+
+def test_unpacking_over_a_complete_copy_of_the_same_digest_leaves_it_in_place(tmp_path: Path) -> None:
+    payload = tmp_path / "adapter_model.safetensors"
+    payload.write_bytes(b"weights")
+    archive = tmp_path / "w.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(payload, arcname=payload.name)
+    digest = file_digest(archive)
+    target = tmp_path / "out"
+    unpack(archive, target, digest)
+    inode = os.stat(target / payload.name).st_ino
+    unpack(archive, target, digest)
+    assert os.stat(target / payload.name).st_ino == inode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter_model.safetensors", "out", "w.tar"]
 
 
 def test_an_archive_with_anything_but_plain_files_is_refused(tmp_path: Path) -> None:
@@ -191,7 +241,8 @@ async def test_an_http_worker_has_its_server_load_the_adapter_it_fetched(tmp_pat
         shutil.rmtree(adapter.parent)
         summary = await asyncio.wait_for(headless(home, settings, specs, limit=None), 120)
         loads = [r.json for r in llm.requests if r.path == "/v1/load_lora_adapter"]
-    fetched = received_dir(home) / str(announced.digest).removeprefix("SHA-256=").rstrip("=")
+    [worker_dir] = (home / "agents" / "received").iterdir()  # the one worker's (headless: run<pid>-w1)
+    fetched = worker_dir / str(announced.digest).removeprefix("SHA-256=").rstrip("=")
     assert loads == [{"lora_name": "agents-train-v0001", "lora_path": str(fetched)}]
     assert (fetched / "adapter_model.safetensors").read_bytes() == b"\1" * 100
     assert summary["model_versions"] == {"agents-train-v0001": 2}
@@ -237,7 +288,9 @@ async def test_an_http_worker_on_another_home_has_its_server_load_the_adapter_it
         asked = [r.json["model"] for r in llm.requests if r.path == "/v1/chat/completions"]
         endpoint = llm.base_url
 
-    fetched = received_dir(worker_home) / str(announced.digest).removeprefix("SHA-256=").rstrip("=")
+    fetched = received_dir(worker_home, "far-http") / str(announced.digest).removeprefix("SHA-256=").rstrip(
+        "="
+    )
     assert (fetched / "adapter_model.safetensors").read_bytes() == b"\2" * 300
     assert not (trainer_home / "agents" / "received").exists()
     assert [r.json for r in loads] == [{"lora_name": "agents-train-v0003", "lora_path": str(fetched)}]

@@ -109,7 +109,77 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     done = carl(home, "train", "--config", str(config))
     assert done.returncode == 0, done.stderr
     assert "eval of run 'ev'" in done.stdout  # the end-of-run eval printed its verdict
+    (home / "train.out").write_text(done.stdout)
     return home
+
+
+@pytest.mark.slow
+def test_a_run_says_what_it_does_before_its_first_step(trained: Path) -> None:
+    """The first minute of a run is its framework's import, the tiny model's build and the first step's
+    preparation: each is said as it starts (the log, and the store for the control room's status line)."""
+    said = [line.removeprefix("[carl] ") for line in (trained / "train.out").read_text().splitlines()]
+    stages = [line for line in said if line.startswith(("importing", "building", "loading", "preparing"))]
+    assert stages == [
+        "importing torch, transformers and TRL",
+        "building the tiny model (first use: a BPE tokenizer and a small Llama), then loading it",
+        "preparing the SFT warm-up's first step (of 60)",
+    ]
+    reader = StoreReader(trained / "carl.db")
+    try:
+        [run] = [r for r in reader.runs() if r.name == "ev"]
+        stage = reader.run_stage(run.id)
+    finally:
+        reader.close()
+    assert stage is not None and stage["text"] == stages[-1]  # the last said before its first step
+
+
+@pytest.mark.slow
+def test_the_tiny_model_is_evaluated_without_torch_and_with_the_same_answers_and_figures(
+    trained: Path,
+) -> None:
+    """`carl eval` of a tiny-model run answers in numpy (engine/models/tiny_numpy.py) rather than importing
+    torch and transformers, which took ~90% of its time; its answers and stored figures are the ones the
+    transformers path gives."""
+    from engine.training import evaluate
+
+    probe = (
+        "import sys, json; from engine.cli import main; code = main(sys.argv[1:]); "
+        "heavy = sorted({'torch', 'transformers', 'trl', 'peft'} & set(sys.modules)); "
+        "print(json.dumps(heavy), file=sys.stderr); raise SystemExit(code)"
+    )
+    argv = [
+        sys.executable,
+        "-c",
+        probe,
+        "--home",
+        str(trained),
+        "eval",
+        "ev",
+        "--json",
+        "--max-prompts",
+        "16",
+    ]
+    done = subprocess.run(
+        argv, cwd=ROOT, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode in (0, 1), done.stderr
+    assert json.loads(done.stderr.splitlines()[-1]) == []  # nothing heavy was imported
+    stored = json.loads(done.stdout)["metrics"]
+
+    with Store(trained / "carl.db") as store:
+        run = evaluate.find_carl_run(store, "ev")
+    config, path = evaluate.run_config(run), evaluate.model_dir(run)
+    held = evaluate.held_out_prompts(config)[:16]
+    assert evaluate._with_numpy(path)
+    light = evaluate._answer_numpy(config, path, held, trained)
+    heavy = evaluate._answer(config, path, held, trained)  # transformers' generate, torch's Phi
+    assert [a["ids"] for a in light[0]] == [a["ids"] for a in heavy[0]]
+    assert [a["text"] for a in light[0]] == [a["text"] for a in heavy[0]]
+    for mine, theirs in zip(light[1:], heavy[1:], strict=True):  # Phi and entropy per answer
+        assert mine == pytest.approx(theirs, abs=1e-5, nan_ok=True)
+    figures = evaluate._score(config, held, *heavy)[0]
+    assert evaluate._score(config, held, *light)[0] == figures
+    assert {k: stored[k] for k in figures} == figures
 
 
 @pytest.mark.slow
@@ -143,6 +213,8 @@ def test_the_end_of_run_eval_is_stored_and_held_out_prompts_never_trained(traine
 
 @pytest.mark.slow
 def test_carl_eval_reevaluates_with_the_runs_thresholds(trained: Path) -> None:
+    with Store(trained / "carl.db") as store:
+        before = store.conn.execute("SELECT count(*) FROM evals").fetchone()[0]
     # Two evals side by side (each mostly one core's work): neither needs the other.
     with ThreadPoolExecutor(2) as pool:
         done, repeated = pool.map(
@@ -157,7 +229,7 @@ def test_carl_eval_reevaluates_with_the_runs_thresholds(trained: Path) -> None:
     again = json.loads(repeated.stdout)
     assert again["metrics"]["task"] == result["metrics"]["task"]
     with Store(trained / "carl.db") as store:
-        assert store.conn.execute("SELECT count(*) FROM evals").fetchone()[0] == 3
+        assert store.conn.execute("SELECT count(*) FROM evals").fetchone()[0] == before + 2
 
 
 @pytest.mark.slow

@@ -25,6 +25,10 @@ AGENTS_EMPTY = (
     "workers on the demo tasks); `carl-tui --demo` starts one beside the demo run. Every task, result, "
     "score, feedback and alarm streams in here, newest first."
 )
+AGENTS_STARTING = (
+    "The agents plane is starting: a local NATS server, a manager and its workers, which load their model "
+    "first. Every task, result, score, feedback and alarm streams in here, newest first."
+)
 MAX_EVENTS = 200
 KIND_NAMES = {"worker_status": "status", "manager_status": "manager", "model_update": "model"}
 STATE_MARKS = {"busy": "●", "idle": "○", "starting": "◌", "stopping": "◌", "stopped": "·", "error": "✕"}
@@ -304,9 +308,11 @@ class AgentsPane(Static):
         empty = not self.agent_events and not self.agent_workers
         self.set_class(empty, "-empty")
         if empty:
-            if self.shown != AGENTS_EMPTY:
-                self.shown = AGENTS_EMPTY
-                self.update(AGENTS_EMPTY)
+            # A plane on its way (an `agents up` not carried out yet, a server not up yet) says so.
+            text = AGENTS_STARTING if self.overview.get("starting") else AGENTS_EMPTY
+            if self.shown != text:
+                self.shown = text
+                self.update(text)
             self._post_titles()
             return
         width, height = self.size.width or 80, self.size.height or 24

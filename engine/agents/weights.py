@@ -5,8 +5,9 @@ A publisher (the plane's trainer, or the plane serving a run) packs the files th
 it in the `CARL_MODELS` bucket under the version's name, and names it in the `ModelUpdateEvent`
 with the digest the object store computed (`SHA-256=<base64url>`). A worker fetches the object by
 that name, checks its digest against the event's (the object may have been replaced since), unpacks
-it into its own `$CARL_HOME/agents/received/` and swaps it in. No filesystem is shared, so a worker
-on another machine serves what the trainer trained.
+it into a folder of its own (`$CARL_HOME/agents/received/<worker>/`: workers of one home never unpack over
+the copy another is loading) and swaps it in. No filesystem is shared, so a worker on another machine
+serves what the trainer trained.
 
 The bucket keeps the newest `KEPT_VERSIONS` objects (a worker only ever loads the newest; one that
 joins late finds it there). An archive holds plain files with plain names only: anything else in it
@@ -31,6 +32,7 @@ import nats.js.errors
 from nats.js.api import ObjectStoreConfig, StorageType
 
 from engine.errors import CarlError
+from engine.names import slug
 
 from .bus import publish_retrying
 from .events import ModelUpdateEvent, WeightsKind
@@ -88,7 +90,8 @@ def pack(directory: Path, kind: WeightsKind, archive: Path) -> None:
 
 def unpack(archive: Path, target: Path, digest: str) -> None:
     """Unpack `archive` into the new directory `target`, refusing any member that is not a plain file
-    with a plain name; `target` appears whole (with its digest file) or not at all."""
+    with a plain name; `target` appears whole (with its digest file) or not at all. A complete `target`
+    of the same digest is left as it is: whoever is loading it keeps its files."""
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         with tarfile.open(archive, "r:") as tar:
@@ -102,7 +105,11 @@ def unpack(archive: Path, target: Path, digest: str) -> None:
                 with source, (staging / member.name).open("xb") as out:
                     shutil.copyfileobj(source, out, 1 << 20)
         (staging / DIGEST_FILE).write_text(digest + "\n")
-        shutil.rmtree(target, ignore_errors=True)
+        if _complete(target, digest):
+            return
+        if target.exists():  # an incomplete one: moved aside in one rename, then removed
+            os.replace(target, staging.with_name(staging.name + ".old"))
+            shutil.rmtree(staging.with_name(staging.name + ".old"), ignore_errors=True)
         os.replace(staging, target)
     except tarfile.TarError as exc:
         raise WeightsError(f"not a tar archive of weights ({exc})") from None
@@ -119,11 +126,20 @@ def file_digest(path: Path) -> str:
     return "SHA-256=" + base64.urlsafe_b64encode(h.digest()).decode()
 
 
-def received_dir(home: Path) -> Path:
-    """Where a worker keeps the weights it fetched, one directory per archive digest."""
-    path = home / "agents" / "received"
+def received_dir(home: Path, worker_id: str) -> Path:
+    """Where one worker keeps the weights it fetched, one directory per archive digest. Each worker has
+    its own: two workers of one home fetching the same update each unpack, load and forget their own copy
+    (with one folder, one worker's unpacking replaced the directory the other was loading)."""
+    path = home / "agents" / "received" / worker_dir_name(worker_id)
     path.mkdir(parents=True, mode=0o700, exist_ok=True)
     return path
+
+
+def worker_dir_name(worker_id: str) -> str:
+    """A directory name for a worker id (an id from outside: never a path): its safe characters and a
+    short hash of the whole, so two ids that differ only in unsafe characters keep two folders."""
+    tag = hashlib.sha256(worker_id.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{slug(worker_id, 40)}-{tag}"
 
 
 def digest_dir_name(digest: str) -> str:
@@ -195,12 +211,13 @@ async def publish_update(
 # -- fetching ------------------------------------------------------------------------------------
 
 
-async def fetch_weights(js: Any, update: ModelUpdateEvent, home: Path) -> Path:
-    """The update's weights, unpacked on this machine: fetched from the bucket by name, their digest
-    checked against the update's (already here under that digest: not fetched again)."""
+async def fetch_weights(js: Any, update: ModelUpdateEvent, home: Path, worker_id: str) -> Path:
+    """The update's weights, unpacked on this machine in the worker's own folder: fetched from the bucket
+    by name, their digest checked against the update's (already there under that digest: not fetched
+    again)."""
     if not (update.bucket and update.object_name and update.digest):
         raise WeightsError(f"update {update.model_version} names no object to fetch")
-    root = received_dir(home)
+    root = received_dir(home, worker_id)
     target = root / digest_dir_name(update.digest)
     if _complete(target, update.digest):
         return target

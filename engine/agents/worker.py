@@ -508,7 +508,7 @@ class Worker:
         """Where the update's weights are on this machine: fetched from the plane's object store when
         the update names an object (the digest checked), else the path it gives (a publisher on this disk)."""
         if update.object_name:
-            return await fetch_weights(self.js, update, self.home)
+            return await fetch_weights(self.js, update, self.home, self.worker_id)
         return Path(update.checkpoint_path)
 
 

@@ -19,10 +19,14 @@ DEMO_PLANE = {
 }
 
 
-def start_demo(home: Path, steps: int | None, backend: str | None = None, *, stay: bool = False) -> None:
+def start_demo(
+    home: Path, steps: int | None, backend: str | None = None, *, stay: bool = False, engine: bool = True
+) -> str | None:
     """Have the engine start the built-in demo (SFT warm-up, then GRPO with the reward cascade
     on the tiny model) unless a demo run is already live; the control room then watches it. The
-    demo's agents plane stops when the demo run ends, unless `stay`."""
+    demo's agents plane stops when the demo run ends, unless `stay`. Returns the name the queued run
+    will have (None: one was live already). `engine=False`: the caller starts the engine (the control
+    room does, after its first frame, which then shows the demo on its way rather than a blank terminal)."""
     if any(importlib.util.find_spec(m) is None for m in ("torch", "trl", "transformers")):
         raise CliError("the demo trains a model: install the train extra (pip install 'carl-tui[train]')")
     if backend == "mlx" and any(importlib.util.find_spec(m) is None for m in ("mlx", "mlx_lm")):
@@ -30,7 +34,8 @@ def start_demo(home: Path, steps: int | None, backend: str | None = None, *, sta
     from engine.control import ensure_engine
     from engine.store import Store
 
-    ensure_engine(home)  # says so on stderr when it starts one: the engine outlives this command
+    if engine:
+        ensure_engine(home)  # says so on stderr when it starts one: the engine outlives this command
     with Store(paths.db_path(home)) as store:
         live = store.conn.execute(
             "SELECT name FROM runs WHERE source_kind='carl' AND name LIKE 'demo%' "
@@ -38,7 +43,7 @@ def start_demo(home: Path, steps: int | None, backend: str | None = None, *, sta
         ).fetchone()
         if live:
             print(f"demo run {live[0]!r} is live; opening the control room on it")
-            return
+            return None
         name = free_run_name(store, "demo")  # the name the run will have: the plane is bound to it
         args = {
             "config": "demo",
@@ -52,6 +57,7 @@ def start_demo(home: Path, steps: int | None, backend: str | None = None, *, sta
     print(f"demo training queued: the engine starts it (logs in {logs})")
     if plane:
         print(plane)
+    return name
 
 
 def free_run_name(store: Any, name: str) -> str:

@@ -43,6 +43,13 @@ def run_report(args: argparse.Namespace, home: Path) -> int:
     return 0
 
 
+# `carl runs` on a store without runs: one line, and how to get one.
+NO_RUNS = (
+    "no runs yet: `carl-tui --demo` (or `carl demo`) trains one, `carl train --config carl.yaml` yours, "
+    "`carl observe DIR` imports another tool's"
+)
+
+
 def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object a line")
 
@@ -75,6 +82,8 @@ def list_runs(args: argparse.Namespace, home: Path) -> int:
             print_table(
                 ("ID", "NAME", "STATUS", "STEP", "SOURCE", "FRAMEWORK", "HEALTH", "PHASE"), rows, right=(0, 3)
             )
+        else:
+            print(NO_RUNS)
     finally:
         reader.close()
     return 0
@@ -122,7 +131,8 @@ def _listing_reader(home: Path, what: str, as_json: bool) -> StoreReader | None:
 
     db = paths.db_path(home)
     if not db.exists():
-        print(f"no {what} yet (no store at {db})", file=sys.stderr if as_json else sys.stdout)
+        how = f": {NO_RUNS.partition(': ')[2]}" if what == "runs" else ""
+        print(f"no {what} yet (no store at {db}){how}", file=sys.stderr if as_json else sys.stdout)
         return None
     return StoreReader(db)
 

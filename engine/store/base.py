@@ -28,6 +28,11 @@ class StoreError(CarlError):
 
 MetricRow = tuple[int, str, float | None, float]  # (step, key, value, wall_time)
 
+# What a run is doing before its first step (a kv row; `Store.set_run_stage`, `StoreReader.run_stage`).
+RUN_STAGE_KEY = "run.{}.stage"
+# Engine commands that start something the control room waits for: shown until what they start is there.
+STARTING_VERBS = ("train", "agents_up")
+
 
 IN_CHUNK = 500  # values per `IN (...)`: under SQLite's 999 bound parameters of older builds
 

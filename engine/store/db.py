@@ -25,6 +25,7 @@ from engine.names import MAX_NAME, as_name
 from engine.text import storable
 
 from .base import (
+    RUN_STAGE_KEY,
     MetricRow,
     StoreError,
     check_schema,
@@ -581,6 +582,12 @@ class Store:
                 " ON CONFLICT(key) DO UPDATE SET value=excluded.value, updated_at=excluded.updated_at",
                 (key, json.dumps(value), time.time()),
             )
+
+    def set_run_stage(self, run_id: int, text: str) -> None:
+        """What a starting run is doing before its first step (importing torch, building the model, the
+        warm-up's first step): the control room's status line says it, so a run's first minute is not
+        silent. A run's first step supersedes it."""
+        self.set_kv(RUN_STAGE_KEY.format(run_id), {"text": storable(text)[:200], "at": time.time()})
 
     # -- experiments ---------------------------------------------------------------------------
 

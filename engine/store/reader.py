@@ -17,6 +17,8 @@ from typing import Any
 
 from . import rollout_reads
 from .base import (
+    RUN_STAGE_KEY,
+    STARTING_VERBS,
     StoreError,
     check_schema,
     connect,
@@ -577,6 +579,33 @@ class StoreReader:
             return None
         row = self.conn.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
         return json.loads(row[0]) if row else None
+
+    def run_stage(self, run_id: int) -> dict[str, Any] | None:
+        """What a starting run last said it is doing, `{"text", "at"}` (Store.set_run_stage), or None."""
+        value = self.kv(RUN_STAGE_KEY.format(run_id))
+        if not isinstance(value, dict) or not isinstance(value.get("text"), str):
+            return None
+        return {"text": value["text"], "at": value.get("at") if isinstance(value.get("at"), float) else None}
+
+    def starting_commands(self, finished_since: float) -> list[dict[str, Any]]:
+        """The engine's commands that start a run or the agents plane (STARTING_VERBS), oldest first:
+        those not yet done, and those finished since `finished_since` (the process they started may not
+        have opened its run yet). Each with its verb, args, state, result and times."""
+        verbs = ",".join("?" * len(STARTING_VERBS))
+        cur = self.conn.execute(
+            "SELECT id, verb, args, state, result, created_at, started_at, finished_at FROM commands"
+            f" WHERE target='engine' AND verb IN ({verbs})"
+            " AND (state IN ('pending', 'running') OR finished_at >= ?) ORDER BY id",
+            (*STARTING_VERBS, finished_since),
+        )
+        cols = [d[0] for d in cur.description]
+        rows = [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+        for row in rows:
+            try:
+                row["args"] = json.loads(row["args"] or "{}")
+            except ValueError:
+                row["args"] = {}
+        return rows
 
     def agent_events_after(self, after_id: int, limit: int = 500) -> list[dict[str, Any]]:
         """The newest agent events (newest first), without their payloads."""

@@ -166,6 +166,12 @@ class Reporter:
         if self.store is not None:
             self.store.update_run(self.run_id, **fields)
 
+    def stage(self, text: str) -> None:
+        """What the run is doing before its first step, for the control room's status line (and the log)."""
+        if self.store is not None:  # rank 0 only: one line in the log
+            print(f"[carl] {text}", flush=True)
+            self.store.set_run_stage(self.run_id, text)
+
     def truncate_after(self, step: int) -> None:
         """Forget what was logged after `step` (a resumed run replays those steps)."""
         if self.store is not None:

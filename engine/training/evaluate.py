@@ -6,7 +6,10 @@ run's sampling temperature from the distributions that chose its tokens. The ver
 figure and the reasons go into the store's `evals` table, which the control room shows.
 
 A run the MLX backend trained is answered by MLX (mlx-lm loads its model, or its base and
-adapter), a torch run by transformers: the same prompts, lengths, figures and rows either way.
+adapter), a torch run by transformers: the same prompts, lengths, figures and rows either way. A run of
+the built-in tiny model (the demo's) is answered in numpy (engine/models/tiny_numpy.py), the same answers
+and figures as transformers gives, so `carl eval demo` does not import torch and transformers (~90% of its
+time) for under a second of arithmetic.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ def evaluate_run(store: Store, ref: str, *, home: Path, max_prompts: int | None 
         )
     held = held[: max_prompts or config.eval.max_prompts]
     path = model_dir(run)
-    answer = _answer_mlx if _with_mlx(run, path) else _answer
+    answer = _answer_mlx if _with_mlx(run, path) else _answer_numpy if _with_numpy(path) else _answer
     started = time.monotonic()
     answers, phi, entropy = answer(config, path, held, home)
     metrics, passed, reasons = _score(config, held, answers, phi, entropy)
@@ -179,6 +182,37 @@ def _answer(
     stats = phi_from_model(model, out, attention, masks, temperature=config.temperature)
     phi = [float(np.mean(p)) if len(p) else math.nan for p in stats.phi]
     entropy = [float(np.mean(h)) if len(h) else math.nan for h in stats.entropy]
+    return answers, phi, entropy
+
+
+# -- answering the tiny model with numpy ------------------------------------------------------------
+
+
+def _with_numpy(path: Path) -> bool:
+    """The built-in tiny model's architecture, full weights: answered without importing torch or
+    transformers (engine/models/tiny_numpy.py), the same answers and figures."""
+    from engine.models.tiny_numpy import supports
+
+    return not is_adapter(path) and supports(path)
+
+
+def _answer_numpy(
+    config: TrainConfig, path: Path, rows: list[dict[str, Any]], home: Path
+) -> tuple[list[dict[str, Any]], list[float], list[float]]:
+    """As `_answer`, in numpy: greedy answers, each token's entropy from the distribution that chose it."""
+    from engine.models.tiny_numpy import TinyLlama, TinyTokenizer, phi_of
+
+    try:
+        tokenizer, model = TinyTokenizer(path), TinyLlama(path)
+    except (OSError, ValueError, KeyError) as exc:
+        raise BadInput(f"{path}: cannot load the model ({' '.join(str(exc).split())[:200]})") from None
+    prompts = [tokenizer.encode(tokenizer.model_input(row["prompt"])) for row in rows]
+    generated = model.greedy(
+        prompts, config.max_completion_length, tokenizer.eos_token_id, config.temperature
+    )
+    answers = [{"ids": ids, "text": tokenizer.decode(ids)} for ids, _ in generated]
+    phi = [phi_of(h, model.vocab_size) for _, h in generated]
+    entropy = [float(np.mean(h)) if h else math.nan for _, h in generated]
     return answers, phi, entropy
 
 

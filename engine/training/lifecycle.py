@@ -149,6 +149,21 @@ def open_run(
     return run_id, output_dir
 
 
+# What a run says while it imports its framework (Reporter.stage): on a busy machine, tens of seconds.
+FRAMEWORK_STAGE = {"torch": "importing torch, transformers and TRL", "mlx": "importing MLX and mlx-lm"}
+
+
+def loading_stage(config: TrainConfig, home: Path) -> str:
+    """The stage while the backend loads its inputs: the tiny model is built first on first use."""
+    from engine.models.tiny import default_model_dir, is_built
+
+    from .data import TINY_MODEL
+
+    if config.model == TINY_MODEL and not is_built(default_model_dir(home)):
+        return "building the tiny model (first use: a BPE tokenizer and a small Llama), then loading it"
+    return f"loading the model ({config.model}) and the dataset"
+
+
 def make_output_dir(output_dir: Path) -> None:
     """Create the run's directory; BadInput (one line) when it cannot be: a file is in the way,
     no permission."""
@@ -182,6 +197,7 @@ def train_run(
         backend_name = select_backend(config) if ranks is None else training_backend(config)
         reporter.update_run(backend=backend_name)
         make_output_dir(output_dir)
+        reporter.stage(FRAMEWORK_STAGE[backend_name])  # the longest wait of a first minute
         backend = make_backend(
             backend_name,
             config,
@@ -192,10 +208,18 @@ def train_run(
             resuming=resuming,
             **({} if ranks is None else {"ranks": ranks}),
         )
+        reporter.stage(loading_stage(config, home))
         if ranks is None:
             backend.prepare()
         else:
             ranks.together(backend.prepare)
+        if not resuming:
+            warmup = config.sft_warmup_steps if config.method == "grpo" else 0
+            reporter.stage(
+                f"preparing the SFT warm-up's first step (of {warmup:,})"
+                if warmup
+                else "preparing the first step"
+            )
         resume_from = None
         if resuming:
             resume_from, keep_step = backend.resume_point()
