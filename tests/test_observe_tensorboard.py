@@ -249,7 +249,8 @@ def test_a_record_cut_off_at_the_end_is_waited_for(store: Store, tmp_path: Path)
     cut.write_bytes(data[:-7])
     _, imported = observe(store, cut)
     assert imported.rows == 29 and len(imported.problems) == 1
-    assert "record 31 (byte 1478): cut off at the end" in imported.problems[0] and written.name in imported.problems[0]
+    [problem] = imported.problems
+    assert "record 31 (byte 1478): cut off at the end" in problem and written.name in problem
 
 
 def test_a_damaged_record_is_one_line_and_the_next_file_is_read(store: Store, tmp_path: Path) -> None:
