@@ -575,7 +575,13 @@ def tensorboard_cases(draw: st.DrawFn, seeds: Any) -> FileCase:
                 records[at] = draw(hv.mutated_bytes(records[at]))
             else:
                 records.insert(at, draw(hostile_event()))
-        tail = draw(st.sampled_from([b"", b"\x10\x00\x00\x00", b"\x00" * 11]))  # a record cut off
+        # A record cut off; a header (its CRC right) claiming 2 GiB or 2**63 bytes, over the 16 MiB bound
+        # (never read: the file ends first), alone or before more records.
+        tail = draw(
+            st.sampled_from([b"", b"\x10\x00\x00\x00", b"\x00" * 11, claimed(2 << 30), claimed(1 << 63)])
+        )
+        if tail and draw(st.booleans()):
+            tail += b"".join(frame(record) for record in records[:2])
         content = TFRecords(records, tail)
     name = draw(file_name("events.out.tfevents.1700000000.host.1.0", hostile_one_in=20))
     how, rows = draw(mode())
@@ -585,6 +591,22 @@ def tensorboard_cases(draw: st.DrawFn, seeds: Any) -> FileCase:
         how,
         rows,
     )
+
+
+def claimed(length: int) -> bytes:
+    """A TFRecord header claiming `length` bytes, the length's CRC right."""
+    from engine.observe.tfrecord import crc32c_api, masked
+
+    raw = struct.pack("<Q", length)
+    return raw + struct.pack("<I", masked(crc32c_api()(raw)))
+
+
+def frame(data: bytes) -> bytes:
+    """One whole TFRecord, both CRCs right."""
+    from engine.observe.tfrecord import crc32c_api, masked
+
+    crc = crc32c_api()
+    return claimed(len(data)) + data + struct.pack("<I", masked(crc(data)))
 
 
 def tensorboard_seeds(folder: Path) -> dict[str, Any]:
@@ -803,6 +825,17 @@ def trl_cases(draw: st.DrawFn, seeds: Any) -> FileCase:
             files[name] = seed
         elif op == 1:
             files[name] = draw(hv.mutated_bytes(seed))
+        elif op == 2 and draw(st.integers(0, 3)) == 0:  # one long completion many times: dictionary-encoded
+            rows, length = draw(st.sampled_from([(200, 1 << 16), (12, (1 << 20) + 1)]))  # past the 1 Mi cut
+            text = draw(st.sampled_from(["y", "é", "\x00"])) * length
+            files[name] = parquet_bytes(
+                {
+                    "step": [step] * rows,
+                    "prompt": ["q"] * rows,
+                    "completion": [text] * rows,
+                    "r": [1.0] * rows,
+                }
+            )
         else:  # a table as a hostile log_completions may write it
             rows = draw(st.sampled_from([0, 1, 4]))
             table = {
