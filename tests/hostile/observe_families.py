@@ -53,8 +53,8 @@ def lay_out(where: Path, files: dict[str, Any]) -> None:
 def feed_observe(case: FileCase, ws: Workspace, where: Path) -> Outcome:
     lay_out(where, case.files)
     path = where / case.target if case.target else where
-    if case.mode == "cli":
-        return swallowed(ws.cli("observe", str(path)))
+    if case.mode in ("cli", "cli-tty"):  # through a pipe, or on a terminal: its progress bar drawn
+        return swallowed(ws.cli("observe", str(path), tty=case.mode == "cli-tty"))
     return follow(ws, path, case.rows)
 
 
@@ -92,7 +92,7 @@ def follow(ws: Workspace, path: Path, rows: int) -> Outcome:
 
 @st.composite
 def mode(draw: st.DrawFn) -> tuple[str, int]:
-    how = draw(st.sampled_from(["cli", "cli", "follow"]))
+    how = draw(st.sampled_from(["cli", "cli-tty", "follow"]))
     return how, draw(st.sampled_from([1, 3, 50, 20_000]))
 
 

@@ -223,22 +223,85 @@ def printed() -> Iterator[Printed]:
             out.fds = sink.read().decode("utf-8", "replace")
 
 
+# What rich draws on a terminal (colours, the progress bar's cursor moves and line clears, the cursor hidden
+# and shown): taken out before the raw-byte check of a case run on a pty.
+TERMINAL_DRAWING = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
+
+
+@contextlib.contextmanager
+def on_a_pty() -> Iterator[Printed]:
+    """stdout and stderr of the code under test on a real pseudo-terminal (80 columns), as a person at a
+    terminal has them: rich draws its colours and progress bars there (a pipe gets plain text). A thread
+    drains the terminal so a long output never blocks."""
+    import pty
+    import sys
+    import termios
+    import threading
+
+    out = Printed()
+    master, slave = pty.openpty()
+    termios.tcsetwinsize(slave, (24, 80))
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's last writer is gone
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    os.dup2(slave, 1)
+    os.dup2(slave, 2)
+    terminal = open(os.dup(slave), "w", buffering=1, encoding="utf-8", errors="replace")  # noqa: SIM115
+    old_env = {k: os.environ.get(k) for k in ("TERM", "COLUMNS", "NO_COLOR")}
+    os.environ.update(TERM="xterm-256color", COLUMNS="80")
+    os.environ.pop("NO_COLOR", None)
+    try:
+        with contextlib.redirect_stdout(terminal), contextlib.redirect_stderr(terminal):
+            yield out
+    finally:
+        terminal.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, slave):
+            os.close(fd)
+        terminal.close()
+        reader.join(5)
+        os.close(master)
+        for key, value in old_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        text = b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n")
+        out.fds = TERMINAL_DRAWING.sub("", text)
+
+
 class Cli:
     """`carl ...` in this process, as `engine.cli.main` runs it, with each command's parser built once
-    (building it is most of a short command's cost). Returns what it printed and how it ended."""
+    (building it is most of a short command's cost). Returns what it printed and how it ended; `tty` runs it
+    on a real pseudo-terminal (progress bars and colours drawn)."""
 
     def __init__(self, home: Path) -> None:
         self.home = home
         self.parsers: dict[str, Any] = {}
 
-    def __call__(self, *argv: str) -> Outcome:
+    def __call__(self, *argv: str, tty: bool = False) -> Outcome:
         from engine.cli import build_parser, dispatch
         from engine.errors import guard
 
         command = argv[0]
         if command not in self.parsers:
             self.parsers[command] = build_parser(command)
-        with printed() as out:
+        with on_a_pty() if tty else printed() as out:
             try:
                 args = self.parsers[command].parse_args(["--home", str(self.home), *argv])
                 code = guard(dispatch, args)
