@@ -379,6 +379,8 @@ class ControlRoom(
                 self.main.query_one(AgentsPane).set_data(
                     snap.agent_events or [], snap.agent_workers or [], self.agents_overview, snap.agent_count
                 )
+            if snap.agent_task is not None:
+                self.agent_task_updated(snap.agent_task)
             for command in snap.commands:
                 self.sender.finished(command)
                 ok = command["state"] == "done"

@@ -653,6 +653,17 @@ class StoreReader:
             "alarms": self.agent_alarms(5) if self.version >= 4 else [],
         }
 
+    def agent_task_signature(self, task_id: str) -> tuple[float | None, int, int]:
+        """Moves when the task's row or one of its events does (two index reads): its row's `updated_at`, and
+        its events' newest id and count."""
+        if self.version < 4:
+            return None, 0, 0
+        row = self.conn.execute("SELECT updated_at FROM agent_tasks WHERE task_id=?", (task_id,)).fetchone()
+        newest, count = self.conn.execute(
+            "SELECT coalesce(max(id), 0), count(*) FROM agent_events WHERE task_id=?", (task_id,)
+        ).fetchone()
+        return (row[0] if row else None), int(newest), int(count)
+
     def agent_task(self, task_id: str) -> dict[str, Any] | None:
         """One task with its result, step scores, feedback and the rollout it gave (None: unknown)."""
         if self.version < 4:
