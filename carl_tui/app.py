@@ -28,7 +28,7 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
-from textual.widgets import Footer, OptionList
+from textual.widgets import OptionList
 from textual.worker import get_current_worker
 
 from engine import paths
@@ -39,6 +39,7 @@ from widgets.activity import TrajectoriesPane
 from widgets.agents import AgentsPane
 from widgets.chart import LINE_COLOURS, Chart
 from widgets.command_log import CommandLog
+from widgets.key_bar import KeyBar
 from widgets.reward_bars import RewardBars
 from widgets.status_bar import StatusBar, StatusInfo
 from widgets.system_pane import SystemPane
@@ -272,7 +273,7 @@ class ControlRoom(
                     agents = AgentsPane(readonly=self.readonly, id="agents", classes="pane")
                     agents.border_title = "Agents"
                     yield agents
-        yield Footer(show_command_palette=False)  # ctrl+p is listed in the help instead
+        yield KeyBar()  # fitted to the width; ctrl+p is listed in the help instead
 
     def on_mount(self) -> None:
         if self.keymap:
