@@ -26,14 +26,13 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.widgets import OptionList
 from textual.worker import get_current_worker
 
 from engine import paths
 from engine.store import RunRow
-from engine.text import visible, visible_line
+from engine.text import visible_line
 from themes import STYLESHEET, THEME_NAMES, THEMES
 from widgets.activity import TrajectoriesPane
 from widgets.agents import AgentsPane
@@ -53,6 +52,7 @@ from .controls import CONTROL_ACTIONS, RUN_ACTIONS, RunControls
 from .explorer_keys import ExplorerKeys
 from .keymap import check_keymap, keymap_line, known_ids
 from .model import FirstRead, RunView, Snapshot, StoreWatcher, run_state, state_line
+from .notices import HeldNotices
 from .panes import RewardsPane, draw_run, line_style, rewards_title, set_title
 from .reads import StoreReads
 from .runs import RunList
@@ -77,6 +77,7 @@ class ControlRoom(
     ExplorerKeys,
     EngineSupervision,
     SystemPanes,
+    HeldNotices,
     App[None],
 ):
     TITLE = "carl-tui"
@@ -228,21 +229,6 @@ class ControlRoom(
     def widgets_gone(self) -> bool:
         """A message that arrives while the app shuts down finds its screen or widgets gone."""
         return not self.screen_stack or not self.screen_stack[0].query(StatusBar)
-
-    def notify(
-        self,
-        message: str,
-        *,
-        title: str = "",
-        severity: SeverityLevel = "information",
-        timeout: float | None = None,
-        markup: bool = True,
-    ) -> None:
-        """Every notification (a widget's and a screen's land here too) is text, never markup, with its
-        control characters made visible: most quote a run's name, a path or a command's stored result."""
-        super().notify(
-            visible(message), title=visible(title), severity=severity, timeout=timeout, markup=False
-        )
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
@@ -397,6 +383,8 @@ class ControlRoom(
                 self.draw_system()  # the run's throughput, or another run selected
             if snap.trajectories is not None or snap.agent_events is not None:
                 self.place_pins()  # pinned charts take the activity row's place while it is empty
+            if snap.news():
+                self.expire_notices()  # a notice whose time is up goes with this frame (carl_tui/notices.py)
             if snap.source_errors is not None:
                 errors = snap.source_errors
                 path = self.view.run.source_path if self.view else None

@@ -142,6 +142,24 @@ class Snapshot:
     source_errors: dict[str, str] | None = None  # path -> last error
     error: str | None = None  # the store itself could not be read
 
+    def news(self) -> bool:
+        """Whether the control room draws something new from it (the machine's samples alone often change no
+        cell: the System pane redraws only the lines that moved)."""
+        return any(
+            value is not None
+            for value in (
+                self.runs,
+                self.view,
+                self.trajectories,
+                self.agent_events,
+                self.agent_task,
+                self.compare,
+                self.experiment,
+                self.source_errors,
+                self.error,
+            )
+        ) or bool(self.commands)
+
 
 class FirstRead:
     """The watcher's first poll, made as soon as the store's path is known: `carl-tui` makes it

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from support import status_text, until
 from test_app_rollouts import our_run
+from textual.notifications import Notification
 from textual.widgets import Static
 from textual.widgets._footer import FooterKey, FooterLabel
 
@@ -127,3 +128,35 @@ async def test_a_headers_long_run_name_is_cut_before_its_counts_at_80_columns(ho
         header = app.screen.query_one("#explorer-header", Static)
         await until(pilot, lambda: " key" in str(header.content))
         assert LONG_NAME in str(header.content), str(header.content)  # whole where there is room
+
+
+def held(app: ControlRoom) -> list[Notification]:
+    return list(app._notifications)
+
+
+async def test_a_notice_whose_time_is_up_leaves_with_the_next_change_not_on_its_own_timer(home: Path) -> None:
+    with Store(home / "carl.db") as store:
+        run = live_run(store)
+    app = ControlRoom(home, start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.view is not None and app.view.run.id == run)
+        app.notify("checkpoint saved", timeout=0.1)
+        await until(pilot, lambda: any(n.message == "checkpoint saved" for n in held(app)))
+        await pilot.pause(0.5)  # its time is up, nothing else moved: it stays, and nothing is redrawn for it
+        assert any(n.message == "checkpoint saved" for n in held(app))
+        with Store(home / "carl.db") as store:  # a new step: the frame that draws it takes the notice away
+            store.add_metrics(run, [(16, "rewards/task/mean", 0.6, time.time())])
+        await until(pilot, lambda: not held(app))
+
+        app.notify("another", timeout=0.1)
+        await until(pilot, lambda: bool(held(app)))
+        await pilot.pause(0.3)
+        assert held(app)
+        await pilot.press("tab")  # a key: the screen changes anyway
+        await until(pilot, lambda: not held(app))
+
+        app.notify("long", timeout=30)
+        await until(pilot, lambda: bool(held(app)))
+        await pilot.press("tab")  # a notice whose time is not up stays through a key
+        await pilot.pause(0.2)
+        assert held(app)
