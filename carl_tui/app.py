@@ -26,6 +26,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
+from textual.reactive import Reactive
 from textual.screen import Screen
 from textual.widgets import OptionList
 from textual.worker import get_current_worker
@@ -33,7 +34,7 @@ from textual.worker import get_current_worker
 from engine import paths
 from engine.store import RunRow
 from engine.text import visible_line
-from themes import STYLESHEET, THEME_NAMES, THEMES
+from themes import DEFAULT_THEME, STYLESHEET, THEME_NAMES, THEMES
 from widgets.activity import TrajectoriesPane
 from widgets.agents import AgentsPane
 from widgets.chart import LINE_COLOURS, Chart
@@ -82,6 +83,9 @@ class ControlRoom(
 ):
     TITLE = "carl-tui"
     CSS_PATH = str(STYLESHEET)
+    # The control room's default theme is the app's from the start: setting `theme` in __init__ has Textual
+    # parse every stylesheet again and restyle the screen as the app starts (about 15 ms of the first frame).
+    theme: Reactive[str] = Reactive(DEFAULT_THEME)
     ENABLE_COMMAND_PALETTE = True
     BINDINGS = [
         Binding("question_mark,f1", "help", "Help", key_display="?", id="help"),
@@ -212,7 +216,8 @@ class ControlRoom(
         self.experiment_ref = experiment  # `carl-tui --experiment NAME`, opened at mount
         for theme in THEMES:
             self.register_theme(theme)
-        self.theme = self.config.theme
+        if self.config.theme != self.theme:  # another theme chosen: set as Textual sets it (a refresh)
+            self.theme = self.config.theme
 
     # -- layout ----------------------------------------------------------------------------
 
