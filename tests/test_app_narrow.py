@@ -78,6 +78,11 @@ async def test_the_health_reason_outlasts_the_phase_and_the_step_keeps_its_word_
         line = status_text(app)
         assert "▲ yellow entropy col" in line and "ETA" in line and len(line) <= 100, line
         assert "phase" not in line and LONG_NAME not in line  # the phase went, the name was cut
+    async with ControlRoom(home, start_engine=False).run_test(size=(160, 50)) as pilot:
+        app = pilot.app
+        await until(pilot, lambda: "15/30" in status_text(app))
+        line = status_text(app)  # the words first, then the reason takes the room that is left
+        assert LONG_NAME in line and "phase crystallizing" in line and "entropy collapsed" in line, line
 
 
 async def test_every_key_bar_fits_80_columns_and_keeps_help_and_the_way_out(home: Path) -> None:

@@ -124,11 +124,7 @@ class StatusBar(Static):
         if info.readonly:
             part(93, (READ_ONLY, "dim"))
         width = self.content_size.width
-        fit(parts, width, name_part)
-        if reason is not None and reason in parts and width:  # the reason takes the room that is left
-            room = width - sum(p.text.cell_len for p in parts if p is not reason)
-            reason.text = reason.full.copy()
-            reason.text.truncate(room, overflow="ellipsis")
+        fit(parts, width, name_part, reason)
         line = Text(no_wrap=True, overflow="ellipsis")
         for kept in parts:
             line.append_text(kept.text)
@@ -162,8 +158,9 @@ def styled(pieces: tuple[str | tuple[str, str], ...]) -> Text:
     return text
 
 
-def fit(parts: list[Part], width: int, name: Part | None) -> None:
-    """Make the parts fit `width` cells (0: no limit), in place, in the order render_info says."""
+def fit(parts: list[Part], width: int, name: Part | None, fill: Part | None = None) -> None:
+    """Make the parts fit `width` cells (0: no limit), in place, in the order render_info says; `fill` (the
+    health reason) keeps its short text while the others are fitted, then takes the room that is left."""
 
     def over() -> int:
         return sum(p.text.cell_len for p in parts) - width if width else 0
@@ -180,17 +177,19 @@ def fit(parts: list[Part], width: int, name: Part | None) -> None:
             name.text = name.full.copy()
             name.text.truncate(max(NAME_MIN, name.full.cell_len - over()), overflow="ellipsis")
 
+    if fill is not None and fill.short is not None:
+        fill.text = fill.short
     while over() > 0 and drop_lowest(5):  # the NATS and the backend: the Agents pane and the run say them
         pass
     shortened = [p for p in sorted(parts, key=lambda p: p.priority) if p.short is not None]
-    for part in shortened:  # the phase's word, the reason's room, the step's word
+    for part in shortened:  # the phase's word, then a long name and the step's word
         if over() > 0:
             part.text = part.short  # type: ignore[assignment]
         if part.priority > 8:
             cut_name()  # before the step loses its word
     while over() > 0 and drop_lowest(ALWAYS):
         pass
-    for part in reversed(shortened):  # what a drop made room for comes back: the step's word first
+    for part in reversed([p for p in shortened if p is not fill]):  # what a drop made room for comes back
         if (
             part in parts
             and part.text is not part.full
@@ -200,3 +199,7 @@ def fit(parts: list[Part], width: int, name: Part | None) -> None:
     if name is not None and name.text is not name.full:  # and what is left of a cut name
         name.text = name.full
         cut_name()
+    if fill is not None and fill in parts and width:
+        room = width - sum(p.text.cell_len for p in parts if p is not fill)
+        fill.text = fill.full.copy()
+        fill.text.truncate(room, overflow="ellipsis")
