@@ -45,7 +45,17 @@ class ActivityPanes:
             return
         from .agents import AgentTaskScreen
 
-        self.push_screen(AgentTaskScreen(task))
+        # The card follows the task: the watcher reads it again whenever its row or its events move.
+        self.watcher.watch_task(task_id)
+        self.push_screen(AgentTaskScreen(task), lambda _: self.watcher.watch_task(None))
+
+    def agent_task_updated(self: ControlRoom, task: dict) -> None:
+        """The open card's task moved (a result, its scores, feedback): the card shows it now."""
+        from .agents import AgentTaskScreen
+
+        for screen in self.screen_stack:
+            if isinstance(screen, AgentTaskScreen) and screen.agent_task["task_id"] == task["task_id"]:
+                screen.show_task(task)
 
     def on_trajectories_pane_selected(self: ControlRoom, event: TrajectoriesPane.Selected) -> None:
         trajectory_id = int(event.row["id"])

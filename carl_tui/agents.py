@@ -57,7 +57,7 @@ def task_view(task: dict[str, Any], colours: tuple[str, str, str]) -> Table:
             (visible_line(state), _state_colour(state, colours)),
         ),
     )
-    who = [f"worker {task['worker_id']}" if task.get("worker_id") else "no worker yet"]
+    who = [worker_line(task)]
     if task.get("model_version"):
         who.append(f"model {task['model_version']}")
     if task.get("elapsed_s") is not None:
@@ -156,13 +156,26 @@ def task_view(task: dict[str, Any], colours: tuple[str, str, str]) -> Table:
     return table
 
 
+def worker_line(task: dict[str, Any]) -> str:
+    """Who has the task: the worker whose result stands; before a result, the worker its newest event names
+    (a worker says it is busy with the task before it answers: `worker w1 · answering`); else nobody yet."""
+    if task.get("worker_id"):
+        return f"worker {task['worker_id']}"
+    events = task.get("events") or []
+    worker = next((e["worker_id"] for e in reversed(events) if e.get("worker_id")), None)
+    if worker is None:
+        return "no worker yet"
+    return f"worker {worker} · answering" if task.get("state") in (None, "assigned") else f"worker {worker}"
+
+
 def _state_colour(state: str, colours: tuple[str, str, str]) -> str:
     low, middle, high = colours
     return {"done": high, "failed": low, "timed_out": low}.get(state, middle)
 
 
 class AgentTaskScreen(ModalScreen[None]):
-    """Scrolls with the arrows, page up/down and home/end; escape closes."""
+    """Scrolls with the arrows, page up/down and home/end; escape closes. It follows the task: the app hands
+    it the task again whenever the task's row or events move (`show_task`)."""
 
     BINDINGS = [Binding("escape,q,enter", "dismiss", "Close", id="task.close")]
 
@@ -171,19 +184,28 @@ class AgentTaskScreen(ModalScreen[None]):
         self.agent_task = task
 
     def compose(self) -> ComposeResult:
-        theme = self.app.current_theme
-        colours = (theme.error or "red", theme.warning or "yellow", theme.success or "green")
         with VerticalScroll(id="task-detail") as scroll:
             scroll.border_title = Text(f"Task {visible_line(self.agent_task['task_id'])[:8]}")
-            when = self.agent_task.get("done_at") or self.agent_task.get("assigned_at")
-            if when:
-                scroll.border_subtitle = (
-                    time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) + " · esc closes"
-                )
-            yield Static(task_view(self.agent_task, colours), id="task-body")
+            yield Static(id="task-body")
 
     def on_mount(self) -> None:
+        self.draw()
         self.query_one("#task-detail").focus()
+
+    def show_task(self, task: dict[str, Any]) -> None:
+        if task != self.agent_task:  # an unchanged task sends nothing to the terminal
+            self.agent_task = task
+            self.draw()
+
+    def draw(self) -> None:
+        theme = self.app.current_theme
+        colours = (theme.error or "red", theme.warning or "yellow", theme.success or "green")
+        task = self.agent_task
+        when = task.get("done_at") or task.get("assigned_at")
+        self.query_one("#task-detail").border_subtitle = (
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) + " · esc closes" if when else None
+        )
+        self.query_one("#task-body", Static).update(task_view(task, colours))
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(result)

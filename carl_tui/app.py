@@ -26,19 +26,20 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.notifications import SeverityLevel
+from textual.reactive import Reactive
 from textual.screen import Screen
-from textual.widgets import Footer, OptionList
+from textual.widgets import OptionList
 from textual.worker import get_current_worker
 
 from engine import paths
 from engine.store import RunRow
-from engine.text import visible, visible_line
-from themes import STYLESHEET, THEME_NAMES, THEMES
+from engine.text import visible_line
+from themes import DEFAULT_THEME, STYLESHEET, THEME_NAMES, THEMES
 from widgets.activity import TrajectoriesPane
 from widgets.agents import AgentsPane
 from widgets.chart import LINE_COLOURS, Chart
 from widgets.command_log import CommandLog
+from widgets.key_bar import KeyBar
 from widgets.reward_bars import RewardBars
 from widgets.status_bar import StatusBar, StatusInfo
 from widgets.system_pane import SystemPane
@@ -65,6 +66,7 @@ from .model import (
     starting_state,
     state_line,
 )
+from .notices import HeldNotices
 from .panes import RewardsPane, draw_run, line_style, rewards_title, set_title
 from .reads import StoreReads
 from .runs import RunList
@@ -89,10 +91,14 @@ class ControlRoom(
     ExplorerKeys,
     EngineSupervision,
     SystemPanes,
+    HeldNotices,
     App[None],
 ):
     TITLE = "carl-tui"
     CSS_PATH = str(STYLESHEET)
+    # The control room's default theme is the app's from the start: setting `theme` in __init__ has Textual
+    # parse every stylesheet again and restyle the screen as the app starts (about 15 ms of the first frame).
+    theme: Reactive[str] = Reactive(DEFAULT_THEME)
     ENABLE_COMMAND_PALETTE = True
     BINDINGS = [
         Binding("question_mark,f1", "help", "Help", key_display="?", id="help"),
@@ -236,7 +242,8 @@ class ControlRoom(
         self.experiment_ref = experiment  # `carl-tui --experiment NAME`, opened at mount
         for theme in THEMES:
             self.register_theme(theme)
-        self.theme = self.config.theme
+        if self.config.theme != self.theme:  # another theme chosen: set as Textual sets it (a refresh)
+            self.theme = self.config.theme
 
     # -- layout ----------------------------------------------------------------------------
 
@@ -253,21 +260,6 @@ class ControlRoom(
     def widgets_gone(self) -> bool:
         """A message that arrives while the app shuts down finds its screen or widgets gone."""
         return not self.screen_stack or not self.screen_stack[0].query(StatusBar)
-
-    def notify(
-        self,
-        message: str,
-        *,
-        title: str = "",
-        severity: SeverityLevel = "information",
-        timeout: float | None = None,
-        markup: bool = True,
-    ) -> None:
-        """Every notification (a widget's and a screen's land here too) is text, never markup, with its
-        control characters made visible: most quote a run's name, a path or a command's stored result."""
-        super().notify(
-            visible(message), title=visible(title), severity=severity, timeout=timeout, markup=False
-        )
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
@@ -298,7 +290,7 @@ class ControlRoom(
                     agents = AgentsPane(readonly=self.readonly, id="agents", classes="pane")
                     agents.border_title = "Agents"
                     yield agents
-        yield Footer(show_command_palette=False)  # ctrl+p is listed in the help instead
+        yield KeyBar()  # fitted to the width; ctrl+p is listed in the help instead
 
     def on_mount(self) -> None:
         if self.keymap:
@@ -411,6 +403,8 @@ class ControlRoom(
                 self.agent_data = (snap.agent_events or [], snap.agent_workers or [], snap.agent_count)
             if snap.agent_events is not None or snap.starting is not None:
                 self.feed_agents_pane()
+            if snap.agent_task is not None:
+                self.agent_task_updated(snap.agent_task)
             for command in snap.commands:
                 self.sender.finished(command)
                 ok = command["state"] == "done"
@@ -426,6 +420,8 @@ class ControlRoom(
                 self.draw_system()  # the run's throughput, or another run selected
             if snap.trajectories is not None or snap.agent_events is not None:
                 self.place_pins()  # pinned charts take the activity row's place while it is empty
+            if snap.news():
+                self.expire_notices()  # a notice whose time is up goes with this frame (carl_tui/notices.py)
             if snap.source_errors is not None:
                 errors = snap.source_errors
                 path = self.view.run.source_path if self.view else None

@@ -21,13 +21,14 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, OptionList, Static
+from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from engine.diagnosis.chat import ChatEvent, Diagnoser
 from engine.diagnosis.conversations import Conversations
 from engine.text import visible_line
 from widgets.chat import ChatInput, ChatLog
+from widgets.key_bar import KeyBar
 
 NARROW = 100  # columns below which the conversation list hides until ctrl+l
 FLUSH_S = 0.25  # streamed text reaches the screen at most 4 times a second
@@ -42,8 +43,9 @@ SLASH_HELP = """\
 
 class ChatScreen(Screen[None]):
     BINDINGS = [
-        Binding("escape", "leave", "Back to the control room", id="chat.leave"),
-        Binding("ctrl+n", "new_conversation", "New conversation", id="chat.new"),
+        # Short words in the key bar (80 columns), the whole of them in the help (their tooltips).
+        Binding("escape", "leave", "Back", tooltip="Back to the control room", id="chat.leave"),
+        Binding("ctrl+n", "new_conversation", "New", tooltip="New conversation", id="chat.new"),
         Binding("ctrl+l", "focus_list", "Conversations", id="chat.conversations"),
         Binding("delete", "delete_selected", "Delete conversation", show=False, id="chat.delete"),
     ]
@@ -75,14 +77,18 @@ class ChatScreen(Screen[None]):
                 yield ChatLog(id="chat-log")
                 yield Static("", id="chat-status")
                 yield ChatInput(id="chat-input")
-        yield Footer()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         self.query_one("#chat-list", OptionList).border_title = "Conversations"
         self._refresh_list()
         self._show_title()
         log = self.query_one(ChatLog)
-        who = "Claude " + self.diagnoser.model if not self.diagnoser.offline else "the offline analyst"
+        who = (
+            "Claude " + self.diagnoser.model
+            if not self.diagnoser.offline
+            else f"the offline analyst ({self.diagnoser.offline_reason()})"
+        )
         log.add_note(f"Ask about run {self.run_name}: {who} answers from its numbers. /help lists commands.")
         self.query_one(ChatInput).focus()
         self.call_after_refresh(self._fit_list)  # a screen gets no Resize when pushed at a size already set
@@ -90,23 +96,26 @@ class ChatScreen(Screen[None]):
     # -- header, list ------------------------------------------------------------------------
 
     def _show_title(self) -> None:
+        """`Diagnose RUN │ WHO │ CONVERSATION`; on a narrow screen the offline analyst's reason goes (the
+        first note of the transcript says it), then a long run name is cut, then the conversation's title."""
         if self.diagnoser.offline:
             who = Text(f"offline analyst ({self.diagnoser.offline_reason()})", style="bold yellow")
+            short_who = Text("offline analyst", style="bold yellow")
         else:
-            who = Text(f"Claude {visible_line(self.diagnoser.model)}", style="bold")
+            who = short_who = Text(f"Claude {visible_line(self.diagnoser.model)}", style="bold")
         title = next(
             (c["title"] for c in self.conversations if c["id"] == self.conversation), "new conversation"
         )
-        self.query_one("#chat-title", Static).update(
-            Text.assemble(
-                ("Diagnose ", "bold"),
-                (visible_line(self.run_name), "bold"),
-                " │ ",
-                who,
-                " │ ",
-                visible_line(title)[:60],
-            )
-        )
+        header = self.query_one("#chat-title", Static)
+        width = header.content_size.width or 10_000
+        name = Text(visible_line(self.run_name), style="bold")
+        line = title_line(name, who, title)
+        if line.cell_len > width:
+            line = title_line(name, short_who, title)
+        if line.cell_len > width and name.cell_len > 12:  # still too long: a long run name is cut
+            name.truncate(max(12, name.cell_len - (line.cell_len - width)), overflow="ellipsis")
+            line = title_line(name, short_who, title)
+        header.update(line)
 
     def _store(self) -> Conversations:
         return Conversations(self.db_path)
@@ -206,6 +215,7 @@ class ChatScreen(Screen[None]):
 
     def on_resize(self) -> None:
         self._fit_list()
+        self._show_title()
 
     def _fit_list(self) -> None:
         """Below 100 columns the transcript gets the width; ctrl+l brings the list back."""
@@ -428,3 +438,9 @@ def _usage_line(data: dict[str, Any]) -> str:
         if usage.get("cache_read_input_tokens"):
             parts.append(f"cache read {usage['cache_read_input_tokens']:,}")
     return " · ".join(parts)
+
+
+def title_line(name: Text, who: Text, title: str) -> Text:
+    line = Text.assemble(("Diagnose ", "bold"), name, " │ ", who, " │ ", visible_line(title)[:60])
+    line.no_wrap, line.overflow = True, "ellipsis"
+    return line

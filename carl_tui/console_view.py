@@ -21,11 +21,12 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Input, Static
+from textual.widgets import Input, Static
 from textual.worker import get_current_worker
 
 from engine.console.reader import Failed, Found, Grew, LogReader, Opened, Progress, Result
 from engine.text import visible_line
+from widgets.key_bar import KeyBar
 from widgets.log_lines import LogLines
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ class ConsoleScreen(ModalScreen[None]):
             )
             yield LogLines(id="console-lines")
             yield Static("", id="console-empty")
-        yield Footer()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         self.query_one("#console-search").display = False

@@ -29,7 +29,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Input, OptionList, Static
+from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
 
@@ -37,6 +37,7 @@ from engine.store import Series
 from engine.store.histograms import HistogramSeries
 from widgets.chart import Chart
 from widgets.heat_strip import HeatStrip, short_number
+from widgets.key_bar import KeyBar
 
 from .explorer_data import ExplorerFeed, Listing, News, Pair
 from .explorer_grid import CHART_HEIGHT, ChartGrid
@@ -63,6 +64,7 @@ from .explorer_model import (
 from .panes import set_subtitle, set_title
 from .smoothing import Smoothing
 
+NAME_MIN = 12  # cells a long run name is cut to, at the least, on a narrow header
 GRID_MIN = (120, 32)  # from this size (columns, lines) the explorer shows a grid, below it a list and a chart
 POLL_S = 0.25  # how often the store is looked at (PRAGMA data_version), as the control room does
 
@@ -177,7 +179,7 @@ class ExplorerScreen(ModalScreen[None]):
             yield ChartGrid(id="explorer-grid")
             yield Chart(mode=self.chart_mode, empty_text="reading…", id="explorer-zoom")
             yield HeatStrip(fit=False, empty_text="reading…", id="explorer-heat-zoom")
-        yield Footer()
+        yield KeyBar()
 
     @property
     def wide(self) -> bool:
@@ -193,6 +195,7 @@ class ExplorerScreen(ModalScreen[None]):
     def on_resize(self) -> None:
         self.set_layout()
         self.show_keys()
+        self.update_header()  # a long run name is cut to the width
 
     def set_layout(self) -> None:
         self.set_class(self.zoomed, "-zoom")
@@ -452,9 +455,10 @@ class ExplorerScreen(ModalScreen[None]):
     def update_header(self) -> None:
         """Metrics · the run (or the runs compared, each in its line's colour) · the count · the filter ·
         the smoothing."""
-        header = Text("Metrics · ")
+        header, name_end = Text("Metrics · "), 0
         if len(self.runs) == 1:
             header.append(f"run {self.runs[0].name}")
+            name_end = header.cell_len
         else:
             header.append(f"{len(self.runs)} runs:")
             chart = self.query_one("#explorer-zoom", Chart)
@@ -467,7 +471,13 @@ class ExplorerScreen(ModalScreen[None]):
         parts.append(self.smoothing.label + (" ([ ] change it)" if self.smoothing.kind != "none" else ""))
         if self.error:
             parts.append(self.error)
-        header.append(" · " + " · ".join(parts))
+        rest = " · " + " · ".join(parts)
+        width = self.query_one("#explorer-header", Static).content_size.width
+        over = header.cell_len + cell_len(rest) - width
+        name = cell_len(self.runs[0].name) if len(self.runs) == 1 else 0
+        if width and over > 0 and name > NAME_MIN:  # narrow: a long run name is cut before the counts are
+            header.truncate(name_end - min(over, name - NAME_MIN), overflow="ellipsis")
+        header.append(rest)
         if header.plain != self.header_plain:  # an update repaints, even with the same text
             self.header_plain = header.plain
             self.query_one("#explorer-header", Static).update(header)

@@ -96,6 +96,17 @@ def record_rows(record: Record) -> list[tuple[str, str, str, str | None]]:
     return rows
 
 
+class RecordTable(DataTable):
+    """The inspector's rows: home and end go to the first and the last row. DataTable's own home and end
+    scroll sideways, to the end of the widest value (a run's settings as JSON), where every other row is
+    blank."""
+
+    BINDINGS = [
+        Binding("home", "scroll_top", "First row", show=False, id="inspector.first-row"),
+        Binding("end", "scroll_bottom", "Last row", show=False, id="inspector.last-row"),
+    ]
+
+
 class InspectorScreen(ModalScreen[None]):
     """One step of one run, every stored value of it."""
 
@@ -129,7 +140,7 @@ class InspectorScreen(ModalScreen[None]):
             )
             search.display = False  # until `/`
             yield search
-            yield DataTable(cursor_type="row", zebra_stripes=True, id="inspector-table")
+            yield RecordTable(cursor_type="row", zebra_stripes=True, id="inspector-table")
             yield Static(Text("/ filters · esc closes", style="dim"), id="inspector-hint")
 
     def on_mount(self) -> None:

@@ -161,6 +161,7 @@ class Snapshot:
     agent_count: int | None = None
     agent_workers: list[dict[str, Any]] | None = None
     agent_overview: dict[str, Any] | None = None
+    agent_task: dict[str, Any] | None = None  # the task whose card is open, when its rows moved
     # The compared runs by id, in the order asked for (None: unchanged), and the followed experiment.
     compare: dict[int, CompareRun] | None = None
     experiment: ExperimentView | None = None
@@ -169,6 +170,24 @@ class Snapshot:
     starting: Starting | None = None  # what is on its way (None: unchanged)
     source_errors: dict[str, str] | None = None  # path -> last error
     error: str | None = None  # the store itself could not be read
+
+    def news(self) -> bool:
+        """Whether the control room draws something new from it (the machine's samples alone often change no
+        cell: the System pane redraws only the lines that moved)."""
+        return any(
+            value is not None
+            for value in (
+                self.runs,
+                self.view,
+                self.trajectories,
+                self.agent_events,
+                self.agent_task,
+                self.compare,
+                self.experiment,
+                self.source_errors,
+                self.error,
+            )
+        ) or bool(self.commands)
 
 
 class FirstRead:
@@ -230,6 +249,9 @@ class StoreWatcher:
         self._experiment_wanted: int | None = None
         self._experiment_have: int | None = None
         self._experiment: ExperimentView | None = None
+        self._task_wanted: str | None = None  # the agents task whose card is open
+        self._task_have: str | None = None
+        self._task_signature: tuple[Any, ...] | None = None
 
     # -- requests, from any thread ---------------------------------------------------------------
 
@@ -249,6 +271,10 @@ class StoreWatcher:
         """Report the experiment's cells whenever they change (a cell starting gets its run)."""
         self.requests.put(("follow_experiment", experiment_id))
 
+    def watch_task(self, task_id: str | None) -> None:
+        """Report this agents task again whenever its row or its events move (None: no task)."""
+        self.requests.put(("watch_task", task_id))
+
     def _drain(self) -> None:
         """Apply the queued requests, in the order they were made."""
         while True:
@@ -266,6 +292,8 @@ class StoreWatcher:
                 self._compare_wanted = value
             elif kind == "follow_experiment":
                 self._experiment_wanted = value
+            elif kind == "watch_task":
+                self._task_wanted = value
 
     # -- the polling thread ----------------------------------------------------------------------
 
@@ -282,8 +310,9 @@ class StoreWatcher:
             if reader is None:
                 return None
             version = reader.data_version()
-            asked = (self._compare_wanted, self._experiment_wanted)
-            if version == self._version and asked == (self._compare_have, self._experiment_have):
+            asked = (self._compare_wanted, self._experiment_wanted, self._task_wanted)
+            have = (self._compare_have, self._experiment_have, self._task_have)
+            if version == self._version and asked == have:
                 return None
             self._version = version
             return self._read(reader, version)
@@ -314,9 +343,12 @@ class StoreWatcher:
             snap.domains = reader.domain_baselines()
             snap.plasticity = reader.kv("plasticity")
         agents_signature = reader.agents_signature()
-        if agents_signature != self._agents_signature:
+        agents_moved = agents_signature != self._agents_signature
+        if agents_moved:
             self._agents_signature = agents_signature
             self._read_agents(reader, snap)
+        if agents_moved or self._task_wanted != self._task_have:
+            self._read_task(reader, snap)
         box_signature = reader.system.signature()
         if box_signature != self._box_signature or self.selected != self._box_run:
             self._box_signature, self._box_run = box_signature, self.selected
@@ -430,6 +462,15 @@ class StoreWatcher:
         snap.agent_workers = overview.pop("workers")
         overview.pop("alarms", None)
         snap.agent_overview = overview
+
+    def _read_task(self, reader: StoreReader, snap: Snapshot) -> None:
+        """The open task card's task, read again only when its own row or events moved (its signature: two
+        index reads), or when another card opened."""
+        wanted = self._task_wanted
+        signature = reader.agent_task_signature(wanted) if wanted is not None else None
+        if wanted is not None and (wanted != self._task_have or signature != self._task_signature):
+            snap.agent_task = reader.agent_task(wanted)
+        self._task_have, self._task_signature = wanted, signature
 
     def _read_view(self, reader: StoreReader, run: RunRow) -> RunView | None:
         previous = self._view if self._view is not None and self._view.run.id == run.id else None

@@ -23,10 +23,11 @@ from textual.binding import Binding
 from textual.color import Color
 from textual.containers import HorizontalScroll, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from engine.store import RunRow
 from engine.text import visible, visible_line
+from widgets.key_bar import KeyBar
 from widgets.long_text import LongText
 from widgets.token_text import LEVELS, legend, token_pieces, token_text
 
@@ -167,7 +168,7 @@ class RolloutSampleScreen(ModalScreen[None]):
             yield Static("completion", classes="sample-heading")
             yield LongText(completion_pieces(self.sample, styles), id="sample-completion")
             yield Static(legend_or_note(self.run, self.sample, styles), id="sample-legend")
-        yield Footer()
+        yield KeyBar()
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(result)
@@ -217,7 +218,7 @@ class RolloutGroupScreen(ModalScreen[None]):
                 for i, sample in enumerate(self.samples):
                     with VerticalScroll(classes="group-column", id=f"group-column-{i}"):
                         yield Static(column_view(sample, styles, signs))
-        yield Footer()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         if self.samples:

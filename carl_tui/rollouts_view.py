@@ -23,7 +23,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Input, Static
+from textual.widgets import Input, Static
 from textual.worker import get_current_worker
 
 from engine.store import RunRow, Series
@@ -31,6 +31,7 @@ from engine.store.rollout_reads import SORTS, FilterError, RolloutFilter, Rollou
 from engine.text import visible_line
 from widgets.chart import Chart
 from widgets.histogram import Histogram
+from widgets.key_bar import KeyBar
 from widgets.rollout_list import RolloutList, header
 
 from .rollouts_model import PAGE, Band, Page, Result, RolloutsReader, StepHistogram, Steps, Total
@@ -45,6 +46,7 @@ EMPTY = (
     "into the same table."
 )
 SORT_NAMES = {"order": "source order", "reward": "reward", "advantage": "advantage", "length": "length"}
+STEP_KEYS = Binding.Group("Step")
 
 
 class RolloutsRead(Message):
@@ -71,10 +73,23 @@ def band_series(points: list[tuple[int, float, float, float]]) -> tuple[Series, 
 class RolloutsScreen(ModalScreen[None]):
     BINDINGS = [
         Binding("escape,q", "close", "Close", id="rollouts.close"),
+        # One entry in the key bar, `[ ] Step`: at 80 columns it leaves room for `g Group` and `h Entropy`.
         Binding(
-            "left_square_bracket,left", "step(-1)", "Step ←", key_display="[", id="rollouts.previous-step"
+            "left_square_bracket,left",
+            "step(-1)",
+            "Step ←",
+            key_display="[",
+            group=STEP_KEYS,
+            id="rollouts.previous-step",
         ),
-        Binding("right_square_bracket,right", "step(1)", "Step →", key_display="]", id="rollouts.next-step"),
+        Binding(
+            "right_square_bracket,right",
+            "step(1)",
+            "Step →",
+            key_display="]",
+            group=STEP_KEYS,
+            id="rollouts.next-step",
+        ),
         Binding("home", "end_step(0)", "First step", show=False, id="rollouts.first-step"),
         Binding("end", "end_step(1)", "Last step", show=False, id="rollouts.last-step"),
         Binding("s", "sort", "Sort", id="rollouts.sort"),
@@ -121,7 +136,7 @@ class RolloutsScreen(ModalScreen[None]):
                 band = Chart(id="entropy-band", empty_text="no per-token entropy")
                 band.border_title = "token entropy p10–p90, p50 (nats) · steps"
                 yield band
-        yield Footer()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         self.query_one("#rollouts-filter").display = False
@@ -278,8 +293,11 @@ class RolloutsScreen(ModalScreen[None]):
         parts.append(f"sort {SORT_NAMES[self.sort]} {'↓' if self.descending else '↑'}")
         if self.filter:
             parts.append(f"filter {self.filter_text}")
-        line = Text(" · ".join(parts), no_wrap=True, overflow="ellipsis")
         status = self.query_one("#rollouts-status", Static)
+        text = " · ".join(parts)
+        if status.size.width and len(text) > status.size.width:  # narrow: the same, in fewer words
+            text = " · ".join(short_status(part) for part in parts)
+        line = Text(text, no_wrap=True, overflow="ellipsis")
         if line != status.content:
             status.update(line, layout=False)  # one line, always: no layout of the screen for it
 
@@ -410,3 +428,16 @@ class RolloutsScreen(ModalScreen[None]):
     @property
     def room(self) -> ControlRoom:
         return self.app  # type: ignore[return-value]
+
+
+def short_status(part: str) -> str:
+    """A part of the status line in fewer words, for a narrow screen: `45 of 45` → `45/45`, `following the
+    newest` → `following`, `sort source order ↑` → `source order ↑`."""
+    for long, short in (
+        (" of ", "/"),
+        ("following the newest", "following"),
+        ("end: follow the newest", "end: follow"),
+        ("sort ", ""),
+    ):
+        part = part.replace(long, short)
+    return part

@@ -27,7 +27,7 @@ from textual.binding import Binding
 from textual.containers import Container, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Static
 from textual.worker import get_current_worker
 
 from engine.durations import compact_duration
@@ -35,6 +35,7 @@ from engine.store import RunRow, Series
 from engine.store.system_reads import TimeSeries
 from engine.text import visible_line
 from widgets.chart import LINE_COLOURS
+from widgets.key_bar import KeyBar
 from widgets.system_pane import clock, size
 from widgets.time_chart import TimeChart, step_at
 
@@ -49,6 +50,8 @@ NO_PROCESSES = (
 )
 PROCESS_COLUMNS = ("pid", "role", "node", "cpu", "rss", "gpu mem", "state", "end")
 MAX_CELL = 60  # characters of an end reason shown in its cell
+WINDOW = Binding.Group("Window")  # the key bar's names of the pairs of keys
+CURSOR = Binding.Group("Cursor")
 
 
 class Fed(Message):
@@ -105,10 +108,15 @@ class SystemScreen(ModalScreen[None]):
     (None: no step row and no processes)."""
 
     BINDINGS = [
-        Binding("left_square_bracket", "window(-1)", "Shorter", key_display="[", id="system.shorter"),
-        Binding("right_square_bracket", "window(1)", "Longer", key_display="]", id="system.longer"),
-        Binding("left", "cursor(-1)", "Cursor ←", key_display="←", id="system.cursor-back"),
-        Binding("right", "cursor(1)", "Cursor →", key_display="→", show=False, id="system.cursor-on"),
+        # `[ ] Window` and `← → Cursor` in the key bar: one entry a pair (80 columns), each key in the help.
+        Binding(
+            "left_square_bracket", "window(-1)", "Shorter", key_display="[", group=WINDOW, id="system.shorter"
+        ),
+        Binding(
+            "right_square_bracket", "window(1)", "Longer", key_display="]", group=WINDOW, id="system.longer"
+        ),
+        Binding("left", "cursor(-1)", "Cursor ←", key_display="←", group=CURSOR, id="system.cursor-back"),
+        Binding("right", "cursor(1)", "Cursor →", key_display="→", group=CURSOR, id="system.cursor-on"),
         Binding("n", "node(1)", "Next node", id="system.next-node"),
         Binding("N", "node(-1)", "Previous node", show=False, id="system.previous-node"),
         Binding("p", "processes", "Processes", id="system.processes"),
@@ -144,7 +152,7 @@ class SystemScreen(ModalScreen[None]):
             yield Static("", id="system-processes-title", classes="system-heading")
             yield Static(NO_PROCESSES, id="system-no-processes")
             yield DataTable(id="system-processes", cursor_type="row", zebra_stripes=True)
-        yield Footer()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         self.query_one("#system-body").can_focus = False
@@ -159,6 +167,7 @@ class SystemScreen(ModalScreen[None]):
 
     def on_resize(self) -> None:
         self.set_wide()
+        self.show_header()  # its run name is cut to the new width
 
     def set_wide(self) -> None:
         self.set_class(self.app.size.width >= WIDE, "-wide")
@@ -286,17 +295,26 @@ class SystemScreen(ModalScreen[None]):
                 line.append(f" step {step:,}", style="bold")
         if self.error:
             line.append(f" · ✕ {visible_line(self.error)}", style="bold red")
+        name = Text(visible_line(self.run.name) if self.run is not None else "", style="bold")
+        rest = Text()
         if self.run is not None:
-            line.append(" · run ")
-            line.append(visible_line(self.run.name), style="bold")
             if news is not None and news.steps:
-                line.append(f" steps {news.steps[0][0]:,}–{news.steps[-1][0]:,}")
+                rest.append(f" steps {news.steps[0][0]:,}–{news.steps[-1][0]:,}")
             elif news is not None:
-                line.append(" no step in view")
+                rest.append(" no step in view")
         if news is not None:
             count = len(news.nodes)
-            line.append(f" · {count} node{'s' if count != 1 else ''}")
-        self.query_one("#system-header", Static).update(line)
+            rest.append(f" · {count} node{'s' if count != 1 else ''}")
+        header = self.query_one("#system-header", Static)
+        width = header.content_size.width
+        if self.run is not None:
+            line.append(" · run ")
+            over = line.cell_len + name.cell_len + rest.cell_len - width
+            if width and over > 0 and name.cell_len > 12:  # a long run name is cut before the counts are
+                name.truncate(max(12, name.cell_len - over), overflow="ellipsis")
+            line.append_text(name)
+        line.append_text(rest)
+        header.update(line)
         title = self.query_one("#system-processes-title", Static)
         if self.run is not None:
             title.update(Text(f"Processes of run {visible_line(self.run.name)}"))

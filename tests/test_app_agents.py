@@ -487,3 +487,64 @@ def test_the_watcher_reads_the_plane_only_when_it_moved(home: Path) -> None:
     plane_up(home, state="restarting")  # only the plane's state moved
     moved = watcher.poll()
     assert moved is not None and moved.agent_overview["server"]["state"] == "restarting"
+
+
+def card_text(app: ControlRoom) -> str:
+    body = app.screen.query_one("#task-body")
+    return " ".join(" ".join(body.render_line(y).text for y in range(body.size.height)).split())
+
+
+@pytest.mark.parametrize("size", SIZES)
+async def test_the_task_card_follows_its_task_and_says_one_thing_about_its_worker(
+    home: Path, size: tuple[int, int]
+) -> None:
+    """Opened while w1 answers: w1 has it (not "no worker yet" beside w1's events); then the result, the
+    scores and the feedback arrive and the open card shows them."""
+    plane_up(home)
+    task_id, events = one_task()
+    task, busy, *later = events
+    audit(home, worker("w1"), task, busy)
+    app = ControlRoom(home, start_engine=False)
+    async with app.run_test(size=size) as pilot:
+        pane = await focus_agents(app, pilot, maximize=True)
+        assert pane.highlighted_task() == task_id
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, AgentTaskScreen))
+        await until(pilot, lambda: "What is 17 + 25?" in card_text(app))
+        text = card_text(app)
+        assert "worker w1 · answering" in text and "no worker yet" not in text
+        assert "none yet" in text  # no steps yet
+        audit(home, *later)  # the result, its rollout, the manager's feedback, w1 idle again
+        await until(pilot, lambda: "carry" in card_text(app))
+        text = card_text(app)
+        assert "worker w1" in text and "answering" not in text
+        for expected in ("Add the tens", "0.83", "agents-v0003", "4 tokens"):
+            assert expected in text, expected
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, AgentTaskScreen))
+
+
+def test_the_watcher_reads_the_open_task_again_only_when_its_rows_moved(home: Path) -> None:
+    from carl_tui.model import StoreWatcher
+
+    plane_up(home)
+    task_id, events = one_task()
+    other_id, others = one_task("w2", "What is 2 + 2?")
+    audit(home, worker("w1"), worker("w2"), *events[:2])
+    watcher = StoreWatcher(home / "carl.db")
+    assert watcher.poll() is not None
+    watcher.watch_task(task_id)
+    opened = watcher.poll()
+    assert opened is not None and opened.agent_task is not None and opened.agent_task["task_id"] == task_id
+    assert watcher.poll() is None  # nothing moved
+    audit(home, *others)  # another task's events: the plane is read again, this task is not
+    elsewhere = watcher.poll()
+    assert elsewhere is not None and elsewhere.agent_events is not None and elsewhere.agent_task is None
+    audit(home, events[2])  # this task's result
+    moved = watcher.poll()
+    assert moved is not None and moved.agent_task is not None and moved.agent_task["answer"] == "42"
+    watcher.watch_task(None)  # the card closed
+    assert watcher.poll() is not None  # (the request is read once)
+    audit(home, *events[3:])
+    closed = watcher.poll()
+    assert closed is not None and closed.agent_task is None

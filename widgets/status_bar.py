@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rich.text import Text
 from textual.widgets import Static
@@ -21,6 +21,11 @@ ENGINE_MARK = {
     "external": "●",
     "stalled": "▲",  # up, but no heartbeat for 20 s: a full disk, a store it cannot write
 }
+
+
+NAME_MIN = 12  # cells a long run name is cut to, at the least, before the ETA goes
+REASON_MIN = 13  # cells the health reason needs (a space and a few words), else the health mark says it
+ALWAYS = 93  # parts of this priority and above are never dropped
 
 
 @dataclass(frozen=True)
@@ -55,29 +60,31 @@ class StatusBar(Static):
             self.update(self.render_info(info))
 
     def render_info(self, info: StatusInfo) -> Text:
-        """The parts in reading order; when the line is too narrow, the least needed go first: the
-        agents plane's NATS, the backend, the health reason, the ETA, the phase, the eval, then the
-        engine's hint. The run and its state, the step, the health and the engine always stay."""
+        """The parts in reading order. When the line is too narrow: first the agents plane's NATS and the
+        backend go, then the phase loses its word (`│ crystallizing`), a long run name is cut and the step
+        loses its word (`│ 640/1,000 64%`), then the engine's hint, the eval, the phase and the health reason
+        go, and last the ETA, which stays while the run is live. A word or a name taken is given back when a
+        part dropped later made room. The run and its state, the step, the health and the engine always
+        stay; the health reason takes what room is left."""
         theme = self.app.current_theme
         health_color = {"green": theme.success, "yellow": theme.warning, "red": theme.error}
-        parts: list[tuple[int, Text]] = []  # (priority: lower is dropped first, text)
-        health_part: Text | None = None  # the health reason follows it, cut to the room that is left
+        parts: list[Part] = []
+        reason: Part | None = None  # the health reason: after the health, cut to the room that is left
+        name_part: Part | None = None
 
-        def part(priority: int, *pieces: str | tuple[str, str]) -> None:
-            text = Text()  # stored names (the run, its phase, a source's error) are text on one line
-            for piece in pieces:
-                if isinstance(piece, tuple):
-                    text.append(visible_line(piece[0]), style=piece[1])
-                else:
-                    text.append(visible_line(piece))
-            parts.append((priority, text))
+        def part(
+            priority: float, *pieces: str | tuple[str, str], short: tuple[str | tuple[str, str], ...] = ()
+        ) -> Part:
+            made = Part(priority, styled(pieces), styled(short) if short else None)
+            parts.append(made)
+            return made
 
         if info.message:
             part(99, (f"✕ {info.message}  ", f"bold {theme.error}"))
         if info.run is None:
             part(98, ("no run selected", "dim"))
         else:
-            part(98, (info.run, "bold"))
+            name_part = part(98, (info.run, "bold"))
             if info.state:
                 part(97, (f" {info.state}", theme.success if info.state == "live" else ""))
             if info.backend:
@@ -89,11 +96,14 @@ class StatusBar(Static):
                     if info.max_steps and info.step <= info.max_steps
                     else ""
                 )
-                part(96, f" │ step {info.step:,}{total}{share}")
-            if info.eta_s is not None:
+                part(96, f" │ step {info.step:,}{total}{share}", short=(f" │ {info.step:,}{total}{share}",))
+            if info.eta_s is not None:  # only while the run is live: then it outlasts the phase and the eval
                 label = f" {info.eta_label}" if info.eta_label else ""
-                part(5, f" ETA{label} {compact_duration(info.eta_s)}")
-            part(6, f" │ phase {info.phase or '—'}")
+                part(9, f" ETA{label} {compact_duration(info.eta_s)}")
+            if info.phase:
+                part(6, f" │ phase {info.phase}", short=(f" │ {info.phase}",))
+            else:  # not judged yet: the first to go after the NATS and the backend
+                part(2, " │ phase —")
             if info.eval_passed is not None:
                 mark = ("✓", theme.success) if info.eval_passed else ("✕", theme.error)
                 task = f" {info.eval_task:.2f}" if info.eval_task is not None else ""
@@ -101,7 +111,9 @@ class StatusBar(Static):
             if info.health:
                 mark = f"{HEALTH_MARK.get(info.health, '?')} {info.health}"
                 part(95, " │ ", (mark, health_color.get(info.health, "")))
-                health_part = parts[-1][1]
+                if info.health_reason:  # kept before the phase: it says why the health is not green
+                    reason = part(8.5, (f" {info.health_reason}", "dim"))
+                    reason.short = reason.text[:REASON_MIN]  # its room at the least, while fitting
         engine_color = theme.success if info.engine == "up" else theme.warning
         part(94, " │ engine ", (f"{ENGINE_MARK.get(info.engine, '?')} {info.engine}", engine_color))
         if info.engine_hint:
@@ -112,23 +124,82 @@ class StatusBar(Static):
         if info.readonly:
             part(93, (READ_ONLY, "dim"))
         width = self.content_size.width
-        while width and len(parts) > 1 and sum(t.cell_len for _, t in parts) > width:
-            lowest = min(range(len(parts)), key=lambda i: parts[i][0])
-            if parts[lowest][0] >= 93:
-                break  # only what always stays is left: the line is cut at its end
-            del parts[lowest]
-        if info.health_reason and health_part is not None:
-            room = (width or 10_000) - sum(t.cell_len for _, t in parts)
-            reason = f" {visible_line(info.health_reason)}"
-            if room >= 12:  # enough for a few words; else the health mark alone says it
-                if len(reason) > room:
-                    reason = reason[: room - 1] + "…"
-                at = next(i for i, (_, text) in enumerate(parts) if text is health_part) + 1
-                parts.insert(at, (3, Text(reason, style="dim")))
+        fit(parts, width, name_part, reason)
         line = Text(no_wrap=True, overflow="ellipsis")
-        for _, text in parts:
-            line.append_text(text)
+        for kept in parts:
+            line.append_text(kept.text)
         return line
 
     def on_resize(self) -> None:
         self.update(self.render_info(self.info))
+
+
+@dataclass(eq=False)
+class Part:
+    """One part of the status line: lower priorities go first; `short` is said when the line is narrow."""
+
+    priority: float
+    text: Text
+    short: Text | None = None
+    full: Text = field(init=False)  # the text as made, given back when there is room
+
+    def __post_init__(self) -> None:
+        self.full = self.text
+
+
+def styled(pieces: tuple[str | tuple[str, str], ...]) -> Text:
+    """Stored names (the run, its phase, a source's error) are text on one line."""
+    text = Text()
+    for piece in pieces:
+        if isinstance(piece, tuple):
+            text.append(visible_line(piece[0]), style=piece[1])
+        else:
+            text.append(visible_line(piece))
+    return text
+
+
+def fit(parts: list[Part], width: int, name: Part | None, fill: Part | None = None) -> None:
+    """Make the parts fit `width` cells (0: no limit), in place, in the order render_info says; `fill` (the
+    health reason) keeps its short text while the others are fitted, then takes the room that is left."""
+
+    def over() -> int:
+        return sum(p.text.cell_len for p in parts) - width if width else 0
+
+    def drop_lowest(below: float) -> bool:
+        lowest = min(parts, key=lambda p: p.priority)
+        if lowest.priority >= below or len(parts) == 1:
+            return False
+        parts.remove(lowest)
+        return True
+
+    def cut_name() -> None:
+        if name is not None and over() > 0 and name.full.cell_len > NAME_MIN:
+            name.text = name.full.copy()
+            name.text.truncate(max(NAME_MIN, name.full.cell_len - over()), overflow="ellipsis")
+
+    if fill is not None and fill.short is not None:
+        fill.text = fill.short
+    while over() > 0 and drop_lowest(5):  # the NATS and the backend: the Agents pane and the run say them
+        pass
+    shortened = [p for p in sorted(parts, key=lambda p: p.priority) if p.short is not None]
+    for part in shortened:  # the phase's word, then a long name and the step's word
+        if over() > 0:
+            part.text = part.short  # type: ignore[assignment]
+        if part.priority > 8:
+            cut_name()  # before the step loses its word
+    while over() > 0 and drop_lowest(ALWAYS):
+        pass
+    for part in reversed([p for p in shortened if p is not fill]):  # what a drop made room for comes back
+        if (
+            part in parts
+            and part.text is not part.full
+            and over() + part.full.cell_len - part.text.cell_len <= 0
+        ):
+            part.text = part.full
+    if name is not None and name.text is not name.full:  # and what is left of a cut name
+        name.text = name.full
+        cut_name()
+    if fill is not None and fill in parts and width:
+        room = width - sum(p.text.cell_len for p in parts if p is not fill)
+        fill.text = fill.full.copy()
+        fill.text.truncate(room, overflow="ellipsis")

@@ -13,9 +13,8 @@ import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import rollout_reads
 from .base import (
     RUN_STAGE_KEY,
     STARTING_VERBS,
@@ -28,10 +27,21 @@ from .base import (
     read_experiments,
 )
 from .histograms import HistogramReads
-from .rollout_reads import EntropyHistogram, Key, RolloutQuery, RolloutRow
 from .rollouts import ROLLOUT_COLUMNS, rollout_dict
 from .schema import ROLLUP_LEVELS
 from .system_reads import SystemReads
+
+if TYPE_CHECKING:  # the rollouts viewer's reads are imported when it first reads (not by the first frame)
+    from .rollout_reads import EntropyHistogram, Key, RolloutQuery, RolloutRow
+
+
+def reads() -> Any:
+    """engine/store/rollout_reads.py, imported at the first read of the rollouts viewer: its filter grammar
+    and queries are ~10 ms of the control room's first frame, which reads no rollout."""
+    from . import rollout_reads
+
+    return rollout_reads
+
 
 NAN = math.nan
 # A rollup row as `_rollup_series` takes it (vsum / n: the bucket mean, NULL when it holds no finite value).
@@ -391,19 +401,19 @@ class StoreReader:
         """Up to `limit` list rows of `query` after the row keyed `after` (see rollout_reads.rollout_page)."""
         if self.version < 6:
             return []
-        return rollout_reads.rollout_page(
+        return reads().rollout_page(
             self.conn, query, after=after, limit=limit, backward=backward, inclusive=inclusive
         )
 
     def rollout_total(self, query: RolloutQuery) -> int:
-        return rollout_reads.rollout_total(self.conn, query) if self.version >= 6 else 0
+        return reads().rollout_total(self.conn, query) if self.version >= 6 else 0
 
     def rollout_key_at(self, query: RolloutQuery, position: int, total: int) -> Key | None:
-        return rollout_reads.rollout_key_at(self.conn, query, position, total) if self.version >= 6 else None
+        return reads().rollout_key_at(self.conn, query, position, total) if self.version >= 6 else None
 
     def rollout_step_list(self, run_id: int, after: int | None = None) -> list[int]:
         """The steps of a run that have rollouts (after `after`), oldest first."""
-        return rollout_reads.rollout_step_list(self.conn, run_id, after) if self.version >= 6 else []
+        return reads().rollout_step_list(self.conn, run_id, after) if self.version >= 6 else []
 
     def rollout_group(
         self, run_id: int, step: int, group_id: str, prompt: str | None = None
@@ -411,7 +421,7 @@ class StoreReader:
         """The samples of one GRPO group (its group id's, or the step's with the same prompt), in order."""
         if self.version < 6:
             return []
-        return rollout_reads.rollout_group(self.conn, run_id, step, group_id, prompt)
+        return reads().rollout_group(self.conn, run_id, step, group_id, prompt)
 
     def rollouts_signature(self, run_id: int) -> tuple[int, int | None]:
         """Moves when rollouts are added anywhere or a run's newest step changes (two index reads)."""
@@ -438,11 +448,11 @@ class StoreReader:
         """A step's token entropies as a histogram (None: the step has no per-token values)."""
         if self.version < 6:
             return None
-        return rollout_reads.entropy_histogram(self.conn, run_id, step, bins=bins, top=top)
+        return reads().entropy_histogram(self.conn, run_id, step, bins=bins, top=top)
 
     def entropy_band(self, run_id: int, steps: Sequence[int]) -> list[tuple[int, float, float, float]]:
         """(step, p10, p50, p90) of token entropy for each of `steps` with per-token values."""
-        return rollout_reads.entropy_band(self.conn, run_id, steps) if self.version >= 6 else []
+        return reads().entropy_band(self.conn, run_id, steps) if self.version >= 6 else []
 
     def key_names(self, run_id: int) -> dict[str, str]:
         """For each key a framework's key map renamed, the name the source used."""
@@ -683,6 +693,17 @@ class StoreReader:
             "events": int(self.conn.execute("SELECT count(*) FROM agent_events").fetchone()[0]),
             "alarms": self.agent_alarms(5) if self.version >= 4 else [],
         }
+
+    def agent_task_signature(self, task_id: str) -> tuple[float | None, int, int]:
+        """Moves when the task's row or one of its events does (two index reads): its row's `updated_at`, and
+        its events' newest id and count."""
+        if self.version < 4:
+            return None, 0, 0
+        row = self.conn.execute("SELECT updated_at FROM agent_tasks WHERE task_id=?", (task_id,)).fetchone()
+        newest, count = self.conn.execute(
+            "SELECT coalesce(max(id), 0), count(*) FROM agent_events WHERE task_id=?", (task_id,)
+        ).fetchone()
+        return (row[0] if row else None), int(newest), int(count)
 
     def agent_task(self, task_id: str) -> dict[str, Any] | None:
         """One task with its result, step scores, feedback and the rollout it gave (None: unknown)."""
