@@ -127,7 +127,7 @@ def import_traces(db: Path, home: Path) -> float:
 
 def import_verl_dump(db: Path, work: Path) -> float:
     """Rows/s of our veRL dump reader on the same samples, written as veRL's `{step}.jsonl` files."""
-    from engine.observe import import_source, register_source
+    from engine.observe import ingest_source, register_source
     from engine.store import Store
 
     dump = work / "verl_dump"
@@ -150,7 +150,9 @@ def import_verl_dump(db: Path, work: Path) -> float:
         (dump / f"{step}.jsonl").write_text("\n".join(lines) + "\n")
     with Store(work / "verl.db") as store:
         started = time.perf_counter()
-        import_source(store, register_source(store, dump, follow=False, kind="rollouts-verl"))
+        source_id = register_source(store, dump, follow=False, kind="rollouts-verl")
+        while not ingest_source(store, source_id, max_rows=1_000_000, max_seconds=60).caught_up:
+            pass
         seconds = time.perf_counter() - started
         assert store.conn.execute("SELECT count(*) FROM rollouts").fetchone()[0] == ROWS
     return ROWS / seconds
