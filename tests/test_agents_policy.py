@@ -13,10 +13,10 @@ import torch
 from engine.agents.policy import (
     Generation,
     LocalPolicy,
+    PackedBatch,
     PolicyError,
     base_fingerprint,
     forward,
-    pack,
     resolve_model,
     response_logprobs,
 )
@@ -34,7 +34,9 @@ def home(tiny_home: Path) -> Path:
 def recomputed(policy: LocalPolicy, gen: Generation, temperature: float) -> tuple[np.ndarray, np.ndarray]:
     """The trainer's view: one forward of prompt + response, log-probs and entropies of the response
     tokens."""
-    batch = pack([(gen.prompt_token_ids, gen.token_ids)], policy.tokenizer.pad_token_id, policy.device)
+    batch = PackedBatch.of(
+        [(gen.prompt_token_ids, gen.token_ids)], policy.tokenizer.pad_token_id, policy.device
+    )
     with torch.no_grad():
         logits = forward(policy.model, batch)
     logprobs = response_logprobs(logits, batch, temperature)[0].numpy()

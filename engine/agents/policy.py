@@ -27,6 +27,7 @@ import numpy as np
 from engine.coherence.phi import phi_from_entropy, token_entropy
 from engine.errors import CarlError
 from engine.training import data as training_data
+from engine.training import grpo
 from engine.training.backend import CPU_THREADS, one_line
 from engine.training.config import TINY_MODEL
 
@@ -125,24 +126,23 @@ class PackedBatch:
     completion_mask: Tensor  # [B, T], True at response tokens
     lengths: list[int]  # response tokens per row
 
+    @classmethod
+    def of(
+        cls, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, device: str
+    ) -> PackedBatch:
+        """The pairs packed by engine.training.grpo.pack (the MLX backend's too), as tensors on `device`."""
+        import torch
 
-def pack(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, device: str) -> PackedBatch:
-    import torch
-
-    width = max(len(p) + len(r) for p, r in pairs)
-    input_ids = torch.full((len(pairs), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(pairs), width), dtype=torch.long)
-    completion = torch.zeros((len(pairs), width), dtype=torch.bool)
-    for row, (prompt, response) in enumerate(pairs):
-        if not prompt:
-            raise PolicyError("a response needs at least one prompt token to be scored by")
-        end = len(prompt) + len(response)
-        input_ids[row, :end] = torch.tensor([*prompt, *response], dtype=torch.long)
-        attention[row, :end] = 1
-        completion[row, len(prompt) : end] = True
-    return PackedBatch(
-        input_ids.to(device), attention.to(device), completion.to(device), [len(r) for _, r in pairs]
-    )
+        try:
+            packed = grpo.pack(pairs, pad_id)
+        except ValueError as exc:
+            raise PolicyError(str(exc)) from None
+        return cls(
+            torch.from_numpy(packed.ids).to(device),
+            torch.from_numpy(packed.attention).to(device),
+            torch.from_numpy(packed.completion).to(device),
+            packed.lengths,
+        )
 
 
 def response_logprobs(logits: Tensor, batch: PackedBatch, temperature: float) -> list[Tensor]:
@@ -297,7 +297,7 @@ class LocalPolicy:
         """Log-probs of `token_ids` after `prompt_ids` under the policy as it is now (no sampling)."""
         import torch
 
-        batch = pack([(prompt_ids, token_ids)], self.tokenizer.pad_token_id or 0, self.device)
+        batch = PackedBatch.of([(prompt_ids, token_ids)], self.tokenizer.pad_token_id or 0, self.device)
         with torch.inference_mode():
             return response_logprobs(forward(self.model, batch), batch, temperature)[0].tolist()
 

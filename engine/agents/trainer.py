@@ -42,17 +42,16 @@ from engine.coherence.phi import completion_token_stats
 from engine.coherence.summary import pick_traces, step_phi_stats
 from engine.errors import CarlError
 from engine.store import Store
+from engine.training import grpo
 from engine.training.backend import SAVE_TOTAL_LIMIT, CommandPump, Reporter, StepRecord, TrainingFailed
 
 from .config import TrainerSettings
 from .events import ModelUpdateEvent, TrainingRolloutEvent
-from .policy import BASE_VERSION, LocalPolicy, pack, response_logprobs
+from .policy import BASE_VERSION, LocalPolicy, PackedBatch, response_logprobs
 from .spool import RolloutSpool
 
 GROUP_TIMEOUT_S = 600.0  # a group still incomplete after this trains with what it has (>= 2) or is dropped
 MAX_GRAD_NORM = 1.0
-ADV_EPS = 1e-6
-ZERO_VARIANCE = 1e-8  # a group whose rewards spread less than this teaches nothing: zero advantages
 REMEMBERED = 100_000  # task and group ids kept to refuse duplicates (oldest forgotten first)
 STATE_FILE = "trainer_state.json"  # written last: a checkpoint without it is incomplete
 ADAPTER_DIR = "adapter"
@@ -435,8 +434,8 @@ class PlaneTrainer:
         started = time.perf_counter()
         settings, temperature = self.settings, self.temperature
         samples = [r for g in groups for r in g.rollouts]
-        advantages, zero_variance = group_advantages([[r.reward for r in g.rollouts] for g in groups])
-        batch = pack(
+        advantages, zero_variance = rollout_advantages([[r.reward for r in g.rollouts] for g in groups])
+        batch = PackedBatch.of(
             [(r.prompt_token_ids, r.response_token_ids) for r in samples],
             self.policy.tokenizer.pad_token_id or 0,
             self.policy.device,
@@ -658,22 +657,14 @@ class PlaneTrainer:
 # -- the math ----------------------------------------------------------------------------------------
 
 
-def group_advantages(groups: Sequence[Sequence[float]]) -> tuple[list[float], int]:
-    """(advantages in sample order, groups with zero variance): (r - mean) / (std + 1e-6) within a group.
-
-    std is the group's population std; a group spread less than 1e-8 gets zero advantages.
-    """
-    out: list[float] = []
-    zero = 0
-    for rewards in groups:
-        values = np.asarray(rewards, dtype=np.float64)
-        std = float(values.std())
-        if std < ZERO_VARIANCE:
-            zero += 1
-            out += [0.0] * values.size
-        else:
-            out += ((values - values.mean()) / (std + ADV_EPS)).tolist()
-    return out, zero
+def rollout_advantages(groups: Sequence[Sequence[float]]) -> tuple[list[float], int]:
+    """(advantages in sample order, groups with zero spread): TRL's GRPO advantages (engine/training/grpo.py),
+    one reward per rollout, each group normalised on its own (a group that timed out may be short)."""
+    values = np.asarray([r for rewards in groups for r in rewards], dtype=np.float64)[:, None]
+    sizes = [len(rewards) for rewards in groups]
+    result = grpo.group_advantages(values, np.ones(1), sizes)
+    firsts = np.cumsum([0, *sizes[:-1]])
+    return result.advantages.tolist(), int(result.zero_std[firsts].sum())
 
 
 @dataclass

@@ -11,7 +11,7 @@ of its prompts at the run's temperature (with no other warping), keeping the log
 entropy of every sampled token (the behaviour policy: the fused kernel of engine/coherence/phi_mlx.py
 on each decoding step's logits, so the coherence rewards take Φ from the generating pass, with no
 forward of their own); the rewards are the run's own functions,
-called as TRL calls them; advantages are normalised within each group (`aggregation` as in TRL);
+called as TRL calls them; advantages are TRL's, normalised within each group (grpo.py);
 the loss is the clipped surrogate of the per-token ratio against the behaviour policy, plus
 `beta` times the k3 KL to the starting model, over every completion token of the batch (TRL's
 default "dapo" normalisation). Φ per token comes from the logits of that same training forward,
@@ -61,8 +61,9 @@ from .backend import (
 from .cascade import RewardSet
 from .config import TrainConfig
 from .data import checked_inputs, dataset_columns, offline_if_local, prompt_text
+from .grpo import group_advantages
 from .holdout import holdout_line
-from .mlx_losses import Batch, group_advantages, grpo_loss, pack, per_row, sft_loss, token_stats
+from .mlx_losses import Batch, grpo_loss, per_row, sft_loss, token_stats
 from .perf import GENERATION, GIB, MLX_ACTIVE_MEMORY, MLX_PEAK_MEMORY, SCORING, UPDATE, StepClock, StepPerf
 from .rollouts import TokenTexts, step_rollouts
 
@@ -417,7 +418,7 @@ class MLXBackend:
         phase_step = step - (0 if warmup else self.warmup_steps())
         n = len(self.sft_data)
         pairs = [self.sft_data[self._order(n, (phase_step - 1) * size + i)] for i in range(size)]
-        batch = pack(pairs, self.tokenizer.pad_token_id or 0)
+        batch = Batch.of(pairs, self.tokenizer.pad_token_id or 0)
         started = time.perf_counter()
         with self.clock.phase(UPDATE):
             (loss, entropy, correct), norm = self._update(sft_loss, batch)
@@ -478,8 +479,9 @@ class MLXBackend:
         with self.clock.phase(SCORING):  # every reward function, the coherence rewards' Φ included
             values = self._rewards(rows, prompts, completions, samples)
         weights = np.asarray(rewards.current_weights())
-        advantages, totals, zero_std = group_advantages(values, weights, g, config.aggregation)
-        batch = pack([(s.prompt_ids, s.token_ids) for s in samples], self.tokenizer.pad_token_id or 0)
+        scored = group_advantages(values, weights, [g] * len(rows), aggregation=config.aggregation)
+        advantages, totals, zero_std = scored.advantages, scored.totals, scored.frac_zero_std
+        batch = Batch.of([(s.prompt_ids, s.token_ids) for s in samples], self.tokenizer.pad_token_id or 0)
         behaviour = np.zeros(np.array(batch.mask).shape, dtype=np.float32)
         mask = np.array(batch.mask).astype(bool)
         for row, sample in enumerate(samples):

@@ -1,5 +1,5 @@
-"""The arrays of one MLX training step: the batch (prompt + completion rows, padded), the per-token
-log-prob and entropy in one fused pass, the two losses, and GRPO's group advantages.
+"""The arrays of one MLX training step: the batch (prompt + completion rows, padded by grpo.pack), the
+per-token log-prob and entropy in one fused pass, and the two losses (GRPO's advantages: grpo.py).
 
 Pure functions of arrays and the model, for engine/training/mlx_backend.py's loop; no state, no store.
 """
@@ -13,6 +13,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from . import grpo
+
 
 @dataclass
 class Batch:
@@ -23,17 +25,12 @@ class Batch:
     mask: mx.array  # [B, L-1]: 1 where the target is a completion token
     lengths: list[int] = field(default_factory=list)  # completion tokens per row
 
-
-def pack(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad: int) -> Batch:
-    width = max(len(p) + len(c) for p, c in pairs)
-    inputs = np.full((len(pairs), width), pad, dtype=np.int32)
-    mask = np.zeros((len(pairs), width - 1), dtype=np.float32)
-    for row, (prompt, completion) in enumerate(pairs):
-        sequence = [*prompt, *completion]
-        inputs[row, : len(sequence)] = sequence
-        mask[row, len(prompt) - 1 : len(sequence) - 1] = 1.0  # position t predicts token t + 1
-    array = mx.array(inputs)
-    return Batch(array, array[:, 1:], mx.array(mask), [len(c) for _, c in pairs])
+    @classmethod
+    def of(cls, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad: int) -> Batch:
+        """The pairs packed by engine.training.grpo.pack (the agents trainer's too), as MLX arrays."""
+        packed = grpo.pack(pairs, pad)
+        inputs = mx.array(packed.ids.astype(np.int32))
+        return cls(inputs, inputs[:, 1:], mx.array(packed.targets.astype(np.float32)), packed.lengths)
 
 
 def token_stats(logits: mx.array, targets: mx.array, temperature: float) -> tuple[mx.array, mx.array]:
@@ -123,40 +120,3 @@ def grpo_loss(
         mx.stop_gradient((high * batch.mask).sum() / n),
         mx.stop_gradient((kl * batch.mask).sum() / n),
     )
-
-
-def group_advantages(
-    values: np.ndarray, weights: np.ndarray, group: int, aggregation: str
-) -> tuple[np.ndarray, np.ndarray, float]:
-    """TRL's advantages: (advantages, weighted totals, share of groups with zero reward spread).
-
-    sum_then_normalize: weighted sum per completion, then (r - group mean) / (group std + 1e-4).
-    normalize_then_sum: each reward normalised in its group first, then weighted and summed, then
-    normalised over the batch. A completion no reward scored gets advantage 0.
-    """
-    unscorable = np.isnan(values).all(axis=1)
-    totals = np.nansum(values * weights[None, :], axis=1)
-    totals[unscorable] = np.nan
-    grouped = values.reshape(-1, group, values.shape[1])
-    if aggregation == "sum_then_normalize":
-        by_group = totals.reshape(-1, group)
-        mean = np.nanmean(by_group, axis=1, keepdims=True)
-        std = _nanstd(by_group, axis=1, keepdims=True)
-        advantages = ((by_group - mean) / (std + 1e-4)).reshape(-1)
-        zero = np.repeat(np.isclose(std[:, 0], 0.0), group)
-    else:
-        mean_k = np.nanmean(grouped, axis=1, keepdims=True)
-        std_k = _nanstd(grouped, axis=1, keepdims=True)
-        normalised = ((grouped - mean_k) / (std_k + 1e-4)).reshape(-1, values.shape[1])
-        summed = np.nansum(normalised * weights[None, :], axis=1)
-        summed[unscorable] = np.nan
-        std = _nanstd(summed) if summed.size > 1 else 0.0
-        advantages = (summed - np.nanmean(summed)) / (std + 1e-4)
-        zero = np.full(len(summed), bool(np.isclose(std, 0.0)))
-    return np.nan_to_num(advantages, nan=0.0), totals, float(np.mean(zero))
-
-
-def _nanstd(values: np.ndarray, **kwargs: Any) -> Any:
-    """The sample standard deviation (n - 1), ignoring NaN, as TRL's nanstd."""
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.nan_to_num(np.nanstd(values, ddof=1, **kwargs), nan=0.0)
