@@ -126,7 +126,6 @@ SQL_NOT_MOVED_YET = {
     "engine/agents/verdicts.py": 1,
     "engine/alerts/job.py": 2,
     "engine/alerts/outbox.py": 2,
-    "engine/coherence/analysis.py": 12,
     "engine/control/process.py": 1,
     "engine/daemon/loop.py": 4,
     "engine/demo/start.py": 3,
