@@ -137,7 +137,6 @@ SQL_NOT_MOVED_YET = {
     "engine/observe/ingest.py": 5,
     "engine/observe/pairing.py": 3,
     "engine/observe/rollouts/common.py": 1,
-    "engine/observe/runkeys.py": 7,
     "engine/observe/trackio.py": 1,
     "engine/trajectories/capture/live.py": 6,
     "engine/trajectories/cli.py": 5,
