@@ -120,7 +120,6 @@ SQL_NOT_MOVED_YET = {
     "engine/agents/manager.py": 1,
     "engine/agents/plane.py": 3,
     "engine/agents/serving.py": 1,
-    "engine/agents/spool.py": 7,
     "engine/agents/verdicts.py": 1,
     "engine/alerts/job.py": 2,
     "engine/alerts/outbox.py": 2,
