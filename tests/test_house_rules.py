@@ -137,7 +137,6 @@ SQL_NOT_MOVED_YET = {
     "engine/observe/trackio.py": 1,
     "engine/trajectories/capture/live.py": 6,
     "engine/trajectories/cli.py": 5,
-    "engine/trajectories/store.py": 9,
     "engine/trajectories/training/sampler.py": 2,
     "engine/trajectories/training/train.py": 2,
 }
