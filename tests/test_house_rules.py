@@ -4,7 +4,9 @@ formatter and the linter, and what importing the control room really loads
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +100,118 @@ def test_every_document_the_code_cites_is_in_the_repo() -> None:
     for path in (ROOT / "docs").rglob("*.md"):  # and links between the docs resolve
         for link in re.findall(r"\]\(([^)#:]+\.md)", path.read_text(encoding="utf-8")):
             assert (path.parent / link).resolve().exists(), f"{path.relative_to(ROOT)} links to {link}"
+
+
+# -- one door to carl.db (issue 31): SQL on the store lives in engine/store/ ---
+
+SQL_VERBS = ("SELECT", "INSERT", "UPDATE", "DELETE", "REPLACE", "WITH", "CREATE")
+EXECUTES = ("execute", "executemany", "executescript")
+# Readers of other tools' SQLite files: their own statements are on those files, not on carl.db, so only what
+# they run through a `store` or a `reader` counts.
+FOREIGN_SQLITE = {
+    "engine/observe/trackio.py": "Trackio's project database",
+    "engine/observe/trackio_traces.py": "Trackio's traces table",
+    "engine/observe/mlflow_store.py": "MLflow's tracking database",
+}
+# The modules whose statements on carl.db have not moved into engine/store/ yet, with how many each has. The
+# list only shrinks: a module leaves it when its SQL has moved, and no count grows.
+SQL_NOT_MOVED_YET = {
+    "engine/agents/cli.py": 3,
+    "engine/agents/manager.py": 1,
+    "engine/agents/plane.py": 3,
+    "engine/agents/serving.py": 1,
+    "engine/agents/verdicts.py": 1,
+    "engine/alerts/job.py": 2,
+    "engine/alerts/outbox.py": 2,
+    "engine/control/process.py": 1,
+    "engine/daemon/loop.py": 4,
+    "engine/demo/start.py": 3,
+    "engine/diagnosis/conversations.py": 7,
+    "engine/experiments/runner.py": 5,
+    "engine/experiments/summary.py": 1,
+    "engine/observe/cli.py": 2,
+    "engine/observe/common.py": 6,
+    "engine/observe/ingest.py": 5,
+    "engine/observe/pairing.py": 3,
+    "engine/observe/rollouts/common.py": 1,
+    "engine/observe/trackio.py": 1,
+    "engine/trajectories/capture/live.py": 6,
+    "engine/trajectories/cli.py": 5,
+    "engine/trajectories/training/sampler.py": 2,
+    "engine/trajectories/training/train.py": 2,
+}
+
+
+def _is_sql(node: ast.AST) -> bool:
+    if isinstance(node, ast.JoinedStr) and node.values:
+        node = node.values[0]
+    if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+        return False
+    words = node.value.split(None, 1)
+    return bool(words) and words[0] in SQL_VERBS and len(words) == 2
+
+
+def sql_statements(source: str, *, foreign: bool = False) -> int:
+    """The statements on carl.db in one module: each `.execute`/`.executemany`/`.executescript` call, and each
+    SQL string literal outside such a call (one kept in a name that an execute call runs counts once)."""
+    tree = ast.parse(source)
+    calls = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in EXECUTES
+    ]
+    if foreign:
+        return sum(1 for c in calls if re.search(r"store|reader", ast.unparse(c.func.value)))
+    inside = {id(sub) for c in calls for sub in ast.walk(c)}
+    run_names = {c.args[0].id for c in calls if c.args and isinstance(c.args[0], ast.Name)}
+    kept = {
+        id(n.value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id in run_names for t in n.targets)
+    }
+    literals = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant | ast.JoinedStr)
+        and id(n) not in inside
+        and id(n) not in kept
+        and _is_sql(n)
+    ]
+    return len(calls) + len(literals)
+
+
+def sql_outside_the_store() -> dict[str, int]:
+    found = {}
+    for top in ("carl_tui", "widgets", "engine"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            name = path.relative_to(ROOT).as_posix()
+            if name.startswith("engine/store/") or "__pycache__" in path.parts:
+                continue
+            if count := sql_statements(path.read_text(encoding="utf-8"), foreign=name in FOREIGN_SQLITE):
+                found[name] = count
+    return found
+
+
+def test_the_sql_counter_sees_statements() -> None:
+    source = (
+        'Q = "SELECT 1 FROM runs"\nKEPT = "DELETE FROM kv"\n'
+        'def f(store):\n    store.conn.execute("UPDATE runs SET x=1")\n    store.conn.execute(KEPT)\n'
+        'def g(conn):\n    conn.executemany(f"INSERT INTO t VALUES ({1})", [])\n    return "Select a run"\n'
+    )
+    assert sql_statements(source) == 4  # Q, the UPDATE, KEPT once, the INSERT; not the sentence
+    assert sql_statements(source, foreign=True) == 2  # only what goes through a store
+
+
+def test_sql_on_carl_db_lives_in_the_store() -> None:
+    """Every statement on carl.db is in engine/store/ (one module per concern); the modules not moved yet are
+    named with their counts, which only go down."""
+    found = sql_outside_the_store()
+    new = {name: n for name, n in found.items() if name not in SQL_NOT_MOVED_YET}
+    assert not new, f"SQL on carl.db outside engine/store/ (put it in engine/store/): {new}"
+    grown = {name: (SQL_NOT_MOVED_YET[name], n) for name, n in found.items() if n > SQL_NOT_MOVED_YET[name]}
+    assert not grown, f"more SQL than allowed (allowed, found): {grown}"
+    gone = {name: n for name, n in SQL_NOT_MOVED_YET.items() if found.get(name, 0) < n}
+    left = sum(found.values())
+    lower = {name: found.get(name, 0) for name in gone}
+    assert not gone, f"fewer statements now: lower SQL_NOT_MOVED_YET to {lower} (0: drop it); {left} remain"
+    print(f"{left} statements on carl.db in {len(found)} modules outside engine/store/ remain")

@@ -17,11 +17,9 @@ Without credentials per worker this checks what events say of each other, not wh
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-from engine.store import in_chunks
+from typing import TYPE_CHECKING
 
 from .events import (
     FeedbackEvent,
@@ -31,6 +29,9 @@ from .events import (
     TrainingRolloutEvent,
     WorkerStatusEvent,
 )
+
+if TYPE_CHECKING:
+    from engine.store.agent_audit import AgentAudit
 
 CLAIMS = (ResultEvent, TrainingRolloutEvent, FeedbackEvent)
 
@@ -44,12 +45,12 @@ class Task:
     answered_by: str | None = None  # the worker whose result stands
 
 
-def refusals(conn: sqlite3.Connection, events: Sequence[PlaneEvent | None]) -> dict[int, str]:
+def refusals(tables: AgentAudit, events: Sequence[PlaneEvent | None]) -> dict[int, str]:
     """Index in `events` -> why that result, rollout or feedback is refused (None entries are skipped)."""
     if not any(isinstance(e, CLAIMS) for e in events):
         return {}
     tasks = _known(
-        conn,
+        tables,
         {e.task_id for e in events if isinstance(e, CLAIMS)},
         {e.task_id for e in events if isinstance(e, ResultEvent)},
     )
@@ -92,23 +93,14 @@ def _check(event: PlaneEvent, task: Task | None) -> str | None:
     return None
 
 
-def _known(conn: sqlite3.Connection, task_ids: set[str], answered: set[str]) -> dict[str, Task]:
+def _known(tables: AgentAudit, task_ids: set[str], answered: set[str]) -> dict[str, Task]:
     """The stored tasks among `task_ids`, with who answered them; for those in `answered` (the batch
     holds results for them) not answered yet, also the workers that took them."""
     tasks: dict[str, Task] = {}
-    for chunk, marks in in_chunks(task_ids):
-        for task_id, manager_id, worker_id, status in conn.execute(
-            f"SELECT task_id, manager_id, worker_id, status FROM agent_tasks WHERE task_id IN ({marks})",
-            chunk,
-        ):
-            tasks[task_id] = Task(manager_id, answered_by=worker_id if status is not None else None)
+    for task_id, manager_id, worker_id, status in tables.tasks_among(task_ids):
+        tasks[task_id] = Task(manager_id, answered_by=worker_id if status is not None else None)
     open_ids = {task_id for task_id in answered if task_id in tasks and tasks[task_id].answered_by is None}
-    for chunk, marks in in_chunks(open_ids):
-        for task_id, worker_id in conn.execute(
-            f"SELECT DISTINCT task_id, worker_id FROM agent_events WHERE task_id IN ({marks})"
-            " AND kind='worker_status' AND status='ok'",
-            chunk,
-        ):
-            if worker_id:
-                tasks[task_id].takers.add(worker_id)
+    for task_id, worker_id in tables.takers(open_ids):
+        if worker_id:
+            tasks[task_id].takers.add(worker_id)
     return tasks

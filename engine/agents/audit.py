@@ -31,7 +31,7 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +39,7 @@ import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from engine.faults import store_trouble
-from engine.store import in_chunks
+from engine.store.agent_audit import AgentAudit
 from engine.text import one_line, storable
 
 from .admission import refusals
@@ -123,9 +123,9 @@ def _parse(item: Incoming) -> Parsed:
         return item, None, EventRejected(f"unreadable: {type(exc).__name__}: {exc}")
 
 
-def _admitted(conn: Any, entries: list[Parsed]) -> list[Parsed]:
+def _admitted(tables: AgentAudit, entries: list[Parsed]) -> list[Parsed]:
     """`entries`, with results, rollouts and feedback the plane never asked for marked refused."""
-    refused = refusals(conn, [event if why is None else None for _, event, why in entries])
+    refused = refusals(tables, [event if why is None else None for _, event, why in entries])
     if not refused:
         return entries
     return [
@@ -147,11 +147,11 @@ class AuditWriter:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.conn = store.conn
+        self.tables = AgentAudit(store)
         self._tallies: dict[str, list[float]] = {}
         # Checkpoints off the insert path (SQLite's own run inside the commit that passes 1,000 WAL pages,
         # about every batch): the audit runs them when the stream is quiet, or every CHECKPOINT_EVERY events.
-        self.conn.execute("PRAGMA wal_autocheckpoint=0")
+        self.tables.stop_auto_checkpoint()
         self.unchecked = 0  # events written since the last checkpoint
 
     def write(self, items: Sequence[Incoming]) -> AuditCounts:
@@ -174,7 +174,7 @@ class AuditWriter:
         self._tallies.clear()  # what a failed try counted was rolled back with it
         with self.store.transaction():
             if one_by_one:
-                for entry in _admitted(self.conn, self._new_only(parsed, counts)):
+                for entry in _admitted(self.tables, self._new_only(parsed, counts)):
                     self._store_one(entry, counts)
             else:
                 for item, event, why in self._insert_new(parsed, counts):
@@ -196,29 +196,19 @@ class AuditWriter:
         order things arrived in); returns the entries inserted. Optimistic: a stored message comes back only
         in a redelivered batch (a restart between a commit and its ack), so one statement skips a stored
         stream key, and only when it skipped one is each key looked up (2 us an event when always done)."""
-        new = _admitted(self.conn, _once_each(parsed, counts))
-        before = self.conn.total_changes
-        self.conn.execute("SAVEPOINT audit_batch")
-        try:
-            self.conn.executemany(_INSERT_UNSEEN, [_row(item, event, why) for item, event, why in new])
-            if self.conn.total_changes - before == len(new):
-                return new
-            self.conn.execute("ROLLBACK TO audit_batch")
-        except BaseException:
-            self.conn.execute("ROLLBACK TO audit_batch")
-            raise
-        finally:
-            self.conn.execute("RELEASE audit_batch")
+        new = _admitted(self.tables, _once_each(parsed, counts))
+        if self.tables.insert_unseen_events([_row(item, event, why) for item, event, why in new]):
+            return new
         counts.duplicates = 0
-        new = _admitted(self.conn, self._new_only(parsed, counts))
-        self.conn.executemany(_INSERT, [_row(item, event, why) for item, event, why in new])
+        new = _admitted(self.tables, self._new_only(parsed, counts))
+        self.tables.insert_events([_row(item, event, why) for item, event, why in new])
         return new
 
     def checkpoint(self) -> None:
         """Copy the WAL into the database file (PASSIVE: it never waits for a reader)."""
         self.unchecked = 0
         try:
-            self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            self.tables.checkpoint()
         except sqlite3.Error as exc:  # another connection checkpointing: it does the work
             log.debug("audit: checkpoint: %s", exc)
 
@@ -228,8 +218,8 @@ class AuditWriter:
         if why is None:
             tallies = {worker: list(tally) for worker, tally in self._tallies.items()}
             try:
-                with self._savepoint():
-                    self.conn.execute(_INSERT, _row(item, event, None))
+                with self.tables.savepoint():
+                    self.tables.insert_event(_row(item, event, None))
                     self._apply(event, item.received_at)
                 counts.stored += 1
                 return
@@ -240,25 +230,14 @@ class AuditWriter:
                 # Kept bare (the payload and why): whatever in the event the store refused stays out.
                 event, why = None, EventRejected(f"cannot be stored: {type(exc).__name__}: {exc}", event.TYPE)
         try:
-            with self._savepoint():
-                self.conn.execute(_INSERT, _row(item, event, why))
+            with self.tables.savepoint():
+                self.tables.insert_event(_row(item, event, why))
             counts.refused(item, why)
         except Exception as exc:
             if store_trouble(exc):
                 raise
             counts.dead_letters += 1  # acknowledged all the same: the stream must go on
             counts.note(item, f"dead-lettered ({why}; then {type(exc).__name__}: {exc})")
-
-    @contextlib.contextmanager
-    def _savepoint(self) -> Iterator[None]:
-        self.conn.execute("SAVEPOINT audit_one")
-        try:
-            yield
-        except BaseException:
-            self.conn.execute("ROLLBACK TO audit_one")
-            raise
-        finally:
-            self.conn.execute("RELEASE audit_one")
 
     def _apply(self, event: PlaneEvent | None, received: float) -> None:
         apply = _APPLY.get(type(event))
@@ -267,8 +246,8 @@ class AuditWriter:
 
     def _count_refusals(self, counts: AuditCounts) -> None:
         """The running totals `carl agents status` shows, kept with the rows they count."""
-        row = self.conn.execute("SELECT value FROM kv WHERE key=?", (AUDIT_KEY,)).fetchone()
-        totals = json.loads(row[0]) if row else {}
+        text = self.tables.kv_text(AUDIT_KEY)
+        totals = json.loads(text) if text is not None else {}
         totals["rejected"] = int(totals.get("rejected") or 0) + counts.rejected
         totals["dead_letters"] = int(totals.get("dead_letters") or 0) + counts.dead_letters
         totals["last"] = counts.reasons[-1] if counts.reasons else totals.get("last")
@@ -278,12 +257,7 @@ class AuditWriter:
     def _new_only(self, parsed: list[Any], counts: AuditCounts) -> list[Any]:
         """The messages not stored yet (a redelivered batch, or a repeat inside this one, is stored once)."""
         keys = [item.stream_key for item, _, _ in parsed if item.stream_key is not None]
-        stored: set[str] = set()
-        for chunk, marks in in_chunks(keys):
-            rows = self.conn.execute(
-                f"SELECT stream_key FROM agent_events WHERE stream_key IN ({marks})", chunk
-            )
-            stored.update(r[0] for r in rows)
+        stored = self.tables.stored_stream_keys(keys)
         new = []
         for entry in parsed:
             key = entry[0].stream_key
@@ -298,12 +272,7 @@ class AuditWriter:
     # -- the summaries ---------------------------------------------------------------------------
 
     def _task(self, event: TaskEvent, received: float) -> None:
-        self.conn.execute(
-            "INSERT INTO agent_tasks (task_id, task_type, environment, prompt, reference, verifier, group_id,"
-            " manager_id, state, assigned_at, updated_at) VALUES (?,?,?,?,?,?,?,?, 'assigned', ?, ?)"
-            " ON CONFLICT (task_id) DO UPDATE SET prompt=excluded.prompt, reference=excluded.reference,"
-            " verifier=excluded.verifier, group_id=excluded.group_id, manager_id=excluded.manager_id,"
-            " assigned_at=excluded.assigned_at",
+        self.tables.assign_task(
             (
                 event.task_id,
                 event.task_type,
@@ -333,49 +302,32 @@ class AuditWriter:
             _epoch(event.created_at),
             received,
         )
-        cur = self.conn.execute(
-            "UPDATE agent_tasks SET worker_id=?, status=?, result=?, answer=?, steps=?, model_version=?,"
-            " elapsed_s=?, phi_mean=?, tokens=?, state=?, done_at=?, updated_at=?"
-            " WHERE task_id=? AND status IS NULL",
-            (*values, event.task_id),
-        )
-        if cur.rowcount == 0:
+        if not self.tables.answer_task(event.task_id, values):
             return  # a repeat of the result that stands (a result for a task never assigned is refused)
         tally = self._tally_of(event.worker_id, received)
         tally[0 if event.status == "success" else 1] += 1
 
     def _rollout(self, event: TrainingRolloutEvent, received: float) -> None:
-        cur = self.conn.execute(
-            "UPDATE agent_tasks SET step_scores=?, prm_score=?, outcome_score=?, verifier_score=?, reward=?,"
-            " updated_at=? WHERE task_id=? AND reward IS NULL",
-            (
-                _json(event.step_scores),
-                event.prm_score,
-                event.outcome_score,
-                event.verifier_score,
-                event.reward,
-                received,
-                event.task_id,
-            ),
+        values = (
+            _json(event.step_scores),
+            event.prm_score,
+            event.outcome_score,
+            event.verifier_score,
+            event.reward,
+            received,
         )
-        if cur.rowcount:
+        if self.tables.reward_task(event.task_id, values):
             tally = self._tally_of(event.worker_id, received)
             tally[2] += 1
             tally[3] += event.reward
 
     def _feedback(self, event: FeedbackEvent, received: float) -> None:
-        self.conn.execute(
-            "UPDATE agent_tasks SET feedback_score=?, feedback_text=?, feedback_source=?, updated_at=?"
-            " WHERE task_id=?",
-            (event.score, event.textual_feedback, event.source, received, event.task_id),
-        )
+        self.tables.feedback_task(event.task_id, event.score, event.textual_feedback, event.source, received)
 
     def _worker_status(self, event: WorkerStatusEvent, received: float) -> None:
         self._worker_seen(event.worker_id, received)
-        self.conn.execute(
-            "UPDATE agent_workers SET kind=?, task_types=?, model=?,"
-            " model_version=coalesce(?, model_version), state=?, task_id=?, host=?, pid=?, detail=?"
-            " WHERE worker_id=?",
+        self.tables.worker_status(
+            event.worker_id,
             (
                 event.kind,
                 _json(event.task_types),
@@ -386,7 +338,6 @@ class AuditWriter:
                 event.host,
                 event.pid,
                 event.detail,
-                event.worker_id,
             ),
         )
         if event.command_id is not None:
@@ -423,44 +374,18 @@ class AuditWriter:
     def _flush_tallies(self) -> None:
         for worker_id, (done, failed, scored, score_sum, seen) in self._tallies.items():
             self._worker_seen(worker_id, seen)
-            self.conn.execute(
-                "UPDATE agent_workers SET tasks_done=tasks_done+?, failures=failures+?, score_n=score_n+?,"
-                " score_sum=score_sum+? WHERE worker_id=?",
-                (done, failed, scored, score_sum, worker_id),
-            )
+            self.tables.add_worker_tally(worker_id, done, failed, scored, score_sum)
         self._tallies.clear()
 
     def _worker_seen(self, worker_id: str, received: float, kind: str | None = None) -> None:
-        self.conn.execute(
-            "INSERT INTO agent_workers (worker_id, kind, state, first_seen, last_seen)"
-            " VALUES (?,?, 'idle', ?, ?)"
-            " ON CONFLICT (worker_id) DO UPDATE"
-            " SET last_seen=max(coalesce(last_seen, 0), excluded.last_seen)",
-            (worker_id, kind, received, received),
-        )
+        self.tables.worker_seen(worker_id, received, kind)
 
     def _kv(self, key: str, value: Any) -> None:
-        self.conn.execute(
-            "INSERT OR REPLACE INTO kv (key, value, updated_at) VALUES (?,?,?)",
-            (key, _json(value), time.time()),
-        )
+        self.tables.set_kv_text(key, _json(value))
 
     def _answer(self, command_id: int, result: str) -> None:
         """A command the plane answered: done, unless it finished already (failed for lack of an answer)."""
-        self.conn.execute(
-            "UPDATE commands SET state='done', result=?, finished_at=?"
-            " WHERE id=? AND state IN ('pending','running')",
-            (result, time.time(), command_id),
-        )
-
-
-_INSERT = (
-    "INSERT INTO agent_events (subject, kind, task_id, manager_id, worker_id, score, payload, created_at,"
-    " environment, model_version, stream_seq, stream_key, msg_id, received_at, status, reason)"
-    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
-)
-# The same, skipping a row whose stream key is stored already (AuditWriter._insert_new counts them).
-_INSERT_UNSEEN = _INSERT + " ON CONFLICT (stream_key) WHERE stream_key IS NOT NULL DO NOTHING"
+        self.tables.answer_command(command_id, result)
 
 
 def _once_each(parsed: list[Parsed], counts: AuditCounts) -> list[Parsed]:

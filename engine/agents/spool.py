@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from engine.store import in_chunks
+from engine.store.trainer_rollouts import TrainerRollouts
 
 from .events import TrainingRolloutEvent
 
@@ -29,7 +29,7 @@ class RolloutSpool:
 
     def __init__(self, store: Store, run_id: int) -> None:
         self.store = store
-        self.conn = store.conn
+        self.rows = TrainerRollouts(store, run_id)
         self.run_id = run_id
 
     def keep(self, rollouts: Sequence[TrainingRolloutEvent]) -> None:
@@ -37,68 +37,38 @@ class RolloutSpool:
         redelivery of a rollout stored before the trainer was killed, and refused by it as a duplicate)."""
         now = time.time()
         with self.store.transaction():
-            self.conn.executemany(
-                "INSERT OR IGNORE INTO trainer_rollouts"
-                " (run_id, task_id, group_id, payload, received_at, state) VALUES (?,?,?,?,?,?)",
-                [
-                    (self.run_id, r.task_id, r.group_id or "", r.model_dump_json(), now, WAITING)
-                    for r in rollouts
-                ],
+            self.rows.insert_new(
+                [(r.task_id, r.group_id or "", r.model_dump_json()) for r in rollouts], now, WAITING
             )
 
     def used(self, step: int, task_ids: Iterable[str], *, checkpointed: int | None) -> None:
         """The rollouts `step` trained on; `checkpointed`: the newest step a checkpoint holds, whose rows
         need their payloads no more."""
         with self.store.transaction():
-            self._mark(task_ids, "state=?, step=?", (USED, step))
+            self.rows.mark(task_ids, USED, step)
             if checkpointed is not None:
-                self.conn.execute(
-                    "UPDATE trainer_rollouts SET payload=NULL"
-                    " WHERE run_id=? AND state!=? AND payload IS NOT NULL AND coalesce(step, 0) <= ?",
-                    (self.run_id, WAITING, checkpointed),
-                )
+                self.rows.clear_payloads(WAITING, checkpointed)
 
     def dropped(self, task_ids: Iterable[str]) -> None:
         """Rollouts of a group given up (too few arrived in time): never trained."""
         with self.store.transaction():
-            self._mark(task_ids, "state=?", (DROPPED,))
+            self.rows.mark(task_ids, DROPPED)
 
     def rewind(self, step: int) -> int:
         """The run carries on from its checkpoint at `step`: rollouts used by later steps wait again, to be
         trained again by those steps' replays. Returns how many."""
         with self.store.transaction():
-            return self.conn.execute(
-                "UPDATE trainer_rollouts SET state=?, step=NULL WHERE run_id=? AND state=? AND step>?"
-                " AND payload IS NOT NULL",
-                (WAITING, self.run_id, USED, step),
-            ).rowcount
+            return self.rows.restate_after(step, USED, WAITING)
 
     def waiting(self) -> list[tuple[TrainingRolloutEvent, float]]:
         """The rollouts not trained yet, oldest first, each with when it arrived."""
-        rows = self.conn.execute(
-            "SELECT payload, received_at FROM trainer_rollouts"
-            " WHERE run_id=? AND state=? AND payload IS NOT NULL ORDER BY received_at, task_id",
-            (self.run_id, WAITING),
-        ).fetchall()
+        rows = self.rows.payloads(WAITING)
         return [(TrainingRolloutEvent.model_validate_json(payload), received) for payload, received in rows]
 
     def closed(self) -> list[tuple[str, str]]:
         """(task id, group id) of every rollout trained or given up: a repeat of one is refused."""
-        return self.conn.execute(
-            "SELECT task_id, group_id FROM trainer_rollouts WHERE run_id=? AND state!=?",
-            (self.run_id, WAITING),
-        ).fetchall()
+        return self.rows.tasks_not_in(WAITING)
 
     def counts(self) -> dict[str, int]:
         """Rows by state (for the log and the tests)."""
-        rows = self.conn.execute(
-            "SELECT state, count(*) FROM trainer_rollouts WHERE run_id=? GROUP BY state", (self.run_id,)
-        )
-        return dict(rows.fetchall())
-
-    def _mark(self, task_ids: Iterable[str], assignments: str, values: tuple[object, ...]) -> None:
-        for chunk, marks in in_chunks(task_ids):
-            self.conn.execute(
-                f"UPDATE trainer_rollouts SET {assignments} WHERE run_id=? AND task_id IN ({marks})",
-                (*values, self.run_id, *chunk),
-            )
+        return self.rows.counts()

@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from engine.store import run_health
 from engine.system.health import box_flags
 
 from .health import Flag, Health, RunSignals, assess_health
@@ -41,23 +42,19 @@ def _series(
     """The first of `keys` the run has, as (steps, values) from step `since` on (before step `before`, at
     most `limit` of them, when given)."""
     for key in keys:
-        rows = conn.execute(
-            "SELECT step, value FROM metrics WHERE run_id=? AND key=? AND step>=? AND step<? ORDER BY step"
-            " LIMIT ?",
-            (run_id, key, since, 2**62 if before is None else before, limit),
-        ).fetchall()
-        if rows:
-            steps = np.array([r[0] for r in rows], dtype=np.int64)
-            values = np.array([np.nan if r[1] is None else r[1] for r in rows], dtype=np.float64)
+        found = run_health.metric_values(conn, run_id, key, since, before=before, limit=limit)
+        if found:
+            steps = np.array([r[0] for r in found], dtype=np.int64)
+            values = np.array([np.nan if r[1] is None else r[1] for r in found], dtype=np.float64)
             return steps, values
     return np.empty(0, dtype=np.int64), np.empty(0)
 
 
 def run_config(conn: sqlite3.Connection, run_id: int) -> dict:
     """The run's stored config ({} when it has none, or none that reads as an object)."""
-    row = conn.execute("SELECT config FROM runs WHERE id=?", (run_id,)).fetchone()
+    text = run_health.stored_config(conn, run_id)
     try:
-        config = json.loads(row[0]) if row and row[0] else {}
+        config = json.loads(text) if text else {}
     except ValueError:
         return {}
     return config if isinstance(config, dict) else {}
@@ -67,9 +64,9 @@ def rl_start(conn: sqlite3.Connection, run_id: int) -> int | None:
     """The first step of RL: the first with a reward, else (a run still in its SFT warm-up) the step after the
     warm-up its config names; None for a run with neither (SFT, or a source that logs no reward)."""
     for key in ("reward", "rewards/task/mean"):
-        row = conn.execute("SELECT min(step) FROM metrics WHERE run_id=? AND key=?", (run_id, key)).fetchone()
-        if row[0] is not None:
-            return int(row[0])
+        step = run_health.first_metric_step(conn, run_id, key)
+        if step is not None:
+            return step
     config = run_config(conn, run_id)
     if config.get("method") != "grpo":
         return None
@@ -93,11 +90,8 @@ def rl_entropy(
 
 def held_out_scores(conn: sqlite3.Connection, run_id: int) -> list[tuple[int, float]]:
     """(step, task reward) of the run's held-out evals, oldest first."""
-    rows = conn.execute(
-        "SELECT metrics FROM evals WHERE run_id=? ORDER BY id DESC LIMIT ?", (run_id, EVALS_READ)
-    ).fetchall()
     out = []
-    for (text,) in reversed(rows):
+    for text in reversed(run_health.newest_eval_metrics(conn, run_id, EVALS_READ)):
         try:
             metrics = json.loads(text or "{}")
         except ValueError:
@@ -112,10 +106,10 @@ def held_out_scores(conn: sqlite3.Connection, run_id: int) -> list[tuple[int, fl
 
 def run_signals(conn: sqlite3.Connection, run_id: int) -> RunSignals | None:
     """What health looks at, read from the store (None: no such run)."""
-    row = conn.execute("SELECT status, last_step, last_update FROM runs WHERE id=?", (run_id,)).fetchone()
-    if row is None:
+    state = run_health.run_state(conn, run_id)
+    if state is None:
         return None
-    status, last_step, last_update = row
+    status, last_step, last_update = state
     since = max(0, (last_step or 0) - HORIZON_STEPS)
     phi_steps, phi = _series(conn, run_id, ("phi/mean",), since)
     loss_steps, loss = _series(conn, run_id, ("loss",), since)
@@ -124,7 +118,7 @@ def run_signals(conn: sqlite3.Connection, run_id: int) -> RunSignals | None:
     signals.phi_steps = phi_steps
     signals.phase = classify_phase(phi)
     signals.rl_start = start
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    version = run_health.schema_version(conn)
     signals.box = [Flag(*f) for f in box_flags(conn, version, run_id, status, time.time())]
     # throughput is judged within one phase: an SFT warm-up runs far more tokens a second than GRPO's sampling
     in_rl = start is not None and (last_step or 0) >= start
@@ -159,7 +153,7 @@ def read_async(
     _, signals.staleness_mean = _series(conn, run_id, ("staleness/mean",), since)
     _, signals.staleness_violations = _series(conn, run_id, ("staleness/violations",), since)
     if len(signals.staleness_max):
-        framework = conn.execute("SELECT framework FROM runs WHERE id=?", (run_id,)).fetchone()[0]
+        framework = run_health.run_framework(conn, run_id)
         signals.staleness_bound = staleness_bound(run_config(conn, run_id), framework)
     signals.throughput_key = _first_key(conn, run_id, THROUGHPUT_KEYS)
     signals.throughput_steps, signals.throughput = _series(
@@ -170,7 +164,7 @@ def read_async(
 def _first_key(conn: sqlite3.Connection, run_id: int, keys: tuple[str, ...]) -> str:
     """The first of `keys` the run has (one index seek each), else the first."""
     for key in keys:
-        if conn.execute("SELECT 1 FROM metrics WHERE run_id=? AND key=? LIMIT 1", (run_id, key)).fetchone():
+        if run_health.has_metric(conn, run_id, key):
             return key
     return keys[0]
 
@@ -194,10 +188,7 @@ def analyze_run(conn: sqlite3.Connection, run_id: int, now: float | None = None)
     if signals is None:
         return None
     health = assess_health(signals, now)
-    conn.execute(
-        "UPDATE runs SET phase=?, health=?, health_reasons=? WHERE id=?",
-        (signals.phase, health.level, json.dumps(health.reasons), run_id),
-    )
+    run_health.set_run_health(conn, run_id, signals.phase, health.level, json.dumps(health.reasons))
     mark_crystallization(conn, run_id, signals.phi_steps, signals.phi)
     return health
 
@@ -213,16 +204,9 @@ def mark_crystallization(conn: sqlite3.Connection, run_id: int, steps: np.ndarra
         f"Φ {found.phi_before:.3f} → {found.phi_after:.3f} over ~{found.width:.0f} steps "
         f"(confidence {found.confidence:.2f})"
     )
-    current = conn.execute(
-        "SELECT step, detail FROM events WHERE run_id=? AND kind='crystallization'", (run_id,)
-    ).fetchall()
-    if current == [(found.step, detail)]:
+    if run_health.crystallization_events(conn, run_id) == [(found.step, detail)]:
         return
-    conn.execute("DELETE FROM events WHERE run_id=? AND kind='crystallization'", (run_id,))
-    conn.execute(
-        "INSERT INTO events (run_id, step, kind, detail, wall_time) VALUES (?,?,?,?,?)",
-        (run_id, int(found.step), "crystallization", detail, time.time()),
-    )
+    run_health.replace_crystallization(conn, run_id, int(found.step), detail, time.time())
 
 
 def analyze_runs(conn: sqlite3.Connection, run_ids: list[int], now: float | None = None) -> dict[int, Health]:

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
-from engine.store import Store
+from engine.store import Store, metric_keys
 
 from .common import IngestResult, valid_vocab
 from .frameworks import KeyMapping, detect, scale_factors
@@ -75,15 +74,13 @@ def finish_rows(
     if not rows:
         return rows
     rows = capped_keys(store, run_id, rows, result)
-    framework, stored_vocab = store.conn.execute(
-        "SELECT framework, vocab_size FROM runs WHERE id=?", (run_id,)
-    ).fetchone()
+    framework, stored_vocab = metric_keys.framework_and_vocab(store, run_id)
     names = {row[1] for row in rows}
     if framework is None:
         framework = detect(names)
         if framework is not None:
             store.update_run(run_id, framework=framework)
-    claimed = dict(store.conn.execute("SELECT key, source_key FROM run_keys WHERE run_id=?", (run_id,)))
+    claimed = metric_keys.claimed_keys(store, run_id)
     mapping = KeyMapping(framework, claimed)
     renames = mapping.renames(names)
     scales = scale_factors(framework, renames, names)
@@ -121,9 +118,7 @@ MODEL_VOCAB: dict[int, tuple[int, int | None]] = {}
 def config_model_vocab(store: Store, run_id: int) -> int | None:
     """|V| of the model the run's stored config names (veRL's `actor_rollout_ref.model.path` as a tracker
     kept it, transformers' `_name_or_path`), when its config.json is on this machine (model_vocab.py)."""
-    size, text = store.conn.execute(
-        "SELECT length(config), config FROM runs WHERE id=?", (run_id,)
-    ).fetchone() or (0, None)
+    size, text = metric_keys.config_text(store, run_id)
     seen = MODEL_VOCAB.get(run_id)
     if seen is not None and seen[0] == size:
         return seen[1]
@@ -171,22 +166,17 @@ def _finite(value: Any) -> bool:
 def capped_keys(store: Store, run_id: int, rows: list[Row], result: IngestResult | None) -> list[Row]:
     """`rows` without those of new keys past the run's MAX_KEYS (the first new ones seen are kept); the
     first time keys are dropped, an event on the run and a line in `result` say so."""
-    conn = store.conn
-    seen = "SELECT 1 FROM rollups WHERE run_id=? AND key=? LIMIT 1"  # a primary-key seek
     new = [
-        name
-        for name in dict.fromkeys(row[1] for row in rows)
-        if not conn.execute(seen, (run_id, name)).fetchone()
+        name for name in dict.fromkeys(row[1] for row in rows) if not metric_keys.has_key(store, run_id, name)
     ]
     if not new:
         return rows  # the usual batch: every key known, the run's keys never counted
-    room = MAX_KEYS - len(run_keys(conn, run_id, MAX_KEYS + 1))
+    room = MAX_KEYS - len(metric_keys.keys_of(store, run_id, MAX_KEYS + 1))
     if len(new) <= room:
         return rows
     dropped = set(new[max(room, 0) :])
     kept = [row for row in rows if row[1] not in dropped]
-    said = conn.execute("SELECT 1 FROM events WHERE run_id=? AND kind=?", (run_id, KEYS_CAPPED))
-    if said.fetchone() is None:
+    if not metric_keys.has_event(store, run_id, KEYS_CAPPED):
         line = (
             f"more than {MAX_KEYS:,} distinct metric keys: the first {MAX_KEYS:,} are kept, later new keys"
             f" ({len(dropped):,} in this batch) are not imported"
@@ -195,20 +185,6 @@ def capped_keys(store: Store, run_id: int, rows: list[Row], result: IngestResult
         if result is not None:
             result.problems.append(f"run {run_id}: {line}")
     return kept
-
-
-def run_keys(conn: sqlite3.Connection, run_id: int, limit: int) -> set[str]:
-    """A run's distinct metric keys, at most `limit` of them: one primary-key seek in the rollups per key, so
-    the cost does not grow with the rows."""
-    keys: set[str] = set()
-    key = ""
-    while len(keys) < limit:
-        row = conn.execute("SELECT min(key) FROM rollups WHERE run_id=? AND key>?", (run_id, key)).fetchone()
-        if row[0] is None:
-            break
-        key = row[0]
-        keys.add(key)
-    return keys
 
 
 def with_derived_phi(rows: list[Row], vocab_size: int) -> list[Row]:
@@ -229,11 +205,7 @@ def with_derived_phi(rows: list[Row], vocab_size: int) -> list[Row]:
 
 def backfill_phi(store: Store, run_id: int, vocab_size: int) -> int:
     """Φ for the steps a run stored an entropy but no Φ for (its |V| came later); returns rows added."""
-    rows = store.conn.execute(
-        "SELECT step, value, wall_time FROM metrics WHERE run_id=? AND key='entropy' AND step NOT IN"
-        " (SELECT step FROM metrics WHERE run_id=? AND key='phi/mean')",
-        (run_id, run_id),
-    ).fetchall()
+    rows = metric_keys.entropy_without_phi(store, run_id)
     derived = [
         (step, name, value, wall)
         for step, entropy, wall in rows

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from engine.store import Store
+from engine.store import trajectories as trajectory_rows
 from engine.trajectories.model import MAX_STORED_EVENTS, Scored, Trajectory
 
 HOLDOUT_SHARE = 0.1  # trajectories kept out of every sample, export and training, for evaluation
@@ -90,34 +91,24 @@ def upsert(
     """Insert new trajectories and update changed ones (by uid), with their first 50 events."""
     result = SaveResult()
     now = time.time()
-    conn = store.conn
     with store.transaction():
         for t, s, fingerprint, quality in items:
             row = _row(t, s, fingerprint, quality, now)
-            existing = conn.execute(
-                f"SELECT id, {', '.join(COMPARED)} FROM trajectories WHERE uid=?", (t.uid,)
-            ).fetchone()
+            existing = trajectory_rows.stored(store, t.uid, COMPARED)
             if existing is not None:
                 if tuple(existing[1:]) == tuple(row[k] for k in COMPARED):
                     result.unchanged += 1
                     continue
                 traj_id = existing[0]
-                sets = ", ".join(f"{k}=?" for k in row)
-                conn.execute(f"UPDATE trajectories SET {sets} WHERE id=?", (*row.values(), traj_id))
-                conn.execute("DELETE FROM trajectory_events WHERE trajectory_id=?", (traj_id,))
+                trajectory_rows.replace(store, traj_id, row)
                 result.updated += 1
             else:
                 row["created_at"] = now
                 row["advantage"] = 0.0  # set by the pass over the whole store below
-                cur = conn.execute(
-                    f"INSERT INTO trajectories ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
-                    tuple(row.values()),
-                )
-                traj_id = cur.lastrowid
+                traj_id = trajectory_rows.insert(store, row)
                 result.new += 1
-            conn.executemany(
-                "INSERT INTO trajectory_events (trajectory_id, seq, tool, ok, params, ts, exit_code, "
-                "duration_ms) VALUES (?,?,?,?,?,?,?,?)",
+            trajectory_rows.add_events(
+                store,
                 [
                     (
                         traj_id,
@@ -140,26 +131,22 @@ def recompute_advantages(store: Store) -> dict[str, Any]:
     writes advantages and baselines."""
     from engine.trajectories.scoring.advantages import compute_advantages
 
-    rows = store.conn.execute("SELECT id, reward, domain, advantage FROM trajectories ORDER BY id").fetchall()
-    if not rows:
+    stored = trajectory_rows.rewards(store)
+    if not stored:
         return {}
-    ids = np.array([r[0] for r in rows], dtype=np.int64)
-    rewards = np.array([r[1] if r[1] is not None else 0.0 for r in rows], dtype=np.float64)
-    domains = [r[2] for r in rows]
-    old = np.array([r[3] if r[3] is not None else np.nan for r in rows], dtype=np.float64)
+    ids = np.array([r[0] for r in stored], dtype=np.int64)
+    rewards = np.array([r[1] if r[1] is not None else 0.0 for r in stored], dtype=np.float64)
+    domains = [r[2] for r in stored]
+    old = np.array([r[3] if r[3] is not None else np.nan for r in stored], dtype=np.float64)
     advantages, baselines = compute_advantages(rewards, domains)
     changed = ~np.isclose(advantages, old, atol=5e-5) | np.isnan(old)
     now = time.time()
     with store.transaction():
-        store.conn.executemany(
-            "UPDATE trajectories SET advantage=?, updated_at=? WHERE id=?",
-            [(float(a), now, int(i)) for a, i in zip(advantages[changed], ids[changed], strict=True)],
+        trajectory_rows.set_advantages(
+            store, [(float(a), now, int(i)) for a, i in zip(advantages[changed], ids[changed], strict=True)]
         )
-        store.conn.execute("DELETE FROM trajectory_domains")
-        store.conn.executemany(
-            "INSERT INTO trajectory_domains (domain, n, mean, baseline, sigma, updated_at) "
-            "VALUES (?,?,?,?,?,?)",
-            [(b.domain, b.n, b.mean, b.baseline, b.sigma, now) for b in baselines.values()],
+        trajectory_rows.replace_domains(
+            store, [(b.domain, b.n, b.mean, b.baseline, b.sigma, now) for b in baselines.values()]
         )
     return baselines
 
