@@ -646,6 +646,8 @@ def test_a_file_slower_to_read_than_a_batch_still_goes_on(store: Store, tmp_path
     """A batch whose budget is spent before its first row (the whole file used to be read first, then
     nothing stored, for ever: 0 of 1,024 rollouts of a 67 MiB file) stores a row at least and moves on; the
     groups carry over from one batch to the next."""
+    from engine.observe.rollouts import trl as trl_reader
+
     out = tmp_path / "grpo"
     trl_step(out, 1, g=4, prompts=10)  # 40 rows, groups of 4
     source_id = register(store, out / "completions", "rollouts-trl")
@@ -657,6 +659,8 @@ def test_a_file_slower_to_read_than_a_batch_still_goes_on(store: Store, tmp_path
         if result.caught_up:
             break
         assert batches <= 40
+        # the next batch goes on from where this one stopped, not from the row group's first row
+        assert any(kept.row == store.source(source_id)["cursor"]["row"] for kept in trl_reader.KEPT.values())
     rows = rollouts(store, only_run(store, source_id))
     assert len(rows) == 40 and batches >= 2
     groups = {(r["prompt"], r["group_id"]) for r in rows}

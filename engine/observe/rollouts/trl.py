@@ -13,7 +13,9 @@ the cursor's row): never a whole file, and each text cut to MAX_TEXT before it b
 small dictionary-encoded file of a thousand copies of one 1 MB completion costs a batch's worth of memory. A
 row group over MAX_ROW_GROUP bytes uncompressed is skipped with one line. The cursor is the file being read,
 how many of its rows are stored, and the group of the last one; every batch stores at least one row or moves
-the cursor past a file, so a file slower to read than a batch's budget still goes on. A file that cannot be
+the cursor past a file, so a file slower to read than a batch's budget still goes on; the next batch goes on
+from the rows' iterator where the last one stopped (KEPT: TRL writes one row group a file, and resuming inside
+it would decode every row before the cursor again). A file that cannot be
 read yet (pandas writes it in place) is waited for while it is the newest one and was written to in the last
 STALE_SECONDS; otherwise it is one problem line and reading goes on with the next file.
 """
@@ -25,6 +27,9 @@ import json
 import os
 import re
 import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -179,9 +184,37 @@ class FileRows:
     def read(self, out: list[dict[str, Any]], budget: Budget) -> int:
         """Append samples from row `first` on until the file ends or the budget is spent (after one row at
         least) or the batch holds BATCH_TEXT characters of text; returns the row after the last one
-        appended."""
+        appended. Where an earlier batch stopped in this file, its rows go on from there (KEPT)."""
+        key, signature = str(self.path), _signature(self.path)
+        kept = KEPT.pop(key, None)
+        if kept is not None and kept.signature == signature and kept.row == self.first:
+            rows = kept.rows
+        else:
+            rows = self.rows_from(self.first)
+        row, held = self.first, 0
+        try:
+            for number, data, i in rows:
+                if data is None:  # a row group skipped: its line
+                    self.result.add_problem(f"{self.path.name}: {i}")
+                    continue
+                sample = self.sample(data, i, number)
+                out.append(sample)
+                row = number + 1
+                held += len(sample["prompt"] or "") + len(sample["completion"] or "")
+                if spent(budget, len(out)) or held >= BATCH_TEXT:
+                    KEPT[key] = Kept(signature, row, rows)
+                    while len(KEPT) > KEPT_FILES:
+                        KEPT.popitem(last=False)
+                    return row
+        except Exception as exc:  # a damaged page: the rest of the file is one problem line
+            self.result.add_problem(f"{self.path.name}: row {row}: cannot be read ({_said(exc)}); skipped")
+        return self.parquet.metadata.num_rows
+
+    def rows_from(self, first: int) -> Iterator[tuple[int, Any, Any]]:
+        """(row number, its batch's columns, its place in them) for each row from `first` on; a row group over
+        MAX_ROW_GROUP is (its first row, None, the problem line) instead."""
         metadata = self.parquet.metadata
-        row, group_start, held = self.first, 0, 0
+        row, group_start = first, 0
         for index in range(metadata.num_row_groups):
             group_rows = metadata.row_group(index).num_rows
             if row >= group_start + group_rows:
@@ -189,35 +222,28 @@ class FileRows:
                 continue
             size = metadata.row_group(index).total_byte_size
             if size > MAX_ROW_GROUP:
-                self.result.add_problem(
-                    f"{self.path.name}: row group {index} (rows {group_start}-{group_start + group_rows - 1})"
-                    f" is {size:,} bytes uncompressed, over the limit of {MAX_ROW_GROUP:,}; skipped"
+                yield (
+                    row,
+                    None,
+                    (
+                        f"row group {index} (rows {group_start}-{group_start + group_rows - 1}) is"
+                        f" {size:,} bytes uncompressed, over the limit of {MAX_ROW_GROUP:,}; skipped"
+                    ),
                 )
                 group_start += group_rows
                 row = group_start
                 continue
             at = group_start
-            try:
-                for batch in self.parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=[index]):
-                    if at + batch.num_rows <= row:
-                        at += batch.num_rows
-                        continue
-                    data = _columns(batch)
-                    for i in range(row - at, batch.num_rows):
-                        sample = self.sample(data, i, row)
-                        out.append(sample)
-                        row += 1
-                        held += len(sample["prompt"] or "") + len(sample["completion"] or "")
-                        if spent(budget, len(out)) or held >= BATCH_TEXT:
-                            return row
+            for batch in self.parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=[index]):
+                if at + batch.num_rows <= row:  # before the cursor: a batch resumed elsewhere decodes these
                     at += batch.num_rows
-            except Exception as exc:  # a damaged page: the rest of the file is one problem line
-                self.result.add_problem(
-                    f"{self.path.name}: row {row}: cannot be read ({_said(exc)}); skipped"
-                )
-                return metadata.num_rows
+                    continue
+                data = _columns(batch)
+                for i in range(row - at, batch.num_rows):
+                    yield row, data, i
+                    row += 1
+                at += batch.num_rows
             group_start += group_rows
-        return row
 
     def sample(self, data: dict[str, list[Any]], i: int, row: int) -> dict[str, Any]:
         prompt = data["prompt"][i]
@@ -239,6 +265,31 @@ class FileRows:
             "extra": {name: data[name][i] for name in self.extras},
             "wall_time": self.wall,
         }
+
+
+@dataclass
+class Kept:
+    """Where a batch stopped in a file: the iterator of its rows, so that the next batch goes on from there
+    (resuming inside a row group otherwise decodes every row before the cursor again: TRL writes one row group
+    a file)."""
+
+    signature: tuple[int, int, int]  # the file's inode, size and mtime when it was opened
+    row: int  # the row the iterator gives next
+    rows: Iterator[tuple[int, Any, Any]]
+
+
+# file path -> where the last batch stopped in it, least recently used first (each holds a batch of at most
+# BATCH_ROWS decoded rows and the open file)
+KEPT: OrderedDict[str, Kept] = OrderedDict()
+KEPT_FILES = 4
+
+
+def _signature(path: Path) -> tuple[int, int, int]:
+    try:
+        st = path.stat()
+    except OSError:
+        return (0, 0, 0)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _columns(batch: Any) -> dict[str, list[Any]]:
