@@ -71,7 +71,7 @@ from .panes import RewardsPane, draw_run, line_style, rewards_title, set_title
 from .reads import StoreReads
 from .runs import RunList
 from .screen_keys import PANES, ScreenKeys
-from .supervisor import READONLY_ENGINE_HINT, EngineSupervision, nap
+from .supervisor import READONLY_ENGINE_HINT, EngineSupervision, ended, nap
 from .system_keys import SystemPanes
 
 DESTRUCTIVE = frozenset({"stop_run", "agents_stop_worker"})  # debounced longer
@@ -330,7 +330,7 @@ class ControlRoom(
         """Poll `PRAGMA data_version` at most `refresh_hz` times a second; post only news."""
         worker = get_current_worker()
         period = 1.0 / self.refresh_hz
-        while not worker.is_cancelled:
+        while not ended(worker):
             started = time.monotonic()
             snapshot = self.watcher.poll()
             if snapshot is not None:

@@ -27,11 +27,18 @@ READONLY_ENGINE_DOWN = (
 
 
 def nap(worker: Worker, seconds: float) -> None:
-    """Sleep in a thread worker, waking within 50 ms of its cancellation: `q` waits for the
-    workers' threads, so a plain sleep (up to a minute of engine backoff) would hold the exit."""
+    """Sleep in a thread worker, waking within 50 ms of its cancellation or of its app's end: `q` waits
+    for the workers' threads, so a plain sleep (up to a minute of engine backoff) would hold the exit."""
     deadline = time.monotonic() + seconds
-    while not worker.is_cancelled and (left := deadline - time.monotonic()) > 0:
+    while not ended(worker) and (left := deadline - time.monotonic()) > 0:
         time.sleep(min(left, 0.05))
+
+
+def ended(worker: Worker) -> bool:
+    """The worker was cancelled, or its app is shutting down. A worker started while `q` was being handled
+    (the supervisor starts after the first paint, which a fast `q` can precede) is never cancelled, and the
+    app's exit waits for its thread for ever."""
+    return worker.is_cancelled or not worker.node.app.is_running
 
 
 class EngineState(Message):
@@ -52,7 +59,7 @@ class EngineSupervision:
         worker = get_current_worker()
         backoff = 2.0
         seen_up = False
-        while not worker.is_cancelled:
+        while not ended(worker):
             # Read-only: not even a dead engine's pidfile is removed.
             status = engine_status(self.home, recover=not self.readonly)
             if status.state == "up" and stalled(status) is not None:  # up, but it writes nothing: say why
