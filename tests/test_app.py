@@ -196,6 +196,8 @@ async def test_observe_dialog_rejects_a_bad_path_and_queues_a_good_one(home: Pat
         app.screen.query_one("#observe-path").value = str(good)
         await pilot.press("enter")
         await until(pilot, lambda: app.screen.__class__.__name__ != "ObserveScreen")
+        # written by the sender's thread: the row has its id (not raced by the app's exit)
+        await until(pilot, lambda: any(r.verb == "observe" and r.command_id for r in app.sender.pending))
     with Store(home / "carl.db") as store:
         rows = store.conn.execute("SELECT verb, args, state, origin FROM commands").fetchall()
     assert (
