@@ -54,7 +54,7 @@ class Due:
 
 
 def known(store: Store, key: str) -> bool:
-    return store.conn.execute("SELECT 1 FROM kv WHERE key=?", (key,)).fetchone() is not None
+    return store.has_kv(key)
 
 
 def add(store: Store, key: str, payload: dict[str, Any], targets: tuple[str, ...]) -> list[Due]:
@@ -69,9 +69,8 @@ def add(store: Store, key: str, payload: dict[str, Any], targets: tuple[str, ...
 
 def pending(store: Store) -> list[Due]:
     """Every pending target of every alert (read once, when the engine starts)."""
-    rows = store.conn.execute("SELECT key, value FROM kv WHERE key >= ? AND key < ?", (PREFIX, "alert0"))
     out = []
-    for key, value in rows.fetchall():
+    for key, value in store.kv_texts(PREFIX, "alert0"):
         try:
             entry = json.loads(value)
             for target, state in entry["targets"].items():

@@ -113,10 +113,7 @@ RESUMABLE_VERBS = {"observe", "eval"}  # safe to run again after an engine died 
 
 def orphaned_commands(store: Store) -> list[dict[str, Any]]:
     """Engine commands left 'running' by an engine that died (we hold the lock: none is alive)."""
-    rows = store.conn.execute(
-        "SELECT id, verb, args, run_id FROM commands WHERE target='engine' AND state='running' ORDER BY id"
-    ).fetchall()
-    return [{"id": r[0], "verb": r[1], "args": json.loads(r[2] or "{}"), "run_id": r[3]} for r in rows]
+    return store.running_commands("engine")
 
 
 # -- the loop ------------------------------------------------------------------------------
@@ -258,8 +255,7 @@ class Engine:
         self.dirty_runs.update(self.system.take_changed_runs())  # a process of theirs ended
         if now >= self.next_recheck:
             self.next_recheck = now + RECHECK_RUNNING_EVERY
-            running = self.store.conn.execute("SELECT id FROM runs WHERE status='running'").fetchall()
-            self.dirty_runs.update(r[0] for r in running)
+            self.dirty_runs.update(self.store.running_run_ids())
         if not self.dirty_runs or now < self.next_analysis:
             return
         self.next_analysis = now + ANALYZE_EVERY
@@ -401,8 +397,8 @@ class Engine:
         return self.plane.address if self.plane is not None and self.plane.up else None
 
     def restore_plane(self) -> None:
-        row = self.store.conn.execute("SELECT value FROM kv WHERE key='agents.plane'").fetchone()
-        if row is None or not json.loads(row[0]).get("wanted"):
+        plane = self.store.kv("agents.plane")
+        if not isinstance(plane, dict) or not plane.get("wanted"):
             return
         try:
             self.agents_plane().restore()
@@ -630,8 +626,7 @@ class Engine:
 
     def run_names(self, source_id: int) -> list[str]:
         """All runs of the source, also those an earlier import created (no new rows this time)."""
-        rows = self.store.conn.execute("SELECT name FROM runs WHERE source_id=? ORDER BY id", (source_id,))
-        return [r[0] for r in rows]
+        return self.store.run_names(source_id)
 
     def interrupt_observes(self) -> None:
         """Settle the commands still catching up when the engine stops."""

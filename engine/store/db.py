@@ -568,12 +568,40 @@ class Store:
             )
             return int(cur.lastrowid)
 
+    # -- what the engine's loop asks of runs and commands ----------------------------------------
+
+    def running_run_ids(self) -> list[int]:
+        return [int(r[0]) for r in self.conn.execute("SELECT id FROM runs WHERE status='running'")]
+
+    def run_names(self, source_id: int) -> list[str]:
+        """The names of a source's runs, oldest first."""
+        rows = self.conn.execute("SELECT name FROM runs WHERE source_id=? ORDER BY id", (source_id,))
+        return [r[0] for r in rows]
+
+    def running_commands(self, target: str) -> list[dict[str, Any]]:
+        """Commands for `target` left 'running' (their args decoded), oldest first."""
+        rows = self.conn.execute(
+            "SELECT id, verb, args, run_id FROM commands WHERE target=? AND state='running' ORDER BY id",
+            (target,),
+        ).fetchall()
+        return [{"id": r[0], "verb": r[1], "args": json.loads(r[2] or "{}"), "run_id": r[3]} for r in rows]
+
     # -- key/value state (the agents plane, trajectory training, the engine's children) ----------
 
     def kv(self, key: str) -> Any:
         """The JSON value stored under `key`, or None."""
         row = self.conn.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
         return json.loads(row[0]) if row else None
+
+    def has_kv(self, key: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM kv WHERE key=?", (key,)).fetchone() is not None
+
+    def kv_texts(self, low: str, high: str) -> list[tuple[str, str]]:
+        """(key, its JSON text) of every key in [low, high), in key order: the caller decodes each, so one
+        damaged value costs only itself."""
+        return self.conn.execute(
+            "SELECT key, value FROM kv WHERE key >= ? AND key < ? ORDER BY key", (low, high)
+        ).fetchall()
 
     def set_kv(self, key: str, value: Any) -> None:
         with self.transaction():
