@@ -302,8 +302,12 @@ class ProcessTracker:
         exit_code, signal = exact if exact is not None else (None, None)
         clean = exit_code == 0 and signal is None
         # Not a death: a clean exit, a run that had already ended (it said why), or an observed process whose
-        # end cannot be known (a script that finished looks the same).
-        died = run.get("status") in LIVE and not clean and not (exact is None and row["role"] == "observed")
+        # end cannot be known (a script that finished looks the same). A signal in a run that has failed is
+        # one, as the launcher's report counts it (training/processes.py `record_rank_end`): the run may turn
+        # `failed` before this pass sees the killed rank, and an exact status recorded here is never replaced.
+        status = run.get("status")
+        live = status in LIVE or (signal is not None and status == "failed")
+        died = live and not clean and not (exact is None and row["role"] == "observed")
         step = run.get("last_step")
         reason = end_reason(
             who(row["role"], row["pid"], row["rank"], row["cmdline"]), exit_code, signal, step
