@@ -24,12 +24,12 @@ SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
 # C0 controls but tab and newline, DEL, and the C1 controls (\x9b is a one-byte CSI).
 _CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _NAMED = {"\r": "\\r"}
-# Characters a terminal does not show as themselves, written out as \uXXXX: Unicode's format characters
-# (category Cf: bidi overrides and isolates, which make `rtl\u202egpj.exe` print as "rtlexe.jpg"; zero-width
-# spaces and joiners, which glue emoji into one glyph of a width no two terminals agree on; the BOM, soft
-# hyphen, invisible operators, tags) and the variation selectors (U+FE0F makes a narrow symbol wide in some
-# terminals, not in others). Cf's ranges as of Unicode 15 (tests/test_text.py checks them against the running
-# Python's unicodedata).
+# Characters a terminal does not show as themselves, written out as a \u escape (four hex digits): Unicode's
+# format characters (category Cf: bidi overrides and isolates, which make `rtl\u202egpj.exe` print as
+# "rtlexe.jpg"; zero-width spaces and joiners, which glue emoji into one glyph of a width no two terminals
+# agree on; the BOM, soft hyphen, invisible operators, tags) and the variation selectors (U+FE0F makes a
+# narrow symbol wide in some terminals, not in others). Cf's ranges as of Unicode 15 (tests/test_text.py
+# checks them against the running Python's unicodedata).
 _INVISIBLE = re.compile(
     "[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
     "\u2060-\u2064\u2066-\u206f\ufe00-\ufe0f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
