@@ -40,7 +40,7 @@ RESUMED = "resumed"  # ... and that it grew again
 
 def quiet_seconds(store: Store, run_id: int) -> float:
     """How long this run may be still before it has ended."""
-    walls = step_walls(store.conn, run_id, STEPS_MEASURED)
+    walls = step_walls(store, run_id, STEPS_MEASURED)
     gaps = [b - a for a, b in zip(walls, walls[1:], strict=False) if b > a]
     typical = statistics.median(gaps) if gaps else 0.0
     return max(QUIET_MIN_SECONDS, QUIET_STEPS * typical)
@@ -51,7 +51,7 @@ def settle(store: Store, now: float | None = None) -> list[int]:
     ids of the runs whose status changed."""
     now = time.time() if now is None else now
     changed = []
-    for run in followed_runs(store.conn, ("running",)):
+    for run in followed_runs(store, ("running",)):
         quiet = now - run.life
         if quiet < QUIET_MIN_SECONDS or quiet < quiet_seconds(store, run.id):
             continue
@@ -70,17 +70,17 @@ def settle(store: Store, now: float | None = None) -> list[int]:
             store.set_kv(f"{ENDED_PREFIX}{run.id}", run.life)
             store.add_event(run.id, run.last_step, ENDED, f"{status}: {reason}")
         changed.append(run.id)
-    ended = ended_by_quiet(store.conn)
-    for run in followed_runs(store.conn, ("finished", "stopped")):
+    ended = ended_by_quiet(store)
+    for run in followed_runs(store, ("finished", "stopped")):
         if run.id not in ended:
             continue
         if run.ended_at != ended[run.id]:  # its tracker recorded an end since: that end stands
             with store.transaction():
-                forget_ended(store.conn, run.id)
+                forget_ended(store, run.id)
         elif run.life > ended[run.id]:
             with store.transaction():
                 store.update_run(run.id, status="running", ended_at=None, error=None)
-                forget_ended(store.conn, run.id)
+                forget_ended(store, run.id)
                 store.add_event(run.id, run.last_step, RESUMED, "its source grew again")
             changed.append(run.id)
     return changed

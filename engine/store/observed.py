@@ -4,12 +4,17 @@ A followed run's signs of life: the wall time of its newest row (`runs.last_upda
 the source has one) and when the sources that feed it last moved their cursor (`sources.updated_at`: a reader
 writes its cursor only when it read something). A store of many runs (MLflow, Trackio) moves for any of its
 runs, so only the run's own rows count for its runs.
+
+Reads and writes on the writer's connection, inside the caller's transaction when it has one.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .db import Store
 
 MULTI_RUN_KINDS = ("mlflow", "trackio")
 ENDED_PREFIX = "observe.ended."  # kv: a run the quiet rule ended, and its sign of life then
@@ -28,10 +33,10 @@ class Followed:
     ended_at: float | None = None
 
 
-def followed_runs(conn: sqlite3.Connection, statuses: tuple[str, ...]) -> list[Followed]:
+def followed_runs(store: Store, statuses: tuple[str, ...]) -> list[Followed]:
     """Runs in one of `statuses` whose source is followed, with their newest sign of life."""
     marks = ",".join("?" * len(statuses))
-    rows = conn.execute(
+    rows = store.conn.execute(
         "SELECT r.id, r.status, r.source_id, r.last_step, r.max_steps, r.last_update, r.started_at, s.kind,"
         " r.ended_at"
         " FROM runs r JOIN sources s ON s.id = r.source_id"
@@ -42,7 +47,7 @@ def followed_runs(conn: sqlite3.Connection, statuses: tuple[str, ...]) -> list[F
     for run_id, status, source_id, last_step, max_steps, last_update, started, kind, ended_at in rows:
         life = max(last_update or 0.0, started or 0.0)
         if kind not in MULTI_RUN_KINDS:
-            feeding = conn.execute(
+            feeding = store.conn.execute(
                 "SELECT max(updated_at) FROM sources WHERE (id = ? OR attach_to = ?)"
                 f" AND kind NOT IN ({','.join('?' * len(MULTI_RUN_KINDS))})",
                 (source_id, source_id, *MULTI_RUN_KINDS),
@@ -52,23 +57,23 @@ def followed_runs(conn: sqlite3.Connection, statuses: tuple[str, ...]) -> list[F
     return out
 
 
-def step_walls(conn: sqlite3.Connection, run_id: int, steps: int) -> list[float]:
+def step_walls(store: Store, run_id: int, steps: int) -> list[float]:
     """The wall times of the run's newest `steps` steps of one of its keys (the first: an index seek, not a
     scan of the run's rows), oldest first."""
-    key = conn.execute("SELECT min(key) FROM rollups WHERE run_id = ?", (run_id,)).fetchone()[0]
+    key = store.conn.execute("SELECT min(key) FROM rollups WHERE run_id = ?", (run_id,)).fetchone()[0]
     if key is None:
         return []
-    rows = conn.execute(
+    rows = store.conn.execute(
         "SELECT wall_time FROM metrics WHERE run_id = ? AND key = ? ORDER BY step DESC LIMIT ?",
         (run_id, key, steps),
     ).fetchall()
     return sorted(r[0] for r in rows if r[0] is not None)
 
 
-def ended_by_quiet(conn: sqlite3.Connection) -> dict[int, float]:
+def ended_by_quiet(store: Store) -> dict[int, float]:
     """Run id -> its sign of life when the quiet rule ended it."""
     out = {}
-    for key, value in conn.execute("SELECT key, value FROM kv WHERE key LIKE ?", (ENDED_PREFIX + "%",)):
+    for key, value in store.conn.execute("SELECT key, value FROM kv WHERE key LIKE ?", (ENDED_PREFIX + "%",)):
         try:
             out[int(key[len(ENDED_PREFIX) :])] = float(value)
         except ValueError:
@@ -76,5 +81,6 @@ def ended_by_quiet(conn: sqlite3.Connection) -> dict[int, float]:
     return out
 
 
-def forget_ended(conn: sqlite3.Connection, run_id: int) -> None:
-    conn.execute("DELETE FROM kv WHERE key = ?", (f"{ENDED_PREFIX}{run_id}",))
+def forget_ended(store: Store, run_id: int) -> None:
+    """Drop the quiet rule's mark on the run (its tracker recorded an end, or it grew again)."""
+    store.conn.execute("DELETE FROM kv WHERE key = ?", (f"{ENDED_PREFIX}{run_id}",))
