@@ -190,19 +190,13 @@ ENGINE_CHECK_S = 2.0  # how often a wait looks at the engine itself
 def _wait(store: Any, command_ids: list[int], label: str, home: Path) -> list[tuple[str, str]]:
     """(state, result) of each command, once every one is done or failed; CliError when the engine stops or
     stalls first (a full disk: it cannot write the result), saying why: never a wait for ever."""
-    marks = ",".join("?" * len(command_ids))
     next_check = time.monotonic() + ENGINE_CHECK_S
     with LazyProgress(label) as progress:
         while True:
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + ENGINE_CHECK_S
                 _engine_answers(home)
-            rows = dict(
-                (r[0], (r[1], r[2]))
-                for r in store.conn.execute(
-                    f"SELECT id, state, result FROM commands WHERE id IN ({marks})", command_ids
-                )
-            )
+            rows = store.command_states(command_ids)
             progress.update(sum(1 for s, _ in rows.values() if s in ("done", "failed")), len(command_ids))
             if all(rows[c][0] in ("done", "failed") for c in command_ids):
                 return [rows[c] for c in command_ids]
@@ -226,8 +220,10 @@ def _engine_answers(home: Path) -> None:
 
 
 def _source_id(store: Any, path: Path) -> int | None:
-    row = store.conn.execute("SELECT id FROM sources WHERE path=?", (str(path),)).fetchone()
-    return None if row is None else int(row[0])
+    from engine.store.sources import source_at
+
+    found = source_at(store, str(path))
+    return None if found is None else found.id
 
 
 def _backfill_sources(store: Any, source_ids: list[int | None], vocab: int) -> None:

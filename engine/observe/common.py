@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.limits import COUNT_MAX, int_within
-from engine.store import Store
+from engine.store import Store, sources
 
 MAX_PROBLEMS = 20  # problems reported per result; the counts stay exact
 MAX_VOCAB = COUNT_MAX  # a vocabulary size past this is no model's (and |V| >= 2**63 cannot be stored)
@@ -120,20 +120,15 @@ def find_run(store: Store, source_id: int, external_id: str = "") -> RunInfo | N
     A joined source whose main source has made no run yet raises a transient ObserveError: its rows wait."""
     target = joined_to(store, source_id, external_id)
     if target is not None:
-        row = store.conn.execute(
-            "SELECT id, vocab_size, status FROM runs WHERE source_id=? ORDER BY id LIMIT 1", (target,)
-        ).fetchone()
-        if row is None:
+        joined = sources.first_run(store, target)
+        if joined is None:
             raise ObserveError(
                 f"source {source_id}: waiting for the run of source {target}, which it logged too",
                 transient=True,
             )
-        return RunInfo(int(row[0]), row[1], row[2])
-    row = store.conn.execute(
-        "SELECT id, vocab_size, status FROM runs WHERE source_id=? AND external_id=? ORDER BY id LIMIT 1",
-        (source_id, external_id),
-    ).fetchone()
-    return None if row is None else RunInfo(int(row[0]), row[1], row[2])
+        return RunInfo(*joined)
+    own = sources.run_of(store, source_id, external_id)
+    return None if own is None else RunInfo(*own)
 
 
 # A store of many runs (MLflow, Trackio) joins another source's run one of its runs at a time: kv
@@ -149,7 +144,7 @@ def joined_to(store: Store, source_id: int, external_id: str) -> int | None:
     """The source whose run this metrics source (or, in a store of many runs, this one of its runs) writes
     into, as discovery joined them (discover.py, `register`); None for a source read into runs of its own.
     A rollout source's `attach_to` is read by the rollout readers, not here."""
-    row = store.conn.execute("SELECT kind, attach_to FROM sources WHERE id=?", (source_id,)).fetchone()
+    row = sources.kind_and_attach_to(store, source_id)
     if row is None or row[0].startswith("rollouts-"):
         return None
     if row[0] in MULTI_RUN_KINDS:
@@ -185,25 +180,20 @@ def source_run_ids(store: Store, source_id: int) -> list[int]:
     """The runs that hold what a source imported: its own, and the run of the source it joins or its
     rollouts attach to (not its own, yet it holds them) once it has read something there: rows stored, or
     read without a bad line (a joined source's rows may all be there already, from the source it joins)."""
-    rows = store.conn.execute("SELECT id FROM runs WHERE source_id=? ORDER BY id", (source_id,))
-    ids = [int(r[0]) for r in rows]
-    row = store.conn.execute(
-        "SELECT attach_to, rows, bad_lines, cursor FROM sources WHERE id=?", (source_id,)
-    ).fetchone()
-    if row is None or not (row[1] or (not row[2] and row[3] not in (None, "", "{}"))):
+    ids = sources.run_ids(store, source_id)
+    read = sources.source_progress(store, source_id)
+    if read is None or not (read.rows or (not read.bad_lines and read.cursor not in (None, "", "{}"))):
         return ids
     targets = set()
-    if type(row[0]) is int:
-        targets.add(row[0])
+    if type(read.attach_to) is int:
+        targets.add(read.attach_to)
     joins = store.kv(joins_key(source_id))
     if isinstance(joins, dict):
         targets.update(t for t in joins.values() if type(t) is int)
     for target in sorted(targets - {source_id}):
-        first = store.conn.execute(
-            "SELECT id FROM runs WHERE source_id=? ORDER BY id LIMIT 1", (target,)
-        ).fetchone()
-        if first is not None and int(first[0]) not in ids:
-            ids.append(int(first[0]))
+        first = sources.first_run(store, target)
+        if first is not None and first[0] not in ids:
+            ids.append(first[0])
     return ids
 
 

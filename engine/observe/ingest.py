@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import files
-from engine.store import Store, StoreError
+from engine.store import Store, StoreError, sources
 from engine.text import storable
 
 from . import jsonl, mlflow_store, rollouts, tensorboard, trackio, trainer_state, wandb_run
@@ -62,16 +62,15 @@ def register_source(
             f"{storable(str(resolved))}: the path is not valid UTF-8, so it cannot be kept; rename it"
         )
     kind = kind or detect_kind(resolved)
-    row = store.conn.execute("SELECT kind FROM sources WHERE path=?", (str(resolved),)).fetchone()
-    if row is not None and row[0] != kind:
-        raise ObserveError(f"{resolved}: was observed as {row[0]} but now looks like {kind}")
+    known = sources.source_at(store, str(resolved))
+    if known is not None and known.kind != kind:
+        raise ObserveError(f"{resolved}: was observed as {known.kind} but now looks like {kind}")
     if name is None and default_name is not None:
-        named = store.conn.execute("SELECT name FROM sources WHERE path=?", (str(resolved),)).fetchone()
-        name = default_name if named is None or named[0] is None else None
+        name = default_name if known is None or known.name is None else None
     source_id = store.upsert_source(kind, str(resolved), name=name, follow=follow)
     with store.transaction():
         if attach_to is not None:
-            store.conn.execute("UPDATE sources SET attach_to=? WHERE id=?", (attach_to, source_id))
+            sources.set_attach_to(store, source_id, attach_to)
         if follow:  # following again: what a finished import left 'imported' is live once more
             _move_runs(store, source_id, "imported", "running")
     return source_id
@@ -84,7 +83,7 @@ def set_joined(store: Store, source_id: int, target: int | None, external_id: st
     `sources.attach_to`."""
     with store.transaction():
         if external_id is None:
-            store.conn.execute("UPDATE sources SET attach_to=? WHERE id=?", (target, source_id))
+            sources.set_attach_to(store, source_id, target)
         joins = store.kv(joins_key(source_id))
         if external_id is not None or (target is None and joins):
             joins = dict(joins) if isinstance(joins, dict) else {}
@@ -183,6 +182,5 @@ def finish_import(store: Store, source_id: int) -> None:
 
 def _move_runs(store: Store, source_id: int, old: str, new: str) -> None:
     """Set the status of this source's runs that are in `old` to `new`."""
-    rows = store.conn.execute("SELECT id FROM runs WHERE source_id=? AND status=?", (source_id, old))
-    for (run_id,) in rows.fetchall():
+    for run_id in sources.run_ids(store, source_id, old):
         store.update_run(run_id, status=new)

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.store import Store
+from engine.store import Store, metric_keys
+from engine.store.sources import source_runs
 
 from .common import MULTI_RUN_KINDS, ObserveError
 from .ingest import ingest_source, register_source
@@ -98,31 +99,16 @@ def worth_peeking(sources: list[Found]) -> list[Found]:
 
 
 def _units(scratch: Store, source_id: int, found: Found) -> list[Unit]:
-    rows = scratch.conn.execute(
-        "SELECT id, external_id, started_at, last_update FROM runs WHERE source_id=? ORDER BY id",
-        (source_id,),
-    ).fetchall()
     multi = found.kind in MULTI_RUN_KINDS
     units = []
-    for run_id, external_id, _, last_update in rows:
-        steps = [
-            r[0]
-            for r in scratch.conn.execute(
-                "SELECT DISTINCT step FROM metrics WHERE run_id=? ORDER BY step LIMIT ?", (run_id, PEEK_STEPS)
-            )
-        ]
+    for run in source_runs(scratch, source_id):
+        steps = metric_keys.first_steps(scratch, run.id, PEEK_STEPS)
         if not steps:
             continue
-        values = {
-            (key, step): value
-            for step, key, value in scratch.conn.execute(
-                "SELECT step, key, value FROM metrics WHERE run_id=? AND step BETWEEN ? AND ?",
-                (run_id, steps[0], steps[-1]),
-            )
-        }
-        unit = Unit(found, external_id if multi else None, values)
+        values = metric_keys.values_between(scratch, run.id, steps[0], steps[-1])
+        unit = Unit(found, run.external_id if multi else None, values)
         if multi:  # the time its last value was logged (a store's start may be when it was first read)
-            unit.ended = last_update
+            unit.ended = run.last_update
         else:  # TensorBoard and W&B name their start in their file names; a log's time is its last write
             unit.started = found.started if found.kind in STARTS_KNOWN else None
             unit.ended = found.ended or None

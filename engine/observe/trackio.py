@@ -19,6 +19,7 @@ from engine.limits import shown
 from engine.store import Store
 from engine.store.histograms import KEYS_CAP, HistogramRow, add_histograms
 from engine.store.schema import APPLICATION_ID
+from engine.store.sources import has_runs
 from engine.text import loads_storable
 
 from .common import (
@@ -281,7 +282,7 @@ def _names_first_run(store: Store, source: dict[str, Any], batch: TrackioBatch) 
     """Whether this batch creates the source's first run under a name the user asked for."""
     if not source["name"] or not batch.names:
         return False
-    return store.conn.execute("SELECT 1 FROM runs WHERE source_id=?", (source["id"],)).fetchone() is None
+    return not has_runs(store, source["id"])
 
 
 def _single_run(conn: sqlite3.Connection, run_col: str) -> bool:

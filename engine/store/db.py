@@ -31,6 +31,7 @@ from .base import (
     check_schema,
     connect,
     existing_store,
+    in_chunks,
     insert_chat_message,
     insert_command,
     read_experiment,
@@ -585,6 +586,14 @@ class Store:
             (target,),
         ).fetchall()
         return [{"id": r[0], "verb": r[1], "args": json.loads(r[2] or "{}"), "run_id": r[3]} for r in rows]
+
+    def command_states(self, command_ids: Iterable[int]) -> dict[int, tuple[str, str | None]]:
+        """id -> (state, result) of each of these commands there is."""
+        states: dict[int, tuple[str, str | None]] = {}
+        for chunk, marks in in_chunks(command_ids):
+            rows = self.conn.execute(f"SELECT id, state, result FROM commands WHERE id IN ({marks})", chunk)
+            states.update((int(r[0]), (r[1], r[2])) for r in rows)
+        return states
 
     # -- key/value state (the agents plane, trajectory training, the engine's children) ----------
 

@@ -1,6 +1,6 @@
 """A run's metric keys in carl.db, as the readers of other tools' runs need them (engine/observe/runkeys.py):
 the framework and |V| stored on the run, the renames kept in run_keys, which keys it has, the entropy steps
-still without a Φ.
+still without a Φ; and the values of a run's first steps, which pairing compares (engine/observe/pairing.py).
 
 Reads on the writer's connection, inside the transaction of the caller's batch when it has one.
 """
@@ -66,3 +66,19 @@ def entropy_without_phi(store: Store, run_id: int) -> list[tuple[Any, ...]]:
         " (SELECT step FROM metrics WHERE run_id=? AND key='phi/mean')",
         (run_id, run_id),
     ).fetchall()
+
+
+def first_steps(store: Store, run_id: int, limit: int) -> list[int]:
+    """The run's first `limit` distinct steps, in order."""
+    rows = store.conn.execute(
+        "SELECT DISTINCT step FROM metrics WHERE run_id=? ORDER BY step LIMIT ?", (run_id, limit)
+    )
+    return [r[0] for r in rows]
+
+
+def values_between(store: Store, run_id: int, first: int, last: int) -> dict[tuple[str, int], float | None]:
+    """(key, step) -> value of the run's rows from step `first` to `last`, both included (NaN is NULL)."""
+    rows = store.conn.execute(
+        "SELECT step, key, value FROM metrics WHERE run_id=? AND step BETWEEN ? AND ?", (run_id, first, last)
+    )
+    return {(key, step): value for step, key, value in rows}

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.files import kind_of, reason
-from engine.store import Store
+from engine.store import Store, sources
 from engine.store.rollout_reads import next_rollout_idx
 
 from ..common import Budget, IngestResult, ObserveError, RunInfo, ensure_run, find_run
@@ -48,10 +48,9 @@ def attached_run(store: Store, source: dict[str, Any]) -> RunInfo | None:
 
 
 def find_any_run(store: Store, source_id: int) -> RunInfo | None:
-    row = store.conn.execute(
-        "SELECT id, vocab_size, status FROM runs WHERE source_id=? ORDER BY id LIMIT 1", (source_id,)
-    ).fetchone()
-    return None if row is None else RunInfo(int(row[0]), row[1], row[2])
+    """The source's first run, or None."""
+    run = sources.first_run(store, source_id)
+    return None if run is None else RunInfo(*run)
 
 
 def write_batch(
