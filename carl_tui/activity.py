@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from engine.store.commands import Verb
 from widgets.activity import TrajectoriesPane
 from widgets.agents import AgentsPane
 
@@ -88,7 +89,7 @@ class ActivityPanes:
         if event.verb == "pause_resume":
             self.agents_pause_resume()
         elif event.verb == "add_worker":
-            self.send_agents("agents_add_worker", "adding a worker")
+            self.send_agents(Verb.AGENTS_ADD_WORKER, "adding a worker")
         elif event.verb == "stop_worker":
             self.agents_stop_worker(event.worker_id)
 
@@ -99,16 +100,16 @@ class ActivityPanes:
                 f"the manager is {state}: there is no assignment to pause", title="agents", severity="warning"
             )
             return
-        pending = self.sender.pending_verb("agents_pause", "agents_resume")
+        pending = self.sender.pending_verb(Verb.AGENTS_PAUSE, Verb.AGENTS_RESUME)
         if pending:
             self.notify(
                 f"a command is already running: {pending}; wait for it", severity="warning", markup=False
             )
             return
         if state == "paused":
-            self.send_agents("agents_resume", "resuming task assignment")
+            self.send_agents(Verb.AGENTS_RESUME, "resuming task assignment")
         else:
-            self.send_agents("agents_pause", "pausing task assignment")
+            self.send_agents(Verb.AGENTS_PAUSE, "pausing task assignment")
 
     def agents_stop_worker(self: ControlRoom, worker_id: str | None) -> None:
         if worker_id is None:
@@ -132,13 +133,13 @@ class ActivityPanes:
         self.push_screen(
             ConfirmScreen("Stop worker", message, "Stop", key),
             lambda ok: (
-                self.send_agents("agents_stop_worker", f"stopping worker {worker_id}", worker_id)
+                self.send_agents(Verb.AGENTS_STOP_WORKER, f"stopping worker {worker_id}", worker_id)
                 if ok
                 else None
             ),
         )
 
-    def send_agents(self: ControlRoom, verb: str, notice: str, worker_id: str | None = None) -> None:
+    def send_agents(self: ControlRoom, verb: Verb, notice: str, worker_id: str | None = None) -> None:
         args = {"worker_id": worker_id} if worker_id is not None else None
         notice += self.queued_suffix()
         self.sender.send(CommandRequest(verb, args, target="engine", notice=notice, title="agents"))

@@ -3,16 +3,16 @@
 A screen over the control room: the run's stored conversations on the left (enter resumes one,
 delete removes it), the transcript in the middle, a multi-line input at the bottom. A turn runs
 in a thread worker; its events reach the transcript batched, a few updates a second, and every
-tool call is shown as it happens. Questions and answers are stored per run in carl.db. Every read
-and write of the stored conversations runs in a thread worker too, and comes back as a message.
+tool call is shown as it happens. Questions and answers are stored per run in carl.db, written through the
+control room's sender (carl_tui/commands.py, its one write path). Every read and write of the stored
+conversations runs in a thread worker too, and comes back as a message.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual import on, work
@@ -29,6 +29,9 @@ from engine.diagnosis.conversations import Conversations
 from engine.text import visible_line
 from widgets.chat import ChatInput, ChatLog
 from widgets.key_bar import KeyBar
+
+if TYPE_CHECKING:
+    from .commands import CommandSender
 
 NARROW = 100  # columns below which the conversation list hides until ctrl+l
 FLUSH_S = 0.25  # streamed text reaches the screen at most 4 times a second
@@ -52,7 +55,7 @@ class ChatScreen(Screen[None]):
 
     def __init__(
         self,
-        db_path: Path,
+        sender: CommandSender,
         run_id: int,
         run_name: str,
         *,
@@ -61,10 +64,10 @@ class ChatScreen(Screen[None]):
         base_url: str | None = None,
     ) -> None:
         super().__init__()
-        self.db_path = db_path
+        self.sender = sender
         self.run_id = run_id
         self.run_name = run_name
-        self.diagnoser = Diagnoser(db_path, run_id, api_key=api_key, model=model, base_url=base_url)
+        self.diagnoser = Diagnoser(sender.db_path, run_id, api_key=api_key, model=model, base_url=base_url)
         self.conversation: int | None = None
         self.busy = False
         self.conversations: list[dict[str, Any]] = []
@@ -118,7 +121,8 @@ class ChatScreen(Screen[None]):
         header.update(line)
 
     def _store(self) -> Conversations:
-        return Conversations(self.db_path)
+        """The stored conversations, through the sender (which refuses a read-only session)."""
+        return self.sender.conversations()
 
     # -- the stored conversations, off the UI thread ------------------------------------------------
 

@@ -1,10 +1,13 @@
 """The control room's only write path to the store: commands (DESIGN.md, "Control is a durable
-command queue"). A key becomes a request here; a thread worker inserts it as a row of `commands`
-and the app hears back by message: `Queued` once the row is in, `Failed` when it could not be
-written; the watcher then reports the command done or failed, as for any command.
+command queue"), and the diagnosis chat's conversations. A key becomes a request here; a thread worker
+inserts it as a row of `commands` and the app hears back by message: `Queued` once the row is in, `Failed`
+when it could not be written; the watcher then reports the command done or failed, as for any command.
 
-A read-only session never writes, whoever asks: `send` refuses it here, the one place that checks.
-The UI thread never opens the store for writing.
+A request names a verb of the vocabulary (engine/store/commands.py); an unknown verb or a bad argument is
+refused by `send` with the vocabulary's one line, before anything is queued.
+
+A read-only session never writes, whoever asks: `send` and `conversations` refuse it here, the one place that
+checks. The UI thread never opens the store for writing.
 """
 
 from __future__ import annotations
@@ -12,13 +15,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.app import App
 from textual.message import Message
 from textual.notifications import SeverityLevel
 
+from engine.store.commands import CommandError, Verb, check
+
 from .model import StoreWatcher
+
+if TYPE_CHECKING:
+    from engine.diagnosis.conversations import Conversations
 
 QUEUED_UNTIL_UP = " (queued until the engine is up)"
 
@@ -27,7 +35,7 @@ QUEUED_UNTIL_UP = " (queued until the engine is up)"
 class CommandRequest:
     """One command to queue: what the runner (or the engine) is asked, and what to say once queued."""
 
-    verb: str
+    verb: Verb
     args: dict[str, Any] | None = None
     target: str = "run"  # "run": the runner of run_id; "engine": the engine daemon
     run_id: int | None = None
@@ -71,8 +79,14 @@ class CommandSender:
         return self.readonly
 
     def send(self, request: CommandRequest) -> bool:
-        """Queue the command from a worker; False when refused (a read-only session)."""
+        """Queue the command from a worker; False when refused: a read-only session, or a command the
+        vocabulary refuses (an unknown verb, a bad argument: its one line, as an error)."""
         if self.refused(f"{request.verb} writes to the store"):
+            return False
+        try:
+            request.args = check(request.verb, request.args, target=request.target, run_id=request.run_id)
+        except CommandError as exc:
+            self.app.notify(str(exc), title=request.title or "command", severity="error", markup=False)
             return False
         self.pending.append(request)  # known at once: a second key waits for it
         self.app.run_worker(
@@ -110,6 +124,16 @@ class CommandSender:
             return
         self.app.post_message(self.Queued(request))
         self.watcher.watch_command(request.command_id)
+
+    def conversations(self) -> Conversations:
+        """The diagnosis chat's stored conversations, open for writing its questions, answers and tool calls
+        (the other rows this control room writes); from a worker thread. StoreError in a read-only session."""
+        from engine.diagnosis.conversations import Conversations
+        from engine.store import StoreError
+
+        if self.readonly:
+            raise StoreError("read-only session: the diagnosis chat stores its conversations")
+        return Conversations(self.db_path)
 
     # -- on the UI thread, from the app's message handlers --------------------------------------------
 

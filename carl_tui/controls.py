@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.store.commands import Verb, verb_of
+
 from .commands import CommandRequest
 from .panes import short_name
 
@@ -55,7 +57,7 @@ class RunControls:
         return verb
 
     def send_to_run(
-        self: ControlRoom, verb: str, args: dict[str, Any] | None = None, notice: str = ""
+        self: ControlRoom, verb: Verb, args: dict[str, Any] | None = None, notice: str = ""
     ) -> bool:
         """Queue a command for the selected run's runner (applied at its next step boundary)."""
         if self.view is None:
@@ -71,7 +73,7 @@ class RunControls:
 
     def send_to_engine(
         self: ControlRoom,
-        verb: str,
+        verb: Verb,
         args: dict[str, Any],
         notice: str,
         title: str,
@@ -89,14 +91,16 @@ class RunControls:
         """`verb` is what the key bar said (pause or resume); the run's state decides when none is given."""
         if self.debounced("pause_resume") or self.view is None:
             return
-        if verb not in ("pause", "resume"):
-            verb = "resume" if self.view.run.status == "paused" else "pause"
-        self.send_to_run(verb, notice=f"{verb} {self.view.run.name}: applied at the next step boundary")
+        if verb not in (Verb.PAUSE, Verb.RESUME):
+            verb = Verb.RESUME if self.view.run.status == "paused" else Verb.PAUSE
+        self.send_to_run(
+            verb_of(verb), notice=f"{verb} {self.view.run.name}: applied at the next step boundary"
+        )
 
     def action_checkpoint(self: ControlRoom) -> None:
         if self.debounced("checkpoint") or self.view is None:
             return
-        self.send_to_run("checkpoint", notice=f"checkpoint of {self.view.run.name} requested")
+        self.send_to_run(Verb.CHECKPOINT, notice=f"checkpoint of {self.view.run.name} requested")
 
     def action_stop_run(self: ControlRoom) -> None:
         if self.debounced("stop_run") or self.view is None:
@@ -114,7 +118,7 @@ class RunControls:
 
     def stop_confirmed(self: ControlRoom, confirmed: bool | None) -> None:
         if confirmed and self.view is not None:
-            self.send_to_run("stop", notice=f"stopping {self.view.run.name}")
+            self.send_to_run(Verb.STOP, notice=f"stopping {self.view.run.name}")
 
     def action_set_lr(self: ControlRoom) -> None:
         if self.view is None:
@@ -128,7 +132,7 @@ class RunControls:
 
     def lr_chosen(self: ControlRoom, value: str | None) -> None:
         if value is not None:
-            self.send_to_run("set_lr", {"lr": float(value)}, notice=f"learning rate → {float(value):g}")
+            self.send_to_run(Verb.SET_LR, {"lr": float(value)}, notice=f"learning rate → {float(value):g}")
 
     def action_set_weight(self: ControlRoom) -> None:
         if self.view is None:
@@ -147,7 +151,7 @@ class RunControls:
             return
         name, weight = (part.strip() for part in value.split("=", 1))
         args = {"reward": name, "weight": float(weight)}
-        self.send_to_run("set_weight", args, notice=f"weight of {name} → {float(weight):g}")
+        self.send_to_run(Verb.SET_WEIGHT, args, notice=f"weight of {name} → {float(weight):g}")
 
     # -- the engine: new runs, resumes, evals, observed sources -------------------------------------
 
@@ -172,7 +176,7 @@ class RunControls:
             self.select_next_new_run = True  # the run it starts is selected when it appears
 
         notice = f"starting a run with {Path(config).name}"
-        self.send_to_engine("train", {"config": config}, notice, "new run", then=follow)
+        self.send_to_engine(Verb.TRAIN, {"config": config}, notice, "new run", then=follow)
 
     def action_resume_run(self: ControlRoom) -> None:
         run = self.view.run if self.view else None
@@ -182,7 +186,7 @@ class RunControls:
             self.notify("resume is for a stopped, failed or crashed carl run", severity="warning")
             return
         notice = f"resuming {run.name} from its last checkpoint"
-        self.send_to_engine("train", {"resume": run.name}, notice, "resume")
+        self.send_to_engine(Verb.TRAIN, {"resume": run.name}, notice, "resume")
 
     def action_show_eval(self: ControlRoom) -> None:
         if self.view is None:
@@ -216,7 +220,7 @@ class RunControls:
             )
             return
         notice = f"evaluating {run.name} on its held-out prompts…"
-        self.send_to_engine("eval", {"run": run.name}, notice, "eval")
+        self.send_to_engine(Verb.EVAL, {"run": run.name}, notice, "eval")
 
     def action_observe(self: ControlRoom) -> None:
         if self.sender.refused("observing a source writes to the store"):
@@ -235,7 +239,7 @@ class RunControls:
         }
         if request.log:
             args["logs"] = [str(Path(request.log).expanduser().resolve())]  # the console of its runs
-        self.send_to_engine("observe", args, f"observe {request.path}", "observe")
+        self.send_to_engine(Verb.OBSERVE, args, f"observe {request.path}", "observe")
 
     # -- views of the selected run ------------------------------------------------------------------
 
@@ -262,7 +266,7 @@ class RunControls:
         run = self.view.run
         self.push_screen(
             ChatScreen(
-                self.db_path,
+                self.sender,
                 run.id,
                 run.name,
                 api_key=self.api_key,

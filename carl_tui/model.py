@@ -23,6 +23,7 @@ from typing import Any
 
 from engine.durations import compact_duration
 from engine.store import RunRow, Series, StoreError, StoreReader
+from engine.store.commands import Verb
 
 PHI_KEYS = ("phi/mean", "phi/p10", "phi/p90", "phi/entropy", "entropy")
 REWARD_KEY = re.compile(r"^rewards/(?P<name>.+)/mean$")
@@ -133,13 +134,14 @@ class Starting:
         names = {r.name for r in runs}
         for command in reversed(self.commands):
             name = command["args"].get("name") if isinstance(command["args"], dict) else None
-            if command["verb"] == "train" and command["state"] != "failed" and name not in names:
+            if command["verb"] == Verb.TRAIN and command["state"] != "failed" and name not in names:
                 return command
         return None
 
     def plane_queued(self) -> bool:
         """An `agents_up` the engine has not carried out yet."""
-        return any(c["verb"] == "agents_up" and c["state"] in ("pending", "running") for c in self.commands)
+        waiting = ("pending", "running")
+        return any(c["verb"] == Verb.AGENTS_UP and c["state"] in waiting for c in self.commands)
 
 
 @dataclass
@@ -614,7 +616,7 @@ def queued_state(command: dict[str, Any], engine: str, now: float) -> str:
 def command_of_run(starting: Starting, run: RunRow) -> dict[str, Any] | None:
     """The train command that started `run` (by the name it asked for), while it is recent."""
     for command in starting.commands:
-        if command["verb"] == "train" and command["args"].get("name") == run.name:
+        if command["verb"] == Verb.TRAIN and command["args"].get("name") == run.name:
             return command
     return None
 

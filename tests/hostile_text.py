@@ -121,7 +121,7 @@ def fill(home: Path) -> dict[str, int | str]:
             ],
         )
         store.set_key_names(run_id, {key: storable(SHORT)})
-        command = store.enqueue_command("checkpoint", {}, target=f"run:{run_id}", run_id=run_id)
+        command = store.enqueue_command("checkpoint", {}, target="run", run_id=run_id)
         store.finish_command(command, False, hostile("result"))
         experiment = store.create_experiment(
             storable(SHORT), {"name": hostile("cfg")}, [storable(SHORT)], [1], steps=5, warmup_steps=0

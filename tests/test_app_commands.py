@@ -16,7 +16,8 @@ from carl_tui.app import ControlRoom
 from carl_tui.commands import CommandRequest
 from carl_tui.model import StoreWatcher
 from carl_tui.screens import ObserveRequest
-from engine.store import Store
+from engine.store import Store, StoreError
+from engine.store.commands import Verb
 
 
 @pytest.fixture
@@ -61,6 +62,25 @@ async def test_a_command_that_cannot_be_written_is_one_line(home: Path) -> None:
         assert app.sender.pending == []
 
 
+async def test_the_sender_refuses_what_the_vocabulary_does_with_its_line(home: Path) -> None:
+    run_id = carl_run(home)
+    app = ControlRoom(home, start_engine=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.view is not None)
+        assert not app.sender.send(CommandRequest("warp", run_id=run_id))
+        assert not app.sender.send(CommandRequest(Verb.SET_LR, {"lr": 0}, run_id=run_id))
+        assert not app.sender.send(CommandRequest(Verb.TRAIN, {"config": "demo"}, run_id=run_id))
+        await settled(pilot)
+        assert commands(home) == [] and app.sender.pending == []
+        assert not [w for w in app.workers if w.group == "commands"], "no writer was started"
+        errors = [n.message for n in app._notifications if n.severity == "error"]
+        assert errors == [
+            f"unknown command 'warp' (known: {', '.join(Verb)})",
+            "set_lr: lr must be a number > 0, got 0",
+            "train: obeyed by the engine, so sent to 'engine', not 'run'",
+        ]
+
+
 async def test_a_readonly_session_never_writes_whoever_asks(home: Path) -> None:
     run_id = carl_run(home)
     app = ControlRoom(home, start_engine=False, readonly=True)
@@ -79,6 +99,10 @@ async def test_a_readonly_session_never_writes_whoever_asks(home: Path) -> None:
         assert commands(home) == [] and app.screen.__class__.__name__ == "Screen"
         assert not [w for w in app.workers if w.group == "commands"], "no writer was started"
         assert any("read-only session" in n.message for n in app._notifications)
+        with pytest.raises(
+            StoreError, match="^read-only session: the diagnosis chat stores its conversations$"
+        ):
+            app.sender.conversations()  # the chat's writes go through the sender too
 
 
 def test_the_watchers_requests_wait_in_its_queue_for_the_polling_thread(home: Path) -> None:

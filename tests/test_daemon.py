@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from test_command_vocabulary import command_row
 
 from engine import paths
 from engine.control import engine_status, start_engine, stop_engine
@@ -182,11 +183,19 @@ def test_observe_command_follows_a_jsonl_source(home: Path, tmp_path: Path) -> N
         wait_for(lambda: metric_count(home) == 100, what="appended rows")
 
         missing = store.enqueue_command("observe", {"path": str(tmp_path / "nope.jsonl"), "follow": True})
-        unknown = store.enqueue_command("dance", {})
+        unknown = command_row(store, "dance", {}, target="engine")  # past the vocabulary: by hand
+        no_path = command_row(store, "observe", {"follow": True}, target="engine")
         state, result = wait_for(lambda: finished(store, missing), what="bad path command")
         assert state == "failed" and "nope.jsonl" in result and "\n" not in result
         state, result = wait_for(lambda: finished(store, unknown), what="unknown verb")
-        assert state == "failed" and "unknown engine command 'dance'" in result
+        assert state == "failed" and result.startswith(
+            "unknown engine command 'dance' (known: observe, train,"
+        )
+        state, result = wait_for(lambda: finished(store, no_path), what="observe without a path")
+        assert (state, result) == (
+            "failed",
+            "observe: path is missing (observe takes path, follow, name, logs, pairing)",
+        )
     assert engine_status(home).state == "up"  # failures never end the engine
 
 

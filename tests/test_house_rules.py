@@ -207,3 +207,97 @@ def test_sql_on_carl_db_lives_in_the_store() -> None:
     lower = {name: found.get(name, 0) for name in gone}
     assert not gone, f"fewer statements now: lower SQL_NOT_MOVED_YET to {lower} (0: drop it); {left} remain"
     print(f"{left} statements on carl.db in {len(found)} modules outside engine/store/ remain")
+
+
+# -- one vocabulary of commands (issue 31): a verb is named by its definition in engine/store/commands.py ---
+
+VOCABULARY = "engine/store/commands.py"
+# Who takes a verb as its first argument (`pending_verb`: every argument is one).
+COMMAND_CALLS = {
+    "enqueue_command",
+    "insert_command",
+    "CommandRequest",
+    "send_to_run",
+    "send_to_engine",
+    "send_agents",
+    "_engine_command",
+    "pending_verb",
+    "verb_of",
+    "check",
+}
+
+
+def _names_a_verb(node: ast.AST) -> bool:
+    """`verb`, `x.verb`, `x["verb"]` or `x.get("verb")`: a command's verb."""
+    if isinstance(node, ast.Name):
+        return node.id == "verb"
+    if isinstance(node, ast.Attribute):
+        return node.attr == "verb"
+    if isinstance(node, ast.Subscript):
+        return isinstance(node.slice, ast.Constant) and node.slice.value == "verb"
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+        return bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value == "verb"
+    return False
+
+
+def verb_literals(source: str, verbs: set[str]) -> list[int]:
+    """The lines where a verb is written as a string: passed to a sender (`COMMAND_CALLS`), compared with a
+    command's verb, or kept in `verb` or a name of verbs (`..._VERBS = (...)`)."""
+
+    def literals(node: ast.AST) -> list[int]:
+        return [n.lineno for n in ast.walk(node) if isinstance(n, ast.Constant) and n.value in verbs]
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = (
+                func.attr
+                if isinstance(func, ast.Attribute)
+                else func.id
+                if isinstance(func, ast.Name)
+                else ""
+            )
+            if name in COMMAND_CALLS:
+                given = node.args if name == "pending_verb" else node.args[:1]
+                given = [*given, *(k.value for k in node.keywords if k.arg == "verb")]
+                found += [n.lineno for n in given if isinstance(n, ast.Constant) and n.value in verbs]
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(_names_a_verb(side) for side in sides):
+                found += [line for side in sides for line in literals(side)]
+        elif isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and (t.id == "verb" or t.id.endswith("VERBS")) for t in node.targets
+        ):
+            found += literals(node.value)
+    return found
+
+
+def test_the_verb_scanner_sees_literals() -> None:
+    source = (
+        'RESUMABLE_VERBS = {"observe", Verb.EVAL}\n'
+        'def f(store, command, verb, event):\n    store.enqueue_command("pause", target="run")\n'
+        '    send_to_engine(Verb.EVAL, {}, "observing", "eval")\n'
+        '    if command["verb"] == "train" or verb in ("stop", "x") or event.verb == "pause_resume":\n'
+        '        pending_verb(Verb.PAUSE, "agents_pause")\n    verb = "train" if verb else Verb.STOP\n'
+        '    return "stop"\n'
+    )
+    verbs = {"observe", "eval", "pause", "train", "stop", "agents_pause"}
+    assert sorted(verb_literals(source, verbs)) == [1, 3, 5, 5, 6, 7]  # not a title, a sentence, a key
+
+
+def test_command_verbs_are_named_by_the_vocabulary() -> None:
+    """No verb is a string literal outside engine/store/commands.py: senders, receivers and readers of command
+    rows name `Verb` members, so a verb is defined (and checked) in one place."""
+    from engine.store.commands import Verb
+
+    verbs = {verb.value for verb in Verb}
+    found = {}
+    for top in ("carl_tui", "widgets", "engine"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            name = path.relative_to(ROOT).as_posix()
+            if name == VOCABULARY or "__pycache__" in path.parts:
+                continue
+            if lines := verb_literals(path.read_text(encoding="utf-8"), verbs):
+                found[name] = lines
+    assert not found, f"verbs written as strings (name them as Verb members, {VOCABULARY}): {found}"

@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 from support import OFFLINE, ROOT, Launched, end_all, finish, launched_together, wait_for
 from support import start_training as start
+from test_command_vocabulary import command_row
 
 from engine.store import ROLLUP_LEVELS, Store, StoreReader
+from engine.store.commands import CommandError
 from engine.training.backend import paused_polls_key
 
 pytestmark = pytest.mark.slow
@@ -354,8 +356,15 @@ def test_commands_pause_resume_checkpoint_set_lr_set_weight_stop(
         state, result = send("set_weight", {"reward": "coherence", "weight": 5.0})
         assert state == "done" and "capped at 0.5" in result
         assert send("set_weight", {"reward": "nope", "weight": 1.0})[0] == "failed"
-        assert send("set_lr", {"lr": -1})[0] == "failed"
-        state, result = send("warp", {})
+        with pytest.raises(CommandError, match="^set_lr: lr must be a number > 0, got -1$"):
+            send("set_lr", {"lr": -1})  # refused at the sender; a row written by hand, by the runner:
+        refused = command_row(store, "set_lr", {"lr": -1}, target="run", run_id=run_id)
+        assert wait_for(lambda: done(store, refused), proc=proc) == (
+            "failed",
+            "set_lr: lr must be a number > 0, got -1",
+        )
+        unknown = command_row(store, "warp", {}, target="run", run_id=run_id)
+        state, result = wait_for(lambda: done(store, unknown), proc=proc)
         assert state == "failed" and "unknown command 'warp'" in result
 
         state, result = send("checkpoint")

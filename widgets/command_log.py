@@ -10,6 +10,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
+from engine.store.commands import Verb
 from engine.text import visible_line
 
 STATE_MARK = {"pending": "…", "running": "▸", "done": "✓", "failed": "✕"}
@@ -22,9 +23,9 @@ def describe(command: dict[str, Any]) -> str:
         args = json.loads(command.get("args") or "{}")
     except ValueError:
         args = {}
-    if command["verb"] == "set_lr" and "lr" in args:
+    if command["verb"] == Verb.SET_LR and "lr" in args:
         return f"set_lr {args['lr']:g}"
-    if command["verb"] == "set_weight" and "reward" in args:
+    if command["verb"] == Verb.SET_WEIGHT and "reward" in args:
         return f"set_weight {args['reward']}={args.get('weight')}"
     return command["verb"]
 

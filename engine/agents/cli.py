@@ -162,6 +162,8 @@ def _engine_command(home: Path, verb: str, args: dict[str, Any], wait: float = 1
 
 
 def _up(args: argparse.Namespace, home: Path) -> int:
+    from engine.store.commands import Verb
+
     _positive(args.limit, "--limit")
     settings = _settings(args, home)  # a bad config fails here, before the engine is asked
     if args.tasks != "demo":
@@ -188,7 +190,7 @@ def _up(args: argparse.Namespace, home: Path) -> int:
         "overrides": overrides,
         **({"serve_run": _served_run(home, args.serve_run, settings)} if args.serve_run else {}),
     }
-    print(_engine_command(home, "agents_up", spec))
+    print(_engine_command(home, Verb.AGENTS_UP, spec))
     return 0
 
 
@@ -212,9 +214,10 @@ def _served_run(home: Path, ref: str, settings: AgentsSettings) -> str:
 
 def _down(args: argparse.Namespace, home: Path) -> int:
     from engine.control import engine_status
+    from engine.store.commands import Verb
 
     if engine_status(home).state == "up":
-        print(_engine_command(home, "agents_down", {}))
+        print(_engine_command(home, Verb.AGENTS_DOWN, {}))
         return 0
     if not paths.db_path(home).exists():
         print("the engine is not running, and with it no agents plane")

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine import paths
+from engine.store.commands import Verb
 
 from .bus import Address, connect, ensure_stream, publish
 from .bus import close as bus_close
@@ -669,14 +670,14 @@ class Plane:
         (the status event that carries the command id finishes it)."""
         from .events import ControlEvent
 
-        if verb == "agents_up":
+        if verb == Verb.AGENTS_UP:
             return self.start(PlaneSpec.from_args(args))
-        if verb == "agents_down":
+        if verb == Verb.AGENTS_DOWN:
             return self.stop()
         if not self.up or self.bridge is None:
             raise AgentsError("the agents plane is not up (carl agents up)")
-        if verb in ("agents_pause", "agents_resume"):
-            action = "pause_assignment" if verb == "agents_pause" else "resume_assignment"
+        if verb in (Verb.AGENTS_PAUSE, Verb.AGENTS_RESUME):
+            action = "pause_assignment" if verb == Verb.AGENTS_PAUSE else "resume_assignment"
             manager = self.children.get("manager")
             if manager is None or not manager.alive():
                 raise AgentsError("no manager is running")
@@ -688,9 +689,9 @@ class Plane:
                     command_id=command_id,
                 )
             )
-        elif verb == "agents_add_worker":
+        elif verb == Verb.AGENTS_ADD_WORKER:
             self._add_worker(command_id)
-        elif verb == "agents_stop_worker":
+        elif verb == Verb.AGENTS_STOP_WORKER:
             worker = str(args.get("worker_id") or "")
             if not worker:
                 raise AgentsError("agents_stop_worker needs a 'worker_id'")

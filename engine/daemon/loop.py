@@ -47,6 +47,7 @@ from engine.faults import store_trouble
 from engine.nodes import NodesJob
 from engine.observe import IngestResult, ObserveError, finish_import, ingest_source, register_source
 from engine.store import Store, StoreError
+from engine.store.commands import CommandError, Obeyer, Verb, check, verb_of
 from engine.system import SystemJob
 from engine.text import visible
 from engine.training.config import training_config_path
@@ -108,7 +109,7 @@ class Observe:
         self.pending = set(self.paths)
 
 
-RESUMABLE_VERBS = {"observe", "eval"}  # safe to run again after an engine died mid-way
+RESUMABLE_VERBS = {Verb.OBSERVE, Verb.EVAL}  # safe to run again after an engine died mid-way
 
 
 def orphaned_commands(store: Store) -> list[dict[str, Any]]:
@@ -352,24 +353,27 @@ class Engine:
                 self.finish(command["id"], False, "interrupted: the engine stopped before finishing it")
 
     def start_command(self, command: dict[str, Any]) -> None:
-        verb = command["verb"]
+        """One claimed command: checked against the vocabulary (engine/store/commands.py), then started by its
+        verb's handler; the plane's verbs go to the agents plane. An unknown verb or a bad argument fails the
+        command with the vocabulary's line."""
+        command_id = command["id"]
         try:
-            if verb == "observe":
-                self.start_observe(command["id"], command["args"])
-            elif verb == "train":
-                self.start_training(command["id"], command["args"])
-            elif verb == "eval":
-                self.start_eval(command["id"], command["args"])
-            elif verb.startswith("agents_"):
-                self.agents_command(command["id"], verb, command["args"])
+            verb = verb_of(command["verb"], Obeyer.ENGINE, Obeyer.PLANE, what="engine command")
+            args = check(verb, command["args"])
+        except CommandError as exc:
+            self.finish(command_id, False, str(exc))
+            return
+        try:
+            if verb.obeyer is Obeyer.PLANE:
+                self.agents_command(command_id, verb, args)
             else:
-                self.finish(
-                    command["id"],
-                    False,
-                    f"unknown engine command {verb!r} (known: observe, train, eval, agents_*)",
-                )
-        except Exception as exc:  # malformed arguments and the like fail the command, not the engine
-            self.finish(command["id"], False, describe(exc))
+                self.engine_handlers()[verb](command_id, args)
+        except Exception as exc:  # a failing start fails the command, not the engine
+            self.finish(command_id, False, describe(exc))
+
+    def engine_handlers(self) -> dict[Verb, Callable[[int, dict[str, Any]], None]]:
+        """The handler of each verb the engine obeys itself (`Obeyer.ENGINE`)."""
+        return {Verb.OBSERVE: self.start_observe, Verb.TRAIN: self.start_training, Verb.EVAL: self.start_eval}
 
     def finish(self, command_id: int, ok: bool, result: str) -> None:
         self.store.finish_command(command_id, ok, result)
@@ -405,7 +409,7 @@ class Engine:
         except ImportError as exc:
             log.warning("agents: the plane should be up but cannot start (%s); install the nats extra", exc)
 
-    def agents_command(self, command_id: int, verb: str, args: dict[str, Any]) -> None:
+    def agents_command(self, command_id: int, verb: Verb, args: dict[str, Any]) -> None:
         """`agents_up`/`agents_down` are done here; a control waits for the plane's answer (the audit
         finishes the command when the status event carrying its id arrives)."""
         try:
@@ -424,23 +428,15 @@ class Engine:
         the engine down); the runner records the run, its progress and its failures itself."""
         config, name, resume = args.get("config"), args.get("name"), args.get("resume")
         argv = [sys.executable, "-m", "engine.training", "--home", str(self.home)]
-        if resume:
+        if resume:  # the vocabulary (Verb.TRAIN) checked there is a config or a resume, and their kinds
             argv += ["--resume", str(resume)]
-        elif config:
-            argv += ["--config", str(training_config_path(str(config)))]
         else:
-            self.finish(command_id, False, "train needs a 'config' (a carl.yaml path or 'demo') or 'resume'")
-            return
+            argv += ["--config", str(training_config_path(str(config)))]
         if name:
             argv += ["--name", str(name)]
         if args.get("max_steps"):
             argv += ["--max-steps", str(int(args["max_steps"]))]
         if args.get("backend"):
-            if args["backend"] not in ("auto", "torch", "mlx"):
-                self.finish(
-                    command_id, False, f"train: backend {args['backend']!r} (expected auto, torch or mlx)"
-                )
-                return
             argv += ["--backend", str(args["backend"])]
         log_path = paths.logs_dir(self.home) / time.strftime(f"train-%Y%m%d-%H%M%S-{command_id}.log")
         with log_path.open("ab") as out:
@@ -469,10 +465,7 @@ class Engine:
     def start_eval(self, command_id: int, args: dict[str, Any]) -> None:
         """Evaluate a run on its held-out prompts in a process of its own; the command finishes
         with the verdict when that process does."""
-        run = args.get("run")
-        if not run:
-            self.finish(command_id, False, "eval needs a 'run' (name or id)")
-            return
+        run = args["run"]  # a run's name or id (the vocabulary checked it)
         argv = [
             sys.executable,
             "-m",
@@ -534,22 +527,10 @@ class Engine:
         self.published_children = children
 
     def start_observe(self, command_id: int, args: dict[str, Any]) -> None:
-        path, name = args.get("path"), args.get("name")
-        if not path or not isinstance(path, str):
-            self.finish(command_id, False, "observe needs a 'path'")
-            return
-        if name is not None and not isinstance(name, str):
-            self.finish(command_id, False, "observe: 'name' must be text")
-            return
+        path, name = args["path"], args.get("name")  # checked by the vocabulary (Verb.OBSERVE)
         follow = bool(args.get("follow", False))
         logs = args.get("logs") or []
-        if not isinstance(logs, list) or not all(isinstance(p, str) for p in logs):
-            self.finish(command_id, False, "observe: 'logs' must be a list of paths")
-            return
-        pairing = args.get("pairing", "auto")
-        if pairing not in ("auto", "join", "separate"):
-            self.finish(command_id, False, "observe: 'pairing' must be auto, join or separate")
-            return
+        pairing = args.get("pairing") or "auto"
         try:
             paths = self.register_observed(path, follow=follow, name=name, pairing=pairing)
             attach_logs(self.store, list(paths), logs)  # the consoles of its runs (--log)

@@ -9,6 +9,7 @@ from typing import Any
 
 from engine import paths
 from engine.errors import CliError
+from engine.store.commands import Verb
 
 # A task a second: light beside training. The workers serve the demo run itself (each checkpoint it
 # saves, then its final model), asked the way the run was trained: with no system prompt.
@@ -51,7 +52,7 @@ def start_demo(
             **({"max_steps": steps} if steps else {}),
             **({"backend": backend} if backend else {}),
         }
-        store.enqueue_command("train", args, target="engine", origin="cli")
+        store.enqueue_command(Verb.TRAIN, args, target="engine", origin="cli")
         plane = queue_demo_plane(store, None if stay else name, serve_run=name)
     logs = paths.shown(paths.logs_dir(home) / "train-*.log")
     print(f"demo training queued: the engine starts it (logs in {logs})")
@@ -85,7 +86,7 @@ def queue_demo_plane(store: Any, until_run: str | None, *, serve_run: str | None
         **({"until_run": until_run} if until_run else {}),
         **({"serve_run": serve_run} if serve_run else {}),
     }
-    store.enqueue_command("agents_up", spec, target="engine", origin="cli")
+    store.enqueue_command(Verb.AGENTS_UP, spec, target="engine", origin="cli")
     serving = f", serving run {serve_run!r} at each checkpoint" if serve_run else ""
     lifetime = (
         f"it stops when run {until_run!r} ends (carl demo --stay, carl-tui --demo-stay keep it up)"

@@ -19,6 +19,7 @@ from typing import Any
 
 from engine import paths
 from engine.store import Store
+from engine.store.commands import Verb
 from engine.training.artifacts import process_alive
 from engine.training.config import ConfigError, TrainConfig, config_from_data
 
@@ -140,7 +141,7 @@ class Runner:
         config_path = self.dir / f"{name}.json"
         config_path.write_text(json.dumps(cell_config(self.exp.base, arm, seed, self.exp.steps, start_model)))
         command = self.store.enqueue_command(
-            "train", {"config": str(config_path), "name": name}, target="engine", origin="experiment"
+            Verb.TRAIN, {"config": str(config_path), "name": name}, target="engine", origin="experiment"
         )
         self.update(
             arm,

@@ -167,13 +167,14 @@ def _observe_via_engine(
     """Hand a followed source to the engine (its one writer) and wait until it has caught up."""
     from engine.control import ensure_engine
     from engine.store import Store
+    from engine.store.commands import Verb
 
     ensure_engine(home)  # says so on stderr when it starts one: the engine outlives this command
     with Store(paths.db_path(home)) as store:
         args: dict[str, Any] = {"path": str(path), "follow": True, "name": name}
         if logs:
             args["logs"] = logs  # the engine names them the console of the source's runs
-        command_id = store.enqueue_command("observe", args)
+        command_id = store.enqueue_command(Verb.OBSERVE, args)
         state, result = _wait(store, [command_id], f"engine importing {path.name}", home)[0]
         if vocab is not None:
             _backfill_sources(store, [_source_id(store, path)], vocab)
@@ -311,6 +312,8 @@ def _import_dir(store: Any, root: Path, sources: list[tuple[int, Found]]) -> tup
 def _follow_dir(store: Any, root: Path, sources: list[tuple[int, Found]]) -> tuple[int, list[str]]:
     """The engine follows every source registered (they are 'following'); wait on those it reports on (rollout
     folders have no command of their own: the engine follows them all the same)."""
+    from engine.store.commands import Verb
+
     commands = []
     for _, source in sources:
         try:
@@ -318,7 +321,7 @@ def _follow_dir(store: Any, root: Path, sources: list[tuple[int, Found]]) -> tup
         except ObserveError:
             reportable = False
         if reportable:
-            commands.append(store.enqueue_command("observe", {"path": str(source.path), "follow": True}))
+            commands.append(store.enqueue_command(Verb.OBSERVE, {"path": str(source.path), "follow": True}))
     errors = []
     for state, result in _wait(store, commands, "engine importing", root_home(store)):
         if state == "failed":

@@ -18,6 +18,7 @@ from typing import Any
 from engine.errors import CarlError
 from engine.files import kind_of, reason
 
+from .commands import Verb, check
 from .schema import APPLICATION_ID, SCHEMA_VERSION
 
 
@@ -30,7 +31,7 @@ MetricRow = tuple[int, str, float | None, float]  # (step, key, value, wall_time
 # What a run is doing before its first step (a kv row; `Store.set_run_stage`, `StoreReader.run_stage`).
 RUN_STAGE_KEY = "run.{}.stage"
 # Engine commands that start something the control room waits for: shown until what they start is there.
-STARTING_VERBS = ("train", "agents_up")
+STARTING_VERBS = (Verb.TRAIN, Verb.AGENTS_UP)
 
 
 IN_CHUNK = 500  # values per `IN (...)`: under SQLite's 999 bound parameters of older builds
@@ -115,11 +116,14 @@ def insert_command(
     run_id: int | None = None,
     origin: str = "cli",
 ) -> int:
-    """Append a pending command; the caller owns the transaction (or autocommit)."""
+    """Append a pending command, checked against the vocabulary first (engine/store/commands.py: CommandError
+    for an unknown verb, a bad argument or the wrong target); the caller owns the transaction (or
+    autocommit)."""
+    args = check(verb, args, target=target, run_id=run_id)
     cur = conn.execute(
         "INSERT INTO commands (target, run_id, verb, args, state, origin, created_at)"
         " VALUES (?,?,?,?, 'pending', ?, ?)",
-        (target, run_id, verb, json.dumps(args or {}), origin, time.time()),
+        (target, run_id, str(verb), json.dumps(args), origin, time.time()),
     )
     return int(cur.lastrowid)
 

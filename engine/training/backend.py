@@ -19,6 +19,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.errors import CarlError
+from engine.store.commands import Obeyer, Verb, check, verb_of
 
 if TYPE_CHECKING:
     from engine.store import Store
@@ -32,7 +33,6 @@ SUMMARY_KEYS = frozenset(
 POLL_SECONDS = 0.2  # how often a paused run looks at its command queue
 CPU_THREADS = 1  # tiny matrices: extra intra-op threads only add synchronisation (measured 2-10x slower)
 SAVE_TOTAL_LIMIT = 2  # checkpoints kept on disk per run (the newest ones)
-VERBS = ("pause", "resume", "stop", "checkpoint", "set_lr", "set_weight")
 ROLLOUT_SECONDS = "timing/rollouts_s"  # a GRPO step's cost of building and storing its rollouts
 
 
@@ -262,18 +262,30 @@ class CommandPump:
         controls.request_stop()
 
     def _apply(self, command: dict[str, Any], step: int, controls: Controls) -> None:
-        verb, args, command_id = command["verb"], command["args"] or {}, command["id"]
+        """One claimed command: checked against the vocabulary (engine/store/commands.py), then carried out by
+        its verb's handler. An unknown verb or a bad argument fails the command with the vocabulary's line."""
+        command_id = command["id"]
         try:
-            handler = getattr(self, f"_do_{verb}", None) if verb in VERBS else None
-            if handler is None:
-                self._finish(command_id, False, f"unknown command {verb!r} (known: {', '.join(VERBS)})")
-                return
-            result = handler(command_id, args, step, controls)
+            verb = verb_of(command["verb"], Obeyer.RUN)
+            args = check(verb, command["args"])
+            result = self._handlers()[verb](command_id, args, step, controls)
         except Exception as exc:  # a bad argument fails the command, never the run
             self._finish(command_id, False, one_line(exc))
             return
         if result is not None:
             self._finish(command_id, True, result)
+
+    def _handlers(self) -> dict[Verb, Callable[[int, dict[str, Any], int, Controls], str | None]]:
+        """The handler of each verb a run obeys (`Obeyer.RUN`); a handler's None: answered later (a
+        checkpoint, once saved)."""
+        return {
+            Verb.PAUSE: self._do_pause,
+            Verb.RESUME: self._do_resume,
+            Verb.STOP: self._do_stop,
+            Verb.CHECKPOINT: self._do_checkpoint,
+            Verb.SET_LR: self._do_set_lr,
+            Verb.SET_WEIGHT: self._do_set_weight,
+        }
 
     def _finish(self, command_id: int, ok: bool, result: str) -> None:
         if self.store is not None:
@@ -305,24 +317,12 @@ class CommandPump:
         return None  # answered by `saved`
 
     def _do_set_lr(self, command_id: int, args: dict[str, Any], step: int, controls: Controls) -> str:
-        lr = args.get("lr")
-        if isinstance(lr, bool) or not isinstance(lr, int | float) or not math.isfinite(lr) or lr <= 0:
-            raise ValueError(f"set_lr needs {{'lr': a number > 0}}, got {args!r}")
-        controls.set_lr(float(lr))
-        return f"learning rate {float(lr):g} from step {step + 1}"
+        lr = float(args["lr"])  # a number > 0 (the vocabulary checked it)
+        controls.set_lr(lr)
+        return f"learning rate {lr:g} from step {step + 1}"
 
     def _do_set_weight(self, command_id: int, args: dict[str, Any], step: int, controls: Controls) -> str:
-        reward, weight = args.get("reward"), args.get("weight")
-        if not isinstance(reward, str) or not reward:
-            raise ValueError(f"set_weight needs {{'reward': name, 'weight': number}}, got {args!r}")
-        if (
-            isinstance(weight, bool)
-            or not isinstance(weight, int | float)
-            or not math.isfinite(weight)
-            or weight < 0
-        ):
-            raise ValueError(f"set_weight needs a weight >= 0, got {weight!r}")
-        return controls.set_weight(reward, float(weight))
+        return controls.set_weight(args["reward"], float(args["weight"]))  # a name, a number >= 0
 
     # -- checkpoints and the pause point ---------------------------------------------------------
 
