@@ -124,7 +124,6 @@ SQL_NOT_MOVED_YET = {
     "engine/alerts/job.py": 2,
     "engine/control/process.py": 1,
     "engine/demo/start.py": 3,
-    "engine/diagnosis/conversations.py": 7,
     "engine/experiments/runner.py": 5,
     "engine/experiments/summary.py": 1,
     "engine/observe/cli.py": 2,
