@@ -141,7 +141,7 @@ def red_run(store: Store, name: str = "r") -> int:
 
 def judge(store: Store, run_id: int) -> dict[int, Any]:
     with store.transaction():
-        health = analyze_run(store.conn, run_id)
+        health = analyze_run(store, run_id)
     assert health is not None
     return {run_id: health}
 

@@ -13,6 +13,7 @@ import pytest
 
 from engine.coherence.analysis import analyze_run
 from engine.store import SCHEMA_VERSION, ProcessRow, Store
+from engine.store.system_reads import SystemReads
 from engine.system import DiskReading, GpuReading, Sample
 from engine.system.health import (
     DISK_FREE_RED_BYTES,
@@ -66,7 +67,7 @@ class Box:
             t += EVERY
 
     def flags(self, status: str = "running", now: float = NOW) -> dict[str, tuple[str, str]]:
-        flags = box_flags(self.store.conn, SCHEMA_VERSION, self.run_id, status, now)
+        flags = box_flags(SystemReads(self.store.conn, SCHEMA_VERSION), self.run_id, status, now)
         return {f.cause: (f.level, f.reason) for f in flags}
 
 
@@ -168,7 +169,7 @@ def test_the_runs_health_carries_the_box_reasons(store: Store, tmp_path: Path) -
     # run is not silent, so its reasons are the box's alone.
     store.update_run(box.run_id, last_update=now)
     with store.transaction():
-        health = analyze_run(store.conn, box.run_id)
+        health = analyze_run(store, box.run_id)
     assert health is not None and health.level == "red"
     assert set(health.alerting()) == {"gpu_idle", "disk_full"}  # each alerted on once, whatever its level
     reasons = json.loads(store.run(box.run_id)["health_reasons"])  # type: ignore[index]

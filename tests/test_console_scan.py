@@ -49,7 +49,7 @@ def findings(store: Store, run_id: int) -> list[tuple[str, str, int]]:
 
 def flags(store: Store, run_id: int, status: str, now: float) -> list[tuple[str, str, str]]:
     version = store.conn.execute("PRAGMA user_version").fetchone()[0]
-    return [tuple(f) for f in box_flags(store.conn, version, run_id, status, now)]
+    return [tuple(f) for f in box_flags(SystemReads(store.conn, version), run_id, status, now)]
 
 
 # -- the scan ---------------------------------------------------------------------------------------------
@@ -245,7 +245,7 @@ def test_console_error_is_red_or_yellow_with_the_line_that_says_why(store: Store
     assert flags(store, run_id, "finished", found_at)[0][:2] == ("red", "console_error")  # OOM: always red
     # Through the run's analysis: a reason of its health.
     with store.transaction():
-        health = analyze_run(store.conn, run_id)
+        health = analyze_run(store, run_id)
     assert health is not None and "console_error" in health.alerting()
     assert any(
         r.startswith("CUDA out of memory in the console: torch.OutOfMemoryError") for r in health.reasons
@@ -262,7 +262,7 @@ def test_the_digest_carries_the_newest_finding_and_the_analyst_answers_why_it_cr
     store.system.add_console(run_id, str(log), "train")
     scan_console(store, console(store, run_id))
     with store.transaction():
-        analyze_run(store.conn, run_id)
+        analyze_run(store, run_id)
     reader = StoreReader(tmp_path / "carl.db")
     try:
         digest = build_digest(reader, run_id)

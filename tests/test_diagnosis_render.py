@@ -45,7 +45,7 @@ def hostile_run(store: Store, tmp_path: Path) -> int:
     (console,) = store.system.consoles()
     assert scan_console(store, console, final=True).new == 1
     with store.transaction():
-        analyze_run(store.conn, run_id)
+        analyze_run(store, run_id)
     return run_id
 
 

@@ -74,7 +74,7 @@ def gated_run(
         if not was_open and state.opened_at is not None:
             store.add_event(run_id, step, "gate_open", state.reason)
     with store.transaction():
-        analyze_run(store.conn, run_id)  # phase and health, as the engine writes them
+        analyze_run(store, run_id)  # phase and health, as the engine writes them
     return run_id, gate.opened_at
 
 

@@ -95,7 +95,7 @@ def demo_like(
 def judged(store: Store, run_id: int) -> tuple[str, list[str], dict[str, Any]]:
     """Health as the engine stores it, and the digest the analyst answers from."""
     with store.transaction():
-        analyze_run(store.conn, run_id)
+        analyze_run(store, run_id)
     row = store.run(run_id)
     assert row is not None
     reader = StoreReader(store.path)

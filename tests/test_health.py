@@ -182,7 +182,7 @@ def carl_run(
 
 def health_of(store: Store, run_id: int) -> tuple[str, list[str]]:
     with store.transaction():
-        analyze_run(store.conn, run_id)
+        analyze_run(store, run_id)
     row = store.run(run_id)
     assert row is not None
     return row["health"], json.loads(row["health_reasons"])
@@ -191,7 +191,7 @@ def health_of(store: Store, run_id: int) -> tuple[str, list[str]]:
 def test_the_warm_ups_entropy_drop_is_not_judged(store: Store) -> None:
     # SFT takes the entropy from 6 nats to 0.06; RL then holds it.
     warm = carl_run(store, "warm", warmup=100, steps=100, entropy=lambda s: max(0.06, 6.0 - 0.06 * s))
-    assert rl_start(store.conn, warm) == 101
+    assert rl_start(store, warm) == 101
     assert health_of(store, warm) == ("green", ["training dynamics healthy"])
     # The same warm-up, then a real collapse during RL.
     collapsing = carl_run(
@@ -213,11 +213,11 @@ def test_a_run_still_in_its_warm_up_has_not_reached_rl(store: Store) -> None:
     now = time.time()
     store.add_metrics(run_id, [(s, "entropy", 6.0 - 0.05 * s, now) for s in range(1, 101)])
     store.update_run(run_id, last_step=100, last_update=now)
-    assert rl_start(store.conn, run_id) == 601
+    assert rl_start(store, run_id) == 601
     assert health_of(store, run_id) == ("green", ["training dynamics healthy"])
     sft = store.create_run("sft", source_kind="carl", status="finished", config={"method": "sft"})
     store.add_metrics(sft, [(s, "entropy", 6.0 - 0.05 * s, now) for s in range(1, 101)])
-    assert rl_start(store.conn, sft) is None and health_of(store, sft)[0] == "green"
+    assert rl_start(store, sft) is None and health_of(store, sft)[0] == "green"
 
 
 def test_an_observed_runs_kl_clip_and_evals_are_read_from_the_store(store: Store) -> None:
@@ -274,7 +274,7 @@ def test_the_demo_run_ends_green(tmp_path: Path) -> None:
     with Store(home / "carl.db") as store:
         run_id = store.run_id_by_name("demo")
         assert run_id is not None
-        assert rl_start(store.conn, run_id) == 601
+        assert rl_start(store, run_id) == 601
         level, reasons = health_of(store, run_id)
         assert (level, reasons) == ("green", ["training dynamics healthy"])
         # The warm-up took the entropy from ~ln(512) to a few hundredths of a nat: judged across it, the

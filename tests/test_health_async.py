@@ -195,7 +195,7 @@ def test_stored_series_a_trainer_log_without_reward_is_judged_too(store: Store) 
     """prime-rl's trainer writes no reward (its orchestrator does): the async rules still read its series."""
     run_id = store.create_run("prime-trainer", source_kind="jsonl", status="finished")
     add_series(store, run_id, {"mismatch/kl": np.r_[noisy(6e-4, 40), np.linspace(6e-4, 9e-3, 20)]})
-    health = analyze_run(store.conn, run_id)
+    health = analyze_run(store, run_id)
     assert health is not None and health.level == "yellow"
     assert health.reasons[0].startswith("sampler/learner mismatch KL rising")
     assert json.loads(store.run(run_id)["health_reasons"]) == health.reasons
@@ -218,7 +218,7 @@ def test_stored_series_staleness_bound_from_the_config_truncation_and_throughput
             "perf/tokens_per_s_per_gpu": np.r_[noisy(3_000, 57, 0.05), np.full(3, 800.0)],
         },
     )
-    health = analyze_run(store.conn, run_id)
+    health = analyze_run(store, run_id)
     assert health is not None and health.level == "yellow"
     assert {f.cause for f in health.flags} == {"staleness", "truncation", "throughput"}
     assert "past the run's bound of 2 (max_staleness_steps)" in health.reasons[0]
@@ -230,7 +230,7 @@ def test_the_slower_sampling_of_rl_after_an_sft_warm_up_is_no_throughput_drop(st
     run_id = store.create_run("grpo", source_kind="carl", status="finished", config={"method": "grpo"})
     add_series(store, run_id, {"perf/tokens_per_s": noisy(20_000, 20, 0.05)})
     add_series(store, run_id, {"perf/tokens_per_s": noisy(3_000, 10, 0.05), "reward": np.full(10, 0.5)}, 21)
-    health = analyze_run(store.conn, run_id)
+    health = analyze_run(store, run_id)
     assert health is not None and health.level == "green", health.reasons
 
 
@@ -275,12 +275,12 @@ def test_a_followed_verl_run_turns_yellow_when_its_mismatch_rises(store: Store, 
     source_id = register_source(store, path, follow=True)
     result = ingest_source(store, source_id)
     (run_id,) = result.run_ids
-    assert analyze_runs(store.conn, [run_id])[run_id].level == "green"  # the sampler agrees, to kernel noise
+    assert analyze_runs(store, [run_id])[run_id].level == "green"  # the sampler agrees, to kernel noise
     for step in range(61, 101):  # the writer goes on; the engine reads the new lines
         logger.log(verl_step(step, k3[step - 1]), step)
     logger.finish()
     ingest_source(store, source_id)
-    health = analyze_runs(store.conn, [run_id])[run_id]
+    health = analyze_runs(store, [run_id])[run_id]
     assert health.level == "yellow" and [f.cause for f in health.flags] == ["mismatch"]
     assert health.reasons[0].startswith("sampler/learner mismatch KL rising: 0.000")
     row = store.run(run_id)
@@ -328,7 +328,7 @@ def test_a_verl_run_in_mlflow_past_the_bound_its_params_hold(tmp_path: Path, sto
     client.log_batch(run, metrics=metrics, params=params)
     _, result = observe(store, db)
     (run_id,) = result.run_ids
-    health = analyze_runs(store.conn, [run_id])[run_id]
+    health = analyze_runs(store, [run_id])[run_id]
     assert health.reasons == [
         "samples 4 policy versions stale at step 29, past the run's bound of 2 (max_off_policy_threshold)"
     ]

@@ -75,7 +75,7 @@ def processes(store: Store, run_id: int) -> list[dict]:
 
 def health(store: Store, run_id: int) -> tuple[str, list[str]]:
     with store.transaction():
-        analyze_run(store.conn, run_id)
+        analyze_run(store, run_id)
     row = store.run(run_id)
     assert row is not None
     return row["health"], json.loads(row["health_reasons"])

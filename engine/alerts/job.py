@@ -20,7 +20,7 @@ from typing import Any
 
 from engine.coherence.health import Health
 from engine.llm.redact import redact
-from engine.store import Store
+from engine.store import Store, agent_alarms
 from engine.tomlfile import FileWatch
 
 from . import outbox
@@ -129,14 +129,9 @@ class Alerts:
     def _new_alarms(self) -> None:
         cursor = self.store.kv(ALARM_CURSOR)
         if cursor is None:  # alerts just configured: from the newest alarm on, not the history
-            newest = self.store.conn.execute("SELECT coalesce(max(id), 0) FROM agent_events").fetchone()[0]
-            self.store.set_kv(ALARM_CURSOR, int(newest))
+            self.store.set_kv(ALARM_CURSOR, agent_alarms.newest_event_id(self.store))
             return
-        rows = self.store.conn.execute(
-            "SELECT id, payload, worker_id, task_id FROM agent_events WHERE kind='alarm'"
-            " AND coalesce(status, 'ok')='ok' AND id>? ORDER BY id LIMIT ?",
-            (int(cursor), ALARMS_READ),
-        ).fetchall()
+        rows = agent_alarms.alarms_after(self.store, int(cursor), ALARMS_READ)
         for _, text, worker, task in rows:
             try:
                 body = json.loads(text or "{}")

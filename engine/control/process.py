@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from engine import paths
 from engine.errors import CarlError
-from engine.store import StoreError, StoreReader
+from engine.store import StoreError, StoreReader, run_lookup
 
 from .pidfile import (
     PidRecord,
@@ -247,10 +247,7 @@ def _process(process: dict[str, Any]) -> dict[str, Any]:
 def _running(reader: StoreReader, children: list[dict[str, Any]]) -> tuple[list[Row], list[Row]]:
     """The engine's training children as the runs they train (a run's pid is its runner's, or with
     several processes rank 0's, whose parent is the runner), and its live eval children."""
-    live = reader.conn.execute(
-        "SELECT id, name, status, last_step, max_steps, pid FROM runs"
-        " WHERE status IN ('running', 'paused') AND pid IS NOT NULL ORDER BY id"
-    ).fetchall()
+    live = run_lookup.live_runs_with_pid(reader)
     training: list[Row] = []
     evals: list[Row] = []
     for child in children:

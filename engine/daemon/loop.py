@@ -263,7 +263,7 @@ class Engine:
         runs = sorted(self.dirty_runs)
         try:
             with self.store.transaction():
-                judged = analyze_runs(self.store.conn, runs)
+                judged = analyze_runs(self.store, runs)
         except Exception as exc:  # one run's analysis failing must not hold back the others
             if store_trouble(exc):
                 raise  # the runs stay dirty: analysed when the job is retried
@@ -278,7 +278,7 @@ class Engine:
         for run_id in runs:
             try:
                 with self.store.transaction():
-                    judged.update(analyze_runs(self.store.conn, [run_id]))
+                    judged.update(analyze_runs(self.store, [run_id]))
             except Exception as exc:
                 if store_trouble(exc):
                     raise

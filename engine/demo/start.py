@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from engine import paths
 from engine.errors import CliError
 from engine.store.commands import Verb
+from engine.store import run_lookup
+
+if TYPE_CHECKING:
+    from engine.store import Store
 
 # A task a second: light beside training. The workers serve the demo run itself (each checkpoint it
 # saves, then its final model), asked the way the run was trained: with no system prompt.
@@ -38,12 +41,9 @@ def start_demo(
     if engine:
         ensure_engine(home)  # says so on stderr when it starts one: the engine outlives this command
     with Store(paths.db_path(home)) as store:
-        live = store.conn.execute(
-            "SELECT name FROM runs WHERE source_kind='carl' AND name LIKE 'demo%' "
-            "AND status IN ('running','paused')"
-        ).fetchone()
-        if live:
-            print(f"demo run {live[0]!r} is live; opening the control room on it")
+        live = run_lookup.live_demo_run(store)
+        if live is not None:
+            print(f"demo run {live!r} is live; opening the control room on it")
             return None
         name = free_run_name(store, "demo")  # the name the run will have: the plane is bound to it
         args = {
@@ -61,9 +61,9 @@ def start_demo(
     return name
 
 
-def free_run_name(store: Any, name: str) -> str:
+def free_run_name(store: Store, name: str) -> str:
     """`name`, or the first of name-2, name-3, ... that no run has: the name the store gives a new run."""
-    taken = {row[0] for row in store.conn.execute("SELECT name FROM runs")}
+    taken = set(run_lookup.names(store).values())
     unique, n = name, 1
     while unique in taken:
         n += 1
@@ -71,15 +71,15 @@ def free_run_name(store: Any, name: str) -> str:
     return unique
 
 
-def queue_demo_plane(store: Any, until_run: str | None, *, serve_run: str | None = None) -> str | None:
+def queue_demo_plane(store: Store, until_run: str | None, *, serve_run: str | None = None) -> str | None:
     """A small agents plane on the demo task beside the demo run, so the Agents pane is live too
     (only with the nats extra, and only when no plane is up). Its workers serve `serve_run` (the demo
     run) as it trains: each checkpoint it saves, then its final model. Bound to the run (`until_run`),
     it stops when the run ends; without, it stays up until `carl agents down`."""
     if any(importlib.util.find_spec(m) is None for m in ("nats", "yaml")):
         return "(the Agents pane stays empty: install the nats extra for a live agents plane)"
-    row = store.conn.execute("SELECT value FROM kv WHERE key='agents.plane'").fetchone()
-    if row is not None and json.loads(row[0]).get("wanted"):
+    plane = store.kv("agents.plane")
+    if plane is not None and plane.get("wanted"):
         return None
     spec = {
         **DEMO_PLANE,

@@ -411,7 +411,7 @@ def build_digest(reader: StoreReader, run_id: int, *, now: float | None = None) 
         "samples": [sample_brief(s) for s in reader.samples(run_id, limit=3)],
         "eval": reader.latest_eval(run_id),
         "processes": processes_brief(reader, run_id),
-        "box": [flag._asdict() for flag in box_flags(reader.conn, reader.version, run_id, run.status, now_t)],
+        "box": [flag._asdict() for flag in box_flags(reader.system, run_id, run.status, now_t)],
         "console": console_brief(reader, run_id),
         "counts": {
             "trajectories": reader.table_count("trajectories"),
@@ -432,7 +432,7 @@ def rl_brief(reader: StoreReader, run: RunRow, config: dict[str, Any]) -> dict[s
     the warm-up's length in the config."""
     from engine.coherence.analysis import rl_start
 
-    start = rl_start(reader.conn, run.id)
+    start = rl_start(reader, run.id)
     warmup = config.get("sft_warmup_steps")
     warmup = warmup if isinstance(warmup, int) and not isinstance(warmup, bool) and warmup > 0 else None
     stage = None if start is None else "rl" if (run.last_step or 0) >= start else "warmup"
@@ -470,7 +470,7 @@ def entropy_brief(
             "last_step": before.last_step,
         }
     if rl["stage"] == "rl":
-        steps, values = rl_entropy(reader.conn, run.id, start, max(0, (run.last_step or 0) - HORIZON_STEPS))
+        steps, values = rl_entropy(reader, run.id, start, max(0, (run.last_step or 0) - HORIZON_STEPS))
         judged = judge_entropy(values, steps)
         brief["rl"] = {
             "points": int(np.isfinite(values).sum()),

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import paths
-from engine.store import Store
+from engine.store import Store, experiment_cells, run_lookup
 from engine.store.commands import Verb
 from engine.training.artifacts import process_alive
 from engine.training.config import ConfigError, TrainConfig, config_from_data
@@ -158,9 +158,7 @@ class Runner:
         self.say(f"{arm} s{seed}: run {name!r} queued")
         deadline = time.monotonic() + START_TIMEOUT_S
         while (run_id := self.store.run_id_by_name(name)) is None:
-            state, result = self.store.conn.execute(
-                "SELECT state, result FROM commands WHERE id=?", (command,)
-            ).fetchone()
+            state, result = experiment_cells.command_outcome(self.store, command)
             if state == "failed" or time.monotonic() > deadline:
                 error = (
                     result
@@ -197,26 +195,18 @@ class Runner:
             self.update(arm, seed, status="failed", error=f"eval: {exc}")
             self.say(f"{arm} s{seed}: eval failed: {exc}")
             return
-        eval_id = self.store.conn.execute("SELECT max(id) FROM evals WHERE run_id=?", (run_id,)).fetchone()[0]
-        gate = None  # a task-only run keeps a gate too, but it gates nothing
-        if arm in GATED_ARMS:
-            gate = self.store.conn.execute(
-                "SELECT min(step) FROM gate_states WHERE run_id=? AND state!='closed'", (run_id,)
-            ).fetchone()[0]
-        phi = self.store.conn.execute(
-            "SELECT phi_mean FROM phi_stats WHERE run_id=? ORDER BY step DESC LIMIT 1", (run_id,)
-        ).fetchone()
+        figures = experiment_cells.cell_figures(self.store, run_id, gated=arm in GATED_ARMS)
         m = result.metrics
         self.update(
             arm,
             seed,
             status="finished",
             error=None,
-            eval_id=eval_id,
+            eval_id=figures.eval_id,
             task=m.get("task"),
             solved=m.get("solved"),
-            gate_step=gate,
-            final_phi=phi[0] if phi else None,
+            gate_step=figures.gate_step,
+            final_phi=figures.final_phi,
         )
         self.say(f"{arm} s{seed}: held-out task {m.get('task')}, solved {m.get('solved')}")
 
@@ -237,9 +227,7 @@ class Runner:
         return run
 
     def free_name(self, name: str) -> str:
-        taken = {
-            r[0] for r in self.store.conn.execute("SELECT name FROM runs WHERE name LIKE ?", (f"{name}%",))
-        }
+        taken = run_lookup.names_like(self.store, name)
         if name not in taken:
             return name
         return next(f"{name}-r{i}" for i in range(2, 10_000) if f"{name}-r{i}" not in taken)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.store import Store
+from engine.store import Store, run_lookup
 
 from .arms import GATED_ARMS
 from .runner import Experiment
@@ -16,7 +16,7 @@ BASELINE = "task-only"
 
 def summarize(store: Store, exp: Experiment) -> dict[str, Any]:
     cells = store.experiment_runs(exp.id)
-    names = {r[0]: r[1] for r in store.conn.execute("SELECT id, name FROM runs")}
+    names = run_lookup.names(store)
     record = store.experiment(exp.id) or {}
     by_arm = {arm: {c["seed"]: c for c in cells if c["arm"] == arm} for arm in exp.arms}
 

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace, home: Path) -> int:
         for run_id in result.run_ids if vocab else ():
             backfill_phi(store, run_id, vocab)  # what an earlier import stored without |V|
         with store.transaction():
-            analyze_runs(store.conn, result.run_ids)
+            analyze_runs(store, result.run_ids)
         if logs:
             _attach(store, [_source_id(store, path)], logs)
     _print_result(kind, path, result)
@@ -305,7 +305,7 @@ def _import_dir(store: Any, root: Path, sources: list[tuple[int, Found]]) -> tup
         if imported_nothing(result):
             errors.append(f"{source.kind}: {where}: nothing imported{_first_problem(result)}")
     with store.transaction():
-        analyze_runs(store.conn, run_ids)
+        analyze_runs(store, run_ids)
     return len(sources) - len(errors), errors
 
 

@@ -9,7 +9,6 @@ them to the run's health, so each is a reason in the control room, in the analys
 from __future__ import annotations
 
 import logging
-import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -183,9 +182,9 @@ def _xid(reads: SystemReads, run_id: int, status: str, now: float) -> list[BoxFl
 BOX_RULES: list[BoxRule] = [_rank_died, _gpu_idle, _gpu_memory, _disk_full, _xid]
 
 
-def box_flags(conn: sqlite3.Connection, version: int, run_id: int, status: str, now: float) -> list[BoxFlag]:
-    """Every box rule's flags for the run (none on a store without the box's tables)."""
-    reads = SystemReads(conn, version)
+def box_flags(reads: SystemReads, run_id: int, status: str, now: float) -> list[BoxFlag]:
+    """Every box rule's flags for the run, from the box's tables as `reads` reads them (none on a store
+    without them)."""
     if not reads.ready:
         return []
     flags = []
