@@ -133,10 +133,6 @@ SQL_NOT_MOVED_YET = {
     "engine/observe/pairing.py": 3,
     "engine/observe/rollouts/common.py": 1,
     "engine/observe/trackio.py": 1,
-    "engine/trajectories/capture/live.py": 6,
-    "engine/trajectories/cli.py": 5,
-    "engine/trajectories/training/sampler.py": 2,
-    "engine/trajectories/training/train.py": 2,
 }
 
 
