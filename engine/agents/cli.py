@@ -144,15 +144,14 @@ def _positive(value: int | None, flag: str) -> None:
 def _engine_command(home: Path, verb: str, args: dict[str, Any], wait: float = 120.0) -> str:
     from engine.control import ensure_engine
     from engine.store import Store
+    from engine.store.agent_plane import command_state
 
     status = ensure_engine(home)  # says so on stderr when it starts one: the engine outlives this command
     with Store(paths.db_path(home)) as store:
         command_id = store.enqueue_command(verb, args, target="engine", origin="cli")
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            state, result = store.conn.execute(
-                "SELECT state, result FROM commands WHERE id=?", (command_id,)
-            ).fetchone()
+            state, result = command_state(store, command_id) or (None, None)
             if state in ("done", "failed"):
                 if state == "failed":
                     raise AgentsCliError(result or f"{verb} failed")
@@ -386,6 +385,7 @@ async def headless(
     """A plane of its own, until every task is done: the server (unless one is given or up), the audit
     into the store, the manager here, the workers and trainer as processes. Returns the summary."""
     from engine.store import Store
+    from engine.store.agent_audit import AgentAudit
 
     from .audit import AUDIT_CONSUMER, AuditWriter, audit_bound, run_audit
     from .backends import check_trainable_endpoint
@@ -453,7 +453,7 @@ async def headless(
         result = summary.as_dict()
         if watch.done() and not watch.cancelled() and watch.exception() is None and watch.result():
             raise AgentsCliError(watch.result())
-        result["stored"] = _stored_counts(store)
+        result["stored"] = AgentAudit(store).counts()
         return result
     finally:
         await asyncio.to_thread(stop_processes, list(procs), 5.0)
@@ -569,17 +569,6 @@ async def _serving_latest(home: Path, procs: list[subprocess.Popen[bytes]], time
             await asyncio.sleep(0.1)
     finally:
         reader.close()
-
-
-def _stored_counts(store: Any) -> dict[str, int]:
-    rows = store.conn.execute(
-        "SELECT kind, count(*) FROM agent_events WHERE status='ok' GROUP BY kind"
-    ).fetchall()
-    counts = {kind: n for kind, n in rows}
-    counts["rejected"] = store.conn.execute(
-        "SELECT count(*) FROM agent_events WHERE status='rejected'"
-    ).fetchone()[0]
-    return counts
 
 
 # -- worker ---------------------------------------------------------------------------------

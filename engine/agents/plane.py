@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine import paths
+from engine.store.agent_plane import command_state, queued_engine_commands, run_status
 
 from .bus import Address, connect, ensure_stream, publish
 from .bus import close as bus_close
@@ -713,21 +714,14 @@ class Plane:
     def _expire_answers(self) -> None:
         now = time.monotonic()
         for command_id, deadline in list(self.awaiting.items()):
-            row = self.store.conn.execute("SELECT state FROM commands WHERE id=?", (command_id,)).fetchone()
-            if row is None or row[0] in ("done", "failed"):
+            found = command_state(self.store, command_id)
+            if found is None or found[0] in ("done", "failed"):
                 del self.awaiting[command_id]
             elif now >= deadline:
                 del self.awaiting[command_id]
                 self.store.finish_command(
                     command_id, False, f"no answer from the plane in {ANSWER_WAIT_S:.0f}s"
                 )
-
-
-def run_status(store: Store, name: str) -> str | None:
-    """The status of the run named `name` (running, paused, finished, failed, stopped...); None:
-    no such run."""
-    row = store.conn.execute("SELECT status FROM runs WHERE name=?", (name,)).fetchone()
-    return str(row[0]) if row is not None else None
 
 
 def stop_leftovers(store: Store, home: Path) -> int:
@@ -745,10 +739,8 @@ def not_wanted(store: Store, home: Path) -> str:
     running of it is stopped. Returns what was done, in one line."""
     stopped = stop_leftovers(store, home)
     store.set_kv("agents.plane", {"wanted": False})
-    cancelled = store.conn.execute(
-        "SELECT id FROM commands WHERE target='engine' AND verb='agents_up' AND state='pending'"
-    ).fetchall()
-    for (command_id,) in cancelled:
+    cancelled = queued_engine_commands(store, "agents_up")
+    for command_id in cancelled:
         store.finish_command(command_id, False, "cancelled: carl agents down")
     said = "the engine is not running: the agents plane is marked down (it stays down when the engine starts)"
     if stopped:
