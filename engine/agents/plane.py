@@ -38,14 +38,7 @@ from .bus import Address, connect, ensure_stream, publish
 from .bus import close as bus_close
 from .config import AgentsSettings
 from .events import PlaneEvent
-from .launcher import (
-    Child,
-    Launcher,
-    given_address,
-    start_server,
-    stop_leftovers,
-    write_settings,
-)
+from .launcher import Child, Launcher, given_address, start_server, stop_leftovers, write_settings
 from .server import AgentsError, LocalServer, free_port, listening, port_is_free
 
 if TYPE_CHECKING:
