@@ -363,8 +363,8 @@ backend.close()
 def direct_worker(home: Path, settings: AgentsSettings, n: int, kind: str) -> float:
     """Seconds a task for the worker's own backend answering the demo's first `n` tasks in a loop, with no
     plane: in a process started as a worker's is (the same interpreter and environment, engine/agents/
-    plane.py), so that the plane is the only difference between the two figures."""
-    from engine.agents.plane import child_env
+    launcher.py), so that the plane is the only difference between the two figures."""
+    from engine.agents.launcher import child_env
 
     code = DIRECT_WORKER.format(
         root=str(Path(__file__).resolve().parent.parent),

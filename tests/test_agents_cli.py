@@ -22,7 +22,7 @@ from support import end_all, wait_for
 from test_agents_plane import arithmetic_tasks, http_settings, solve
 
 from engine.agents.cli import headless
-from engine.agents.plane import child_argv
+from engine.agents.launcher import child_argv
 from engine.agents.server import read_token, token_path
 from engine.agents.tasks import load_tasks
 from engine.control import engine_status, stop_engine

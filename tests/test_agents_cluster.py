@@ -39,7 +39,7 @@ from engine.agents.bus import close as bus_close
 from engine.agents.cli import headless
 from engine.agents.config import AgentsSettings
 from engine.agents.events import WorkerStatusEvent
-from engine.agents.plane import stop_processes
+from engine.agents.launcher import stop_processes
 from engine.agents.server import AgentsError, LocalServer, token_path
 from engine.agents.tasks import load_tasks
 from engine.store import Store, StoreReader

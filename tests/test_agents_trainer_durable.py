@@ -21,7 +21,7 @@ from agents_support import address_of, audit_running, jetstream, nats_server
 from engine.agents.bus import STREAM, TRAINER_DURABLE, close, publish, trainer_subscription
 from engine.agents.config import AgentsSettings, TrainerSettings
 from engine.agents.events import ResultEvent, TaskEvent, TrainingRolloutEvent
-from engine.agents.plane import child_argv
+from engine.agents.launcher import child_argv
 from engine.agents.spool import RolloutSpool
 from engine.store import Store
 

@@ -27,7 +27,7 @@ from engine.agents.bus import publish, resolve_address
 from engine.agents.cli import headless
 from engine.agents.config import AgentsSettings
 from engine.agents.events import ControlEvent, ModelUpdateEvent
-from engine.agents.plane import child_argv, write_settings
+from engine.agents.launcher import child_argv, write_settings
 from engine.agents.policy import LocalPolicy
 from engine.agents.server import token_path
 from engine.agents.tasks import demo_tasks, load_tasks

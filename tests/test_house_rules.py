@@ -115,17 +115,7 @@ FOREIGN_SQLITE = {
 }
 # The modules whose statements on carl.db have not moved into engine/store/ yet, with how many each has. The
 # list only shrinks: a module leaves it when its SQL has moved, and no count grows.
-SQL_NOT_MOVED_YET = {
-    "engine/agents/cli.py": 3,
-    "engine/agents/manager.py": 1,
-    "engine/agents/plane.py": 3,
-    "engine/agents/serving.py": 1,
-    "engine/agents/verdicts.py": 1,
-    "engine/trajectories/capture/live.py": 6,
-    "engine/trajectories/cli.py": 5,
-    "engine/trajectories/training/sampler.py": 2,
-    "engine/trajectories/training/train.py": 2,
-}
+SQL_NOT_MOVED_YET = {}
 
 
 def _is_sql(node: ast.AST) -> bool:

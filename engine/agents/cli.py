@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from engine.text import visible, visible_line
 
 if TYPE_CHECKING:  # pydantic and yaml load when a command runs, not when `carl` builds its parser
     from .config import AgentsSettings
+    from .launcher import Child
 
 EVENT_TYPES = (
     "task",
@@ -144,15 +144,14 @@ def _positive(value: int | None, flag: str) -> None:
 def _engine_command(home: Path, verb: str, args: dict[str, Any], wait: float = 120.0) -> str:
     from engine.control import ensure_engine
     from engine.store import Store
+    from engine.store.agent_plane import command_state
 
     status = ensure_engine(home)  # says so on stderr when it starts one: the engine outlives this command
     with Store(paths.db_path(home)) as store:
         command_id = store.enqueue_command(verb, args, target="engine", origin="cli")
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            state, result = store.conn.execute(
-                "SELECT state, result FROM commands WHERE id=?", (command_id,)
-            ).fetchone()
+            state, result = command_state(store, command_id) or (None, None)
             if state in ("done", "failed"):
                 if state == "failed":
                     raise AgentsCliError(result or f"{verb} failed")
@@ -387,21 +386,28 @@ async def headless(
     base_url: str | None = None,
 ) -> dict[str, Any]:
     """A plane of its own, until every task is done: the server (unless one is given or up), the audit
-    into the store, the manager here, the workers and trainer as processes. Returns the summary."""
+    into the store, the manager here, the workers and trainer as processes (started by the plane's one
+    launcher, launcher.py). Returns the summary."""
     from engine.store import Store
+    from engine.store.agent_audit import AgentAudit
 
     from .audit import AUDIT_CONSUMER, AuditWriter, audit_bound, run_audit
     from .backends import check_trainable_endpoint
     from .bus import TRAINER_DURABLE, connect, ensure_stream, trainer_subscription
     from .bus import close as bus_close
+    from .launcher import Launcher, engine_server, given_address, start_server, write_settings
     from .manager import Manager, TaskFeed
-    from .plane import stop_processes, write_settings
     from .roles import build_feedback, build_scorer, group_size
+    from .server import LocalServer, free_port
 
     await asyncio.to_thread(check_trainable_endpoint, settings)  # before anything starts: one line
     store = Store(paths.db_path(home))
-    address, server = _headless_address(home, settings, store)
-    procs: list[subprocess.Popen[bytes]] = []
+    # The given URL, else the engine's local server when it is up, else a server of this run's own.
+    server: LocalServer | None = None
+    address = given_address(settings) or engine_server(home, store)
+    if address is None:
+        server, address = start_server(home, free_port())
+    launcher: Launcher | None = None
     try:
         nc = await connect(address, "carl-agents-run")
         js = nc.jetstream()
@@ -413,22 +419,19 @@ async def headless(
             if await audit_bound(js)
             else asyncio.create_task(run_audit(js, AuditWriter(store), stop_audit))
         )
-        settings_file = (
-            write_settings(home, settings) if server is not None else _run_settings(home, settings)
+        # On a server of its own it is the plane of this home; on another's, one run beside that plane.
+        settings_file = write_settings(
+            home, settings, "plane.json" if server is not None else f"run-{os.getpid()}.json"
         )
+        launcher = Launcher(home, settings_file, address, one_thread=False)
         prefix = "w" if server is not None else f"run{os.getpid()}-w"
-        for i in range(settings.workers):
-            procs.append(
-                _spawn(
-                    home, "worker", settings_file, address, ["--id", f"{prefix}{i + 1}"], f"{prefix}{i + 1}"
-                )
-            )
+        workers = [launcher.start("worker", f"{prefix}{i + 1}") for i in range(settings.workers)]
         trainer = None
         if settings.train.enabled:
             await (
                 await trainer_subscription(js)
             ).unsubscribe()  # rollouts wait for the trainer in the stream
-            trainer = _spawn(home, "trainer", settings_file, address, [], "trainer")
+            trainer = launcher.start("trainer", "trainer")
         manager = Manager(
             address,
             settings,
@@ -440,14 +443,14 @@ async def headless(
             manager_id="manager" if server is not None else f"run-{os.getpid()}",
             transient=server is None,
         )
-        watch = asyncio.create_task(_watch_workers(procs, manager, home))
+        watch = asyncio.create_task(_watch_workers(workers, manager))
         summary = await manager.run()
         watch.cancel()
         if trainer is not None:
             await _drained(js, TRAINER_DURABLE)  # every rollout reached the trainer before it is told to stop
-            await asyncio.to_thread(stop_processes, [trainer], 120.0)  # it finishes the step in hand
-            await _serving_latest(home, procs)
-        await asyncio.to_thread(stop_processes, procs)
+            await asyncio.to_thread(launcher.stop, [trainer], wait=120.0)  # it finishes the step in hand
+            await _serving_latest(home, workers)
+        await asyncio.to_thread(launcher.stop, workers)
         await _drained(js, AUDIT_CONSUMER)
         stop_audit.set()
         if audit is not None:
@@ -456,69 +459,26 @@ async def headless(
         result = summary.as_dict()
         if watch.done() and not watch.cancelled() and watch.exception() is None and watch.result():
             raise AgentsCliError(watch.result())
-        result["stored"] = _stored_counts(store)
+        result["stored"] = AgentAudit(store).counts()
         return result
     finally:
-        await asyncio.to_thread(stop_processes, list(procs), 5.0)
+        if launcher is not None:
+            await asyncio.to_thread(launcher.stop, wait=5.0)
         if server is not None:
             server.stop()
         store.close()
 
 
-def _headless_address(home: Path, settings: AgentsSettings, store: Any) -> tuple[Any, Any]:
-    """The given URL, else the engine's local server when it is up, else a server of this run's own."""
-    from .bus import Address, resolve_address
-    from .config import env_url
-    from .server import LocalServer, free_port, listening, local_url, token_path
-
-    if settings.url or env_url():
-        return resolve_address(settings), None
-    running = store.kv("agents.server") or {}
-    port = running.get("port")
-    if running.get("local") and running.get("state") == "up" and isinstance(port, int) and listening(port):
-        return Address(local_url(port), str(token_path(home)), local=True), None
-    server = LocalServer(home, free_port())
-    server.start()
-    return Address(server.url, str(token_path(home)), local=True), server
-
-
-def _run_settings(home: Path, settings: AgentsSettings) -> Path:
-    from .plane import plane_dir
-
-    path = plane_dir(home) / f"run-{os.getpid()}.json"
-    path.write_text(settings.model_dump_json() + "\n")
-    os.chmod(path, 0o600)
-    return path
-
-
-def _spawn(
-    home: Path, role: str, settings_file: Path, address: Any, extra: list[str], ident: str
-) -> subprocess.Popen[bytes]:
-    from .plane import child_argv, child_env
-
-    log_path = paths.logs_dir(home) / f"agents-{ident}.log"
-    with log_path.open("ab") as out:
-        return subprocess.Popen(
-            child_argv(role, home, settings_file, address, *extra),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            close_fds=True,
-            start_new_session=True,
-            env=child_env(),
-        )
-
-
-async def _watch_workers(procs: list[subprocess.Popen[bytes]], manager: Any, home: Path) -> str | None:
+async def _watch_workers(workers: list[Child], manager: Any) -> str | None:
     """Stop the run when every worker has died: nothing would ever answer its tasks."""
-    if not procs:
+    if not workers:
         return None
     while True:
         await asyncio.sleep(0.5)
-        if all(p.poll() not in (None, 0) for p in procs):
+        if all(w.exit_code() not in (None, 0) for w in workers):
             manager.stop.set()
-            last = _last_line(paths.logs_dir(home) / f"agents-{Path(str(procs[0].args[-1])).name}.log")
-            return f"every worker exited (status {procs[0].returncode}){': ' + last if last else ''}"
+            last = _last_line(workers[0].log_path)
+            return f"every worker exited (status {workers[0].exit_code()}){': ' + last if last else ''}"
 
 
 def _last_line(path: Path) -> str:
@@ -553,7 +513,7 @@ async def _drained(js: Any, consumer: str, timeout: float = 60.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def _serving_latest(home: Path, procs: list[subprocess.Popen[bytes]], timeout: float = 30.0) -> None:
+async def _serving_latest(home: Path, workers: list[Child], timeout: float = 30.0) -> None:
     """Until every live worker says it serves the newest adapter the trainer published (each swaps it in
     between two tasks), so a run that trained ends with its workers on the trained model."""
     from engine.store import StoreReader
@@ -565,24 +525,13 @@ async def _serving_latest(home: Path, procs: list[subprocess.Popen[bytes]], time
             latest = (reader.kv("agents.model") or {}).get("model_version")
             if latest is None:
                 return
-            pids = {p.pid for p in procs if p.poll() is None}
+            pids = {w.pid for w in workers if w.alive()}
             behind = [w for w in reader.agent_workers() if w["pid"] in pids and w["model_version"] != latest]
             if not behind:
                 return
             await asyncio.sleep(0.1)
     finally:
         reader.close()
-
-
-def _stored_counts(store: Any) -> dict[str, int]:
-    rows = store.conn.execute(
-        "SELECT kind, count(*) FROM agent_events WHERE status='ok' GROUP BY kind"
-    ).fetchall()
-    counts = {kind: n for kind, n in rows}
-    counts["rejected"] = store.conn.execute(
-        "SELECT count(*) FROM agent_events WHERE status='rejected'"
-    ).fetchone()[0]
-    return counts
 
 
 # -- worker ---------------------------------------------------------------------------------

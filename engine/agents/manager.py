@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from engine.store.agent_audit import assigned_task
 from engine.text import visible
 
 from .alarms import AlarmMonitor
@@ -444,16 +445,8 @@ class Manager:
         """A task an earlier process of this manager assigned, as the audit stored it (None: unknown)."""
         if self.store_path is None or not self.store_path.exists():
             return None
-        try:
-            conn = sqlite3.connect(f"file:{self.store_path}?mode=ro", uri=True, timeout=5)
-            try:
-                row = conn.execute(
-                    "SELECT task_type, environment, prompt, reference, verifier, group_id, manager_id "
-                    "FROM agent_tasks WHERE task_id=? AND prompt IS NOT NULL AND manager_id=?",
-                    (task_id, self.manager_id),  # another manager's results are its own to score
-                ).fetchone()
-            finally:
-                conn.close()
+        try:  # another manager's results are its own to score
+            row = assigned_task(self.store_path, task_id, self.manager_id)
         except sqlite3.Error:
             return None
         if row is None:

@@ -5,7 +5,8 @@ thread of the engine, since it writes the engine's store), a part that dies is r
 backoff, and what each part is doing goes to the store's `kv` table for the control room:
 `agents.server` (the NATS server: state, URL without secrets, port, restarts) and `agents.plane`
 (whether the plane should be up, its processes, and the run it serves). The engine calls `tick()`
-every loop.
+every loop. Each process is started, and stopped, by the one launcher of the plane (launcher.py), which
+`carl agents run` uses too.
 
 A plane may serve one of our runs (`serve_run`, `carl agents up --serve-run RUN`, the demo's plane):
 its workers serve that run's model, and each checkpoint the run saves goes out as a model update
@@ -23,10 +24,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -35,13 +32,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine import paths
+from engine.store.agent_plane import command_state, queued_engine_commands, run_status
 from engine.store.commands import Verb
 
 from .bus import Address, connect, ensure_stream, publish
 from .bus import close as bus_close
 from .config import AgentsSettings
 from .events import PlaneEvent
-from .server import AgentsError, LocalServer, free_port, listening, local_url, port_is_free, token_path
+from .launcher import Child, Launcher, given_address, start_server, stop_leftovers, write_settings
+from .server import AgentsError, LocalServer, free_port, listening, port_is_free
 
 if TYPE_CHECKING:
     from engine.store import Store
@@ -54,91 +53,10 @@ BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 60.0
 STABLE_S = 30.0  # a process that lived this long resets its backoff
 GIVE_UP_AFTER = 8  # crashes in a row (each within STABLE_S) before a part is left down
-STOP_WAIT_S = 15.0  # a process asked to stop gets this long to finish its task
 ANSWER_WAIT_S = 30.0  # a command the plane must answer fails after this long without an answer
 RUN_CHECK_S = 2.0  # how often a plane bound to a run looks at the run
 RUN_START_GRACE_S = 600.0  # a plane bound to a run that has not appeared by then stops
 LIVE_RUN = ("running", "paused")
-
-
-def plane_dir(home: Path) -> Path:
-    path = home / "agents"
-    path.mkdir(parents=True, mode=0o700, exist_ok=True)
-    return path
-
-
-def write_settings(home: Path, settings: AgentsSettings) -> Path:
-    """The settings every child process reads (no secret in them: the token stays in its file)."""
-    path = plane_dir(home) / "plane.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(settings.model_dump_json(indent=2) + "\n")
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
-    return path
-
-
-# -- child processes -------------------------------------------------------------------------------
-
-
-@dataclass
-class Child:
-    """One supervised process of the plane: its role, id, argv, and how it has been doing."""
-
-    role: str  # manager | worker | trainer
-    ident: str
-    argv: list[str]
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-    started_at: float = 0.0
-    crashes: int = 0
-    restart_at: float | None = None
-    stopping: bool = False
-    state: str = "starting"  # starting | running | restarting | stopped | failed
-    last_exit: int | None = None
-
-    def spawn(self) -> None:
-        with self.log_path.open("ab") as out:
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                close_fds=True,
-                start_new_session=True,
-                env=child_env(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")),
-            )
-        self.started_at = time.monotonic()
-        self.restart_at = None
-        self.state = "running"
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "role": self.role,
-            "id": self.ident,
-            "state": self.state,
-            "pid": self.proc.pid if self.proc else None,
-            "crashes": self.crashes,
-            "last_exit": self.last_exit,
-            "log": str(self.log_path),
-        }
-
-
-def stop_processes(procs: list[subprocess.Popen[bytes] | None], wait: float = STOP_WAIT_S) -> None:
-    """Stop them all at once: SIGTERM to each, then wait, then SIGKILL what is left after `wait`."""
-    live = [p for p in procs if p is not None and p.poll() is None]
-    for proc in live:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + wait
-    for proc in live:
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 # -- the bridge ----------------------------------------------------------------------------------
@@ -272,33 +190,6 @@ class PlaneSpec:
         return spec
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    """The environment of a plane process: offline from the hub unless told otherwise, no tokenizer threads,
-    no progress bars in its log."""
-    return {
-        **os.environ,
-        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-        **extra,
-    }
-
-
-def child_argv(role: str, home: Path, settings_file: Path, address: Address, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "engine.agents",
-        role,
-        "--home",
-        str(home),
-        "--settings",
-        str(settings_file),
-        *address.argv(),
-        *extra,
-    ]
-
-
 class Plane:
     """The engine's agents plane. Not thread-safe: the engine's loop calls it."""
 
@@ -313,7 +204,7 @@ class Plane:
         self.server_retry_at: float | None = None
         self.server_state = "down"
         self.bridge: Bridge | None = None
-        self.children: dict[str, Child] = {}
+        self.launcher: Launcher | None = None  # the manager, workers and trainer, while the plane is up
         self.awaiting: dict[int, float] = {}  # command id -> when it fails without an answer
         self.next_worker = 1
         self.said: dict[str, str] = {}
@@ -325,6 +216,11 @@ class Plane:
     @property
     def up(self) -> bool:
         return self.spec is not None
+
+    @property
+    def children(self) -> dict[str, Child]:
+        """The plane's processes by id (none while it is down)."""
+        return self.launcher.children if self.launcher is not None else {}
 
     # -- up and down -------------------------------------------------------------------------------
 
@@ -378,6 +274,7 @@ class Plane:
             demo_tasks()
         settings_file = write_settings(self.home, settings)
         self.address = self._address(settings)  # the server is up (or the URL given) before the plane is
+        self.launcher = Launcher(self.home, settings_file, self.address, one_thread=True)
         self.settings, self.spec = settings, spec
         self.started_at, self.next_run_check = time.monotonic(), 0.0
         self.follower = self._follower(spec, settings)
@@ -425,17 +322,13 @@ class Plane:
             log.info("agents: stopped %d process(es) the previous engine left running", stopped)
 
     def _address(self, settings: AgentsSettings) -> Address:
-        from .bus import resolve_address
-
-        address = resolve_address(settings) if (settings.url or _env_url()) else None
+        address = given_address(settings)
         if address is not None:
             self.server_state = "external"
             return address
-        port = self._server_port()
-        self.server = LocalServer(self.home, port)
-        self.server.start()
+        self.server, address = start_server(self.home, self._server_port())
         self.server_state = "up"
-        return Address(local_url(port), str(token_path(self.home)), local=True)
+        return address
 
     def _server_port(self) -> int:
         """The port of the last local server when it is still free (clients find it again), else a new one."""
@@ -456,11 +349,8 @@ class Plane:
         if not self.up:
             self.store.set_kv("agents.plane", {"wanted": False})
             return "the agents plane was not up"
-        for child in self.children.values():
-            child.stopping = True
-        stop_processes([c.proc for c in self.children.values()])
-        for child in self.children.values():
-            child.state = "stopped"
+        if self.launcher is not None:
+            self.launcher.stop()
         if self.bridge is not None:
             self.bridge.stop()
         if self.server is not None:
@@ -468,8 +358,7 @@ class Plane:
         self.server_state = "stopped" if self.server is not None else "down"
         self.follower, self.serving = None, None
         self.publish_state()
-        self.spec, self.settings, self.bridge, self.server = None, None, None, None
-        self.children.clear()
+        self.spec, self.settings, self.bridge, self.server, self.launcher = None, None, None, None, None
         self.store.set_kv("agents.plane", {"wanted": False})
         return "agents plane stopped"
 
@@ -485,15 +374,9 @@ class Plane:
     # -- children ------------------------------------------------------------------------------------
 
     def _spawn(self, role: str, ident: str, *extra: str) -> Child:
-        assert self.address is not None
-        settings_file = plane_dir(self.home) / "plane.json"
-        argv = child_argv(role, self.home, settings_file, self.address, *extra)
-        if role == "worker":
-            argv += ["--id", ident]
-        child = Child(role, ident, argv, paths.logs_dir(self.home) / f"agents-{ident}.log")
-        child.spawn()
-        self.children[ident] = child
-        log.info("agents: started %s %s (pid %s)", role, ident, child.proc.pid if child.proc else "?")
+        assert self.launcher is not None
+        child = self.launcher.start(role, ident, *extra)
+        log.info("agents: started %s %s (pid %s)", role, ident, child.pid or "?")
         return child
 
     def _add_worker(self, command_id: int | None = None) -> str:
@@ -714,8 +597,8 @@ class Plane:
     def _expire_answers(self) -> None:
         now = time.monotonic()
         for command_id, deadline in list(self.awaiting.items()):
-            row = self.store.conn.execute("SELECT state FROM commands WHERE id=?", (command_id,)).fetchone()
-            if row is None or row[0] in ("done", "failed"):
+            found = command_state(self.store, command_id)
+            if found is None or found[0] in ("done", "failed"):
                 del self.awaiting[command_id]
             elif now >= deadline:
                 del self.awaiting[command_id]
@@ -724,32 +607,14 @@ class Plane:
                 )
 
 
-def run_status(store: Store, name: str) -> str | None:
-    """The status of the run named `name` (running, paused, finished, failed, stopped...); None:
-    no such run."""
-    row = store.conn.execute("SELECT status FROM runs WHERE name=?", (name,)).fetchone()
-    return str(row[0]) if row is not None else None
-
-
-def stop_leftovers(store: Store, home: Path) -> int:
-    """Stop what an engine that was killed left running of its plane (its manager, workers, trainer,
-    then its server), by the pids it recorded; returns how many were stopped."""
-    server = store.kv("agents.server") or {}
-    plane = store.kv("agents.plane") or {}
-    children = [p.get("pid") for p in plane.get("processes") or []]
-    return _stop_pids(children, home) + _stop_pids([server.get("pid")], home)
-
-
 def not_wanted(store: Store, home: Path) -> str:
     """`carl agents down` while no engine runs: the plane is recorded as not wanted (an engine that
     starts leaves it down), an `agents_up` still queued is cancelled, and what a killed engine left
     running of it is stopped. Returns what was done, in one line."""
     stopped = stop_leftovers(store, home)
     store.set_kv("agents.plane", {"wanted": False})
-    cancelled = store.conn.execute(
-        "SELECT id FROM commands WHERE target='engine' AND verb='agents_up' AND state='pending'"
-    ).fetchall()
-    for (command_id,) in cancelled:
+    cancelled = queued_engine_commands(store, Verb.AGENTS_UP)
+    for command_id in cancelled:
         store.finish_command(command_id, False, "cancelled: carl agents down")
     said = "the engine is not running: the agents plane is marked down (it stays down when the engine starts)"
     if stopped:
@@ -757,44 +622,3 @@ def not_wanted(store: Store, home: Path) -> str:
     if cancelled:
         said += f"; cancelled {len(cancelled)} queued 'agents up'"
     return said
-
-
-def _stop_pids(pids: list[Any], home: Path, wait: float = STOP_WAIT_S) -> int:
-    """SIGTERM those of `pids` that are this home's plane processes, SIGKILL after `wait`; how many."""
-    found = [pid for pid in pids if isinstance(pid, int) and _plane_process(pid, home)]
-    for pid in found:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    left, deadline = found, time.monotonic() + wait
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = [pid for pid in left if _plane_process(pid, home)]
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return len(found)
-
-
-def _plane_process(pid: int, home: Path) -> bool:
-    """Whether `pid` is alive and one of this home's plane processes (never someone else's reused pid)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            argv = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc (macOS): ask ps
-        out = subprocess.run(
-            ["ps", "-o", "command=", "-p", str(pid)], capture_output=True, text=True, check=False
-        )
-        argv = out.stdout
-    if not argv.strip():
-        return False  # a zombie, or gone
-    ours_server = "nats-server" in argv and str(home / "nats" / "server.conf") in argv
-    ours_child = "engine.agents" in argv and f"--home {home} " in argv + " "
-    return ours_server or ours_child
-
-
-def _env_url() -> str | None:
-    from .config import env_url
-
-    return env_url()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.models.tiny import default_model_dir
+from engine.store.agent_plane import saved_weights
 from engine.training.artifacts import FINAL_DIR, lookup_run
 from engine.training.config import TINY_MODEL
 from engine.training.data import is_local_model
@@ -110,12 +111,7 @@ def newest_weights(store: Any, run: dict[str, Any]) -> RunWeights | None:
     """The run's newest saved weights still on disk: its `final/` or its newest checkpoint (the final
     model when both stand for the same step)."""
     run_id, name, model = run["id"], str(run["name"]), str(run.get("model") or "")
-    rows = store.conn.execute(
-        "SELECT step, kind, detail FROM events WHERE run_id=? AND kind IN ('final', 'checkpoint')"
-        " ORDER BY step DESC, (kind = 'final') DESC, id DESC LIMIT 8",
-        (run_id,),
-    ).fetchall()
-    for step, kind, detail in rows:
+    for step, kind, detail in saved_weights(store, run_id):
         path = Path(str(detail or ""))
         if kind == "final" and path.name != FINAL_DIR:
             continue

@@ -12,11 +12,10 @@ nothing and trains on nothing: the trainer says so, once, and waits.
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.store import connect, in_chunks
+from engine.store.agent_audit import StoredVerdicts
 
 
 @dataclass(frozen=True)
@@ -29,24 +28,13 @@ class Verdicts:
     """Reads the audit's rows for a stream's messages, by sequence, from the store it writes."""
 
     def __init__(self, db_path: Path, epoch: str) -> None:
-        self.db_path = db_path
         self.epoch = epoch  # the stream's creation time (audit.stream_epoch): part of each stream key
-        self.conn: sqlite3.Connection | None = None
+        self.stored = StoredVerdicts(db_path)
 
     def of(self, sequences: list[int]) -> dict[int, Verdict]:
         """sequence -> the audit's verdict, for the sequences it has stored (the others are not in it)."""
-        if self.conn is None:
-            self.conn = connect(self.db_path, readonly=True)
         keys = {f"{self.epoch}:{seq}": seq for seq in sequences}
-        found: dict[int, Verdict] = {}
-        for chunk, marks in in_chunks(keys):
-            for key, status, reason in self.conn.execute(
-                f"SELECT stream_key, status, reason FROM agent_events WHERE stream_key IN ({marks})", chunk
-            ):
-                found[keys[key]] = Verdict(status == "ok", reason)
-        return found
+        return {keys[key]: Verdict(status == "ok", reason) for key, status, reason in self.stored.of(keys)}
 
     def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+        self.stored.close()

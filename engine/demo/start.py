@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 from engine import paths
 from engine.errors import CliError
-from engine.store.commands import Verb
 from engine.store import run_lookup
+from engine.store.commands import Verb
 
 if TYPE_CHECKING:
     from engine.store import Store

@@ -1,5 +1,6 @@
 """The agents plane's audit in carl.db: the event log (`agent_events`), its two summaries (`agent_tasks`,
-`agent_workers`), the kv rows the audit keeps, and the commands the plane answers.
+`agent_workers`), the kv rows the audit keeps, and the commands the plane answers; and what the plane's other
+processes read back of it (the manager a task it assigned, the trainer the verdict on each rollout).
 
 Every write runs in the transaction of the audit's batch (engine/agents/audit.py opens it with
 `Store.transaction`); the savepoints here let one message, or one optimistic insert, be taken back alone.
@@ -8,11 +9,13 @@ Every write runs in the transaction of the audit's batch (engine/agents/audit.py
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .base import in_chunks
+from .base import connect, in_chunks
 
 if TYPE_CHECKING:
     from .db import Store
@@ -79,6 +82,17 @@ class AgentAudit:
             raise
         finally:
             self.conn.execute("RELEASE audit_one")
+
+    def counts(self) -> dict[str, int]:
+        """Stored events by kind, and how many were stored as rejected (`rejected`)."""
+        rows = self.conn.execute(
+            "SELECT kind, count(*) FROM agent_events WHERE status='ok' GROUP BY kind"
+        ).fetchall()
+        found = {kind: n for kind, n in rows}
+        found["rejected"] = self.conn.execute(
+            "SELECT count(*) FROM agent_events WHERE status='rejected'"
+        ).fetchone()[0]
+        return found
 
     def stored_stream_keys(self, keys: Sequence[str]) -> set[str]:
         """Those of `keys` the log holds."""
@@ -199,3 +213,47 @@ class AgentAudit:
             " WHERE id=? AND state IN ('pending','running')",
             (result, time.time(), command_id),
         )
+
+
+# -- read back by the plane's other processes ---------------------------------------------------------
+
+
+def assigned_task(db_path: Path, task_id: str, manager_id: str) -> tuple[Any, ...] | None:
+    """(task_type, environment, prompt, reference, verifier, group_id, manager_id) of a task `manager_id`
+    assigned, as the audit stored it (None: not stored), on a read-only connection opened for this read.
+    sqlite3.Error when the store cannot be read."""
+    conn = connect(db_path, readonly=True)
+    try:
+        row: tuple[Any, ...] | None = conn.execute(
+            "SELECT task_type, environment, prompt, reference, verifier, group_id, manager_id "
+            "FROM agent_tasks WHERE task_id=? AND prompt IS NOT NULL AND manager_id=?",
+            (task_id, manager_id),
+        ).fetchone()
+    finally:
+        conn.close()
+    return row
+
+
+class StoredVerdicts:
+    """The audit's verdict on events, by stream key, read on a read-only connection of its own (opened at
+    the first read, kept until `close`): the trainer's, in another process than the audit."""
+
+    def __init__(self, db_path: Path) -> None:
+        self.db_path = db_path
+        self.conn: sqlite3.Connection | None = None
+
+    def of(self, keys: Iterable[str]) -> list[tuple[str, str, str | None]]:
+        """(stream_key, status, reason) of those of `keys` the log holds."""
+        if self.conn is None:
+            self.conn = connect(self.db_path, readonly=True)
+        found = []
+        for chunk, marks in in_chunks(keys):
+            found += self.conn.execute(
+                f"SELECT stream_key, status, reason FROM agent_events WHERE stream_key IN ({marks})", chunk
+            ).fetchall()
+        return found
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None

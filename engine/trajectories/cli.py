@@ -160,13 +160,10 @@ def _import(args: argparse.Namespace, home: Path) -> int:
 
 
 def _list(args: argparse.Namespace, home: Path) -> int:
+    from engine.store import trajectories as trajectory_rows
+
     with _store(home) as store:
-        where, params = ("WHERE coalesce(domain, '_global')=?", [args.domain]) if args.domain else ("", [])
-        rows = store.conn.execute(
-            "SELECT id, session_id, agent, coalesce(domain, '_global'), tool_count, success_rate, reward, "
-            f"advantage, holdout, prompt FROM trajectories {where} ORDER BY id DESC LIMIT ?",
-            (*params, args.limit),
-        ).fetchall()
+        rows = trajectory_rows.newest(store, args.limit, args.domain)
     if args.json:  # newest first, as the table
         names = ("id", "session_id", "agent", "domain", "tool_count", "success_rate", "reward", "advantage")
         for r in rows:
@@ -193,16 +190,13 @@ def _list(args: argparse.Namespace, home: Path) -> int:
 
 
 def _status(args: argparse.Namespace, home: Path) -> int:
+    from engine.store import trajectories as trajectory_rows
     from engine.trajectories.capture.live import refresh_plasticity
 
     with _store(home) as store:
-        total, holdout = store.conn.execute(
-            "SELECT count(*), coalesce(sum(holdout), 0) FROM trajectories"
-        ).fetchone()
-        domains = store.conn.execute(
-            "SELECT domain, n, mean, baseline, sigma FROM trajectory_domains ORDER BY n DESC"
-        ).fetchall()
-        waiting = store.conn.execute("SELECT count(*) FROM hook_events").fetchone()[0]
+        total, holdout = trajectory_rows.count_with_holdout(store)
+        domains = trajectory_rows.domains(store)
+        waiting = trajectory_rows.hook_payload_count(store)
         plasticity = refresh_plasticity(store) if total else {"triggers": []}
     if args.json:
         print(
@@ -235,18 +229,19 @@ def _status(args: argparse.Namespace, home: Path) -> int:
 def _ablate(args: argparse.Namespace, home: Path) -> int:
     import numpy as np
 
+    from engine.store import trajectories as trajectory_rows
     from engine.trajectories.ablation.leave_one_out import ablate, format_table
 
     if args.paper is not None:
         return _ablate_paper(args.paper, args.json)
     with _store(home) as store:
-        rows = store.conn.execute("SELECT signals FROM trajectories").fetchall()
+        rows = trajectory_rows.signals(store)
     if len(rows) < 21:
         raise TrajectoryCliError(
             f"ablation needs more than 20 scored trajectories (the store has {len(rows)})"
         )
     names = ("outcome", "process", "efficiency", "verification", "consistency")
-    matrix = np.array([[json.loads(r[0] or "{}").get(n, 0.0) for n in names] for r in rows], dtype=np.float64)
+    matrix = np.array([[json.loads(r or "{}").get(n, 0.0) for n in names] for r in rows], dtype=np.float64)
     table = ablate(matrix)
     if args.json:
         print(json.dumps({"trajectories": len(rows), "rows": [vars(r) for r in table]}))

@@ -21,6 +21,7 @@ import numpy as np
 from engine.faults import store_trouble
 from engine.llm.redact import redact_value
 from engine.store import Store
+from engine.store import trajectories as trajectory_rows
 from engine.text import one_line, storable
 from engine.trajectories.config import TrajectoryConfig
 from engine.trajectories.store import SaveResult, save
@@ -53,7 +54,7 @@ def ingest_spool(
         return LiveResult()
     try:
         with store.transaction():
-            store.conn.executemany(INSERT_HOOK_EVENT, [_row(i) for i in items])
+            trajectory_rows.add_hook_payloads(store, [_row(i) for i in items])
     except Exception as exc:
         if store_trouble(exc):
             raise  # the store's own trouble: the files stay in the spool for the next tick
@@ -62,11 +63,6 @@ def ingest_spool(
     sessions = sorted({i.session_id for i in items if i.session_id})
     saved = assemble_sessions(store, sessions, config, now=now)
     return LiveResult(len(items), len(sessions), saved)
-
-
-INSERT_HOOK_EVENT = (
-    "INSERT INTO hook_events (session_id, event, received_at, payload, assembled) VALUES (?,?,?,?,0)"
-)
 
 
 def _row(item: SpoolItem) -> tuple[str, str, float, str]:
@@ -89,7 +85,7 @@ def _store_one_by_one(store: Store, home: Path, items: list[SpoolItem]) -> list[
     for item in items:
         try:
             with store.transaction():
-                store.conn.execute(INSERT_HOOK_EVENT, _row(item))
+                trajectory_rows.add_hook_payloads(store, [_row(item)])
         except Exception as exc:
             if store_trouble(exc):
                 raise
@@ -110,9 +106,7 @@ def assemble_sessions(
 
     by_session = {}
     for session_id in sessions:
-        rows = store.conn.execute(
-            "SELECT received_at, payload FROM hook_events WHERE session_id=? ORDER BY id", (session_id,)
-        ).fetchall()
+        rows = trajectory_rows.session_payloads(store, session_id)
         try:
             items = [{"received_at": r[0], "payload": json.loads(r[1])} for r in rows]
             by_session[session_id] = assemble(items, detector=config.detector, now=now).trajectories
@@ -161,11 +155,8 @@ def _session_failed(session_id: str, exc: Exception) -> None:
 def sweep_open_turns(store: Store, config: TrajectoryConfig, *, now: float | None = None) -> SaveResult:
     """Sessions active in the last day, re-assembled so a turn whose Stop never came gets closed."""
     now = time.time() if now is None else now
-    rows = store.conn.execute(
-        "SELECT session_id FROM hook_events GROUP BY session_id HAVING max(received_at) > ?",
-        (now - RECENT_S,),
-    ).fetchall()
-    return assemble_sessions(store, [r[0] for r in rows if r[0]], config, now=now)
+    sessions = trajectory_rows.sessions_active_since(store, now - RECENT_S)
+    return assemble_sessions(store, [s for s in sessions if s], config, now=now)
 
 
 def refresh_plasticity(store: Store, *, now: float | None = None) -> dict[str, Any]:
@@ -173,10 +164,8 @@ def refresh_plasticity(store: Store, *, now: float | None = None) -> dict[str, A
     from engine.trajectories.scoring.plasticity import evaluate_triggers
 
     now = time.time() if now is None else now
-    rows = store.conn.execute(
-        "SELECT reward, domain, coalesce(ended_at, created_at) FROM trajectories"
-    ).fetchall()
-    baselines = {r[0]: r[1] for r in store.conn.execute("SELECT domain, baseline FROM trajectory_domains")}
+    rows = trajectory_rows.rewards_over_time(store)
+    baselines = trajectory_rows.baselines(store)
     last_train = store.kv("last_train") or {}
     triggers = evaluate_triggers(
         now=now,

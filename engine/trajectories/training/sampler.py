@@ -17,6 +17,7 @@ from typing import Any, Literal
 import numpy as np
 
 from engine.store import Store
+from engine.store import trajectories as trajectory_rows
 from engine.trajectories.store import is_holdout
 
 Strategy = Literal["uniform", "balanced", "advantage", "top_k"]
@@ -71,11 +72,6 @@ class Record:
 
 # -- loading -----------------------------------------------------------------------------------
 
-_COLUMNS = (
-    "id, uid, domain, skill, reward, advantage, prompt, cwd, grade, tool_count, total_tools,"
-    " success_rate, holdout, outcome, started_at, ended_at"
-)
-
 
 def _conn(conn_or_store: Store | sqlite3.Connection) -> sqlite3.Connection:
     return conn_or_store.conn if isinstance(conn_or_store, Store) else conn_or_store
@@ -91,11 +87,7 @@ def _json(text: str | None) -> dict[str, Any]:
 
 def _events(conn: sqlite3.Connection) -> dict[int, list[Step]]:
     out: dict[int, list[Step]] = {}
-    rows = conn.execute(
-        "SELECT trajectory_id, tool, ok, params, ts, exit_code, duration_ms FROM trajectory_events"
-        " ORDER BY trajectory_id, seq"
-    )
-    for traj_id, tool, ok, params, ts, exit_code, duration_ms in rows:
+    for traj_id, tool, ok, params, ts, exit_code, duration_ms in trajectory_rows.stored_events(conn):
         step = Step(
             tool or "unknown",
             None if ok is None else bool(ok),
@@ -120,7 +112,7 @@ def load_records(conn_or_store: Store | sqlite3.Connection, *, include_holdout: 
     conn = _conn(conn_or_store)
     events = _events(conn)
     records = []
-    for row in conn.execute(f"SELECT {_COLUMNS} FROM trajectories ORDER BY id"):
+    for row in trajectory_rows.scored(conn):
         (
             traj_id,
             uid,

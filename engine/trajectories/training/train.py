@@ -21,6 +21,7 @@ import numpy as np
 from engine import paths
 from engine.errors import CarlError
 from engine.store import Store
+from engine.store import trajectories as trajectory_rows
 from engine.training.artifacts import FINAL_DIR
 from engine.training.config import TINY_MODEL, EvalConfig, LoraConfig, TrainConfig
 from engine.trajectories.training.export import (
@@ -141,13 +142,6 @@ def _unique_name(store: Store, home: Path, base: str) -> str:
     return name
 
 
-def _final_loss(store: Store, run_id: int) -> float | None:
-    row = store.conn.execute(
-        "SELECT value FROM metrics WHERE run_id=? AND key='loss' ORDER BY step DESC LIMIT 1", (run_id,)
-    ).fetchone()
-    return None if row is None else row[0]
-
-
 def make_config(
     name: str,
     dataset: Path,
@@ -223,7 +217,7 @@ def train_adapter(
     with Store(paths.db_path(home)) as store:
         run_id = store.run_id_by_name(run_name)
         run = store.run(run_id) if run_id is not None else None
-        loss = _final_loss(store, run_id) if run_id is not None else None
+        loss = trajectory_rows.last_loss(store, run_id) if run_id is not None else None
         if code == 0 and strategy == "advantage":
             _record_training(store, run_name, {r.domain_key for r in records})
     final = Path(run["output_dir"]) / FINAL_DIR if run and run.get("output_dir") else None
@@ -251,7 +245,7 @@ def _record_training(store: Store, run_name: str, domains: set[str]) -> None:
     """What the retraining triggers compare against: when, how many trajectories, which domains."""
     from engine.trajectories.capture.live import refresh_plasticity
 
-    count = store.conn.execute("SELECT count(*) FROM trajectories").fetchone()[0]
+    count = trajectory_rows.count(store)
     store.set_kv(
         "last_train", {"ts": time.time(), "count": count, "domains": sorted(domains), "run": run_name}
     )
