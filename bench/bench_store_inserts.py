@@ -1,4 +1,4 @@
-"""Why the store writes rows with its own statements and keeps sqlite-utils for the schema (docs/libraries.md).
+"""Why the store writes rows with its own statements and keeps sqlite-utils for the schema (libraries.md).
 
 Inserts 200,000 metric rows (50 keys x 4,000 steps) into the `metrics` table of a real carl.db (the store's
 schema, indexes and WAL) in batches of 1,000, each batch one transaction, two ways:
@@ -35,7 +35,8 @@ def rows(run_id: int) -> list[dict[str, object]]:
 
 def ours(folder: Path, rep: int) -> float:
     store, run_id = fresh_store(folder, f"ours{rep}")
-    batches = [[tuple(r.values()) for r in rows(run_id)[i : i + BATCH]] for i in range(0, KEYS * STEPS, BATCH)]
+    tuples = [tuple(r.values()) for r in rows(run_id)]
+    batches = [tuples[i : i + BATCH] for i in range(0, len(tuples), BATCH)]
     start = time.perf_counter()
     for batch in batches:
         with store.transaction():
