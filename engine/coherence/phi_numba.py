@@ -111,6 +111,8 @@ _C4, _C5, _C6 = (
 
 
 # -- bit casts numba has no spelling for (inlined by LLVM, so the loops still vectorise) ---------
+# numba's stubs give an intrinsic's call its typing context argument too, which jitted code never passes:
+# mypy's call-arg check is ignored where the kernel calls them.
 
 
 @intrinsic
@@ -165,7 +167,7 @@ def _exp2(x: np.float32) -> np.float32:
     f = x - n  # exact, |f| <= 1/2
     y = (((((_C6 * f + _C5) * f + _C4) * f + _C3) * f + _C2) * f + _C1) * f + np.float32(1.0)
     # 2^n from its exponent bits; n >= -127 because x >= -127, and n = -127 gives 0.
-    return y * _bits_float32((np.int32(n) + np.int32(127)) << np.int32(23))  # type: ignore[call-arg]  # numba's stubs give an intrinsic's call its typing context too
+    return y * _bits_float32((np.int32(n) + np.int32(127)) << np.int32(23))  # type: ignore[call-arg]  # numba's stubs: see the bit casts
 
 
 @numba.njit(cache=True)
@@ -174,10 +176,10 @@ def _block_max(block: np.ndarray) -> np.float32:
     # Flipping the magnitude bits of negative floats makes signed-integer order the float order.
     key = _I32_MIN
     for j in range(block.size):
-        bits: np.int32 = _float32_bits(_as_float32(block[j]))  # type: ignore[call-arg]  # numba's stubs give an intrinsic's call its typing context too
+        bits: np.int32 = _float32_bits(_as_float32(block[j]))  # type: ignore[call-arg]  # numba's stubs: see the bit casts
         bits = bits ^ ((bits >> _SIGN_SHIFT) & _MAGNITUDE)
         key = bits if bits > key else key
-    return _bits_float32(key ^ ((key >> _SIGN_SHIFT) & _MAGNITUDE))  # type: ignore[call-arg]  # numba's stubs give an intrinsic's call its typing context too
+    return _bits_float32(key ^ ((key >> _SIGN_SHIFT) & _MAGNITUDE))  # type: ignore[call-arg]  # numba's stubs: see the bit casts
 
 
 @numba.njit(fastmath={"reassoc", "contract"}, cache=True)
@@ -186,7 +188,7 @@ def _block_sums(block: np.ndarray, m: np.float32, scale: np.float32) -> tuple[np
     total = np.float32(0.0)
     dot = np.float32(0.0)
     for j in range(block.size):
-        x = (_as_float32(block[j]) - m) * scale  # type: ignore[call-arg]  # numba's stubs give an intrinsic's call its typing context too
+        x = (_as_float32(block[j]) - m) * scale  # type: ignore[call-arg]  # numba's stubs: see the bit casts
         x = _ZERO_EXPONENT if x < _FLOOR else x  # written so that a NaN x stays NaN
         e = _exp2(x)
         total += e
