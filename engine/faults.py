@@ -59,9 +59,9 @@ def full_disk_message(exc: BaseException, home: Path) -> str:
     return f"{disk_line(home) or f'the disk holding {home} is full'} ({exc}): free some space, then try again"
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
+        n /= 1024
     return f"{n} B"

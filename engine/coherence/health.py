@@ -378,8 +378,10 @@ def _hacking(sig: RunSignals, health: Health, now: float) -> None:
             for v, s in ((reward, reward_steps), (verifier, verifier_steps))
         ]
         late = [_window_mean(v, s, hi, w) for v, s in ((reward, reward_steps), (verifier, verifier_steps))]
-        if None not in early + late:
-            rise, carried = late[0] - early[0], late[1] - early[1]  # type: ignore[operator]
+        known = [m for m in early + late if m is not None]
+        if len(known) == 4:
+            early_reward, early_verifier, late_reward, late_verifier = known
+            rise, carried = late_reward - early_reward, late_verifier - early_verifier
             if _flat_beside(rise, carried, reward, w):
                 health.flag(
                     "yellow",

@@ -44,7 +44,7 @@ import numpy as np
 if TYPE_CHECKING:
     from torch import Tensor
 
-ArrayT = TypeVar("ArrayT")
+ArrayT = TypeVar("ArrayT", "Tensor", np.ndarray)
 
 # A chunk holds about this many logits (4 MiB per float32 buffer; 6 rows at |V| = 151,936).
 # bench/bench_phi.py sweeps chunk_rows on a 2-core CPU: 4-8 rows at that width are fastest, with
@@ -132,8 +132,9 @@ def _phi_numba() -> Any:
         try:
             from engine.coherence import phi_numba
         except ImportError:  # numba is in the `train` extra, not the base install
-            phi_numba = False
-        _numba_kernel = phi_numba
+            _numba_kernel = False
+        else:
+            _numba_kernel = phi_numba
     return _numba_kernel
 
 

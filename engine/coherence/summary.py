@@ -171,7 +171,7 @@ def _completion_metrics(summaries: list[CompletionSummary]) -> dict[str, float]:
     }
 
 
-def pick_traces(rewards: Sequence[float], rng: np.random.Generator) -> dict[str, int]:
+def pick_traces(rewards: Sequence[float] | np.ndarray, rng: np.random.Generator) -> dict[str, int]:
     """Indices of the best, worst and median completion by reward, and one random other one.
 
     Ties keep index order (best and worst: the lowest index); the median is the lower middle of

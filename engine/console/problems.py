@@ -76,10 +76,10 @@ def find_problems(buf: bytes, base: int = 0, *, final: bool = False) -> tuple[li
             found.append(Problem(kind, base + first, base + after, line))
             done = after
         else:
-            line = buf[first:end]
-            kind = classify(line)
-            if kind is not None:
-                found.append(Problem(kind, base + first, base + min(end + 1, limit), _text(line)))
+            raw_line = buf[first:end]
+            line_kind = classify(raw_line)
+            if line_kind is not None:
+                found.append(Problem(line_kind, base + first, base + min(end + 1, limit), _text(raw_line)))
             done = end + 1
     return found, base + limit
 

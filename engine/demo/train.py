@@ -170,7 +170,7 @@ def _grpo(model: Any, tokenizer: Any, out_dir: Path, *, max_steps: int, seed: in
     )
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=REWARD_FUNCS,
+        reward_funcs=list(REWARD_FUNCS),  # typed as TRL's list (of rewards, models or names)
         args=args,
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,

@@ -318,7 +318,12 @@ def redact_value(value: Any) -> Any:
         node = stack.pop()
         items = node.items() if isinstance(node, dict) else enumerate(node)
         for key, item in list(items):
-            if isinstance(item, str) and isinstance(key, str) and _secret_under(key, item):
+            if (
+                isinstance(item, str)
+                and isinstance(node, dict)
+                and isinstance(key, str)
+                and _secret_under(key, item)
+            ):
                 node[key] = "[REDACTED:secret]"
             elif isinstance(item, str):
                 node[key] = redact(item)

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from engine import paths
 
@@ -35,7 +35,22 @@ MODEL_FILES = (
 )
 
 VOCAB_SIZE = 512
-ARCHITECTURE = {
+
+
+class Architecture(TypedDict):
+    """The model's shape: LlamaConfig's keyword arguments."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+
+
+ARCHITECTURE: Architecture = {
     "hidden_size": 64,
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
@@ -152,8 +167,13 @@ def _save_tokenizer(tokenizer: Any, out_dir: Path) -> None:
         model_max_length=ARCHITECTURE["max_position_embeddings"],
     )
     wrapped.save_pretrained(out_dir)
-    special = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "unk_token": UNK}
-    special["additional_special_tokens"] = ROLE_TOKENS
+    special = {
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": PAD,
+        "unk_token": UNK,
+        "additional_special_tokens": ROLE_TOKENS,
+    }
     # transformers 5 folds this file into tokenizer_config.json; older loaders still look for it.
     (out_dir / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
 

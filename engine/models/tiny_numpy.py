@@ -209,10 +209,10 @@ class TinyLlama:
         for _ in range(max_new_tokens):
             chosen = np.argmax(logits, axis=-1)
             h = entropy(logits, temperature)
-            for row in np.flatnonzero(~done):
-                answers[row].append(int(chosen[row]))
-                entropies[row].append(float(h[row]))
-                done[row] = chosen[row] == eos
+            for i in np.flatnonzero(~done):
+                answers[i].append(int(chosen[i]))
+                entropies[i].append(float(h[i]))
+                done[i] = chosen[i] == eos
             if done.all():
                 break
             keys_ok = np.concatenate([keys_ok, np.ones((len(prompts), 1), dtype=bool)], axis=1)

@@ -78,7 +78,8 @@ class NodesJob:
         """Where the nodes' stream should be read from now, if anywhere."""
         if not self.settings.enabled:
             return None
-        if self.settings.url:
+        s = self.settings
+        if s.url:
             try:
                 from engine.agents.bus import Address
             except ImportError as exc:
@@ -87,8 +88,7 @@ class NodesJob:
                     f"nodes: reading nodes needs the nats extra (pip install 'carl-tui[nats]'): {exc}",
                 )
                 return None
-            s = self.settings
-            return Address(s.url, s.token_file, s.creds_file, s.tls_ca_file)  # type: ignore[arg-type]
+            return Address(s.url, s.token_file, s.creds_file, s.tls_ca_file)
         return self.plane_address()
 
     def _supervise(self) -> None:

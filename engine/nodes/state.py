@@ -42,7 +42,8 @@ class NodeState:
         self.path = state_path(home, name)
         self.logs: dict[str, dict[str, Any]] = {}  # console name -> path, epoch, n, dev, ino, offset
         self.inflight: dict[str, Any] | None = None  # a console message published and not yet acknowledged
-        self.published = {"samples": 0, "consoles": 0, "lines": 0, "last_sample_t": None}
+        # samples, consoles and lines published, the newest sample's time, as the state file's JSON gives them
+        self.published: dict[str, Any] = {"samples": 0, "consoles": 0, "lines": 0, "last_sample_t": None}
         self._lock: IO[str] | None = None
 
     def acquire(self) -> NodeState:

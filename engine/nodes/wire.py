@@ -149,7 +149,7 @@ def parse(subj: str, data: bytes) -> Message:
     problem = node_name_problem(node)
     if problem is not None:
         raise Rejected(f"node: {problem}", node if isinstance(node, str) else token)
-    if node != token:
+    if not isinstance(node, str) or node != token:  # a str already, when it has no problem
         raise Rejected(f"node: {node!r}, but the subject names {token!r}", node)
     if body.get("type") != kind:
         raise Rejected(f"type: {one_line(repr(body.get('type')), 40)}, but the subject says {kind!r}", node)

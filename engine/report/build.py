@@ -179,8 +179,8 @@ def resolve(reader: StoreReader, refs: Sequence[str]) -> Subject:
     for run in found:
         assert run is not None
         unique.setdefault(run.id, run)
-    runs = list(unique.values())
-    return Subject("-vs-".join(r.name for r in runs), [(r, None, None) for r in runs])
+    named = list(unique.values())
+    return Subject("-vs-".join(r.name for r in named), [(r, None, None) for r in named])
 
 
 # -- the page --------------------------------------------------------------------------------------

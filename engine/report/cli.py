@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine import paths
 from engine.errors import CliError
@@ -137,15 +138,18 @@ def _listing_reader(home: Path, what: str, as_json: bool) -> StoreReader | None:
     return StoreReader(db)
 
 
-def _mean_ci(figure: dict[str, object]) -> str:
+def _mean_ci(figure: dict[str, Any]) -> str:
+    """A `mean_ci` as a padded cell: 0.512 [0.401, 0.623]."""
     mean, ci = figure["mean"], figure["ci95"]
     if mean is None:
         return f"{'—':<22}"
-    text = f"{mean:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")  # type: ignore[index]
+    text = f"{mean:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
     return f"{text:<22}"
 
 
-def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]], *, right: tuple[int, ...] = ()) -> None:
+def print_table(
+    header: tuple[str, ...], rows: Sequence[tuple[str, ...]], *, right: tuple[int, ...] = ()
+) -> None:
     """Columns as wide as their widest cell (names at most 40), numbers right-aligned, a header line.
     A cell's control characters are written out first (`visible_line`), so a column keeps its width."""
     rows = [tuple(visible_line(cell) for cell in row) for row in rows]

@@ -13,7 +13,7 @@ import stat
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from engine.errors import CarlError
 from engine.files import kind_of, reason
@@ -107,6 +107,12 @@ def check_schema(conn: sqlite3.Connection, path: Path) -> int:
     return version
 
 
+def inserted_id(cur: sqlite3.Cursor) -> int:
+    """The rowid of the row an INSERT on `cur` just made (sqlite3 types lastrowid `int | None`: None only
+    before any INSERT)."""
+    return cast(int, cur.lastrowid)
+
+
 def insert_command(
     conn: sqlite3.Connection,
     verb: str,
@@ -125,7 +131,7 @@ def insert_command(
         " VALUES (?,?,?,?, 'pending', ?, ?)",
         (target, run_id, str(verb), json.dumps(args), origin, time.time()),
     )
-    return int(cur.lastrowid)
+    return inserted_id(cur)
 
 
 def insert_chat_message(
@@ -149,14 +155,14 @@ def insert_chat_message(
             "INSERT INTO conversations (run_id, title, created_at, updated_at) VALUES (?,?,?,?)",
             (run_id, title, now, now),
         )
-        conversation_id = int(cur.lastrowid)  # type: ignore[arg-type]
+        conversation_id = inserted_id(cur)
     cur = conn.execute(
         "INSERT INTO chat_messages (conversation_id, run_id, role, content, meta, created_at) "
         "VALUES (?,?,?,?,?,?)",
         (conversation_id, run_id, role, content, json.dumps(meta or {}), now),
     )
     conn.execute("UPDATE conversations SET updated_at=? WHERE id=?", (now, conversation_id))
-    return conversation_id, int(cur.lastrowid)  # type: ignore[arg-type]
+    return conversation_id, inserted_id(cur)
 
 
 # -- experiments (schema v5): read by the writer and by read-only readers alike ---------------

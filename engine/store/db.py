@@ -34,6 +34,7 @@ from .base import (
     in_chunks,
     insert_chat_message,
     insert_command,
+    inserted_id,
     read_experiment,
     read_experiment_runs,
     read_experiments,
@@ -168,7 +169,7 @@ class Store:
                     "[]",
                 ),
             )
-            return int(cur.lastrowid)
+            return inserted_id(cur)
 
     _RUN_FIELDS = frozenset(
         {
@@ -567,7 +568,7 @@ class Store:
                 "INSERT INTO evals (run_id, passed, metrics, reasons, created_at) VALUES (?,?,?,?,?)",
                 (run_id, int(passed), json.dumps(metrics), json.dumps(reasons), time.time()),
             )
-            return int(cur.lastrowid)
+            return inserted_id(cur)
 
     # -- what the engine's loop asks of runs and commands ----------------------------------------
 
@@ -654,7 +655,7 @@ class Store:
                     now,
                 ),
             )
-            experiment_id = int(cur.lastrowid)
+            experiment_id = inserted_id(cur)
             self.conn.executemany(
                 "INSERT INTO experiment_runs (experiment_id, arm, seed, status, updated_at)"
                 " VALUES (?,?,?,?,?)",
@@ -801,7 +802,7 @@ class Store:
                 " VALUES (?,?,?,?,?, '{}', ?, ?)",
                 (kind, path, name, int(follow), "following" if follow else "done", now, now),
             )
-            return int(cur.lastrowid)
+            return inserted_id(cur)
 
     def source(self, source_id: int) -> dict[str, Any]:
         cur = self.conn.execute("SELECT * FROM sources WHERE id=?", (source_id,))

@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .base import (
     RUN_STAGE_KEY,
@@ -145,15 +145,48 @@ class StoreReader:
 
     @staticmethod
     def _run(r: tuple[Any, ...]) -> RunRow:
-        reasons = json.loads(r[13]) if r[13] else []
+        """A row of RUN_COLUMNS as a RunRow, its health reasons' JSON list decoded."""
+        (
+            id_,
+            name,
+            source_kind,
+            source_path,
+            status,
+            max_steps,
+            vocab_size,
+            last_step,
+            last_update,
+            started_at,
+            ended_at,
+            phase,
+            health,
+            reasons,
+            model,
+            backend,
+            error,
+            temperature,
+            framework,
+        ) = r
         return RunRow(
-            *r[:13],
-            health_reasons=reasons,
-            model=r[14],
-            backend=r[15],
-            error=r[16],
-            temperature=r[17],
-            framework=r[18],
+            id_,
+            name,
+            source_kind,
+            source_path,
+            status,
+            max_steps,
+            vocab_size,
+            last_step,
+            last_update,
+            started_at,
+            ended_at,
+            phase,
+            health,
+            health_reasons=json.loads(reasons) if reasons else [],
+            model=model,
+            backend=backend,
+            error=error,
+            temperature=temperature,
+            framework=framework,
         )
 
     def metric_keys(self, run_id: int) -> list[str]:
@@ -803,8 +836,8 @@ def _floats(values: Sequence[float | None]) -> list[float]:
     """A REAL column as floats: NULL (a non-finite value, or an all-NaN bucket) becomes NaN."""
     out = list(values)
     if None in out:
-        out = [NAN if v is None else v for v in out]
-    return out
+        return [NAN if v is None else v for v in out]
+    return cast(list[float], out)  # no None in it
 
 
 def _last_finite(values: Sequence[float]) -> float | None:
@@ -813,8 +846,8 @@ def _last_finite(values: Sequence[float]) -> float | None:
 
 def _raw_series(rows: list[tuple[Any, ...]]) -> Series:
     """Rows of (step, value), as raw points."""
-    steps, values = zip(*rows, strict=True)
-    steps, values = list(steps), _floats(values)
+    step_column, value_column = zip(*rows, strict=True)
+    steps, values = list(step_column), _floats(value_column)
     return Series(steps, steps, values, values, values, 1, _last_finite(values), steps[-1])
 
 

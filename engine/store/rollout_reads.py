@@ -156,7 +156,8 @@ def _segments(query: RolloutQuery) -> tuple[_Segment, ...]:
 
 
 def _where(query: RolloutQuery) -> tuple[str, list[Any]]:
-    clauses, params = ["run_id=?"], [query.run_id]
+    clauses: list[str] = ["run_id=?"]
+    params: list[Any] = [query.run_id]
     if query.step is not None:
         clauses.append("step=?")
         params.append(query.step)
@@ -176,8 +177,11 @@ def _where(query: RolloutQuery) -> tuple[str, list[Any]]:
 
 
 def _row(values: Sequence[Any], segment: int, width: int) -> RolloutRow:
-    *fields, has_tokens = values[:10]
-    return RolloutRow(*fields, bool(has_tokens), (segment, *values[10 : 10 + width]))
+    id_, step, idx, group_id, prompt, completion, total, advantage, length, has_tokens = values[:10]
+    key = (segment, *values[10 : 10 + width])
+    return RolloutRow(
+        id_, step, idx, group_id, prompt, completion, total, advantage, length, bool(has_tokens), key
+    )
 
 
 def _read(
@@ -294,6 +298,7 @@ def rollout_group(
 ) -> list[dict[str, Any]]:
     """The samples of one GRPO group, in their step's order: its group id's, or (a source with no groups)
     those of the step with the same prompt."""
+    params: tuple[int, int, str | None]
     if group_id:
         where, params = "run_id=? AND step=? AND group_id=?", (run_id, step, group_id)
     else:
@@ -371,11 +376,12 @@ def entropy_band(
 ) -> list[tuple[int, float, float, float]]:
     """(step, p10, p50, p90) of token entropy for each of `steps` that has per-token values, from its first
     `max_samples` samples: the caller bounds the steps (a few hundred, spread over the run)."""
-    band = []
+    band: list[tuple[int, float, float, float]] = []
     for step in steps:
         values = step_entropies(conn, run_id, step, max_samples)
         if values:
-            band.append((step, *percentiles(values, (10, 50, 90))))
+            p10, p50, p90 = percentiles(values, (10, 50, 90))
+            band.append((step, p10, p50, p90))
     return band
 
 

@@ -22,7 +22,7 @@ ROLLUP_LEVELS = (4, 16, 64, 256, 1024, 4096)
 
 
 def _v1(db: sqlite_utils.Database) -> None:
-    db["runs"].create(
+    db.table("runs").create(
         {
             "id": int,
             "name": str,
@@ -50,18 +50,18 @@ def _v1(db: sqlite_utils.Database) -> None:
         not_null={"name", "source_kind", "status", "created_at"},
         defaults={"status": "running", "external_id": "", "config": "{}", "health_reasons": "[]"},
     )
-    db["runs"].create_index(["name"], unique=True)
-    db["runs"].create_index(["source_id", "external_id"])
+    db.table("runs").create_index(["name"], unique=True)
+    db.table("runs").create_index(["source_id", "external_id"])
 
-    db["metrics"].create(
+    db.table("metrics").create(
         {"id": int, "run_id": int, "step": int, "key": str, "value": float, "wall_time": float},
         pk="id",
         not_null={"run_id", "step", "key"},
         foreign_keys=[("run_id", "runs", "id")],
     )
     # One value per (run, key, step): re-importing a source never duplicates a row.
-    db["metrics"].create_index(["run_id", "key", "step"], unique=True)
-    db["metrics"].create_index(["run_id", "id"])
+    db.table("metrics").create_index(["run_id", "key", "step"], unique=True)
+    db.table("metrics").create_index(["run_id", "id"])
 
     db.execute(
         """
@@ -82,7 +82,7 @@ def _v1(db: sqlite_utils.Database) -> None:
         """
     )
 
-    db["phi_stats"].create(
+    db.table("phi_stats").create(
         {
             "id": int,
             "run_id": int,
@@ -102,9 +102,9 @@ def _v1(db: sqlite_utils.Database) -> None:
         not_null={"run_id", "step"},
         foreign_keys=[("run_id", "runs", "id")],
     )
-    db["phi_stats"].create_index(["run_id", "step"], unique=True)
+    db.table("phi_stats").create_index(["run_id", "step"], unique=True)
 
-    db["samples"].create(
+    db.table("samples").create(
         {
             "id": int,
             "run_id": int,
@@ -122,9 +122,9 @@ def _v1(db: sqlite_utils.Database) -> None:
         not_null={"run_id", "step"},
         foreign_keys=[("run_id", "runs", "id")],
     )
-    db["samples"].create_index(["run_id", "step"])
+    db.table("samples").create_index(["run_id", "step"])
 
-    db["commands"].create(
+    db.table("commands").create(
         {
             "id": int,
             "target": str,  # "engine" or "run"
@@ -142,13 +142,13 @@ def _v1(db: sqlite_utils.Database) -> None:
         not_null={"target", "verb", "state", "created_at"},
         defaults={"state": "pending", "args": "{}"},
     )
-    db["commands"].create_index(["target", "state", "id"])
+    db.table("commands").create_index(["target", "state", "id"])
 
-    db["conversations"].create(
+    db.table("conversations").create(
         {"id": int, "run_id": int, "title": str, "created_at": float, "updated_at": float},
         pk="id",
     )
-    db["chat_messages"].create(
+    db.table("chat_messages").create(
         {
             "id": int,
             "conversation_id": int,
@@ -161,9 +161,9 @@ def _v1(db: sqlite_utils.Database) -> None:
         pk="id",
         foreign_keys=[("conversation_id", "conversations", "id")],
     )
-    db["chat_messages"].create_index(["conversation_id", "id"])
+    db.table("chat_messages").create_index(["conversation_id", "id"])
 
-    db["trajectories"].create(
+    db.table("trajectories").create(
         {
             "id": int,
             "uid": str,  # stable identity from the source, for idempotent re-import
@@ -183,8 +183,8 @@ def _v1(db: sqlite_utils.Database) -> None:
         },
         pk="id",
     )
-    db["trajectories"].create_index(["uid"], unique=True)
-    db["trajectory_events"].create(
+    db.table("trajectories").create_index(["uid"], unique=True)
+    db.table("trajectory_events").create(
         {
             "id": int,
             "trajectory_id": int,
@@ -197,9 +197,9 @@ def _v1(db: sqlite_utils.Database) -> None:
         pk="id",
         foreign_keys=[("trajectory_id", "trajectories", "id")],
     )
-    db["trajectory_events"].create_index(["trajectory_id", "seq"])
+    db.table("trajectory_events").create_index(["trajectory_id", "seq"])
 
-    db["agent_events"].create(
+    db.table("agent_events").create(
         {
             "id": int,
             "subject": str,
@@ -214,7 +214,7 @@ def _v1(db: sqlite_utils.Database) -> None:
         pk="id",
     )
 
-    db["sources"].create(
+    db.table("sources").create(
         {
             "id": int,
             "kind": str,  # trackio | trainer_state | jsonl
@@ -233,9 +233,9 @@ def _v1(db: sqlite_utils.Database) -> None:
         not_null={"kind", "path", "state", "created_at"},
         defaults={"cursor": "{}", "rows": 0, "bad_lines": 0, "follow": 0},
     )
-    db["sources"].create_index(["path"], unique=True)
+    db.table("sources").create_index(["path"], unique=True)
 
-    db["engine"].create(
+    db.table("engine").create(
         {
             "id": int,
             "pid": int,
@@ -261,9 +261,9 @@ def _v2(db: sqlite_utils.Database) -> None:
         ("last_checkpoint_step", int),
         ("temperature", float),
     ):
-        db["runs"].add_column(column, kind)
-    db["samples"].add_column("tokens", str)  # JSON list of the completion's decoded tokens
-    db["gate_states"].create(
+        db.table("runs").add_column(column, kind)
+    db.table("samples").add_column("tokens", str)  # JSON list of the completion's decoded tokens
+    db.table("gate_states").create(
         {
             "id": int,
             "run_id": int,
@@ -281,20 +281,20 @@ def _v2(db: sqlite_utils.Database) -> None:
         not_null={"run_id", "step", "state"},
         foreign_keys=[("run_id", "runs", "id")],
     )
-    db["gate_states"].create_index(["run_id", "step"], unique=True)
-    db["events"].create(
+    db.table("gate_states").create_index(["run_id", "step"], unique=True)
+    db.table("events").create(
         {"id": int, "run_id": int, "step": int, "kind": str, "detail": str, "wall_time": float},
         pk="id",
         not_null={"run_id", "kind"},
         foreign_keys=[("run_id", "runs", "id")],
     )
-    db["events"].create_index(["run_id", "kind", "step"], unique=True)
-    db["evals"].create(
+    db.table("events").create_index(["run_id", "kind", "step"], unique=True)
+    db.table("evals").create(
         {"id": int, "run_id": int, "passed": int, "metrics": str, "reasons": str, "created_at": float},
         pk="id",
         foreign_keys=[("run_id", "runs", "id")],
     )
-    db["evals"].create_index(["run_id", "id"])
+    db.table("evals").create_index(["run_id", "id"])
 
 
 def _v3(db: sqlite_utils.Database) -> None:
@@ -315,22 +315,22 @@ def _v3(db: sqlite_utils.Database) -> None:
         ("holdout", int),
         ("updated_at", float),
     ):
-        db["trajectories"].add_column(column, kind)
-    db["trajectories"].create_index(["domain"])
-    db["trajectories"].create_index(["session_id", "started_at"])
+        db.table("trajectories").add_column(column, kind)
+    db.table("trajectories").create_index(["domain"])
+    db.table("trajectories").create_index(["session_id", "started_at"])
     for column, kind in (("exit_code", int), ("duration_ms", float)):
-        db["trajectory_events"].add_column(column, kind)
-    db["hook_events"].create(
+        db.table("trajectory_events").add_column(column, kind)
+    db.table("hook_events").create(
         {"id": int, "session_id": str, "event": str, "received_at": float, "payload": str, "assembled": int},
         pk="id",
     )
-    db["hook_events"].create_index(["session_id", "id"])
-    db["hook_events"].create_index(["assembled"])
-    db["trajectory_domains"].create(
+    db.table("hook_events").create_index(["session_id", "id"])
+    db.table("hook_events").create_index(["assembled"])
+    db.table("trajectory_domains").create(
         {"domain": str, "n": int, "mean": float, "baseline": float, "sigma": float, "updated_at": float},
         pk="domain",
     )
-    db["kv"].create({"key": str, "value": str, "updated_at": float}, pk="key")
+    db.table("kv").create({"key": str, "value": str, "updated_at": float}, pk="key")
 
 
 def _v4(db: sqlite_utils.Database) -> None:
@@ -346,17 +346,17 @@ def _v4(db: sqlite_utils.Database) -> None:
         ("status", str),
         ("reason", str),
     ):
-        db["agent_events"].add_column(column, kind)
+        db.table("agent_events").add_column(column, kind)
     # `stream_key` is "<the stream's creation time>:<sequence>": a stream made anew restarts its
     # sequence at 1, and those events must not pass for ones already stored.
     db.execute(
         "CREATE UNIQUE INDEX idx_agent_events_stream_key ON agent_events (stream_key)"
         " WHERE stream_key IS NOT NULL"
     )
-    db["agent_events"].create_index(["kind", "id"])
-    db["agent_events"].create_index(["task_id"])
-    db["agent_events"].create_index(["worker_id", "id"])
-    db["agent_tasks"].create(
+    db.table("agent_events").create_index(["kind", "id"])
+    db.table("agent_events").create_index(["task_id"])
+    db.table("agent_events").create_index(["worker_id", "id"])
+    db.table("agent_tasks").create(
         {
             "task_id": str,
             "task_type": str,
@@ -390,9 +390,9 @@ def _v4(db: sqlite_utils.Database) -> None:
         },
         pk="task_id",
     )
-    db["agent_tasks"].create_index(["state"])
-    db["agent_tasks"].create_index(["worker_id"])
-    db["agent_workers"].create(
+    db.table("agent_tasks").create_index(["state"])
+    db.table("agent_tasks").create_index(["worker_id"])
+    db.table("agent_workers").create(
         {
             "worker_id": str,
             "kind": str,
@@ -418,7 +418,7 @@ def _v4(db: sqlite_utils.Database) -> None:
 
 def _v5(db: sqlite_utils.Database) -> None:
     """Experiments: arms x seeds of real runs, each arm-seed cell with its run and its held-out result."""
-    db["experiments"].create(
+    db.table("experiments").create(
         {
             "id": int,
             "name": str,
@@ -434,8 +434,8 @@ def _v5(db: sqlite_utils.Database) -> None:
         pk="id",
         not_null={"name", "config", "arms", "seeds", "status"},
     )
-    db["experiments"].create_index(["name"], unique=True)
-    db["experiment_runs"].create(
+    db.table("experiments").create_index(["name"], unique=True)
+    db.table("experiment_runs").create(
         {
             "experiment_id": int,
             "arm": str,  # sft-only | task-only | cascade | always-on
@@ -463,8 +463,8 @@ def _v6(db: sqlite_utils.Database) -> None:
     key map renamed, the name the source used. `rollouts` holds the samples of every source: our own GRPO
     runs, TRL's completions parquet, veRL's and prime-rl's dumps, verifiers' results. A rollout source row
     names the source whose run its samples join (`sources.attach_to`)."""
-    db["runs"].add_column("framework", str)
-    db["sources"].add_column("attach_to", int)
+    db.table("runs").add_column("framework", str)
+    db.table("sources").add_column("attach_to", int)
     db.execute(
         """
         CREATE TABLE run_keys (

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.text import one_line, storable
 
-from .base import in_chunks
+from .base import in_chunks, inserted_id
 
 if TYPE_CHECKING:
     from .db import Store
@@ -83,7 +83,7 @@ class SystemTables:
                     " VALUES (?,?,?, 'live', ?, ?, ?)",
                     (name, host, via, json.dumps(info or {}), now, now),
                 )
-                return int(cur.lastrowid)  # type: ignore[arg-type]
+                return inserted_id(cur)
             sets = "host=?, via=?, state='live', lost_at=NULL, note=NULL, last_seen=?"
             params: list[Any] = [host, via, now]
             if info is not None:
@@ -119,7 +119,7 @@ class SystemTables:
                 " VALUES (?,?, 'local', 'live', '{}', ?, ?)",
                 (name, name, now, now),
             )
-            return int(cur.lastrowid)  # type: ignore[arg-type]
+            return inserted_id(cur)
 
     def nodes(self) -> list[dict[str, Any]]:
         cur = self.conn.execute("SELECT id, name, host, via, state, note, last_seen FROM nodes ORDER BY id")
@@ -184,7 +184,7 @@ class SystemTables:
                     time.time(),
                 ),
             )
-            newest = int(cur.lastrowid)  # type: ignore[arg-type]
+            newest = inserted_id(cur)
             if newest % 100 == 0:  # now and then, not per row: the newest REJECTED_KEEP stay
                 self.conn.execute("DELETE FROM node_rejected WHERE id<=?", (newest - REJECTED_KEEP,))
 
@@ -210,7 +210,7 @@ class SystemTables:
                 "INSERT INTO node_consoles (node_id, name, source, path, updated_at) VALUES (?,?,?, '', ?)",
                 (node_id, storable(name), storable(one_line(source, 500)), time.time()),
             )
-            console_id = int(cur.lastrowid)  # type: ignore[arg-type]
+            console_id = inserted_id(cur)
             path = str(directory / f"console-{console_id}.log")
             self.conn.execute("UPDATE node_consoles SET path=? WHERE id=?", (storable(path), console_id))
         found = self.node_console(node_id, name)
@@ -411,7 +411,8 @@ class SystemTables:
         self, node_id: int | None = None, *, run_id: int | None = None
     ) -> list[dict[str, Any]]:
         """Processes not known to have ended (on one node, or all; of one run, or all)."""
-        where, params = "ended_at IS NULL", []
+        where = "ended_at IS NULL"
+        params: list[int] = []
         if node_id is not None:
             where, params = where + " AND node_id=?", [*params, node_id]
         if run_id is not None:

@@ -99,7 +99,8 @@ class SystemReads:
         """The node's series, by a skip scan of the primary key."""
         if not self.ready:
             return []
-        keys, key = [], ""
+        keys: list[str] = []
+        key = ""
         while True:
             row = self.conn.execute(
                 "SELECT min(key) FROM system_rollups WHERE node_id=? AND key>?", (node_id, key)

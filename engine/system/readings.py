@@ -131,7 +131,7 @@ def from_json(data: Any) -> Sample:
     """A sample as another node sent it; BadSample names the first field that is wrong."""
     if not isinstance(data, dict):
         raise BadSample(f"a sample is an object, not {type(data).__name__}")
-    sample = Sample(t=_number(data, "t", low=0.0, required=True))  # type: ignore[arg-type]
+    sample = Sample(t=_required_number(data, "t", low=0.0))
     sample.cpu = _number(data, "cpu", low=0.0, high=100.0 * MAX_CORES)
     sample.cores = _numbers(data, "cores", MAX_CORES, low=0.0, high=100.0)
     sample.load = _numbers(data, "load", 3, low=0.0)
@@ -149,8 +149,8 @@ def _disk(data: Any, where: str) -> DiskReading:
     paths = [_text(p, f"{where}.paths[{i}]") for i, p in enumerate(_list(data, "paths", MAX_DISKS, where))]
     return DiskReading(
         mount=_text(data.get("mount"), f"{where}.mount"),
-        total=_number(data, "total", low=0.0, required=True, where=where),  # type: ignore[arg-type]
-        free=_number(data, "free", low=0.0, required=True, where=where),  # type: ignore[arg-type]
+        total=_required_number(data, "total", low=0.0, where=where),
+        free=_required_number(data, "free", low=0.0, where=where),
         paths=paths,
     )
 
@@ -198,20 +198,25 @@ def _number(
     *,
     low: float | None = None,
     high: float = MAX_NUMBER,
-    required: bool = False,
     where: str = "",
 ) -> float | None:
     value = data.get(name)
     label = f"{where}.{name}" if where else name
     if value is None:
-        if required:
-            raise BadSample(f"{label}: missing")
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise BadSample(f"{label}: expected a number, got {one_line(repr(value), 40)}")
     if (low is not None and value < low) or value > high:
         raise BadSample(f"{label}: {value!r} is out of range")
     return float(value)
+
+
+def _required_number(data: dict[str, Any], name: str, *, low: float, where: str = "") -> float:
+    """A number a reading cannot do without: BadSample when it is missing, as when it is wrong."""
+    value = _number(data, name, low=low, where=where)
+    if value is None:
+        raise BadSample(f"{where}.{name}: missing" if where else f"{name}: missing")
+    return value
 
 
 def _integer(data: dict[str, Any], name: str, where: str, *, high: int = 2**63 - 1) -> int | None:

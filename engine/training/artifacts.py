@@ -122,4 +122,4 @@ def carl_run(store: Any, ref: str, *, for_what: str) -> dict[str, Any]:
 
 def process_alive(pid: int | None) -> bool:
     """Whether a run's process still exists."""
-    return bool(pid) and alive(pid, others_count=True)
+    return alive(pid, others_count=True) if pid else False

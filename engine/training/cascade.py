@@ -160,7 +160,10 @@ def build_rewards(config: TrainConfig, task: Task) -> RewardSet:
     def multiplier() -> float:
         return built[0].multiplier if built else 0.0
 
-    funcs, names, task_names, phi_rewards = [], [], [], []
+    funcs: list[GuardedReward] = []
+    names: list[str] = []
+    task_names: list[str] = []
+    phi_rewards: list[PhiReward] = []
     columns: dict[str, set[str]] = {}
     for spec in config.rewards:
         if spec.name in COHERENCE_REWARDS:

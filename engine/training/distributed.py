@@ -78,10 +78,10 @@ def run_rank(
                 if ranks.is_main:
                     say_error(error or "the run could not be opened")
             else:
-                run_id, output_dir = opened
+                run_id, opened_dir = opened
                 note_ranks_of(store, run_id, everyone)
                 code = train_run(
-                    store, run_id, config, home, Path(output_dir), resuming=resume is not None, ranks=ranks
+                    store, run_id, config, home, Path(opened_dir), resuming=resume is not None, ranks=ranks
                 )
         finally:
             if ranks.is_main:

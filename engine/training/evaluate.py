@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -247,7 +247,8 @@ def _load_mlx(config: TrainConfig, path: Path, home: Path) -> tuple[Any, Any]:
         if not where or (is_local_model(where) and not Path(where).expanduser().is_dir()):
             where = resolve_model(config.model, home, config.seed)  # the recorded base moved: the run's model
     try:
-        model, wrapper = load(str(where), adapter_path=adapter)
+        # mlx-lm types load's result as a 2- or a 3-tuple (the config too, with return_config): the first two
+        model, wrapper = load(str(where), adapter_path=adapter)[:2]
     except Exception as exc:  # mlx-lm raises many kinds for a directory it cannot read
         raise BadInput(
             f"{path}: cannot load the model with mlx-lm ({' '.join(str(exc).split())[:200]})"
@@ -302,7 +303,9 @@ def _greedy_mlx(
         chosen = mx.argmax(logits, axis=-1)
         h = token_entropy(logits, temperature=config.temperature)[0]
         mx.eval(chosen)
-        for row, (token, value) in enumerate(zip(chosen.tolist(), h.tolist(), strict=True)):
+        # [n] arrays: a token and its entropy a row (mlx types tolist() as a scalar or a nested list)
+        row_tokens, row_entropies = cast(list[int], chosen.tolist()), cast(list[float], h.tolist())
+        for row, (token, value) in enumerate(zip(row_tokens, row_entropies, strict=True)):
             if not done[row]:
                 tokens[row].append(token)
                 entropies[row].append(value)

@@ -140,7 +140,9 @@ def open_run(
         model=config.model,
         max_steps=config.total_steps,
     )
-    name = store.run(run_id)["name"]  # type: ignore[index]
+    created = store.run(run_id)
+    assert created is not None  # made just above
+    name = created["name"]  # the name as stored (create_run may have made it unique)
     # The run's own directory comes from its id, never from its name alone (engine/names.py).
     output_dir = (
         resolved(config.output_dir, BadInput) if config.output_dir else paths.run_dir(run_id, name, home)
@@ -278,10 +280,11 @@ def _evaluate_at_end(store: Store, run_id: int, home: Path) -> None:
 def _training_failure(exc: BaseException) -> TrainingFailed | None:
     """A TrainingFailed raised in a reward may reach us wrapped by a library; find it."""
     seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, TrainingFailed):
-            return exc
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    current: BaseException | None = exc
+    while current is not None and seen < 10:
+        if isinstance(current, TrainingFailed):
+            return current
+        current = current.__cause__ or current.__context__
         seen += 1
     return None
 

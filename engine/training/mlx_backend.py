@@ -33,7 +33,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -217,7 +217,9 @@ class MLXBackend:
         from mlx_lm import load
 
         try:
-            model, tokenizer, model_config = load(where, return_config=True)
+            # mlx-lm types load's result as a 2- or a 3-tuple: with return_config, the three
+            loaded = cast(tuple[Any, Any, dict[str, Any]], load(where, return_config=True))
+            model, tokenizer, model_config = loaded
         except Exception as exc:  # mlx-lm raises many kinds for a directory it cannot read
             raise BadInput(
                 f"model {self.config.model}: cannot load it with mlx-lm ({' '.join(str(exc).split())[:200]})"
@@ -291,8 +293,7 @@ class MLXBackend:
 
     def train(self, resume_from: Path | None) -> str:
         config = self.config
-        self.reporter.store.update_run(
-            self.reporter.run_id,
+        self.reporter.update_run(
             vocab_size=self.vocab_size,
             backend="mlx",
             temperature=config.temperature,
@@ -323,7 +324,8 @@ class MLXBackend:
             self.reporter.write(record)  # before the commands: a pause answered at step N finds N stored
             self.last_step = step
             self.pump.poll(step, self.controls)
-            if record.metrics.get("loss") is None or not math.isfinite(record.metrics["loss"]):
+            loss = record.metrics.get("loss")
+            if loss is None or not math.isfinite(loss):
                 raise TrainingFailed(f"the loss became NaN at step {step}")
             self._say_step(phase, step, record)
             due = step % config.save_steps == 0 or step == total or step == self.warmup_steps()
@@ -424,7 +426,7 @@ class MLXBackend:
             (loss, entropy, correct), norm = self._update(sft_loss, batch)
         times = self.clock.stop()
         tokens = float(batch.mask.sum())
-        metrics = {
+        metrics: dict[str, float | None] = {
             "loss": float(loss),
             "entropy": float(entropy),
             "mean_token_accuracy": float(correct),
@@ -484,8 +486,8 @@ class MLXBackend:
         batch = Batch.of([(s.prompt_ids, s.token_ids) for s in samples], self.tokenizer.pad_token_id or 0)
         behaviour = np.zeros(np.array(batch.mask).shape, dtype=np.float32)
         mask = np.array(batch.mask).astype(bool)
-        for row, sample in enumerate(samples):
-            behaviour[row][mask[row]] = sample.logprobs
+        for i, sample in enumerate(samples):
+            behaviour[i][mask[i]] = sample.logprobs
         with self.clock.phase(UPDATE):  # the reference forward (lazy: evaluated with the loss) and the update
             reference = self._reference_logps(batch) if self.reference is not None else None
             (loss, entropy, logp, clip_low, clip_high, kl), norm = self._update(
@@ -562,9 +564,11 @@ class MLXBackend:
             chosen = -surprisal
             mx.eval(token, chosen, entropy)
             self.sampling_phi_seconds += time.perf_counter() - measured
-            for row, (tok, lp, h) in enumerate(
-                zip(token.tolist(), chosen.tolist(), entropy.tolist(), strict=True)
-            ):
+            # [n] arrays: a token, its log-probability and its entropy a row (mlx types tolist() as a scalar
+            # or a nested list)
+            drawn = cast(list[int], token.tolist())
+            logps_now, ents_now = cast(list[float], chosen.tolist()), cast(list[float], entropy.tolist())
+            for row, (tok, lp, h) in enumerate(zip(drawn, logps_now, ents_now, strict=True)):
                 if not done[row]:
                     tokens[row].append(tok)
                     logps[row].append(lp)
@@ -759,7 +763,9 @@ class MLXBackend:
         else:
             self.model.load_weights(str(path / MODEL_FILE))
         self._begin_phase(state["phase"])
-        self.optimizer.state = tree_unflatten(list(mx.load(str(path / OPTIMIZER_FILE)).items()))
+        # a .safetensors file loads as a dict of arrays (mlx types load's result for every format)
+        saved = cast(dict[str, mx.array], mx.load(str(path / OPTIMIZER_FILE)))
+        self.optimizer.state = tree_unflatten(list(saved.items()))
         self.lr = float(self.optimizer.learning_rate.item())  # a set_lr before the checkpoint still holds
         if self.rewards is not None and state.get("rewards"):
             self.rewards.load_state_dict(state["rewards"])

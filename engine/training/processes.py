@@ -66,7 +66,7 @@ def note_self(store: Store | None, run_id: int, role: str, rank: int | None = No
     try:
         note_own(store, run_id, [this_process(role, rank)])
     except Exception as exc:  # the row is for watching the run: training goes on without it
-        say(f"could not record this process for run {run_id}: {one_line(exc)}")
+        say(f"could not record this process for run {run_id}: {one_line(str(exc))}")
 
 
 def note_ranks_of(store: Store | None, run_id: int, everyone: list[dict[str, Any]]) -> None:
@@ -76,7 +76,7 @@ def note_ranks_of(store: Store | None, run_id: int, everyone: list[dict[str, Any
     try:
         note_ranks(store, run_id, everyone)
     except Exception as exc:
-        say(f"could not record the ranks of run {run_id}: {one_line(exc)}")
+        say(f"could not record the ranks of run {run_id}: {one_line(str(exc))}")
 
 
 def end_self(store: Store | None, run_id: int, exit_code: int) -> None:
@@ -85,7 +85,7 @@ def end_self(store: Store | None, run_id: int, exit_code: int) -> None:
     try:
         end_own(store, run_id, exit_code)
     except Exception as exc:
-        say(f"could not record the end of this process for run {run_id}: {one_line(exc)}")
+        say(f"could not record the end of this process for run {run_id}: {one_line(str(exc))}")
 
 
 class LauncherReport:
@@ -158,7 +158,7 @@ class LauncherReport:
                 self.summary[pid] = code
                 self._record(pid, code, first=False)
         except Exception as exc:  # recording is for watching the run: the copy goes on
-            self.trouble = self.trouble or f"could not record a rank's end: {one_line(exc)}"
+            self.trouble = self.trouble or f"could not record a rank's end: {one_line(str(exc))}"
 
     def _record(self, pid: int, code: int, *, first: bool) -> None:
         if self._store is None:

@@ -150,13 +150,14 @@ LOST_RANK_REASON = (
 def rank_lost(exc: BaseException, step: int | None) -> str | None:
     """The reason, when `exc` is a collective that failed because another rank died or hung."""
     seen = 0
-    while exc is not None and seen < 10:
-        text = str(exc)
-        if type(exc).__name__ in LOST_RANK_ERRORS or any(mark in text for mark in LOST_RANK_MARKS):
+    current: BaseException | None = exc
+    while current is not None and seen < 10:
+        text = str(current)
+        if type(current).__name__ in LOST_RANK_ERRORS or any(mark in text for mark in LOST_RANK_MARKS):
             detail = " ".join(text.split("] ", 1)[-1].split()).split(". ")[0][:160]  # gloo's first sentence
             after = f" after step {step}" if step else ""
             return f"{LOST_RANK_REASON}{after} ({detail})"
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        current = current.__cause__ or current.__context__
         seen += 1
     return None
 

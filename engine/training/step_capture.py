@@ -103,8 +103,9 @@ class StepCapture:
                     out.entropy[tuple(prompt + completion)] = entropy
                 if logprob is not None:
                     out.logprob[tuple(prompt + completion)] = logprob
-        if all(a is not None for a in advantages):
-            out.advantages = np.concatenate(advantages)
+        present = [a for a in advantages if a is not None]
+        if len(present) == len(advantages):
+            out.advantages = np.concatenate(present)
         return out
 
     def task_mean(self, names: list[str], task_names: list[str]) -> float:

@@ -65,6 +65,11 @@ WARMUP_DIR = "sft-warmup"  # the model after the SFT warm-up, the base of the GR
 WARMUP_DONE = "carl_warmup.json"
 
 
+def _training(model: torch.nn.Module | None) -> bool:
+    """Whether a trainer's model is in training mode: TRL runs the hooks below in evaluation too."""
+    return model is not None and model.training
+
+
 def make_trainer_class() -> type:
     """GRPOTrainer, keeping what each step generates, scores and measures (built lazily:
     trl is slow to import)."""
@@ -89,14 +94,14 @@ def make_trainer_class() -> type:
 
         def _generate_and_score_completions(self, inputs: Any) -> Any:
             out = super()._generate_and_score_completions(inputs)
-            if self.model.training:  # this process's completions' advantages, in generation order
+            if _training(self.model):  # this process's completions' advantages, in generation order
                 self.capture.advantages = out["advantages"].detach().float().cpu().numpy().astype(np.float64)
             return out
 
         def _generate(self, prompts: list) -> Any:
             with self.clock.phase(GENERATION):  # tokenizing the prompts, sampling, decoding
                 out = super()._generate(prompts)
-            if self.model.training:
+            if _training(self.model):
                 self.capture = StepCapture(
                     prompt_ids=[list(p) for p in out[0]], completion_ids=[list(c) for c in out[1]]
                 )
@@ -111,7 +116,7 @@ def make_trainer_class() -> type:
         ) -> Any:
             with self.clock.phase(SCORING):  # every reward function, the coherence rewards' Φ included
                 rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-            if self.model.training:
+            if _training(self.model):
                 self.capture.prompts, self.capture.completions = list(prompts), list(completions)
                 self.capture.rewards = rewards.detach().float().cpu().numpy()
                 self.capture.weights = self.reward_weights.tolist()
@@ -126,14 +131,14 @@ def make_trainer_class() -> type:
             *args: Any,
             **kwargs: Any,
         ) -> Any:
-            if self.model.training and not torch.is_grad_enabled():
+            if _training(self.model) and not torch.is_grad_enabled():
                 self.capture.forward_passes += 1  # a reference or old-policy forward (its FLOPs)
             with self.clock.phase(UPDATE):  # inside the loss already, or the forwards the loss needs
                 logps, entropies, aux = super()._get_per_token_logps_and_entropies(
                     model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
                 )
             # compute_entropy=True only in the loss forward: the policy that sampled these tokens.
-            if entropies is not None and self.model.training:
+            if entropies is not None and _training(self.model):
                 self.capture.add_forward(input_ids, attention_mask, logits_to_keep, entropies, logps)
             return logps, entropies, aux
 
@@ -155,7 +160,7 @@ def make_sft_trainer_class() -> type:
             super().__init__(*args, **kwargs)
 
         def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-            if self.model.training and self.clock.running:
+            if _training(self.model) and self.clock.running:
                 self.clock.begin(UPDATE)
                 mask = inputs.get("attention_mask")
                 if mask is not None:
@@ -730,9 +735,10 @@ class GRPOReporter(TrainerCallback):
         known = [e for e in entropies if e is not None]
         if known:
             vocab = self.backend.vocab_size
-            record.phi, record.metrics = step_phi_stats(
+            record.phi, phi_metrics = step_phi_stats(
                 step, [phi_from_entropy(e, vocab) for e in known], known, vocab
             )
+            record.metrics.update(phi_metrics)  # the record's first metrics
             record.samples = self._samples(capture, entropies)
         # Entropy percentiles and Cov(log π, A) from the same loss forward; TRL logs the rest of RL health
         # itself (kl when beta > 0, clip_ratio/*, completions/*, frac_reward_zero_std).
