@@ -518,7 +518,7 @@ class ControlRoom(
         from .rollouts_view import RolloutsScreen
 
         reader = RolloutsReader(self.db_path, self.view.run.id, period=1.0 / self.refresh_hz)
-        self.push_screen(RolloutsScreen(self.view.run, reader))
+        self.push_screen(RolloutsScreen(self.view.run, reader, chart_mode=self.config.chart_mode))
 
     def action_log_view(self) -> None:
         """The log view on the selected run's console (carl_tui/console_view.py, loaded on first use)."""

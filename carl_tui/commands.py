@@ -18,6 +18,7 @@ from textual.app import App
 from textual.message import Message
 from textual.notifications import SeverityLevel
 
+from .faults import ONE_LINE
 from .model import StoreWatcher
 
 QUEUED_UNTIL_UP = " (queued until the engine is up)"
@@ -80,7 +81,6 @@ class CommandSender:
             thread=True,
             group="commands",
             description=f"queue {request.verb}",
-            exit_on_error=False,
         )
         return True
 
@@ -104,7 +104,7 @@ class CommandSender:
                 )
             finally:
                 conn.close()
-        except Exception as exc:  # the store cannot take it: one line, the control room stays up
+        except ONE_LINE as exc:  # the store cannot take it: one line, the control room stays up
             message = str(exc) if isinstance(exc, FileNotFoundError) else f"{request.verb}: {exc}"
             self.app.post_message(self.Failed(request, message))
             return

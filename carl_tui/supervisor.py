@@ -16,6 +16,8 @@ from textual import work
 from textual.message import Message
 from textual.worker import Worker, get_current_worker
 
+from .faults import ONE_LINE
+
 if TYPE_CHECKING:
     from .app import ControlRoom
 
@@ -77,7 +79,7 @@ class EngineSupervision:
                 started = False
                 try:
                     status, started = start_engine(self.home, wait=10.0)
-                except Exception as exc:  # report, keep showing what is stored
+                except ONE_LINE as exc:  # report, keep showing what is stored
                     self.post_message(EngineState("down", f"engine failed to start: {exc}"))
                 if status.state != "up":
                     self.post_message(EngineState("down", f"engine did not start; see {status.log_path}"))
