@@ -4,6 +4,7 @@ series go where, the pane titles and the reward bars or the comparison's legend.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rich.cells import cell_len
@@ -103,12 +104,16 @@ def draw_phi(chart: Chart, view: RunView) -> str:
 
 class RewardsPane(Horizontal):
     """The Rewards pane (its chart and bars): its title says less when the pane is narrower (`rewards_title`),
-    so it is fitted again when the pane's size changes (the terminal's, or a pane maximized)."""
+    so `refit` fits it again when the pane's size changes (the terminal's, or a pane maximized)."""
+
+    def __init__(
+        self, refit: Callable[[], None], *, id: str | None = None, classes: str | None = None
+    ) -> None:
+        super().__init__(id=id, classes=classes)
+        self.refit = refit
 
     def on_resize(self) -> None:
-        refit = getattr(self.app, "refit_rewards_title", None)
-        if refit is not None:
-            refit()
+        self.refit()
 
 
 def draw_rewards(chart: Chart, view: RunView, colors: list[str], width: int = 0) -> str:
@@ -265,7 +270,7 @@ def set_title(pane: Widget, title: str) -> None:
     set_border(pane, "title", title)
 
 
-def set_subtitle(pane: Widget, subtitle: Text | None) -> None:
+def set_subtitle(pane: Widget, subtitle: str | Text | None) -> None:
     set_border(pane, "subtitle", subtitle)
 
 
