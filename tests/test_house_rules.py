@@ -213,3 +213,59 @@ def test_sql_on_carl_db_lives_in_the_store() -> None:
     lower = {name: found.get(name, 0) for name in gone}
     assert not gone, f"fewer statements now: lower SQL_NOT_MOVED_YET to {lower} (0: drop it); {left} remain"
     print(f"{left} statements on carl.db in {len(found)} modules outside engine/store/ remain")
+
+
+# -- no import circle in carl_tui (issue 31): counting the imports made only for typing ---
+
+
+def carl_tui_imports() -> dict[str, set[str]]:
+    """Each module of carl_tui and the modules of carl_tui it imports: at the top, under TYPE_CHECKING or in
+    a function (import-linter's contract leaves out the imports made for typing; this counts them)."""
+    modules = {path.stem: path for path in (ROOT / "carl_tui").glob("*.py") if path.stem != "__init__"}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                found.update([node.module] if node.module else [alias.name for alias in node.names])
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("carl_tui."):
+                found.add((node.module or "").split(".")[1])
+            elif isinstance(node, ast.Import):
+                found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("carl_tui."))
+        graph[name] = {module.split(".")[0] for module in found} & set(modules) - {name}
+    return graph
+
+
+def import_circle(graph: dict[str, set[str]]) -> list[str]:
+    """One circle of imports in the graph (its modules in order, the first again at the end), or []."""
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> list[str]:
+        for imported in sorted(graph[module]):
+            if imported in path:
+                return [*path[path.index(imported) :], imported]
+            if imported not in done and (circle := visit(imported, [*path, imported])):
+                return circle
+        done.add(module)
+        return []
+
+    for module in sorted(graph):
+        if circle := visit(module, [module]):
+            return circle
+    return []
+
+
+def test_the_circle_finder_finds_one_through_a_typing_import() -> None:
+    assert import_circle({"app": {"controls"}, "controls": {"app"}, "model": set()}) == [
+        "app",
+        "controls",
+        "app",
+    ]
+    assert import_circle({"app": {"controls", "model"}, "controls": {"model"}, "model": set()}) == []
+
+
+def test_no_import_circle_in_carl_tui_counting_typing_imports() -> None:
+    """A part of the control room takes what it needs of the app as a Protocol (carl_tui/room.py), never
+    the app: no module of carl_tui imports, even for typing only, one that imports it back."""
+    circle = import_circle(carl_tui_imports())
+    assert not circle, " -> ".join(circle)
