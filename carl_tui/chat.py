@@ -30,6 +30,8 @@ from engine.text import visible_line
 from widgets.chat import ChatInput, ChatLog
 from widgets.key_bar import KeyBar
 
+from .faults import ONE_LINE
+
 if TYPE_CHECKING:
     from .commands import CommandSender
 
@@ -145,12 +147,12 @@ class ChatScreen(Screen[None]):
                     result = job(store)
                 finally:
                     store.close()
-            except Exception as exc:  # an unreadable store
+            except ONE_LINE as exc:  # an unreadable store
                 self.post_message(self.Stored(f"cannot read the conversations: {exc}", self._store_failed))
                 return
             self.post_message(self.Stored(result, then))
 
-        self.run_worker(run, thread=True, group="chat-store", exit_on_error=False)
+        self.run_worker(run, thread=True, group="chat-store")
 
     def on_chat_screen_stored(self, event: ChatScreen.Stored) -> None:
         event.then(event.result)
@@ -322,7 +324,7 @@ class ChatScreen(Screen[None]):
         def read(store: Conversations) -> tuple[dict[str, Any] | str, list[Any]]:
             try:
                 parts: dict[str, Any] | str = self.diagnoser.context()
-            except Exception as exc:  # an unreadable store: say so, stay usable
+            except ONE_LINE as exc:  # an unreadable store: say so, stay usable
                 parts = f"cannot build the context: {exc}"
             return parts, store.history(conversation)
 
@@ -359,7 +361,7 @@ class ChatScreen(Screen[None]):
         try:
             history = store.history(conversation)
             conversation, _ = store.add(conversation, self.run_id, "user", question)
-            self.app.call_from_thread(self._started, conversation)
+            self.post_message(self.TurnStarted(conversation))
             buffer: list[str] = []
             last = time.monotonic()
             final: dict[str, Any] = {}
@@ -367,11 +369,11 @@ class ChatScreen(Screen[None]):
                 if event.kind == "text":
                     buffer.append(event.text)
                     if time.monotonic() - last >= FLUSH_S:
-                        self.app.call_from_thread(self._show, ChatEvent("text", "".join(buffer)))
+                        self.post_message(self.Turn(ChatEvent("text", "".join(buffer))))
                         buffer, last = [], time.monotonic()
                     continue
                 if buffer:
-                    self.app.call_from_thread(self._show, ChatEvent("text", "".join(buffer)))
+                    self.post_message(self.Turn(ChatEvent("text", "".join(buffer))))
                     buffer = []
                 if event.kind == "tool_call":
                     store.add(
@@ -383,7 +385,7 @@ class ChatScreen(Screen[None]):
                     )
                 if event.kind in ("done", "error"):
                     final = event.data
-                self.app.call_from_thread(self._show, event)
+                self.post_message(self.Turn(event))
             if final.get("answer"):
                 meta = {
                     "offline": final.get("offline", False),
@@ -394,16 +396,34 @@ class ChatScreen(Screen[None]):
                 store.add(conversation, self.run_id, "assistant", final["answer"], meta)
             if final.get("error"):
                 store.add(conversation, self.run_id, "error", final["error"])
-        except Exception as exc:  # the store or a bug: one line in the pane, the chat stays usable
-            self.app.call_from_thread(self._show, ChatEvent("error", f"diagnosis failed: {exc}", {}))
+        except ONE_LINE as exc:  # the store: one line in the pane, the chat stays usable
+            self.post_message(self.Turn(ChatEvent("error", f"diagnosis failed: {exc}", {})))
         finally:
             store.close()
-            self.app.call_from_thread(self._finished)
+            self.post_message(self.TurnEnded())
 
-    def _started(self, conversation: int) -> None:
-        self.conversation = conversation
+    class TurnStarted(Message):
+        """The question is stored, in this conversation (a new one when the turn started none)."""
 
-    async def _show(self, event: ChatEvent) -> None:
+        def __init__(self, conversation: int) -> None:
+            super().__init__()
+            self.conversation = conversation
+
+    class Turn(Message):
+        """One event of the turn: streamed text (a few pieces a second), a tool call, its result, the end."""
+
+        def __init__(self, event: ChatEvent) -> None:
+            super().__init__()
+            self.event = event
+
+    class TurnEnded(Message):
+        """The turn is over, its answer (or error) stored."""
+
+    def on_chat_screen_turn_started(self, message: ChatScreen.TurnStarted) -> None:
+        self.conversation = message.conversation
+
+    async def on_chat_screen_turn(self, message: ChatScreen.Turn) -> None:
+        event = message.event
         log = self.query_one(ChatLog)
         if event.kind == "text":
             await log.write_answer(event.text)
@@ -423,7 +443,7 @@ class ChatScreen(Screen[None]):
             await log.end_answer()
             self._set_status(_usage_line(event.data))
 
-    def _finished(self) -> None:
+    def on_chat_screen_turn_ended(self) -> None:
         self.busy = False
         if "…" in str(self.query_one("#chat-status", Static).render()):
             self._set_status("")  # a turn that ended in an error leaves no "thinking…" behind

@@ -128,7 +128,7 @@ def _run_tui(args: argparse.Namespace) -> int:
         follow_run=follow_run,
     )
     app.run()
-    _say_engine_left_running(home, app.engine_started_pid)
+    _say_engine_left_running(home, app.engine.started_pid)
     return app.return_code or 0  # an app that died of an error says so (Textual sets 1)
 
 

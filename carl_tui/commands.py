@@ -23,6 +23,7 @@ from textual.notifications import SeverityLevel
 
 from engine.store.commands import CommandError, Verb, check
 
+from .faults import ONE_LINE
 from .model import StoreWatcher
 
 if TYPE_CHECKING:
@@ -94,7 +95,6 @@ class CommandSender:
             thread=True,
             group="commands",
             description=f"queue {request.verb}",
-            exit_on_error=False,
         )
         return True
 
@@ -118,7 +118,7 @@ class CommandSender:
                 )
             finally:
                 conn.close()
-        except Exception as exc:  # the store cannot take it: one line, the control room stays up
+        except ONE_LINE as exc:  # the store cannot take it: one line, the control room stays up
             message = str(exc) if isinstance(exc, FileNotFoundError) else f"{request.verb}: {exc}"
             self.app.post_message(self.Failed(request, message))
             return

@@ -29,6 +29,8 @@ from engine.text import visible_line
 from widgets.key_bar import KeyBar
 from widgets.log_lines import LogLines
 
+from .faults import ONE_LINE
+
 if TYPE_CHECKING:
     from engine.store import RunRow, StoreReader
 
@@ -122,7 +124,7 @@ class ConsoleScreen(ModalScreen[None]):
 
     # -- the reader thread -----------------------------------------------------------------------------------
 
-    @work(thread=True, exclusive=True, group="console-reader", exit_on_error=False)
+    @work(thread=True, exclusive=True, group="console-reader")
     def read_console(self) -> None:
         worker = get_current_worker()
         current: LogReader | None = None
@@ -149,7 +151,7 @@ class ConsoleScreen(ModalScreen[None]):
                 results = current.answer(timeout=0.1)
                 if results and not worker.is_cancelled:
                     self.post_message(LogRead(current, results))
-        except Exception as exc:  # an unreadable store: one line, the view stays up
+        except ONE_LINE as exc:  # an unreadable store: one line, the view stays up
             self.post_message(ReaderFailed(str(exc)))
         finally:
             if current is not None:

@@ -3,7 +3,7 @@ for the engine: a new run, a resume, an eval, an observed source), queued throug
 sender; destructive keys ask first and a run takes one command at a time. Also the keys that open
 a view of the selected run: its samples, its eval, the diagnosis chat.
 
-A mixin of the control room (its actions are the app's); `self` is the ControlRoom.
+The keys are bound on the main screen (carl_tui/main_screen.py), whose actions call `RunControls`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from .commands import CommandRequest
 from .panes import short_name
 
 if TYPE_CHECKING:
-    from .app import ControlRoom
+    from .model import RunView
+    from .room import Room, Shown
     from .screens import ObserveRequest
 
 # Runs a carl runner, CarlCallback or the plane's trainer listens to.
@@ -41,38 +42,48 @@ RUN_ACTIONS = frozenset({"pause_resume", "checkpoint", "stop_run", "set_lr", "se
 
 
 class RunControls:
-    def runs_controllable(self: ControlRoom) -> bool:
+    """The commands a key sends for the selected run (or for the engine), the dialogs that ask first, and the
+    views of the run that a key opens; and whether the run started with `n` is still to be followed."""
+
+    def __init__(self, room: Room, shown: Shown) -> None:
+        self.room = room
+        self.shown = shown
+        self.follow_new_run = False  # the run that `n` starts is selected when it appears
+
+    @property
+    def view(self) -> RunView | None:
+        return self.shown.view
+
+    def controllable(self) -> bool:
         """The selected run has a runner listening for commands and is running or paused."""
         run = self.view.run if self.view else None
         return run is not None and run.source_kind in CONTROLLABLE and run.status in ("running", "paused")
 
-    def pending_command(self: ControlRoom) -> str | None:
+    def pending_command(self) -> str | None:
         """The verb of a command to this run not finished yet: one sent from here (known at once) or
         seen in the store (sent from another control room)."""
         if self.view is None:
             return None
-        verb = self.sender.pending_for_run(self.view.run.id)
+        verb = self.room.sender.pending_for_run(self.view.run.id)
         if verb is None:
             verb = next((c["verb"] for c in self.view.commands if c["state"] in ("pending", "running")), None)
         return verb
 
-    def send_to_run(
-        self: ControlRoom, verb: Verb, args: dict[str, Any] | None = None, notice: str = ""
-    ) -> bool:
+    def send_to_run(self, verb: Verb, args: dict[str, Any] | None = None, notice: str = "") -> bool:
         """Queue a command for the selected run's runner (applied at its next step boundary)."""
         if self.view is None:
             return False
         pending = self.pending_command()
         if pending is not None:
-            self.notify(
+            self.room.notify(
                 f"a command is already running: {pending}; wait for it", severity="warning", markup=False
             )
             return False
         request = CommandRequest(verb, args, run_id=self.view.run.id, notice=notice or None)
-        return self.sender.send(request)
+        return self.room.sender.send(request)
 
     def send_to_engine(
-        self: ControlRoom,
+        self,
         verb: Verb,
         args: dict[str, Any],
         notice: str,
@@ -80,16 +91,16 @@ class RunControls:
         then: Callable[[int], None] | None = None,
     ) -> bool:
         """Queue a command for the engine daemon; the notice says when it waits for the engine."""
-        notice += self.queued_suffix()
-        return self.sender.send(
+        notice += self.room.engine.queued_suffix()
+        return self.room.sender.send(
             CommandRequest(verb, args, target="engine", notice=notice, title=title, then=then)
         )
 
     # -- the selected run's runner ------------------------------------------------------------------
 
-    def action_pause_resume(self: ControlRoom, verb: str | None = None) -> None:
+    def pause_resume(self, verb: str | None = None) -> None:
         """`verb` is what the key bar said (pause or resume); the run's state decides when none is given."""
-        if self.debounced("pause_resume") or self.view is None:
+        if self.room.debounced("pause_resume") or self.view is None:
             return
         if verb not in (Verb.PAUSE, Verb.RESUME):
             verb = Verb.RESUME if self.view.run.status == "paused" else Verb.PAUSE
@@ -97,30 +108,30 @@ class RunControls:
             verb_of(verb), notice=f"{verb} {self.view.run.name}: applied at the next step boundary"
         )
 
-    def action_checkpoint(self: ControlRoom) -> None:
-        if self.debounced("checkpoint") or self.view is None:
+    def checkpoint(self) -> None:
+        if self.room.debounced("checkpoint") or self.view is None:
             return
         self.send_to_run(Verb.CHECKPOINT, notice=f"checkpoint of {self.view.run.name} requested")
 
-    def action_stop_run(self: ControlRoom) -> None:
-        if self.debounced("stop_run") or self.view is None:
+    def stop_run(self) -> None:
+        if self.room.debounced("stop_run") or self.view is None:
             return
         from .screens import ConfirmScreen
 
         run = self.view.run
-        key, resume = self.key_for("stop", "s"), self.key_for("resume", "r")
+        key, resume = self.room.key_for("stop", "s"), self.room.key_for("resume", "r")
         message = (
             f"Stop run {run.name!r} at step {run.last_step or 0:,}?\nIt saves a checkpoint first; "
             f"you can resume it later with {resume}.\n\n"
             f"tab then enter (or {key} again) to stop, esc to cancel."
         )
-        self.push_screen(ConfirmScreen("Stop training", message, "Stop", key), self.stop_confirmed)
+        self.room.push_screen(ConfirmScreen("Stop training", message, "Stop", key), self.stop_confirmed)
 
-    def stop_confirmed(self: ControlRoom, confirmed: bool | None) -> None:
+    def stop_confirmed(self, confirmed: bool | None) -> None:
         if confirmed and self.view is not None:
             self.send_to_run(Verb.STOP, notice=f"stopping {self.view.run.name}")
 
-    def action_set_lr(self: ControlRoom) -> None:
+    def set_lr(self) -> None:
         if self.view is None:
             return
         from .screens import ValueScreen
@@ -128,13 +139,13 @@ class RunControls:
         current = self.view.latest("learning_rate")
         value = f"{current:g}" if current else ""
         label = f"New learning rate for {self.view.run.name}"
-        self.push_screen(ValueScreen("Learning rate", label, value, positive_number), self.lr_chosen)
+        self.room.push_screen(ValueScreen("Learning rate", label, value, positive_number), self.lr_chosen)
 
-    def lr_chosen(self: ControlRoom, value: str | None) -> None:
+    def lr_chosen(self, value: str | None) -> None:
         if value is not None:
             self.send_to_run(Verb.SET_LR, {"lr": float(value)}, notice=f"learning rate → {float(value):g}")
 
-    def action_set_weight(self: ControlRoom) -> None:
+    def set_weight(self) -> None:
         if self.view is None:
             return
         from .screens import ValueScreen
@@ -144,9 +155,9 @@ class RunControls:
             or "task, format, coherence, commitment, concise"
         )
         label = f"name=weight (rewards: {names})"
-        self.push_screen(ValueScreen("Reward weight", label, "", weight_problem), self.weight_chosen)
+        self.room.push_screen(ValueScreen("Reward weight", label, "", weight_problem), self.weight_chosen)
 
-    def weight_chosen(self: ControlRoom, value: str | None) -> None:
+    def weight_chosen(self, value: str | None) -> None:
         if value is None:
             return
         name, weight = (part.strip() for part in value.split("=", 1))
@@ -155,40 +166,40 @@ class RunControls:
 
     # -- the engine: new runs, resumes, evals, observed sources -------------------------------------
 
-    def action_new_run(self: ControlRoom) -> None:
-        if self.debounced("new_run"):
+    def new_run(self) -> None:
+        if self.room.debounced("new_run"):
             return
         from .screens import ChoiceScreen
 
         choices = [("demo", "demo · the built-in tiny model on the tool-calling task (CPU, a few minutes)")]
-        for path in sorted({*Path.cwd().glob("*.yaml"), *(self.home / "configs").glob("*.yaml")}):
+        for path in sorted({*Path.cwd().glob("*.yaml"), *(self.room.home / "configs").glob("*.yaml")}):
             choices.append((str(path.resolve()), f"{path.name} · {path.parent}"))
-        self.push_screen(
+        self.room.push_screen(
             ChoiceScreen("New run", "Train with which config? (carl init writes one)", choices),
             self.config_chosen,
         )
 
-    def config_chosen(self: ControlRoom, config: str | None) -> None:
+    def config_chosen(self, config: str | None) -> None:
         if config is None:
             return
 
         def follow(_command_id: int) -> None:
-            self.select_next_new_run = True  # the run it starts is selected when it appears
+            self.follow_new_run = True  # the run it starts is selected when it appears
 
         notice = f"starting a run with {Path(config).name}"
         self.send_to_engine(Verb.TRAIN, {"config": config}, notice, "new run", then=follow)
 
-    def action_resume_run(self: ControlRoom) -> None:
+    def resume_run(self) -> None:
         run = self.view.run if self.view else None
-        if run is None or self.debounced("resume_run"):
+        if run is None or self.room.debounced("resume_run"):
             return
         if run.source_kind not in RESUMABLE or run.status in ("running", "paused", "finished"):
-            self.notify("resume is for a stopped, failed or crashed carl run", severity="warning")
+            self.room.notify("resume is for a stopped, failed or crashed carl run", severity="warning")
             return
         notice = f"resuming {run.name} from its last checkpoint"
         self.send_to_engine(Verb.TRAIN, {"resume": run.name}, notice, "resume")
 
-    def action_show_eval(self: ControlRoom) -> None:
+    def show_eval(self) -> None:
         if self.view is None:
             return
         if self.view.eval is None:
@@ -196,40 +207,40 @@ class RunControls:
             return
         from .screens import EvalScreen
 
-        self.push_screen(EvalScreen(self.view.run.name, self.view.eval), self.run_eval)
+        self.room.push_screen(EvalScreen(self.view.run.name, self.view.eval), self.run_eval)
 
-    def run_eval(self: ControlRoom, again: bool | None) -> None:
+    def run_eval(self, again: bool | None) -> None:
         """Ask the engine to evaluate the selected run on its held-out prompts (`e`, or `r` in the eval)."""
         if not again or self.view is None:
             return
         run = self.view.run
         if run.source_kind != "carl":
-            self.notify(
+            self.room.notify(
                 f"{run.name} was not trained by carl: there is no held-out split to evaluate on",
                 title="eval",
                 severity="warning",
             )
             return
-        if self.sender.refused(
+        if self.room.sender.refused(
             f"run `carl eval {run.name}` from a shell", title="eval", severity="information"
         ):
             return
         if run.status in ("running", "paused"):
-            self.notify(
+            self.room.notify(
                 f"{run.name} is still training: evaluate it once it has finished or stopped", title="eval"
             )
             return
         notice = f"evaluating {run.name} on its held-out prompts…"
         self.send_to_engine(Verb.EVAL, {"run": run.name}, notice, "eval")
 
-    def action_observe(self: ControlRoom) -> None:
-        if self.sender.refused("observing a source writes to the store"):
+    def observe(self) -> None:
+        if self.room.sender.refused("observing a source writes to the store"):
             return
         from .screens import ObserveScreen
 
-        self.push_screen(ObserveScreen(validate=observe_problem), self.observe_chosen)
+        self.room.push_screen(ObserveScreen(validate=observe_problem), self.observe_chosen)
 
-    def observe_chosen(self: ControlRoom, request: ObserveRequest | None) -> None:
+    def observe_chosen(self, request: ObserveRequest | None) -> None:
         if request is None:
             return
         args = {
@@ -243,35 +254,38 @@ class RunControls:
 
     # -- views of the selected run ------------------------------------------------------------------
 
-    def action_samples(self: ControlRoom) -> None:
+    def samples(self) -> None:
         if self.view is None:
             return
         from .screens import SamplesScreen
 
         run = self.view.run
-        self.reads.read(
+        self.room.reads.read(
             lambda reader: reader.samples(run.id, limit=40),
-            lambda samples: self.push_screen(SamplesScreen(samples or [], run.vocab_size)),
+            lambda samples: self.room.push_screen(SamplesScreen(samples or [], run.vocab_size)),
             title="samples",
         )
 
-    def action_diagnose(self: ControlRoom) -> None:
+    def diagnose(self) -> None:
         if self.view is None:
-            self.notify("no run selected: nothing to diagnose", title="diagnose")
+            self.room.notify("no run selected: nothing to diagnose", title="diagnose")
             return
-        if self.sender.refused("the diagnosis chat stores its conversations") or not self.db_path.exists():
+        if (
+            self.room.sender.refused("the diagnosis chat stores its conversations")
+            or not self.room.db_path.exists()
+        ):
             return
         from .chat import ChatScreen
 
         run = self.view.run
-        self.push_screen(
+        self.room.push_screen(
             ChatScreen(
-                self.sender,
+                self.room.sender,
                 run.id,
                 run.name,
-                api_key=self.api_key,
-                model=self.config.claude_model,
-                base_url=self.claude_base_url,
+                api_key=self.room.api_key,
+                model=self.room.config.claude_model,
+                base_url=self.room.claude_base_url,
             )
         )
 

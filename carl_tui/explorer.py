@@ -61,11 +61,14 @@ from .explorer_model import (
     short_value,
     value_at,
 )
+from .faults import ONE_LINE
 from .panes import set_subtitle, set_title
 from .smoothing import Smoothing
 
 NAME_MIN = 12  # cells a long run name is cut to, at the least, on a narrow header
 GRID_MIN = (120, 32)  # from this size (columns, lines) the explorer shows a grid, below it a list and a chart
+# What a chart's plan was made of: each run's raw series, the smoothing, log axis, pinned, the key's info.
+PlanParts = tuple[tuple[Series | None, ...], Smoothing, bool, bool, KeyInfo]
 POLL_S = 0.25  # how often the store is looked at (PRAGMA data_version), as the control room does
 
 
@@ -159,7 +162,7 @@ class ExplorerScreen(ModalScreen[None]):
         self.cursor_step: int | None = None  # the step cursor of the list's chart and the zoomed one
         self.rows: list[GridRow] = []
         self.top = 0  # the grid's first row in view
-        self.plans: dict[str, tuple[tuple, ChartPlan]] = {}  # key -> (what it was made of, the plan)
+        self.plans: dict[str, tuple[PlanParts, ChartPlan]] = {}  # key -> (what it was made of, the plan)
         self.error: str | None = None
         self.header_plain = ""
 
@@ -217,7 +220,7 @@ class ExplorerScreen(ModalScreen[None]):
                 started = time.monotonic()
                 try:
                     news = feed.poll()
-                except Exception as exc:  # a locked or damaged store: one line, the explorer stays up
+                except ONE_LINE as exc:  # a locked or damaged store: one line, the explorer stays up
                     self.post_message(self.Failed(str(exc)))
                     news = None
                 if news is not None:
@@ -354,7 +357,7 @@ class ExplorerScreen(ModalScreen[None]):
         """The key's chart, made again only when its series, the smoothing, the log axis or the pin moved."""
         info = next((i for i in self.keys if i.key == key), KeyInfo(key))
         raws = tuple(self.series.get((run.id, key)) for run in self.runs)
-        made_of = (raws, self.smoothing, key in self.log_keys, key in self.pinned, info)
+        made_of: PlanParts = (raws, self.smoothing, key in self.log_keys, key in self.pinned, info)
         cached = self.plans.get(key)
         if cached is not None and _same(cached[0], made_of):
             return cached[1]
@@ -627,7 +630,7 @@ def short_count(value: float) -> str:
     return f"{value:,.0f}" if value.is_integer() and value < 1e12 else short_number(value)
 
 
-def _same(a: tuple, b: tuple) -> bool:
+def _same(a: PlanParts, b: PlanParts) -> bool:
     """Two plans' ingredients are the same: the series by identity, the rest by value."""
     (raws_a, *rest_a), (raws_b, *rest_b) = a, b
     return (

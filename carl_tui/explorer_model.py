@@ -187,7 +187,7 @@ class Pow10:
     object, so setting it again does not redraw the chart."""
 
     def __call__(self, exponent: float) -> float:
-        return 10.0**exponent
+        return math.pow(10.0, exponent)
 
 
 def log10_series(series: Series) -> tuple[Series, int]:

@@ -28,6 +28,7 @@ from engine.store import StoreReader
 from engine.text import visible_line
 
 from .explorer_model import KeyInfo, key_matches
+from .faults import ONE_LINE
 
 TIME_FIELDS = frozenset({"last_update", "started_at", "ended_at"})
 
@@ -96,7 +97,7 @@ def record_rows(record: Record) -> list[tuple[str, str, str, str | None]]:
     return rows
 
 
-class RecordTable(DataTable):
+class RecordTable(DataTable[Text]):
     """The inspector's rows: home and end go to the first and the last row. DataTable's own home and end
     scroll sideways, to the end of the widest value (a run's settings as JSON), where every other row is
     blank."""
@@ -157,7 +158,7 @@ class InspectorScreen(ModalScreen[None]):
                 record = read_record(reader, self.run_id, self.step)
             finally:
                 reader.close()
-        except Exception as exc:  # an unreadable store: one line, the screen stays up
+        except ONE_LINE as exc:  # an unreadable store: one line, the screen stays up
             self.post_message(self.Read(None, str(exc)))
             return
         self.post_message(self.Read(record))

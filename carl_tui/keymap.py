@@ -16,11 +16,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from textual.binding import Binding
+from textual.screen import Screen
 
 # The modules whose classes declare bindings: the ids a keymap may name are theirs. Imported only
 # to check a keymap (after the first frame), since most are loaded on first use.
 BINDING_MODULES = (
-    "carl_tui.app",
+    "carl_tui.main_screen",
     "carl_tui.runs",
     "carl_tui.screens",
     "carl_tui.chat",
@@ -94,3 +95,28 @@ def keys_in_force(binding: Binding, keymap: Mapping[str, str]) -> str:
     if binding.id and binding.id in keymap:
         return key_display(keymap[binding.id])
     return binding.key_display or key_display(binding.key)
+
+
+def help_rows(screen: Screen[Any], keymap: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The help's rows: keys from the same binding tables that drive the key bar, as the keymap maps them:
+    the screen's own first, then those of the widget that has focus, then the two that work everywhere.
+    Textual's generic bindings (cursor, scroll, copy, the palette's own) have no id: they are not the
+    control room's keys and are left out. A row with no key is a section's header."""
+    rows: list[tuple[str, str]] = [("", "Control room")]
+    rows += [(keys_in_force(b, keymap), b.description) for b in bindings_of(type(screen)) if b.description]
+    seen = {d for _, d in rows}
+    here: list[tuple[str, str]] = []
+    for entry in screen.active_bindings.values():
+        b = entry.binding
+        # Ours have ids; Textual's generic widget keys (cursor, scroll, copy) have none.
+        if b.description and b.id and b.description not in seen and entry.node is not screen:
+            seen.add(b.description)
+            here.append((screen.app.get_key_display(b), b.tooltip or b.description))  # the longer one
+    if here:
+        rows += [("", "Here"), *here]
+    rows += [
+        ("", "Everywhere"),
+        ("ctrl+p", "Command palette: themes, chart mode, observe, engine, panes"),
+        ("tab", "Next pane"),
+    ]
+    return rows

@@ -25,6 +25,8 @@ from engine.durations import compact_duration
 from engine.store import RunRow, Series, StoreError, StoreReader
 from engine.store.commands import Verb
 
+from .faults import ONE_LINE
+
 PHI_KEYS = ("phi/mean", "phi/p10", "phi/p90", "phi/entropy", "entropy")
 REWARD_KEY = re.compile(r"^rewards/(?P<name>.+)/mean$")
 TOTAL_REWARD_KEYS = ("reward",)
@@ -132,7 +134,7 @@ class Starting:
     def queued_run(self, runs: list[RunRow]) -> dict[str, Any] | None:
         """The newest train command whose run is not in `runs` yet (by the name it asked for)."""
         names = {r.name for r in runs}
-        for command in reversed(self.commands):
+        for command in self.commands[::-1]:  # newest first
             name = command["args"].get("name") if isinstance(command["args"], dict) else None
             if command["verb"] == Verb.TRAIN and command["state"] != "failed" and name not in names:
                 return command
@@ -320,7 +322,7 @@ class StoreWatcher:
             return self._read(reader, version)
         except StoreError as exc:
             return Snapshot(version=self._version, error=str(exc))
-        except Exception as exc:  # a locked or damaged file must not take the UI down
+        except ONE_LINE as exc:  # a locked or damaged file must not take the UI down
             return Snapshot(version=self._version, error=f"{self.db_path}: {exc}")
 
     def _read(self, reader: StoreReader, version: int) -> Snapshot:

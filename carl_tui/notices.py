@@ -6,30 +6,29 @@ its time and then stays until something else moves anyway: a key, a click, or ne
 step, an agents event, a command's outcome; not the machine's samples alone, which often change no cell). An
 idle screen stays idle, a live one loses the notice at its next step.
 
-A mixin of the control room: its `notify` is the one every widget and screen calls; `self` is the ControlRoom.
+The control room's base class: its `notify` is the one every widget and screen calls.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from textual import events
+from textual.app import App
 from textual.notifications import Notification, Notify, SeverityLevel
 
 from engine.text import visible
 
-if TYPE_CHECKING:
-    from .app import ControlRoom
-
 HELD = 86_400.0  # Textual's own timer for a held notice: a day, so it never fires first
 
 
-class HeldNotices:
+class HeldNotices(App[None]):
+    """An app whose notices are text and leave with the next change on screen."""
+
     held: tuple[tuple[Notification, float], ...] = ()  # each notice shown and when its time is up
 
     def notify(
-        self: ControlRoom,
+        self,
         message: str,
         *,
         title: str = "",
@@ -45,7 +44,7 @@ class HeldNotices:
         self.held = (*self.held, (notice, due))
         self.post_message(Notify(notice))
 
-    def expire_notices(self: ControlRoom) -> None:
+    def expire_notices(self) -> None:
         """The notices whose time is up leave now (the caller has something else to draw)."""
         held, now = self.held, time.time()
         if not any(due <= now for _, due in held):
@@ -55,7 +54,7 @@ class HeldNotices:
             if due <= now and notice in self._notifications:  # (a click may have closed it already)
                 self._unnotify(notice)  # as Textual's toast does when its timer fires: its cells are redrawn
 
-    async def on_event(self: ControlRoom, event: events.Event) -> None:
+    async def on_event(self, event: events.Event) -> None:
         if isinstance(event, events.Key | events.MouseDown) and not event.is_forwarded:
             self.expire_notices()
-        await super().on_event(event)  # type: ignore[misc]
+        await super().on_event(event)

@@ -4,7 +4,8 @@ series go where, the pane titles and the reward bars or the comparison's legend.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from rich.cells import cell_len
 from rich.style import Style
@@ -91,24 +92,28 @@ def draw_phi(chart: Chart, view: RunView) -> str:
         if vocab:
             title += f" · |V| {vocab:,}"
         return title
-    entropy = view.series.get("entropy")
-    if entropy is not None and len(entropy):
+    entropy_series = view.series.get("entropy")
+    if entropy_series is not None and len(entropy_series):
         chart.left_scale = ENTROPY_SCALE
         chart.set_right_transform(None)
-        _feed(chart, entropy)
-        return f"entropy {_num(entropy.latest, 3)} nats · Φ needs the vocabulary size |V|"
+        _feed(chart, entropy_series)
+        return f"entropy {_num(entropy_series.latest, 3)} nats · Φ needs the vocabulary size |V|"
     _feed(chart)
     return "Φ coherence"
 
 
 class RewardsPane(Horizontal):
     """The Rewards pane (its chart and bars): its title says less when the pane is narrower (`rewards_title`),
-    so it is fitted again when the pane's size changes (the terminal's, or a pane maximized)."""
+    so `refit` fits it again when the pane's size changes (the terminal's, or a pane maximized)."""
+
+    def __init__(
+        self, refit: Callable[[], None], *, id: str | None = None, classes: str | None = None
+    ) -> None:
+        super().__init__(id=id, classes=classes)
+        self.refit = refit
 
     def on_resize(self) -> None:
-        refit = getattr(self.app, "refit_rewards_title", None)
-        if refit is not None:
-            refit()
+        self.refit()
 
 
 def draw_rewards(chart: Chart, view: RunView, colors: list[str], width: int = 0) -> str:
@@ -129,14 +134,14 @@ def rewards_title(view: RunView, width: int = 0) -> str:
     total = view.latest("reward")
     number = _num(total, 3) if total is not None else None
     kl, diff = view.async_rl.get("mismatch/kl"), view.async_rl.get("mismatch/logprob_abs_diff/mean")
-    mismatch = (None, None)
+    mismatch: tuple[str | None, str | None] = (None, None)  # the long and the short form
     if kl is not None:
         mismatch = (f"mismatch KL {kl:.2g}", f"mismatch {kl:.2g}")
     elif diff is not None:
         mismatch = (f"mismatch |Δlog p| {diff:.2g}", f"|Δlog p| {diff:.2g}")
     stale = view.async_rl.get("staleness/mean")
     stale_text = f"stale {stale:.2g}" if stale is not None else None
-    gate = (None, None)
+    gate: tuple[str | None, str | None] = (None, None)
     if view.gate:
         gate = (f"gate {view.gate['reason'] or view.gate['state']}", f"gate {view.gate['state']}")
     count = len(view.reward_names)
@@ -198,7 +203,7 @@ def short_name(reward_name: str) -> str:
     return reward_name.removesuffix("_reward") or reward_name
 
 
-def draw_run(screen: Screen, view: RunView, *, comparing: bool) -> None:
+def draw_run(screen: Screen[Any], view: RunView, *, comparing: bool) -> None:
     """The selected run: its command log, and (unless a comparison holds them) its Φ and Rewards."""
     screen.query_one(CommandLog).set_commands(view.commands)
     if comparing:
@@ -222,12 +227,12 @@ def draw_run(screen: Screen, view: RunView, *, comparing: bool) -> None:
     set_subtitle(phi_chart, None)
 
 
-def line_style(screen: Screen, color: int) -> Style:
+def line_style(screen: Screen[Any], color: int) -> Style:
     """A comparison colour index as the charts draw it (the theme decides)."""
     return screen.query_one("#phi-chart", Chart).line_style(color)
 
 
-def draw_comparison(screen: Screen, plan: ComparePlan) -> None:
+def draw_comparison(screen: Screen[Any], plan: ComparePlan) -> None:
     """Overlay the marked runs on the Φ and reward charts, with a legend of their latest values."""
     from widgets.legend import LegendRow
 
@@ -248,7 +253,7 @@ def draw_comparison(screen: Screen, plan: ComparePlan) -> None:
     legend(screen).set_rows(rows, header=plan.legend_header)
 
 
-def legend(screen: Screen) -> Legend:
+def legend(screen: Screen[Any]) -> Legend:
     """The comparison's legend, mounted in the Rewards pane the first time runs are compared:
     the first frame, which compares nothing, neither imports nor styles it."""
     from widgets.legend import Legend
@@ -265,7 +270,7 @@ def set_title(pane: Widget, title: str) -> None:
     set_border(pane, "title", title)
 
 
-def set_subtitle(pane: Widget, subtitle: Text | None) -> None:
+def set_subtitle(pane: Widget, subtitle: str | Text | None) -> None:
     set_border(pane, "subtitle", subtitle)
 
 

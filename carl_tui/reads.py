@@ -7,20 +7,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from textual.app import App
 from textual.message import Message
 
+from .faults import ONE_LINE
+
 if TYPE_CHECKING:
     from engine.store import StoreReader
+
+
+T = TypeVar("T")
 
 
 class StoreReads:
     class Done(Message):
         """A read finished: `then(result)` runs on the UI thread."""
 
-        def __init__(self, result: Any, then: Callable[[Any], None]) -> None:
+        def __init__(self, result: Any, then: Callable[[Any], object]) -> None:
             super().__init__()
             self.result = result
             self.then = then
@@ -35,7 +40,9 @@ class StoreReads:
         self.app = app
         self.db_path = db_path
 
-    def read(self, read: Callable[[StoreReader], Any], then: Callable[[Any], None], *, title: str) -> None:
+    def read(
+        self, read: Callable[[StoreReader], T], then: Callable[[T | None], object], *, title: str
+    ) -> None:
         """Run `read` on a reader of its own in a thread; `then` gets its result (None when there is
         no store yet); a failure is one notification titled `title`."""
         self.app.run_worker(
@@ -43,21 +50,20 @@ class StoreReads:
             thread=True,
             group="reads",
             description=f"read {title}",
-            exit_on_error=False,
         )
 
-    def _read(self, read: Callable[[StoreReader], Any], then: Callable[[Any], None], title: str) -> None:
+    def _read(self, read: Callable[[StoreReader], T], then: Callable[[T | None], object], title: str) -> None:
         from engine.store import StoreReader
 
         try:
-            result = None
+            result: T | None = None
             if self.db_path.exists():
                 reader = StoreReader(self.db_path)
                 try:
                     result = read(reader)
                 finally:
                     reader.close()
-        except Exception as exc:  # an unreadable store: one line, the control room stays up
+        except ONE_LINE as exc:  # an unreadable store: one line, the control room stays up
             self.app.post_message(self.Failed(title, str(exc)))
             return
         self.app.post_message(self.Done(result, then))

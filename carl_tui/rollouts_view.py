@@ -34,10 +34,12 @@ from widgets.histogram import Histogram
 from widgets.key_bar import KeyBar
 from widgets.rollout_list import RolloutList, header
 
+from .faults import ONE_LINE
+from .reads import StoreReads
 from .rollouts_model import PAGE, Band, Page, Result, RolloutsReader, StepHistogram, Steps, Total
 
 if TYPE_CHECKING:
-    from .app import ControlRoom
+    from engine.store import StoreReader
 
 TALL = 36  # rows from which the entropy panel shows without asking
 EMPTY = (
@@ -100,10 +102,11 @@ class RolloutsScreen(ModalScreen[None]):
         Binding("h", "entropy", "Entropy", id="rollouts.entropy"),
     ]
 
-    def __init__(self, run: RunRow, reader: RolloutsReader) -> None:
+    def __init__(self, run: RunRow, reader: RolloutsReader, *, chart_mode: str = "braille") -> None:
         super().__init__()
         self.run = run
         self.reader = reader
+        self.chart_mode = chart_mode
         self.steps: list[int] | None = None  # None: not read yet
         self.step: int | None = None  # the step shown (or last shown, while every step is)
         self.every_step = False
@@ -142,7 +145,7 @@ class RolloutsScreen(ModalScreen[None]):
         self.query_one("#rollouts-filter").display = False
         self.query_one("#rollouts-empty").display = False
         self.query_one("#rollouts-entropy").display = False
-        self.query_one(Chart).mode = self.room.config.chart_mode
+        self.query_one(Chart).mode = self.chart_mode
         self.query_one(RolloutList).focus()
         self.watch(self.list, "cursor", self.cursor_moved, init=False)
         self.reader.want_band()
@@ -158,7 +161,7 @@ class RolloutsScreen(ModalScreen[None]):
 
     # -- the reader thread -----------------------------------------------------------------------------------
 
-    @work(thread=True, exclusive=True, group="rollouts-reader", exit_on_error=False)
+    @work(thread=True, exclusive=True, group="rollouts-reader")
     def read_store(self) -> None:
         worker = get_current_worker()
         try:
@@ -166,7 +169,7 @@ class RolloutsScreen(ModalScreen[None]):
                 results = self.reader.answer()
                 if results and not worker.is_cancelled:
                     self.post_message(RolloutsRead(results))
-        except Exception as exc:  # an unreadable store: one line, the viewer stays up
+        except ONE_LINE as exc:  # an unreadable store: one line, the viewer stays up
             self.post_message(ReaderFailed(str(exc)))
         finally:
             self.reader.close()
@@ -397,26 +400,26 @@ class RolloutsScreen(ModalScreen[None]):
 
         run = self.run
 
-        def read(reader: Any) -> list[dict[str, Any]]:
+        def read(reader: StoreReader) -> list[dict[str, Any]]:
             prompt = None if row.group_id else (reader.rollout(row.id) or {}).get("prompt")
             return reader.rollout_group(run.id, row.step, row.group_id, prompt)
 
-        self.room.reads.read(
-            read,
-            lambda rows: self.app.push_screen(RolloutGroupScreen(run, rows or [], row.id)),
-            title="group",
-        )
+        def show(rows: list[dict[str, Any]] | None) -> None:
+            self.app.push_screen(RolloutGroupScreen(run, rows or [], row.id))
+
+        self.reads.read(read, show, title="group")
 
     @on(RolloutList.Selected)
     def open_sample(self, event: RolloutList.Selected) -> None:
         from .rollouts_detail import RolloutSampleScreen
 
         run = self.run
-        self.room.reads.read(
-            lambda reader: reader.rollout(event.row.id),
-            lambda sample: sample and self.app.push_screen(RolloutSampleScreen(run, sample)),
-            title="sample",
-        )
+
+        def show(sample: dict[str, Any] | None) -> None:
+            if sample:
+                self.app.push_screen(RolloutSampleScreen(run, sample))
+
+        self.reads.read(lambda reader: reader.rollout(event.row.id), show, title="sample")
 
     def action_entropy(self) -> None:
         shown = self.query_one("#rollouts-entropy").display
@@ -426,8 +429,9 @@ class RolloutsScreen(ModalScreen[None]):
             self.want_histogram()
 
     @property
-    def room(self) -> ControlRoom:
-        return self.app  # type: ignore[return-value]
+    def reads(self) -> StoreReads:
+        """The group's and the sample's reads: in a worker, each comes back to the app as a message."""
+        return StoreReads(self.app, self.reader.db_path)
 
 
 def short_status(part: str) -> str:

@@ -36,7 +36,9 @@ class RunList(OptionList):
     BINDINGS = [
         Binding("j", "cursor_down", "Next run", show=False, id="runs.next"),
         Binding("k", "cursor_up", "Previous run", show=False, id="runs.previous"),
-        Binding("x", "app.toggle_mark", "Mark / unmark the run for comparison", show=False, id="runs.mark"),
+        Binding(
+            "x", "screen.toggle_mark", "Mark / unmark the run for comparison", show=False, id="runs.mark"
+        ),
     ]
 
     def show(

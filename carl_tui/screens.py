@@ -5,6 +5,7 @@ is a `Text` with its control characters made visible (engine/text.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Static
 
 from engine.text import visible, visible_line
-from widgets.long_text import LongText
+from widgets.long_text import LongText, Piece
 
 
 def bindings_table(rows: list[tuple[str, str]]) -> Table:
@@ -35,8 +36,9 @@ def bindings_table(rows: list[tuple[str, str]]) -> Table:
     return table
 
 
-class HelpScreen(ModalScreen[None]):
-    """Every binding active where `?` was pressed, from the same table that drives the footer."""
+class HelpScreen(ModalScreen[bool | None]):
+    """Every binding active where `?` was pressed, from the same table that drives the footer. (Its result is
+    None; the eval, a HelpScreen in its looks, answers True to evaluate again.)"""
 
     BINDINGS = [Binding("escape,q,question_mark,f1", "dismiss", "Close help", id="help.close")]
 
@@ -52,7 +54,7 @@ class HelpScreen(ModalScreen[None]):
             if self.extra:
                 yield Static(Text(self.extra, style="dim"))
 
-    async def action_dismiss(self, result: None = None) -> None:
+    async def action_dismiss(self, result: bool | None = None) -> None:
         self.dismiss(result)
 
 
@@ -256,7 +258,7 @@ class ConfirmScreen(Dialog):
 class ValueScreen(Dialog):
     """Ask for one value (a learning rate, a reward weight) with a check before it is sent."""
 
-    def __init__(self, title: str, label: str, value: str, check: callable) -> None:  # type: ignore[valid-type]
+    def __init__(self, title: str, label: str, value: str, check: Callable[[str], str | None]) -> None:
         super().__init__()
         self.title_text, self.label, self.value, self.check = title, label, value, check
 
@@ -364,9 +366,11 @@ class SamplesScreen(ModalScreen[None]):
         body.append(visible((sample.get("prompt") or "")[-400:]) + "\n\n", style="dim")
         body.append("completion (coloured by per-token Φ):", style="bold")
         tokens, phi = sample.get("tokens"), sample.get("phi")
+        colours = (theme.error or "red", theme.warning or "yellow", theme.success or "green")
+        pieces: list[Piece]
         if tokens and phi and len(tokens) == len(phi):
             pieces = [
-                (visible(token), Style.parse(phi_colour(value, theme.error, theme.warning, theme.success)))
+                (visible(token), Style.parse(phi_colour(value, *colours)))
                 for token, value in zip(tokens, phi, strict=True)
             ]
         else:

@@ -273,7 +273,7 @@ class ControlRoomServer(Server):
         self.public_url = f"{request.scheme}://{request.host}"
         return await super().handle_index(request)
 
-    async def handle_websocket(self, request: web.Request) -> web.StreamResponse:
+    async def handle_websocket(self, request: web.Request) -> web.WebSocketResponse:
         """textual-serve's websocket (textual_serve/server.py `handle_websocket`) with a session that always
         ends with its tab (`Session`) and a clamped size; a plain GET of /ws, or a handshake aiohttp refuses,
         is answered 400 here (textual-serve would log a traceback for each)."""

@@ -39,6 +39,7 @@ from widgets.key_bar import KeyBar
 from widgets.system_pane import clock, size
 from widgets.time_chart import TimeChart, step_at
 
+from .faults import ONE_LINE
 from .panes import set_border
 from .system_model import WINDOWS, ChartSpec, NodeSeries, SystemFeed, SystemNews
 
@@ -174,7 +175,7 @@ class SystemScreen(ModalScreen[None]):
 
     # -- the reader thread ----------------------------------------------------------------------------------
 
-    @work(thread=True, exclusive=True, group="system-feed", exit_on_error=False)
+    @work(thread=True, exclusive=True, group="system-feed")
     def follow(self) -> None:
         worker = get_current_worker()
         feed = self.feed
@@ -183,7 +184,7 @@ class SystemScreen(ModalScreen[None]):
                 started = time.monotonic()
                 try:
                     news = feed.poll()
-                except Exception as exc:  # a locked or damaged store: one line, the screen stays up
+                except ONE_LINE as exc:  # a locked or damaged store: one line, the screen stays up
                     self.post_message(FeedFailed(str(exc)))
                     news = None
                 if news is not None and not worker.is_cancelled:

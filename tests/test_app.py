@@ -70,12 +70,12 @@ async def test_panes_show_a_known_run(home: Path) -> None:
         )
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.view is not None and app.view.run.name == "tiny-grpo")
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.name == "tiny-grpo")
         status = status_text(app)
         assert "tiny-grpo" in status and "step 49/200" in status
         # 80 columns hold state, step, health (its reason cut to fit) and engine; the phase drops first here
         assert "yellow" in status and "entropy collapsed" in status and "engine" in status
-        assert app.view.run.phase == "crystallizing"
+        assert app.main.view.run.phase == "crystallizing"
         phi_title = str(app.query_one("#phi-chart").border_title)
         assert (
             "Φ coherence 0.9000" in phi_title
@@ -103,11 +103,11 @@ async def test_keys_move_filter_help_theme_and_maximize(home: Path) -> None:
         make_run(store, "beta", 5)
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.view is not None and app.view.run.name == "beta")
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.name == "beta")
         await pilot.press("j")
-        await until(pilot, lambda: app.view is not None and app.view.run.name == "alpha")
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.name == "alpha")
         await pilot.press("k")
-        await until(pilot, lambda: app.view is not None and app.view.run.name == "beta")
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.name == "beta")
         await pilot.press("slash")
         await pilot.press(*"alp")
         assert app.query_one(RunList).option_count == 1
@@ -147,7 +147,7 @@ async def test_live_updates_reach_the_screen(home: Path) -> None:
                 )
                 await asyncio.sleep(0.05)
             await until(pilot, lambda: "step 25/100" in status_text(app))
-            assert app.view is not None and app.view.latest("phi/mean") == 0.95
+            assert app.main.view is not None and app.main.view.latest("phi/mean") == 0.95
             await until(pilot, lambda: "ETA" in status_text(app))
 
 
@@ -236,7 +236,7 @@ async def test_a_held_out_eval_shows_in_the_status_line_and_on_e(home: Path) -> 
         run_id = make_run(store, "graded", 20, status="finished")
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: app.view is not None and app.view.run.name == "graded")
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.name == "graded")
         assert "eval" not in status_text(app)
         await pilot.press("e")  # no eval yet, and an observed run has no held-out split to make one
         await until(pilot, lambda: any("not trained by carl" in n.message for n in app._notifications))

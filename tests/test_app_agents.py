@@ -380,7 +380,7 @@ async def test_keys_queue_engine_commands_and_report_the_outcome(home: Path, siz
         stop = ("agents_stop_worker", {"worker_id": "w2"}, "engine")
         await until(pilot, lambda: commands(home)[-1] == stop)
         await pilot.pause(0.1)
-        assert app.screen.__class__.__name__ == "Screen" and len(commands(home)) == 4
+        assert app.screen.__class__.__name__ == "MainScreen" and len(commands(home)) == 4
 
 
 async def test_keys_say_so_when_the_plane_is_down(home: Path) -> None:
@@ -405,7 +405,7 @@ async def test_readonly_hides_the_control_keys(home: Path) -> None:
         assert "enter" in bound and not {"p", "plus", "x"} & bound
         await pilot.press("p", "plus", "x")
         await settled(pilot)
-        assert commands(home) == [] and app.screen.__class__.__name__ == "Screen"
+        assert commands(home) == [] and app.screen.__class__.__name__ == "MainScreen"
         await pilot.press("question_mark")
         descriptions = " ".join(description for _, description in app.screen.rows)
         assert "Open the highlighted row's task" in descriptions and "Add a worker" not in descriptions

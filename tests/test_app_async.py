@@ -47,7 +47,7 @@ async def test_the_rewards_title_says_mismatch_and_staleness_at_both_sizes(home:
     k3, stale = f"{rising_k3(range(1, STEPS + 1))[-1]:.2g}", "0.8"
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(160, 50)) as pilot:
-        await until(pilot, lambda: app.view is not None and "mismatch" in rewards_title(app))
+        await until(pilot, lambda: app.main.view is not None and "mismatch" in rewards_title(app))
         assert rewards_title(app) == f"Rewards · total 0.500 · mismatch KL {k3} · stale {stale}"
         await pilot.resize_terminal(80, 24)
         await until(pilot, lambda: "total" not in rewards_title(app))

@@ -88,7 +88,7 @@ async def test_the_rewards_empty_state_is_said_once_and_centred(home: Path, size
         flat_run(store, "no-rewards-yet", rewards=False)  # Φ arrives first; no reward yet
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=size) as pilot:
-        await until(pilot, lambda: app.view is not None and app.view.run.name == "no-rewards-yet")
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.name == "no-rewards-yet")
         await pilot.pause()
         lines = screen_lines(app)
         hits = [(y, line.index(EMPTY_REWARDS)) for y, line in enumerate(lines) if EMPTY_REWARDS in line]
@@ -107,7 +107,7 @@ async def test_a_flat_phi_is_drawn_on_a_minimum_span_with_short_labels(
         flat_run(store, "untrained", rewards=True)
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=size) as pilot:
-        await until(pilot, lambda: app.view is not None and app.view.run.name == "untrained")
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.name == "untrained")
         await pilot.pause()
         phi_chart = app.query_one("#phi-chart", Chart)
         left, right = axis_labels(phi_chart)

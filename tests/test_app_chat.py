@@ -46,7 +46,7 @@ async def ask(pilot: object, app: ControlRoom, text: str) -> None:
 
 
 async def open_chat(pilot: object, app: ControlRoom) -> None:
-    await until(pilot, lambda: app.view is not None)
+    await until(pilot, lambda: app.main.view is not None)
     await pilot.press("d")  # type: ignore[attr-defined]
     await until(pilot, lambda: isinstance(app.screen, ChatScreen))
 

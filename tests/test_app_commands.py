@@ -39,7 +39,7 @@ async def test_commands_are_written_from_a_worker_thread(home: Path, monkeypatch
     monkeypatch.setattr(engine.store, "insert_command", recorded)
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: app.view is not None and app.view.run.id == run_id)
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.id == run_id)
         ui_thread = threading.current_thread()
         await pilot.press("space")
         await settled(pilot)
@@ -85,18 +85,18 @@ async def test_a_readonly_session_never_writes_whoever_asks(home: Path) -> None:
     run_id = carl_run(home)
     app = ControlRoom(home, start_engine=False, readonly=True)
     async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
         # Past the hidden keys: the actions and the sender called directly.
         assert not app.sender.send(CommandRequest("pause", run_id=run_id))
-        app.observe_chosen(ObserveRequest(str(home / "x.jsonl"), True, None))
-        app.config_chosen("demo")
-        app.stop_confirmed(True)
-        app.lr_chosen("0.5")
-        app.send_agents("agents_add_worker", "adding a worker")
-        app.action_observe()  # the palette's "Observe a run" reaches it without check_action
-        app.action_diagnose()  # the chat stores its conversations
+        app.main.controls.observe_chosen(ObserveRequest(str(home / "x.jsonl"), True, None))
+        app.main.controls.config_chosen("demo")
+        app.main.controls.stop_confirmed(True)
+        app.main.controls.lr_chosen("0.5")
+        app.main.activity.send_agents("agents_add_worker", "adding a worker")
+        app.main.action_observe()  # the palette's "Observe a run" reaches it without check_action
+        app.main.action_diagnose()  # the chat stores its conversations
         await settled(pilot)
-        assert commands(home) == [] and app.screen.__class__.__name__ == "Screen"
+        assert commands(home) == [] and app.screen.__class__.__name__ == "MainScreen"
         assert not [w for w in app.workers if w.group == "commands"], "no writer was started"
         assert any("read-only session" in n.message for n in app._notifications)
         with pytest.raises(

@@ -86,22 +86,22 @@ async def test_marked_runs_overlay_with_a_legend_and_unmarking_restores_one_run(
         task = {name: series(store, run_id, "rewards/task/mean") for name, run_id in ids.items()}
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.view is not None and app.view.run.name == "gamma")
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.name == "gamma")
         phi_chart, reward_chart = app.query_one("#phi-chart", Chart), app.query_one("#reward-chart", Chart)
         await pilot.press("x")  # gamma (the newest, highlighted first)
-        assert list(app.comparison.marks) == [ids["gamma"]] and not app.comparison.comparing
+        assert list(app.main.comparison.marks) == [ids["gamma"]] and not app.main.comparison.comparing
         assert run_labels(app)[0] == MARK + "✓ gamma" and run_labels(app)[1] == " ✓ beta"
         assert phi_chart.lines[1:] == (), "one mark: the Φ pane still shows the highlighted run alone"
         await pilot.press("j", "x")  # and beta
-        assert app.comparison.comparing
-        await until(pilot, lambda: set(app.comparison.compared) == {ids["gamma"], ids["beta"]})
+        assert app.main.comparison.comparing
+        await until(pilot, lambda: set(app.main.comparison.compared) == {ids["gamma"], ids["beta"]})
         # The highlighted run (beta) is drawn on top: it is the chart's first line.
         assert len(phi_chart.lines) == 2
         assert same(phi["beta"], drawn(phi_chart, 0)) and same(phi["gamma"], drawn(phi_chart, 1))
         assert same(reward["beta"], drawn(reward_chart, 0)) and same(reward["gamma"], drawn(reward_chart, 1))
         colors = {ids["beta"]: phi_chart.line_colors[0], ids["gamma"]: phi_chart.line_colors[1]}
         assert len(set(colors.values())) == 2 and reward_chart.line_colors == phi_chart.line_colors
-        assert colors == {run_id: app.comparison.marks[run_id].color for run_id in colors}
+        assert colors == {run_id: app.main.comparison.marks[run_id].color for run_id in colors}
         # The legend names each run in its line's colour, in the order marked, with its latest values.
         legend = app.query_one(Legend)
         assert legend.display and not app.query_one(RewardBars).display
@@ -120,23 +120,23 @@ async def test_marked_runs_overlay_with_a_legend_and_unmarking_restores_one_run(
         assert "task reward per run" in str(app.query_one("#rewards-pane").border_title)
         # A change to an unmarked run reaches the app but redraws neither compared chart.
         builds = (phi_chart.build_count, reward_chart.build_count)
-        compared = dict(app.comparison.compared)
+        compared = dict(app.main.comparison.compared)
         with Store(home / "carl.db") as store:
             store.add_metrics(ids["alpha"], [(30, "reward", 2.0, time.time())])
-        await until(pilot, lambda: any(r.name == "alpha" and r.last_step == 30 for r in app.runs))
+        await until(pilot, lambda: any(r.name == "alpha" and r.last_step == 30 for r in app.main.runs))
         await pilot.pause()
-        assert all(app.comparison.compared[i] is compared[i] for i in compared)
+        assert all(app.main.comparison.compared[i] is compared[i] for i in compared)
         assert (phi_chart.build_count, reward_chart.build_count) == builds
         # New steps of a marked run extend its line; the other run's series stays the same object.
         with Store(home / "carl.db") as store:
             store.add_phi_stats(ids["gamma"], [{"step": 50, "phi_mean": 0.42}])
-        await until(pilot, lambda: app.comparison.compared[ids["gamma"]].latest("phi/mean") == 0.42)
-        assert app.comparison.compared[ids["beta"]] is compared[ids["beta"]]
+        await until(pilot, lambda: app.main.comparison.compared[ids["gamma"]].latest("phi/mean") == 0.42)
+        assert app.main.comparison.compared[ids["beta"]] is compared[ids["beta"]]
         assert drawn(phi_chart, 1)[50] == 0.42
         # Unmarking beta leaves one mark: the panes show the highlighted run alone again.
         await pilot.press("x")
-        assert list(app.comparison.marks) == [ids["gamma"]] and not app.comparison.comparing
-        await until(pilot, lambda: app.view is not None and app.view.run.name == "beta")
+        assert list(app.main.comparison.marks) == [ids["gamma"]] and not app.main.comparison.comparing
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.name == "beta")
         assert len(phi_chart.lines) == 1 and same(phi["beta"], drawn(phi_chart, 0))
         assert phi_chart._band is not None  # the p10-p90 band is back
         assert app.query_one(RewardBars).display and not app.query_one(Legend).display
@@ -145,9 +145,11 @@ async def test_marked_runs_overlay_with_a_legend_and_unmarking_restores_one_run(
         assert [name for name, _ in app.query_one(RewardBars)._values] == ["format", "task", "total"]
         # `X` clears every mark.
         await pilot.press("x")
-        assert list(app.comparison.marks) == [ids["gamma"], ids["beta"]] and app.comparison.comparing
+        assert (
+            list(app.main.comparison.marks) == [ids["gamma"], ids["beta"]] and app.main.comparison.comparing
+        )
         await pilot.press("X")
-        assert app.comparison.marks == {} and not app.comparison.comparing
+        assert app.main.comparison.marks == {} and not app.main.comparison.comparing
         assert all(label.startswith(" ") for label in run_labels(app))
 
 
@@ -171,16 +173,16 @@ async def test_an_experiment_opens_as_a_comparison_coloured_by_arm(home: Path) -
     exp, ids, outside = make_experiment(home, started=3)
     app = ControlRoom(home, start_engine=False, experiment="abl")
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: set(app.comparison.compared) == set(ids))
+        await until(pilot, lambda: set(app.main.comparison.compared) == set(ids))
         assert (
-            list(app.comparison.marks) == ids and outside not in app.comparison.marks
+            list(app.main.comparison.marks) == ids and outside not in app.main.comparison.marks
         )  # exactly the experiment's runs
-        assert [m.label for m in app.comparison.marks.values()] == [
+        assert [m.label for m in app.main.comparison.marks.values()] == [
             "task-only s1",
             "task-only s2",
             "cascade s1",
         ]
-        colors = [m.color for m in app.comparison.marks.values()]
+        colors = [m.color for m in app.main.comparison.marks.values()]
         assert colors[0] == colors[1] != colors[2], "the seeds of one arm share the arm's colour"
         phi_chart = app.query_one("#phi-chart", Chart)
         on_top = [ids[2], ids[0], ids[1]]  # the highlighted run (the newest, cascade s1) first
@@ -188,7 +190,7 @@ async def test_an_experiment_opens_as_a_comparison_coloured_by_arm(home: Path) -
         with Store(home / "carl.db") as store:
             for index, run_id in enumerate(on_top):
                 assert same(series(store, run_id, "phi/mean"), drawn(phi_chart, index))
-        assert list(phi_chart.line_colors) == [app.comparison.marks[run_id].color for run_id in on_top]
+        assert list(phi_chart.line_colors) == [app.main.comparison.marks[run_id].color for run_id in on_top]
         assert [row.label for row in app.query_one(Legend).rows] == [
             "task-only s1",
             "task-only s2",
@@ -201,9 +203,10 @@ async def test_an_experiment_opens_as_a_comparison_coloured_by_arm(home: Path) -
         with Store(home / "carl.db") as store:
             late = make_run(store, "abl-cascade-s2", 20, 0.95, 4.0)
             store.update_experiment_run(exp, "cascade", 2, run_id=late, status="running")
-        await until(pilot, lambda: late in app.comparison.compared)
+        await until(pilot, lambda: late in app.main.comparison.compared)
         assert (
-            app.comparison.marks[late].label == "cascade s2" and app.comparison.marks[late].color == colors[2]
+            app.main.comparison.marks[late].label == "cascade s2"
+            and app.main.comparison.marks[late].color == colors[2]
         )
         assert len(phi_chart.lines) == 4
 
@@ -212,20 +215,20 @@ async def test_the_experiments_key_lists_them_and_marks_the_chosen_one(home: Pat
     _, ids, _ = make_experiment(home, started=4)
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
         await pilot.press("E")
         await settled(pilot)
         assert app.screen.__class__.__name__ == "ChoiceScreen"
         await pilot.press("enter")
         await settled(pilot)
         assert (
-            list(app.comparison.marks) == ids
-            and app.comparison.experiment is not None
-            and app.comparison.experiment.name == "abl"
+            list(app.main.comparison.marks) == ids
+            and app.main.comparison.experiment is not None
+            and app.main.comparison.experiment.name == "abl"
         )
-        await until(pilot, lambda: set(app.comparison.compared) == set(ids))
+        await until(pilot, lambda: set(app.main.comparison.compared) == set(ids))
         await pilot.press("X")
-        assert app.comparison.marks == {} and app.comparison.experiment is None
+        assert app.main.comparison.marks == {} and app.main.comparison.experiment is None
 
 
 async def test_an_unknown_experiment_is_one_line_not_a_traceback(
@@ -240,4 +243,4 @@ async def test_an_unknown_experiment_is_one_line_not_a_traceback(
     app = ControlRoom(home, start_engine=False, experiment="nope")
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: any("no experiment named 'nope'" in n.message for n in app._notifications))
-        assert app.comparison.marks == {} and app.view is not None
+        assert app.main.comparison.marks == {} and app.main.view is not None

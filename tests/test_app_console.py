@@ -72,10 +72,10 @@ def shown(app: ControlRoom) -> list[str]:
 
 async def open_view(pilot: Any, run_id: int) -> ConsoleScreen:
     app = pilot.app
-    await until(pilot, lambda: app.view is not None)
-    if app.view.run.id != run_id:
-        app.select(run_id)
-        await until(pilot, lambda: app.view is not None and app.view.run.id == run_id)
+    await until(pilot, lambda: app.main.view is not None)
+    if app.main.view.run.id != run_id:
+        app.main.select(run_id)
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.id == run_id)
     await pilot.press("L")
     await until(pilot, lambda: isinstance(app.screen, ConsoleScreen))
     return screen(app)
@@ -200,7 +200,7 @@ async def test_the_observe_dialog_names_a_console_log(home: Path, tmp_path: Path
     make_run(home, "first", [])
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
         await pilot.press("o")
         await until(pilot, lambda: app.screen.__class__.__name__ == "ObserveScreen")
         app.screen.query_one("#observe-path").value = str(metrics)

@@ -59,7 +59,7 @@ async def test_keys_queue_commands_for_the_selected_run(home: Path) -> None:
     run_id = carl_run(home)
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: app.view is not None and app.view.run.id == run_id)
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.id == run_id)
         await pilot.press("space")
         await settled(pilot)
         assert commands(home) == [("pause", {}, "run")]
@@ -72,7 +72,7 @@ async def test_keys_queue_commands_for_the_selected_run(home: Path) -> None:
         await settled(pilot)
         assert commands(home)[-1] == ("checkpoint", {}, "run")
         finish_all(home)
-        await until(pilot, lambda: all(c["state"] == "done" for c in app.view.commands))
+        await until(pilot, lambda: all(c["state"] == "done" for c in app.main.view.commands))
         await pilot.press("l")
         assert app.screen.__class__.__name__ == "ValueScreen"
         app.screen.query_one("#value-input").value = "-1"
@@ -95,7 +95,7 @@ async def test_stop_needs_confirmation(home: Path) -> None:
     carl_run(home)
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
         await pilot.press("s")
         assert app.screen.__class__.__name__ == "ConfirmScreen"
         await pilot.press("enter")  # focus starts on Cancel: enter alone cancels
@@ -110,7 +110,7 @@ async def test_new_run_and_resume_go_to_the_engine(home: Path) -> None:
     carl_run(home, status="failed")
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
         await pilot.press("space")  # a failed run takes no pause
         await settled(pilot)
         assert commands(home) == []
@@ -126,17 +126,17 @@ async def test_readonly_hides_control_and_observed_runs_take_none(home: Path, tm
     carl_run(home)
     app = ControlRoom(home, start_engine=False, readonly=True)
     async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
         for key in ("space", "c", "s", "n", "l"):
             await pilot.press(key)
         await settled(pilot)
-        assert commands(home) == [] and app.screen.__class__.__name__ == "Screen"
+        assert commands(home) == [] and app.screen.__class__.__name__ == "MainScreen"
         assert "read-only" in status_text(app)
     with Store(home / "carl.db") as store:
         store.create_run("observed", source_kind="jsonl", status="running")
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: app.view is not None and app.view.run.name == "observed")
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.name == "observed")
         await pilot.press("space", "c")
         await settled(pilot)
         assert commands(home) == []
@@ -162,7 +162,7 @@ async def test_samples_view_colours_tokens_by_phi(home: Path) -> None:
         )
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
         await pilot.press("v")
         await settled(pilot)
         assert app.screen.__class__.__name__ == "SamplesScreen"
@@ -181,14 +181,14 @@ async def test_the_planes_trainer_run_obeys_the_run_keys_but_is_not_resumed_by_c
         store.add_metrics(run_id, [(s, "loss", 1.0, time.time()) for s in range(3)])
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: app.view is not None and app.view.run.id == run_id)
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.id == run_id)
         await pilot.press("space")
         await settled(pilot)
         assert commands(home) == [("pause", {}, "run")]
         with Store(home / "carl.db") as store:
             store.update_run(run_id, status="stopped")
         finish_all(home)
-        await until(pilot, lambda: app.view is not None and app.view.run.status == "stopped")
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.status == "stopped")
         await pilot.press("r")
         await settled(pilot)
         assert commands(home) == [("pause", {}, "run")]  # nothing more: the trainer resumes itself

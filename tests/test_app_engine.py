@@ -28,7 +28,7 @@ async def test_tui_starts_the_engine_and_survives_its_death(tmp_path: Path) -> N
             await pilot.press("o")
             app.screen.query_one("#observe-path").value = str(log)
             await pilot.press("enter")
-            await until(pilot, lambda: app.view is not None and app.view.run.last_step == 4)
+            await until(pilot, lambda: app.main.view is not None and app.main.view.run.last_step == 4)
             # kill -9 the engine: the TUI keeps the run on screen and brings the engine back.
             os.kill(first_pid, signal.SIGKILL)
             await until(pilot, lambda: engine_status(home).pid not in (None, first_pid), timeout=40)
@@ -36,13 +36,13 @@ async def test_tui_starts_the_engine_and_survives_its_death(tmp_path: Path) -> N
             await until(pilot, lambda: "engine ● up" in status_text(app))
             with log.open("a") as f:
                 f.write(json.dumps({"step": 5, "loss": 0.9, "phi": 0.6}) + "\n")
-            await until(pilot, lambda: app.view is not None and app.view.run.last_step == 5)
+            await until(pilot, lambda: app.main.view is not None and app.main.view.run.last_step == 5)
             # The source becomes unreadable: one line in the status bar, the run stays.
             log.write_bytes(b"")
             os.chmod(log, 0)
             log.unlink()
             await until(pilot, lambda: "train.jsonl" in status_text(app) and "✕" in status_text(app))
-            assert app.view is not None and app.view.run.last_step == 5
+            assert app.main.view is not None and app.main.view.run.last_step == 5
     finally:
         stop_engine(home)
 

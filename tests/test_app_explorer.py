@@ -144,7 +144,7 @@ def loaded(screen: ExplorerScreen) -> bool:
 
 
 async def open_explorer(pilot, app: ControlRoom, run: str) -> ExplorerScreen:  # noqa: ANN001
-    await until(pilot, lambda: app.view is not None and app.view.run.name == run)
+    await until(pilot, lambda: app.main.view is not None and app.main.view.run.name == run)
     await pilot.press("m")
     await until(pilot, lambda: isinstance(app.screen, ExplorerScreen) and loaded(app.screen))
     await pilot.pause()
@@ -152,9 +152,9 @@ async def open_explorer(pilot, app: ControlRoom, run: str) -> ExplorerScreen:  #
 
 
 async def select_run(pilot, app: ControlRoom, name: str) -> None:  # noqa: ANN001
-    while app.view is None or app.view.run.name != name:
+    while app.main.view is None or app.main.view.run.name != name:
         await pilot.press("j")
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
 
 
 # -- keys, groups, the list and the grid ---------------------------------------------------------------
@@ -163,7 +163,7 @@ async def select_run(pilot, app: ControlRoom, name: str) -> None:  # noqa: ANN00
 async def test_the_list_at_80x24_groups_every_key_with_its_newest_value(home: Path) -> None:
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
         await select_run(pilot, app, "verl_grpo")
         screen = await open_explorer(pilot, app, "verl_grpo")
         assert screen.has_class("-list") and "run verl_grpo · 10 of 10 keys · no smoothing" in header(screen)
@@ -182,7 +182,7 @@ async def test_the_list_at_80x24_groups_every_key_with_its_newest_value(home: Pa
         # one chart: the highlighted key's, with the values stored
         chart = screen.query_one("#explorer-chart", Chart)
         assert screen.current == "entropy" and chart.display
-        run_id = app.view.run.id  # type: ignore[union-attr]
+        run_id = app.main.view.run.id  # type: ignore[union-attr]
         with Store(home / "carl.db") as store:
             stored = series(store, run_id, "kl")
         await pilot.press("down", "down")  # grad_norm, kl: the chart follows the highlight
@@ -342,7 +342,7 @@ async def test_l_puts_the_chart_on_a_log_axis_and_says_what_it_leaves_out(
 ) -> None:
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=size) as pilot:
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
         await select_run(pilot, app, "verl_grpo")
         screen = await open_explorer(pilot, app, "verl_grpo")
         await pilot.press("slash", *"pg_loss", "enter")  # the source's name of `loss`
@@ -384,7 +384,7 @@ async def test_a_pin_is_kept_in_tui_toml_and_shown_on_the_main_screen_after_a_re
         await until(
             pilot, lambda: bool(app.query("#pins .pin-chart")) and app.query_one(".pin-chart", Chart).lines
         )
-    run_id = next(r.id for r in app.runs if r.name == "grpo-ours")
+    run_id = next(r.id for r in app.main.runs if r.name == "grpo-ours")
     with Store(home / "carl.db") as store:
         stored = series(store, run_id, "kl")
     app = ControlRoom(home, start_engine=False)
@@ -467,7 +467,7 @@ async def test_the_inspector_shows_every_stored_value_of_the_step_under_the_curs
 async def test_i_on_the_main_screen_inspects_the_newest_step_with_the_sources_names(home: Path) -> None:
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
         await select_run(pilot, app, "verl_grpo")
         await pilot.press("i")
         await until(pilot, lambda: isinstance(app.screen, InspectorScreen) and app.screen.record is not None)
@@ -489,9 +489,9 @@ async def test_marked_runs_are_overlaid_in_their_colours(home: Path, size: tuple
         stored = {run_id: series(store, run_id, "reward") for run_id in (ours, other)}
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=size) as pilot:
-        await until(pilot, lambda: app.view is not None and app.view.run.name == "grpo-other")
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.name == "grpo-other")
         await pilot.press("x", "j", "x")  # grpo-other, then grpo-ours (highlighted, so drawn on top)
-        assert app.comparison.comparing
+        assert app.main.comparison.comparing
         screen = await open_explorer(pilot, app, "grpo-ours")
         assert "Metrics · 2 runs: ━ grpo-ours ━ grpo-other · 19 of 19 keys" in header(screen)
         assert [run.id for run in screen.runs] == [ours, other]
@@ -503,7 +503,10 @@ async def test_marked_runs_are_overlaid_in_their_colours(home: Path, size: tuple
             else next(c for k, c in screen.query_one(ChartGrid).cells() if k == "reward")
         )
         assert drawn(chart, 0) == stored[ours] and drawn(chart, 1) == stored[other]
-        assert chart.line_colors == (app.comparison.marks[ours].color, app.comparison.marks[other].color)
+        assert chart.line_colors == (
+            app.main.comparison.marks[ours].color,
+            app.main.comparison.marks[other].color,
+        )
         assert len(set(chart.line_colors)) == 2
 
 

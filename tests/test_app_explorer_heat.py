@@ -65,7 +65,7 @@ def loaded(screen: ExplorerScreen) -> bool:
 
 
 async def open_explorer(pilot, app: ControlRoom) -> ExplorerScreen:  # noqa: ANN001
-    await until(pilot, lambda: app.view is not None)
+    await until(pilot, lambda: app.main.view is not None)
     await pilot.press("m")
     await until(pilot, lambda: isinstance(app.screen, ExplorerScreen) and loaded(app.screen))
     await pilot.pause()

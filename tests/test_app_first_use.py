@@ -98,7 +98,7 @@ async def test_the_key_bar_says_resume_while_paused_and_help_lists_the_rooms_own
         grpo_run(store, last_step=15, status="paused")
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.view is not None and app.view.run.status == "paused")
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.status == "paused")
         shown = {b.binding.description for b in app.screen.active_bindings.values() if b.enabled}
         assert "Resume" in shown and "Pause" not in shown
         await pilot.press("question_mark")
@@ -140,7 +140,7 @@ async def test_the_chat_list_hides_below_100_columns(home: Path) -> None:
         grpo_run(store, last_step=15)
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
         await pilot.press("d")
         await until(pilot, lambda: type(app.screen).__name__ == "ChatScreen")
         await pilot.pause(0.2)

@@ -38,7 +38,7 @@ async def test_end_goes_to_the_last_row_and_home_to_the_first_never_sideways(
 ) -> None:
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=size) as pilot:
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
         await pilot.press("i")
         await until(pilot, lambda: isinstance(app.screen, InspectorScreen) and app.screen.record is not None)
         table = app.screen.query_one(DataTable)

@@ -19,6 +19,7 @@ import widgets
 from carl_tui.app import ControlRoom
 from carl_tui.config import load_config
 from carl_tui.keymap import binding_classes, bindings_of, check_keymap, known_ids
+from carl_tui.main_screen import MainScreen
 
 
 @pytest.fixture
@@ -58,9 +59,12 @@ def test_the_guide_lists_every_id_of_the_control_room() -> None:
     guide = (ROOT / "docs" / "guide" / "control-room.md").read_text(encoding="utf-8")
     keys = guide.split("## Keys", 1)[1].split("\n## ", 1)[0]
     listed = set(re.findall(r"`([a-z][a-z0-9.-]*)`", keys))
-    missing = {b.id for b in bindings_of(ControlRoom)} - listed
+    missing = {b.id for b in bindings_of(MainScreen)} - listed
     missing |= {
-        b.id for cls in binding_classes() if cls.__module__ != "carl_tui.app" for b in bindings_of(cls)
+        b.id
+        for cls in binding_classes()
+        if cls.__module__ != "carl_tui.main_screen"
+        for b in bindings_of(cls)
     } - listed
     assert missing == set()
 
@@ -82,7 +86,7 @@ async def test_a_keymap_remaps_keys_and_help_shows_them(home: Path) -> None:
     carl_run(home)
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
         # The bad entries: one line, after the first frame; the good ones are in force.
         await until(pilot, lambda: any("[keymap]" in n.message for n in app._notifications))
         lines = [n.message for n in app._notifications if "[keymap]" in n.message]
@@ -96,7 +100,7 @@ async def test_a_keymap_remaps_keys_and_help_shows_them(home: Path) -> None:
         assert app.theme != theme
         assert load_config(home).keymap["next-theme"] == "y", "saving the theme keeps the keymap"
         await pilot.press("question_mark")  # no longer help
-        assert app.screen.__class__.__name__ == "Screen"
+        assert app.screen.__class__.__name__ == "MainScreen"
         await pilot.press("h")
         assert app.screen.__class__.__name__ == "HelpScreen"
         rows = {description: key for key, description in app.screen.rows}
@@ -106,7 +110,7 @@ async def test_a_keymap_remaps_keys_and_help_shows_them(home: Path) -> None:
         await pilot.press("escape")
         # The stop key is remapped, and its confirmation asks for the key in force.
         await pilot.press("s")
-        assert app.screen.__class__.__name__ == "Screen"
+        assert app.screen.__class__.__name__ == "MainScreen"
         await pilot.press("S")
         assert app.screen.__class__.__name__ == "ConfirmScreen"
         assert "(or S again)" in app.screen.message

@@ -90,7 +90,7 @@ async def test_every_key_bar_fits_80_columns_and_keeps_help_and_the_way_out(home
         run = our_run(store, name=LONG_NAME)
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.view is not None and app.view.run.id == run)
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.id == run)
         await until(pilot, lambda: bool(key_bar(app)))
         shown = key_bar(app)
         assert all(right <= 80 for _, right in shown), shown
@@ -118,7 +118,7 @@ async def test_a_headers_long_run_name_is_cut_before_its_counts_at_80_columns(ho
         run = our_run(store, name=LONG_NAME)
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.view is not None and app.view.run.id == run)
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.id == run)
         await pilot.press("m")
         await until(pilot, lambda: isinstance(app.screen, ExplorerScreen))
         header = app.screen.query_one("#explorer-header", Static)
@@ -127,7 +127,7 @@ async def test_a_headers_long_run_name_is_cut_before_its_counts_at_80_columns(ho
         assert text.endswith("no smoothing") and "…" in text and len(text) <= 80, text
     async with ControlRoom(home, start_engine=False).run_test(size=(160, 50)) as pilot:
         app = pilot.app
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
         await pilot.press("m")
         await until(pilot, lambda: isinstance(app.screen, ExplorerScreen))
         header = app.screen.query_one("#explorer-header", Static)
@@ -144,7 +144,7 @@ async def test_a_notice_whose_time_is_up_leaves_with_the_next_change_not_on_its_
         run = live_run(store)
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.view is not None and app.view.run.id == run)
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.id == run)
         app.notify("checkpoint saved", timeout=0.1)
         await until(pilot, lambda: any(n.message == "checkpoint saved" for n in held(app)))
         await pilot.pause(0.5)  # its time is up, nothing else moved: it stays, and nothing is redrawn for it

@@ -172,10 +172,10 @@ def rows(app: ControlRoom) -> list[RolloutRow]:
 
 async def open_viewer(pilot: Any, run_id: int) -> RolloutsScreen:
     app = pilot.app
-    await until(pilot, lambda: app.view is not None)
-    if app.view.run.id != run_id:
-        app.select(run_id)
-        await until(pilot, lambda: app.view is not None and app.view.run.id == run_id)
+    await until(pilot, lambda: app.main.view is not None)
+    if app.main.view.run.id != run_id:
+        app.main.select(run_id)
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.id == run_id)
     await pilot.press("R")
     await until(pilot, lambda: isinstance(app.screen, RolloutsScreen))
     screen = viewer(app)
@@ -428,7 +428,7 @@ async def test_a_run_without_rollouts_says_how_they_get_there(home: Path) -> Non
         store.create_run("no-rollouts", source_kind="jsonl", status="imported")
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
         await pilot.press("R")
         await until(pilot, lambda: isinstance(app.screen, RolloutsScreen))
         await until(pilot, lambda: viewer(app).query_one("#rollouts-empty").display)
@@ -449,8 +449,10 @@ async def test_stored_text_stays_text(home: Path) -> None:
             )
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(120, 30)) as pilot:
-        await until(pilot, lambda: app.view is not None)
-        run = dataclasses.replace(app.view.run, name=hostile)  # (the run list itself is not under test here)
+        await until(pilot, lambda: app.main.view is not None)
+        run = dataclasses.replace(
+            app.main.view.run, name=hostile
+        )  # (the run list itself is not under test here)
         await app.push_screen(RolloutsScreen(run, RolloutsReader(home / "carl.db", run_id)))
         await settle(pilot)
         shown = "[link=https://x.invalid]evil[/link] [b]\\x1b[31m"

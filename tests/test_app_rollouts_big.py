@@ -84,7 +84,7 @@ def big_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 async def test_a_million_rollouts_open_scroll_and_sort_by_pages(big_home: Path) -> None:
     app = ControlRoom(big_home, start_engine=False)
     async with app.run_test(size=(160, 50)) as pilot:
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
         await pilot.press("R")
         await until(pilot, lambda: isinstance(app.screen, RolloutsScreen))
         screen = viewer(app)

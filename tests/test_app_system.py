@@ -193,7 +193,7 @@ async def test_a_lost_node_and_a_quiet_one_say_so_in_one_line(home: Path) -> Non
         store_samples(store, live, [a_sample(now - 2), a_sample(now)])
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: "box-c" in pane(app).text() and app.engine_state == "down")
+        await until(pilot, lambda: "box-c" in pane(app).text() and app.engine.state == "down")
         await until(pilot, lambda: "engine down" in pane(app).text())
         lines = pane(app).text().splitlines()
         assert lines[0].startswith("◌ box-a no sample since") and lines[0].endswith("engine down")
@@ -235,7 +235,9 @@ async def test_only_the_lines_that_changed_are_redrawn(home: Path) -> None:
             # A sample that changes nothing shown redraws nothing.
             widget.rendered.clear()
             store_samples(store, node, [a_sample(now + 4, gpus=1, cpu=90.0)])
-            await until(pilot, lambda: app.box is not None and max(app.box.samples[node]["t"], 0) == now + 4)
+            await until(
+                pilot, lambda: app.main.box is not None and max(app.main.box.samples[node]["t"], 0) == now + 4
+            )
             await pilot.pause(0.3)
             assert widget.refreshed == [] and not widget.rendered
 
@@ -297,7 +299,7 @@ async def test_the_system_screen_draws_the_box_over_time_aligned_with_the_run(ho
         )
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(160, 50)) as pilot:
-        await until(pilot, lambda: app.view is not None and app.view.run.id == run_id)
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.id == run_id)
         await pilot.press("S")
         await until(pilot, lambda: isinstance(app.screen, SystemScreen) and app.screen.news is not None)
         screen = app.screen
@@ -356,7 +358,7 @@ async def test_the_system_screen_at_both_sizes_without_samples_or_processes(
         a_run(store)
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=size) as pilot:
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
         assert "nothing sampled" in " ".join(pane(app).text().split())
         await pilot.press("S")
         await until(pilot, lambda: isinstance(app.screen, SystemScreen) and app.screen.news is not None)

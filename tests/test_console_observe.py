@@ -187,7 +187,7 @@ async def test_a_crashing_trl_style_script_observed_with_log_shows_its_traceback
     # The log view, on the run: the traceback at the end of its console, `T` on its first line.
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.view is not None and app.view.run.id == 1)
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.id == 1)
         await pilot.press("L")
         await until(pilot, lambda: isinstance(app.screen, ConsoleScreen))
         lines = app.screen.query_one(LogLines)
@@ -257,7 +257,7 @@ async def test_a_real_trl_script_whose_stdout_goes_to_a_file_shows_its_traceback
     )
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(160, 50)) as pilot:
-        await until(pilot, lambda: app.view is not None and app.view.run.name == "grpo")
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.name == "grpo")
         await pilot.press("L")
         await until(pilot, lambda: isinstance(app.screen, ConsoleScreen))
         lines = app.screen.query_one(LogLines)

@@ -114,7 +114,7 @@ def test_carl_tui_says_after_its_screen_that_it_left_the_engine_running(
     notes: list[str] = []
 
     async def until_engine_up_then_quit(pilot: Any) -> None:
-        await until(pilot, lambda: pilot.app.engine_state == "up", timeout=60)
+        await until(pilot, lambda: pilot.app.engine.state == "up", timeout=60)
         notes.extend(n.message for n in pilot.app._notifications)
         await pilot.press("q")
 

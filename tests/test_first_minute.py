@@ -54,12 +54,12 @@ async def test_the_first_frame_shows_the_queued_demo_and_its_plane_on_their_way(
 def test_the_first_frame_shows_the_engine_as_found_or_starting(home: Path) -> None:
     """Before, every first frame said "engine ✕ down" until the supervisor looked (after the frame)."""
     Store(paths.db_path(home)).close()
-    assert ControlRoom(home).engine_state == "starting"  # down, and this session starts it
-    assert ControlRoom(home, readonly=True).engine_state == "down"
-    assert ControlRoom(home, start_engine=False).engine_state == "down"
+    assert ControlRoom(home).engine.state == "starting"  # down, and this session starts it
+    assert ControlRoom(home, readonly=True).engine.state == "down"
+    assert ControlRoom(home, start_engine=False).engine.state == "down"
     with Store(paths.db_path(home)) as store:  # `carl engine stop` left it stopped
         store.conn.execute("INSERT INTO engine (id, pid, state, started_at) VALUES (1, 1, 'stopped', 0)")
-    assert ControlRoom(home, readonly=True).engine_state == "stopped"
+    assert ControlRoom(home, readonly=True).engine.state == "stopped"
 
 
 async def test_a_starting_run_says_what_it_does_then_goes_live_and_is_the_run_shown(home: Path) -> None:
@@ -78,7 +78,7 @@ async def test_a_starting_run_says_what_it_does_then_goes_live_and_is_the_run_sh
             run = store.create_run("demo", source_kind="carl", max_steps=1000, backend="torch")
             store.set_run_stage(run, "importing torch, transformers and TRL")
         await until(pilot, lambda: "importing torch" in status_text(app))
-        assert app.selected == run
+        assert app.main.selected == run
         assert status_text(app).startswith("demo starting ")
         with Store(paths.db_path(home)) as store:
             store.set_run_stage(run, "preparing the SFT warm-up's first step (of 600)")

@@ -163,7 +163,7 @@ def pending_command(home: Path) -> int | None:
 async def visit(app: ControlRoom, pilot: Any, keys: tuple[str, ...], screen: str | None) -> list[str]:
     """Press `keys`, wait for `screen` (a screen's class name; None: the main one) and let it draw."""
     await pilot.press(*keys)
-    want = screen or "Screen"
+    want = screen or "MainScreen"
     try:
         await until(pilot, lambda: type(app.screen).__name__ == want, timeout=20)
     except AssertionError:
@@ -203,11 +203,11 @@ async def test_the_control_room_shows_hostile_text_as_text(
     ids = fill(home)
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=size) as pilot:
-        await until(pilot, lambda: app.view is not None and app.view.run.id == ids["run_id"])
+        await until(pilot, lambda: app.main.view is not None and app.main.view.run.id == ids["run_id"])
         await until(pilot, lambda: bool(app.query_one("#agents").agent_events))
         await pilot.pause(0.4)
         found = problems(app)
-        assert "\\x1b]52" in str(app.run_list.get_option_at_index(0).prompt)  # the name, written out
+        assert "\\x1b]52" in str(app.main.run_list.get_option_at_index(0).prompt)  # the name, written out
         # a command sent from here that fails with a hostile result: its notification quotes it
         await pilot.press("c")
         await until(pilot, lambda: pending_command(home) is not None)

@@ -65,10 +65,10 @@ async def test_a_million_character_completion_opens_and_draws_only_what_is_on_sc
     reader.close()
     app = ControlRoom(tmp_path, start_engine=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
         for sample in samples:
             assert sample is not None
-            await app.push_screen(RolloutSampleScreen(app.view.run, sample))
+            await app.push_screen(RolloutSampleScreen(app.main.view.run, sample))
             text = app.screen.query_one("#sample-completion", LongText)
             await until(pilot, lambda text=text: text.line_count > 5_000)
             assert text.plain == sample["completion"]

@@ -528,9 +528,9 @@ async def test_a_trl_output_dir_shows_up_in_the_control_room(trl_output: Path, t
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: "grpo-out" in status_text(app) and "step 2" in status_text(app))
         await until(pilot, lambda: "Φ" in str(app.query_one("#phi-chart").border_title))
-        assert "brevity" in str(app.query_one("#rewards-pane").border_title) or app.view.reward_names == [
-            "brevity"
-        ]
+        assert "brevity" in str(
+            app.query_one("#rewards-pane").border_title
+        ) or app.main.view.reward_names == ["brevity"]
 
 
 def test_a_wandb_offline_run_on_its_own_shows_the_same(trl_output: Path, tmp_path: Path) -> None:

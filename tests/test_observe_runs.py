@@ -397,7 +397,7 @@ async def test_the_control_room_shows_one_verl_run_with_its_rollouts_and_its_end
         [run_id] = run_ids(store)
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
         runs = app.query_one("#run-list", RunList)
         await until(pilot, lambda: runs.option_count == 1)
         assert str(runs.get_option_at_index(0).prompt).strip() == "✓ grpo_run"

@@ -309,10 +309,10 @@ class AgentsPane(Static):
         self.set_class(empty, "-empty")
         if empty:
             # A plane on its way (an `agents up` not carried out yet, a server not up yet) says so.
-            text = AGENTS_STARTING if self.overview.get("starting") else AGENTS_EMPTY
-            if self.shown != text:
-                self.shown = text
-                self.update(text)
+            note = AGENTS_STARTING if self.overview.get("starting") else AGENTS_EMPTY
+            if self.shown != note:
+                self.shown = note
+                self.update(note)
             self._post_titles()
             return
         width, height = self.size.width or 80, self.size.height or 24

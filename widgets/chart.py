@@ -198,12 +198,13 @@ class Chart(Widget):
     def set_series(
         self,
         primary: Series | None = None,
-        *extra: Series,
+        *extra: Series | None,
         band: tuple[Series, Series] | None = None,
         secondary: Series | None = None,
         colors: Sequence[int] | None = None,
     ) -> None:
-        """Replace the data: `primary` (colour line-0, drawn on top), `extra` lines (line-1, ...),
+        """Replace the data: `primary` (colour line-0, drawn on top), `extra` lines (line-1, ...; None: a line
+        with no data, which keeps the others' colours),
         a `band` (lo, hi) under them, and a `secondary` series on its own right-hand scale.
         `colors` gives each line its colour index instead (lines may share one: the seeds of an arm)."""
         self._lines = (primary, *extra)

@@ -27,7 +27,7 @@ def describe(command: dict[str, Any]) -> str:
         return f"set_lr {args['lr']:g}"
     if command["verb"] == Verb.SET_WEIGHT and "reward" in args:
         return f"set_weight {args['reward']}={args.get('weight')}"
-    return command["verb"]
+    return str(command["verb"])
 
 
 class CommandLog(Static):

@@ -31,8 +31,13 @@ MAX_GUTTER = 8
 
 
 class HistogramLike(Protocol):
-    edges: tuple[float, ...]
-    counts: tuple[float, ...]
+    """A histogram as the strip reads it: n + 1 bucket edges and n counts (engine/store/histograms.py)."""
+
+    @property
+    def edges(self) -> tuple[float, ...]: ...
+
+    @property
+    def counts(self) -> tuple[float, ...]: ...
 
 
 def short_number(value: float) -> str:
@@ -186,7 +191,7 @@ class HeatStrip(Widget):
                 style = base + self.get_component_rich_style("heat-strip--empty")
                 return self._line([Segment(self.empty_text[:width], style)], width, base)
             return Strip.blank(width, base)
-        gutter = self.gutter()
+        gutter = self.label_width()
         if y == height - 1:
             return self._axis(width, gutter, base)
         rows = self.shown_rows()
@@ -199,7 +204,8 @@ class HeatStrip(Widget):
             self._cache[row] = strip
         return strip
 
-    def gutter(self) -> int:
+    def label_width(self) -> int:
+        """The step labels' columns at the left, with the axis line."""
         longest = max(len(short_step(self.steps[0])), len(short_step(self.steps[-1])))
         return min(longest, MAX_GUTTER - 1) + 1
 

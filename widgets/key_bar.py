@@ -9,11 +9,13 @@ too: on a narrow screen it took a dozen cells of the bar."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from rich.cells import cell_len
 from textual.app import ComposeResult
 from textual.compose import compose
 from textual.events import Resize
+from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer
 from textual.widgets._footer import FooterKey, FooterLabel, KeyGroup
@@ -27,6 +29,14 @@ class KeyBar(Footer):
         # Compact from the start: set after mounting, it would restyle the bar once more on the first frame.
         super().__init__(id=id, show_command_palette=False, compact=self.app.size.width < NARROW)
         self.fitted_to = 0  # the width the keys were chosen for
+
+    def bindings_changed(self, screen: Screen[Any]) -> None:
+        """Footer's, but the first keys show even while the app is blurred: a browser's tab (`--serve`) may
+        say it is blurred before the screen has published its keys, and Footer would wait for a focus."""
+        first = not self._bindings_ready
+        super().bindings_changed(screen)
+        if first and not screen.app.app_focus and self.is_attached and screen is self.screen:
+            self.call_after_refresh(self.recompose)
 
     def on_resize(self, event: Resize) -> None:
         self.compact = event.size.width < NARROW

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from rich.cells import cell_len, set_cell_size
 from rich.style import Style
 from rich.text import Text
+from textual.geometry import Size
 from textual.widget import Widget
 
 from engine.text import visible_line
@@ -42,14 +43,17 @@ class Legend(Widget):
         rows = [replace(r, label=visible_line(r.label)) for r in rows]
         if rows == self.rows and header == self.header:
             return
-        before = (len(self.rows), bool(self.header), self.get_content_width(None, None))
+        before = (len(self.rows), bool(self.header), self.width_wanted())
         self.rows, self.header = rows, header
-        self.refresh(layout=before != (len(rows), bool(header), self.get_content_width(None, None)))
+        self.refresh(layout=before != (len(rows), bool(header), self.width_wanted()))
 
-    def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return max(1, len(self.rows) + (1 if self.header else 0))
 
-    def get_content_width(self, container, viewport) -> int:  # noqa: ANN001
+    def get_content_width(self, container: Size, viewport: Size) -> int:
+        return self.width_wanted()
+
+    def width_wanted(self) -> int:
         """Every column and the whole label: what `width: auto` asks for (capped by max-width)."""
         label_w = max((cell_len(r.label) for r in self.rows), default=0)
         return cell_len(SWATCH) + label_w + sum(self._widths())

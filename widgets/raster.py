@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING
@@ -315,14 +315,14 @@ def _band_envelope(
     )
 
 
-def bucket_steps(series: Series) -> list[float]:
+def bucket_steps(series: Series) -> Sequence[float]:
     """Where each bucket sits on the x axis: a raw point at its step, a bucket at its midpoint."""
     if series.level == 1:
         return series.first  # raw: first == last
     return [(a + b) / 2.0 for a, b in zip(series.first, series.last, strict=True)]
 
 
-def _bounds(x: list[float], edges: list[float]) -> list[int]:
+def _bounds(x: Sequence[float], edges: list[float]) -> list[int]:
     """Where each column edge falls in x (bisect left); integer steps are compared with ceiled edges,
     as the numpy kernel does."""
     if x and isinstance(x[0], int):
@@ -330,7 +330,9 @@ def _bounds(x: list[float], edges: list[float]) -> list[int]:
     return [bisect_left(x, e) for e in edges]
 
 
-def _reduce_columns(values: list[float], pick, bounds: list[int]) -> list[float]:  # noqa: ANN001 - min or max
+def _reduce_columns(
+    values: Sequence[float], pick: Callable[[Sequence[float]], float], bounds: list[int]
+) -> list[float]:
     """`pick` (min or max) over the finite values of each column; NaN where there are none."""
     out = []
     for a, b in pairwise(bounds):  # bounds has one more entry than there are columns

@@ -46,7 +46,8 @@ def _bucket_steps(series: Series) -> np.ndarray:
     first = np.asarray(series.first)
     if series.level == 1:
         return first  # raw: first == last; no arithmetic over a long array
-    return (first + np.asarray(series.last)) / 2.0
+    middle: np.ndarray = (first + np.asarray(series.last)) / 2.0
+    return middle
 
 
 def _columns(x: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:

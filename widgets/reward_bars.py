@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from rich.text import Text
+from textual.geometry import Size
 from textual.widget import Widget
 
 from engine.text import visible_line
@@ -50,7 +51,7 @@ class RewardBars(Widget):
         self.set_class(not values, "-empty")
         self.refresh(layout=relayout)
 
-    def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return max(1, len(self._values))
 
     def render(self) -> Text:
@@ -69,13 +70,13 @@ class RewardBars(Widget):
             if i:
                 out.append("\n")
             out.append(name[:name_w].ljust(name_w) + " ", name_style)
-            ok = value is not None and math.isfinite(value)
+            shown = value if value is not None and math.isfinite(value) else None
             color = self._colors[i] if i < len(self._colors) else None
             style = (
                 neg_style
-                if ok and value < 0
+                if shown is not None and shown < 0
                 else (color or self.get_component_rich_style("reward-bars--bar"))
             )
-            out.append(bar(abs(value) / scale if ok else 0.0, bar_w), style)
+            out.append(bar(abs(shown) / scale if shown is not None else 0.0, bar_w), style)
             out.append(" " + fmt(value).rjust(7))
         return out

@@ -72,9 +72,7 @@ class StatusBar(Static):
         reason: Part | None = None  # the health reason: after the health, cut to the room that is left
         name_part: Part | None = None
 
-        def part(
-            priority: float, *pieces: str | tuple[str, str], short: tuple[str | tuple[str, str], ...] = ()
-        ) -> Part:
+        def part(priority: float, *pieces: Piece, short: tuple[Piece, ...] = ()) -> Part:
             made = Part(priority, styled(pieces), styled(short) if short else None)
             parts.append(made)
             return made
@@ -109,8 +107,8 @@ class StatusBar(Static):
                 task = f" {info.eval_task:.2f}" if info.eval_task is not None else ""
                 part(7, " │ eval ", mark, task)
             if info.health:
-                mark = f"{HEALTH_MARK.get(info.health, '?')} {info.health}"
-                part(95, " │ ", (mark, health_color.get(info.health, "")))
+                health = f"{HEALTH_MARK.get(info.health, '?')} {info.health}"
+                part(95, " │ ", (health, health_color.get(info.health, "")))
                 if info.health_reason:  # kept before the phase: it says why the health is not green
                     reason = part(8.5, (f" {info.health_reason}", "dim"))
                     reason.short = reason.text[:REASON_MIN]  # its room at the least, while fitting
@@ -134,6 +132,9 @@ class StatusBar(Static):
         self.update(self.render_info(self.info))
 
 
+Piece = str | tuple[str, str | None]  # plain text, or text in a style (a theme's colour may be unset)
+
+
 @dataclass(eq=False)
 class Part:
     """One part of the status line: lower priorities go first; `short` is said when the line is narrow."""
@@ -147,7 +148,7 @@ class Part:
         self.full = self.text
 
 
-def styled(pieces: tuple[str | tuple[str, str], ...]) -> Text:
+def styled(pieces: tuple[Piece, ...]) -> Text:
     """Stored names (the run, its phase, a source's error) are text on one line."""
     text = Text()
     for piece in pieces:

@@ -70,6 +70,12 @@ class BoxData:
 # -- numbers as short text -----------------------------------------------------------------------------------
 
 
+def node_id(node: Mapping[str, Any]) -> int:
+    """A node row's id: the key of its samples and of its interval (0, which no row has, when it has none)."""
+    value = node.get("id")
+    return value if isinstance(value, int) else 0
+
+
 def number(data: Mapping[str, Any], key: str) -> float | None:
     """A finite number of a sample (a node's JSON is checked where it enters, and read as if it were not)."""
     value = data.get(key) if isinstance(data, Mapping) else None
@@ -365,7 +371,7 @@ def quiet_line(
         return (f"{STATE_MARKS['stopped']} {name}stopped{why}{since}", "warn")
     if last is None:
         return (f"{STATE_MARKS['quiet']} {name}no sample yet", "warn")
-    interval = data.intervals.get(node.get("id")) or DEFAULT_INTERVAL_S  # type: ignore[arg-type]
+    interval = data.intervals.get(node_id(node)) or DEFAULT_INTERVAL_S
     if now - last <= max(QUIET_INTERVALS * interval, QUIET_MIN_S):
         return None
     # The engine marks the machine stopped when sampling is off (engine/system/job.py): silent with the engine
@@ -451,7 +457,7 @@ def box_lines(
     for detail in ("full", "compact", "summary"):
         lines: list[list[Part]] = []
         for node in data.nodes:
-            sample = data.samples.get(node.get("id"))  # type: ignore[call-overload]
+            sample = data.samples.get(node_id(node))
             if several and not wide:
                 lines.append(summary_line(node, sample, data, now))
                 continue
@@ -554,6 +560,6 @@ class SystemPane(Widget):
             if role not in styles:
                 styles[role] = base + self.get_component_rich_style(f"system-pane--{role}")
             segments.append(Segment(text, styles[role]))
-        line = Text.assemble(*((s.text, s.style) for s in segments), no_wrap=True, end="")
+        line = Text.assemble(*((s.text, s.style or "") for s in segments), no_wrap=True, end="")
         line.truncate(width, overflow="ellipsis", pad=True)
         return Strip(list(line.render(self.app.console)), width).crop_extend(0, width, base)
