@@ -3,7 +3,7 @@
 Plain sqlite3 (no sqlite-utils) so the control room can write its chat rows without the heavy
 imports of the engine's writer. Roles: `user`, `assistant` (what is sent back to Claude as the
 history), and `tool` / `error` / `note` (shown in the pane, never sent). What is stored is redacted first
-(engine/llm/redact.py): a question may quote a key or a password, and it is stored, listed and sent back
+(engine/redact.py): a question may quote a key or a password, and it is stored, listed and sent back
 to Claude as the history of every later turn.
 """
 
