@@ -1,4 +1,4 @@
-"""Redaction (engine/llm/redact.py) where it runs, timed: no goal of its own, a share of the work it sits in.
+"""Redaction (engine/redact.py) where it runs, timed: no goal of its own, a share of the work it sits in.
 
 It never runs in the hook (`carl hook` only spools a payload: bench_hook.py's p99 <= 10 ms is untouched); it
 runs in the engine, once per payload as the spool moves into `hook_events`, once per prompt and key parameter
@@ -33,7 +33,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from bench_hook import session_payloads  # noqa: E402
 from secret_corpus import INTACT, SECRETS  # noqa: E402
 
-from engine.llm.redact import redact, redact_value  # noqa: E402
+from engine.redact import redact, redact_value  # noqa: E402
 
 PAYLOADS = 1_000
 SESSIONS = 8

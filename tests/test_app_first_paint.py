@@ -37,7 +37,7 @@ DEFERRED = (
     "carl_tui.system_model",
     "widgets.time_chart",
     "numpy",  # the store reads lists and the chart draws them in plain Python (widgets/raster.py)
-    "engine.llm.redact",  # its patterns: only a writer of chat messages or process rows redacts (issue 30)
+    "engine.redact",  # its patterns: only a writer of chat messages or process rows redacts (issue 30)
     "engine.store.rollout_reads",  # the rollouts viewer's filter grammar and queries: `R`
 )
 

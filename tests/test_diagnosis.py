@@ -19,7 +19,7 @@ from engine.diagnosis.analyst import analyze, answer
 from engine.diagnosis.conversations import Conversations
 from engine.diagnosis.digest import build_digest, digest_text
 from engine.diagnosis.tools import ToolError, run_tool, tools_for
-from engine.llm.redact import redact
+from engine.redact import redact
 from engine.store import Store, StoreReader
 
 ROOT = Path(__file__).resolve().parent.parent

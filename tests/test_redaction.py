@@ -20,7 +20,7 @@ from test_trajectory_import import tool_result, tool_use, user, write_jsonl
 from engine.diagnosis.chat import Diagnoser
 from engine.diagnosis.cli import diagnose
 from engine.diagnosis.conversations import Conversations
-from engine.llm.redact import redact, redact_value
+from engine.redact import redact, redact_value
 from engine.store import Store
 from engine.trajectories.capture import recorder
 from engine.trajectories.capture.live import ingest_spool

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from engine.llm import claude
-from engine.llm.redact import redact
+from engine.redact import redact
 
 from .events import ResultEvent, TaskEvent
 from .scoring import (

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from engine import __version__
-from engine.llm.redact import redact
+from engine.redact import redact
 
 from .config import AlertSettings
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.coherence.health import Health
-from engine.llm.redact import redact
+from engine.redact import redact
 from engine.store import Store, agent_alarms
 from engine.tomlfile import FileWatch
 

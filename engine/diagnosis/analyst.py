@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from engine.llm.redact import redact
+from engine.redact import redact
 
 from .digest import task_keys
 from .entropy import brief as entropy_brief

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.llm import claude
-from engine.llm.redact import redact, redact_value
+from engine.redact import redact, redact_value
 from engine.store.reader import StoreReader
 
 from .analyst import answer as offline_answer

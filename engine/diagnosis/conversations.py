@@ -3,7 +3,7 @@
 The rows are the store's (engine/store/conversation_rows.py, plain sqlite3 so the control room can write its
 chat rows without the heavy imports of the engine's writer). Roles: `user`, `assistant` (what is sent back to
 Claude as the history), and `tool` / `error` / `note` (shown in the pane, never sent). What is stored is
-redacted first (engine/llm/redact.py): a question may quote a key or a password, and it is stored, listed and
+redacted first (engine/redact.py): a question may quote a key or a password, and it is stored, listed and
 sent back to Claude as the history of every later turn.
 """
 

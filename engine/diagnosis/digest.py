@@ -23,7 +23,7 @@ import numpy as np
 
 from engine.coherence.health import judge_entropy
 from engine.coherence.phases import K_NOISE, MIN_POINTS
-from engine.llm.redact import redact
+from engine.redact import redact
 from engine.store.reader import RunRow, StoreReader
 from engine.training.config import CascadeConfig
 

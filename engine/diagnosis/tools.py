@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.llm.redact import redact, redact_value
+from engine.redact import redact, redact_value
 from engine.store.reader import StoreReader
 
 from .digest import sample_brief

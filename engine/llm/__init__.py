@@ -1,7 +1,7 @@
-"""Language models the engine asks, and what may be sent to them.
+"""Language models the engine asks: `claude`, which Claude model, and an Anthropic client (the SDK is imported
+only when one is made).
 
-- `redact`: secrets out of text before it leaves the machine (Claude, a remote judge) or enters the store;
-- `claude`: which Claude model, and an Anthropic client (the SDK is imported only when one is made).
-
-Diagnosis and the agents plane both use these; importing this package imports nothing heavy.
+Diagnosis and the agents plane both use it; importing this package imports nothing heavy. What may be sent
+to a model is redacted first by `engine.redact`, beside `engine.text`: the store, the alerts and the
+trajectories redact too, and none of them talks to a model.
 """

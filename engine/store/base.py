@@ -145,7 +145,7 @@ def insert_chat_message(
     """Append a chat message, redacted (its text and its meta: a tool's input), starting a conversation
     (titled by its first line) when none is given; returns (conversation, message). The caller owns the
     transaction. Redacting here covers every writer of chat messages (docs/guide/diagnosis.md)."""
-    from engine.llm.redact import redact, redact_value  # here: ~10 ms of patterns a reader never needs
+    from engine.redact import redact, redact_value  # here: ~10 ms of patterns a reader never needs
 
     content, meta = redact(content), redact_value(meta) if meta else meta
     now = time.time()

@@ -342,7 +342,7 @@ class SystemTables:
 
     def note_processes(self, run_id: int, node_id: int, rows: Iterable[ProcessRow]) -> None:
         """The run's processes as seen now: new ones added, known ones updated (an ended one stays ended)."""
-        from engine.llm.redact import redact  # here: a reader of the store never needs it
+        from engine.redact import redact  # here: a reader of the store never needs it
 
         now = time.time()
         with self.store.transaction():
@@ -385,7 +385,7 @@ class SystemTables:
         """Record a process's end (once). An exact status (an exit code or a signal) also replaces an end
         recorded as unknown: the launcher's report of a rank may come after the engine gave up waiting for it;
         the end keeps the time it was first seen. Returns whether the row changed."""
-        from engine.llm.redact import redact  # here: a reader of the store never needs it
+        from engine.redact import redact  # here: a reader of the store never needs it
 
         exact = exit_code is not None or signal is not None
         with self.store.transaction():

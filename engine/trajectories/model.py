@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.limits import EXIT_CODE_MAX, EXIT_CODE_MIN, int_text
-from engine.llm.redact import redact
+from engine.redact import redact
 
 PROMPT_CHARS = 500
 PARAM_CHARS = 200

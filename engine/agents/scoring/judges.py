@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import httpx
 
 from engine.llm import claude
-from engine.llm.redact import redact
+from engine.redact import redact
 
 from .scale import clamp01
 from .text import (

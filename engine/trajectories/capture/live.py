@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.faults import store_trouble
-from engine.llm.redact import redact_value
+from engine.redact import redact_value
 from engine.store import Store
 from engine.store import trajectories as trajectory_rows
 from engine.text import one_line, storable
