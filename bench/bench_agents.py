@@ -42,7 +42,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.agents.audit import AuditWriter, Incoming  # noqa: E402
 from engine.agents.bus import Address, close, connect, ensure_stream, fetch, pull  # noqa: E402
-from engine.agents.config import AgentsSettings  # noqa: E402
 from engine.agents.events import (  # noqa: E402
     FeedbackEvent,
     PlaneEvent,
@@ -50,6 +49,7 @@ from engine.agents.events import (  # noqa: E402
     TaskEvent,
     TrainingRolloutEvent,
 )
+from engine.agents.plane_settings import AgentsSettings  # noqa: E402
 from engine.agents.server import LocalServer, free_port, token_path  # noqa: E402
 from engine.store import Store  # noqa: E402
 
@@ -134,7 +134,7 @@ import asyncio, json, sys, time
 sys.path.insert(0, {root!r})
 from engine.agents.audit import AuditWriter, run_audit
 from engine.agents.bus import Address, close, connect, ensure_stream
-from engine.agents.config import AgentsSettings
+from engine.agents.plane_settings import AgentsSettings
 from engine.store import Store
 
 async def main():
@@ -342,7 +342,7 @@ DIRECT_WORKER = """
 import gc, json, sys, time
 from pathlib import Path
 sys.path.insert(0, {root!r})
-from engine.agents.config import AgentsSettings
+from engine.agents.plane_settings import AgentsSettings
 from engine.agents.tasks import demo_tasks
 from engine.agents.backends import HttpBackend, ModelBackend
 
@@ -407,7 +407,7 @@ def bench_overhead(
     kind "model": the built-in tiny model on this CPU (about 16 ms of CPU a task, and the plane's own
     processes share the two cores with it). kind "http": an OpenAI-compatible server that answers after
     `latency_s`, as a model served on a GPU does (`model_server`)."""
-    from engine.agents.cli import headless
+    from engine.agents.carl_agents import headless
     from engine.agents.tasks import demo_tasks
     from engine.models.tiny import build_tiny_model, default_model_dir
 

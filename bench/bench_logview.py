@@ -5,7 +5,7 @@ The file (bench/out/logview-1g.log, built once) is 1 GiB of training-log lines o
 lines), its last line marked. Every figure is measured in the same run as its baseline, the page cache warm
 for both (each reads the file once first).
 
-- engine: `LogReader` (engine/console/reader.py) as the log view's thread drives it: the time to its first
+- engine: `LogReader` (engine/console/log_reader.py) as the log view's thread drives it: the time to its first
   answer (the file's end, indexed, its last 50 lines read as text) against `tail -n 50 FILE` (a process, its
   output read); then the time until the whole file is indexed (line numbers, search, jumps) and what the
   index holds.
@@ -71,7 +71,7 @@ def compositor_refresh(self):
     shown["top"] = top
 Screen._compositor_refresh = compositor_refresh
 
-from carl_tui.cli import tui_main
+from carl_tui.launch import tui_main
 sys.exit(tui_main(sys.argv[2:]))
 """
 
@@ -106,8 +106,8 @@ def tail_seconds(path: Path) -> float:
 
 def engine_open(path: Path) -> tuple[float, float, int, int]:
     """(seconds to the end shown, seconds to the whole index, lines, index bytes)."""
+    from engine.console.log_reader import LogReader, Opened
     from engine.console.logfile import read_line
-    from engine.console.reader import LogReader, Opened
 
     started = time.perf_counter()
     reader = LogReader(path)

@@ -72,7 +72,7 @@ def ingest_tick(payloads: list[dict[str, Any]]) -> float:
     from engine.store import Store
     from engine.trajectories.capture import recorder
     from engine.trajectories.capture.live import ingest_spool
-    from engine.trajectories.config import load as load_config
+    from engine.trajectories.trajectory_settings import load as load_config
 
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "carl"

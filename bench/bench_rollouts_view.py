@@ -84,7 +84,7 @@ def compositor_refresh(self):
         pending.clear()
 Screen._compositor_refresh = compositor_refresh
 
-from carl_tui.cli import tui_main
+from carl_tui.launch import tui_main
 sys.exit(tui_main(sys.argv[2:]))
 """
 WORDS = [

@@ -2,11 +2,12 @@
 hour at the default 2 s, against calling the same psutil (and NVML, where there is a GPU) functions in a bare
 loop, in the same run. Goal: under 1% of one core at 2 s, i.e. under 20 ms of CPU a sample.
 
-- engine: `engine.system.job.SystemJob.tick` on a real `Store` in a temporary home, made due at each call:
-  the sample, its store writes (raw rows, rollups, the newest sample, the node's last_seen) and the settings
-  check, on a store already holding what the engine keeps of a node (6 hours and 10 minutes of samples at 2 s,
-  written first through the same writer); the thinning the job runs every 10 minutes (every 300 samples at
-  2 s), which then removes 10 minutes of them, is measured on the same store and added per sample;
+- engine: `engine.system.system_job.SystemJob.tick` on a real `Store` in a temporary home, made due at each
+  call: the sample, its store writes (raw rows, rollups, the newest sample, the node's last_seen) and the
+  settings check, on a store already holding what the engine keeps of a node (6 hours and 10 minutes of
+  samples at 2 s, written first through the same writer); the thinning the job runs every 10 minutes (every
+  300 samples at 2 s), which then removes 10 minutes of them, is measured on the same store and added per
+  sample;
 - bare: the sampler's own calls, nothing stored: `cpu_percent(percpu=True)`, `getloadavg`, `virtual_memory`,
   `swap_memory`, `net_io_counters`, `disk_usage` of the same mount, and NVML's reads of every GPU when NVML
   starts (`Nvml.read`).
@@ -29,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.store import Store  # noqa: E402
 from engine.store.system import RAW_KEEP_S  # noqa: E402
-from engine.system.job import THIN_EVERY_S, SystemJob  # noqa: E402
 from engine.system.nvml import Nvml  # noqa: E402
 from engine.system.sampler import mount_of  # noqa: E402
+from engine.system.system_job import THIN_EVERY_S, SystemJob  # noqa: E402
 
 INTERVAL_S = 2.0  # the default [system] interval_s
 GOAL_CORE_SHARE = 0.01  # of one core

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness import PtyApp  # noqa: E402
 
 from engine.store import Store  # noqa: E402
-from engine.system.job import SystemJob  # noqa: E402
+from engine.system.system_job import SystemJob  # noqa: E402
 
 INTERVAL_S = 2.0
 WINDOW_S = 10.0
@@ -58,7 +58,7 @@ def redraw(self, *, whole=False):
         self.refresh(layout=layout)
 
 SystemPane.redraw = redraw
-from carl_tui.cli import tui_main
+from carl_tui.launch import tui_main
 sys.argv[0] = "carl-tui"
 tui_main()
 """

@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.trajectories.model import Event, Trajectory  # noqa: E402
 from engine.trajectories.scoring.advantages import compute_advantages  # noqa: E402
 from engine.trajectories.scoring.signals import score_many  # noqa: E402
+from engine.trajectories.trajectory import Event, Trajectory  # noqa: E402
 from tests.test_trajectory_scoring import reference_advantages, reference_score  # noqa: E402
 
 TRAJECTORIES = 100_000

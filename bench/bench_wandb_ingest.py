@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.observe import observe, wandb_run  # noqa: E402
-from engine.observe.common import Budget, IngestResult  # noqa: E402
+from engine.observe.reader_base import Budget, IngestResult  # noqa: E402
 from engine.observe.wandb_log import RecordLog  # noqa: E402
 from engine.store import Store  # noqa: E402
 

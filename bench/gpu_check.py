@@ -410,7 +410,7 @@ def scale() -> str:
 def nvml() -> str:
     from engine.store import Store, StoreReader
     from engine.system import Sampler
-    from engine.system.job import SystemJob
+    from engine.system.system_job import SystemJob
 
     sampler = Sampler()
     if sampler.note:

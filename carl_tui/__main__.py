@@ -2,6 +2,6 @@
 
 import sys
 
-from .cli import tui_main
+from .launch import tui_main
 
 sys.exit(tui_main())

@@ -1,9 +1,9 @@
 """The control room: one screen, keyboard first, drawn only when the store changed.
 
-Harlequin's split: thread workers poll the store, read it and write commands, and each result comes back
-to the UI thread as a message; the UI thread never touches the store. The watcher reads it
-(carl_tui/model.py), short reads run in workers (carl_tui/reads.py) and so do commands, the only rows the
-control room writes (carl_tui/commands.py); the engine's supervisor looks at the engine from a worker too
+Harlequin's split: thread workers poll the store, read it and write commands, and each result comes back to
+the UI thread as a message; the UI thread never touches the store. The watcher reads it (carl_tui/model.py),
+short reads run in workers (carl_tui/reads.py) and so do commands, the only rows the control room writes
+(carl_tui/command_sender.py); the engine's supervisor looks at the engine from a worker too
 (carl_tui/supervisor.py).
 
 The app is the session: where the store is, whether it is watch-only, the user's preferences and keymap,
@@ -31,12 +31,12 @@ from textual.worker import get_current_worker
 from engine import paths
 from themes import DEFAULT_THEME, STYLESHEET, THEME_NAMES, THEMES
 
-from .commands import CommandSender
-from .config import ConfigError, TuiConfig, config_path, load_config, save_config
+from .command_sender import CommandSender
 from .keymap import check_keymap, keymap_line, known_ids
 from .main_screen import PANES, MainScreen
 from .model import FirstRead, Snapshot, StoreWatcher
 from .notices import HeldNotices
+from .preferences import ConfigError, TuiConfig, config_path, load_config, save_config
 from .reads import StoreReads
 from .supervisor import EngineState, EngineSupervisor, ended, nap
 
@@ -145,7 +145,7 @@ class ControlRoom(HeldNotices):
         self.call_after_refresh(self.after_first_paint)
 
     def after_first_paint(self) -> None:
-        if not gc.isenabled():  # `carl-tui` starts without the collector (cli.py): back on now
+        if not gc.isenabled():  # `carl-tui` starts without the collector (launch.py): back on now
             gc.freeze()  # what start-up built lives as long as the app: later collections skip it
             gc.enable()
         self.engine.supervise()  # not urgent

@@ -1,10 +1,10 @@
 """The log view (`L`): the selected run's console, followed as it grows, searched, its tracebacks at a key.
 
-A run's consoles are the files the engine registered for it (engine/console/job.py): our runs' train log, a
-W&B run's `files/output.log`, files named with `carl observe --log`. The newest is shown first; `tab` goes to
-the next. The file is read by offsets and never whole (engine/console/reader.py, on this screen's reader
-thread); LogLines (widgets/log_lines.py) draws the lines on screen. The status line says where the view is,
-and one line when the file was truncated or replaced, or cannot be read. The keys are in
+A run's consoles are the files the engine registered for it (engine/console/console_job.py): our runs' train
+log, a W&B run's `files/output.log`, files named with `carl observe --log`. The newest is shown first; `tab`
+goes to the next. The file is read by offsets and never whole (engine/console/log_reader.py, on this screen's
+reader thread); LogLines (widgets/log_lines.py) draws the lines on screen. The status line says where the view
+is, and one line when the file was truncated or replaced, or cannot be read. The keys are in
 docs/guide/console.md.
 """
 
@@ -24,12 +24,12 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Static
 from textual.worker import get_current_worker
 
-from engine.console.reader import Failed, Found, Grew, LogReader, Opened, Progress, Result
+from engine.console.log_reader import Failed, Found, Grew, LogReader, Opened, Progress, Result
 from engine.text import visible_line
 from widgets.key_bar import KeyBar
 from widgets.log_lines import LogLines
 
-from .faults import ONE_LINE
+from .shown_errors import ONE_LINE
 
 if TYPE_CHECKING:
     from engine.store import RunRow, StoreReader

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.store.commands import Verb, verb_of
 
-from .commands import CommandRequest
+from .command_sender import CommandRequest
 from .panes import short_name
 
 if TYPE_CHECKING:
@@ -275,7 +275,7 @@ class RunControls:
             or not self.room.db_path.exists()
         ):
             return
-        from .chat import ChatScreen
+        from .chat_screen import ChatScreen
 
         run = self.view.run
         self.room.push_screen(

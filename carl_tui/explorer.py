@@ -61,8 +61,8 @@ from .explorer_model import (
     short_value,
     value_at,
 )
-from .faults import ONE_LINE
 from .panes import set_subtitle, set_title
+from .shown_errors import ONE_LINE
 from .smoothing import Smoothing
 
 NAME_MIN = 12  # cells a long run name is cut to, at the least, on a narrow header

@@ -28,7 +28,7 @@ from engine.store import StoreReader
 from engine.text import visible_line
 
 from .explorer_model import KeyInfo, key_matches
-from .faults import ONE_LINE
+from .shown_errors import ONE_LINE
 
 TIME_FIELDS = frozenset({"last_update", "started_at", "ended_at"})
 

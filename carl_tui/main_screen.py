@@ -8,7 +8,7 @@ It draws each store snapshot the watcher posts (carl_tui/model.py), handing each
 a pane redraws only when its data differs, so an idle screen writes nothing to the terminal. It owns what it
 shows: the runs, the selected run and its view, the comparison (carl_tui/comparison.py), the filter, the
 maximised pane, the box; its parts own the rest: the run controls (carl_tui/controls.py), the activity row
-(carl_tui/activity.py), the pinned charts (carl_tui/pins.py). What it needs of the control room is a
+(carl_tui/activity_row.py), the pinned charts (carl_tui/pins.py). What it needs of the control room is a
 `Room` (carl_tui/room.py).
 """
 
@@ -38,9 +38,8 @@ from widgets.reward_bars import RewardBars
 from widgets.status_bar import StatusBar, StatusInfo
 from widgets.system_pane import BoxData, SystemPane
 
-from .activity import ActivityRow
+from .activity_row import ActivityRow
 from .comparison import Comparison
-from .config import config_path
 from .controls import CONTROL_ACTIONS, RUN_ACTIONS, RunControls
 from .explorer_model import ShownRun
 from .keymap import help_rows, key_display
@@ -67,6 +66,7 @@ from .panes import (
     set_title,
 )
 from .pins import PinsRow
+from .preferences import config_path
 from .runs import RunList
 from .supervisor import READONLY_ENGINE_HINT
 

@@ -25,7 +25,7 @@ from engine.durations import compact_duration
 from engine.store import RunRow, Series, StoreError, StoreReader
 from engine.store.commands import Verb
 
-from .faults import ONE_LINE
+from .shown_errors import ONE_LINE
 
 PHI_KEYS = ("phi/mean", "phi/p10", "phi/p90", "phi/entropy", "entropy")
 REWARD_KEY = re.compile(r"^rewards/(?P<name>.+)/mean$")

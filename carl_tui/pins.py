@@ -1,6 +1,6 @@
 """The charts pinned from the metrics explorer (`p` there), drawn on the main screen for the selected run.
 
-Pins are kept per run, by its name, in the `[pins]` table of tui.toml (carl_tui/config.py); a watch-only
+Pins are kept per run, by its name, in the `[pins]` table of tui.toml (carl_tui/preferences.py); a watch-only
 session keeps them for the session. The pinned charts sit in a row under the Rewards pane, and take the
 place of the Trajectories/Agents row while both of those panes are empty (the main screen's to decide).
 Their series are read off the UI thread (carl_tui/reads.py) and extended as the run grows.

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from textual.app import App
 from textual.message import Message
 
-from .faults import ONE_LINE
+from .shown_errors import ONE_LINE
 
 if TYPE_CHECKING:
     from engine.store import StoreReader

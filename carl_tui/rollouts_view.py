@@ -34,9 +34,9 @@ from widgets.histogram import Histogram
 from widgets.key_bar import KeyBar
 from widgets.rollout_list import RolloutList, header
 
-from .faults import ONE_LINE
 from .reads import StoreReads
 from .rollouts_model import PAGE, Band, Page, Result, RolloutsReader, StepHistogram, Steps, Total
+from .shown_errors import ONE_LINE
 
 if TYPE_CHECKING:
     from engine.store import StoreReader

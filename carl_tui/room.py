@@ -10,9 +10,9 @@ from typing import Any, Protocol
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
-from .commands import CommandSender
-from .config import TuiConfig
+from .command_sender import CommandSender
 from .model import RunView, StoreWatcher
+from .preferences import TuiConfig
 from .reads import StoreReads
 from .supervisor import EngineSupervisor
 

@@ -1,7 +1,7 @@
 """The engine daemon as the control room sees it: a thread worker starts it when it is down and
 restarts it (with backoff) when it dies, unless the session is watch-only or the user stopped it,
 and posts its state to the app; the status line shows it. `carl-tui` says, after `q`, that an engine it
-started is still running (cli.py).
+started is still running (launch.py).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from textual.app import App
 from textual.message import Message
 from textual.worker import Worker, get_current_worker
 
-from .commands import QUEUED_UNTIL_UP
-from .faults import ONE_LINE
+from .command_sender import QUEUED_UNTIL_UP
+from .shown_errors import ONE_LINE
 
 DOWN = ("down", "stopped")  # engine states in which nothing runs it
 READONLY_ENGINE_HINT = "`carl engine start` starts it"  # after "engine ✕ down" in a read-only status line
@@ -128,7 +128,7 @@ class EngineSupervisor:
             self.app.notify(event.detail, title="engine", severity="error", timeout=8)
         self.said = event.detail or None  # said once until it changes (a stall is seen every 2 s)
         if event.started_pid is not None:
-            # The engine outlives this control room: say so now, and (cli.py) again after `q`.
+            # The engine outlives this control room: say so now, and (launch.py) again after `q`.
             from engine.control import started_line
 
             self.started_pid = event.started_pid

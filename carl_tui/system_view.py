@@ -39,8 +39,8 @@ from widgets.key_bar import KeyBar
 from widgets.system_pane import clock, size
 from widgets.time_chart import TimeChart, step_at
 
-from .faults import ONE_LINE
 from .panes import set_border
+from .shown_errors import ONE_LINE
 from .system_model import WINDOWS, ChartSpec, NodeSeries, SystemFeed, SystemNews
 
 WIDE = 120  # from this many columns the charts stand two abreast

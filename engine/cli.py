@@ -34,79 +34,79 @@ class Command(NamedTuple):
 
 # In the order `carl --help` lists them.
 COMMANDS = {
-    "engine": Command("engine.daemon.cli", "the engine daemon"),
+    "engine": Command("engine.daemon.carl_engine", "the engine daemon"),
     "observe": Command(
-        "engine.observe.cli",
+        "engine.observe.carl_observe",
         "import or follow runs: TensorBoard, W&B, MLflow, Trackio, trainer_state.json, JSONL, rollout dumps",
     ),
     "train": Command(
-        "engine.training.cli",
+        "engine.training.carl_train",
         "train a model with the CARL reward cascade (its own process)",
         "add_train_arguments",
         "run_train",
     ),
     "init": Command(
-        "engine.training.cli",
+        "engine.training.carl_train",
         "write a commented carl.yaml to start from",
         "add_init_arguments",
         "run_init",
         "never",
     ),
-    "runs": Command("engine.report.cli", "list runs in the store", "add_runs_arguments", "list_runs"),
+    "runs": Command("engine.report.carl_report", "list runs in the store", "add_runs_arguments", "list_runs"),
     "experiments": Command(
-        "engine.report.cli",
+        "engine.report.carl_report",
         "list experiments in the store (arms x seeds, results)",
         "add_experiments_arguments",
         "list_experiments",
     ),
     "report": Command(
-        "engine.report.cli",
+        "engine.report.carl_report",
         "write one self-contained HTML report of a run, several runs or an experiment (charts and tables)",
         "add_report_arguments",
         "run_report",
     ),
     "eval": Command(
-        "engine.training.cli",
+        "engine.training.carl_train",
         "evaluate a run's model on the prompts it held out of training",
         "add_eval_arguments",
         "run_eval",
     ),
     "push": Command(
-        "engine.training.cli",
+        "engine.training.carl_train",
         "upload a run's model and a generated model card to the Hugging Face Hub",
         "add_push_arguments",
         "run_push",
     ),
-    "diagnose": Command("engine.diagnosis.cli", "ask Claude (or the offline analyst) about a run"),
+    "diagnose": Command("engine.diagnosis.carl_diagnose", "ask Claude (or the offline analyst) about a run"),
     "hook": Command(
-        "engine.trajectories.cli",
+        "engine.trajectories.carl_trajectories",
         "record one Claude Code hook payload from stdin (what installed hooks run)",
         "add_hook_arguments",
         "run_hook",
     ),
     "hooks": Command(
-        "engine.trajectories.cli",
+        "engine.trajectories.carl_trajectories",
         "install or remove the Claude Code hooks that record trajectories",
         "add_hooks_arguments",
         "run_hooks",
         "given",  # `carl --home H hooks install`: the hooks feed that home's engine
     ),
     "trajectories": Command(
-        "engine.trajectories.cli",
+        "engine.trajectories.carl_trajectories",
         "agent trajectories: import, list, status, ablate, export, train, eval",
     ),
     "agents": Command(
-        "engine.agents.cli",
+        "engine.agents.carl_agents",
         "the agents plane: manager and workers over NATS (up, down, status, run, worker, events)",
     ),
     "experiment": Command(
-        "engine.experiments.cli",
+        "engine.experiments.carl_experiment",
         "run arms x seeds (sft-only, task-only, cascade, always-on) "
         "through the engine, evaluate each run, print the table",
     ),
-    "demo": Command("engine.demo.cli", "start the built-in demo training run (through the engine)"),
+    "demo": Command("engine.demo.carl_demo", "start the built-in demo training run (through the engine)"),
     "node": Command(
-        "engine.nodes.cli",
+        "engine.nodes.carl_node",
         "join this machine to an engine's store as a node: samples and consoles over NATS (--join URL)",
     ),
 }

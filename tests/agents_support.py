@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.agents.bus import STREAM, Address, close, connect, ensure_stream
-from engine.agents.config import AgentsSettings
+from engine.agents.plane_settings import AgentsSettings
 from engine.agents.server import Cluster, LocalServer, ensure_token, free_port, token_path
 
 

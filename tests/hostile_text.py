@@ -55,8 +55,8 @@ def fill(home: Path) -> dict[str, int | str]:
     a hostile experiment, trajectories, agent events and a chat. Returns the ids a test needs."""
     from engine.agents.audit import AuditWriter, Incoming
     from engine.agents.events import AlarmEvent, FeedbackEvent, ResultEvent, TaskEvent, WorkerStatusEvent
-    from engine.trajectories.model import Event, Trajectory
     from engine.trajectories.store import save
+    from engine.trajectories.trajectory import Event, Trajectory
 
     now = time.time()
     with Store(home / "carl.db") as store:

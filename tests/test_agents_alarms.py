@@ -8,8 +8,8 @@ import itertools
 import pytest
 
 from engine.agents.alarms import AlarmMonitor
-from engine.agents.config import AlarmSettings
 from engine.agents.events import AlarmEvent
+from engine.agents.plane_settings import AlarmSettings
 
 SETTINGS = AlarmSettings(window=4)  # an alarm looks at a worker from 2 results on
 _ids = itertools.count()

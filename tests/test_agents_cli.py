@@ -21,7 +21,7 @@ from openai_server import OpenAIServer
 from support import end_all, wait_for
 from test_agents_plane import arithmetic_tasks, http_settings, solve
 
-from engine.agents.cli import headless
+from engine.agents.carl_agents import headless
 from engine.agents.launcher import child_argv
 from engine.agents.server import read_token, token_path
 from engine.agents.tasks import load_tasks

@@ -36,10 +36,10 @@ from test_agents_plane import (
 from engine.agents.audit import Incoming, fill_gaps, stream_epoch
 from engine.agents.bus import STREAM, Address, connect, ensure_stream, publish
 from engine.agents.bus import close as bus_close
-from engine.agents.cli import headless
-from engine.agents.config import AgentsSettings
+from engine.agents.carl_agents import headless
 from engine.agents.events import WorkerStatusEvent
 from engine.agents.launcher import stop_processes
+from engine.agents.plane_settings import AgentsSettings
 from engine.agents.server import AgentsError, LocalServer, token_path
 from engine.agents.tasks import load_tasks
 from engine.store import Store, StoreReader

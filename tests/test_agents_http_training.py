@@ -17,9 +17,9 @@ from openai_server import OpenAIServer, logprob_of, token_id_of, tokens_of
 from test_agents_plane import arithmetic_tasks, http_settings, solve
 
 from engine.agents.backends import HttpBackend, WorkerError, behaviour_of
-from engine.agents.cli import headless
-from engine.agents.config import TrainerSettings
+from engine.agents.carl_agents import headless
 from engine.agents.events import TaskEvent
+from engine.agents.plane_settings import TrainerSettings
 from engine.agents.tasks import load_tasks
 from engine.store import StoreReader
 

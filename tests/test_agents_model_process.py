@@ -15,8 +15,8 @@ import psutil
 import pytest
 
 from engine.agents.backends import ModelBackend
-from engine.agents.config import AgentsSettings
 from engine.agents.model_process import ModelProcess
+from engine.agents.plane_settings import AgentsSettings
 from engine.agents.tasks import demo_tasks
 from engine.errors import CarlError
 
@@ -59,7 +59,7 @@ def test_a_model_that_cannot_load_says_so_in_one_line(
 SPAWN = """
 import sys, time
 from pathlib import Path
-from engine.agents.config import AgentsSettings
+from engine.agents.plane_settings import AgentsSettings
 from engine.agents.model_process import ModelProcess
 if __name__ == "__main__":
     model = ModelProcess(AgentsSettings(worker_kind="model", max_new_tokens=8), Path(sys.argv[1]))

@@ -18,8 +18,8 @@ import pytest
 from agents_support import nats_server
 from openai_server import OpenAIServer
 
-from engine.agents.cli import headless
-from engine.agents.config import AgentsSettings
+from engine.agents.carl_agents import headless
+from engine.agents.plane_settings import AgentsSettings
 from engine.agents.server import token_path
 from engine.agents.tasks import load_tasks
 from engine.store import Store, StoreReader

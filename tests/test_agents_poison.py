@@ -22,7 +22,6 @@ from agents_support import address_of, drained, jetstream, nats_server
 from engine import paths
 from engine.agents.audit import AUDIT_CONSUMER, AUDIT_KEY, MAX_PAYLOAD, AuditWriter, Incoming
 from engine.agents.bus import STREAM, publish
-from engine.agents.config import AgentsSettings
 from engine.agents.events import (
     FeedbackEvent,
     ResultEvent,
@@ -32,6 +31,7 @@ from engine.agents.events import (
     parse_event,
 )
 from engine.agents.plane import Bridge
+from engine.agents.plane_settings import AgentsSettings
 from engine.store import Store
 
 pytestmark = pytest.mark.slow

@@ -15,8 +15,8 @@ from agents_support import address_of, jetstream, nats_server
 from openai_server import OpenAIServer
 
 from engine.agents.bus import STREAM, close, fetch, publish, pull
-from engine.agents.config import AgentsSettings
 from engine.agents.events import ControlEvent, ResultEvent, TaskEvent, parse_event
+from engine.agents.plane_settings import AgentsSettings
 from engine.agents.worker import run_worker
 
 pytestmark = pytest.mark.slow

@@ -184,7 +184,7 @@ async def test_no_dimension_is_constant_under_what_workers_send(environment: str
 async def test_the_tiny_models_own_replies_score_below_the_right_answers(tiny_model: Path) -> None:
     """Replies generated now by the untrained tiny model, as a model worker serves it."""
     from engine.agents.backends import SYSTEM_PROMPT
-    from engine.agents.config import AgentsSettings
+    from engine.agents.plane_settings import AgentsSettings
     from engine.agents.policy import LocalPolicy
 
     settings = AgentsSettings()

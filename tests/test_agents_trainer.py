@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.agents.config import TrainerSettings
 from engine.agents.events import TrainingRolloutEvent
+from engine.agents.plane_settings import TrainerSettings
 from engine.agents.policy import Generation, LocalPolicy, PolicyError
 from engine.agents.trainer import PlaneTrainer, adapters_dir, rollout_advantages
 from engine.store import Store

@@ -19,9 +19,9 @@ import pytest
 from agents_support import address_of, audit_running, jetstream, nats_server
 
 from engine.agents.bus import STREAM, TRAINER_DURABLE, close, publish, trainer_subscription
-from engine.agents.config import AgentsSettings, TrainerSettings
 from engine.agents.events import ResultEvent, TaskEvent, TrainingRolloutEvent
 from engine.agents.launcher import child_argv
+from engine.agents.plane_settings import AgentsSettings, TrainerSettings
 from engine.agents.spool import RolloutSpool
 from engine.store import Store
 

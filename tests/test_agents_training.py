@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.agents.cli import headless
-from engine.agents.config import AgentsSettings, TrainerSettings
+from engine.agents.carl_agents import headless
+from engine.agents.plane_settings import AgentsSettings, TrainerSettings
 from engine.agents.tasks import demo_tasks
 from engine.store import StoreReader
 

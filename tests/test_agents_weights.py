@@ -24,10 +24,10 @@ from test_agents_plane import arithmetic_tasks, http_settings, solve
 from test_agents_trainer import feed, make_trainer, sample_group
 
 from engine.agents.bus import publish, resolve_address
-from engine.agents.cli import headless
-from engine.agents.config import AgentsSettings
+from engine.agents.carl_agents import headless
 from engine.agents.events import ControlEvent, ModelUpdateEvent
 from engine.agents.launcher import child_argv, write_settings
+from engine.agents.plane_settings import AgentsSettings
 from engine.agents.policy import LocalPolicy
 from engine.agents.server import token_path
 from engine.agents.tasks import demo_tasks, load_tasks

@@ -14,7 +14,7 @@ import pytest
 from support import status_text, until
 
 from carl_tui.app import ControlRoom
-from carl_tui.config import load_config
+from carl_tui.preferences import load_config
 from carl_tui.runs import RunList
 from engine.store import SCHEMA_VERSION, Store
 from widgets.activity import TRAJECTORIES_EMPTY

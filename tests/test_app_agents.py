@@ -17,7 +17,7 @@ from test_app_control import settled
 from textual.color import Color
 from textual.content import Content
 
-from carl_tui.agents import AgentTaskScreen
+from carl_tui.agent_task_screen import AgentTaskScreen
 from carl_tui.app import ControlRoom
 from engine.agents.audit import AuditWriter, Incoming
 from engine.agents.events import (

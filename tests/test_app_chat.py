@@ -13,10 +13,10 @@ from test_diagnosis import grpo_run
 from test_diagnosis_claude import KEY
 
 from carl_tui.app import ControlRoom
-from carl_tui.chat import ChatScreen
+from carl_tui.chat_screen import ChatScreen
 from engine.diagnosis.conversations import Conversations
 from engine.store import Store
-from widgets.chat import ChatInput, ChatLog
+from widgets.chat_log import ChatInput, ChatLog
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from test_app_control import carl_run, commands, finish_all, settled
 
 import engine.store
 from carl_tui.app import ControlRoom
-from carl_tui.commands import CommandRequest
+from carl_tui.command_sender import CommandRequest
 from carl_tui.model import StoreWatcher
 from carl_tui.screens import ObserveRequest
 from engine.store import Store, StoreError

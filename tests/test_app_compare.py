@@ -14,7 +14,7 @@ from support import series, until
 from test_app_control import settled
 
 from carl_tui.app import ControlRoom
-from carl_tui.cli import tui_main
+from carl_tui.launch import tui_main
 from carl_tui.runs import MARK, RunList
 from engine.store import Store
 from widgets.chart import Chart

@@ -183,8 +183,8 @@ async def test_a_truncated_log_is_read_again_and_said_so(home: Path, tmp_path: P
 def test_the_control_room_loads_the_log_view_only_when_asked() -> None:
     code = (
         "import json, sys\nimport carl_tui.app\n"
-        "print(json.dumps([m for m in ('carl_tui.console_view', 'widgets.log_lines', 'engine.console.reader')"
-        " if m in sys.modules]))\n"
+        "print(json.dumps([m for m in ('carl_tui.console_view', 'widgets.log_lines',"
+        " 'engine.console.log_reader') if m in sys.modules]))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert json.loads(out.stdout) == []

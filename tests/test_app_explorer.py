@@ -16,11 +16,11 @@ from support import series, until
 from textual.widgets import DataTable, OptionList
 
 from carl_tui.app import ControlRoom
-from carl_tui.config import load_config
 from carl_tui.explorer import ExplorerScreen
 from carl_tui.explorer_grid import ChartGrid
 from carl_tui.explorer_model import Pow10
 from carl_tui.inspector import InspectorScreen
+from carl_tui.preferences import load_config
 from engine.observe import observe
 from engine.store import Store
 from engine.training.backend import Reporter, StepRecord

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from carl_tui.config import ConfigError, TuiConfig, load_config, save_config
 from carl_tui.explorer_model import (
     GridRow,
     KeyInfo,
@@ -28,6 +27,7 @@ from carl_tui.explorer_model import (
     short_value,
     value_at,
 )
+from carl_tui.preferences import ConfigError, TuiConfig, load_config, save_config
 from carl_tui.smoothing import Smoothing, centred_mean, ema
 from engine.store import Series
 

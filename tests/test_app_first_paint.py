@@ -24,14 +24,14 @@ DEFERRED = (
     "widgets.legend",  # the comparison's legend: mounted when two runs are marked
     "tomllib",  # reading tui.toml: this home has none
     "tomli_w",  # writing tui.toml: only a change of theme or chart mode writes it
-    "carl_tui.chat",  # `d`: the diagnosis chat, its SDK and its widgets
-    "widgets.chat",
+    "carl_tui.chat_screen",  # `d`: the diagnosis chat, its SDK and its widgets
+    "widgets.chat_log",
     "engine.diagnosis",
     "anthropic",
     "textual.widgets._markdown",
     "textual.widgets._text_area",
-    "carl_tui.trajectories",  # enter on a trajectory
-    "carl_tui.agents",  # enter on an agent task
+    "carl_tui.trajectory_screen",  # enter on a trajectory
+    "carl_tui.agent_task_screen",  # enter on an agent task
     "carl_tui.screens",  # help, observe, eval, confirmations and value prompts
     "carl_tui.system_view",  # `S`: the System screen, its reader and its charts over wall time
     "carl_tui.system_model",
@@ -116,7 +116,7 @@ async def test_the_key_bar_follows_the_first_frame(tmp_path: Path) -> None:
 
 
 async def test_the_collector_is_back_on_after_the_first_frame(tmp_path: Path) -> None:
-    """`carl-tui` starts with the cyclic garbage collector off (cli.py: start-up allocates a lot and
+    """`carl-tui` starts with the cyclic garbage collector off (launch.py: start-up allocates a lot and
     frees next to nothing, and a collection landed in the middle of the first chart); the control
     room turns it back on after its first frame, with what start-up built frozen out of it."""
     import gc

@@ -17,9 +17,9 @@ from textual.binding import Binding
 import carl_tui
 import widgets
 from carl_tui.app import ControlRoom
-from carl_tui.config import load_config
 from carl_tui.keymap import binding_classes, bindings_of, check_keymap, known_ids
 from carl_tui.main_screen import MainScreen
+from carl_tui.preferences import load_config
 
 
 @pytest.fixture

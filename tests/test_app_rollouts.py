@@ -1,6 +1,6 @@
 """The rollouts viewer (`R`) driven by Pilot at 80×24 and 160×50 on a real store: a TensorBoard run observed
 with its TRL completions parquet attached, a GRPO run of ours whose samples carry per-token entropies (the
-rows our trainers write, built by engine/training/rollouts.py), and runs read from veRL, prime-rl and
+rows our trainers write, built by engine/training/step_rollouts.py), and runs read from veRL, prime-rl and
 verifiers dumps. List, sort, filter, step navigation, live steps, the group and sample views, the token
 colours with their forking marks, the step's entropy histogram and the band over steps."""
 
@@ -38,7 +38,7 @@ from engine.observe.discover import discover, register
 from engine.observe.ingest import import_source, register_source
 from engine.store import Store
 from engine.store.rollout_reads import RolloutRow, percentiles
-from engine.training.rollouts import TokenTexts, step_rollouts
+from engine.training.step_rollouts import TokenTexts, step_rollouts
 from widgets.chart import Chart
 from widgets.histogram import Histogram
 from widgets.long_text import LongText

@@ -22,8 +22,8 @@ from carl_tui.system_view import SystemScreen
 from engine.store import Store, StoreReader
 from engine.store.system import ProcessRow
 from engine.system import Sampler, SystemJob
-from engine.system.job import SAMPLING_OFF
 from engine.system.readings import DiskReading, GpuReading, Sample
+from engine.system.system_job import SAMPLING_OFF
 from widgets.system_pane import SystemPane
 from widgets.time_chart import TimeChart
 

@@ -15,7 +15,7 @@ from engine.coherence.analysis import analyze_run
 from engine.store import SCHEMA_VERSION, ProcessRow, Store
 from engine.store.system_reads import SystemReads
 from engine.system import DiskReading, GpuReading, Sample
-from engine.system.health import (
+from engine.system.box_health import (
     DISK_FREE_RED_BYTES,
     GPU_IDLE_S,
     GPU_IDLE_UTIL,

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.console.log_reader import TAIL_BYTES, TAIL_FIRST, Failed, Found, Grew, LogReader, Opened, Progress
 from engine.console.logfile import (
     BLOCK,
     SHOWN_BYTES,
@@ -24,7 +25,6 @@ from engine.console.logfile import (
     shown_text,
 )
 from engine.console.problems import Problem, find_problems
-from engine.console.reader import TAIL_BYTES, TAIL_FIRST, Failed, Found, Grew, LogReader, Opened, Progress
 
 TRACEBACK = (
     b"Traceback (most recent call last):\n"

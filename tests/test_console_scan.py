@@ -14,14 +14,14 @@ import pytest
 from support import ROOT, end_all, wait_for
 
 from engine.coherence.analysis import analyze_run
-from engine.console.job import ConsoleJob, attach_logs
+from engine.console.console_job import ConsoleJob, attach_logs
 from engine.console.scan import scan_console
 from engine.diagnosis.analyst import answer
 from engine.diagnosis.digest import build_digest, digest_text
 from engine.observe.ingest import import_source, register_source
 from engine.store import Store, StoreReader
 from engine.store.system_reads import SystemReads
-from engine.system.health import CRASH_QUIET_S, box_flags
+from engine.system.box_health import CRASH_QUIET_S, box_flags
 
 TRACEBACK = (
     b"Traceback (most recent call last):\n"

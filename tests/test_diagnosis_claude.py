@@ -212,7 +212,7 @@ def test_without_a_key_the_offline_analyst_answers(
 
 
 def test_the_key_is_never_stored(store: Store, server: MessagesServer, run_id: int, tmp_path: Path) -> None:
-    from engine.diagnosis.cli import diagnose
+    from engine.diagnosis.carl_diagnose import diagnose
 
     server.text(["ok"])
     home = Path(store.path).parent

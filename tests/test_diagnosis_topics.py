@@ -21,10 +21,10 @@ from engine.coherence.analysis import analyze_run
 from engine.diagnosis.analyst import ANSWERS, FINDINGS_OF, answer
 from engine.diagnosis.digest import build_digest
 from engine.diagnosis.router import TOPICS, route
-from engine.rewards.cascade import CascadeGate
+from engine.rewards.cascade_gate import CascadeGate
 from engine.store import Store, StoreReader
-from engine.trajectories.model import Event, Trajectory
 from engine.trajectories.store import save as save_trajectories
+from engine.trajectories.trajectory import Event, Trajectory
 
 CASCADE = {
     "mode": "gated",

@@ -26,7 +26,7 @@ from engine.console.scan import scan_console
 from engine.diagnosis.analyst import answer
 from engine.diagnosis.digest import build_digest, digest_text
 from engine.store import ProcessRow, Store, StoreReader
-from engine.system.processes import end_reason
+from engine.system.run_processes import end_reason
 from engine.training.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ from engine.store import Store
 from engine.trajectories.capture import recorder
 from engine.trajectories.capture.hooks import spool_dir
 from engine.trajectories.capture.live import ingest_spool
-from engine.trajectories.config import load as load_trajectory_config
+from engine.trajectories.trajectory_settings import load as load_trajectory_config
 
 
 def _payloads(session: str, prompt: bytes) -> list[bytes]:

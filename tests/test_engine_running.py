@@ -24,7 +24,7 @@ import pytest
 from support import ROOT, kill_runs, status_text, until, wait_for
 
 from carl_tui.app import ControlRoom
-from carl_tui.cli import tui_main
+from carl_tui.launch import tui_main
 from engine.control import engine_status, stop_engine
 from engine.store import Store
 

@@ -18,7 +18,7 @@ from support import end_all, kill_runs, wait_for
 
 from engine.control import stop_engine
 from engine.experiments.arms import ExperimentError, cell_config, check_base, parse_arms, parse_seeds
-from engine.experiments.runner import open_experiment
+from engine.experiments.experiment_runner import open_experiment
 from engine.experiments.stats import mean_ci, paired_delta
 from engine.store import Store
 from engine.training.config import config_from_data

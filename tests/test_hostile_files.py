@@ -24,7 +24,7 @@ from engine.files import FileKindError, is_regular, open_regular, read_regular, 
 from engine.observe import ObserveError, detect_kind, observe
 from engine.observe.discover import discover
 from engine.store import Store, StoreError, StoreReader
-from engine.trajectories.importers.files import import_paths
+from engine.trajectories.importers.trace_files import import_paths
 from engine.yamlfile import read_mapping
 
 
@@ -189,7 +189,7 @@ def test_a_fifo_inside_an_mlruns_tree_is_refused(store: Store, tmp_path: Path) -
 
 def test_an_event_file_swapped_for_a_fifo(store: Store, tmp_path: Path) -> None:
     """§4: TensorBoard's reader never opens an event file that is not a regular file."""
-    from engine.observe.common import Budget
+    from engine.observe.reader_base import Budget
     from engine.observe.tensorboard import EventBatch
 
     fifo = tmp_path / "events.out.tfevents.1.host"

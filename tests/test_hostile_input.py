@@ -23,7 +23,7 @@ from engine.observe import observe
 from engine.observe.runkeys import KEYS_CAPPED, MAX_KEYS
 from engine.store import Store
 from engine.text import loads_storable, storable
-from engine.trajectories.importers.files import import_paths
+from engine.trajectories.importers.trace_files import import_paths
 
 
 @pytest.fixture
@@ -300,7 +300,7 @@ def test_integer_flags_are_bounded(home: Path, argv: list[str], capsys: pytest.C
 def test_a_port_above_65535(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """§3: a NATS URL with a port past 65535 raised ValueError deep in the client; now the setting is
     refused."""
-    from engine.agents.config import AgentsConfigError, load_settings
+    from engine.agents.plane_settings import AgentsConfigError, load_settings
 
     path = tmp_path / "agents.yaml"
     path.write_text("agents:\n  url: nats://127.0.0.1:99999\n")
@@ -309,7 +309,7 @@ def test_a_port_above_65535(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert str(refused.value) == (
         f"{path}:2: agents.url: 'nats://127.0.0.1:99999': the port must be a number from 1 to 65535"
     )
-    from carl_tui.cli import tui_main
+    from carl_tui.launch import tui_main
 
     with pytest.raises(SystemExit):
         tui_main(["--serve", "--port", "70000"])

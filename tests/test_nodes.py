@@ -28,8 +28,8 @@ from engine import paths
 from engine.agents.bus import Address, close, connect
 from engine.agents.server import LocalServer, free_port, token_path
 from engine.control import engine_status, start_engine, stop_engine
-from engine.nodes.bus import ensure_stream
 from engine.nodes.state import NodeState, state_path
+from engine.nodes.stream import ensure_stream
 from engine.nodes.wire import STREAM, encode
 from engine.store import Store, StoreReader
 

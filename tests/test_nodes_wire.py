@@ -19,9 +19,9 @@ from hostile_text import RAW_CONTROL, SHORT
 from engine import paths
 from engine.cli import main as carl
 from engine.nodes import follow, writer
-from engine.nodes.config import DEFAULT_LOST_AFTER_S, load_nodes_settings
 from engine.nodes.follow import FollowError, LogFollower
-from engine.nodes.job import NodesJob
+from engine.nodes.node_settings import DEFAULT_LOST_AFTER_S, load_nodes_settings
+from engine.nodes.nodes_job import NodesJob
 from engine.nodes.state import NodeState, NodeStateError
 from engine.nodes.wire import (
     MAX_CONSOLE_BYTES,

@@ -17,16 +17,16 @@ from secret_corpus import INTACT, SECRETS
 from test_diagnosis import grpo_run
 from test_trajectory_import import tool_result, tool_use, user, write_jsonl
 
+from engine.diagnosis.carl_diagnose import diagnose
 from engine.diagnosis.chat import Diagnoser
-from engine.diagnosis.cli import diagnose
 from engine.diagnosis.conversations import Conversations
 from engine.redact import redact, redact_value
 from engine.store import Store
 from engine.trajectories.capture import recorder
 from engine.trajectories.capture.live import ingest_spool
-from engine.trajectories.config import load as load_config
-from engine.trajectories.importers.files import import_paths
+from engine.trajectories.importers.trace_files import import_paths
 from engine.trajectories.store import save
+from engine.trajectories.trajectory_settings import load as load_config
 
 EVERY_SECRET = "\n".join(text for _, text, _ in SECRETS)  # one text holding every shape
 
@@ -187,7 +187,7 @@ def test_two_turns_of_a_conversation_send_no_secret(store: Store, server: Messag
     try:
 
         def turn(conversation: int | None, question: str) -> int:
-            """What the control room's chat does (carl_tui/chat.py): history, store the question, ask,
+            """What the control room's chat does (carl_tui/chat_screen.py): history, store the question, ask,
             store the answer and the tool calls."""
             history = conversations.history(conversation)
             conversation, _ = conversations.add(conversation, run_id, "user", question)

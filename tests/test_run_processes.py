@@ -24,7 +24,7 @@ from engine.diagnosis.digest import build_digest, digest_text
 from engine.store import SCHEMA_VERSION, ProcessRow, Store, StoreReader
 from engine.store.system_reads import SystemReads
 from engine.system import GpuProcess, GpuReading, Sample
-from engine.system.processes import ProcessTracker, end_reason, this_process, zombie_status
+from engine.system.run_processes import ProcessTracker, end_reason, this_process, zombie_status
 
 NODE = "this-node"
 
@@ -235,7 +235,7 @@ def test_a_death_before_a_resume_is_an_earlier_lifes(store: Store, children: lis
 
 
 def test_a_process_writes_its_own_row_and_end(store: Store) -> None:
-    from engine.system.processes import end_own, note_own
+    from engine.system.run_processes import end_own, note_own
 
     run_id = running_run(store, step=4)
     note_own(store, run_id, [this_process("runner")])
@@ -356,7 +356,7 @@ Root Cause (first observed failure):
 
 
 def test_the_launchers_report_is_copied_on_and_records_each_ranks_end(tmp_path: Path) -> None:
-    from engine.training.processes import LauncherReport
+    from engine.training.rank_processes import LauncherReport
 
     home = tmp_path / "home"
     home.mkdir()

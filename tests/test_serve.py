@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 import pytest
 
-from carl_tui.cli import tui_main
+from carl_tui.launch import tui_main
 from engine.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,5 +1,5 @@
 """Histograms: what each tool writes made one `Histogram`, stored bounded in carl.db, read back, and spread
-over a heat strip's columns (engine/observe/histograms.py, engine/store/histograms.py,
+over a heat strip's columns (engine/observe/tracker_histograms.py, engine/store/histograms.py,
 widgets/heat_strip.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.observe.histograms import from_histo, from_json, from_tensor
+from engine.observe.tracker_histograms import from_histo, from_json, from_tensor
 from engine.store import Store, StoreReader
 from engine.store import histograms as stored
 from engine.store.histograms import MAX_BUCKETS, Histogram, HistogramReads, add_histograms, spread

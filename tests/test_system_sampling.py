@@ -16,8 +16,8 @@ from engine.control import start_engine, stop_engine
 from engine.store import Store, StoreReader
 from engine.store.system import RAW_MAX_PER_SERIES
 from engine.system import BadSample, Sampler, from_json
-from engine.system.config import load_system_settings
 from engine.system.nvml import Nvml
+from engine.system.system_settings import load_system_settings
 
 
 def test_a_sample_of_this_machine_has_cpu_memory_and_the_disk_of_a_watched_path(tmp_path: Path) -> None:

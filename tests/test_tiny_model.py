@@ -138,7 +138,7 @@ def test_mlx_lm_loads_it_and_agrees_with_torch(model_dir: Path) -> None:
 
 def test_importing_the_builder_does_not_import_torch() -> None:
     code = (
-        "import sys, engine.models.tiny, engine.demo.train, engine.demo.task; "
+        "import sys, engine.models.tiny, engine.demo.trl_run, engine.demo.task; "
         "heavy = {'torch', 'transformers', 'tokenizers', 'trl', 'trackio'} & set(sys.modules); "
         "assert not heavy, heavy"
     )

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from engine.training import ConfigError, TrainConfig, load_config, write_default_config
-from engine.training.cli import init_config
+from engine.training.carl_train import init_config
 from engine.training.config import default_config_text
 
 DEMO_YAML = Path(__file__).resolve().parent.parent / "engine" / "training" / "demo.yaml"
@@ -98,6 +98,6 @@ def test_the_demo_config_is_valid() -> None:
 
 
 def test_importing_the_training_package_imports_no_torch() -> None:
-    code = "import sys, engine.training, engine.training.cli; print('torch' in sys.modules)"
+    code = "import sys, engine.training, engine.training.carl_train; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -148,7 +148,7 @@ def test_two_processes_write_each_step_once_with_phi_over_both_ranks(
     assert coherence["batches_seen"] >= 1
     assert len(coherence["calibration"]) == GLOBAL_BATCH * coherence["batches_seen"]
     assert out.count("[carl] grpo step 3/3") == 1  # rank 0 alone prints
-    # Every process of the run recorded (engine/system/processes.py), each ended cleanly: no death.
+    # Every process of the run recorded (engine/system/run_processes.py), each ended cleanly: no death.
     ended = SystemReads(store.conn, SCHEMA_VERSION).run_processes(run_id)
     assert sorted((p["role"], p["rank"]) for p in ended) == [
         ("launcher", None),

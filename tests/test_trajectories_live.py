@@ -87,7 +87,7 @@ def carl(home: Path, *args: str, env: dict[str, str] | None = None) -> subproces
 
 @pytest.mark.slow
 async def test_hooks_to_engine_to_control_room(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from carl_tui.trajectories import TrajectoryScreen
+    from carl_tui.trajectory_screen import TrajectoryScreen
 
     home, user_home = tmp_path / "carl", tmp_path / "user"
     user_home.mkdir()

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from engine.cli import main as carl_main
-from engine.trajectories.importers import files
-from engine.trajectories.importers.common import prompt_of
-from engine.trajectories.importers.files import ImportResult, import_paths
-from engine.trajectories.model import Trajectory, make_uid
+from engine.trajectories.importers import trace_files as files
+from engine.trajectories.importers.trace_files import ImportResult, import_paths
+from engine.trajectories.importers.trace_lines import prompt_of
+from engine.trajectories.trajectory import Trajectory, make_uid
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
 SID = "5f1c2a9e-0d6b-4c1e-9a43-7e2b1f0c8d11"

@@ -19,12 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.trajectories.ablation.leave_one_out import ablate, average_ranks, format_table, spearman
-from engine.trajectories.model import Event, Scored, Trajectory
 from engine.trajectories.scoring.advantages import compute_advantages
 from engine.trajectories.scoring.domains import DEFAULT_TABLE, DomainTable, infer
 from engine.trajectories.scoring.fingerprint import fingerprint
 from engine.trajectories.scoring.plasticity import TrainState, compute_triggers, evaluate_triggers
 from engine.trajectories.scoring.signals import bash_errors, quality, score, score_many
+from engine.trajectories.trajectory import Event, Scored, Trajectory
 
 # --- the oracle -------------------------------------------------------------------------------
 

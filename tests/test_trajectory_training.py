@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from engine.store import Store
-from engine.trajectories.model import Event, Trajectory
 from engine.trajectories.scoring.signals import quality, score
 from engine.trajectories.store import is_holdout, recompute_advantages, upsert
 from engine.trajectories.training.export import (
@@ -24,6 +23,7 @@ from engine.trajectories.training.export import (
     plan_text,
     user_text,
 )
+from engine.trajectories.training.flowrl_sampler import Record, Step, load_records, sample
 from engine.trajectories.training.plan_eval import (
     bootstrap_diff,
     eval_records,
@@ -31,7 +31,7 @@ from engine.trajectories.training.plan_eval import (
     format_report,
     parse_plan,
 )
-from engine.trajectories.training.sampler import Record, Step, load_records, sample
+from engine.trajectories.trajectory import Event, Trajectory
 
 DOMAINS = ("web", "data", "infra")
 N_TRAIN, N_HOLDOUT = 52, 8

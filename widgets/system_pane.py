@@ -34,7 +34,9 @@ from engine.text import visible_line
 
 QUIET_INTERVALS = 3  # a node that sent nothing for this many of its intervals is said to be quiet ...
 QUIET_MIN_S = 10.0  # ... and never before this many seconds (one late sample on a busy box is not news)
-DEFAULT_INTERVAL_S = 2.0  # engine/system/config.py's default, until a node's second sample tells its own
+DEFAULT_INTERVAL_S = (
+    2.0  # engine/system/system_settings.py's default, until a node's second sample tells its own
+)
 WIDE = 56  # from this many columns a GPU is one line with both bars; below, two lines (or one, compact)
 MEMORY_WARN, MEMORY_HIGH = 0.90, 0.98  # GPU or RAM memory in use: 98% is the gpu_memory health rule's
 DISK_LOW_FRACTION, DISK_LOW_BYTES = 0.05, 2 * 2**30  # the disk_full rule's thresholds (issue 28 §6)
@@ -374,8 +376,8 @@ def quiet_line(
     interval = data.intervals.get(node_id(node)) or DEFAULT_INTERVAL_S
     if now - last <= max(QUIET_INTERVALS * interval, QUIET_MIN_S):
         return None
-    # The engine marks the machine stopped when sampling is off (engine/system/job.py): silent with the engine
-    # up is an engine that does not get to its sampling, which the engine's log says more of.
+    # The engine marks the machine stopped when sampling is off (engine/system/system_job.py): silent with the
+    # engine up is an engine that does not get to its sampling, which the engine's log says more of.
     why = " · engine down" if node.get("via") == "local" and data.engine in ("down", "stopped") else ""
     return (f"{STATE_MARKS['quiet']} {name}no sample since {clock(last)}{why}", "warn")
 

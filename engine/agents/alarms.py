@@ -23,8 +23,8 @@ import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from .config import AlarmSettings
 from .events import AlarmEvent
+from .plane_settings import AlarmSettings
 
 MAX_TASKS = 10_000  # task ids remembered (half-known tasks, repeats): the oldest are forgotten beyond this
 

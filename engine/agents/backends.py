@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.errors import CarlError
 
-from .config import AgentsSettings
 from .events import ModelUpdateEvent, TaskEvent
+from .plane_settings import AgentsSettings
 
 if TYPE_CHECKING:
     import httpx

@@ -28,8 +28,8 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, DiscardPolicy, StorageType, StreamConfig
 
-from .config import AgentsSettings, StreamLimits, check_url, env_url, server_urls
 from .events import STREAM_SUBJECTS, PlaneEvent
+from .plane_settings import AgentsSettings, StreamLimits, check_url, env_url, server_urls
 from .server import AgentsError, read_token
 
 STREAM = "CARL_AGENTS"

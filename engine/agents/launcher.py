@@ -3,10 +3,9 @@
 stopping them.
 
 Both ways the plane runs start it here: the engine's plane (plane.py: it supervises what this starts,
-restarting a process that dies with backoff) and `carl agents run` (cli.py's `headless`: until every task is
-done, its manager in its own event loop). What an engine that was killed left running is found again by the
-argv this gives each process (`stop_leftovers`).
-"""
+restarting a process that dies with backoff) and `carl agents run` (carl_agents.py's `headless`: until every
+task is done, its manager in its own event loop). What an engine that was killed left running is found again
+by the argv this gives each process (`stop_leftovers`)."""
 
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ from .server import LocalServer, listening, local_url, token_path
 if TYPE_CHECKING:
     from engine.store import Store
 
-    from .config import AgentsSettings
+    from .plane_settings import AgentsSettings
 
 STOP_WAIT_S = 15.0  # a process asked to stop gets this long to finish its task
 
@@ -57,7 +56,7 @@ def given_address(settings: AgentsSettings) -> Address | None:
     """The plane's address when a URL is given (`--url`, $CARL_NATS_URL or $NATS_URL, `agents.url`): then
     no server of ours runs."""
     from .bus import resolve_address
-    from .config import env_url
+    from .plane_settings import env_url
 
     return resolve_address(settings) if (settings.url or env_url()) else None
 

@@ -39,7 +39,6 @@ from engine.text import visible
 from .alarms import AlarmMonitor
 from .bus import STREAM, Address, connect, ensure_stream, publish_retrying, trainer_subscription
 from .bus import close as bus_close
-from .config import AgentsSettings
 from .events import (
     ControlEvent,
     EventRejected,
@@ -52,6 +51,7 @@ from .events import (
     parse_event,
 )
 from .feedback import Feedback
+from .plane_settings import AgentsSettings
 from .scoring import CombinedScorer, ScoredResult
 from .server import AgentsError
 from .tasks import TaskSpec, verify

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from .backends import Answer, WorkerError
-from .config import AgentsSettings
 from .events import ModelUpdateEvent, TaskEvent
+from .plane_settings import AgentsSettings
 
 START_S = 600.0  # loading a large model from disk can take minutes
 

@@ -37,9 +37,9 @@ from engine.store.commands import Verb
 
 from .bus import Address, connect, ensure_stream, publish
 from .bus import close as bus_close
-from .config import AgentsSettings
 from .events import PlaneEvent
 from .launcher import Child, Launcher, given_address, start_server, stop_leftovers, write_settings
+from .plane_settings import AgentsSettings
 from .server import AgentsError, LocalServer, free_port, listening, port_is_free
 
 if TYPE_CHECKING:
@@ -246,7 +246,7 @@ class Plane:
             log.warning("agents: the plane did not come back up: %s", exc)
 
     def start(self, spec: PlaneSpec) -> str:
-        from .config import default_settings_path, load_settings
+        from .plane_settings import default_settings_path, load_settings
         from .tasks import demo_tasks, load_tasks
 
         if self.up:

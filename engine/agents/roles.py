@@ -32,8 +32,8 @@ from .bus import (
     trainer_subscription,
 )
 from .bus import close as bus_close
-from .config import AgentsSettings
 from .events import EventRejected, TrainingRolloutEvent, parse_event
+from .plane_settings import AgentsSettings
 from .server import AgentsError
 from .verdicts import Verdicts
 from .weights import models_bucket, publish_update

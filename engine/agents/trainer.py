@@ -45,8 +45,8 @@ from engine.store import Store
 from engine.training import grpo
 from engine.training.backend import SAVE_TOTAL_LIMIT, CommandPump, Reporter, StepRecord, TrainingFailed
 
-from .config import TrainerSettings
 from .events import ModelUpdateEvent, TrainingRolloutEvent
+from .plane_settings import TrainerSettings
 from .policy import BASE_VERSION, LocalPolicy, PackedBatch, response_logprobs
 from .spool import RolloutSpool
 

@@ -35,7 +35,6 @@ from engine.errors import CarlError
 from .backends import Answer, Backend, HttpBackend, SwapNotNow, WorkerError
 from .bus import STREAM, Address, connect, ensure_stream, fetch, publish_retrying, pull
 from .bus import close as bus_close
-from .config import AgentsSettings
 from .events import (
     ControlEvent,
     EventRejected,
@@ -46,6 +45,7 @@ from .events import (
     parse_event,
 )
 from .model_process import ModelProcess
+from .plane_settings import AgentsSettings
 from .scoring import render_reply, split_reply
 from .weights import fetch_weights
 

@@ -25,7 +25,7 @@ import httpx
 from engine import __version__
 from engine.redact import redact
 
-from .config import AlertSettings
+from .alert_settings import AlertSettings
 
 ANSWER_BYTES = 4096  # of the webhook's answer read at most: its status is what counts
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.store import run_health
-from engine.system.health import box_flags
+from engine.system.box_health import box_flags
 
 from .health import Flag, Health, RunSignals, assess_health
 from .phases import classify_phase, crystallization_step

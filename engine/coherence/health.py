@@ -110,7 +110,7 @@ THROUGHPUT_DROP = 0.5
 THROUGHPUT_RECENT = 3
 THROUGHPUT_BASELINE = 20
 
-# What the box says of a run (engine/system/health.py judges these from the store: samples, processes, the
+# What the box says of a run (engine/system/box_health.py judges these from the store: samples, processes, the
 # console). Each is alerted on once per run whatever its level: a GPU idle for minutes, a disk filling or a
 # rank gone is what someone away from the screen wants to hear of.
 BOX_CAUSES = ("rank_died", "console_error", "gpu_idle", "gpu_memory", "disk_full", "xid")
@@ -190,7 +190,9 @@ class RunSignals:
     evals: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out task reward)
     verifier: np.ndarray = field(default_factory=lambda: np.empty(0))
     verifier_steps: np.ndarray = field(default_factory=lambda: np.empty(0))
-    box: list[Flag] = field(default_factory=list)  # what the box says of the run (engine/system/health.py)
+    box: list[Flag] = field(
+        default_factory=list
+    )  # what the box says of the run (engine/system/box_health.py)
     # async RL and throughput, over every step (not only RL's)
     mismatch: np.ndarray = field(default_factory=lambda: np.empty(0))
     mismatch_steps: np.ndarray = field(default_factory=lambda: np.empty(0))

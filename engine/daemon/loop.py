@@ -31,7 +31,7 @@ from typing import Any
 from engine import __version__, paths
 from engine.alerts import Alerts
 from engine.coherence.analysis import analyze_runs
-from engine.console.job import ConsoleJob, attach_logs
+from engine.console.console_job import ConsoleJob, attach_logs
 from engine.control.pidfile import (
     PidRecord,
     ensure_home,
@@ -312,8 +312,8 @@ class Engine:
             ingest_spool,
             sweep_open_turns,
         )
-        from engine.trajectories.config import TrajectoryConfigError
-        from engine.trajectories.config import load as load_trajectory_config
+        from engine.trajectories.trajectory_settings import TrajectoryConfigError
+        from engine.trajectories.trajectory_settings import load as load_trajectory_config
 
         if not self.spool_waiting() and time.monotonic() < self.next_sweep:
             return False
@@ -498,7 +498,7 @@ class Engine:
 
     def reap_children(self) -> None:
         """Collect finished training processes so none lingers as a zombie (the exit status of each is its
-        process's end: engine/system/processes.py); finish eval commands."""
+        process's end: engine/system/run_processes.py); finish eval commands."""
         for proc in self.children:
             if proc.poll() is not None:
                 self.system.child_ended(proc.pid, proc.returncode)

@@ -6,7 +6,7 @@ import argparse
 import warnings
 from pathlib import Path
 
-from .train import run_observed_demo
+from .trl_run import run_observed_demo
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,8 +76,8 @@ CONSOLE_ADVICE = {
     "and run again with NCCL_DEBUG=INFO for NCCL's own account",
     "traceback": "open the log view (L) on the run: t jumps to the traceback, with its frames",
 }
-# How health words each kind in its reason (engine/system/health.py CONSOLE_WHAT), which the finding stands
-# for.
+# How health words each kind in its reason (engine/system/box_health.py CONSOLE_WHAT), which the finding
+# stands for.
 CONSOLE_REASON = {"traceback": "traceback", "oom": "CUDA out of memory", "nccl": "NCCL error"}
 CONSOLE_TITLE = {
     "oom": "CUDA ran out of memory",
@@ -88,7 +88,7 @@ CONSOLE_TITLE = {
 
 def _console(d: dict[str, Any]) -> list[Finding]:
     """The newest traceback, CUDA out-of-memory or NCCL error the scan found in the run's console; its level
-    is the engine's (the console_error reason of its health, engine/system/health.py) when it has one."""
+    is the engine's (the console_error reason of its health, engine/system/box_health.py) when it has one."""
     findings = (d.get("console") or {}).get("findings") or []
     if not findings:
         return []
@@ -311,7 +311,7 @@ def _eval(d: dict[str, Any]) -> list[Finding]:
     ]
 
 
-# What the box says of a run (engine/system/health.py), as the analyst words it: a title and what to do.
+# What the box says of a run (engine/system/box_health.py), as the analyst words it: a title and what to do.
 BOX_FINDINGS = {
     "rank_died": (
         "A process of the run died",

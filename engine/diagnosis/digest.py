@@ -360,7 +360,7 @@ def build_digest(reader: StoreReader, run_id: int, *, now: float | None = None) 
         raise LookupError(f"run {run_id}: no such run")
     # The box's rules come with engine.system, which brings the store's writer: loaded when a digest is made,
     # not when the control room imports diagnosis.
-    from engine.system.health import box_flags
+    from engine.system.box_health import box_flags
 
     now_t = time.time() if now is None else now
     keys = reader.metric_keys(run_id)

@@ -26,8 +26,8 @@ from engine.agents.bus import close as bus_close
 from engine.agents.server import AgentsError
 from engine.text import one_line
 
-from .bus import ensure_stream as ensure_nodes_stream
-from .bus import fetch, subscribe
+from .stream import ensure_stream as ensure_nodes_stream
+from .stream import fetch, subscribe
 from .writer import Counts, Incoming, NodeWriter
 
 # Messages a fetch asks for: at most 64 MiB at the stream's 1 MiB a message (a few MiB in practice).

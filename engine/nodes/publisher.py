@@ -39,9 +39,9 @@ from engine.agents.server import AgentsError
 from engine.system import Sampler
 from engine.text import one_line, visible
 
-from .bus import ensure_stream, jetstream_missing
 from .follow import FollowError, LogFollower
 from .state import NodeState
+from .stream import ensure_stream, jetstream_missing
 from .wire import STREAM, console_name, encode, subject
 
 PUBLISH_TIMEOUT_S = 5.0  # an acknowledgement not back by then: the message is sent again (same id)

@@ -7,10 +7,10 @@ framework's keys onto one vocabulary. `observe` imports a path until caught up; 
 `ingest_source` on every followed source each tick.
 """
 
-from .common import IngestResult, ObserveError
 from .detect import detect_kind
 from .ingest import finish_import, ingest_source, observe, register_source
 from .keys import derived_phi, normalize_key
+from .reader_base import IngestResult, ObserveError
 
 __all__ = [
     "IngestResult",

@@ -9,7 +9,7 @@ from pathlib import Path
 from engine.files import checked_stat, kind_of, named, open_regular, read_regular, reason
 
 from . import mlflow_store, tensorboard, trackio, trainer_state, wandb_run
-from .common import ObserveError
+from .reader_base import ObserveError
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 JSONL_SUFFIXES = {".jsonl", ".ndjson", ".jsonlines"}

@@ -42,11 +42,11 @@ from engine.store import Store
 from engine.text import storable, visible_line
 
 from . import mlflow_store, model_vocab, pairing, trackio, trainer_state
-from .common import MULTI_RUN_KINDS, ObserveError
 from .detect import SQLITE_HEADER
 from .frameworks import NAMES, detect
 from .ingest import register_source, set_joined
 from .keys import normalize_key
+from .reader_base import MULTI_RUN_KINDS, ObserveError
 from .rollouts import verifiers
 from .runkeys import set_vocab_fallback
 

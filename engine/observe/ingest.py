@@ -18,8 +18,8 @@ from engine.store import Store, StoreError, sources
 from engine.text import storable
 
 from . import jsonl, mlflow_store, rollouts, tensorboard, trackio, trainer_state, wandb_run
-from .common import Budget, IngestResult, ObserveError, joins_key, source_run_ids
 from .detect import detect_kind
+from .reader_base import Budget, IngestResult, ObserveError, joins_key, source_run_ids
 
 Reader = Callable[[Store, dict[str, Any], Budget], IngestResult]
 READERS: dict[str, Reader] = {

@@ -23,7 +23,8 @@ from typing import Any
 from engine.files import kind_of, open_regular, reason
 from engine.store import Store
 
-from .common import (
+from .keys import KeyMap
+from .reader_base import (
     Budget,
     IngestResult,
     ObserveError,
@@ -34,7 +35,6 @@ from .common import (
     find_run,
     valid_vocab,
 )
-from .keys import KeyMap
 from .runkeys import finish_rows
 
 CHUNK = 1 << 20  # bytes per read

@@ -28,7 +28,8 @@ from engine.limits import int_text, shown
 from engine.store import Store
 from engine.text import storable
 
-from .common import (
+from .keys import KeyMap
+from .reader_base import (
     MAX_PROBLEMS,
     Budget,
     IngestResult,
@@ -41,7 +42,6 @@ from .common import (
     valid_max_steps,
     valid_vocab,
 )
-from .keys import KeyMap
 from .runkeys import finish_rows
 
 INSTALL = "pip install 'carl-tui[mlflow]'"

@@ -25,7 +25,7 @@ from typing import Any
 
 from engine.files import read_regular
 
-from .common import ObserveError, valid_vocab
+from .reader_base import ObserveError, valid_vocab
 
 MAX_CONFIG_BYTES = 4 << 20  # a model's config.json is a few KiB
 VERL_STEP = re.compile(r"global_step_(\d+)$")

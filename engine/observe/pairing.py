@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 from engine.store import Store, metric_keys
 from engine.store.sources import source_runs
 
-from .common import MULTI_RUN_KINDS, ObserveError
 from .ingest import ingest_source, register_source
+from .reader_base import MULTI_RUN_KINDS, ObserveError
 
 if TYPE_CHECKING:
     from .discover import Found

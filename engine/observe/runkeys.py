@@ -14,10 +14,10 @@ from typing import Any
 
 from engine.store import Store, metric_keys
 
-from .common import IngestResult, valid_vocab
 from .frameworks import KeyMapping, detect, scale_factors
 from .keys import derived_phi
 from .model_vocab import model_path, model_vocab
+from .reader_base import IngestResult, valid_vocab
 
 Row = tuple[int, str, Any, float]  # (step, key, value, wall time)
 PHI_KEYS = frozenset({"entropy", "phi/mean", "phi/entropy"})

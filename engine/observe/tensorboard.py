@@ -4,8 +4,8 @@ A source is one event file or a directory tree of runs: each directory holding e
 after its path relative to the root, and a run's files are read in name order (numbers as numbers). Every
 scalar is read (no reservoir): `simple_value` as torch's SummaryWriter writes it, and 0-d tensors of the
 scalars plugin as tf2-style writers do. Histograms (v1 `histo` of torch's and tensorboardX's `add_histogram`,
-and the `histograms` plugin's tensors) are stored as histograms (observe/histograms.py); texts that hold
-samples (OpenRLHF's `train/generated_samples`, tables of samples) become rollouts of the run
+and the `histograms` plugin's tensors) are stored as histograms (observe/tracker_histograms.py); texts that
+hold samples (OpenRLHF's `train/generated_samples`, tables of samples) become rollouts of the run
 (rollouts/tensorboard_text.py); a text larger than MAX_TEXT_RECORD bytes is skipped with one line. Images and
 other summaries are skipped and counted (`skipped` in the file's cursor), and so are the two texts
 transformers' TensorBoardCallback writes first (`model_config` and `args`, as JSON): they give the run its
@@ -39,7 +39,8 @@ from engine.store import Store
 from engine.store.histograms import KEYS_CAP, HistogramRow, add_histograms
 from engine.text import storable
 
-from .common import (
+from .keys import MAX_KEY_LENGTH, KeyMap
+from .reader_base import (
     Budget,
     IngestResult,
     ObserveError,
@@ -49,12 +50,11 @@ from .common import (
     valid_max_steps,
     valid_vocab,
 )
-from .histograms import HISTOGRAM_PLUGIN, from_histo, from_tensor
-from .keys import MAX_KEY_LENGTH, KeyMap
-from .rollouts.common import ROW_WEIGHT, store_at_next_places
+from .rollouts.rollout_base import ROW_WEIGHT, store_at_next_places
 from .rollouts.tensorboard_text import tag_name, text_samples
 from .runkeys import Row, finish_rows
 from .tfrecord import MAX_RECORD, OVERHEAD, Oversized, Records, crc32c_api
+from .tracker_histograms import HISTOGRAM_PLUGIN, from_histo, from_tensor
 
 EVENT_MARK = "tfevents"  # tensorboard's own test of an event file's name (io_wrapper.IsSummaryEventsFile)
 EMPTY_PROFILE = ".profile-empty"  # the profiler's empty marker files: named like event files, no summaries

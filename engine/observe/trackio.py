@@ -1,10 +1,10 @@
 """Trackio project databases (`<project>.db`), read as a third party.
 
-Opened read-only (`mode=ro`) in autocommit mode: every SELECT is its own short read
-transaction and is drained at once, so the Trackio writer is never held up. Rows are tailed
-by `metrics.id`; each Trackio run becomes one carl run (external id = Trackio's run id).
-Histograms in a metrics payload (`trackio.Histogram`) are stored as histograms (observe/histograms.py), and
-the project's traces (`trackio.Trace`) as rollouts of their runs (trackio_traces.py), tailed by rowid.
+Opened read-only (`mode=ro`) in autocommit mode: every SELECT is its own short read transaction and is drained
+at once, so the Trackio writer is never held up. Rows are tailed by `metrics.id`; each Trackio run becomes one
+carl run (external id = Trackio's run id). Histograms in a metrics payload (`trackio.Histogram`) are stored as
+histograms (observe/tracker_histograms.py), and the project's traces (`trackio.Trace`) as rollouts of their
+runs (trackio_traces.py), tailed by rowid.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from engine.store.schema import APPLICATION_ID
 from engine.store.sources import has_runs
 from engine.text import loads_storable
 
-from .common import (
+from .keys import KeyMap
+from .reader_base import (
     Budget,
     IngestResult,
     ObserveError,
@@ -35,10 +36,9 @@ from .common import (
     valid_max_steps,
     valid_vocab,
 )
-from .histograms import from_json, is_histogram_json
-from .keys import KeyMap
-from .rollouts.common import store_at_next_places
+from .rollouts.rollout_base import store_at_next_places
 from .runkeys import finish_rows
+from .tracker_histograms import from_json, is_histogram_json
 from .trackio_traces import read_traces
 
 PAGE = 500  # Trackio rows per query

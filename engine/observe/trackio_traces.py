@@ -25,9 +25,9 @@ from typing import Any
 from engine.limits import shown
 from engine.text import loads_storable
 
-from .common import Budget, IngestResult, as_step
+from .reader_base import Budget, IngestResult, as_step
 from .rollouts.columns import TRACKIO_TRACES, mapped
-from .rollouts.common import ROW_WEIGHT, split_messages
+from .rollouts.rollout_base import ROW_WEIGHT, split_messages
 
 PAGE = 200  # traces whose sizes are read at once
 MAX_TRACE_CHARS = 4 << 20  # a trace's messages and metadata together; a larger one is skipped, unread

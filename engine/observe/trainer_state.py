@@ -18,7 +18,8 @@ from typing import Any
 from engine.files import read_regular
 from engine.store import Store
 
-from .common import (
+from .keys import KeyMap
+from .reader_base import (
     Budget,
     IngestResult,
     ObserveError,
@@ -30,7 +31,6 @@ from .common import (
     valid_max_steps,
     valid_vocab,
 )
-from .keys import KeyMap
 from .runkeys import finish_rows
 
 FILE_NAME = "trainer_state.json"

@@ -20,7 +20,7 @@ from typing import Any
 from engine.names import slug
 from engine.store import Store
 
-from .common import IngestResult
+from .reader_base import IngestResult
 
 OUTPUT_LOG = "files/output.log"  # the console wandb writes (its `console` setting)
 CONSOLE_DIR = "consoles"  # beside carl.db

@@ -38,7 +38,8 @@ from engine.store.histograms import KEYS_CAP, HistogramRow, add_histograms
 from engine.store.source_links import attached_kinds
 
 from . import wandb_console, wandb_tables
-from .common import (
+from .keys import KeyMap
+from .reader_base import (
     Budget,
     IngestResult,
     ObserveError,
@@ -49,11 +50,10 @@ from .common import (
     valid_max_steps,
     valid_vocab,
 )
-from .histograms import JSON_TYPES as HISTOGRAM_TYPES
-from .histograms import from_json as histogram_of
-from .keys import KeyMap
-from .rollouts.common import ROW_WEIGHT
+from .rollouts.rollout_base import ROW_WEIGHT
 from .runkeys import Row, finish_rows
+from .tracker_histograms import JSON_TYPES as HISTOGRAM_TYPES
+from .tracker_histograms import from_json as histogram_of
 from .wandb_log import HEADER_LEN, Damaged, Oversized, RecordLog, header_problem
 
 FILE_SUFFIX = ".wandb"

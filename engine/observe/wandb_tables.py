@@ -26,7 +26,7 @@ from typing import Any
 from engine.files import FileKindError, read_regular
 from engine.text import loads_storable, visible_line
 
-from .common import IngestResult
+from .reader_base import IngestResult
 from .rollouts.columns import Layout, match
 
 TABLE_TYPE = "table-file"  # a media object's `_type` for a table written to a file

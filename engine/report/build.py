@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from engine.store.reader import RunRow, StoreReader
 
-from .data import RunData, run_data
 from .records import (
     ReportError,
     arm_summary,
@@ -25,6 +24,7 @@ from .records import (
     find_experiment,
     find_run,
 )
+from .run_data import RunData, run_data
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

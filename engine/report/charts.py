@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from plotly.colors import hex_to_rgb, qualitative
 from plotly.subplots import make_subplots
 
-from .data import XY, RunData
+from .run_data import XY, RunData
 
 TEMPLATE = "plotly_white"
 HEIGHT = 360

@@ -8,7 +8,7 @@ Wiring, for a runner: build one `CascadeGate` and pass TRL the functions `make_t
 `reward_weights` to `CascadeWeights(...).ordered(names, state.multiplier)`.
 """
 
-from .cascade import CascadeGate, CascadeWeights, GatedReward, GateState, gated
+from .cascade_gate import CascadeGate, CascadeWeights, GatedReward, GateState, gated
 from .functions import (
     CachedPhiProvider,
     CoherenceReward,

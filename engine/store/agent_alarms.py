@@ -1,5 +1,5 @@
-"""The agents plane's alarms in carl.db as the alert job reads them (engine/alerts/job.py): the newest agent
-event, where its cursor starts, and the alarms after its cursor.
+"""The agents plane's alarms in carl.db as the alert job reads them (engine/alerts/alert_job.py): the newest
+agent event, where its cursor starts, and the alarms after its cursor.
 
 Reads on the writer's connection.
 """

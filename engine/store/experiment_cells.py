@@ -1,5 +1,5 @@
-"""What an experiment's runner reads of carl.db about a cell's run (engine/experiments/runner.py): the
-engine's answer to the command that starts it, and, once the run is evaluated, the figures its cell keeps.
+"""What an experiment's runner reads of carl.db about a cell's run (engine/experiments/experiment_runner.py):
+the engine's answer to the command that starts it, and, once the run is evaluated, the figures its cell keeps.
 
 Reads on the writer's connection.
 """

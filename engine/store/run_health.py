@@ -95,5 +95,5 @@ def replace_crystallization(store: Store, run_id: int, step: int, detail: str, w
 
 
 def system_reads(db: Store | StoreReader) -> SystemReads:
-    """The box's tables, read on the same connection (the box's health rules: engine/system/health.py)."""
+    """The box's tables, read on the same connection (the box's health rules: engine/system/box_health.py)."""
     return SystemReads(db.conn, schema_version(db))

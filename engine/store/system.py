@@ -460,7 +460,7 @@ class SystemTables:
 
     def runs_updated_since(self, t: float) -> list[tuple[int, int]]:
         """(run id, pid) of the runs written to since `t` that have a pid: the engine looks among them for
-        the run a training process it started became (engine/console/job.py)."""
+        the run a training process it started became (engine/console/console_job.py)."""
         rows = self.conn.execute(
             "SELECT id, pid FROM runs WHERE updated_at >= ? AND pid IS NOT NULL ORDER BY id", (t,)
         ).fetchall()

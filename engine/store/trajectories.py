@@ -157,7 +157,7 @@ def last_loss(store: Store, run_id: int) -> float | None:
     return None if row is None else row[0]
 
 
-# -- the sampler's records (engine/trajectories/training/sampler.py) --------------------------------
+# -- the sampler's records (engine/trajectories/training/flowrl_sampler.py) --------------------------------
 # Plain functions over a connection: the sampler reads the writer's, or one its caller holds.
 
 SCORED_COLUMNS = (

@@ -6,9 +6,9 @@
 
 from __future__ import annotations
 
-from .base import Task, completion_text
 from .checks import CHECKS, normalise
 from .reference import ReferenceTask
+from .task_base import Task, completion_text
 from .toolcall import ToolCallTask, call_format_score, call_score, parse_call
 
 TASKS = ("auto", "toolcall", "reference")

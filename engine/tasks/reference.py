@@ -11,8 +11,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Task
 from .checks import CHECKS, check, expected
+from .task_base import Task
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 

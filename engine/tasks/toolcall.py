@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Task
+from .task_base import Task
 
 
 def parse_call(text: str) -> dict[str, Any] | None:

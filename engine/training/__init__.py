@@ -3,9 +3,9 @@
 Importing this package imports no torch: the config and the runner's entry points are light,
 and the backends (torch, transformers, trl) load only when training starts.
 
-    carl train --config carl.yaml      ->  engine.training.cli.train_from_args
+    carl train --config carl.yaml      ->  engine.training.carl_train.train_from_args
     carl train --processes N           ->  engine.training.distributed: N ranks through accelerate
-    carl init                          ->  engine.training.cli.init_config
+    carl init                          ->  engine.training.carl_train.init_config
     python -m engine.training ...      ->  the same, as its own process
     CarlCallback                       ->  stream your own TRL/transformers script into carl
 """
@@ -16,7 +16,7 @@ from .config import ConfigError, TrainConfig, load_config, write_default_config
 
 if TYPE_CHECKING:
     from .callback import CarlCallback
-    from .cli import add_train_arguments, init_config, train_from_args
+    from .carl_train import add_train_arguments, init_config, train_from_args
     from .runner import run_training
 
 __all__ = [
@@ -33,9 +33,9 @@ __all__ = [
 
 _LAZY = {
     "CarlCallback": "callback",
-    "add_train_arguments": "cli",
-    "init_config": "cli",
-    "train_from_args": "cli",
+    "add_train_arguments": "carl_train",
+    "init_config": "carl_train",
+    "train_from_args": "carl_train",
     "run_training": "runner",
 }
 

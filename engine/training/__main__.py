@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 
-from .cli import main
+from .carl_train import main
 
 if __name__ == "__main__":
     # Library deprecation notices (transformers 5 renames) are noise in a run's log.

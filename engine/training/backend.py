@@ -111,7 +111,7 @@ class StepRecord:
     samples: list[dict[str, Any]] = field(default_factory=list)
     rollouts: list[dict[str, Any]] = field(
         default_factory=list
-    )  # engine/training/rollouts.py, without the step
+    )  # engine/training/step_rollouts.py, without the step
     events: list[tuple[str, str]] = field(default_factory=list)  # (kind, detail)
     perf: StepPerf | None = (
         None  # the step's time, tokens and MFU: written as perf/* (engine/training/perf.py)

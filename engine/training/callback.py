@@ -31,7 +31,7 @@ from engine import paths
 from .backend import CommandPump, Reporter, StepRecord, numeric_logs, one_line
 from .hf import CommandCallback, entropy_to_phi
 from .perf import STEP_TIME, TOKENS_PER_S
-from .processes import note_self
+from .rank_processes import note_self
 
 PHI_KEYS = ("phi/mean", "phi_mean", "phi", "train/phi/mean")
 ENTROPY_KEYS = ("entropy", "train/entropy")

@@ -108,8 +108,8 @@ def checked_inputs(
     """The run's training rows, held-out rows, rewards (None for SFT) and model to load, each checked:
     BadInput names what is wrong. Every backend calls this first, and so does `--processes` before it
     launches any rank, so bad input is one line there too."""
-    from .cascade import build_rewards
     from .holdout import split_holdout
+    from .reward_set import build_rewards
 
     rows, held = split_holdout(load_rows(config.dataset, config.seed), config.eval.holdout)
     columns = dataset_columns(rows)

@@ -33,13 +33,13 @@ from typing import Any
 
 from engine import paths
 from engine.store import Store, StoreError
-from engine.system.processes import note_own, rank_info
+from engine.system.run_processes import note_own, rank_info
 
 from .backend import BadInput, Reporter
 from .config import TrainConfig
 from .data import checked_inputs
 from .lifecycle import EXIT_BAD_INPUT, EXIT_FAILED, open_run, say_error, train_run
-from .processes import LauncherReport, agent_row, end_self, note_ranks_of, note_self
+from .rank_processes import LauncherReport, agent_row, end_self, note_ranks_of, note_self
 from .ranks import signals_deferred, start_ranks, training_backend
 
 EXIT_FILE_ENV = "CARL_EXIT_FILE"  # where rank 0 leaves its exit code for the launching carl train

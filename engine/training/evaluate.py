@@ -334,8 +334,8 @@ def _score(
     phi: list[float],
     entropy: list[float],
 ) -> tuple[dict[str, Any], bool, list[str]]:
-    from .cascade import build_rewards
     from .data import dataset_columns, run_task
+    from .reward_set import build_rewards
 
     rewards = build_rewards(config, run_task(config, dataset_columns(rows)))
     prompts = [row["prompt"] for row in rows]

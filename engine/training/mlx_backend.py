@@ -16,8 +16,8 @@ the loss is the clipped surrogate of the per-token ratio against the behaviour p
 `beta` times the k3 KL to the starting model, over every completion token of the batch (TRL's
 default "dapo" normalisation). Φ per token comes from the logits of that same training forward,
 in one fused pass (log-sum-exp and Σp·z at the temperature); the step's rollouts take their per-token
-entropy and log-probability from it too (engine/training/rollouts.py). Each step records the RL health keys
-under TRL's names (kl when beta > 0, clip_ratio/*, completions/*, frac_reward_zero_std), and the entropy
+entropy and log-probability from it too (engine/training/step_rollouts.py). Each step records the RL health
+keys under TRL's names (kl when beta > 0, clip_ratio/*, completions/*, frac_reward_zero_std), and the entropy
 percentiles and Cov(log π, A) of engine/coherence/tokens.py, from that same forward.
 
 Each step's randomness (which prompts, which samples) derives from the seed and the step number,
@@ -58,14 +58,14 @@ from .backend import (
     StepRecord,
     TrainingFailed,
 )
-from .cascade import RewardSet
 from .config import TrainConfig
 from .data import checked_inputs, dataset_columns, offline_if_local, prompt_text
 from .grpo import group_advantages
 from .holdout import holdout_line
 from .mlx_losses import Batch, grpo_loss, per_row, sft_loss, token_stats
 from .perf import GENERATION, GIB, MLX_ACTIVE_MEMORY, MLX_PEAK_MEMORY, SCORING, UPDATE, StepClock, StepPerf
-from .rollouts import TokenTexts, step_rollouts
+from .reward_set import RewardSet
+from .step_rollouts import TokenTexts, step_rollouts
 
 CARL_STATE = "carl_state.json"  # written last into a checkpoint: one without it is incomplete
 OPTIMIZER_FILE = "optimizer.safetensors"

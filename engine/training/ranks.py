@@ -143,7 +143,7 @@ LOST_RANK_MARKS = (
 )
 LOST_RANK_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError")
 LOST_RANK_REASON = (
-    "another training process died or stopped answering"  # how rank 0 says so (and processes.py)
+    "another training process died or stopped answering"  # how rank 0 says so (and rank_processes.py)
 )
 
 

@@ -13,7 +13,7 @@ from .backend import BadInput
 from .config import TrainConfig
 from .distributed import run_rank
 from .lifecycle import EXIT_BAD_INPUT, open_run, say_error, train_run
-from .processes import end_self, note_self
+from .rank_processes import end_self, note_self
 from .ranks import launched_world
 
 
@@ -43,7 +43,7 @@ def run_training(
         except BadInput as exc:
             say_error(str(exc))
             return EXIT_BAD_INPUT
-        note_self(store, run_id, "runner")  # the run's process, and its end (engine/system/processes.py)
+        note_self(store, run_id, "runner")  # the run's process, and its end (engine/system/run_processes.py)
         code = train_run(store, run_id, config, home, output_dir, resuming=resume is not None)
         end_self(store, run_id, code)
         return code

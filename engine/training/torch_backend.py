@@ -9,9 +9,9 @@ logits processor measures each decoding step while transformers samples), or, wh
 hooked (vLLM, `phi_source: forward`), from one no-grad forward of prompt + completion ids. Each such
 step logs which (`phi/from_generate`: 1 or 0).
 
-The step's rollouts (engine/training/rollouts.py) take their per-token entropy and log-probability from that
-same loss forward, and their advantages from TRL's own computation: storing them costs no model call. So do
-the entropy percentiles and Cov(log π, A) of engine/coherence/tokens.py; TRL logs the other RL health keys
+The step's rollouts (engine/training/step_rollouts.py) take their per-token entropy and log-probability from
+that same loss forward, and their advantages from TRL's own computation: storing them costs no model call. So
+do the entropy percentiles and Cov(log π, A) of engine/coherence/tokens.py; TRL logs the other RL health keys
 itself (kl only when beta > 0, clip_ratio/*, completions/*, frac_reward_zero_std).
 """
 
@@ -48,7 +48,6 @@ from .backend import (
     TrainingFailed,
     numeric_logs,
 )
-from .cascade import RewardSet
 from .config import TrainConfig
 from .data import checked_inputs, dataset_columns, offline_if_local, prompt_text
 from .flops import ModelFlops, gpu_peak
@@ -57,8 +56,9 @@ from .holdout import holdout_line
 from .perf import GENERATION, SCORING, UPDATE, StepClock, StepPerf
 from .phi_sampling import GenerationPhi
 from .ranks import Ranks, collective_timeout
-from .rollouts import TokenTexts, step_rollouts
+from .reward_set import RewardSet
 from .step_capture import StepCapture
+from .step_rollouts import TokenTexts, step_rollouts
 
 CARL_STATE = "carl_gate.json"  # gate, weights and calibration, saved into every checkpoint
 WARMUP_DIR = "sft-warmup"  # the model after the SFT warm-up, the base of the GRPO phase

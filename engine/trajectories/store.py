@@ -19,7 +19,7 @@ import numpy as np
 
 from engine.store import Store
 from engine.store import trajectories as trajectory_rows
-from engine.trajectories.model import MAX_STORED_EVENTS, Scored, Trajectory
+from engine.trajectories.trajectory import MAX_STORED_EVENTS, Scored, Trajectory
 
 HOLDOUT_SHARE = 0.1  # trajectories kept out of every sample, export and training, for evaluation
 

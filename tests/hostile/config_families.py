@@ -107,14 +107,14 @@ def load_train(path: Path) -> None:
 
 
 def load_agents(path: Path) -> None:
-    from engine.agents.config import load_settings
+    from engine.agents.plane_settings import load_settings
 
     load_settings(path)
 
 
 def load_tui(path: Path) -> list[str]:
-    from carl_tui.config import load_config
     from carl_tui.keymap import check_keymap, keymap_line, known_ids
+    from carl_tui.preferences import load_config
 
     config = load_config(path.parent)
     _, problems = check_keymap(config.keymap, known_ids())
@@ -122,13 +122,13 @@ def load_tui(path: Path) -> list[str]:
 
 
 def load_trajectories(path: Path) -> None:
-    from engine.trajectories.config import load
+    from engine.trajectories.trajectory_settings import load
 
     load(path.parent)
 
 
 def load_engine(path: Path) -> list[str]:
-    from engine.alerts.config import load_settings
+    from engine.alerts.alert_settings import load_settings
 
     return load_settings(path.parent)[1]
 
@@ -140,7 +140,7 @@ def train_seed() -> dict[str, Any]:
 
 
 def agents_seed() -> dict[str, Any]:
-    from engine.agents.config import AgentsSettings
+    from engine.agents.plane_settings import AgentsSettings
 
     settings = AgentsSettings().model_dump(mode="json")
     settings["url"] = "nats://127.0.0.1:4222"
@@ -148,7 +148,7 @@ def agents_seed() -> dict[str, Any]:
 
 
 def tui_seed() -> dict[str, Any]:
-    from carl_tui.config import TuiConfig
+    from carl_tui.preferences import TuiConfig
 
     config = dataclasses.asdict(TuiConfig())
     config["keymap"] = {"help": "h,f1", "quit": "q"}

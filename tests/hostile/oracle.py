@@ -393,8 +393,8 @@ def make_baseline(home: Path) -> Baseline:
 
     from engine.agents.audit import AuditWriter, Incoming
     from engine.store import Store
-    from engine.trajectories.model import Event, Trajectory
     from engine.trajectories.store import save
+    from engine.trajectories.trajectory import Event, Trajectory
 
     home.mkdir(parents=True, exist_ok=True)
     db = home / "carl.db"

@@ -97,7 +97,7 @@ def feed_hooks(case: HookCase, ws: Workspace, where: Path) -> Outcome:
     from engine.trajectories.capture.hooks import spool_dir
     from engine.trajectories.capture.live import ingest_spool
     from engine.trajectories.capture.recorder import record
-    from engine.trajectories.config import load
+    from engine.trajectories.trajectory_settings import load
 
     errors_log = ws.home / "logs" / "hook-errors.log"
     logged_before = errors_log.stat().st_size if errors_log.exists() else 0
@@ -231,8 +231,8 @@ class Plane:
     def started(self) -> Iterator[Plane]:
         from agents_support import address_of, jetstream, nats_server
 
-        from engine.agents.config import AgentsSettings
         from engine.agents.plane import Bridge
+        from engine.agents.plane_settings import AgentsSettings
 
         self.thread.start()
         with nats_server(self.ws.root / "nats-home") as server:
@@ -250,8 +250,8 @@ class Plane:
 
     def restart_bridge(self) -> None:
         """A new audit on a new home (after a hang, the workspace moved to a fresh home)."""
-        from engine.agents.config import AgentsSettings
         from engine.agents.plane import Bridge
+        from engine.agents.plane_settings import AgentsSettings
 
         self.bridge.stop()
         self.bridge = Bridge(self.ws.home, self.address, AgentsSettings())

@@ -40,9 +40,9 @@ def one_line(text: str) -> str:
 
 def load_toml_settings(home: Path) -> list[str]:
     """Each TOML settings file of `home` loaded as the product loads it; the line each one gives."""
-    from carl_tui.config import ConfigError, load_config
-    from engine.alerts.config import load_settings
-    from engine.trajectories.config import TrajectoryConfigError, load
+    from carl_tui.preferences import ConfigError, load_config
+    from engine.alerts.alert_settings import load_settings
+    from engine.trajectories.trajectory_settings import TrajectoryConfigError, load
 
     lines = []
     for loader, error in ((load_config, ConfigError), (load, TrajectoryConfigError)):
@@ -119,7 +119,7 @@ def test_a_webhook_urllib_refuses(tmp_path: Path) -> None:
     """§7, found by the engine-toml family: a webhook URL holding a "[" that opens no IPv6 address made
     urllib raise ValueError out of engine.toml's loader (the engine's alerts job failed on it each tick); it
     is the one line every bad webhook gets (the URL itself is not shown: it is often the secret)."""
-    from engine.alerts.config import load_settings
+    from engine.alerts.alert_settings import load_settings
 
     (tmp_path / "engine.toml").write_text('[alerts]\nwebhook = "http://127.0.0.1:[x]9/alerts"\n')
     settings, problems = load_settings(tmp_path)
@@ -287,7 +287,7 @@ def test_a_tool_name_that_is_not_text_costs_nothing_beside_it(tmp_path: Path, na
     the file imported."""
     from test_trajectory_import import claude_session, write_jsonl
 
-    from engine.trajectories.importers.files import import_paths
+    from engine.trajectories.importers.trace_files import import_paths
 
     lines = claude_session()
     for line in lines:

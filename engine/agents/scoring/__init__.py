@@ -42,7 +42,7 @@ from .judges import (
 from .prm import PRMScorer, StepScores, vote_of
 from .replies import render_reply, split_reply
 from .scale import NEUTRAL, clamp01, mean
-from .text import (
+from .text_reading import (
     Source,
     arithmetic,
     balanced,

@@ -19,7 +19,7 @@ from .dimensions import (
 from .prm import PRMScorer
 from .replies import split_reply
 from .scale import NEUTRAL, clamp01, mean
-from .text import shorten
+from .text_reading import shorten
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 from .actions import parse_action
 from .halugate import halugate_score
 from .scale import clamp01, mean
-from .text import Source, readability, readable_words
+from .text_reading import Source, readability, readable_words
 
 PROFILES: dict[str, dict[str, float]] = {
     "chat": {"prm": 0.6, "halugate": 0.3, "length": 0.1},

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .scale import mean
-from .text import (
+from .text_reading import (
     DISCOURSE,
     NEGATIONS,
     NUMBER_WORDS,

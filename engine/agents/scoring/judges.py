@@ -17,7 +17,7 @@ from engine.llm import claude
 from engine.redact import redact
 
 from .scale import clamp01
-from .text import (
+from .text_reading import (
     Source,
     balanced,
     coverage,

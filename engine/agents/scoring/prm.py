@@ -11,7 +11,7 @@ from typing import Any
 
 from .judges import JudgeReplyError, StepJudge
 from .scale import NEUTRAL, clamp01
-from .text import shorten
+from .text_reading import shorten
 
 log = logging.getLogger("carl.agents")
 

@@ -7,8 +7,8 @@ Four source kinds, each followed as it is written and restart-safe (the cursor i
     rollouts-prime      prime-rl's rollouts/step_N/train/effective/traces.jsonl                prime.py
     rollouts-verifiers  verifiers' results.jsonl (vf-eval)                                     verifiers.py
 
-A source's samples join the run of the source its `attach_to` names, else a run of its own (common.py). Our
-own GRPO runs write their rollouts through the training Reporter instead (engine/training/backend.py).
+A source's samples join the run of the source its `attach_to` names, else a run of its own (rollout_base.py).
+Our own GRPO runs write their rollouts through the training Reporter instead (engine/training/backend.py).
 Rollouts a tracker logged come with that tracker's source, not as a source kind of their own: Trackio's traces
 (engine/observe/trackio_traces.py) and TensorBoard's texts of samples (tensorboard_text.py), their fields
 named by one declarative column map per source (columns.py, as are W&B Tables' columns).

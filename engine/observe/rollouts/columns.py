@@ -45,8 +45,8 @@ from typing import Any
 
 from engine.limits import COUNT_MAX, int_within
 
-from ..common import as_step
-from .common import MAX_TEXT, chat_text, finite
+from ..reader_base import as_step
+from .rollout_base import MAX_TEXT, chat_text, finite
 
 WIDE = re.compile(r"(.+)_(\d{1,6})$")  # `input_3`: the name and the sample's number in a wide row
 MISSING = object()

@@ -18,8 +18,8 @@ from typing import IO, Any
 from engine.store import Store
 from engine.text import loads_storable
 
-from ..common import Budget, IngestResult, ObserveError
-from .common import attached_run, not_a_file, spent, write_batch
+from ..reader_base import Budget, IngestResult, ObserveError
+from .rollout_base import attached_run, not_a_file, spent, write_batch
 
 CHUNK = 1 << 20  # bytes per read
 MAX_BYTES = 8 << 20  # bytes per batch (a longer line is still read whole)

@@ -23,9 +23,9 @@ from typing import Any
 from engine.limits import int_text
 from engine.store import Store
 
-from ..common import Budget, IngestResult
+from ..reader_base import Budget, IngestResult
 from . import dumps
-from .common import chat_text, finite
+from .rollout_base import chat_text, finite
 
 STEP = re.compile(r"step_(\d+)$")
 TRACES = Path("train") / "effective" / "traces.jsonl"

@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 from .columns import TENSORBOARD_TEXT, has_completion, mapped
-from .common import chat_text, finite
+from .rollout_base import chat_text, finite
 
 TEXT_SUFFIX = "/text_summary"  # what SummaryWriter.add_text appends to a tag
 SAMPLE_TAGS = frozenset({"generated_samples", "samples", "generations", "completions", "rollouts"})

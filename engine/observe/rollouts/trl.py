@@ -36,8 +36,8 @@ from typing import Any
 from engine.limits import int_text
 from engine.store import Store
 
-from ..common import Budget, IngestResult, ObserveError
-from .common import MAX_TEXT, attached_run, chat_text, not_a_file, spent, write_batch
+from ..reader_base import Budget, IngestResult, ObserveError
+from .rollout_base import MAX_TEXT, attached_run, chat_text, not_a_file, spent, write_batch
 
 FILE = re.compile(r"completions_(\d+)\.parquet$")
 REQUIRED = ("prompt", "completion")

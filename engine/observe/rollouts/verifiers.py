@@ -25,10 +25,10 @@ from typing import Any
 from engine.limits import int_within
 from engine.store import Store
 
-from ..common import Budget, IngestResult
+from ..reader_base import Budget, IngestResult
 from . import dumps
-from .common import chat_text, finite
 from .prime import _sample as trace_sample
+from .rollout_base import chat_text, finite
 
 TRACES_FILE = "traces.jsonl"  # verifiers 0.4 (verifiers/v1/utils/trace_store.py TRACES_FILE)
 FILE_NAME = "results.jsonl"  # the legacy path

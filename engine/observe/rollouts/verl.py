@@ -18,9 +18,9 @@ from typing import Any
 from engine.limits import int_text
 from engine.store import Store
 
-from ..common import Budget, IngestResult, as_step
+from ..reader_base import Budget, IngestResult, as_step
 from . import dumps
-from .common import chat_text, finite
+from .rollout_base import chat_text, finite
 
 FILE = re.compile(r"(\d+)\.jsonl$")
 OWN = frozenset({"input", "output", "score", "reward", "step"})

@@ -29,8 +29,6 @@ import numpy as np
 
 from engine.errors import CarlError
 from engine.trajectories.ablation.leave_one_out import TOP_K, AblationRow, ablate, renormalised, signal_matrix
-from engine.trajectories.importers.common import Line
-from engine.trajectories.importers.files import read_jsonl
 from engine.trajectories.importers.karl_records import (
     PUBLISHED,
     RecordError,
@@ -38,8 +36,10 @@ from engine.trajectories.importers.karl_records import (
     signal_field,
     stored_scores,
 )
-from engine.trajectories.model import Trajectory
+from engine.trajectories.importers.trace_files import read_jsonl
+from engine.trajectories.importers.trace_lines import Line
 from engine.trajectories.scoring.signals import SIGNALS, score_many
+from engine.trajectories.trajectory import Trajectory
 
 # The paper's code at the time of the ablation (docs/reference/karl.md §13 item 1); the same numbers as ours.
 PAPER_WEIGHTS = {

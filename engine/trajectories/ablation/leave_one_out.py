@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.trajectories.model import Scored
 from engine.trajectories.scoring.signals import SIGNALS, WEIGHTS
+from engine.trajectories.trajectory import Scored
 
 TOP_K = 20
 TIE_TOLERANCE = 1e-9

@@ -28,8 +28,8 @@ from typing import Any, Literal
 
 from engine.errors import CarlError
 from engine.text import encodable, may_hold_surrogates, one_line, storable_value
-from engine.trajectories.importers.detect import DEFAULT_DETECTOR, Detector, is_human_text
-from engine.trajectories.model import (
+from engine.trajectories.importers.human_prompts import DEFAULT_DETECTOR, Detector, is_human_text
+from engine.trajectories.trajectory import (
     Event,
     Trajectory,
     cut_prompt,
@@ -717,7 +717,7 @@ def _model(value: Any) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# CLI helpers (engine/trajectories/cli.py wires `carl hooks ...` to these)
+# CLI helpers (engine/trajectories/carl_trajectories.py wires `carl hooks ...` to these)
 
 
 def hook_cli_main(argv: Sequence[str] | None = None) -> int:

@@ -23,8 +23,8 @@ from engine.redact import redact_value
 from engine.store import Store
 from engine.store import trajectories as trajectory_rows
 from engine.text import one_line, storable
-from engine.trajectories.config import TrajectoryConfig
 from engine.trajectories.store import SaveResult, save
+from engine.trajectories.trajectory_settings import TrajectoryConfig
 
 if TYPE_CHECKING:
     from engine.trajectories.capture.hooks import SpoolItem

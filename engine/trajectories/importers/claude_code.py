@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.trajectories.importers.common import (
+from engine.trajectories.importers.human_prompts import DEFAULT_DETECTOR, Detector, is_human_text
+from engine.trajectories.importers.trace_lines import (
     Line,
     Parsed,
     as_dict,
@@ -22,8 +23,7 @@ from engine.trajectories.importers.common import (
     prompt_of,
     unix_ts,
 )
-from engine.trajectories.importers.detect import DEFAULT_DETECTOR, Detector, is_human_text
-from engine.trajectories.model import (
+from engine.trajectories.trajectory import (
     Event,
     Trajectory,
     exit_code_from_text,

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.trajectories.importers.common import (
+from engine.trajectories.importers.human_prompts import DEFAULT_DETECTOR, Detector, is_codex_human_text
+from engine.trajectories.importers.trace_lines import (
     Line,
     Parsed,
     as_dict,
@@ -27,8 +28,7 @@ from engine.trajectories.importers.common import (
     prompt_of,
     unix_ts,
 )
-from engine.trajectories.importers.detect import DEFAULT_DETECTOR, Detector, is_codex_human_text
-from engine.trajectories.model import Event, Trajectory, make_uid, normalize_tool
+from engine.trajectories.trajectory import Event, Trajectory, make_uid, normalize_tool
 
 AGENT = "codex"
 # Tuples, not sets: a malformed line's `type` may be a list, which a set cannot look up.

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.trajectories.importers.common import (
+from engine.trajectories.importers.human_prompts import DEFAULT_DETECTOR, Detector
+from engine.trajectories.importers.trace_lines import (
     Line,
     Parsed,
     as_bool,
@@ -32,9 +33,8 @@ from engine.trajectories.importers.common import (
     prompt_of,
     unix_ts,
 )
-from engine.trajectories.importers.detect import DEFAULT_DETECTOR, Detector
-from engine.trajectories.model import Event, Trajectory, make_uid, normalize_tool
 from engine.trajectories.scoring.signals import SIGNALS
+from engine.trajectories.trajectory import Event, Trajectory, make_uid, normalize_tool
 
 AGENT = "karl"
 PUBLISHED = "published"  # the paper's 290-record file (§11)

@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.trajectories.model import Trajectory
+from engine.trajectories.trajectory import Trajectory
 
 EVIDENCE_PARAMS = ("file_path", "command", "pattern")
 MATCH_CACHE_SIZE = 65_536  # distinct evidence strings remembered per table (paths and commands repeat)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from engine.trajectories.model import MAX_STORED_EVENTS, MUTATION_TOOLS, Event, Trajectory
+from engine.trajectories.trajectory import MAX_STORED_EVENTS, MUTATION_TOOLS, Event, Trajectory
 
 RESEARCH_TOOLS = frozenset({"Read", "Grep", "Glob", "WebSearch", "WebFetch"})
 PLANNING_TOOLS = frozenset({"EnterPlanMode", "ExitPlanMode", "TaskCreate", "TaskUpdate"})

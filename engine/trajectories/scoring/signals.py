@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.trajectories.model import MAX_STORED_EVENTS, MUTATION_TOOLS, Event, Scored, Trajectory
+from engine.trajectories.trajectory import MAX_STORED_EVENTS, MUTATION_TOOLS, Event, Scored, Trajectory
 
 WEIGHTS = {"outcome": 0.30, "process": 0.25, "efficiency": 0.15, "verification": 0.15, "consistency": 0.15}
 SIGNALS = tuple(WEIGHTS)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.trajectories.training.sampler import Record, Step
+from engine.trajectories.training.flowrl_sampler import Record, Step
 
 SYSTEM_PROMPT = (
     "You are an expert software engineering assistant. Given a task, plan the best sequence of tool uses:"

@@ -26,10 +26,10 @@ import numpy as np
 from engine import paths
 from engine.errors import CarlError
 from engine.store import Store
-from engine.trajectories.model import Event, Trajectory
 from engine.trajectories.scoring.signals import score
 from engine.trajectories.training.export import MAX_PLAN_STEPS, MIN_TOOL_EVENTS, plan_text, prompt_messages
-from engine.trajectories.training.sampler import Record, load_records
+from engine.trajectories.training.flowrl_sampler import Record, load_records
+from engine.trajectories.trajectory import Event, Trajectory
 
 METRICS = ("similarity", "jaccard", "first_tool", "plan_reward")
 MIN_HIGH = 5  # fewer hold-out trajectories with A > 0 than this: take the top half by reward

@@ -36,7 +36,7 @@ from engine.trajectories.training.export import (
     passes_quality,
     write_examples,
 )
-from engine.trajectories.training.sampler import Record, load_records, sample
+from engine.trajectories.training.flowrl_sampler import Record, load_records, sample
 
 TrainStrategy = Literal["advantage", "uniform"]
 TRAIN_STRATEGIES: tuple[str, ...] = ("advantage", "uniform")

@@ -8,7 +8,7 @@ from typing import Any
 from engine.store import Store, run_lookup
 
 from .arms import GATED_ARMS
-from .runner import Experiment
+from .experiment_runner import Experiment
 from .stats import mean_ci, paired_delta
 
 BASELINE = "task-only"

@@ -1,4 +1,4 @@
-"""The processes of a run as the run records them (engine/system/processes.py has the engine's side).
+"""The processes of a run as the run records them (engine/system/run_processes.py has the engine's side).
 
 - The runner of a one-process run, and the launching `carl train` of `--processes N` with accelerate's
   launcher, write their own rows when they start (`note_self`); rank 0 writes every rank's, gathered at the
@@ -33,7 +33,7 @@ import psutil
 
 from engine import paths
 from engine.store import ProcessRow, Store
-from engine.system.processes import (
+from engine.system.run_processes import (
     LIVE,
     end_own,
     end_reason,

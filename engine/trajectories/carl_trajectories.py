@@ -16,7 +16,7 @@ from engine.files import named, reason
 from engine.limits import int_flag
 from engine.names import name_arg
 from engine.text import visible, visible_line
-from engine.trajectories.config import load as load_config
+from engine.trajectories.trajectory_settings import load as load_config
 
 
 class TrajectoryCliError(CarlError):
@@ -121,7 +121,7 @@ def default_sources() -> list[Path]:
 
 def _import(args: argparse.Namespace, home: Path) -> int:
     from engine.trajectories.capture.live import refresh_plasticity
-    from engine.trajectories.importers.files import import_paths
+    from engine.trajectories.importers.trace_files import import_paths
     from engine.trajectories.store import save
 
     sources = args.paths or default_sources()
@@ -260,7 +260,7 @@ def _ablate_paper(path: Path, as_json: bool) -> int:
 
 def _export(args: argparse.Namespace, home: Path) -> int:
     from engine.trajectories.training.export import export_sft, format_export
-    from engine.trajectories.training.sampler import load_records
+    from engine.trajectories.training.flowrl_sampler import load_records
 
     with _store(home) as store:
         records = load_records(store, include_holdout=True)  # the export drops them itself, and counts them

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.tomlfile import FileWatch
 
-from .config import FILE_NAME, NodesSettings, load_nodes_settings
+from .node_settings import FILE_NAME, NodesSettings, load_nodes_settings
 
 if TYPE_CHECKING:
     from engine.agents.bus import Address

@@ -8,7 +8,7 @@ paths = ["/data/ckpt"]  # more directories whose disk's free space is watched ($
 ```
 
 A bad value is one line naming its key (`engine.toml: system.interval_s: ...`) and the default holds; the rest
-still applies, as for `[alerts]` (engine/alerts/config.py).
+still applies, as for `[alerts]` (engine/alerts/alert_settings.py).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from engine.limits import EXIT_CODE_MAX, EXIT_CODE_MIN, int_text, int_within
-from engine.trajectories.model import KEY_PARAMS, Trajectory, cut_prompt, key_params
+from engine.trajectories.trajectory import KEY_PARAMS, Trajectory, cut_prompt, key_params
 
 Line = tuple[int, dict[str, Any]]  # (1-based line number, the JSON object on it)
 # The model helpers redact before they cut, and only the first 500 (prompt) or 200 (parameter) chars are

@@ -25,7 +25,7 @@ from typing import Any
 from engine.errors import CarlError
 from engine.text import one_line
 from engine.tomlfile import read_table
-from engine.trajectories.importers.detect import CORRECTION_PATTERNS, REDO_PATTERNS, Detector
+from engine.trajectories.importers.human_prompts import CORRECTION_PATTERNS, REDO_PATTERNS, Detector
 
 FILE_NAME = "trajectories.toml"
 KNOWN = {"replace_default_domains", "domains", "correction_patterns", "redo_patterns"}

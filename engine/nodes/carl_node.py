@@ -113,7 +113,7 @@ def run(args: argparse.Namespace, home: Path) -> int:
 
 
 def _url(url: str) -> str:
-    from engine.agents.config import check_url
+    from engine.agents.plane_settings import check_url
 
     try:
         return check_url(url)

@@ -24,7 +24,7 @@ from engine.store import Store, agent_alarms
 from engine.tomlfile import FileWatch
 
 from . import outbox
-from .config import FILE_NAME, AlertSettings, load_settings
+from .alert_settings import FILE_NAME, AlertSettings, load_settings
 from .deliver import Delivery, Sender
 from .outbox import Due
 

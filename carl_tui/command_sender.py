@@ -23,8 +23,8 @@ from textual.notifications import SeverityLevel
 
 from engine.store.commands import CommandError, Verb, check
 
-from .faults import ONE_LINE
 from .model import StoreWatcher
+from .shown_errors import ONE_LINE
 
 if TYPE_CHECKING:
     from engine.diagnosis.conversations import Conversations

@@ -39,8 +39,8 @@ def run(args: argparse.Namespace, home: Path) -> int:
     from engine import paths
     from engine.store import Store
 
-    from .runner import Runner, open_experiment, stored_experiment
-    from .summary import summarize, table
+    from .experiment_runner import Runner, open_experiment, stored_experiment
+    from .results import summarize, table
 
     with Store(paths.db_path(home)) as store:
         if args.show:

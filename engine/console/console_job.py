@@ -13,7 +13,7 @@ A run's consoles (`run_consoles`), by kind:
 Then each console is read a bounded batch at a time (engine/console/scan.py), at most SCAN_SECONDS a tick; a
 console whose file stopped growing for FINAL_AFTER_S is read to its very end. `tick` returns the runs that got
 a finding, for the engine to analyse again (their health gets the `console_error` cause,
-engine/system/health.py).
+engine/system/box_health.py).
 """
 
 from __future__ import annotations

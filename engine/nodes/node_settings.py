@@ -10,7 +10,8 @@ enabled = true                   # false: the engine reads no node
 
 Without `url`, the engine reads the nodes' stream from the agents plane's server while the plane is up. A
 bad value is one line naming its key (`engine.toml: nodes.lost_after_s: ...`) and its default holds; the
-rest still applies, as for `[system]` (engine/system/config.py). Relative paths are taken from $CARL_HOME.
+rest still applies, as for `[system]` (engine/system/system_settings.py). Relative paths are taken from
+$CARL_HOME.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def _url(value: Any, problems: list[str]) -> str | None:
         problems.append(f"{FILE_NAME}: nodes.url: expected a nats:// URL")
         return None
     try:
-        from engine.agents.config import check_url
+        from engine.agents.plane_settings import check_url
     except ImportError:
         problems.append(
             f"{FILE_NAME}: nodes.url: reading nodes needs the nats extra (pip install 'carl-tui[nats]')"

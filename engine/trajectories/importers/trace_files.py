@@ -19,9 +19,9 @@ from pathlib import Path
 from engine.files import FileKindError, kind_of, named, open_regular, reason
 from engine.text import loads_storable
 from engine.trajectories.importers import claude_code, codex, karl_records
-from engine.trajectories.importers.common import Line, Parsed
-from engine.trajectories.importers.detect import DEFAULT_DETECTOR, Detector
-from engine.trajectories.model import Trajectory
+from engine.trajectories.importers.human_prompts import DEFAULT_DETECTOR, Detector
+from engine.trajectories.importers.trace_lines import Line, Parsed
+from engine.trajectories.trajectory import Trajectory
 
 SNIFF_LINES = 50  # valid lines looked at to decide a file's kind
 Parser = Callable[[Path, list[Line], Detector], Parsed]

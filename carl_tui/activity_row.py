@@ -18,7 +18,7 @@ from engine.text import visible_line
 from widgets.activity import TrajectoriesPane
 from widgets.agents import AgentsPane
 
-from .commands import CommandRequest
+from .command_sender import CommandRequest
 from .model import Starting, plane_starting
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ class ActivityRow(Horizontal):
                 markup=False,
             )
             return
-        from .agents import AgentTaskScreen
+        from .agent_task_screen import AgentTaskScreen
 
         # The card follows the task: the watcher reads it again whenever its row or its events move.
         watcher = self.room.watcher
@@ -112,7 +112,7 @@ class ActivityRow(Horizontal):
 
     def agent_task_updated(self, task: dict[str, Any]) -> None:
         """The open card's task moved (a result, its scores, feedback): the card shows it now."""
-        from .agents import AgentTaskScreen
+        from .agent_task_screen import AgentTaskScreen
 
         for screen in self.app.screen_stack:
             if isinstance(screen, AgentTaskScreen) and screen.agent_task["task_id"] == task["task_id"]:
@@ -129,7 +129,7 @@ class ActivityRow(Horizontal):
         if trajectory is None:
             self.notify("that trajectory is gone from the store", severity="warning")
             return
-        from .trajectories import TrajectoryScreen
+        from .trajectory_screen import TrajectoryScreen
 
         self.app.push_screen(TrajectoryScreen(trajectory, self.domains, self.plasticity))
 

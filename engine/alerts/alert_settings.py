@@ -27,7 +27,7 @@ from engine.text import one_line
 from engine.tomlfile import read_table
 
 FILE_NAME = "engine.toml"
-# [system] and [nodes]: engine/system/config.py, engine/nodes/config.py
+# [system] and [nodes]: engine/system/system_settings.py, engine/nodes/node_settings.py
 KNOWN_TABLES = ("alerts", "system", "nodes")
 KNOWN_KEYS = ("webhook", "command", "timeout_s")
 DEFAULT_TIMEOUT_S = 10.0

@@ -18,9 +18,9 @@ from typing import Any
 from engine.store import Store
 from engine.tomlfile import FileWatch
 
-from .config import FILE_NAME, SystemSettings, load_system_settings
-from .processes import ProcessTracker
+from .run_processes import ProcessTracker
 from .sampler import Sampler
+from .system_settings import FILE_NAME, SystemSettings, load_system_settings
 
 CONFIG_CHECK_S = 2.0
 WATCH_RECHECK_S = 30.0
@@ -43,7 +43,7 @@ class SystemJob:
         self.next_thin = time.monotonic() + THIN_EVERY_S
         self.config = FileWatch(home / FILE_NAME, CONFIG_CHECK_S)  # engine.toml, read again when it changes
         self.samples = 0
-        self.processes = ProcessTracker(store)  # every process of the runs on this node (processes.py)
+        self.processes = ProcessTracker(store)  # every process of the runs on this node (run_processes.py)
         self.process_trouble: str | None = None  # the last failure of the tracker, logged once
 
     def seconds_to_next(self) -> float:

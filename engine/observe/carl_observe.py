@@ -18,9 +18,9 @@ from engine.limits import COUNT_MAX, int_flag
 from engine.names import name_arg
 from engine.text import visible, visible_line
 
-from .common import ObserveError
 from .detect import detect_kind
 from .discover import Found, describe, discover, import_order, register, relative
+from .reader_base import ObserveError
 
 MAX_VOCAB = COUNT_MAX
 
@@ -75,7 +75,7 @@ def console_logs(args: argparse.Namespace) -> list[str]:
 
 
 def _attach(store: Any, source_ids: list[int | None], logs: list[str]) -> None:
-    from engine.console.job import attach_logs
+    from engine.console.console_job import attach_logs
 
     runs = attach_logs(store, [s for s in source_ids if s is not None], logs)
     names = ", ".join(Path(p).name for p in logs)
@@ -229,7 +229,7 @@ def _source_id(store: Any, path: Path) -> int | None:
 
 def _backfill_sources(store: Any, source_ids: list[int | None], vocab: int) -> None:
     """Φ for what the sources' runs stored before the user's |V| applied (--vocab-size)."""
-    from .common import source_run_ids
+    from .reader_base import source_run_ids
     from .runkeys import backfill_phi
 
     for source_id in source_ids:

@@ -18,7 +18,7 @@ from engine.files import kind_of, reason
 from engine.store import Store, sources
 from engine.store.rollout_reads import next_rollout_idx
 
-from ..common import Budget, IngestResult, ObserveError, RunInfo, ensure_run, find_run
+from ..reader_base import Budget, IngestResult, ObserveError, RunInfo, ensure_run, find_run
 
 # A rollout (texts, rewards, per-token values) costs the store about as much as ten metric rows: the batch's
 # time box counts it so.

@@ -4,7 +4,7 @@ Our runs name their own processes: the runner of a one-process run, the launchin
 accelerate's launcher of `carl train --processes N`, and each rank (rank 0 learns every rank's pid, host and
 start time in one exchange and writes them, engine/training/distributed.py). Each writes its own end when it
 exits in order; the launching `carl train` also records a rank's end as torch's elastic agent reports it
-(engine/training/processes.py). For an observed run the engine looks for the processes working in its
+(engine/training/rank_processes.py). For an observed run the engine looks for the processes working in its
 directory (working directory inside it, or a file inside it open for writing), at most every
 OBSERVED_SCAN_S and for at most SCAN_BUDGET_S at a time.
 
@@ -13,7 +13,7 @@ start time (a pid the system gave to a new process is never mistaken for the old
 GPU memory from NVML's process list in the sample. A process that is gone gets its end: the exit status
 when it can be known (the engine's own child, a zombie's /proc/<pid>/stat), else, after END_GRACE_S in
 which another writer may record it exactly, "exit status unknown". An end is a death (`died`, health's
-`rank_died`, engine/system/health.py) when it was not a clean exit and the run was still live
+`rank_died`, engine/system/box_health.py) when it was not a clean exit and the run was still live
 (docs/guide/processes.md).
 """
 
@@ -198,7 +198,7 @@ def gpu_use(sample: Sample) -> dict[int, _GpuUse] | None:
 
 
 class ProcessTracker:
-    """The processes of runs on this node, looked at once per system sample (engine/system/job.py)."""
+    """The processes of runs on this node, looked at once per system sample (engine/system/system_job.py)."""
 
     def __init__(self, store: Store, *, grace_s: float = END_GRACE_S) -> None:
         self.store = store
@@ -303,8 +303,9 @@ class ProcessTracker:
         clean = exit_code == 0 and signal is None
         # Not a death: a clean exit, a run that had already ended (it said why), or an observed process whose
         # end cannot be known (a script that finished looks the same). A signal in a run that has failed is
-        # one, as the launcher's report counts it (training/processes.py `record_rank_end`): the run may turn
-        # `failed` before this pass sees the killed rank, and an exact status recorded here is never replaced.
+        # one, as the launcher's report counts it (training/rank_processes.py `record_rank_end`): the run may
+        # turn `failed` before this pass sees the killed rank, and an exact status recorded here is never
+        # replaced.
         status = run.get("status")
         live = status in LIVE or (signal is not None and status == "failed")
         died = live and not clean and not (exact is None and row["role"] == "observed")

@@ -4,7 +4,7 @@ A screen over the control room: the run's stored conversations on the left (ente
 delete removes it), the transcript in the middle, a multi-line input at the bottom. A turn runs
 in a thread worker; its events reach the transcript batched, a few updates a second, and every
 tool call is shown as it happens. Questions and answers are stored per run in carl.db, written through the
-control room's sender (carl_tui/commands.py, its one write path). Every read and write of the stored
+control room's sender (carl_tui/command_sender.py, its one write path). Every read and write of the stored
 conversations runs in a thread worker too, and comes back as a message.
 """
 
@@ -27,13 +27,13 @@ from textual.widgets.option_list import Option
 from engine.diagnosis.chat import ChatEvent, Diagnoser
 from engine.diagnosis.conversations import Conversations
 from engine.text import visible_line
-from widgets.chat import ChatInput, ChatLog
+from widgets.chat_log import ChatInput, ChatLog
 from widgets.key_bar import KeyBar
 
-from .faults import ONE_LINE
+from .shown_errors import ONE_LINE
 
 if TYPE_CHECKING:
-    from .commands import CommandSender
+    from .command_sender import CommandSender
 
 NARROW = 100  # columns below which the conversation list hides until ctrl+l
 FLUSH_S = 0.25  # streamed text reaches the screen at most 4 times a second

@@ -24,8 +24,8 @@ from engine.limits import int_flag
 from engine.text import visible, visible_line
 
 if TYPE_CHECKING:  # pydantic and yaml load when a command runs, not when `carl` builds its parser
-    from .config import AgentsSettings
     from .launcher import Child
+    from .plane_settings import AgentsSettings
 
 EVENT_TYPES = (
     "task",
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace, home: Path) -> int:
 
 
 def _settings(args: argparse.Namespace, home: Path, **extra: Any) -> AgentsSettings:
-    from .config import default_settings_path, load_settings
+    from .plane_settings import default_settings_path, load_settings
 
     overrides = {
         "workers": getattr(args, "workers", None),
