@@ -1,6 +1,6 @@
 """The house rules of ARCHITECTURE.md, enforced: the import contracts (import-linter, in pyproject.toml), the
-formatter and the linter, and what importing the control room really loads
-(which import-linter cannot see)."""
+formatter and the linter, what importing the control room really loads (which import-linter cannot see), and
+file names that say once what they hold."""
 
 from __future__ import annotations
 
@@ -58,14 +58,33 @@ def test_every_package_is_in_the_distribution() -> None:
     assert with_code - shipped == set()
 
 
+# File names several packages may share: a package's own files, which Python names.
+SHARED_FILE_NAMES = {
+    "__init__.py": "a package's public surface",
+    "__main__.py": "what `python -m engine.X` runs: Python looks for that name",
+}
+
+
+def test_no_two_modules_share_a_file_name() -> None:
+    """A module's file name says what it holds, once in the control room, the widgets and the engine: a
+    search, a traceback or a map names one file (issue 31: cli.py was eleven files, chat.py three)."""
+    by_name: dict[str, list[str]] = {}
+    for top in ("carl_tui", "widgets", "engine"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if path.name not in SHARED_FILE_NAMES:
+                by_name.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in by_name.items() if len(paths) > 1} == {}
+
+
 def _tool(name: str) -> str:
     found = Path(sys.executable).with_name(name)
     return str(found) if found.exists() else name
 
 
 def test_the_import_contracts_hold() -> None:
-    """Layers (carl_tui -> widgets -> engine), a headless engine, a light control room, agents apart from
-    diagnosis, and no import cycles among the modules of any package."""
+    """Layers (carl_tui -> widgets -> engine), a headless engine, a light control room, which engine
+    capability may import which (ARCHITECTURE.md's table), and no import cycles among the modules of any
+    package."""
     done = subprocess.run([_tool("lint-imports")], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout
