@@ -300,67 +300,18 @@ def test_command_verbs_are_named_by_the_vocabulary() -> None:
 
 # -- a type checker (issue 31): mypy, configured in pyproject.toml, strict on the control room and widgets ---
 
-# The files mypy still finds errors in, with how many each has. The list only shrinks: a file leaves it when
-# its errors are fixed, and no count grows.
-TYPE_ERRORS_NOT_FIXED_YET = {
-    "engine/agents/audit.py": 4,
-    "engine/agents/events.py": 1,
-    "engine/agents/plane.py": 1,
-    "engine/agents/policy.py": 5,
-    "engine/agents/scoring/halugate.py": 1,
-    "engine/agents/trainer.py": 18,
-    "engine/agents/worker.py": 1,
-    "engine/coherence/analysis.py": 3,
-    "engine/daemon/loop.py": 2,
-    "engine/experiments/carl_experiment.py": 3,
-    "engine/experiments/experiment_runner.py": 2,
-    "engine/observe/discover.py": 1,
-    "engine/observe/tracker_histograms.py": 2,
-    "engine/observe/jsonl.py": 4,
-    "engine/observe/rollouts/columns.py": 2,
-    "engine/observe/rollouts/rollout_base.py": 1,
-    "engine/observe/rollouts/verifiers.py": 7,
-    "engine/observe/runkeys.py": 1,
-    "engine/observe/tfrecord.py": 1,
-    "engine/observe/wandb_run.py": 2,
-    "engine/training/lifecycle.py": 1,
-    "engine/trajectories/ablation/leave_one_out.py": 1,
-    "engine/trajectories/capture/hooks.py": 5,
-    "engine/trajectories/capture/recorder.py": 3,
-    "engine/trajectories/training/plan_eval.py": 3,
-    "engine/trajectories/training/flowrl_sampler.py": 1,
-}
-MYPY_ERROR = re.compile(r"^(?P<path>[^:\s]+\.pyi?):\d+(?::\d+)?: error: ")
-
-
-def type_errors() -> dict[str, list[str]]:
-    """mypy's error lines, by file, on the packages pyproject.toml names (its cache: .mypy_cache, so a run
-    after the first reads again only what changed)."""
-    done = subprocess.run([sys.executable, "-m", "mypy"], capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode in (0, 1), f"mypy did not run through:\n{done.stdout[-4000:]}{done.stderr[-2000:]}"
-    errors: dict[str, list[str]] = {}
-    for line in done.stdout.splitlines():
-        if match := MYPY_ERROR.match(line):
-            errors.setdefault(match["path"], []).append(line)
-    return errors
+MYPY_ERROR = re.compile(r"^[^:\s]+\.pyi?:\d+(?::\d+)?: error: ")
 
 
 @pytest.mark.timeout(900)  # a first run, with no cache, takes minutes on two busy cores
 def test_types_check() -> None:
-    """mypy finds no error outside the files named with their counts, which only go down."""
-    errors = type_errors()
-    found = {path: len(lines) for path, lines in errors.items()}
-    allowed = TYPE_ERRORS_NOT_FIXED_YET
-    grown = {path: (allowed.get(path, 0), n) for path, n in found.items() if n > allowed.get(path, 0)}
-    shown = "\n".join(line for path in grown for line in errors[path])
-    assert not grown, f"more type errors than allowed (allowed, found): {grown}\n{shown}"
-    gone = {path: n for path, n in allowed.items() if found.get(path, 0) < n}
-    lower = {path: found.get(path, 0) for path in gone}
-    left = sum(found.values())
-    assert not gone, (
-        f"fewer type errors now: lower TYPE_ERRORS_NOT_FIXED_YET to {lower} (0: drop it); {left} remain"
-    )
-    print(f"{left} type errors in {len(found)} files remain")
+    """mypy finds no error on the packages pyproject.toml names (its cache: .mypy_cache, so a run after the
+    first reads again only what changed)."""
+    done = subprocess.run([sys.executable, "-m", "mypy"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode in (0, 1), f"mypy did not run through:\n{done.stdout[-4000:]}{done.stderr[-2000:]}"
+    errors = [line for line in done.stdout.splitlines() if MYPY_ERROR.match(line)]
+    shown = "\n".join(errors) or done.stdout[-4000:]
+    assert done.returncode == 0 and not errors, f"mypy finds {len(errors)} type errors:\n{shown}"
 
 
 # -- no import circle in carl_tui (issue 31): counting the imports made only for typing ---

@@ -372,6 +372,15 @@ def test_hooks_of_the_wrong_shape_are_refused(tmp_path: Path) -> None:
     assert path.read_bytes() == body
 
 
+def test_install_over_a_null_hooks_table(tmp_path: Path) -> None:
+    path = tmp_path / ".claude" / "settings.json"
+    write_settings(path, {"model": "opus", "hooks": None})
+    hooks.install("user", home=tmp_path)
+    assert set(json.loads(path.read_text())["hooks"]) == set(hooks.INSTALL_EVENTS)
+    hooks.uninstall("user", home=tmp_path)
+    assert json.loads(path.read_text()) == {"model": "opus"}
+
+
 def test_scopes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "me"))
     assert hooks.settings_path("user") == tmp_path / "me" / ".claude" / "settings.json"

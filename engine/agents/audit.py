@@ -32,7 +32,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import nats
@@ -142,13 +142,25 @@ def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+@dataclass
+class _Tally:
+    """A worker's counts in this batch (added to its row once, at the batch's end), and its last message's
+    time."""
+
+    seen: float
+    done: int = 0
+    failed: int = 0
+    scored: int = 0
+    score_sum: float = 0.0
+
+
 class AuditWriter:
     """Writes batches of plane messages into the store; one transaction per batch."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.tables = AgentAudit(store)
-        self._tallies: dict[str, list[float]] = {}
+        self._tallies: dict[str, _Tally] = {}
         # Checkpoints off the insert path (SQLite's own run inside the commit that passes 1,000 WAL pages,
         # about every batch): the audit runs them when the stream is quiet, or every CHECKPOINT_EVERY events.
         self.tables.stop_auto_checkpoint()
@@ -216,7 +228,8 @@ class AuditWriter:
         """One message in a savepoint: stored, or else stored as rejected with why, or else dead-lettered."""
         item, event, why = entry
         if why is None:
-            tallies = {worker: list(tally) for worker, tally in self._tallies.items()}
+            assert event is not None  # parsed: an event, no why
+            tallies = {worker: replace(tally) for worker, tally in self._tallies.items()}
             try:
                 with self.tables.savepoint():
                     self.tables.insert_event(_row(item, event, None))
@@ -228,7 +241,8 @@ class AuditWriter:
                     raise
                 self._tallies = tallies
                 # Kept bare (the payload and why): whatever in the event the store refused stays out.
-                event, why = None, EventRejected(f"cannot be stored: {type(exc).__name__}: {exc}", event.TYPE)
+                why = EventRejected(f"cannot be stored: {type(exc).__name__}: {exc}", event.TYPE)
+                event = None
         try:
             with self.tables.savepoint():
                 self.tables.insert_event(_row(item, event, why))
@@ -305,7 +319,10 @@ class AuditWriter:
         if not self.tables.answer_task(event.task_id, values):
             return  # a repeat of the result that stands (a result for a task never assigned is refused)
         tally = self._tally_of(event.worker_id, received)
-        tally[0 if event.status == "success" else 1] += 1
+        if event.status == "success":
+            tally.done += 1
+        else:
+            tally.failed += 1
 
     def _rollout(self, event: TrainingRolloutEvent, received: float) -> None:
         values = (
@@ -318,8 +335,8 @@ class AuditWriter:
         )
         if self.tables.reward_task(event.task_id, values):
             tally = self._tally_of(event.worker_id, received)
-            tally[2] += 1
-            tally[3] += event.reward
+            tally.scored += 1
+            tally.score_sum += event.reward
 
     def _feedback(self, event: FeedbackEvent, received: float) -> None:
         self.tables.feedback_task(event.task_id, event.score, event.textual_feedback, event.source, received)
@@ -363,18 +380,18 @@ class AuditWriter:
             },
         )
 
-    def _tally_of(self, worker_id: str, received: float) -> list[float]:
-        """This batch's counts for a worker: done, failed, scored, score sum, last seen (written once)."""
+    def _tally_of(self, worker_id: str, received: float) -> _Tally:
+        """This batch's counts for a worker (written once)."""
         tally = self._tallies.get(worker_id)
         if tally is None:
-            tally = self._tallies[worker_id] = [0, 0, 0, 0.0, received]
-        tally[4] = max(tally[4], received)
+            tally = self._tallies[worker_id] = _Tally(received)
+        tally.seen = max(tally.seen, received)
         return tally
 
     def _flush_tallies(self) -> None:
-        for worker_id, (done, failed, scored, score_sum, seen) in self._tallies.items():
-            self._worker_seen(worker_id, seen)
-            self.tables.add_worker_tally(worker_id, done, failed, scored, score_sum)
+        for worker_id, tally in self._tallies.items():
+            self._worker_seen(worker_id, tally.seen)
+            self.tables.add_worker_tally(worker_id, tally.done, tally.failed, tally.scored, tally.score_sum)
         self._tallies.clear()
 
     def _worker_seen(self, worker_id: str, received: float, kind: str | None = None) -> None:

@@ -13,7 +13,7 @@ import json
 import re
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import (
     AfterValidator,
@@ -27,7 +27,7 @@ from pydantic import (
 
 from engine.text import encodable, storable
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1  # Final: its type is Literal[1], what `schema_version` accepts
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # one NATS subject token: no dots, spaces or wildcards
 
 Score = Annotated[float, Field(ge=0.0, le=1.0)]

@@ -26,7 +26,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -148,7 +148,7 @@ class Bridge:
                 f"cannot publish {event.TYPE}: {' '.join(str(exc).split()) or type(exc).__name__}"
             ) from None
 
-    def submit(self, work: Callable[[Any], Awaitable[Any]]) -> concurrent.futures.Future[Any]:
+    def submit(self, work: Callable[[Any], Coroutine[Any, Any, Any]]) -> concurrent.futures.Future[Any]:
         """Run `work(js)` on the bridge's loop, without waiting for it (the engine's loop goes on)."""
         if self.loop is None or not self.connected.is_set():
             raise AgentsError("the agents plane is not connected yet")

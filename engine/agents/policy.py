@@ -109,7 +109,9 @@ def load_model(where: Path | str, name: str, device: str) -> tuple[Any, Any]:
         raise PolicyError(f"model {name}: cannot load it ({one_line(exc)[:200]})") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model.to(device).eval()
+    # transformers wraps `to` in functools.wraps, which typeshed types as a plain callable: mypy takes the
+    # device for `self`.
+    model.to(device).eval()  # type: ignore[arg-type]
     model.requires_grad_(False)
     return tokenizer, model
 
@@ -429,8 +431,8 @@ def read_weights(path: Path, version: str) -> dict[str, Tensor]:
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids = configured if isinstance(configured, list) else [configured]
-    ids = {int(i) for i in ids if i is not None}
+    listed = configured if isinstance(configured, list) else [configured]
+    ids = {int(i) for i in listed if i is not None}
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return ids

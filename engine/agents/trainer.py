@@ -83,6 +83,17 @@ class _Group:
         return len(self.rollouts) >= self.size
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """What `PlaneTrainer.prepare` made and the steps use: the served model's policy, and the run's
+    reporter, command pump and rollout spool."""
+
+    policy: LocalPolicy
+    reporter: Reporter
+    pump: CommandPump
+    spool: RolloutSpool
+
+
 class _Controls:
     """What the command pump may ask of the trainer at a step boundary."""
 
@@ -253,7 +264,7 @@ class PlaneTrainer:
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
-        self._require_prepared()
+        prepared = self._require_prepared()
         found = newest_checkpoint(self.output_dir)
         if found is None:
             self.store.truncate_run_after(self.run_id, 0)  # every step it logged happens again
@@ -261,7 +272,9 @@ class PlaneTrainer:
             return 0
         step, path = found
         state = json.loads((path / STATE_FILE).read_text())
-        weights = load_file(str(path / ADAPTER_DIR / "adapter_model.safetensors"), device=self.policy.device)
+        weights = load_file(
+            str(path / ADAPTER_DIR / "adapter_model.safetensors"), device=prepared.policy.device
+        )
         result = set_peft_model_state_dict(self.model, weights)
         if getattr(result, "unexpected_keys", None):
             raise TrainerError(f"{path}: the checkpoint's adapter does not fit this model")
@@ -270,7 +283,7 @@ class PlaneTrainer:
         self.versions = list(state["versions"])
         self._last_checkpoint = (step, path)
         self.store.truncate_run_after(self.run_id, step)
-        self.reporter.event(step, "resume", str(path))
+        prepared.reporter.event(step, "resume", str(path))
         self._restore_rollouts(step)
         return step
 
@@ -293,18 +306,18 @@ class PlaneTrainer:
     def keep(self, rollouts: Sequence[TrainingRolloutEvent]) -> None:
         """Store rollouts `add` took (the spool) before the caller acknowledges them on the stream: from
         then on a killed trainer loses none of them (its restart reads them back, `resume`)."""
-        self._require_prepared()
-        self.spool.keep(rollouts)
+        self._require_prepared().spool.keep(rollouts)
 
     def _restore_rollouts(self, step: int) -> None:
         """After a resume from the checkpoint at `step`: the rollouts stored and not trained by a step that
         checkpoint holds are buffered again, in their groups (a group's age counts from its first rollout's
         arrival); those trained or given up are remembered, so a redelivered one is refused."""
-        rewound = self.spool.rewind(step)
-        for task_id, group_id in self.spool.closed():
+        spool = self._require_prepared().spool
+        rewound = spool.rewind(step)
+        for task_id, group_id in spool.closed():
             self._seen_tasks.add(task_id)
             self._closed_groups.add(group_id)
-        waiting = self.spool.waiting()
+        waiting = spool.waiting()
         now, refused = time.time(), []
         for rollout, received in waiting:
             if self.add(rollout) is not None:  # it cannot train this run any more (its settings changed)
@@ -313,7 +326,7 @@ class PlaneTrainer:
             group = self.groups[str(rollout.group_id)]
             group.first_seen = min(group.first_seen, self.clock() - max(0.0, now - received))
         if refused:
-            self.spool.dropped(refused)
+            spool.dropped(refused)
         if waiting or rewound:
             log.info(
                 "trainer: %d stored rollouts back in their groups (%d to train again), %d refused",
@@ -325,7 +338,9 @@ class PlaneTrainer:
     def _record_used(self, step: int, groups: list[_Group]) -> None:
         """The step's rollouts, marked with it (before the step's checkpoint is written)."""
         checkpointed = self._last_checkpoint[0] if self._last_checkpoint is not None else None
-        self.spool.used(step, [r.task_id for g in groups for r in g.rollouts], checkpointed=checkpointed)
+        self._require_prepared().spool.used(
+            step, [r.task_id for g in groups for r in g.rollouts], checkpointed=checkpointed
+        )
 
     def _refusal(self, r: TrainingRolloutEvent) -> str | None:
         task = f"task {r.task_id}"
@@ -432,13 +447,14 @@ class PlaneTrainer:
         import torch
 
         started = time.perf_counter()
+        prepared = self._require_prepared()
         settings, temperature = self.settings, self.temperature
         samples = [r for g in groups for r in g.rollouts]
         advantages, zero_variance = rollout_advantages([[r.reward for r in g.rollouts] for g in groups])
         batch = PackedBatch.of(
             [(r.prompt_token_ids, r.response_token_ids) for r in samples],
-            self.policy.tokenizer.pad_token_id or 0,
-            self.policy.device,
+            prepared.policy.tokenizer.pad_token_id or 0,
+            prepared.policy.device,
         )
 
         logits = self.model(
@@ -461,7 +477,7 @@ class PlaneTrainer:
         record = StepRecord(step)
         if not torch.isfinite(loss):  # before the optimizer step: the weights stay as they were
             record.metrics = {"loss": None}
-            self.reporter.write(record)
+            prepared.reporter.write(record)
             raise TrainingFailed(f"the loss became NaN at step {step} (is the learning rate too high?)")
         # Phi of the response tokens from this same forward, at the sampling temperature
         # (docs/reference/carl.md §2).
@@ -510,7 +526,7 @@ class PlaneTrainer:
             "timing/step_s": time.perf_counter() - started,
         }
         self._dropped_since_step = 0
-        self.reporter.write(record)
+        prepared.reporter.write(record)
         return record
 
     def _reference_logprobs(self, batch: Any) -> list[Any]:
@@ -532,7 +548,7 @@ class PlaneTrainer:
         return len(self.versions) - 1 - self.versions.index(version)
 
     def _samples(self, samples: list[TrainingRolloutEvent], stats: Any) -> list[dict[str, Any]]:
-        tokenizer = self.policy.tokenizer
+        tokenizer = self._require_prepared().policy.tokenizer
         out = []
         for kind, index in pick_traces([r.reward for r in samples], self.rng).items():
             r = samples[index]
@@ -557,18 +573,18 @@ class PlaneTrainer:
 
     def _boundary(self, *, hold: bool) -> None:
         """Apply the queued commands at this step boundary, save when asked, and (hold) wait while paused."""
-        controls = _Controls(self)
-        self.pump.poll(self.global_step, controls)
+        controls, pump = _Controls(self), self._require_prepared().pump
+        pump.poll(self.global_step, controls)
         hook = "step_end"
         while True:
             if self._save_requested:
                 self._save_requested = False
                 path = self._checkpoint()
-                self.pump.saved(self.global_step, path)
+                pump.saved(self.global_step, path)
                 hook = "save"
             if not hold:
                 return
-            self.pump.hold(hook, self.global_step, controls)
+            pump.hold(hook, self.global_step, controls)
             if not self._save_requested:  # a checkpoint asked for while paused: save it, then hold again
                 return
 
@@ -612,7 +628,7 @@ class PlaneTrainer:
             shutil.rmtree(staging, ignore_errors=True)
         if version not in self.versions:
             self.versions.append(version)
-        self.reporter.event(self.global_step, "model_update", version)
+        self._require_prepared().reporter.event(self.global_step, "model_update", version)
         shown = {
             key: float(value) for key in ("loss", "reward", "kl") if (value := metrics.get(key)) is not None
         }
@@ -630,8 +646,7 @@ class PlaneTrainer:
 
     def score(self, prompt_ids: Sequence[int], token_ids: Sequence[int]) -> list[float]:
         """Log-probs of `token_ids` after `prompt_ids` under the adapter policy as trained so far."""
-        self._require_prepared()
-        return self.policy.score(prompt_ids, token_ids, temperature=self.temperature)
+        return self._require_prepared().policy.score(prompt_ids, token_ids, temperature=self.temperature)
 
     def close(self, status: str = "finished", *, error: str | None = None) -> None:
         """End the run with `status` (finished, stopped or failed) and free the model."""
@@ -649,9 +664,12 @@ class PlaneTrainer:
         except ImportError:
             pass
 
-    def _require_prepared(self) -> None:
-        if self.model is None or self.pump is None:
+    def _require_prepared(self) -> _Prepared:
+        """The parts `prepare` made; TrainerError before it, or after `close`."""
+        policy, reporter, pump, spool = self.policy, self.reporter, self.pump, self.spool
+        if self.model is None or policy is None or reporter is None or pump is None or spool is None:
             raise TrainerError("the trainer is not prepared (call prepare() first) or was closed")
+        return _Prepared(policy, reporter, pump, spool)
 
 
 # -- the math ----------------------------------------------------------------------------------------

@@ -244,7 +244,9 @@ class Worker:
         """A backend that can (a model in its own process) is asked for the next task's answer as soon as
         the task is here, so that it starts on it the moment the answer in hand is done."""
         submit = getattr(self.backend, "submit", None)
-        for msg in msgs if submit is not None else []:
+        if submit is None:
+            return
+        for msg in msgs:
             try:
                 task = parse_event(msg.subject, msg.data)
             except EventRejected:

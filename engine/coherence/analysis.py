@@ -121,8 +121,10 @@ def run_signals(db: Store | StoreReader, run_id: int) -> RunSignals | None:
     signals.rl_start = start
     signals.box = [Flag(*f) for f in box_flags(run_health.system_reads(db), run_id, status, time.time())]
     # throughput is judged within one phase: an SFT warm-up runs far more tokens a second than GRPO's sampling
-    in_rl = start is not None and (last_step or 0) >= start
-    read_async(db, run_id, since, signals, throughput_since=max(since, start) if in_rl else since)
+    throughput_since = since
+    if start is not None and (last_step or 0) >= start:  # in RL now
+        throughput_since = max(since, start)
+    read_async(db, run_id, since, signals, throughput_since=throughput_since)
     if start is None:
         return signals
     rl_since = max(since, start)

@@ -177,7 +177,7 @@ class Engine:
         self.restore_plane()
         self.repoint_hooks()
         try:
-            while not self.stopping:
+            while self.stop_signal is None:
                 backlog = self.tick()
                 time.sleep(BACKLOG_TICK if backlog else min(TICK, self.system.seconds_to_next()))
             log.info("received %s; stopping", signal.Signals(self.stop_signal).name)
@@ -297,7 +297,9 @@ class Engine:
         changed = settle(self.store)
         self.dirty_runs.update(changed)
         for run_id in changed:
-            log.info("run %d: %s", run_id, self.store.run(run_id)["status"])
+            run = self.store.run(run_id)
+            if run is not None:  # not deleted since
+                log.info("run %d: %s", run_id, run["status"])
 
     def alerts_due(self) -> None:
         """New agents alarms, and the alert tries now due."""

@@ -6,12 +6,16 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.limits import int_flag
 from engine.names import name_arg
 from engine.text import visible
 
 from .arms import ARMS, ExperimentError, parse_arms, parse_seeds
+
+if TYPE_CHECKING:  # pydantic and yaml load when the command runs, not when `carl` builds its parser
+    from engine.training.config import TrainConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +74,7 @@ def run(args: argparse.Namespace, home: Path) -> int:
         return 0 if status == "finished" else 1
 
 
-def _base_config(args: argparse.Namespace) -> tuple[object, str]:
+def _base_config(args: argparse.Namespace) -> tuple[TrainConfig, str]:
     from engine.training.config import ConfigError, load_config, training_config_path
 
     path = training_config_path(args.config)

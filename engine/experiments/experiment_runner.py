@@ -45,7 +45,7 @@ def open_experiment(
     """The stored experiment `name`, created if new. An existing one must have been asked the same,
     but for more seeds or more arms, which add their cells to it."""
     check_base(base, arms, source)
-    wanted = {"config": base.model_dump(), "arms": arms, "seeds": seeds, "steps": steps}
+    wanted: dict[str, Any] = {"config": base.model_dump(), "arms": arms, "seeds": seeds, "steps": steps}
     found = store.experiment(name)
     if found is None:
         experiment_id = store.create_experiment(

@@ -324,7 +324,7 @@ def _is_metrics_line(obj: dict) -> bool:
         return False
     if any(k in obj for k in ("prompt", "completion", "input", "output")):
         return False
-    data = obj.get("data") if isinstance(obj.get("data"), dict) else obj
+    data = found if isinstance(found := obj.get("data"), dict) else obj
     return any(type(v) in (int, float) and k not in ("step", "time", "timestamp") for k, v in data.items())
 
 

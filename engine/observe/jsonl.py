@@ -49,7 +49,8 @@ KEYS = KeyMap(jsonl=True, extra=dict.fromkeys(META_FIELDS))
 INF = math.inf
 MAX_DEPTH = 8  # levels of nested objects flattened into one key
 MAX_NESTED = 10_000  # values inside nested objects, per line
-SCAN = json.JSONDecoder().scan_once  # accepts NaN and Infinity, like json.loads
+# accepts NaN and Infinity, like json.loads (typeshed leaves out scan_once, which JSONDecoder.__init__ sets)
+SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 SKIP = object()
 
 
@@ -196,7 +197,7 @@ def _wall_time(obj: dict[str, Any], now: float) -> float:
     """The line's own timestamp when it has a plausible numeric one (epoch seconds)."""
     for name in TIME_FIELDS:
         value = obj.get(name)
-        if type(value) in (int, float) and 0 < value < 1e11:
+        if (type(value) is int or type(value) is float) and 0 < value < 1e11:
             return float(value)
     return now
 

@@ -123,7 +123,7 @@ def config_model_vocab(store: Store, run_id: int) -> int | None:
     if seen is not None and seen[0] == size:
         return seen[1]
     vocab = None
-    if size and size <= MAX_CONFIG_TEXT:
+    if text and size <= MAX_CONFIG_TEXT:
         try:
             path = model_path(json.loads(text))
         except (ValueError, RecursionError):

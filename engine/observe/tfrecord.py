@@ -21,7 +21,7 @@ that does not match: the framing cannot be trusted past it).
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -39,7 +39,7 @@ class Oversized:
     length: int
 
 
-def crc32c_api():  # type: ignore[no-untyped-def]
+def crc32c_api() -> Callable[[bytes], int]:
     """google-crc32c's `value`, or ImportError when the extra is missing."""
     import google_crc32c
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from engine.store.histograms import MAX_BUCKETS, Histogram
 
@@ -67,6 +67,11 @@ def is_histogram_json(value: Any) -> bool:
     return isinstance(value, dict) and value.get("_type") in JSON_TYPES
 
 
+def _is_number(value: object) -> TypeGuard[int | float]:
+    """A JSON number: an int or a float, not a bool."""
+    return type(value) in (int, float)
+
+
 def from_json(value: Any) -> Histogram | None:
     """A Trackio or W&B histogram value (parsed JSON), or None when `value` is not a usable one."""
     if not isinstance(value, dict):
@@ -77,7 +82,7 @@ def from_json(value: Any) -> Histogram | None:
     packed = value.get("packedBins")
     if isinstance(packed, dict):
         low, size, count = packed.get("min"), packed.get("size"), packed.get("count")
-        if not all(type(v) in (int, float) for v in (low, size)) or type(count) is not int:
+        if not (_is_number(low) and _is_number(size)) or type(count) is not int:
             return None
         if count != len(counts) or not 0 < count <= MAX_INPUT_BUCKETS:
             return None

@@ -123,9 +123,9 @@ def run_id_of(path: Path) -> str:
 @functools.cache
 def wandb_api() -> tuple[Any, str]:
     """(the Record message of the installed wandb, wandb's version), or ObserveError."""
-    try:
+    try:  # wandb star-imports the generated module of the installed protobuf: mypy cannot see its Record
         import wandb
-        from wandb.proto.wandb_internal_pb2 import Record
+        from wandb.proto.wandb_internal_pb2 import Record  # type: ignore[attr-defined]
     except ImportError as exc:
         why = "" if getattr(exc, "name", None) == "wandb" else f" ({' '.join(str(exc).split())[:160]})"
         raise ObserveError(
@@ -542,7 +542,7 @@ def _write_run(
     facts: dict[str, Any] = {}
     vocab_size = run.vocab_size
     if read.config or read.summary:
-        config = json.loads(store.run(run.id)["config"] or "{}")
+        config = json.loads((store.run(run.id) or {}).get("config") or "{}")
         for keys, value in read.config:
             _apply(config, keys, value)
         if read.summary:

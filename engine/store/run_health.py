@@ -71,8 +71,8 @@ def newest_eval_metrics(db: Store | StoreReader, run_id: int, limit: int) -> lis
     return [text for (text,) in rows]
 
 
-def set_run_health(store: Store, run_id: int, phase: str, level: str, reasons: str) -> None:
-    """Store the run's phase, health level and reasons (JSON text)."""
+def set_run_health(store: Store, run_id: int, phase: str | None, level: str, reasons: str) -> None:
+    """Store the run's phase (None: not classified), health level and reasons (JSON text)."""
     store.conn.execute(
         "UPDATE runs SET phase=?, health=?, health_reasons=? WHERE id=?", (phase, level, reasons, run_id)
     )

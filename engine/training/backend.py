@@ -56,6 +56,11 @@ class TrainingBackend(Protocol):
 
     def prepare(self) -> None: ...
 
+    def resume_point(self) -> tuple[Path | None, int]:
+        """The newest complete checkpoint to resume from (None: none), and the last store step it keeps: the
+        run's steps after it are trained again."""
+        ...
+
     def train(self, resume_from: Path | None) -> str:
         """Train until done or stopped; returns the final status ('finished' or 'stopped')."""
         ...

@@ -7,7 +7,7 @@ wrong answer at least answers the question asked.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 
 from .scale import mean
 from .text_reading import (
@@ -111,7 +111,7 @@ def _grounded_name(name: str, source: Source) -> bool:
     return source.grounds(name)
 
 
-def _wrong_answer(loose_numbers: set[str], loose_names: set[str], stated: set[str], source: Source) -> bool:
+def _wrong_answer(loose_numbers: set[str], loose_names: set[str], stated: Set[str], source: Source) -> bool:
     """A loose fact where the answer holds one of its kind, and the claim states none of that kind's
     expected facts: another number, identifier or name in the answer's place (a loose name where the
     answer is a word too: "Green." for "blue")."""

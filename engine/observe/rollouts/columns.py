@@ -256,13 +256,13 @@ def mapped(column_map: ColumnMap, fields: dict[str, Any]) -> dict[str, Any]:
                 if key not in used and str(key).lower().startswith(name) and len(key) > len(name):
                     used.add(key)
                     rewards[str(key)[len(name) :]] = finite(value)
-        elif (key := lower.get(name)) is not None and key not in used:
-            used.add(key)
-            rewards[str(key)] = finite(fields[key])
+        elif (found := lower.get(name)) is not None and found not in used:
+            used.add(found)
+            rewards[str(found)] = finite(fields[found])
     for name in cm.reward_dicts:
-        if (key := lower.get(name)) is not None and key not in used and isinstance(fields[key], dict):
-            used.add(key)
-            rewards.update({str(k): finite(v) for k, v in fields[key].items()})
+        if (found := lower.get(name)) is not None and found not in used and isinstance(fields[found], dict):
+            used.add(found)
+            rewards.update({str(k): finite(v) for k, v in fields[found].items()})
     extra = {str(k): v for k, v in fields.items() if k not in used}
     policy_version = None if version is MISSING else as_step(version)
     if policy_version is not None:

@@ -152,7 +152,7 @@ def message_text(message: dict[str, Any]) -> str:
         text = "" if content is None else str(content)
     for call in message.get("tool_calls") or []:
         if isinstance(call, dict):
-            function = call.get("function") if isinstance(call.get("function"), dict) else call
+            function = found if isinstance(found := call.get("function"), dict) else call
             text += f" [call {function.get('name', '?')}({function.get('arguments', '')})]"
     return text
 

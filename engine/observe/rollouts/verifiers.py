@@ -49,6 +49,12 @@ def is_episode(record: Any) -> bool:
     return isinstance(record, dict) and isinstance(record.get("traces"), list) and "task" in record
 
 
+def object_at(record: dict[str, Any], key: str) -> dict[str, Any]:
+    """The record's value at `key` when it is an object, else {} (a part missing or of another type)."""
+    value = record.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def samples(record: Any, step: int) -> list[dict[str, Any]]:
     if not isinstance(record, dict):
         raise dumps.BadRecord("not an object")
@@ -56,7 +62,7 @@ def samples(record: Any, step: int) -> list[dict[str, Any]]:
         return episode_samples(record, step)
     if "prompt" not in record and "completion" not in record:
         raise dumps.BadRecord("no prompt or completion, nor traces (not a verifiers result or episode)")
-    metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
+    metrics = object_at(record, "metrics")
     usage = record.get("token_usage")
     length = finite(usage.get("output_tokens")) if isinstance(usage, dict) else None
     return [
@@ -75,12 +81,12 @@ def samples(record: Any, step: int) -> list[dict[str, Any]]:
 
 def episode_samples(episode: dict[str, Any], step: int) -> list[dict[str, Any]]:
     """One sample per trace of a verifiers 0.4 episode."""
-    run = episode.get("run") if isinstance(episode.get("run"), dict) else {}
-    work = run.get("work") if isinstance(run.get("work"), dict) else {}
+    run = object_at(episode, "run")
+    work = object_at(run, "work")
     own_step = int_within(work.get("step"))
     step = step if own_step is None else own_step
     group = episode.get("group")
-    task = episode.get("task") if isinstance(episode.get("task"), dict) else {}
+    task = object_at(episode, "task")
     group_id = group.get("id") if isinstance(group, dict) else task.get("key") or task.get("hash")
     out = []
     for trace in episode["traces"]:

@@ -38,7 +38,7 @@ def signal_matrix(scored: Sequence[Scored]) -> np.ndarray:
     )
 
 
-def renormalised(weights: Sequence[float], drop: int) -> np.ndarray:
+def renormalised(weights: Sequence[float] | np.ndarray, drop: int) -> np.ndarray:
     """The weights without the one at index `drop`, rescaled to sum to 1 (that one set to 0)."""
     rest = np.asarray(weights, dtype=float).copy()
     rest[drop] = 0.0

@@ -128,7 +128,9 @@ def install(
     command = hook_command(python, carl_home=carl_home)
     data, style = _load(path)
     before = copy.deepcopy(data)
-    hooks = _hooks_table(data, path, create=True)
+    hooks = _hooks_table(data, path)
+    if hooks is None:  # none yet, or `null`
+        hooks = data["hooks"] = {}
     for event in events:
         _ensure_handler(hooks, event, command, path)
     if data != before:  # a second install writes nothing: the file stays byte-identical
@@ -143,7 +145,7 @@ def uninstall(scope: Scope = "user", *, project_dir: Path | None = None, home: P
     if not path.exists():
         return path
     data, style = _load(path)
-    hooks = _hooks_table(data, path, create=False)
+    hooks = _hooks_table(data, path)
     if hooks is None:
         return path
     changed = False
@@ -173,7 +175,7 @@ def repoint_moved_recorder(
     if not path.exists():
         return None
     data, style = _load(path)
-    hooks = _hooks_table(data, path, create=False) or {}
+    hooks = _hooks_table(data, path) or {}
     changed = False
     for groups in hooks.values():
         for handler in _handlers(groups) if isinstance(groups, list) else ():
@@ -211,7 +213,7 @@ def installed_events(
     if not path.exists():
         return []
     data, _ = _load(path)
-    hooks = _hooks_table(data, path, create=False) or {}
+    hooks = _hooks_table(data, path) or {}
     return [event for event, groups in hooks.items() if isinstance(groups, list) and any(_handlers(groups))]
 
 
@@ -254,8 +256,9 @@ def _remove_ours(groups: list[Any], keep: dict[str, Any] | None = None) -> bool:
     return changed
 
 
-def _hooks_table(data: dict[str, Any], path: Path, *, create: bool) -> dict[str, Any] | None:
-    hooks = data.setdefault("hooks", {}) if create else data.get("hooks")
+def _hooks_table(data: dict[str, Any], path: Path) -> dict[str, Any] | None:
+    """The settings' `hooks` object; None when there is none (or `null`); any other value is refused."""
+    hooks = data.get("hooks")
     if hooks is not None and not isinstance(hooks, dict):
         raise HookSettingsError(f"{path}: `hooks` is not an object; left it untouched")
     return hooks
@@ -588,7 +591,7 @@ class _Session:
         # PreToolUse, SubagentStop, PreCompact, ...: nothing to record
 
     def _prompt(self, at: float | None, payload: dict[str, Any]) -> None:
-        text = payload.get("prompt") if isinstance(payload.get("prompt"), str) else ""
+        text = found if isinstance(found := payload.get("prompt"), str) else ""
         if not is_human_text(text):
             self._continue_turn()  # injected text (a task notification, a command echo): same turn
             return
@@ -735,8 +738,8 @@ def hooks_cli_main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("action", choices=("install", "uninstall", "status"))
     where = parser.add_mutually_exclusive_group()
-    for scope in ("user", "project", "local"):
-        where.add_argument(f"--{scope}", dest="scope", action="store_const", const=scope)
+    for name in ("user", "project", "local"):
+        where.add_argument(f"--{name}", dest="scope", action="store_const", const=name)
     parser.add_argument("--project-dir", type=Path, default=None)
     parser.add_argument("--json", action="store_true", help="status: print one JSON object")
     args = parser.parse_args(list(argv) if argv is not None else None)

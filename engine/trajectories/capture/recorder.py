@@ -22,10 +22,10 @@ Input that is not a JSON object is logged to `<home>/logs/hook-errors.log` and d
 import sys  # no `from __future__ import annotations`: importing __future__ costs time too
 import time
 
-try:  # `posix` is built in and already loaded; `os` is a ~1 ms import. Windows has neither: use os.
-    import posix as _os
-except ImportError:  # pragma: no cover - Windows
+if sys.platform == "win32":  # pragma: no cover - Windows has no `posix`: use os.
     import os as _os
+else:  # `posix` is built in and already loaded; `os` is a ~1 ms import.
+    import posix as _os
 
 SOFT_CAP = 8 * 1024 * 1024  # larger payloads are stored with their big strings cut
 # Larger still: logged and dropped (Claude Code truncates tool output long before this).
@@ -48,11 +48,12 @@ class _Context:
     memo: dict[str, str] = {}
 
 
-def _scanner():  # type: ignore[no-untyped-def]
+def _scanner():
     try:
         import _json
 
-        return _json.make_scanner(_Context())
+        # typeshed types the context as a make_scanner; the C scanner reads only _Context's attributes.
+        return _json.make_scanner(_Context())  # type: ignore[arg-type]
     except Exception:  # no C accelerator: the slow, sure way
         import json
 

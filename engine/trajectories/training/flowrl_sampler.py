@@ -194,7 +194,7 @@ def _balanced(rng: np.random.Generator, pool: list[Record], size: int) -> list[R
             n += 1
             remainder -= 1
         out += _pick(rng, members, n, replace=len(members) < n)
-    rng.shuffle(out)  # type: ignore[arg-type]
+    rng.shuffle(out)
     return out[:size]
 
 

@@ -192,7 +192,7 @@ def load_model(adapter_dir: Path | None, *, base: str) -> tuple[Any, Any]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         torch.set_num_threads(CPU_THREADS)  # as in training: small matrices, threads only synchronise
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)  # or peft's model around it
     tokenizer_dir = base
     if adapter_dir is not None:
         from peft import PeftModel
@@ -322,7 +322,9 @@ def evaluate_adapter(
         candidates.append(("base", None))
     models: dict[str, ModelScore] = {}
     per_example: dict[str, dict[str, list[float]]] = {}
-    examples = [{"uid": r.uid, "prompt": r.prompt[:120], "actual": r.tools[:MAX_PLAN_STEPS]} for r in records]
+    examples: list[dict[str, Any]] = [
+        {"uid": r.uid, "prompt": r.prompt[:120], "actual": r.tools[:MAX_PLAN_STEPS]} for r in records
+    ]
     for name, path in candidates:
         if progress:
             progress(f"{name}: planning {len(records)} hold-out tasks")
