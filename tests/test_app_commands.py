@@ -66,7 +66,7 @@ async def test_the_sender_refuses_what_the_vocabulary_does_with_its_line(home: P
     run_id = carl_run(home)
     app = ControlRoom(home, start_engine=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: app.view is not None)
+        await until(pilot, lambda: app.main.view is not None)
         assert not app.sender.send(CommandRequest("warp", run_id=run_id))
         assert not app.sender.send(CommandRequest(Verb.SET_LR, {"lr": 0}, run_id=run_id))
         assert not app.sender.send(CommandRequest(Verb.TRAIN, {"config": "demo"}, run_id=run_id))
