@@ -160,7 +160,7 @@ def rec(
 def test_load_records_reads_the_stored_advantage_and_leaves_the_holdout_out(home: Path) -> None:
     with Store(home / "carl.db") as store:
         trained = load_records(store)
-        every = load_records(store.conn, include_holdout=True)
+        every = load_records(store, include_holdout=True)
         stored = dict(store.conn.execute("SELECT uid, advantage FROM trajectories").fetchall())
     assert len(trained) == N_TRAIN and len(every) == N_TRAIN + N_HOLDOUT
     assert sum(r.holdout for r in every) == N_HOLDOUT and not any(r.holdout for r in trained)

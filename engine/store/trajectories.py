@@ -6,7 +6,6 @@ the retraining triggers read of them.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -166,15 +165,15 @@ SCORED_COLUMNS = (
 )
 
 
-def scored(conn: sqlite3.Connection) -> Iterator[tuple[Any, ...]]:
+def scored(store: Store) -> Iterator[tuple[Any, ...]]:
     """Every trajectory's SCORED_COLUMNS, in id order, a row at a time."""
-    return conn.execute(f"SELECT {SCORED_COLUMNS} FROM trajectories ORDER BY id")
+    return store.conn.execute(f"SELECT {SCORED_COLUMNS} FROM trajectories ORDER BY id")
 
 
-def stored_events(conn: sqlite3.Connection) -> Iterator[tuple[Any, ...]]:
+def stored_events(store: Store) -> Iterator[tuple[Any, ...]]:
     """(trajectory_id, tool, ok, params, ts, exit_code, duration_ms) of every stored event, by trajectory
     and order, a row at a time."""
-    return conn.execute(
+    return store.conn.execute(
         "SELECT trajectory_id, tool, ok, params, ts, exit_code, duration_ms FROM trajectory_events"
         " ORDER BY trajectory_id, seq"
     )

@@ -9,7 +9,6 @@ Unlike the published sampler, the random draws take a seed, so a batch can be re
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -73,10 +72,6 @@ class Record:
 # -- loading -----------------------------------------------------------------------------------
 
 
-def _conn(conn_or_store: Store | sqlite3.Connection) -> sqlite3.Connection:
-    return conn_or_store.conn if isinstance(conn_or_store, Store) else conn_or_store
-
-
 def _json(text: str | None) -> dict[str, Any]:
     try:
         value = json.loads(text) if text else {}
@@ -85,9 +80,9 @@ def _json(text: str | None) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _events(conn: sqlite3.Connection) -> dict[int, list[Step]]:
+def _events(store: Store) -> dict[int, list[Step]]:
     out: dict[int, list[Step]] = {}
-    for traj_id, tool, ok, params, ts, exit_code, duration_ms in trajectory_rows.stored_events(conn):
+    for traj_id, tool, ok, params, ts, exit_code, duration_ms in trajectory_rows.stored_events(store):
         step = Step(
             tool or "unknown",
             None if ok is None else bool(ok),
@@ -107,12 +102,11 @@ def _successes(events: list[Step], total: int, success_rate: float | None) -> in
     return round(success_rate * total)
 
 
-def load_records(conn_or_store: Store | sqlite3.Connection, *, include_holdout: bool = False) -> list[Record]:
+def load_records(store: Store, *, include_holdout: bool = False) -> list[Record]:
     """Every stored trajectory with its stored events, in id order (the hold-out only when asked)."""
-    conn = _conn(conn_or_store)
-    events = _events(conn)
+    events = _events(store)
     records = []
-    for row in trajectory_rows.scored(conn):
+    for row in trajectory_rows.scored(store):
         (
             traj_id,
             uid,
