@@ -31,6 +31,7 @@ SCHEMA_VERSION: Final = 1  # Final: its type is Literal[1], what `schema_version
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # one NATS subject token: no dots, spaces or wildcards
 
 Score = Annotated[float, Field(ge=0.0, le=1.0)]
+HINT_CHARS = 2000  # a hint is a sentence or two; longer is refused on the wire
 
 
 def _one_token(value: str) -> str:
@@ -170,9 +171,57 @@ class TrainingRolloutEvent(PlaneEvent):
     response_token_ids: list[int] = Field(default_factory=list)
     token_logprobs: list[float] = Field(default_factory=list)  # the behaviour policy's, per response token
     temperature: float | None = None
+    hint: str = Field("", max_length=HINT_CHARS)  # the manager's hint for it ("": none), the OPD teacher's
+    # context (engine/training/opd.py); the same text went out on `opd.hints`
 
     def dedup_id(self) -> str:
         return f"rollout-{self.task_id}"
+
+
+HintSource = Literal["verifier", "error", "feedback", "claude", "manager_model"]
+
+
+class HintEvent(PlaneEvent):
+    """A short corrective instruction for one result, made from its directive signal (the verifier's
+    failure, the tool's error, the manager's advice): the OPD teacher's extra context
+    (docs/reference/agents-plane.md §14)."""
+
+    TYPE: ClassVar[str] = "hint"
+    SUBJECT: ClassVar[str] = "opd.hints"
+    type: Literal["hint"] = "hint"
+    task_id: str
+    manager_id: str
+    worker_id: str
+    group_id: str | None = None
+    hint: str = Field(min_length=1, max_length=HINT_CHARS)
+    source: HintSource
+    signal: str = Field("", max_length=HINT_CHARS)  # the message the hint was made from
+    manager_version: str | None = None  # the trained manager's weights that wrote it (source manager_model)
+
+    def dedup_id(self) -> str:
+        return f"hint-{self.task_id}"
+
+
+JudgedKind = Literal["agreement", "hint_help"]
+
+
+class ManagerJudgedEvent(PlaneEvent):
+    """The manager judged against what happened (docs/guide/agents.md): `agreement` = 1 − |feedback −
+    verifier| for one result; `hint_help` = the verifier's score of the next attempt at a similar task
+    (`next_task_id`) minus this hinted attempt's, in [-1, 1]."""
+
+    TYPE: ClassVar[str] = "judged"
+    SUBJECT: ClassVar[str] = "opd.judged"
+    type: Literal["judged"] = "judged"
+    task_id: str
+    manager_id: str
+    worker_id: str
+    kind: JudgedKind
+    value: float = Field(ge=-1.0, le=1.0)
+    next_task_id: str | None = None
+
+    def dedup_id(self) -> str:
+        return f"judged-{self.kind}-{self.task_id}"
 
 
 WeightsKind = Literal["adapter", "full"]
@@ -306,6 +355,8 @@ EVENT_TYPES: dict[str, type[PlaneEvent]] = {
         ControlEvent,
         WorkerStatusEvent,
         ManagerStatusEvent,
+        HintEvent,
+        ManagerJudgedEvent,
     )
 }
 
@@ -319,6 +370,7 @@ SUBJECT_TYPES: dict[str, tuple[str, ...]] = {
     "alignment": ("alarm",),
     "control": ("control",),
     "status": ("worker_status", "manager_status"),
+    "opd": ("hint", "judged"),
 }
 STREAM_SUBJECTS = [f"{prefix}.>" for prefix in SUBJECT_TYPES]
 
@@ -332,6 +384,8 @@ Event = (
     | ControlEvent
     | WorkerStatusEvent
     | ManagerStatusEvent
+    | HintEvent
+    | ManagerJudgedEvent
 )
 
 
@@ -458,6 +512,8 @@ def event_ids(event: PlaneEvent) -> dict[str, Any]:
     score = get("score")
     if score is None:
         score = get("reward")
+    if score is None:
+        score = get("value")  # a judgement of the manager
     return {
         "type": event.TYPE,
         "task_id": get("task_id"),

@@ -71,6 +71,13 @@ class TrainerSettings(_Section):
         "all-linear", description="LoRA target modules (as the served model)"
     )
     max_updates: Count | None = Field(None, gt=0, description="stop training after this many optimizer steps")
+    opd: bool = Field(
+        False, description="on-policy distillation: a rollout with a hint also learns from the hinted policy"
+    )
+    w_opd: Real = Field(1.0, ge=0, description="weight of the per-token OPD advantage (OpenClaw-RL's: 1.0)")
+    opd_clip: Real = Field(
+        1.0, gt=0, description="the teacher - student log-prob gap is clipped to [-opd_clip, opd_clip] nats"
+    )
 
 
 class AgentsSettings(_Section):
@@ -112,6 +119,13 @@ class AgentsSettings(_Section):
     judge_model: str | None = Field(None, description="judge model name")
     votes: Count = Field(1, ge=1, le=9, description="judge calls per step; the step score is their median")
     feedback: Literal["offline", "claude"] = Field("offline", description="who writes the manager feedback")
+    hints: bool = Field(
+        True, description="make a hint from each result's directive signal (verifier, error, advice)"
+    )
+    manager_model: str | None = Field(
+        None,
+        description="a local model that writes the manager's hints, trained on their judged quality (null: none)",
+    )
     claude_model: str | None = Field(None, description="model of the Claude manager")
     stream: StreamLimits = Field(default_factory=StreamLimits, description="the JetStream stream's limits")
     alarms: AlarmSettings = Field(default_factory=AlarmSettings, description="alarm thresholds")
