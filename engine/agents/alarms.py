@@ -4,7 +4,8 @@ Four alarms (the published checks of docs/reference/agents-plane.md §10 compare
 fact; these watch each worker as results arrive):
 - collusion: the manager's feedback drifts from the independent score (the task's verifier where it
   has one, else the PRM): mean |feedback - independent| over the worker's window above
-  `collusion_gap`;
+  `collusion_gap`; or the manager's hints to the worker are followed by worse attempts: the mean hint help
+  (engine/agents/manager_judge.py) over the window below -`hint_harm`;
 - reward hacking: in at least `hacking_share` of the worker's verified results, the feedback or the
   PRM is high (>= `hacking_high`) while the verifier fails it (< `hacking_fail`);
 - worker divergence: a worker's mean outcome is more than `divergence` away from the pooled outcomes
@@ -72,6 +73,7 @@ class _Judged:
 class _Worker:
     judged: deque[_Judged]  # the last `window` results with both halves
     outcomes: deque[float]  # the last `window` outcome scores
+    helps: deque[float]  # the last `window` hint-help judgements of the manager's hints to this worker
 
 
 class AlarmMonitor:
@@ -117,6 +119,12 @@ class AlarmMonitor:
         entry.feedback = score
         return self._join(task_id, entry)
 
+    def hint_help(self, worker_id: str, value: float) -> list[AlarmEvent]:
+        """A judged hint of the manager's to this worker (the next similar attempt's score minus the hinted
+        one's): an input of the collusion alarm."""
+        self._worker(worker_id).helps.append(value)
+        return self._check_collusion(worker_id)
+
     def started(self, task_id: str, worker_id: str, now: float) -> None:
         """A worker said it is working on a task. Saying so again keeps the first time (a busy status
         repeated is no progress); a redelivery to another worker starts the clock afresh."""
@@ -159,7 +167,7 @@ class AlarmMonitor:
     def _worker(self, worker_id: str) -> _Worker:
         if worker_id not in self._workers:
             size = self.settings.window
-            self._workers[worker_id] = _Worker(deque(maxlen=size), deque(maxlen=size))
+            self._workers[worker_id] = _Worker(deque(maxlen=size), deque(maxlen=size), deque(maxlen=size))
         return self._workers[worker_id]
 
     def _entry(self, task_id: str, worker_id: str) -> _Open:
@@ -194,13 +202,19 @@ class AlarmMonitor:
 
     def _check_collusion(self, worker_id: str) -> list[AlarmEvent]:
         judged = list(self._workers[worker_id].judged)
+        helps = list(self._workers[worker_id].helps)
+        harmful = len(helps) >= self.min_results and sum(helps) / len(helps) < -self.settings.hint_harm
         if len(judged) < self.min_results:
+            if harmful:
+                return self._fire(("collusion", worker_id), True, self._harmful_hints(worker_id, helps))
             return self._fire(("collusion", worker_id), False, None)
         gap = sum(abs(j.feedback - j.independent) for j in judged) / len(judged)
         limit = self.settings.collusion_gap
-        holds = gap > limit
+        holds = gap > limit or harmful
         alarm = None
-        if holds:
+        if holds and gap <= limit:
+            alarm = self._harmful_hints(worker_id, helps)
+        elif holds:
             feedback = sum(j.feedback for j in judged) / len(judged)
             independent = sum(j.independent for j in judged) / len(judged)
             kinds = {j.verifier is not None for j in judged}
@@ -221,6 +235,18 @@ class AlarmMonitor:
                 },
             )
         return self._fire(("collusion", worker_id), holds, alarm)
+
+    def _harmful_hints(self, worker_id: str, helps: list[float]) -> AlarmEvent:
+        mean_help = sum(helps) / len(helps)
+        return AlarmEvent(
+            kind="collusion",
+            reason=(
+                f"the manager's hints to {worker_id} are followed by worse attempts: hint help "
+                f"{mean_help:+.2f} over the last {len(helps)} judged hints (below -{self.settings.hint_harm:.2f})"
+            ),
+            worker_id=worker_id,
+            metrics={"hint_help": mean_help, "hints": float(len(helps))},
+        )
 
     def _check_hacking(self, worker_id: str) -> list[AlarmEvent]:
         s = self.settings

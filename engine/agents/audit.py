@@ -47,6 +47,8 @@ from .bus import STREAM
 from .events import (
     EventRejected,
     FeedbackEvent,
+    HintEvent,
+    ManagerJudgedEvent,
     ManagerStatusEvent,
     ModelUpdateEvent,
     PlaneEvent,
@@ -341,6 +343,23 @@ class AuditWriter:
     def _feedback(self, event: FeedbackEvent, received: float) -> None:
         self.tables.feedback_task(event.task_id, event.score, event.textual_feedback, event.source, received)
 
+    def _hint(self, event: HintEvent, received: float) -> None:
+        self.tables.hint_task(event.task_id, event.hint, event.source, received)
+
+    def _judged(self, event: ManagerJudgedEvent, received: float) -> None:
+        self.tables.add_judgement(
+            (
+                event.task_id,
+                event.manager_id,
+                event.worker_id,
+                event.kind,
+                event.value,
+                event.next_task_id,
+                _epoch(event.created_at),
+                received,
+            )
+        )
+
     def _worker_status(self, event: WorkerStatusEvent, received: float) -> None:
         self._worker_seen(event.worker_id, received)
         self.tables.worker_status(
@@ -482,6 +501,8 @@ _APPLY: dict[type, Callable[[AuditWriter, Any, float], None]] = {
     WorkerStatusEvent: AuditWriter._worker_status,
     ManagerStatusEvent: AuditWriter._manager_status,
     ModelUpdateEvent: AuditWriter._model_update,
+    HintEvent: AuditWriter._hint,
+    ManagerJudgedEvent: AuditWriter._judged,
 }
 
 

@@ -397,7 +397,7 @@ async def headless(
     from .bus import close as bus_close
     from .launcher import Launcher, engine_server, given_address, start_server, write_settings
     from .manager import Manager, TaskFeed
-    from .roles import build_feedback, build_scorer, group_size
+    from .roles import build_feedback, build_hints, build_scorer, group_size
     from .server import LocalServer, free_port
 
     await asyncio.to_thread(check_trainable_endpoint, settings)  # before anything starts: one line
@@ -442,6 +442,7 @@ async def headless(
             store_path=paths.db_path(home),
             manager_id="manager" if server is not None else f"run-{os.getpid()}",
             transient=server is None,
+            hints=build_hints(settings, home, api_key=api_key, base_url=base_url),
         )
         watch = asyncio.create_task(_watch_workers(workers, manager))
         summary = await manager.run()

@@ -43,6 +43,8 @@ from .events import (
     ControlEvent,
     EventRejected,
     FeedbackEvent,
+    HintEvent,
+    ManagerJudgedEvent,
     ManagerStatusEvent,
     ResultEvent,
     TaskEvent,
@@ -51,6 +53,8 @@ from .events import (
     parse_event,
 )
 from .feedback import Feedback
+from .hints import Hint, HintWriter, make_hint
+from .manager_judge import Judged, ManagerJudge
 from .plane_settings import AgentsSettings
 from .scoring import CombinedScorer, ScoredResult
 from .server import AgentsError
@@ -76,6 +80,7 @@ class Pending:
     worker_id: str | None = None  # the worker that said it is busy with it (the latest, on redelivery)
     takers: set[str] = field(default_factory=set)  # every worker that said so
     given_up: bool = False  # timed out: the manager answered it itself
+    assigned_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -92,6 +97,9 @@ class ManagerSummary:
     feedback: list[float] = field(default_factory=list)
     verifier: list[float] = field(default_factory=list)
     alarms: list[str] = field(default_factory=list)
+    hints: int = 0
+    agreement: list[float] = field(default_factory=list)  # the manager judged (manager_judge.py)
+    hint_help: list[float] = field(default_factory=list)
     workers: dict[str, int] = field(default_factory=dict)
     model_versions: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
@@ -111,6 +119,9 @@ class ManagerSummary:
             "mean_prm": mean(self.prm),
             "mean_feedback": mean(self.feedback),
             "mean_verifier": mean(self.verifier),
+            "hints": self.hints,
+            "manager_agreement": mean(self.agreement),
+            "hint_help": mean(self.hint_help),
             "alarms": self.alarms,
             "workers": dict(sorted(self.workers.items())),
             "model_versions": self.model_versions,
@@ -159,6 +170,7 @@ class Manager:
         store_path: Path | None = None,
         on_summary: Callable[[ManagerSummary], None] | None = None,
         transient: bool = False,
+        hints: HintWriter | None = None,
     ) -> None:
         self.address = address
         self.settings = settings
@@ -171,6 +183,8 @@ class Manager:
         self.transient = transient
         self.on_summary = on_summary
         self.alarms = AlarmMonitor(settings.alarms, settings.ack_wait_s)
+        self.hints = hints  # None: no hints (agents.hints false)
+        self.judge = ManagerJudge()
         self.summary = ManagerSummary()
         self.pending: dict[str, Pending] = {}
         self.finished_ids: set[str] = set()
@@ -365,10 +379,13 @@ class Manager:
         )
         scored = await self.scorer.score(task, result, verifier_score)
         feedback = await self.feedback_writer.feedback(task, result)
+        hint = None
+        if self.hints is not None:
+            hint = await make_hint(self.hints, task, result, scored.verifier_score, feedback)
         if result.task_id in self.finished_ids:  # scored twice at once (a redelivery): publish once
             return
         self.finished_ids.add(result.task_id)
-        await publish_retrying(self.js, self._rollout(task, result, scored))
+        await publish_retrying(self.js, self._rollout(task, result, scored, hint))
         await publish_retrying(
             self.js,
             FeedbackEvent(
@@ -381,13 +398,21 @@ class Manager:
                 dimensions=feedback.dimensions,
             ),
         )
+        if hint is not None:
+            await publish_retrying(self.js, self._hint_event(task, result, hint))
+        judged = self._judged(task, result, scored, feedback, hint, pending)
         self.alarms.finished(result.task_id)
-        for alarm in [
+        alarms = [
             *self.alarms.scored(
                 task.task_id, result.worker_id, scored.prm_score, scored.verifier_score, scored.outcome_score
             ),
             *self.alarms.feedback(task.task_id, result.worker_id, feedback.score),
-        ]:
+        ]
+        for judgement in judged:
+            await publish_retrying(self.js, self._judged_event(judgement))
+            if judgement.kind == "hint_help":
+                alarms += self.alarms.hint_help(judgement.worker_id, judgement.value)
+        for alarm in alarms:
             await self._alarm(alarm)
         self._count(result, scored, feedback)
         self.pending.pop(result.task_id, None)
@@ -401,7 +426,61 @@ class Manager:
             return pending.given_up and result.status == "failed"
         return not pending.takers or result.worker_id in pending.takers
 
-    def _rollout(self, task: TaskEvent, result: ResultEvent, scored: ScoredResult) -> TrainingRolloutEvent:
+    def _judged(
+        self,
+        task: TaskEvent,
+        result: ResultEvent,
+        scored: ScoredResult,
+        feedback: Feedback,
+        hint: Hint | None,
+        pending: Pending | None,
+    ) -> list[Judged]:
+        """The manager judged by this result: its feedback against the verifier, and the hints at similar
+        tasks given before this task was assigned, by this attempt's score."""
+        summary = self.summary
+        if hint is not None:
+            summary.hints += 1
+        judged = []
+        agreement = self.judge.agreement(task.task_id, result.worker_id, feedback.score, scored.verifier_score)
+        if agreement is not None:
+            judged.append(agreement)
+            summary.agreement.append(agreement.value)
+        assigned_at = pending.assigned_at if pending is not None else 0.0  # a previous process's: older
+        helps = self.judge.attempt(
+            task,
+            result.worker_id,
+            scored.verifier_score,
+            assigned_at,
+            time.monotonic() if hint is not None else None,
+        )
+        summary.hint_help.extend(j.value for j in helps)
+        return [*judged, *helps]
+
+    def _hint_event(self, task: TaskEvent, result: ResultEvent, hint: Hint) -> HintEvent:
+        return HintEvent(
+            task_id=task.task_id,
+            manager_id=self.manager_id,
+            worker_id=result.worker_id,
+            group_id=task.group_id,
+            hint=hint.text,
+            source=hint.source,
+            signal=hint.signal,
+            manager_version=hint.manager_version,
+        )
+
+    def _judged_event(self, judged: Judged) -> ManagerJudgedEvent:
+        return ManagerJudgedEvent(
+            task_id=judged.task_id,
+            manager_id=self.manager_id,
+            worker_id=judged.worker_id,
+            kind=judged.kind,
+            value=judged.value,
+            next_task_id=judged.next_task_id,
+        )
+
+    def _rollout(
+        self, task: TaskEvent, result: ResultEvent, scored: ScoredResult, hint: Hint | None = None
+    ) -> TrainingRolloutEvent:
         return TrainingRolloutEvent(
             task_id=task.task_id,
             worker_id=result.worker_id,
@@ -424,6 +503,7 @@ class Manager:
             response_token_ids=result.response_token_ids,
             token_logprobs=result.token_logprobs,
             temperature=result.temperature,
+            hint=hint.text if hint is not None else "",
         )
 
     def _count(self, result: ResultEvent, scored: ScoredResult, feedback: Feedback) -> None:
@@ -546,6 +626,12 @@ def summary_line(summary: dict[str, Any]) -> str:
     ):
         if summary.get(key) is not None:
             parts.append(f"{label} {summary[key]:.3f}")
+    if summary.get("hints"):
+        parts.append(f"{summary['hints']} hints")
+    if summary.get("manager_agreement") is not None:
+        parts.append(f"manager agrees with the verifier {summary['manager_agreement']:.2f}")
+    if summary.get("hint_help") is not None:
+        parts.append(f"hints help {summary['hint_help']:+.2f}")
     workers = ", ".join(f"{w} {n}" for w, n in summary["workers"].items())
     return (
         f"{summary['assigned']} tasks in {summary['seconds']:.1f}s: "

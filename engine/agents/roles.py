@@ -79,6 +79,25 @@ def build_feedback(
     return OfflineFeedback()
 
 
+def build_hints(
+    settings: AgentsSettings, home: Path, *, api_key: str | None = None, base_url: str | None = None
+) -> Any:
+    """Who writes the hints (engine/agents/hints.py): None with `agents.hints` off; Claude when it writes the
+    feedback; the manager's own model when one is configured; else the offline hints."""
+    from .hints import ClaudeHints, OfflineHints
+
+    if not settings.hints:
+        return None
+    key = api_key or os.environ.get("ANTHROPIC_API_KEY")
+    if settings.feedback == "claude" and key:
+        return ClaudeHints(key, settings.claude_model, base_url=base_url)
+    if settings.manager_model:
+        from .manager_model import ModelHints
+
+        return ModelHints(settings, home)
+    return OfflineHints()
+
+
 def task_specs(tasks: str) -> list[Any]:
     from .tasks import demo_tasks, load_tasks
 
@@ -106,6 +125,7 @@ async def run_manager(
         build_feedback(settings),
         group_size=group_size(settings),
         store_path=paths.db_path(home),
+        hints=build_hints(settings, home),
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -169,6 +169,22 @@ class AgentAudit:
             (score, text, source, updated_at, task_id),
         )
 
+    def hint_task(self, task_id: str, hint: str, source: str, updated_at: float) -> None:
+        """A task's hint (the first one stands: a hint is made once per result)."""
+        self.conn.execute(
+            "UPDATE agent_tasks SET hint=?, hint_source=?, updated_at=? WHERE task_id=? AND hint IS NULL",
+            (hint, source, updated_at, task_id),
+        )
+
+    def add_judgement(self, row: tuple[Any, ...]) -> None:
+        """One judgement of the manager: (task_id, manager_id, worker_id, kind, value, next_task_id,
+        created_at, received_at)."""
+        self.conn.execute(
+            "INSERT INTO agent_judgements (task_id, manager_id, worker_id, kind, value, next_task_id,"
+            " created_at, received_at) VALUES (?,?,?,?,?,?,?,?)",
+            row,
+        )
+
     def worker_seen(self, worker_id: str, received: float, kind: str | None = None) -> None:
         self.conn.execute(
             "INSERT INTO agent_workers (worker_id, kind, state, first_seen, last_seen)"
@@ -216,6 +232,17 @@ class AgentAudit:
 
 
 # -- read back by the plane's other processes ---------------------------------------------------------
+
+
+def record_task_opd(store: Store, rows: Sequence[tuple[str, int, str, bytes | None, float]]) -> None:
+    """What the plane's trainer distilled from each hinted task: (task_id, step, token texts as JSON, OPD
+    advantages packed as float16, teacher/student KL), in one transaction; a task the audit has not stored
+    is skipped (its row comes with its events)."""
+    with store.transaction():
+        store.conn.executemany(
+            "UPDATE agent_tasks SET opd_step=?, opd_tokens=?, opd_advantage=?, opd_kl=? WHERE task_id=?",
+            [(step, tokens, blob, kl, task_id) for task_id, step, tokens, blob, kl in rows],
+        )
 
 
 def assigned_task(db_path: Path, task_id: str, manager_id: str) -> tuple[Any, ...] | None:

@@ -27,7 +27,7 @@ from .base import (
     read_experiments,
 )
 from .histograms import HistogramReads
-from .rollouts import ROLLOUT_COLUMNS, rollout_dict
+from .rollouts import ROLLOUT_COLUMNS, rollout_dict, unpack_half
 from .schema import ROLLUP_LEVELS
 from .system_reads import SystemReads
 
@@ -44,6 +44,7 @@ def reads() -> Any:
 
 
 NAN = math.nan
+JUDGED_WINDOW = 200  # the manager's judged quality: the mean of its newest this many judgements of a kind
 # A rollup row as `_rollup_series` takes it (vsum / n: the bucket mean, NULL when it holds no finite value).
 _ROLLUP_COLUMNS = "first_step, last_step, vmin, vmax, vsum / n, last_value"
 
@@ -727,6 +728,23 @@ class StoreReader:
             "alarms": self.agent_alarms(5) if self.version >= 4 else [],
         }
 
+    def manager_quality(self, window: int = JUDGED_WINDOW) -> dict[str, tuple[float, int]]:
+        """The manager judged (engine/agents/manager_judge.py): per kind (agreement, hint_help) the mean of
+        its newest `window` judgements and how many there are of them (at most `window`); a kind never
+        judged is absent. Two bounded reads along the kind index."""
+        if self.version < 11:
+            return {}
+        out = {}
+        for kind in ("agreement", "hint_help"):
+            mean, count = self.conn.execute(
+                "SELECT avg(value), count(*) FROM (SELECT value FROM agent_judgements WHERE kind=?"
+                " ORDER BY id DESC LIMIT ?)",
+                (kind, window),
+            ).fetchone()
+            if count:
+                out[kind] = (float(mean), int(count))
+        return out
+
     def agent_task_signature(self, task_id: str) -> tuple[float | None, int, int]:
         """Moves when the task's row or one of its events does (two index reads): its row's `updated_at`, and
         its events' newest id and count."""
@@ -749,6 +767,9 @@ class StoreReader:
         task = dict(zip([d[0] for d in cur.description], row, strict=True))
         for key in ("steps", "step_scores"):
             task[key] = json.loads(task[key]) if task[key] else []
+        if "opd_advantage" in task:  # a store of schema 11 on: the hint's OPD advantages, per answer token
+            task["opd_tokens"] = json.loads(task["opd_tokens"]) if task["opd_tokens"] else []
+            task["opd_advantage"] = unpack_half(task["opd_advantage"]) if task["opd_advantage"] else []
         rollout = self.conn.execute(
             "SELECT payload FROM agent_events WHERE task_id=? AND kind='rollout' AND status='ok' ORDER BY id "
             "LIMIT 1",

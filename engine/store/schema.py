@@ -729,6 +729,42 @@ def _v10_histograms(db: sqlite_utils.Database) -> None:
     )
 
 
+def _v11(db: sqlite_utils.Database) -> None:
+    """Issue 32: the agents plane learns from the manager's words, and the manager is judged.
+
+    agent_tasks keeps each task's hint (its text and where it came from: verifier, error, feedback, claude,
+    manager_model) as the audit reads it from `opd.hints`, and, once the plane's trainer distilled from it,
+    the step, the answer's token texts and their OPD advantages (float16 little-endian, as rollouts keep
+    per-token values) and the sample's teacher/student KL. `agent_judgements` is the manager's judged
+    quality as a series: one row per `opd.judged` event (agreement with the verifier, or a hint's help),
+    read newest first by kind along its index."""
+    for column, kind in (
+        ("hint", "TEXT"),
+        ("hint_source", "TEXT"),
+        ("opd_step", "INTEGER"),
+        ("opd_tokens", "TEXT"),  # JSON list of the answer's token texts
+        ("opd_advantage", "BLOB"),  # per token, float16 little-endian
+        ("opd_kl", "REAL"),
+    ):
+        db.execute(f"ALTER TABLE agent_tasks ADD COLUMN {column} {kind}")
+    db.execute(
+        """
+        CREATE TABLE IF NOT EXISTS agent_judgements (
+            id INTEGER PRIMARY KEY,
+            task_id TEXT NOT NULL,
+            manager_id TEXT,
+            worker_id TEXT,
+            kind TEXT NOT NULL,  -- agreement | hint_help
+            value REAL NOT NULL,
+            next_task_id TEXT,
+            created_at REAL,
+            received_at REAL NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE INDEX IF NOT EXISTS idx_agent_judgements_kind ON agent_judgements (kind, id)")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1,
     _v2,
@@ -740,5 +776,6 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v8,
     _v9,
     _v10,
+    _v11,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
