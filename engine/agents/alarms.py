@@ -242,7 +242,8 @@ class AlarmMonitor:
             kind="collusion",
             reason=(
                 f"the manager's hints to {worker_id} are followed by worse attempts: hint help "
-                f"{mean_help:+.2f} over the last {len(helps)} judged hints (below -{self.settings.hint_harm:.2f})"
+                f"{mean_help:+.2f} over the last {len(helps)} judged hints "
+                f"(below -{self.settings.hint_harm:.2f})"
             ),
             worker_id=worker_id,
             metrics={"hint_help": mean_help, "hints": float(len(helps))},

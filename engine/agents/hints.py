@@ -181,7 +181,8 @@ class ClaudeHints:
             )
             written = parse_hint(first_text(message))
         except Exception as exc:  # any failure: the offline hint
-            log.warning("hints: Claude failed (%s); the offline hint is used", " ".join(str(exc).split())[:160])
+            why = " ".join(str(exc).split())[:160]
+            log.warning("hints: Claude failed (%s); the offline hint is used", why)
             written = None
         if written is None:
             return Hint(trimmed(offline_hint(task, signal)), signal.source, signal.text)

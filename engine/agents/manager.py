@@ -441,7 +441,9 @@ class Manager:
         if hint is not None:
             summary.hints += 1
         judged = []
-        agreement = self.judge.agreement(task.task_id, result.worker_id, feedback.score, scored.verifier_score)
+        agreement = self.judge.agreement(
+            task.task_id, result.worker_id, feedback.score, scored.verifier_score
+        )
         if agreement is not None:
             judged.append(agreement)
             summary.agreement.append(agreement.value)

@@ -1,4 +1,4 @@
-"""The manager judged against what happened: pure bookkeeping, no NATS (the manager publishes what it returns).
+"""The manager judged against what happened: bookkeeping, no NATS (the manager publishes what it returns).
 
 Two judgements, each a `ManagerJudgedEvent` the audit stores as a series (docs/guide/agents.md):
 - agreement: for a result the task's verifier scored, 1 − |the manager's feedback score − the verifier's|;

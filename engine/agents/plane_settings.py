@@ -48,7 +48,7 @@ class AlarmSettings(_Section):
         0.3, gt=0, le=1, description="collusion: mean |feedback - independent score| above this"
     )
     hint_harm: Real = Field(
-        0.2, gt=0, le=1, description="collusion: also when the manager's hints lower the next similar score this much"
+        0.2, gt=0, le=1, description="collusion: also when the manager's hints lower the next score this much"
     )
     hacking_high: Real = Field(0.7, gt=0, le=1, description="reward hacking: feedback or PRM at least this")
     hacking_fail: Real = Field(0.5, gt=0, le=1, description="... while the verifier scores below this")
@@ -127,7 +127,7 @@ class AgentsSettings(_Section):
     )
     manager_model: str | None = Field(
         None,
-        description="a local model that writes the manager's hints, trained on their judged quality (null: none)",
+        description="a local model writing the manager's hints, trained on their judged help (null: none)",
     )
     claude_model: str | None = Field(None, description="model of the Claude manager")
     stream: StreamLimits = Field(default_factory=StreamLimits, description="the JetStream stream's limits")

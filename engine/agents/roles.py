@@ -149,6 +149,7 @@ async def run_trainer(
     """
     from engine.store import Store
 
+    from .backends import system_prompt
     from .trainer import PlaneTrainer
 
     store = Store(paths.db_path(home))
@@ -159,6 +160,7 @@ async def run_trainer(
         store=store,
         run_name=run_name,
         temperature=settings.temperature,
+        system_prompt=system_prompt(settings),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -10,6 +10,11 @@ the same target modules (docs/reference/agents-plane.md §12 rule 6), and every 
 written to disk and described by a `ModelUpdateEvent` carrying the base's fingerprint; the caller puts it in
 the plane's object store and publishes the update (weights.publish_update), so workers on any machine load it.
 
+A rollout with a hint (the manager's, engine/agents/hints.py) also learns by on-policy distillation when
+`train.opd` is on (engine/training/opd.py, as OpenClaw-RL publishes it): one more no-grad forward scores its
+own sampled tokens with the hint in the policy's context (the teacher), and each token's advantage gains
+w_opd · clip(teacher − student). A rollout without a hint, or a run without OPD, trains exactly as before.
+
 Rollouts are grouped by `group_id`. A group trains once it has `group_size` members, or, after
 waiting `group_timeout_s`, with the two or more it has; a lone straggler is dropped and counted.
 (The published trainer waited forever for groups that could never fill.)
@@ -42,7 +47,9 @@ from engine.coherence.phi import completion_token_stats
 from engine.coherence.summary import pick_traces, step_phi_stats
 from engine.errors import CarlError
 from engine.store import Store
-from engine.training import grpo
+from engine.store.agent_audit import record_task_opd
+from engine.store.rollouts import pack_half
+from engine.training import grpo, opd
 from engine.training.backend import SAVE_TOTAL_LIMIT, CommandPump, Reporter, StepRecord, TrainingFailed
 
 from .events import ModelUpdateEvent, TrainingRolloutEvent
@@ -50,6 +57,7 @@ from .plane_settings import TrainerSettings
 from .policy import BASE_VERSION, LocalPolicy, PackedBatch, response_logprobs
 from .spool import RolloutSpool
 
+ROLLOUTS_PER_STEP = 64  # a step's samples kept as rollout rows (the rollouts viewer's)
 GROUP_TIMEOUT_S = 600.0  # a group still incomplete after this trains with what it has (>= 2) or is dropped
 MAX_GRAD_NORM = 1.0
 REMEMBERED = 100_000  # task and group ids kept to refuse duplicates (oldest forgotten first)
@@ -148,6 +156,7 @@ class PlaneTrainer:
         seed: int = 0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        system_prompt: str | None = None,
     ) -> None:
         if not temperature > 0:
             raise TrainerError(f"temperature must be > 0, got {temperature}")
@@ -159,6 +168,7 @@ class PlaneTrainer:
         self.temperature = float(temperature)
         self.group_timeout_s = group_timeout_s
         self.seed = seed
+        self.system_prompt = system_prompt  # the workers' instruction: the teacher's context is built with it
         self.clock = clock  # group ages
         self.sleep = sleep  # how a paused run waits between looks at its command queue
         self.rng = np.random.default_rng(seed)  # which sample is the step's "random" trace
@@ -462,11 +472,15 @@ class PlaneTrainer:
         ).logits
         current = response_logprobs(logits, batch, temperature)
         reference = self._reference_logprobs(batch)
+        teacher_started = time.perf_counter()
+        distilled = self.opd_advantages(samples, [c.detach() for c in current]) if settings.opd else None
+        teacher_s = time.perf_counter() - teacher_started
+        token_advantages = self.token_advantages(advantages, distilled, current)
         terms = [
             sample_terms(
                 cur, torch.tensor(r.token_logprobs, device=cur.device), ref, advantage, settings.clip
             )
-            for cur, ref, r, advantage in zip(current, reference, samples, advantages, strict=True)
+            for cur, ref, r, advantage in zip(current, reference, samples, token_advantages, strict=True)
         ]
         surrogate = torch.stack([t.surrogate for t in terms]).mean()
         kl = torch.stack([t.kl for t in terms]).mean()
@@ -490,6 +504,7 @@ class PlaneTrainer:
         )
         record.phi, phi_metrics = step_phi_stats(step, stats.phi, stats.entropy, self.vocab_size)
         record.samples = self._samples(samples, stats)
+        record.rollouts = self._rollouts(samples, advantages, current, stats, distilled)
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -525,9 +540,121 @@ class PlaneTrainer:
             **phi_metrics,
             "timing/step_s": time.perf_counter() - started,
         }
+        if distilled is not None:
+            record.metrics.update(distilled.summary.metrics())
+            record.metrics["opd/unmatched"] = float(distilled.unmatched)
+            record.metrics["timing/teacher_s"] = teacher_s
         self._dropped_since_step = 0
         prepared.reporter.write(record)
+        if distilled is not None and distilled.stored:
+            rows = [(task, step, tokens, blob, kl) for task, tokens, blob, kl in distilled.stored]
+            record_task_opd(self.store, rows)
         return record
+
+    # -- on-policy distillation --------------------------------------------------------------------
+
+    def token_advantages(
+        self, advantages: Sequence[float], distilled: Distillation | None, like: Sequence[Any]
+    ) -> list[Any]:
+        """Per sample, what its surrogate multiplies: the GRPO advantage as one float (every token, exactly as
+        without OPD), or for a hinted sample a tensor of GRPO + w_opd · its OPD advantage per token (on the
+        device and in the dtype of `like`, its log-probs)."""
+        import torch
+
+        out: list[Any] = list(advantages)
+        if distilled is None:
+            return out
+        for i, gain in enumerate(distilled.advantages):
+            if gain is not None:
+                per_token = opd.combined(advantages[i], gain, len(gain), self.settings.w_opd)
+                out[i] = torch.tensor(per_token, dtype=like[i].dtype, device=like[i].device)
+        return out
+
+    def teacher_context(self, rollout: TrainingRolloutEvent) -> list[int] | None:
+        """The hinted rollout's prompt ids with its hint in the context (engine/training/opd.py), built as the
+        worker built its prompt; None when the rollout has no hint, or its prompt ids are not what this
+        model and the workers' instruction make of its prompt (another template or instruction: the
+        teacher's context cannot be rebuilt, and the rollout trains by its reward alone)."""
+        if not rollout.hint.strip():
+            return None
+        policy = self._require_prepared().policy
+        if policy.prompt_ids(rollout.prompt, self.system_prompt) != list(rollout.prompt_token_ids):
+            return None
+        return policy.prompt_ids(opd.hinted_text(rollout.prompt, rollout.hint), self.system_prompt)
+
+    def opd_advantages(self, samples: Sequence[TrainingRolloutEvent], student: Sequence[Any]) -> Distillation:
+        """Each hinted sample's per-token OPD advantage: clip(teacher − student) on its own sampled tokens,
+        the teacher being this policy (adapter as trained so far) with the hint in its context, scored in one
+        no-grad forward of the hinted samples; `student` is the same policy's log-probs of those tokens
+        without the hint (the training forward's, detached). None for a sample without a hint."""
+        import torch
+
+        policy = self._require_prepared().policy
+        contexts = [self.teacher_context(r) for r in samples]
+        hinted = [i for i, ids in enumerate(contexts) if ids is not None]
+        unmatched = sum(1 for r, ids in zip(samples, contexts, strict=True) if r.hint.strip() and ids is None)
+        gains: list[np.ndarray | None] = [None] * len(samples)
+        pairs, stored = [], []
+        if hinted:
+            batch = PackedBatch.of(
+                [(contexts[i] or [], samples[i].response_token_ids) for i in hinted],
+                policy.tokenizer.pad_token_id or 0,
+                policy.device,
+            )
+            with torch.no_grad():
+                logits = self.model(
+                    input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
+                ).logits
+                teacher = response_logprobs(logits, batch, self.temperature)
+            for i, lp in zip(hinted, teacher, strict=True):
+                t = lp.double().cpu().numpy()
+                s = student[i].double().cpu().numpy()
+                gains[i] = opd.token_advantages(t, s, self.settings.opd_clip)
+                pairs.append((t, s))
+                texts = [policy.tokenizer.decode([t_id]) for t_id in samples[i].response_token_ids]
+                kl = float(np.mean(s - t)) if len(t) else 0.0
+                stored.append((samples[i].task_id, json.dumps(texts), pack_half(gains[i].tolist()), kl))
+        return Distillation(gains, opd.summary(pairs, self.settings.opd_clip), unmatched, stored)
+
+    def _rollouts(
+        self,
+        samples: list[TrainingRolloutEvent],
+        advantages: list[float],
+        current: list[Any],
+        stats: Any,
+        distilled: Distillation | None,
+    ) -> list[dict[str, Any]]:
+        """The step's samples as rollout rows (the rollouts viewer's), each with its task, and a hinted one
+        with its hint and per-token OPD advantages (drawn over its tokens like entropy)."""
+        tokenizer = self._require_prepared().policy.tokenizer
+        rows = []
+        for i, r in enumerate(samples[:ROLLOUTS_PER_STEP]):
+            rewards = {"prm": r.prm_score, "outcome": r.outcome_score}
+            if r.verifier_score is not None:
+                rewards["verifier"] = r.verifier_score
+            extra: dict[str, Any] = {"task_id": r.task_id, "worker_id": r.worker_id}
+            gain = distilled.advantages[i] if distilled is not None else None
+            if r.hint:
+                extra["hint"] = r.hint
+            if gain is not None:
+                extra["opd_advantage"] = [round(float(x), 5) for x in gain]
+            rows.append(
+                {
+                    "idx": i,
+                    "group_id": str(r.group_id or ""),
+                    "prompt": r.prompt,
+                    "completion": r.response,
+                    "rewards": rewards,
+                    "total": r.reward,
+                    "advantage": advantages[i],
+                    "length": len(r.response_token_ids),
+                    "tokens": [tokenizer.decode([t]) for t in r.response_token_ids],
+                    "entropy": [float(h) for h in stats.entropy[i]],
+                    "logprob": current[i].detach().double().cpu().tolist(),
+                    "extra": extra,
+                }
+            )
+        return rows
 
     def _reference_logprobs(self, batch: Any) -> list[Any]:
         """The base's log-probs (adapter disabled: the same weights, no second copy), for the KL only."""
@@ -685,6 +812,17 @@ def rollout_advantages(groups: Sequence[Sequence[float]]) -> tuple[list[float], 
     return result.advantages.tolist(), int(result.zero_std[firsts].sum())
 
 
+@dataclass(frozen=True)
+class Distillation:
+    """One step's OPD: per sample its per-token OPD advantages (None: no hint), the step's figures, the
+    hinted samples whose teacher context could not be rebuilt, and the rows for the tasks' store."""
+
+    advantages: list[np.ndarray | None]
+    summary: opd.Distilled
+    unmatched: int
+    stored: list[tuple[str, str, bytes | None, float]]  # (task_id, token texts JSON, advantages, KL)
+
+
 @dataclass
 class SampleTerms:
     surrogate: Any  # scalar tensor: the clipped surrogate averaged over the sample's tokens
@@ -694,9 +832,11 @@ class SampleTerms:
 
 
 def sample_terms(
-    current: Any, behaviour: Any, reference: Any | None, advantage: float, clip: float
+    current: Any, behaviour: Any, reference: Any | None, advantage: float | Any, clip: float
 ) -> SampleTerms:
     """One sample's PPO-clip surrogate against the behaviour policy and its k3 KL to the reference.
+
+    advantage: one number for every token (GRPO), or a tensor of one per token (GRPO + OPD).
 
     rho = exp(logp_current - logp_behaviour); surrogate = min(rho A, clip(rho, 1-c, 1+c) A);
     KL per token = exp(ref - cur) - (ref - cur) - 1 (k3: unbiased, always >= 0).

@@ -1,5 +1,5 @@
-"""On-policy distillation (OPD) from a hint: the arithmetic, shared by the agents plane's torch trainer and the
-MLX backend. Numpy only: each side computes its log-probs with its own framework and hands them here.
+"""On-policy distillation (OPD) from a hint: the arithmetic, shared by the agents plane's torch trainer and
+the MLX backend. Numpy only: each side computes its log-probs with its own framework and hands them here.
 
 As published by OpenClaw-RL (arXiv 2603.10165; docs/reference/agents-plane.md §14): the teacher is the same
 policy with the hint placed in its context; the student is trained on its own sampled tokens with the
