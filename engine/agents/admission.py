@@ -9,8 +9,8 @@ checked against the store and the batch before it (in stream order):
   to a task it gave up on (`worker_kind` "manager", status failed) is taken from it. A second
   result for an answered task from the worker that answered it is a harmless repeat (the first
   stands); from another worker it is refused.
-- a rollout or feedback needs the task's result, and must name the worker whose result stands;
-  feedback must also come from the manager that assigned the task.
+- a rollout, feedback, hint or judgement of the manager needs the task's result, and must name the worker
+  whose result stands; feedback, hints and judgements must also come from the manager that assigned the task.
 A refused event is stored as rejected with its reason (see audit.py), never applied to the summaries.
 Without credentials per worker this checks what events say of each other, not who sent them.
 """
@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 
 from .events import (
     FeedbackEvent,
+    HintEvent,
+    ManagerJudgedEvent,
     PlaneEvent,
     ResultEvent,
     TaskEvent,
@@ -33,7 +35,8 @@ from .events import (
 if TYPE_CHECKING:
     from engine.store.agent_audit import AgentAudit
 
-CLAIMS = (ResultEvent, TrainingRolloutEvent, FeedbackEvent)
+CLAIMS = (ResultEvent, TrainingRolloutEvent, FeedbackEvent, HintEvent, ManagerJudgedEvent)
+BY_THE_MANAGER = (FeedbackEvent, HintEvent, ManagerJudgedEvent)  # what only the task's manager may say of it
 
 
 @dataclass
@@ -88,7 +91,7 @@ def _check(event: PlaneEvent, task: Task | None) -> str | None:
         return f"task {task_id} has no result yet"
     if worker != task.answered_by:
         return f"task {task_id} was answered by worker {task.answered_by}, not {worker}"
-    if isinstance(event, FeedbackEvent) and task.manager_id not in (None, event.manager_id):
+    if isinstance(event, BY_THE_MANAGER) and task.manager_id not in (None, event.manager_id):
         return f"task {task_id} belongs to manager {task.manager_id}, not {event.manager_id}"
     return None
 

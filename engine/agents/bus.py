@@ -314,6 +314,7 @@ async def pull(
 
 
 TRAINER_DURABLE = "trainer"  # the trainer's consumer of training.rollouts
+MANAGER_TRAINER_DURABLE = "manager-trainer"  # the manager trainer's consumer of training.manager
 
 
 async def trainer_subscription(js: JetStreamContext) -> Any:
@@ -322,6 +323,14 @@ async def trainer_subscription(js: JetStreamContext) -> Any:
     begins with new rollouts only (not those of planes long gone, for other models)."""
     return await pull(
         js, "training.rollouts", TRAINER_DURABLE, ack_wait=120, deliver_policy=DeliverPolicy.NEW
+    )
+
+
+async def manager_trainer_subscription(js: JetStreamContext) -> Any:
+    """The manager trainer's durable consumer of the manager's own rollouts (engine/agents/manager_model.py),
+    made by the manager before its first hint, like the trainer's."""
+    return await pull(
+        js, "training.manager", MANAGER_TRAINER_DURABLE, ack_wait=120, deliver_policy=DeliverPolicy.NEW
     )
 
 

@@ -37,6 +37,8 @@ EVENT_TYPES = (
     "control",
     "worker_status",
     "manager_status",
+    "hint",
+    "judged",
 )
 
 
@@ -100,6 +102,16 @@ def _plane_arguments(parser: argparse.ArgumentParser) -> None:
         "--workers", type=int_flag(0), default=None, help="workers to start (default: agents.workers)"
     )
     parser.add_argument("--train", action="store_true", help="train the served model from the rollouts")
+    parser.add_argument(
+        "--opd",
+        action="store_true",
+        help="with --train: a hinted rollout also learns by on-policy distillation (agents.train.opd)",
+    )
+    parser.add_argument(
+        "--manager-model",
+        default=None,
+        help="a local model that writes the manager's hints; with --train it is trained on their judged help",
+    )
     parser.add_argument("--kind", choices=("model", "http"), default=None, help="the workers' kind")
     parser.add_argument("--config", default=None, help="an agents.yaml (default: $CARL_HOME/agents.yaml)")
     _address_arguments(parser)
@@ -130,7 +142,20 @@ def _settings(args: argparse.Namespace, home: Path, **extra: Any) -> AgentsSetti
     }
     if getattr(args, "train", False):
         overrides["train.enabled"] = True
+    overrides.update(_learning_overrides(args))
     return load_settings(args.config or default_settings_path(home), overrides)
+
+
+def _learning_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """--opd and --manager-model as settings; --opd without --train is one line (nothing would learn)."""
+    out: dict[str, Any] = {}
+    if getattr(args, "opd", False):
+        if not getattr(args, "train", False):
+            raise AgentsCliError("--opd needs --train: on-policy distillation is part of training")
+        out["train.opd"] = True
+    if getattr(args, "manager_model", None):
+        out["manager_model"] = args.manager_model
+    return out
 
 
 def _positive(value: int | None, flag: str) -> None:
@@ -179,7 +204,7 @@ def _up(args: argparse.Namespace, home: Path) -> int:
             "worker_kind": args.kind,
         }.items()
         if v is not None
-    }
+    } | _learning_overrides(args)
     spec = {
         "workers": settings.workers,
         "tasks": tasks,
@@ -393,7 +418,14 @@ async def headless(
 
     from .audit import AUDIT_CONSUMER, AuditWriter, audit_bound, run_audit
     from .backends import check_trainable_endpoint
-    from .bus import TRAINER_DURABLE, connect, ensure_stream, trainer_subscription
+    from .bus import (
+        MANAGER_TRAINER_DURABLE,
+        TRAINER_DURABLE,
+        connect,
+        ensure_stream,
+        manager_trainer_subscription,
+        trainer_subscription,
+    )
     from .bus import close as bus_close
     from .launcher import Launcher, engine_server, given_address, start_server, write_settings
     from .manager import Manager, TaskFeed
@@ -432,6 +464,10 @@ async def headless(
                 await trainer_subscription(js)
             ).unsubscribe()  # rollouts wait for the trainer in the stream
             trainer = launcher.start("trainer", "trainer")
+        manager_trainer = None
+        if settings.train.enabled and settings.manager_model:
+            await (await manager_trainer_subscription(js)).unsubscribe()
+            manager_trainer = launcher.start("manager-trainer", "manager-trainer")
         manager = Manager(
             address,
             settings,
@@ -451,6 +487,9 @@ async def headless(
             await _drained(js, TRAINER_DURABLE)  # every rollout reached the trainer before it is told to stop
             await asyncio.to_thread(launcher.stop, [trainer], wait=120.0)  # it finishes the step in hand
             await _serving_latest(home, workers)
+        if manager_trainer is not None:
+            await _drained(js, MANAGER_TRAINER_DURABLE)
+            await asyncio.to_thread(launcher.stop, [manager_trainer], wait=120.0)
         await asyncio.to_thread(launcher.stop, workers)
         await _drained(js, AUDIT_CONSUMER)
         stop_audit.set()

@@ -31,6 +31,7 @@ SCHEMA_VERSION: Final = 1  # Final: its type is Literal[1], what `schema_version
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # one NATS subject token: no dots, spaces or wildcards
 
 Score = Annotated[float, Field(ge=0.0, le=1.0)]
+MANAGER_TARGET = "manager"  # a model update's target_worker_id for the manager's own model
 HINT_CHARS = 2000  # a hint is a sentence or two; longer is refused on the wire
 
 
@@ -178,6 +179,19 @@ class TrainingRolloutEvent(PlaneEvent):
         return f"rollout-{self.task_id}"
 
 
+class ManagerRolloutEvent(TrainingRolloutEvent):
+    """A hint the manager's own model wrote, as a rollout of that model: prompt = what it was asked, response
+    = the hint, reward = its judged help mapped to [0, 1] ((help + 1) / 2). `task_id` and `worker_id` are the
+    hinted result's; `group_id` its task group's (the hints written for one group of worker attempts)."""
+
+    TYPE: ClassVar[str] = "manager_rollout"
+    SUBJECT: ClassVar[str] = "training.manager"
+    type: Literal["manager_rollout"] = "manager_rollout"  # type: ignore[assignment]
+
+    def dedup_id(self) -> str:
+        return f"manager-rollout-{self.task_id}"
+
+
 HintSource = Literal["verifier", "error", "feedback", "claude", "manager_model"]
 
 
@@ -260,6 +274,11 @@ class ModelUpdateEvent(PlaneEvent):
     object_name: str | None = None
     digest: Annotated[str | None, AfterValidator(_digest)] = None
     size: int | None = Field(None, ge=0)  # bytes of the archive
+
+    def subject(self) -> str:
+        """The workers' weights on `model.updates`; the manager's own (engine/agents/manager_model.py) on
+        `model.manager`, so a worker's look at the newest update never finds the manager's."""
+        return "model.manager" if self.target_worker_id == MANAGER_TARGET else "model.updates"
 
     def dedup_id(self) -> str:
         return f"model-{self.model_version}"
@@ -357,6 +376,7 @@ EVENT_TYPES: dict[str, type[PlaneEvent]] = {
         ManagerStatusEvent,
         HintEvent,
         ManagerJudgedEvent,
+        ManagerRolloutEvent,
     )
 }
 
@@ -365,7 +385,7 @@ SUBJECT_TYPES: dict[str, tuple[str, ...]] = {
     "tasks": ("task",),
     "results": ("result",),
     "feedback": ("feedback",),
-    "training": ("rollout",),
+    "training": ("rollout", "manager_rollout"),
     "model": ("model_update",),
     "alignment": ("alarm",),
     "control": ("control",),
@@ -386,6 +406,7 @@ Event = (
     | ManagerStatusEvent
     | HintEvent
     | ManagerJudgedEvent
+    | ManagerRolloutEvent
 )
 
 

@@ -37,7 +37,15 @@ from engine.store.agent_audit import assigned_task
 from engine.text import visible
 
 from .alarms import AlarmMonitor
-from .bus import STREAM, Address, connect, ensure_stream, publish_retrying, trainer_subscription
+from .bus import (
+    STREAM,
+    Address,
+    connect,
+    ensure_stream,
+    manager_trainer_subscription,
+    publish_retrying,
+    trainer_subscription,
+)
 from .bus import close as bus_close
 from .events import (
     ControlEvent,
@@ -46,6 +54,7 @@ from .events import (
     HintEvent,
     ManagerJudgedEvent,
     ManagerStatusEvent,
+    ModelUpdateEvent,
     ResultEvent,
     TaskEvent,
     TrainingRolloutEvent,
@@ -55,10 +64,12 @@ from .events import (
 from .feedback import Feedback
 from .hints import Hint, HintWriter, make_hint
 from .manager_judge import Judged, ManagerJudge
+from .manager_model import ModelHints
 from .plane_settings import AgentsSettings
 from .scoring import CombinedScorer, ScoredResult
 from .server import AgentsError
 from .tasks import TaskSpec, verify
+from .weights import fetch_weights
 
 log = logging.getLogger("carl.agents")
 STATUS_EVERY_S = 2.0  # a running manager reports its counts at most this often
@@ -208,7 +219,11 @@ class Manager:
             results = await self._subscribe_results()
             if self.group_size > 1:  # training: the trainer's consumer exists before the first rollout
                 await (await trainer_subscription(self.js)).unsubscribe()
+                if isinstance(self.hints, ModelHints):  # and the manager trainer's, before the first hint
+                    await (await manager_trainer_subscription(self.js)).unsubscribe()
             await self.nc.subscribe("control.manager", cb=self._on_control)
+            if isinstance(self.hints, ModelHints):
+                await self._subscribe_own_model(self.hints)
             await self.nc.subscribe("status.workers.*", cb=self._on_worker_status)
             await self.report("assigning")
             background = [asyncio.create_task(self._assign_loop()), asyncio.create_task(self._watch_loop())]
@@ -412,6 +427,9 @@ class Manager:
             await publish_retrying(self.js, self._judged_event(judgement))
             if judgement.kind == "hint_help":
                 alarms += self.alarms.hint_help(judgement.worker_id, judgement.value)
+                rollout = self.hints.rollout(judgement) if isinstance(self.hints, ModelHints) else None
+                if rollout is not None:  # the manager's own model wrote that hint: it learns from its help
+                    await publish_retrying(self.js, rollout)
         for alarm in alarms:
             await self._alarm(alarm)
         self._count(result, scored, feedback)
@@ -548,6 +566,44 @@ class Manager:
         self.summary.alarms.append(f"{alarm.kind}: {alarm.reason}")
         log.warning("alarm %s: %s", alarm.kind, alarm.reason)
         await publish_retrying(self.js, alarm)
+
+    async def _subscribe_own_model(self, hints: ModelHints) -> None:
+        """The manager trainer's adapters (`model.manager`): the newest before the first hint, then each new
+        one as it comes, swapped in between two hints. A swap that fails keeps the model served and says
+        why."""
+
+        async def apply(subject: str, data: bytes) -> None:
+            try:
+                update = parse_event(subject, data)
+            except EventRejected as exc:
+                log.warning("manager: rejected a model update: %s", exc)
+                return
+            if not isinstance(update, ModelUpdateEvent) or update.model_version == hints.version:
+                return
+            try:
+                path = (
+                    await fetch_weights(self.js, update, hints.home, f"manager-{self.manager_id}")
+                    if update.object_name
+                    else Path(update.checkpoint_path)
+                )
+                log.info("manager: %s", await hints.swap(update, path))
+            except Exception as exc:
+                log.warning("manager: kept its model: %s", " ".join(str(exc).split())[:200])
+
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            last = await self.js.get_last_msg(STREAM, "model.manager")
+            if last is not None and last.data:
+                await apply(str(last.subject), last.data)
+
+        async def on_update(msg: Any) -> None:
+            await apply(msg.subject, msg.data)
+
+        await self.js.subscribe(
+            "model.manager",
+            cb=on_update,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        )
 
     # -- what arrives on core subjects -------------------------------------------------------------
 

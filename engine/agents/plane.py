@@ -285,6 +285,8 @@ class Plane:
             self._add_worker()
         if settings.train.enabled:
             self._spawn("trainer", "trainer")
+        if settings.train.enabled and settings.manager_model:
+            self._spawn("manager-trainer", "manager-trainer")
         self.store.set_kv(
             "agents.plane",
             {"wanted": True, "spec": spec.__dict__, "settings": str(settings_file)},
@@ -293,6 +295,8 @@ class Plane:
         what = f"manager, {spec.workers} worker{'s' if spec.workers != 1 else ''}" + (
             ", trainer" if settings.train.enabled else ""
         )
+        if settings.train.enabled and settings.manager_model:
+            what += ", manager trainer"
         until = f" until run {spec.until_run!r} ends" if spec.until_run else ""
         serving = f", serving run {spec.serve_run}" if spec.serve_run else ""
         return f"agents plane up on {self.address.url}: {what} on {spec.tasks} tasks{serving}{until}"
@@ -475,7 +479,7 @@ class Plane:
                 child.log_path,
             )
         if child.state == "restarting" and child.restart_at is not None and now >= child.restart_at:
-            if child.role == "trainer" and "--resume" not in child.argv:
+            if child.role in ("trainer", "manager-trainer") and "--resume" not in child.argv:
                 child.argv.append("--resume")  # a restarted trainer carries on its run from its checkpoint
             child.spawn()
 

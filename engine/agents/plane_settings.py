@@ -130,6 +130,9 @@ class AgentsSettings(_Section):
         description="a local model writing the manager's hints, trained on their judged help (null: none)",
     )
     claude_model: str | None = Field(None, description="model of the Claude manager")
+    seed: int = Field(
+        0, ge=0, description="seeds the workers' sampling (with each worker's id) and the trainer"
+    )
     stream: StreamLimits = Field(default_factory=StreamLimits, description="the JetStream stream's limits")
     alarms: AlarmSettings = Field(default_factory=AlarmSettings, description="alarm thresholds")
     train: TrainerSettings = Field(default_factory=TrainerSettings, description="training from rollouts")

@@ -28,6 +28,7 @@ from .bus import (
     connect,
     ensure_stream,
     fetch,
+    manager_trainer_subscription,
     resolve_address,
     trainer_subscription,
 )
@@ -94,7 +95,7 @@ def build_hints(
     if settings.manager_model:
         from .manager_model import ModelHints
 
-        return ModelHints(settings, home)
+        return ModelHints(settings, home, seed=settings.seed)
     return OfflineHints()
 
 
@@ -141,26 +142,35 @@ async def run_trainer(
     home: Path,
     *,
     resume: bool = False,
-    run_name: str = "agents-train",
+    run_name: str | None = None,
+    manager: bool = False,
 ) -> int:
-    """Train the served model from `training.rollouts`; each new adapter goes out on `model.updates`.
+    """Train the served model from `training.rollouts`; each new adapter goes out on `model.updates`. With
+    `manager`, the manager's own model (agents.manager_model) from `training.manager` instead, its adapters
+    out on `model.manager` (engine/agents/manager_model.py), without OPD (a hint has no hint of its own).
 
     resume: a restarted trainer process carries on its run from the newest checkpoint.
     """
     from engine.store import Store
 
     from .backends import system_prompt
-    from .trainer import PlaneTrainer
+    from .events import MANAGER_TARGET
+    from .trainer import GROUP_TIMEOUT_S, PlaneTrainer
 
+    if manager and not settings.manager_model:
+        raise AgentsError("the manager trainer needs agents.manager_model (--manager-model)")
     store = Store(paths.db_path(home))
     trainer = PlaneTrainer(
-        settings.train,
-        model=settings.model,
+        settings.train.model_copy(update={"opd": False}) if manager else settings.train,
+        model=(settings.manager_model or settings.model) if manager else settings.model,
         home=home,
         store=store,
-        run_name=run_name,
+        run_name=run_name or ("agents-manager" if manager else "agents-train"),
         temperature=settings.temperature,
-        system_prompt=system_prompt(settings),
+        group_timeout_s=MANAGER_GROUP_TIMEOUT_S if manager else GROUP_TIMEOUT_S,
+        system_prompt=None if manager else system_prompt(settings),
+        publish_target=MANAGER_TARGET if manager else None,
+        seed=settings.seed,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -180,7 +190,7 @@ async def run_trainer(
         js = nc.jetstream()
         await ensure_stream(js, settings.stream, settings.replicas)
         await models_bucket(js, settings.replicas)  # where each adapter goes, as many copies as the stream
-        sub = await trainer_subscription(js)
+        sub = await (manager_trainer_subscription(js) if manager else trainer_subscription(js))
         receiving = _Receiving(Verdicts(paths.db_path(home), await stream_epoch(js)))
         try:
             await _train_loop(js, sub, trainer, stop, receiving)
@@ -210,6 +220,7 @@ async def _train_what_is_ready(js: Any, trainer: Any) -> None:
         await asyncio.to_thread(trainer.step)  # applies the stop: the checkpoint is saved
 
 
+MANAGER_GROUP_TIMEOUT_S = 60.0  # a task group's hints are rarely all judged: train what was, after this
 VERDICT_WAIT_S = 30.0  # a rollout the audit has not stored after this long: the trainer says why, waits on
 
 
@@ -338,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m engine.agents", description="one process of the agents plane"
     )
-    parser.add_argument("role", choices=["manager", "worker", "trainer"])
+    parser.add_argument("role", choices=["manager", "worker", "trainer", "manager-trainer"])
     parser.add_argument("--home", type=Path, default=None)
     parser.add_argument(
         "--settings", default=None, help="the plane's settings (JSON, as the engine writes them)"
@@ -368,8 +379,9 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(
                 run_manager(address, settings, home, tasks=args.tasks, limit=args.limit, cycle=args.cycle)
             )
-        if args.role == "trainer":
-            return asyncio.run(run_trainer(address, settings, home, resume=args.resume))
+        if args.role in ("trainer", "manager-trainer"):
+            manager = args.role == "manager-trainer"
+            return asyncio.run(run_trainer(address, settings, home, resume=args.resume, manager=manager))
         from .worker import run_worker
 
         return asyncio.run(

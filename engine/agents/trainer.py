@@ -157,6 +157,7 @@ class PlaneTrainer:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         system_prompt: str | None = None,
+        publish_target: str | None = None,
     ) -> None:
         if not temperature > 0:
             raise TrainerError(f"temperature must be > 0, got {temperature}")
@@ -168,6 +169,7 @@ class PlaneTrainer:
         self.temperature = float(temperature)
         self.group_timeout_s = group_timeout_s
         self.seed = seed
+        self.publish_target = publish_target  # the updates' target_worker_id (the manager's model: "manager")
         self.system_prompt = system_prompt  # the workers' instruction: the teacher's context is built with it
         self.clock = clock  # group ages
         self.sleep = sleep  # how a paused run waits between looks at its command queue
@@ -767,6 +769,7 @@ class PlaneTrainer:
             step=self.global_step,
             metrics=shown,
             run=self.run_name,
+            target_worker_id=self.publish_target,
         )
 
     # -- helpers for callers and tests -----------------------------------------------------------------

@@ -23,6 +23,7 @@ import os
 import signal
 import socket
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -61,14 +62,21 @@ JOIN_WAIT_S = 60.0  # a worker that starts while a cluster elects its leaders wa
 SWAP_RETRY_S = (2.0, 10.0, 30.0)
 
 
-def make_backend(kind: str, settings: AgentsSettings, home: Path) -> Backend:
+def make_backend(kind: str, settings: AgentsSettings, home: Path, worker_id: str = "") -> Backend:
     """A `model` worker's model runs in a process of its own (model_process.py); an `http` worker asks a
     server."""
     if kind == "model":
-        return ModelProcess(settings, home)
+        return ModelProcess(settings, home, seed=sampling_seed(settings.seed, worker_id))
     if kind == "http":
         return HttpBackend(settings)
     raise WorkerError(f"--kind {kind!r}: expected model or http")
+
+
+def sampling_seed(seed: int, worker_id: str) -> int:
+    """A model worker's sampling seed: the plane's `seed` and the worker's id. Two workers never draw the same
+    answers to the same prompt (the same seed would give a GRPO group identical members); the same plane
+    seed and worker id draw the same answers again."""
+    return seed * 1_000_003 + zlib.crc32(worker_id.encode())
 
 
 def default_worker_id(kind: str) -> str:
@@ -524,7 +532,8 @@ async def run_worker(
     command_id: int | None = None,
 ) -> int:
     """A worker process until it is told to stop (a control, SIGTERM or SIGINT)."""
-    backend = await asyncio.to_thread(make_backend, kind, settings, home)
+    worker_id = worker_id or default_worker_id(kind)
+    backend = await asyncio.to_thread(make_backend, kind, settings, home, worker_id)
     # The imports and the model live as long as the process: after one full collection they are set aside
     # from the garbage collector, whose full collections otherwise walk them all (100-500 ms each, every
     # few seconds at first, on the tiny model). The collector's thresholds stay: larger young generations
@@ -535,7 +544,7 @@ async def run_worker(
         address,
         settings,
         backend,
-        worker_id=worker_id or default_worker_id(kind),
+        worker_id=worker_id,
         home=home,
         command_id=command_id,
     )
