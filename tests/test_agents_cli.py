@@ -120,6 +120,7 @@ def test_events_are_printed_filtered_and_as_json_lines(tmp_path: Path) -> None:
         "result",
         "rollout",
         "feedback",
+        "judged",  # the manager's feedback against the verifier (every answer was right: no hint)
     }  # busy: on it
     assert {e["task_id"] for e in of_task} == {one}
     status = json.loads(carl(home, "agents", "status", "--json").stdout)
