@@ -287,3 +287,44 @@ def test_a_real_grpo_step_with_hints_distils_and_without_hints_trains_as_without
     trained = dict(tree_flatten(quiet.model.parameters()))
     for name, weight in dict(tree_flatten(off.model.parameters())).items():
         assert mx.array_equal(trained[name], weight).item(), name
+
+
+# -- the same OPD advantage as the agents plane's torch trainer ---------------------------------------------
+
+
+def test_the_mlx_opd_advantage_matches_the_agents_planes_torch_trainer_on_the_same_weights(
+    tiny_home: Path, store: Store
+) -> None:
+    """The agents plane's trainer (torch, engine/agents/trainer.py) and the MLX backend, given the same
+    tokens, the same teacher context and the same student log-probs, compute the same OPD advantage: their
+    teacher forwards agree on the tiny model's weights (the plane's fresh LoRA adapter adds nothing yet)."""
+    torch = pytest.importorskip("torch")
+    import mlx_lm
+    from test_agents_trainer import PROMPTS, make_trainer, sample_group
+
+    from engine.agents.policy import LocalPolicy
+    from engine.models.tiny import default_model_dir
+
+    trainer = make_trainer(tiny_home, store, opd=True)
+    worker = LocalPolicy.load("carl-tiny", tiny_home, seed=1)
+    hints = ["Answer with one JSON tool call to get_time with the city Paris.", "Say it in one word."]
+    samples = [
+        r.model_copy(update={"hint": h})
+        for r, h in zip(sample_group(worker, PROMPTS[0], 2, seed=10), hints, strict=True)
+    ]
+    student = [torch.tensor(trainer.score(r.prompt_token_ids, r.response_token_ids)) for r in samples]
+    on_torch = trainer.opd_advantages(samples, student).advantages
+
+    model = mlx_lm.load(str(default_model_dir(tiny_home)))[0]
+    contexts = [trainer.teacher_context(r) for r in samples]
+    assert all(ids is not None for ids in contexts)
+    teacher_batch = Batch.of(
+        [(ids or [], r.response_token_ids) for ids, r in zip(contexts, samples, strict=True)], pad=0
+    )
+    on_mlx = opd_advantages(model, teacher_batch, [s.double().numpy() for s in student], 1.0, opd.CLIP)
+
+    for mine, theirs in zip(on_mlx, on_torch, strict=True):
+        assert theirs is not None
+        np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-5)  # ~1.5e-6 apart, float32 on both
+        assert np.any(mine != 0)
+    trainer.close()
