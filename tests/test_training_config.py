@@ -101,3 +101,80 @@ def test_importing_the_training_package_imports_no_torch() -> None:
     code = "import sys, engine.training, engine.training.carl_train; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# -- on-policy distillation (OPD): on MLX only, from a `hint` column ------------------------------------
+
+
+def test_opd_defaults_are_openclaw_rls_and_its_settings_are_checked(tmp_path: Path) -> None:
+    from engine.training import opd
+
+    config = TrainConfig()
+    assert (config.opd, config.w_opd, config.opd_clip) == (False, opd.W_OPD, opd.CLIP)
+    assert error_of(tmp_path, "w_opd: -0.5\n").endswith("w_opd: Input should be greater than or equal to 0")
+    assert error_of(tmp_path, "opd_clip: 0\n").endswith("opd_clip: Input should be greater than 0")
+    assert error_of(tmp_path, "opd: true\nmethod: sft\n").endswith(
+        "opd: on-policy distillation trains GRPO runs (method: grpo)"
+    )
+    assert TrainConfig(opd=True, w_opd=0.0).w_opd == 0.0
+
+
+def test_the_opd_flag_turns_it_on_and_its_absence_keeps_the_config(tmp_path: Path) -> None:
+    import argparse
+
+    from engine.training.carl_train import OVERRIDES, add_train_arguments
+
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    path = tmp_path / "carl.yaml"
+    path.write_text("opd: true\n")
+    for argv, want in (([], False), (["--opd"], True), (["--config", str(path)], True)):
+        args = parser.parse_args(argv)
+        config = load_config(args.config, {key: getattr(args, key) for key in OVERRIDES})
+        assert config.opd is want, argv
+
+
+def test_opd_on_torch_is_refused_in_one_line(tmp_path: Path) -> None:
+    from engine.training.backend import BadInput
+    from engine.training.config import OPD_ON_TORCH
+    from engine.training.lifecycle import select_backend
+    from engine.training.ranks import training_backend
+
+    assert OPD_ON_TORCH == (
+        "opd: OPD in `carl train` runs on the MLX backend; on torch it runs in the agents plane's trainer"
+        " (`carl agents up --train --opd`)"
+    )
+    for check, config in (
+        (select_backend, TrainConfig(backend="torch", opd=True)),
+        (training_backend, TrainConfig(processes=2, opd=True)),
+    ):
+        with pytest.raises(BadInput) as info:
+            check(config)
+        assert str(info.value) == OPD_ON_TORCH
+    assert select_backend(TrainConfig(backend="torch")) == "torch"
+
+
+def test_a_dataset_without_hints_for_opd_is_one_line_naming_the_column(tmp_path: Path) -> None:
+    import json
+
+    from engine.training.backend import BadInput
+    from engine.training.data import checked_inputs
+
+    def problem(rows: list[dict]) -> str:
+        path = tmp_path / "rows.jsonl"
+        path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        config = TrainConfig(dataset=str(path), opd=True, task="reference", rewards=[{"name": "task"}])
+        with pytest.raises(BadInput) as info:
+            checked_inputs(config, tmp_path / "home")
+        assert "\n" not in str(info.value)
+        return str(info.value)
+
+    rows = [{"prompt": f"say {i}", "reference": str(i)} for i in range(4)]
+    assert problem(rows) == (
+        f"dataset {tmp_path / 'rows.jsonl'}: opd needs a 'hint' column in every row (text; empty or null"
+        " where a row has no hint); columns: prompt, reference"
+    )
+    assert "opd needs a 'hint' column" in problem([{**r, "hint": "x"} for r in rows[:3]] + rows[3:])
+    assert problem([{**r, "hint": 3 if i == 2 else ""} for i, r in enumerate(rows)]) == (
+        f"dataset {tmp_path / 'rows.jsonl'}: row 3: 'hint' is int, not text or null"
+    )

@@ -14,7 +14,7 @@ from engine.names import name_arg
 from .config import ConfigError, load_config, write_default_config
 
 # Flags that override a carl.yaml field of the same name.
-OVERRIDES = ("model", "dataset", "method", "backend", "max_steps", "processes")
+OVERRIDES = ("model", "dataset", "method", "backend", "max_steps", "processes", "opd")
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +38,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
             "train data-parallel in N processes through accelerate (torch; at most the GPUs, "
             "or the CPU cores)"
         ),
+    )
+    parser.add_argument(
+        "--opd",
+        action="store_true",
+        default=None,  # not given: the config's `opd`
+        help="GRPO on MLX: on-policy distillation from the dataset's 'hint' column (opd: true)",
     )
     parser.add_argument(
         "--resume", default=None, metavar="RUN", help="continue RUN (name or id) from its last checkpoint"

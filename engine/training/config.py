@@ -19,6 +19,13 @@ from engine.strict import Count, Name, Real, Seed
 from engine.yamlfile import read_mapping
 
 BUILTIN_REWARDS = ("task", "format", "coherence", "commitment", "concise")
+# opd.W_OPD and opd.CLIP (OpenClaw-RL's launcher's defaults), written out: opd.py imports numpy, and the
+# control room reads this module (tests/test_opd_mlx.py holds them equal).
+OPD_WEIGHT, OPD_CLIP = 1.0, 1.0
+OPD_ON_TORCH = (
+    "opd: OPD in `carl train` runs on the MLX backend; on torch it runs in the agents plane's trainer"
+    " (`carl agents up --train --opd`)"
+)
 COHERENCE_REWARDS = ("coherence", "commitment")  # gated by the cascade, capped below the task reward
 TINY_MODEL = "carl-tiny"  # the built-in model, built on first use under $CARL_HOME/models
 DEMO_DATASET = "demo"
@@ -179,6 +186,21 @@ class TrainConfig(_Section):
     epsilon: Real = Field(
         0.2, gt=0.0, lt=1.0, description="GRPO: the importance ratio is clipped to [1 - epsilon, 1 + epsilon]"
     )
+    opd: bool = Field(
+        False,
+        description="GRPO on MLX: on-policy distillation from the dataset's 'hint' column (the same model"
+        " with the hint in its context is the teacher of each hinted sample's tokens)",
+    )
+    w_opd: Real = Field(
+        OPD_WEIGHT,
+        ge=0.0,
+        description="weight of the OPD advantage added to GRPO's, per token (OpenClaw-RL's 1.0)",
+    )
+    opd_clip: Real = Field(
+        OPD_CLIP,
+        gt=0.0,
+        description="the teacher - student log-prob gap is clipped to +-this, nats (OpenClaw-RL's)",
+    )
     seed: Seed = Field(0, ge=0, description="random seed")
     rollouts_per_step: Count = Field(
         64,
@@ -226,6 +248,8 @@ class TrainConfig(_Section):
                 f"per_device_train_batch_size ({self.per_device_train_batch_size}) must be a multiple of"
                 f" num_generations ({self.num_generations})"
             )
+        if self.opd and self.method != "grpo":
+            raise ValueError("opd: on-policy distillation trains GRPO runs (method: grpo)")
         names = [r.name for r in self.rewards]
         if len(set(names)) != len(names):
             raise ValueError(f"rewards: a reward is listed twice ({', '.join(names)})")

@@ -111,18 +111,43 @@ def checked_inputs(
     from .holdout import split_holdout
     from .reward_set import build_rewards
 
-    rows, held = split_holdout(load_rows(config.dataset, config.seed), config.eval.holdout)
+    every = load_rows(config.dataset, config.seed)
+    rows, held = split_holdout(every, config.eval.holdout)
     columns = dataset_columns(rows)
     have = ", ".join(sorted(columns))
     if "prompt" not in columns:
         raise BadInput(f"dataset {config.dataset}: no 'prompt' column (columns: {have})")
     if config.method == "sft" and "completion" not in columns:
         raise BadInput(f"dataset {config.dataset}: SFT needs a 'completion' column (columns: {have})")
+    if config.opd:
+        hint_problem(every, config.dataset)
     rewards = None
     if config.method == "grpo":
         rewards = build_rewards(config, run_task(config, columns))
         rewards.check_columns(columns, config.dataset)
     return rows, held, rewards, resolve_model(config.model, home, config.seed)
+
+
+def hint_problem(rows: list[dict[str, Any]], dataset: str) -> None:
+    """OPD reads each row's `hint` (text; empty or null: no hint, and the row trains on GRPO alone): BadInput
+    when a row lacks the column, or holds something else in it."""
+    columns = dataset_columns(rows)
+    if "hint" not in columns:
+        raise BadInput(
+            f"dataset {dataset}: opd needs a 'hint' column in every row (text; empty or null where a row has"
+            f" no hint); columns: {', '.join(sorted(columns))}"
+        )
+    for i, row in enumerate(rows, start=1):
+        if row["hint"] is not None and not isinstance(row["hint"], str):
+            raise BadInput(
+                f"dataset {dataset}: row {i}: 'hint' is {type(row['hint']).__name__}, not text or null"
+            )
+
+
+def row_hint(row: dict[str, Any]) -> str | None:
+    """The row's hint for OPD, or None when it has none (no column, null, or only blanks)."""
+    hint = row.get("hint")
+    return hint if isinstance(hint, str) and hint.strip() else None
 
 
 def prompt_text(prompt: Any) -> str:

@@ -26,7 +26,7 @@ from engine.text import visible
 
 from .artifacts import lookup_run, process_alive
 from .backend import BadInput, CommandPump, Reporter, TrainingBackend, TrainingFailed, first_signal, one_line
-from .config import ConfigError, TrainConfig
+from .config import OPD_ON_TORCH, ConfigError, TrainConfig
 from .ranks import RankedCommandPump, Ranks, rank_lost, training_backend
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -53,6 +53,8 @@ def select_backend(config: TrainConfig) -> str:
         and platform.machine() == "arm64"
     ):
         return "mlx"
+    if config.opd:  # carl's torch path trains with TRL's GRPOTrainer, which has no per-token advantage
+        raise BadInput(OPD_ON_TORCH)
     if importlib.util.find_spec("torch") is None:
         raise BadInput(f"backend {config.backend}: torch is not installed (pip install 'carl-tui[train]')")
     return "torch"

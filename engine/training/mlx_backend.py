@@ -48,6 +48,7 @@ from engine.coherence.tokens import step_token_metrics
 from engine.errors import CarlError
 from engine.tasks import completion_text
 
+from . import opd
 from .artifacts import FINAL_DIR
 from .backend import (
     ROLLOUT_SECONDS,
@@ -59,10 +60,10 @@ from .backend import (
     TrainingFailed,
 )
 from .config import TrainConfig
-from .data import checked_inputs, dataset_columns, offline_if_local, prompt_text
+from .data import checked_inputs, dataset_columns, offline_if_local, prompt_text, row_hint
 from .grpo import group_advantages
 from .holdout import holdout_line
-from .mlx_losses import Batch, grpo_loss, per_row, sft_loss, token_stats
+from .mlx_losses import Batch, grpo_loss, per_row, per_token_advantages, sft_loss, teacher_pairs, token_stats
 from .perf import GENERATION, GIB, MLX_ACTIVE_MEMORY, MLX_PEAK_MEMORY, SCORING, UPDATE, StepClock, StepPerf
 from .reward_set import RewardSet
 from .step_rollouts import TokenTexts, step_rollouts
@@ -488,14 +489,25 @@ class MLXBackend:
         mask = np.array(batch.mask).astype(bool)
         for i, sample in enumerate(samples):
             behaviour[i][mask[i]] = sample.logprobs
-        with self.clock.phase(UPDATE):  # the reference forward (lazy: evaluated with the loss) and the update
-            reference = self._reference_logps(batch) if self.reference is not None else None
+        step_advantages = mx.array(advantages.astype(np.float32))  # [B]: a step without hints, as ever
+        distilled: dict[int, np.ndarray] = {}  # sample -> its OPD advantage per token (hinted samples only)
+        distillation: opd.Distilled | None = None
+        teacher_seconds = 0.0
+        with self.clock.phase(UPDATE):  # the teacher's and the reference's forwards, and the update
+            if config.opd and any(row_hint(row) is not None for row in rows):
+                taught = time.perf_counter()
+                distilled, distillation = self._distil(rows, samples)
+                step_advantages = mx.array(
+                    per_token_advantages(advantages, distilled, np.array(batch.mask), config.w_opd)
+                )
+                teacher_seconds = time.perf_counter() - taught
+            reference = self._reference_logps(batch) if self.reference is not None else None  # lazy
             (loss, entropy, logp, clip_low, clip_high, kl), norm = self._update(
                 grpo_loss,
                 batch,
                 mx.array(behaviour),
                 reference,
-                mx.array(advantages.astype(np.float32)),
+                step_advantages,
                 config.temperature,
                 config.epsilon,
                 config.beta,
@@ -511,6 +523,9 @@ class MLXBackend:
             values, totals, zero_std, samples, loss, (float(clip_low), float(clip_high)), kl, norm, entropies
         )
         record.metrics.update(step_token_metrics(entropies, logprobs, advantages))
+        if distillation is not None:  # OPD on and hints in this step; else no opd/* keys (as without OPD)
+            record.metrics.update(distillation.metrics())
+            record.metrics["timing/teacher_s"] = teacher_seconds
         record.metrics["timing/sampling_s"] = sampled - started
         if asked:  # the coherence rewards' Φ came from the sampler, as on torch's generating pass
             record.metrics[PHI_FROM_GENERATE] = 1.0
@@ -520,7 +535,9 @@ class MLXBackend:
         phis = [phi_from_entropy(h, self.vocab_size) for h in entropies]
         record.phi, phi_metrics = step_phi_stats(step, phis, entropies, self.vocab_size)
         record.metrics.update(phi_metrics)
-        record.samples = self._traces(step, prompts, texts, samples, values, totals, entropies, phis)
+        record.samples = self._traces(
+            step, prompts, texts, samples, values, totals, entropies, phis, distilled
+        )
         rolled = time.perf_counter()
         assert self.token_texts is not None
         record.rollouts = step_rollouts(
@@ -540,6 +557,41 @@ class MLXBackend:
         record.metrics[ROLLOUT_SECONDS] = time.perf_counter() - rolled
         self._gate(step, values, record)
         return record
+
+    def _distil(
+        self, rows: list[dict[str, Any]], samples: list[Sample]
+    ) -> tuple[dict[int, np.ndarray], opd.Distilled]:
+        """On-policy distillation of the step's hinted samples (engine/training/opd.py): the teacher is this
+        same model with the row's hint in its context, scoring each sample's own tokens in one no-grad
+        forward; the student's log-probs are those kept while sampling. This loop samples with the weights it
+        then trains (one update per step, after the sampling), so those are the student's own, with no
+        second forward. Returns each hinted sample's clipped per-token advantage, and the step's figures."""
+        config, g = self.config, self.config.num_generations
+        pairs: list[tuple[list[int], list[int]]] = []
+        students: list[np.ndarray] = []
+        which: list[int] = []
+        for i, row in enumerate(rows):
+            hint = row_hint(row)
+            if hint is None:
+                continue
+            prompt = row["prompt"]
+            # The teacher's prompt, tokenized exactly as the student's (the chat template for conversations).
+            taught = (
+                opd.hinted_messages(prompt, hint)
+                if isinstance(prompt, list)
+                else opd.hinted_text(str(prompt), hint)
+            )
+            teacher_ids = self._prompt_ids(taught)
+            for k in range(i * g, (i + 1) * g):
+                pairs.append((teacher_ids, samples[k].token_ids))
+                students.append(np.asarray(samples[k].logprobs, dtype=np.float64))
+                which.append(k)
+        self.model.eval()  # no dropout in the teacher (LoRA's), as in the sampling
+        scored = teacher_pairs(
+            self.model, Batch.of(pairs, self.tokenizer.pad_token_id or 0), students, config.temperature
+        )
+        advantages = [opd.token_advantages(t, s, config.opd_clip) for t, s in scored]
+        return dict(zip(which, advantages, strict=True)), opd.summary(scored, config.opd_clip)
 
     def _sample(self, prompt_ids: list[int], n: int, key: mx.array) -> list[Sample]:
         """`n` completions of one prompt at the run's temperature, sampled together with a KV cache."""
@@ -660,7 +712,10 @@ class MLXBackend:
         totals: np.ndarray,
         entropies: list[np.ndarray],
         phis: list[np.ndarray],
+        distilled: dict[int, np.ndarray],
     ) -> list[dict[str, Any]]:
+        """The step's best, worst, median and one random completion, per token; a hinted one (OPD) with its
+        OPD advantage per token too."""
         assert self.rewards is not None
         rng = np.random.default_rng(
             [self.config.seed, step, 7]
@@ -668,21 +723,22 @@ class MLXBackend:
         out = []
         for kind, index in pick_traces(totals, rng).items():
             sample = samples[index]
-            out.append(
-                {
-                    "idx": int(index),
-                    "kind": kind,
-                    "prompt": prompt_text(prompts[index]),
-                    "completion": completion_text(texts[index]),
-                    "tokens": [self.tokenizer.decode([t]) for t in sample.token_ids],
-                    "entropy": [round(float(h), 5) for h in entropies[index]],
-                    "phi": [round(float(p), 6) for p in phis[index]],
-                    "rewards": {
-                        **{n: _finite(values[index, j]) for j, n in enumerate(self.rewards.names)},
-                        "total": _finite(totals[index]),
-                    },
-                }
-            )
+            trace: dict[str, Any] = {
+                "idx": int(index),
+                "kind": kind,
+                "prompt": prompt_text(prompts[index]),
+                "completion": completion_text(texts[index]),
+                "tokens": [self.tokenizer.decode([t]) for t in sample.token_ids],
+                "entropy": [round(float(h), 5) for h in entropies[index]],
+                "phi": [round(float(p), 6) for p in phis[index]],
+                "rewards": {
+                    **{n: _finite(values[index, j]) for j, n in enumerate(self.rewards.names)},
+                    "total": _finite(totals[index]),
+                },
+            }
+            if int(index) in distilled:
+                trace["opd_advantage"] = [round(float(a), 6) for a in distilled[int(index)]]
+            out.append(trace)
         return out
 
     def _gate(self, step: int, values: np.ndarray, record: StepRecord) -> None:

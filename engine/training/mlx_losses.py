@@ -1,5 +1,6 @@
 """The arrays of one MLX training step: the batch (prompt + completion rows, padded by grpo.pack), the
-per-token log-prob and entropy in one fused pass, and the two losses (GRPO's advantages: grpo.py).
+per-token log-prob and entropy in one fused pass, the two losses (GRPO's advantages: grpo.py), and the
+no-grad teacher forward of on-policy distillation (its arithmetic: opd.py).
 
 Pure functions of arrays and the model, for engine/training/mlx_backend.py's loop; no state, no store.
 """
@@ -13,7 +14,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from . import grpo
+from . import grpo, opd
 
 
 @dataclass
@@ -67,6 +68,55 @@ def per_row(values: mx.array, batch: Batch) -> list[np.ndarray]:
     return [array[row][mask[row]].astype(np.float64) for row in range(array.shape[0])]
 
 
+def completion_logprobs(model: Any, batch: Batch, temperature: float) -> list[np.ndarray]:
+    """Each row's log-probs of its completion tokens at `temperature`, from one forward with no gradient
+    (token_stats' fused pass, as the loss takes them): OPD's teacher scoring the student's tokens."""
+    logits = model(batch.inputs)[:, :-1, :]
+    logp, _ = token_stats(logits, batch.targets, temperature)
+    return per_row(mx.stop_gradient(logp), batch)
+
+
+def opd_advantages(
+    model: Any,
+    teacher_batch: Batch,
+    student_logprobs: Sequence[np.ndarray],
+    temperature: float,
+    clip: float,
+) -> list[np.ndarray]:
+    """OPD's per-token advantages of hinted samples: clip(teacher − student, −clip, clip) on each sample's
+    own completion tokens (opd.token_advantages). `teacher_batch` holds, a row per sample, the hinted prompt
+    and the SAME completion tokens the student sampled (Batch.of); `student_logprobs` are the student's
+    log-probs of those tokens, in the same order."""
+    return [
+        opd.token_advantages(t, s, clip)
+        for t, s in teacher_pairs(model, teacher_batch, student_logprobs, temperature)
+    ]
+
+
+def teacher_pairs(
+    model: Any, teacher_batch: Batch, student_logprobs: Sequence[np.ndarray], temperature: float
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(teacher, student) log-probs of each hinted sample's completion tokens: the teacher's from one
+    no-grad forward of `teacher_batch`; what opd.token_advantages and opd.summary take."""
+    teacher = completion_logprobs(model, teacher_batch, temperature)
+    if len(teacher) != len(student_logprobs):
+        raise ValueError(f"{len(teacher)} teacher rows for {len(student_logprobs)} student rows")
+    return [(t, np.asarray(s, dtype=np.float64)) for t, s in zip(teacher, student_logprobs, strict=True)]
+
+
+def per_token_advantages(
+    advantages: np.ndarray, distilled: dict[int, np.ndarray], mask: np.ndarray, w_opd: float
+) -> np.ndarray:
+    """The [B, L-1] advantages of a batch whose rows `distilled` (row -> OPD advantage per completion token)
+    have hints: each row's GRPO advantage on every position, plus w_opd times its OPD advantages on its
+    completion positions (opd.combined). A row without a hint holds exactly float32(its GRPO advantage)."""
+    out = np.repeat(np.asarray(advantages, dtype=np.float64)[:, None], mask.shape[1], axis=1)
+    for row, opd_row in distilled.items():
+        where = mask[row].astype(bool)
+        out[row][where] = opd.combined(advantages[row], opd_row, int(where.sum()), w_opd)
+    return out.astype(np.float32)
+
+
 # -- the two losses (functions of the model, for nn.value_and_grad) ------------------------------------
 
 
@@ -97,11 +147,17 @@ def grpo_loss(
     """The clipped surrogate of the per-token ratio to the behaviour policy, plus beta * k3 KL to the
     reference, over every completion token of the batch; aux: per-token entropy and log-prob, the
     shares of tokens the clip held below (r < 1 - ε, A < 0) and above (r > 1 + ε, A > 0), as TRL counts
-    them, and the mean KL."""
+    them, and the mean KL. `advantages` is one per row ([B], GRPO's) or one per token ([B, L-1], aligned
+    with `targets`: GRPO's plus OPD's); the surrogate and the clip's counts take it elementwise either way."""
     logits = model(batch.inputs)[:, :-1, :]
     logp, entropy = token_stats(logits, batch.targets, temperature)
     ratio = mx.exp(logp - behaviour)
-    advantage = advantages[:, None]
+    if advantages.ndim == 1:
+        advantage = advantages[:, None]
+    elif advantages.shape == logp.shape:
+        advantage = advantages
+    else:
+        raise ValueError(f"advantages of shape {advantages.shape}: expected [B] or {logp.shape}")
     surrogate = mx.minimum(ratio * advantage, mx.clip(ratio, 1 - epsilon, 1 + epsilon) * advantage)
     per_token = -surrogate
     kl = mx.zeros_like(logp)

@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .backend import BadInput, CommandPump, Reporter, TrainingFailed, first_signal, one_line
-from .config import TrainConfig
+from .config import OPD_ON_TORCH, TrainConfig
 
 if TYPE_CHECKING:
     from engine.store import Store
@@ -173,4 +173,6 @@ def training_backend(config: TrainConfig) -> str:
     """Several processes train on torch: `auto` means torch here, `mlx` is refused."""
     if config.backend == "mlx":
         raise BadInput(f"--processes {config.processes}: several processes train on the torch backend only")
+    if config.opd:
+        raise BadInput(OPD_ON_TORCH)
     return "torch"
