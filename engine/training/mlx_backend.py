@@ -553,6 +553,13 @@ class MLXBackend:
             logprobs=logprobs,
             group=g,
             cap=config.rollouts_per_step,
+            extras={
+                i: {
+                    "hint": str(rows[i // g].get("hint") or ""),
+                    "opd_advantage": [round(float(x), 5) for x in gain],
+                }
+                for i, gain in distilled.items()
+            },
         )
         record.metrics[ROLLOUT_SECONDS] = time.perf_counter() - rolled
         self._gate(step, values, record)

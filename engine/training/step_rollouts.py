@@ -58,26 +58,29 @@ def step_rollouts(
     logprobs: Sequence[np.ndarray | None],
     group: int,
     cap: int,
+    extras: dict[int, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """The rows of the kept samples; `rewards` is (samples, functions) with NaN where a function gave None."""
+    """The rows of the kept samples; `rewards` is (samples, functions) with NaN where a function gave None.
+    extras: sample -> what its row keeps beside (an OPD sample's hint and per-token OPD advantages)."""
     rows = []
     for i in kept(len(completions), group, cap):
         ids = list(token_ids[i])
-        rows.append(
-            {
-                "idx": i,
-                "group_id": str(i // group),
-                "prompt": prompts[i],
-                "completion": completions[i],
-                "rewards": {name: _finite(rewards[i, j]) for j, name in enumerate(names)},
-                "total": _finite(totals[i]),
-                "advantage": None if advantages is None else _finite(advantages[i]),
-                "length": len(ids),
-                "tokens": token_texts(ids),
-                "entropy": _per_token(entropies[i], len(ids)),
-                "logprob": _per_token(logprobs[i], len(ids)),
-            }
-        )
+        row = {
+            "idx": i,
+            "group_id": str(i // group),
+            "prompt": prompts[i],
+            "completion": completions[i],
+            "rewards": {name: _finite(rewards[i, j]) for j, name in enumerate(names)},
+            "total": _finite(totals[i]),
+            "advantage": None if advantages is None else _finite(advantages[i]),
+            "length": len(ids),
+            "tokens": token_texts(ids),
+            "entropy": _per_token(entropies[i], len(ids)),
+            "logprob": _per_token(logprobs[i], len(ids)),
+        }
+        if extras and i in extras:
+            row["extra"] = extras[i]
+        rows.append(row)
     return rows
 
 
