@@ -103,8 +103,7 @@ def read_figures(home: Path) -> dict[str, Any]:
         run = next(r for r in reader.runs() if r.name == "agents-train")
 
         def series(key: str) -> list[float]:
-            found = reader.series(run.id, key)
-            return [float(v) for v in found.last] if found is not None else []
+            return [float(v) for v in reader.series(run.id, key, max_points=1_000_000).mean]
 
         step_s, teacher_s, samples = series("timing/step_s"), series("timing/teacher_s"), series("samples")
         kl = series("opd/kl")
@@ -136,7 +135,7 @@ def table(runs: list[dict[str, Any]], seeds: list[int]) -> str:
     by = {(r["arm"], r["seed"]): r for r in runs}
 
     def column(arm: str, key: str) -> list[float | None]:
-        return [by[(arm, s)].get(key) for s in seeds if (arm, s) in by]
+        return [by.get((arm, s), {}).get(key) for s in seeds]
 
     def ci(figure: dict[str, Any], digits: int = 3) -> str:
         if figure["mean"] is None:
@@ -153,14 +152,15 @@ def table(runs: list[dict[str, Any]], seeds: list[int]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm in ARMS:
-        if not column(arm, "verifier_last"):
+        if not any(v is not None for v in column(arm, "verifier_last")):
             continue
         delta = "–"
-        if arm != "rl":
+        if arm != "rl" and any(v is not None for v in column("rl", "verifier_last")):
             d = paired_delta(column(arm, "verifier_last"), column("rl", "verifier_last"))
             delta = ci(d) + (f", p = {d['p']:.2f}" if d["p"] is not None else "")
+        seeded = sum(v is not None for v in column(arm, "verifier_last"))
         lines.append(
-            f"| {arm} | {len(column(arm, 'verifier_last'))} | {ci(mean_ci(column(arm, 'verifier_last')))} | "
+            f"| {arm} | {seeded} | {ci(mean_ci(column(arm, 'verifier_last')))} | "
             f"{delta} | {ci(mean_ci(column(arm, 'verifier_first')))} | "
             f"{ci(mean_ci(column(arm, 'answer_tokens')), 1)} | {ci(mean_ci(column(arm, 'opd_kl')))} | "
             f"{ci(mean_ci(column(arm, 'agreement')))} | {ci(mean_ci(column(arm, 'hint_help')))} | "

@@ -611,11 +611,11 @@ class PlaneTrainer:
             for i, lp in zip(hinted, teacher, strict=True):
                 t = lp.double().cpu().numpy()
                 s = student[i].double().cpu().numpy()
-                gains[i] = opd.token_advantages(t, s, self.settings.opd_clip)
+                gain = gains[i] = opd.token_advantages(t, s, self.settings.opd_clip)
                 pairs.append((t, s))
                 texts = [policy.tokenizer.decode([t_id]) for t_id in samples[i].response_token_ids]
                 kl = float(np.mean(s - t)) if len(t) else 0.0
-                stored.append((samples[i].task_id, json.dumps(texts), pack_half(gains[i].tolist()), kl))
+                stored.append((samples[i].task_id, json.dumps(texts), pack_half(gain.tolist()), kl))
         return Distillation(gains, opd.summary(pairs, self.settings.opd_clip), unmatched, stored)
 
     def _rollouts(
