@@ -1,12 +1,15 @@
 """One task of the agents plane up close (enter on the Agents pane): its prompt, each step with the
 PRM's score for it, the answer, the verifier, outcome, PRM and reward scores, the manager's own
-feedback, the rollout the trainer gets from it, and the task's events in order."""
+feedback, its hint and what the trainer distilled from it (the answer's tokens coloured by their OPD
+advantage, the teacher/student KL), the rollout the trainer gets from it, and the task's events in order."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
+from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -18,7 +21,9 @@ from textual.widgets import Static
 from engine.text import visible, visible_line
 from widgets.agents import KIND_NAMES, clock
 from widgets.reward_bars import bar
+from widgets.token_text import OPD_ADVANTAGE, diverging_legend, token_text
 
+from .rollouts_detail import OPD_MEANING, token_styles
 from .screens import phi_colour
 
 BAR = 10  # cells of a score bar
@@ -40,8 +45,9 @@ def score_line(
     return line
 
 
-def task_view(task: dict[str, Any], colours: tuple[str, str, str]) -> Table:
-    """Every stored string of the task is a `Text` (a str cell of a Rich table is markup), its control
+def task_view(task: dict[str, Any], colours: tuple[str, str, str], opd_styles: Sequence[Style] = ()) -> Table:
+    """`opd_styles`: the OPD advantage scale's colours (without them the answer's tokens are not drawn).
+    Every stored string of the task is a `Text` (a str cell of a Rich table is markup), its control
     characters written out: `visible_line` for a name or an id, `visible` for a prompt or an answer."""
     table = Table.grid(padding=(0, 1))
     table.add_column(no_wrap=True, style="bold")
@@ -121,6 +127,8 @@ def task_view(task: dict[str, Any], colours: tuple[str, str, str]) -> Table:
     )
     if task.get("feedback_text"):
         table.add_row("", Text(visible(task["feedback_text"]), overflow="fold"))
+    if task.get("hint"):
+        add_hint(table, task, opd_styles)
     table.add_row("", "")
 
     rollout = task.get("rollout")
@@ -154,6 +162,28 @@ def task_view(task: dict[str, Any], colours: tuple[str, str, str]) -> Table:
                 line.append(f"  {event['score']:.2f}")
             table.add_row("events" if i == 0 else "", line)
     return table
+
+
+def add_hint(table: Table, task: dict[str, Any], styles: Sequence[Style]) -> None:
+    """The hint and where it came from; once the trainer distilled from it, the answer's tokens coloured by
+    their OPD advantage (widgets/token_text.py, as the rollouts viewer colours a sample), the scale's legend,
+    and the sample's teacher/student KL with the trainer's step."""
+    source = f"({visible_line(task['hint_source'])}) " if task.get("hint_source") else ""
+    table.add_row("hint", Text.assemble((source, "dim"), visible(task["hint"])))
+    tokens, advantage = task.get("opd_tokens") or [], task.get("opd_advantage") or []
+    if advantage and len(tokens) == len(advantage) and len(styles) == OPD_ADVANTAGE.levels:
+        table.add_row("OPD", token_text(tokens, advantage, styles, OPD_ADVANTAGE))
+        table.add_row("", diverging_legend(styles, OPD_ADVANTAGE, OPD_MEANING))
+    elif advantage:
+        note = f"{len(advantage)} OPD advantages for {len(tokens)} tokens: not drawn"
+        table.add_row("OPD", Text(note, style="dim"))
+    parts = []
+    if task.get("opd_kl") is not None:
+        parts.append(f"teacher/student KL {task['opd_kl']:.3g} nats")
+    if task.get("opd_step") is not None:
+        parts.append(f"step {task['opd_step']:,}")
+    if parts:
+        table.add_row("" if advantage else "OPD", Text(" · ".join(parts), style="dim"))
 
 
 def worker_line(task: dict[str, Any]) -> str:
@@ -205,7 +235,8 @@ class AgentTaskScreen(ModalScreen[None]):
         self.query_one("#task-detail").border_subtitle = (
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) + " · esc closes" if when else None
         )
-        self.query_one("#task-body", Static).update(task_view(task, colours))
+        opd = token_styles(self.app, OPD_ADVANTAGE)
+        self.query_one("#task-body", Static).update(task_view(task, colours, opd))
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(result)

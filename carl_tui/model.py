@@ -160,7 +160,7 @@ class Snapshot:
     plasticity: dict[str, Any] | None = None  # the retraining triggers the engine computed
     # The agents plane, read together when its signature moved: the newest events (newest first; an
     # alarm carries its kind and reason), how many there are, the workers, and the plane's state
-    # (server, plane, manager, model: the kv rows engine/agents writes).
+    # (server, plane, manager, model: the kv rows engine/agents writes; judged: the manager's quality).
     agent_events: list[dict[str, Any]] | None = None
     agent_count: int | None = None
     agent_workers: list[dict[str, Any]] | None = None
@@ -351,7 +351,9 @@ class StoreWatcher:
         if agents_moved:
             self._agents_signature = agents_signature
             self._read_agents(reader, snap)
-        if agents_moved or self._task_wanted != self._task_have:
+        # An open card's task is checked on every change of the store (its signature: two index reads), not
+        # only when an event arrived: the plane's trainer writes what it distilled into the task's row alone.
+        if agents_moved or self._task_wanted is not None or self._task_wanted != self._task_have:
             self._read_task(reader, snap)
         box_signature = reader.system.signature()
         if box_signature != self._box_signature or self.selected != self._box_run:
@@ -446,9 +448,10 @@ class StoreWatcher:
 
     @staticmethod
     def _read_agents(reader: StoreReader, snap: Snapshot) -> None:
-        """The plane's newest events, its workers and its state; read only when an event arrived or the
-        plane's state moved. The event rows come without payloads: an alarm's kind and reason and a
-        status event's state are lifted from the payloads of just those rows."""
+        """The plane's newest events, its workers, its state and the manager's judged quality (a judgement
+        is an event too); read only when an event arrived or the plane's state moved. The event rows come
+        without payloads: an alarm's kind and reason and a status event's state are lifted from the payloads
+        of just those rows."""
         overview = reader.agents_overview()
         events = reader.agent_events_after(0, limit=200)
         if reader.version >= 4:
@@ -465,6 +468,7 @@ class StoreWatcher:
         snap.agent_count = overview.pop("events")
         snap.agent_workers = overview.pop("workers")
         overview.pop("alarms", None)
+        overview["judged"] = reader.manager_quality()  # {} when never judged: the pane draws no line
         snap.agent_overview = overview
 
     def _read_task(self, reader: StoreReader, snap: Snapshot) -> None:

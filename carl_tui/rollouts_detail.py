@@ -1,11 +1,12 @@
 """A sample up close (`enter` in the rollouts viewer) and a GRPO group side by side (`g`).
 
 The sample: its place (step, group, index), each reward function's value, the total, the advantage, the
-length, the source's other fields, the whole prompt and the whole completion. When the run stored per-token
-values (our own runs), the completion is drawn token by token in the colour of each token's entropy, the
-forking tokens underlined, with the legend (widgets/token_text.py). The group: one prompt, and its completions
-in columns, as many as fit, scrolled sideways with `←` `→`. Stored text is shown as text, control characters
-made visible.
+length, the source's other fields, the whole prompt, the hint the agents plane's trainer distilled from (its
+`extra`), and the whole completion. When the run stored per-token values (our own runs), the completion is
+drawn token by token in the colour of each token's entropy, the forking tokens underlined, with the legend
+(widgets/token_text.py); a hinted sample of the agents plane also has its OPD advantage per token, and `c`
+switches the colouring between the two. The group: one prompt, and its completions in columns, as many as
+fit, scrolled sideways with `←` `→`. Stored text is shown as text, control characters made visible.
 """
 
 from __future__ import annotations
@@ -29,24 +30,43 @@ from engine.store import RunRow
 from engine.text import visible, visible_line
 from widgets.key_bar import KeyBar
 from widgets.long_text import LongText
-from widgets.token_text import LEVELS, legend, token_pieces, token_text
+from widgets.token_text import (
+    ENTROPY,
+    OPD_ADVANTAGE,
+    Scale,
+    diverging_legend,
+    legend,
+    token_pieces,
+    token_text,
+)
 
 GROUP_CHARS = 20_000  # of a completion shown in a group's column (the sample screen draws the whole of it)
 GROUP_TOKENS = 5_000
+OPD_MEANING = "+ liked more with the hint"  # the OPD legend's words: what a positive advantage means
 
 
-def token_styles(app: App[Any]) -> list[Style]:
-    """The token entropy scale's colours: the theme's success (committed) through its warning to its error
-    (uncertain)."""
+def token_styles(app: App[Any], scale: Scale = ENTROPY) -> list[Style]:
+    """A token scale's colours, one style per step. Entropy: the theme's success (committed) through its
+    warning to its error (uncertain). A diverging scale (the OPD advantage): the theme's error (below zero)
+    fading to plain text at its middle step, then its success (above zero), as an advantage's sign is
+    coloured everywhere else."""
     theme = app.current_theme
-    low, mid, high = (
+    success, warning, error = (
         Color.parse(c or fallback)
         for c, fallback in ((theme.success, "green"), (theme.warning, "yellow"), (theme.error, "red"))
     )
+    last = scale.levels - 1
     styles = []
-    for i in range(LEVELS):
-        t = i / (LEVELS - 1)
-        colour = low.blend(mid, t * 2) if t < 0.5 else mid.blend(high, t * 2 - 1)
+    if scale.diverging:
+        plain, middle = Color.parse(theme.foreground or "white"), last // 2
+        for i in range(scale.levels):
+            t = (i - middle) / middle  # -1 .. 1
+            colour = plain.blend(error if t < 0 else success, abs(t))
+            styles.append(Style() if i == middle else Style(color=colour.rich_color))
+        return styles
+    for i in range(scale.levels):
+        t = i / last
+        colour = success.blend(warning, t * 2) if t < 0.5 else warning.blend(error, t * 2 - 1)
         styles.append(Style(color=colour.rich_color))
     return styles
 
@@ -91,16 +111,64 @@ def completion_text(sample: dict[str, Any], styles: list[Style]) -> Text:
     return Text(visible(completion))
 
 
-def completion_pieces(sample: dict[str, Any], styles: list[Style]) -> list[tuple[str, Style | None]]:
-    """The whole completion as pieces for a LongText: token-coloured as `completion_text`, or plain."""
-    tokens, entropy = sample.get("tokens"), sample.get("entropy")
-    if tokens and entropy and len(tokens) == len(entropy):
-        return token_pieces(tokens, entropy, styles)
+Colouring = tuple[Scale, list[float]]  # a token scale and the sample's value of each token on it
+
+
+def colourings(sample: dict[str, Any]) -> list[Colouring]:
+    """What the sample's tokens can be coloured by, each stored for exactly its tokens: their entropy (our own
+    runs), their OPD advantage (a hinted sample of the agents plane's trainer, in its `extra`)."""
+    tokens = sample.get("tokens")
+    if not tokens:
+        return []
+    out: list[Colouring] = []
+    entropy = sample.get("entropy")
+    if entropy and len(entropy) == len(tokens):
+        out.append((ENTROPY, entropy))
+    advantage = opd_advantage(sample)
+    if advantage is not None and len(advantage) == len(tokens):
+        out.append((OPD_ADVANTAGE, advantage))
+    return out
+
+
+def opd_advantage(sample: dict[str, Any]) -> list[float] | None:
+    """The sample's OPD advantage per token, as the agents plane's trainer keeps it in `extra` (None: it has
+    none, or what is there is not a list of numbers). A null is a token without one (NaN: drawn plain)."""
+    values = (sample.get("extra") or {}).get("opd_advantage")
+    if not isinstance(values, list) or not all(type(v) in (int, float) or v is None for v in values):
+        return None
+    return [math.nan if v is None else float(v) for v in values]
+
+
+def completion_pieces(
+    sample: dict[str, Any], colouring: Colouring | None, styles: list[Style]
+) -> list[tuple[str, Style | None]]:
+    """The whole completion as pieces for a LongText: its tokens coloured by `colouring` on `styles` (the
+    scale's colours), or plain."""
+    if colouring is not None:
+        scale, values = colouring
+        return token_pieces(sample["tokens"], values, styles, scale)
     return [(visible(sample.get("completion")), None)]
 
 
 def extras(extra: dict[str, Any]) -> str:
+    """The source's other fields as JSON, but for those the sample screen shows in a place of their own: the
+    hint (a text) and the OPD advantage (a list of numbers, summed up in its own row)."""
+    apart = {"hint"} if isinstance(extra.get("hint"), str) else set()
+    if opd_advantage({"extra": extra}) is not None:
+        apart.add("opd_advantage")
+    extra = {k: v for k, v in extra.items() if k not in apart}
     return visible(json.dumps(extra, ensure_ascii=False, indent=1, default=str)) if extra else "—"
+
+
+def signed_summary(values: list[float], unit: str = "nats") -> str:
+    """`mean +0.031 · min -0.410 · max +0.620 nats over 23 tokens` of the finite values."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return "—"
+    mean = sum(finite) / len(finite)
+    return (
+        f"mean {mean:+.3f} · min {min(finite):+.3f} · max {max(finite):+.3f} {unit} over {len(finite)} tokens"
+    )
 
 
 def entropy_summary(entropy: list[float], vocab_size: int | None) -> str:
@@ -138,37 +206,89 @@ def summary(run: RunRow, sample: dict[str, Any], signs: tuple[Style, Style]) -> 
         table.add_row(Text(visible_line(name), style="dim"), value(score))
     if sample.get("entropy"):
         table.add_row("entropy", entropy_summary(sample["entropy"], run.vocab_size))
+    advantage = opd_advantage(sample)
+    if advantage:
+        table.add_row("OPD", signed_summary(advantage))
     table.add_row("extra", Text(extras(sample.get("extra") or {})))
     return table
 
 
-def legend_or_note(run: RunRow, sample: dict[str, Any], styles: list[Style]) -> Text:
-    if sample.get("tokens") and sample.get("entropy"):
-        return legend(styles, run.vocab_size, sample["entropy"])
+def legend_or_note(
+    run: RunRow, sample: dict[str, Any], colouring: Colouring | None, styles: list[Style]
+) -> Text:
+    if colouring is not None and colouring[0].diverging:
+        return diverging_legend(styles, colouring[0], OPD_MEANING)
+    if colouring is not None:
+        return legend(styles, run.vocab_size, colouring[1])
     if run.source_kind != "carl":
         return Text("per-token entropy is stored by carl's own runs only", style="dim")
     return Text("no per-token values stored for this sample", style="dim")
 
 
 class RolloutSampleScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,q", "dismiss", "Close", id="rollout-sample.close")]
+    """A sample whole; `c` colours its tokens by the next value it has per token (entropy, OPD advantage)."""
+
+    BINDINGS = [
+        Binding("escape,q", "dismiss", "Close", id="rollout-sample.close"),
+        Binding(
+            "c",
+            "colour",
+            "Colour by",
+            tooltip="Colour the tokens by their entropy or by their OPD advantage",
+            id="rollout-sample.colour",
+        ),
+    ]
 
     def __init__(self, run: RunRow, sample: dict[str, Any]) -> None:
         super().__init__()
         self.run = run
         self.sample = sample
+        self.colourings = colourings(sample)
+        self.colouring = 0  # which of them colours the tokens: the first (entropy, when stored)
+
+    @property
+    def current(self) -> Colouring | None:
+        return self.colourings[self.colouring] if self.colourings else None
 
     def compose(self) -> ComposeResult:
-        styles = token_styles(self.app)
+        hint = (self.sample.get("extra") or {}).get("hint")
         with VerticalScroll(id="rollout-sample") as box:
             box.border_title = Text(f"Sample · {visible_line(self.run.name)} · step {self.sample['step']:,}")
             yield Static(summary(self.run, self.sample, sign_styles(self.app)), id="sample-summary")
             yield Static("prompt", classes="sample-heading")
             yield LongText([(visible(self.sample.get("prompt")), None)], id="sample-prompt")
-            yield Static("completion", classes="sample-heading")
-            yield LongText(completion_pieces(self.sample, styles), id="sample-completion")
-            yield Static(legend_or_note(self.run, self.sample, styles), id="sample-legend")
+            if isinstance(hint, str) and hint:  # the teacher's extra context: after the prompt, as it read it
+                yield Static("hint", classes="sample-heading")
+                yield Static(Text(visible(hint)), id="sample-hint")
+            yield Static("completion", classes="sample-heading", id="sample-completion-heading")
+            yield LongText(id="sample-completion")
+            yield Static(id="sample-legend")
         yield KeyBar()
+
+    def on_mount(self) -> None:
+        self.draw_tokens()
+
+    def draw_tokens(self) -> None:
+        """The completion in the current colouring, its heading naming it, and its legend."""
+        colouring = self.current
+        styles = token_styles(self.app, colouring[0] if colouring else ENTROPY)
+        heading = f"completion · coloured by {colouring[0].name}" if colouring else "completion"
+        self.query_one("#sample-completion-heading", Static).update(Text(heading))
+        self.query_one("#sample-completion", LongText).set_pieces(
+            completion_pieces(self.sample, colouring, styles)
+        )
+        self.query_one("#sample-legend", Static).update(
+            legend_or_note(self.run, self.sample, colouring, styles)
+        )
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """`c` is there only for a sample with more than one thing to colour by."""
+        return len(self.colourings) > 1 if action == "colour" else True
+
+    def action_colour(self) -> None:
+        if len(self.colourings) > 1:
+            self.colouring = (self.colouring + 1) % len(self.colourings)
+            self.draw_tokens()
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(result)

@@ -42,7 +42,7 @@ from engine.training.step_rollouts import TokenTexts, step_rollouts
 from widgets.chart import Chart
 from widgets.histogram import Histogram
 from widgets.long_text import LongText
-from widgets.token_text import level
+from widgets.token_text import OPD_ADVANTAGE, level
 
 SIZES = [(80, 24), (160, 50)]
 VOCAB = 512
@@ -469,3 +469,81 @@ async def test_stored_text_stays_text(home: Path) -> None:
         await until(pilot, lambda: isinstance(app.screen, RolloutGroupScreen))
         await pilot.pause()
         assert f"Group {shown} · step 1" in screen_text()
+
+
+OPD = [0.0, 0.125, -0.25, 0.875, -0.75, 0.5, 0.03125]  # per token of TOKENS; exact in float16 (and in JSON)
+HINT = "Answer with one JSON tool call to get_weather with the city Paris."
+
+
+def hinted_step(step: int) -> list[dict[str, Any]]:
+    """A step's rows as our trainers build them, the even samples hinted as the agents plane's trainer
+    keeps them: the hint, the task and the OPD advantage of each token in `extra`."""
+    rows = our_step(step)
+    for row in rows[::2]:
+        row["extra"] = {
+            **(row.get("extra") or {}),
+            "hint": HINT,
+            "task_id": f"task-{row['idx']}",
+            "opd_advantage": OPD,
+        }
+    return rows
+
+
+@pytest.mark.parametrize("size", SIZES)
+async def test_a_hinted_sample_shows_its_hint_and_colours_its_tokens_by_opd_advantage(
+    home: Path, size: tuple
+) -> None:
+    with Store(home / "carl.db") as store:
+        run_id = store.create_run("agents-train", source_kind="carl", status="running", vocab_size=VOCAB)
+        store.add_metrics(run_id, [(1, "reward", 1.0, time.time())])
+        store.add_rollouts(run_id, hinted_step(1))
+    app = ControlRoom(home, start_engine=False)
+    async with app.run_test(size=size) as pilot:
+        await open_viewer(pilot, run_id)
+        await pilot.press("enter")  # sample #0: hinted
+        await until(pilot, lambda: isinstance(app.screen, RolloutSampleScreen))
+        sample = app.screen
+        await pilot.pause()
+        heading = sample.query_one("#sample-completion-heading", Static)
+        legend = sample.query_one("#sample-legend", Static)
+        completion = sample.query_one("#sample-completion", LongText)
+        assert str(sample.query_one("#sample-hint", Static).content) == HINT
+        assert "coloured by token entropy" in str(heading.content) and "Φ" in legend.content.plain
+        summary = sample.query_one("#sample-summary", Static).content
+        assert isinstance(summary, Table)
+        cells = [str(cell) for column in summary.columns for cell in column.cells]
+        assert "mean +0.076 · min -0.750 · max +0.875 nats over 7 tokens" in cells  # OPD's row
+        assert not any("opd_advantage" in cell or HINT in cell for cell in cells)  # not again in extra
+        assert sample.check_action("colour", ()) is True  # two things to colour by: `c` is offered
+        by_entropy = list(completion.pieces)
+        entropy = [style.color for style in token_styles(app)]
+        assert [style.color for _, style in by_entropy if style] == [
+            entropy[level(v)] for v in entropies(0, 1)
+        ]
+
+        await pilot.press("c")  # the OPD advantage
+        await until(pilot, lambda: "coloured by OPD advantage" in str(heading.content))
+        assert completion.plain == "".join(TOKENS)
+        scale = token_styles(app, OPD_ADVANTAGE)
+        assert [(text, style) for text, style in completion.pieces] == [
+            (token, scale[OPD_ADVANTAGE.level(value)]) for token, value in zip(TOKENS, OPD, strict=True)
+        ]
+        assert not any(style and style.underline for _, style in completion.pieces)  # no forking marks here
+        assert scale[3] == Style() and len({s.color for s in scale if s.color}) == 6
+        assert legend.content.plain == "<-0.5 ██████████████ ≥+0.5 nats · + liked more with the hint"
+        await pilot.press("c")  # and back to entropy
+        await until(pilot, lambda: "coloured by token entropy" in str(heading.content))
+        assert completion.pieces == by_entropy and "Φ" in legend.content.plain
+        await pilot.press("escape", "down", "enter")  # sample #1: not hinted, entropy only
+        await until(
+            pilot, lambda: isinstance(app.screen, RolloutSampleScreen) and app.screen.sample["idx"] == 1
+        )
+        plain = app.screen
+        await pilot.pause()
+        assert not plain.query("#sample-hint")
+        assert plain.check_action("colour", ()) is False  # entropy only: no `c`
+        await pilot.press("c")
+        await pilot.pause()
+        assert "coloured by token entropy" in str(
+            plain.query_one("#sample-completion-heading", Static).content
+        )

@@ -1,9 +1,10 @@
 """The Agents pane: the plane's workers, then its event stream, newest first.
 
-The app hands it the audit's rows (workers, the newest events, the plane's overview); it never
-reads the store. It draws only the rows that fit: at 80x24 the pane is a few lines, so the workers
-fold into one summary line above the newest events; maximized (`4`) it shows the workers table
-and as many events as fit. Keys post messages; the app turns them into engine commands.
+The app hands it the audit's rows (workers, the newest events, the plane's overview, with the manager's
+judged quality); it never reads the store. It draws only the rows that fit: at 80x24 the pane is a few
+lines, so the workers fold into one summary line above the newest events; maximized (`4`) it shows the
+workers table and as many events as fit. Under the workers, one line says how the manager is judged, once it
+is. Keys post messages; the app turns them into engine commands.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ STATE_MARKS = {"busy": "●", "idle": "○", "starting": "◌", "stopping": "◌
 NARROW = 40  # below this many columns, event lines drop the clock and the task id
 MEDIUM = 50  # from here the workers table shows the task type
 WIDE = 90  # from here rows carry the environment, failures and the worker's detail
+JUDGED_ROOM = 2  # the manager's line shows when this many event lines still fit under it
 STATUS_KINDS = ("worker_status", "manager_status")
 Line = tuple[Text, tuple[str, Any] | None]  # a drawn line and the key of the row it shows (None: a heading)
 
@@ -132,6 +134,37 @@ def served_part(serving: dict[str, Any] | None, model: dict[str, Any]) -> Part |
     if model.get("model_version"):
         return (f"model {visible_line(str(model['model_version']))}", "")
     return None
+
+
+def manager_line(judged: dict[str, Any] | None, width: int, theme: Any = None) -> Text | None:
+    """How the manager is judged (engine/agents/manager_judge.py), from StoreReader.manager_quality():
+    `manager: agrees with the verifier 0.82 · hints help +0.11`, each judgement's count beside its mean when
+    the line still fits (`(n=37)`), shorter words when it does not; a kind never judged is left out, and
+    nothing at all when neither was. Agreement is coloured as a score, hint help by its sign."""
+    judged = judged or {}
+    parts = []  # (long words, short words, the mean as shown, its style, the count)
+    if "agreement" in judged:
+        mean, count = judged["agreement"]
+        style = AgentsPane._score_style(mean, theme) if theme is not None else ""
+        parts.append(("agrees with the verifier", "agrees", f"{mean:.2f}", style, count))
+    if "hint_help" in judged:
+        mean, count = judged["hint_help"]
+        style = ((theme.success if mean > 0 else theme.error if mean < 0 else "") if theme else "") or ""
+        parts.append(("hints help", "hints", f"{mean:+z.2f}", style, count))
+    if not parts:
+        return None
+    for counted, words in ((True, 0), (False, 0), (False, 1)):  # the longest that fits
+        line = Text("manager: ", style="dim", no_wrap=True, overflow="ellipsis")
+        for i, (*said, figure, style, count) in enumerate(parts):
+            if i:
+                line.append(" · ", style="dim")
+            line.append(f"{said[words]} ")
+            line.append(figure, style=style)
+            if counted:
+                line.append(f" (n={count:,})", style="dim")
+        if line.cell_len <= width:
+            return line
+    return line  # the shortest, cut at the pane's edge
 
 
 class AgentsPane(Static):
@@ -276,6 +309,10 @@ class AgentsPane(Static):
         """Whether the workers table leaves room for a few events (else it folds into one line)."""
         return height - len(self.agent_workers) - 2 >= min(3, max(1, len(self.agent_events)))
 
+    def _table_shown(self, height: int) -> bool:
+        """Whether the workers show as a table (with a line about the events under it), not folded."""
+        return bool(self.agent_workers) and self._table_fits(height)
+
     def _layout(self, width: int, height: int) -> tuple[list[Line], list[Line]]:
         """The lines that stay put (the workers) and the lines that scroll (the events), with the row
         key of each selectable line. When the table would crowd out the events, the workers fold into
@@ -292,6 +329,10 @@ class AgentsPane(Static):
             head.append((Text(self._worker_header(width), style="dim"), None))
             for worker in self.agent_workers:
                 head.append((self._worker_line(worker, width, now, theme), ("worker", worker["worker_id"])))
+        judged = manager_line(self.overview.get("judged"), width, theme)
+        table = not folded and bool(self.agent_workers)  # then a line about the events follows (`_draw`)
+        if judged is not None and height - len(head) - 1 - table >= JUDGED_ROOM:
+            head.append((judged, None))
         # A folded pane has room for a few lines: the results and their scores, not the bookkeeping
         # (statuses, which the folded line sums up, and assignments, which every result implies).
         hidden = (*STATUS_KINDS, "task") if folded else ()
@@ -322,7 +363,7 @@ class AgentsPane(Static):
         if self.follow or self.cursor not in keys:
             self.cursor = newest or (keys[0] if keys else None)
         at = next((i for i, (_, key) in enumerate(body) if key == self.cursor), None)
-        if len(head) > 1 and body:  # under the workers table: where the events stand
+        if self._table_shown(height) and body:  # under the workers table: where the events stand
             shown = f"{self.total:,} events" if self.total > len(self.agent_events) else "events"
             if self.follow or not at:
                 heading = f"{shown} · newest first · enter opens a task"
@@ -546,7 +587,7 @@ class AgentsPane(Static):
         opens one (a status line, the newest event most of the time, has no task to open); else the
         newest event. The newest events stay on top either way."""
         with_task = {e["id"] for e in self.agent_events if e.get("task_id")}
-        room = max(1, height - len(head) - (1 if len(head) > 1 and body else 0))
+        room = max(1, height - len(head) - (1 if self._table_shown(height) and body else 0))
         keys = [key for _, key in body if key is not None]
         return next((key for key in keys[:room] if key[1] in with_task), keys[0] if keys else None)
 

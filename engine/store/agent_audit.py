@@ -237,11 +237,14 @@ class AgentAudit:
 def record_task_opd(store: Store, rows: Sequence[tuple[str, int, str, bytes | None, float]]) -> None:
     """What the plane's trainer distilled from each hinted task: (task_id, step, token texts as JSON, OPD
     advantages packed as float16, teacher/student KL), in one transaction; a task the audit has not stored
-    is skipped (its row comes with its events)."""
+    is skipped (its row comes with its events). The row's `updated_at` moves with it, so that an open task
+    card (which follows `StoreReader.agent_task_signature`) shows it."""
+    now = time.time()
     with store.transaction():
         store.conn.executemany(
-            "UPDATE agent_tasks SET opd_step=?, opd_tokens=?, opd_advantage=?, opd_kl=? WHERE task_id=?",
-            [(step, tokens, blob, kl, task_id) for task_id, step, tokens, blob, kl in rows],
+            "UPDATE agent_tasks SET opd_step=?, opd_tokens=?, opd_advantage=?, opd_kl=?,"
+            " updated_at=? WHERE task_id=?",
+            [(step, tokens, blob, kl, now, task_id) for task_id, step, tokens, blob, kl in rows],
         )
 
 
