@@ -1,6 +1,6 @@
-"""The plane learns from the manager's words, end to end: a headless plane with `--train --opd` on demo tasks that
-all ask for the same tool (so each later group is a similar task to the earlier ones). The manager hints at
-every answer the verifier fails, the hints travel on `opd.hints` and with the rollouts, the trainer process
+"""The plane learns from the manager's words, end to end: a headless plane with `--train --opd` on demo tasks
+that all ask for the same tool (so each later group is a similar task to the earlier ones). The manager hints
+at every answer the verifier fails, the hints travel on `opd.hints` and with the rollouts, the trainer process
 distils from them, and the manager is judged (agreement with the verifier, hints' help); with
 `--manager-model` its own model writes the hints and a second trainer trains it on their judged help."""
 
@@ -29,7 +29,13 @@ def train_settings(**changes: object) -> AgentsSettings:
         enabled=True, group_size=2, groups_per_update=1, publish_every=1, max_updates=3, opd=True
     )
     return AgentsSettings(
-        workers=1, worker_kind="model", max_new_tokens=12, concurrency=2, ack_wait_s=60, train=train, **changes
+        workers=1,
+        worker_kind="model",
+        max_new_tokens=12,
+        concurrency=2,
+        ack_wait_s=60,
+        train=train,
+        **changes,
     )
 
 

@@ -274,9 +274,9 @@ def test_a_real_grpo_step_with_hints_distils_and_without_hints_trains_as_without
     # The hint changes the teacher's context, so some token's log-prob moved.
     assert any(a != 0.0 for trace in record.samples for a in trace["opd_advantage"])
     # Every hinted sample's rollout row keeps its hint and per-token OPD advantages (the store's `extra`).
-    assert record.rollouts and all(
-        len(row["extra"]["opd_advantage"]) == row["length"] and row["extra"]["hint"] for row in record.rollouts
-    )
+    assert record.rollouts
+    for row in record.rollouts:
+        assert len(row["extra"]["opd_advantage"]) == row["length"] and row["extra"]["hint"]
 
     # OPD on but no row with a hint (empty, null, blanks): the step is the one a run without OPD takes.
     plain = write_dataset(tmp_path / "plain.jsonl", ["", None, "  "])
