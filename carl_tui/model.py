@@ -49,6 +49,8 @@ PAYLOAD_FIELDS = {
     "alarm": {"kind": "alarm_kind", "reason": "alarm_reason"},
     "worker_status": {"state": "state", "detail": "detail"},
     "manager_status": {"state": "state", "done": "done", "total": "total"},
+    "hint": {"hint": "hint", "source": "hint_source"},
+    "judged": {"kind": "judged_kind", "value": "judged_value"},
 }
 
 

@@ -31,7 +31,12 @@ AGENTS_STARTING = (
     "first. Every task, result, score, feedback and alarm streams in here, newest first."
 )
 MAX_EVENTS = 200
-KIND_NAMES = {"worker_status": "status", "manager_status": "manager", "model_update": "model"}
+KIND_NAMES = {
+    "worker_status": "status",
+    "manager_status": "manager",
+    "model_update": "model",
+    "manager_rollout": "mgr-roll",
+}
 STATE_MARKS = {"busy": "●", "idle": "○", "starting": "◌", "stopping": "◌", "stopped": "·", "error": "✕"}
 NARROW = 40  # below this many columns, event lines drop the clock and the task id
 MEDIUM = 50  # from here the workers table shows the task type
@@ -524,6 +529,18 @@ class AgentsPane(Static):
                 )
             if width >= WIDE and e.get("detail"):
                 line.append(f"  {e['detail']}", style="dim")
+            return line
+        if kind == "hint":  # what the manager told the worker (enter shows all of it)
+            source = e.get("hint_source")
+            line.append(f"({source}) " if source and not narrow else "", style="dim")
+            line.append(str(e.get("hint") or ""))
+            return line
+        if kind == "judged" and e.get("judged_value") is not None:
+            value = float(e["judged_value"])
+            if e.get("judged_kind") == "hint_help":  # a difference of two scores, not a score
+                line.append(f"hint help {value:+.2f}", style=self._score_style(0.5 + value, theme))
+            else:
+                line.append(f"agreement {value:.2f}", style=self._score_style(value, theme))
             return line
         line.append(score_text(e.get("score")), style=self._score_style(e.get("score"), theme))
         if width >= WIDE:
