@@ -144,6 +144,8 @@ async def test_the_pane_says_how_the_manager_is_judged_once_it_is(home: Path, si
             assert manager_lines(app) == [
                 "manager: agrees with the verifier 0.75 (n=3) · hints help +0.10 (n=2)"
             ]
+        events = " ".join(pane_lines(app))  # each judgement's row says what it measured
+        assert "hint help -0.05" in events and "agreement 0.65" in events
         await pilot.press("4")  # back in the row: 80x24 has no room for the line, 160x50 has, without counts
         await until(pilot, lambda: app.main.maximized_pane is None)
         if size[0] < 100:
