@@ -225,10 +225,11 @@ class ClaudeFeedback:
         max_tokens: int = 512,
         fallback: OfflineFeedback | None = None,
     ) -> None:
-        self.model = claude.resolve_model(model)
-        self.max_tokens = max_tokens
         self.fallback = fallback or OfflineFeedback()
-        self._client = claude.async_client(api_key, base_url, timeout, max_retries)
+        self._asker = claude.AsyncAsker(
+            api_key, model, base_url, timeout=timeout, max_retries=max_retries, max_tokens=max_tokens
+        )
+        self.model = self._asker.model
 
     async def feedback(self, task: TaskEvent, result: ResultEvent) -> Feedback:
         if result.status == "failed":
@@ -238,11 +239,7 @@ class ClaudeFeedback:
 
     async def assess(self, prompt: str, steps: Sequence[str], answer: str) -> Feedback:
         try:
-            message = await self._client.messages.create(
-                model=self.model,
-                max_tokens=self.max_tokens,
-                messages=[{"role": "user", "content": feedback_prompt(prompt, steps, answer)}],
-            )
+            message = await self._asker.ask(feedback_prompt(prompt, steps, answer))
             return parse_feedback(first_text(message))
         except Exception as exc:  # any failure: the offline judgement, labelled
             offline = self.fallback.assess(prompt, steps, answer)
@@ -250,7 +247,7 @@ class ClaudeFeedback:
             return replace(offline, text=f"offline (Claude failed: {reason}): {offline.text}")
 
     async def aclose(self) -> None:
-        await self._client.close()
+        await self._asker.aclose()
 
 
 def parse_feedback(text: str) -> Feedback:

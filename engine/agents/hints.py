@@ -167,19 +167,15 @@ class ClaudeHints:
         max_retries: int = 2,
         max_tokens: int = 200,
     ) -> None:
-        self.model = claude.resolve_model(model)
-        self.max_tokens = max_tokens
-        self._client = claude.async_client(api_key, base_url, timeout, max_retries)
+        self._asker = claude.AsyncAsker(
+            api_key, model, base_url, timeout=timeout, max_retries=max_retries, max_tokens=max_tokens
+        )
+        self.model = self._asker.model
 
     async def hint(self, task: TaskEvent, result: ResultEvent, signal: Signal) -> Hint:
         answer = result.answer or result.result
         try:
-            message = await self._client.messages.create(
-                model=self.model,
-                max_tokens=self.max_tokens,
-                messages=[{"role": "user", "content": hint_prompt(task, answer, signal)}],
-            )
-            written = parse_hint(first_text(message))
+            written = parse_hint(first_text(await self._asker.ask(hint_prompt(task, answer, signal))))
         except Exception as exc:  # any failure: the offline hint
             why = " ".join(str(exc).split())[:160]
             log.warning("hints: Claude failed (%s); the offline hint is used", why)
@@ -189,7 +185,7 @@ class ClaudeHints:
         return Hint(trimmed(written), "claude", signal.text)
 
     async def aclose(self) -> None:
-        await self._client.close()
+        await self._asker.aclose()
 
 
 async def make_hint(

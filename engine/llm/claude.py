@@ -41,6 +41,34 @@ def async_client(api_key: str, base_url: str | None, timeout: float, max_retries
     return _sdk().AsyncAnthropic(api_key=api_key, base_url=base_url, timeout=timeout, max_retries=max_retries)
 
 
+class AsyncAsker:
+    """One user message to Claude, one reply: the model (`resolve_model`), the reply's token budget and an
+    `AsyncAnthropic` client, as the agents plane's judge, feedback and hints use them."""
+
+    def __init__(
+        self,
+        api_key: str,
+        model: str | None = None,
+        base_url: str | None = None,
+        *,
+        timeout: float = 60.0,
+        max_retries: int = 2,
+        max_tokens: int = 256,
+    ) -> None:
+        self.model = resolve_model(model)  # one model for every Claude request the engine makes
+        self.max_tokens = max_tokens
+        self._client = async_client(api_key, base_url, timeout, max_retries)
+
+    async def ask(self, prompt: str) -> Any:
+        """The Messages API's reply (a `Message`) to `prompt`; the SDK's errors as they come."""
+        return await self._client.messages.create(
+            model=self.model, max_tokens=self.max_tokens, messages=[{"role": "user", "content": prompt}]
+        )
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
 def _sdk() -> Any:
     try:
         import anthropic  # only here: the control room never loads the SDK

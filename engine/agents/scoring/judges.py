@@ -234,18 +234,15 @@ class ClaudeJudge:
         max_retries: int = 2,
         max_tokens: int = 256,
     ) -> None:
-        self.model = claude.resolve_model(model)  # one model for every Claude request the engine makes
+        self._asker = claude.AsyncAsker(
+            api_key, model, base_url, timeout=timeout, max_retries=max_retries, max_tokens=max_tokens
+        )
+        self.model = self._asker.model
         self.name = f"claude:{self.model}"
-        self.max_tokens = max_tokens
-        self._client = claude.async_client(api_key, base_url, timeout, max_retries)
 
     async def judge(self, task: str, steps: Sequence[str], index: int) -> dict[str, Any]:
-        message = await self._client.messages.create(
-            model=self.model,
-            max_tokens=self.max_tokens,
-            messages=[{"role": "user", "content": judge_prompt(task, steps, index)}],
-        )
+        message = await self._asker.ask(judge_prompt(task, steps, index))
         return parse_json_object(first_text(message))
 
     async def aclose(self) -> None:
-        await self._client.close()
+        await self._asker.aclose()
