@@ -7,11 +7,17 @@ distils from them, and the manager is judged (agreement with the verifier, hints
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from engine.agents.carl_agents import headless
+from engine.agents.events import MANAGER_TARGET, ModelUpdateEvent, ResultEvent
+from engine.agents.hints import Signal
+from engine.agents.manager_model import ModelHints
 from engine.agents.plane_settings import AgentsSettings, TrainerSettings
 from engine.agents.tasks import demo_tasks
 from engine.store import StoreReader
@@ -92,7 +98,37 @@ async def test_the_managers_own_model_writes_hints_and_is_trained_on_their_help(
             assert rollout["task_id"] in helps
             assert rollout["reward"] == pytest.approx((helps[rollout["task_id"]] + 1) / 2)
         manager_run = next((r for r in reader.runs() if r.name == "agents-manager"), None)
-        if len(rollouts) >= settings.train.group_size:
-            assert manager_run is not None and manager_run.last_step >= 1
+        assert len(rollouts) >= settings.train.group_size  # one similar-task group of judged hints at least
+        assert manager_run is not None and manager_run.last_step >= 1
+        updates = [json.loads(r["payload"]) for r in reader.agent_audit(kind="model_update", limit=None)]
     finally:
         reader.close()
+    # The manager trainer's adapters go to the manager only (model.manager), never to the workers.
+    own = [u for u in updates if u["target_worker_id"] == MANAGER_TARGET]
+    assert own and all(u["run"] == "agents-manager" for u in own)
+    assert all(u["run"] == "agents-train" for u in updates if u["target_worker_id"] is None)
+    # And the manager's model takes the newest of them in place, as a worker does, and writes with it.
+    hints = ModelHints(settings, home)
+    update = ModelUpdateEvent.model_validate(own[-1])
+    assert (
+        await hints.swap(update, Path(update.checkpoint_path))
+        == f"manager model serves {update.model_version}"
+    )
+    task = same_tool_tasks(1)[0].event("manager")
+    result = ResultEvent(task_id=task.task_id, worker_id="w1", task_type="demo", status="success", result="x")
+    written = await hints.hint(task, result, Signal("verifier", "expected a call to get_weather"))
+    assert written.source == "manager_model" and written.manager_version == update.model_version
+
+
+def test_opd_without_training_is_refused_in_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "agents", "run", "--opd", "--limit", "1"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CARL_HOME": str(tmp_path)},
+        timeout=120,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "carl: --opd needs --train: on-policy distillation is part of training"
+    ]

@@ -465,7 +465,7 @@ async def headless(
             ).unsubscribe()  # rollouts wait for the trainer in the stream
             trainer = launcher.start("trainer", "trainer")
         manager_trainer = None
-        if settings.train.enabled and settings.manager_model:
+        if settings.trains_manager:
             await (await manager_trainer_subscription(js)).unsubscribe()
             manager_trainer = launcher.start("manager-trainer", "manager-trainer")
         manager = Manager(

@@ -219,7 +219,7 @@ class Manager:
             results = await self._subscribe_results()
             if self.group_size > 1:  # training: the trainer's consumer exists before the first rollout
                 await (await trainer_subscription(self.js)).unsubscribe()
-                if isinstance(self.hints, ModelHints):  # and the manager trainer's, before the first hint
+                if self.settings.trains_manager:  # and the manager trainer's, before the first hint
                     await (await manager_trainer_subscription(self.js)).unsubscribe()
             await self.nc.subscribe("control.manager", cb=self._on_control)
             if isinstance(self.hints, ModelHints):
@@ -427,7 +427,8 @@ class Manager:
             await publish_retrying(self.js, self._judged_event(judgement))
             if judgement.kind == "hint_help":
                 alarms += self.alarms.hint_help(judgement.worker_id, judgement.value)
-                rollout = self.hints.rollout(judgement) if isinstance(self.hints, ModelHints) else None
+                own = isinstance(self.hints, ModelHints) and self.settings.trains_manager
+                rollout = self.hints.rollout(judgement) if own else None
                 if rollout is not None:  # the manager's own model wrote that hint: it learns from its help
                     await publish_retrying(self.js, rollout)
         for alarm in alarms:

@@ -285,7 +285,7 @@ class Plane:
             self._add_worker()
         if settings.train.enabled:
             self._spawn("trainer", "trainer")
-        if settings.train.enabled and settings.manager_model:
+        if settings.trains_manager:
             self._spawn("manager-trainer", "manager-trainer")
         self.store.set_kv(
             "agents.plane",
@@ -295,7 +295,7 @@ class Plane:
         what = f"manager, {spec.workers} worker{'s' if spec.workers != 1 else ''}" + (
             ", trainer" if settings.train.enabled else ""
         )
-        if settings.train.enabled and settings.manager_model:
+        if settings.trains_manager:
             what += ", manager trainer"
         until = f" until run {spec.until_run!r} ends" if spec.until_run else ""
         serving = f", serving run {spec.serve_run}" if spec.serve_run else ""

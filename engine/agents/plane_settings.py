@@ -137,6 +137,12 @@ class AgentsSettings(_Section):
     alarms: AlarmSettings = Field(default_factory=AlarmSettings, description="alarm thresholds")
     train: TrainerSettings = Field(default_factory=TrainerSettings, description="training from rollouts")
 
+    @property
+    def trains_manager(self) -> bool:
+        """Whether the manager's own model is trained: a manager model, training on, and hints it writes
+        (with Claude writing the feedback, Claude writes the hints: it is judged, never trained)."""
+        return bool(self.manager_model) and self.train.enabled and self.hints and self.feedback != "claude"
+
     @field_validator("task_type")
     @classmethod
     def _token(cls, value: str) -> str:

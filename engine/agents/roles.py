@@ -91,6 +91,10 @@ def build_hints(
         return None
     key = api_key or os.environ.get("ANTHROPIC_API_KEY")
     if settings.feedback == "claude" and key:
+        if settings.manager_model:
+            log.warning(
+                "agents: Claude writes the hints; agents.manager_model %s is not used", settings.manager_model
+            )
         return ClaudeHints(key, settings.claude_model, base_url=base_url)
     if settings.manager_model:
         from .manager_model import ModelHints
