@@ -16,7 +16,7 @@ quarter, the teacher/student KL (opd/kl), the manager's agreement and hint help,
 per rollout with the teacher's forward and without it (timing/teacher_s taken out of the same steps). Over
 seeds: the mean with its 95% t interval, and each arm against rl paired by seed (engine.experiments.stats).
 
-    python bench/opd_experiment.py --seeds 5 --tasks 96 --out docs/results/opd.md
+    python bench/opd_experiment.py --seeds 5 --tasks 384 --learning-rate 2e-3 --out /tmp/opd.md
 """
 
 from __future__ import annotations
@@ -54,13 +54,13 @@ def warm_model(home: Path, steps: int) -> Path:
     return sorted((home / "runs").glob("*warm/final/config.json"))[-1].parent
 
 
-def settings_of(arm: str, seed: int, model: Path) -> AgentsSettings:
+def settings_of(arm: str, seed: int, model: Path, learning_rate: float) -> AgentsSettings:
     train = TrainerSettings(
         enabled=True,
         group_size=4,
         groups_per_update=2,
         publish_every=1,
-        learning_rate=5e-4,
+        learning_rate=learning_rate,
         opd=arm != "rl",
     )
     return AgentsSettings(
@@ -78,14 +78,14 @@ def settings_of(arm: str, seed: int, model: Path) -> AgentsSettings:
     )
 
 
-def one_run(root: Path, arm: str, seed: int, tasks: int, model: Path) -> dict[str, Any]:
+def one_run(root: Path, arm: str, seed: int, tasks: int, model: Path, learning_rate: float) -> dict[str, Any]:
     home = root / f"{arm}-s{seed}"
     done = home / "figures.json"
     if done.is_file():  # an interrupted experiment carries on where it stopped
         return dict(json.loads(done.read_text()))
     specs = demo_tasks(seed)[:tasks]
     started = time.perf_counter()
-    summary = asyncio.run(headless(home, settings_of(arm, seed, model), specs, limit=tasks))
+    summary = asyncio.run(headless(home, settings_of(arm, seed, model, learning_rate), specs, limit=tasks))
     figures = {"arm": arm, "seed": seed, "wall_s": time.perf_counter() - started, **read_figures(home)}
     figures["summary"] = {k: summary.get(k) for k in ("done", "failed", "hints", "hint_help")}
     done.write_text(json.dumps(figures))
@@ -189,6 +189,9 @@ def main() -> int:
     parser.add_argument("--root", type=Path, default=Path("/tmp/carl-opd-experiment"))
     parser.add_argument("--model", type=Path, default=None, help="the workers' model (default: warmed here)")
     parser.add_argument("--warmup-steps", type=int, default=300)
+    parser.add_argument(
+        "--learning-rate", type=float, default=5e-4, help="the LoRA adapters' (the plane's default)"
+    )
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--out", type=Path, default=None, help="write the table (markdown) here")
     args = parser.parse_args()
@@ -198,7 +201,7 @@ def main() -> int:
     runs = []
     for seed in seeds:
         for arm in args.arms.split(","):
-            figures = one_run(args.root, arm, seed, args.tasks, model)
+            figures = one_run(args.root, arm, seed, args.tasks, model, args.learning_rate)
             print(json.dumps({k: v for k, v in figures.items() if k != "summary"}), flush=True)
             runs.append(figures)
     text = table(runs, seeds) + "\n\n" + cost_line(runs) + "\n"
