@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from engine.llm import claude
 from engine.redact import redact
+from engine.text import storable
 from engine.tasks.checks import CHECKS, normalise
 
 from .events import HINT_CHARS, HintSource, ResultEvent, TaskEvent
@@ -119,8 +120,9 @@ def offline_hint(task: TaskEvent, signal: Signal) -> str:
 
 
 def trimmed(text: str) -> str:
-    """A hint as sent: one line, at most HINT_WORDS words and HINT_CHARS characters."""
-    words = text.split()
+    """A hint as sent: one line, at most HINT_WORDS words and HINT_CHARS characters, every character one
+    UTF-8 can carry (whoever wrote it)."""
+    words = storable(text).split()
     cut = " ".join(words[:HINT_WORDS]) + (" ..." if len(words) > HINT_WORDS else "")
     return cut[:HINT_CHARS]
 
