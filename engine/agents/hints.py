@@ -23,8 +23,8 @@ from typing import Any, Protocol
 
 from engine.llm import claude
 from engine.redact import redact
-from engine.text import storable
 from engine.tasks.checks import CHECKS, normalise
+from engine.text import storable
 
 from .events import HINT_CHARS, HintSource, ResultEvent, TaskEvent
 from .feedback import Feedback
