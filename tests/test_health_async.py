@@ -333,3 +333,24 @@ def test_a_verl_run_in_mlflow_past_the_bound_its_params_hold(tmp_path: Path, sto
         "samples 4 policy versions stale at step 29, past the run's bound of 2 (max_off_policy_threshold)"
     ]
     assert health.level == "yellow"
+
+
+def test_opd_on_hints_the_policy_cannot_follow() -> None:
+    """The teacher/student KL of OPD's hinted samples, as the plane's trainer logs it (opd/kl): where it stayed
+    in the demo's healthy runs, then climbing as it did before two runs' answers degenerated."""
+    steps = np.arange(1, 41)
+    healthy = 0.05 + 0.08 * RNG.random(40)  # 0.05-0.13 nats
+    assert judged(opd_kl=healthy, opd_kl_steps=steps)[0] == "green"
+    drifting = np.r_[healthy[:30], np.linspace(0.2, 0.4, 10)]
+    level, reasons, causes = judged(opd_kl=drifting, opd_kl_steps=steps)
+    assert (level, causes) == ("yellow", {"opd"}) and "teacher/student KL 0.3" in reasons[0]
+    assert "lower train.w_opd" in reasons[0]
+    gone = np.r_[healthy[:30], np.linspace(0.5, 0.95, 10)]
+    assert judged(opd_kl=gone, opd_kl_steps=steps)[:3:2] == ("red", {"opd"})
+
+
+def test_stored_opd_kl_is_read_from_rl_steps(store: Store) -> None:
+    run_id = store.create_run("agents-train", source_kind="agents", status="finished")
+    add_series(store, run_id, {"reward": np.full(30, 0.3), "opd/kl": np.linspace(0.3, 0.9, 30)})
+    health = analyze_run(store, run_id)
+    assert health is not None and health.level == "red" and {f.cause for f in health.flags} == {"opd"}

@@ -139,6 +139,7 @@ def run_signals(db: Store | StoreReader, run_id: int) -> RunSignals | None:
     signals.truncation_steps, signals.truncation = _series(
         db, run_id, ("completions/clipped_ratio",), rl_since
     )
+    signals.opd_kl_steps, signals.opd_kl = _series(db, run_id, ("opd/kl",), rl_since)
     return signals
 
 

@@ -101,6 +101,15 @@ MISMATCH_ABS_DIFF_FLOOR = 0.035
 TRUNCATION_RISE = 0.1
 TRUNCATION_YELLOW = 0.5
 
+# On-policy distillation from hints (engine/training/opd.py): the teacher/student KL on the hinted samples'
+# own tokens (`opd/kl`), trailing-window mean. A policy that can use its hints stays close to its hinted self:
+# on the demo's plane at the default learning rate it stayed at 0.05-0.13 nats a token, and the verifier held.
+# Where the hints are out of the model's reach the hinted teacher scores what the policy samples lower and
+# lower, distillation pushes those tokens down, and the answers degenerate: at 2e-3 two seeds went past 0.25
+# nats about ten steps before the verifier fell to zero, and reached 0.5-0.95 (docs/results/opd.md).
+OPD_KL_YELLOW = 0.25
+OPD_KL_RED = 0.5
+
 # A sudden throughput drop: the median of the last THROUGHPUT_RECENT logs of `perf/tokens_per_s` (else per
 # GPU) below (1 − THROUGHPUT_DROP) of the median of the THROUGHPUT_BASELINE logs before them. A GRPO step's
 # tokens move by tens of percent with its completions' lengths, and a checkpoint or an eval slows one log; a
@@ -130,6 +139,7 @@ CAUSES = (
     "mismatch",
     "staleness",
     "truncation",
+    "opd",
     "throughput",
     *BOX_CAUSES,
 )
@@ -207,6 +217,8 @@ class RunSignals:
     throughput: np.ndarray = field(default_factory=lambda: np.empty(0))
     throughput_steps: np.ndarray = field(default_factory=lambda: np.empty(0))
     throughput_key: str = "perf/tokens_per_s"
+    opd_kl: np.ndarray = field(default_factory=lambda: np.empty(0))  # RL steps only
+    opd_kl_steps: np.ndarray = field(default_factory=lambda: np.empty(0))
 
 
 def assess_health(sig: RunSignals, now: float | None = None) -> Health:
@@ -346,6 +358,22 @@ def _kl(sig: RunSignals, health: Health, now: float) -> None:
         health.flag("red", f"KL blow-up: {mean:.3g} nats per token to the reference", "kl")
     elif mean >= KL_YELLOW:
         health.flag("yellow", f"KL to the reference at {mean:.3g} nats per token", "kl")
+
+
+def _opd(sig: RunSignals, health: Health, now: float) -> None:
+    values, _ = _finite(sig.opd_kl)
+    if not len(values):
+        return
+    mean = float(values[-trailing_window(len(values)) :].mean())
+    if mean < OPD_KL_YELLOW:
+        return
+    level = "red" if mean >= OPD_KL_RED else "yellow"
+    health.flag(
+        level,
+        f"OPD: teacher/student KL {mean:.2f} nats a token on the hinted samples: the policy cannot follow "
+        "its hints, and distilling from them pushes down what it samples (lower train.w_opd, or no --opd)",
+        "opd",
+    )
 
 
 def _window_mean(values: np.ndarray, steps: np.ndarray, end: int, width: int) -> float | None:
@@ -545,6 +573,7 @@ RULES = (
     _mismatch,
     _staleness,
     _truncation,
+    _opd,
     _throughput,
     _box,
 )
