@@ -336,8 +336,8 @@ def test_a_verl_run_in_mlflow_past_the_bound_its_params_hold(tmp_path: Path, sto
 
 
 def test_opd_on_hints_the_policy_cannot_follow() -> None:
-    """The teacher/student KL of OPD's hinted samples, as the plane's trainer logs it (opd/kl): where it stayed
-    in the demo's healthy runs, then climbing as it did before two runs' answers degenerated."""
+    """The teacher/student KL of OPD's hinted samples, as the plane's trainer logs it (opd/kl): where it
+    stayed in the demo's healthy runs, then climbing as it did before two runs' answers degenerated."""
     steps = np.arange(1, 41)
     healthy = 0.05 + 0.08 * RNG.random(40)  # 0.05-0.13 nats
     assert judged(opd_kl=healthy, opd_kl_steps=steps)[0] == "green"
