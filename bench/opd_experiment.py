@@ -206,7 +206,8 @@ def main() -> int:
             runs.append(figures)
     text = table(runs, seeds) + "\n\n" + cost_line(runs) + "\n"
     print(text)
-    if args.out is not None:
+    if args.out is not None:  # the table, and every run's figures beside it
+        args.out.write_text(text)
         args.out.with_suffix(".json").write_text(json.dumps(runs, indent=1) + "\n")
     return 0
 
