@@ -427,10 +427,10 @@ class Manager:
             await publish_retrying(self.js, self._judged_event(judgement))
             if judgement.kind == "hint_help":
                 alarms += self.alarms.hint_help(judgement.worker_id, judgement.value)
-                own = isinstance(self.hints, ModelHints) and self.settings.trains_manager
-                rollout = self.hints.rollout(judgement) if own else None
-                if rollout is not None:  # the manager's own model wrote that hint: it learns from its help
-                    await publish_retrying(self.js, rollout)
+                if isinstance(self.hints, ModelHints) and self.settings.trains_manager:
+                    rollout = self.hints.rollout(judgement)
+                    if rollout is not None:  # its own model wrote that hint: it learns from its help
+                        await publish_retrying(self.js, rollout)
         for alarm in alarms:
             await self._alarm(alarm)
         self._count(result, scored, feedback)

@@ -738,6 +738,7 @@ def _v11(db: sqlite_utils.Database) -> None:
     per-token values) and the sample's teacher/student KL. `agent_judgements` is the manager's judged
     quality as a series: one row per `opd.judged` event (agreement with the verifier, or a hint's help),
     read newest first by kind along its index."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(agent_tasks)").fetchall()}
     for column, kind in (
         ("hint", "TEXT"),
         ("hint_source", "TEXT"),
@@ -746,7 +747,8 @@ def _v11(db: sqlite_utils.Database) -> None:
         ("opd_advantage", "BLOB"),  # per token, float16 little-endian
         ("opd_kl", "REAL"),
     ):
-        db.execute(f"ALTER TABLE agent_tasks ADD COLUMN {column} {kind}")
+        if column not in have:  # a store whose version was set back runs this again: what exists is kept
+            db.execute(f"ALTER TABLE agent_tasks ADD COLUMN {column} {kind}")
     db.execute(
         """
         CREATE TABLE IF NOT EXISTS agent_judgements (
