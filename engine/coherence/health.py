@@ -105,8 +105,9 @@ TRUNCATION_YELLOW = 0.5
 # own tokens (`opd/kl`), trailing-window mean. A policy that can use its hints stays close to its hinted self:
 # on the demo's plane at the default learning rate it stayed at 0.05-0.13 nats a token, and the verifier held.
 # Where the hints are out of the model's reach the hinted teacher scores what the policy samples lower and
-# lower, distillation pushes those tokens down, and the answers degenerate: at 2e-3 two seeds went past 0.25
-# nats about ten steps before the verifier fell to zero, and reached 0.5-0.95 (docs/results/opd.md).
+# lower, distillation pushes those tokens down, and the answers degenerate: at 2e-3, in 4 of 5 seeds the
+# trailing mean passed 0.25 nats 12-24 steps before the verifier fell below 0.02, and reached 0.43-0.95; the
+# fifth peaked at 0.24 and degenerated all the same (docs/results/opd.md). An early warning, not a guarantee.
 OPD_KL_YELLOW = 0.25
 OPD_KL_RED = 0.5
 
