@@ -13,6 +13,7 @@ from engine.agents.alarms import AlarmMonitor
 from engine.agents.events import HintEvent, ManagerJudgedEvent, ResultEvent, TaskEvent, parse_event
 from engine.agents.feedback import Feedback
 from engine.agents.hints import (
+    HINT_TOKENS,
     ClaudeHints,
     OfflineHints,
     directive_signal,
@@ -23,6 +24,7 @@ from engine.agents.hints import (
 from engine.agents.manager_judge import ManagerJudge, similar_key
 from engine.agents.plane_settings import AlarmSettings
 from engine.agents.tasks import demo_tasks, verify
+from engine.llm.claude import AsyncAsker
 from engine.training import opd
 
 KEY = "sk-ant-test-key-0123456789abcdef"
@@ -119,7 +121,9 @@ async def test_claude_writes_the_hint_and_the_offline_one_stands_in_when_it_says
     task = demo_task("get_time")
     answer = call("get_weather", task.metadata["answer_city"])
     server.text(["[HINT_START]Use get_time: the user asked", " for the time.[HINT_END]"])
-    hints = ClaudeHints(KEY, "claude-test", base_url=server.base_url, max_retries=0)
+    hints = ClaudeHints(
+        AsyncAsker(KEY, "claude-test", server.base_url, max_retries=0, max_tokens=HINT_TOKENS)
+    )
     try:
         hint = await make_hint(hints, task, result(task, answer), verify(task, answer), GOOD)
         assert hint is not None and (hint.source, hint.text) == (

@@ -33,6 +33,7 @@ from .tasks import DEMO_TASK, verify
 
 log = logging.getLogger("carl.agents")
 FEEDBACK_BELOW = 0.7  # a task without a verifier gets a hint from feedback scoring below this
+HINT_TOKENS = 200  # what Claude may write for a hint (one or two sentences, and the markers)
 HINT_WORDS = 40  # a hint longer than this is cut (a hint is an instruction, not an essay)
 _HINT = re.compile(r"\[HINT_START\](.*?)\[HINT_END\]", re.DOTALL)
 
@@ -159,20 +160,9 @@ def parse_hint(text: str) -> str | None:
 class ClaudeHints:
     """Claude writes the hint from the signal; the offline hint when the call fails or says NONE."""
 
-    def __init__(
-        self,
-        api_key: str,
-        model: str | None = None,
-        base_url: str | None = None,
-        timeout: float = 60.0,
-        *,
-        max_retries: int = 2,
-        max_tokens: int = 200,
-    ) -> None:
-        self._asker = claude.AsyncAsker(
-            api_key, model, base_url, timeout=timeout, max_retries=max_retries, max_tokens=max_tokens
-        )
-        self.model = self._asker.model
+    def __init__(self, asker: claude.AsyncAsker) -> None:
+        self._asker = asker  # a hint is a sentence or two: an asker with a small max_tokens (HINT_TOKENS)
+        self.model = asker.model
 
     async def hint(self, task: TaskEvent, result: ResultEvent, signal: Signal) -> Hint:
         answer = result.answer or result.result

@@ -95,7 +95,11 @@ def build_hints(
             log.warning(
                 "agents: Claude writes the hints; agents.manager_model %s is not used", settings.manager_model
             )
-        return ClaudeHints(key, settings.claude_model, base_url=base_url)
+        from engine.llm.claude import AsyncAsker
+
+        from .hints import HINT_TOKENS
+
+        return ClaudeHints(AsyncAsker(key, settings.claude_model, base_url, max_tokens=HINT_TOKENS))
     if settings.manager_model:
         from .manager_model import ModelHints
 
