@@ -123,6 +123,8 @@ def test_events_are_printed_filtered_and_as_json_lines(tmp_path: Path) -> None:
         "judged",  # the manager's feedback against the verifier (every answer was right: no hint)
     }  # busy: on it
     assert {e["task_id"] for e in of_task} == {one}
+    judged = carl(home, "agents", "events", "--type", "judged").stdout.splitlines()
+    assert len(judged) == 6 and all(re.search(r" agreement [01]\.\d{3}$", line) for line in judged), judged
     status = json.loads(carl(home, "agents", "status", "--json").stdout)
     assert sorted(w["worker_id"] for w in status["workers"]) == ["w1", "w2"]
     assert sum(w["tasks_done"] for w in status["workers"]) == 6

@@ -39,6 +39,7 @@ EVENT_TYPES = (
     "manager_status",
     "hint",
     "judged",
+    "manager_rollout",
 )
 
 
@@ -715,4 +716,10 @@ def _event_says(row: dict[str, Any]) -> str:
         return " ".join(str(part) for part in (body.get("state"), body.get("detail")) if part)
     if kind == "result" and body.get("status") == "failed":
         return f"failed: {body.get('error') or body.get('result')}"
+    if kind == "hint":
+        return visible_line(f"({body.get('source')}) {body.get('hint')}")
+    if kind == "judged" and isinstance(body.get("value"), int | float):
+        if body.get("kind") == "hint_help":  # a difference of two scores
+            return f"hint help {body['value']:+.3f}"
+        return f"agreement {body['value']:.3f}"
     return f"score {row['score']:.3f}" if row["score"] is not None else ""
