@@ -51,10 +51,11 @@ from engine.store.agent_audit import record_task_opd
 from engine.store.rollouts import pack_half
 from engine.training import grpo, opd
 from engine.training.backend import SAVE_TOTAL_LIMIT, CommandPump, Reporter, StepRecord, TrainingFailed
+from engine.training.step_rollouts import TokenTexts
 
 from .events import ModelUpdateEvent, TrainingRolloutEvent
 from .plane_settings import TrainerSettings
-from .policy import BASE_VERSION, LocalPolicy, PackedBatch, response_logprobs
+from .policy import BASE_VERSION, LocalPolicy, PackedBatch, forward, response_logprobs
 from .spool import RolloutSpool
 
 ROLLOUTS_PER_STEP = 64  # a step's samples kept as rollout rows (the rollouts viewer's)
@@ -196,6 +197,7 @@ class PlaneTrainer:
         self.output_dir = Path()
         self.fingerprint = ""
         self.vocab_size = 0
+        self._token_texts = TokenTexts(self._decode)  # each token id decoded once, for every step's rows
 
     # -- prepare and resume ----------------------------------------------------------------------
 
@@ -469,9 +471,7 @@ class PlaneTrainer:
             prepared.policy.device,
         )
 
-        logits = self.model(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-        ).logits
+        logits = forward(self.model, batch)
         current = response_logprobs(logits, batch, temperature)
         reference = self._reference_logprobs(batch)
         teacher_started = time.perf_counter()
@@ -604,16 +604,13 @@ class PlaneTrainer:
                 policy.device,
             )
             with torch.no_grad():
-                logits = self.model(
-                    input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-                ).logits
-                teacher = response_logprobs(logits, batch, self.temperature)
+                teacher = response_logprobs(forward(self.model, batch), batch, self.temperature)
             for i, lp in zip(hinted, teacher, strict=True):
                 t = lp.double().cpu().numpy()
                 s = student[i].double().cpu().numpy()
                 gain = gains[i] = opd.token_advantages(t, s, self.settings.opd_clip)
                 pairs.append((t, s))
-                texts = [policy.tokenizer.decode([t_id]) for t_id in samples[i].response_token_ids]
+                texts = self._token_texts(samples[i].response_token_ids)
                 kl = float(np.mean(s - t)) if len(t) else 0.0
                 stored.append((samples[i].task_id, json.dumps(texts), pack_half(gain.tolist()), kl))
         return Distillation(gains, opd.summary(pairs, self.settings.opd_clip), unmatched, stored)
@@ -628,7 +625,6 @@ class PlaneTrainer:
     ) -> list[dict[str, Any]]:
         """The step's samples as rollout rows (the rollouts viewer's), each with its task, and a hinted one
         with its hint and per-token OPD advantages (drawn over its tokens like entropy)."""
-        tokenizer = self._require_prepared().policy.tokenizer
         rows = []
         for i, r in enumerate(samples[:ROLLOUTS_PER_STEP]):
             rewards = {"prm": r.prm_score, "outcome": r.outcome_score}
@@ -650,7 +646,7 @@ class PlaneTrainer:
                     "total": r.reward,
                     "advantage": advantages[i],
                     "length": len(r.response_token_ids),
-                    "tokens": [tokenizer.decode([t]) for t in r.response_token_ids],
+                    "tokens": self._token_texts(r.response_token_ids),
                     "entropy": [float(h) for h in stats.entropy[i]],
                     "logprob": current[i].detach().double().cpu().tolist(),
                     "extra": extra,
@@ -665,10 +661,10 @@ class PlaneTrainer:
         if self.settings.beta == 0:
             return [None] * len(batch.lengths)
         with torch.no_grad(), self.model.disable_adapter():
-            logits = self.model(
-                input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-            ).logits
-            return response_logprobs(logits, batch, self.temperature)
+            return response_logprobs(forward(self.model, batch), batch, self.temperature)
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self._require_prepared().policy.tokenizer.decode(ids))
 
     def _versions_behind(self, version: str | None) -> int | None:
         """How many published adapters came after the one that sampled (None: a version not ours)."""
@@ -677,7 +673,6 @@ class PlaneTrainer:
         return len(self.versions) - 1 - self.versions.index(version)
 
     def _samples(self, samples: list[TrainingRolloutEvent], stats: Any) -> list[dict[str, Any]]:
-        tokenizer = self._require_prepared().policy.tokenizer
         out = []
         for kind, index in pick_traces([r.reward for r in samples], self.rng).items():
             r = samples[index]
@@ -690,7 +685,7 @@ class PlaneTrainer:
                     "kind": kind,
                     "prompt": r.prompt,
                     "completion": r.response,
-                    "tokens": [tokenizer.decode([t]) for t in r.response_token_ids],
+                    "tokens": self._token_texts(r.response_token_ids),
                     "entropy": [round(float(h), 5) for h in stats.entropy[index]],
                     "phi": [round(float(p), 6) for p in stats.phi[index]],
                     "rewards": rewards,
