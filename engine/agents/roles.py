@@ -84,7 +84,8 @@ def build_hints(
     settings: AgentsSettings, home: Path, *, api_key: str | None = None, base_url: str | None = None
 ) -> Any:
     """Who writes the hints (engine/agents/hints.py): None with `agents.hints` off; Claude when it writes the
-    feedback; the manager's own model when one is configured; else the offline hints."""
+    feedback; the manager's own model when one is configured and Claude is not the manager; else the offline
+    hints (also for a Claude manager without a key)."""
     from .hints import ClaudeHints, OfflineHints
 
     if not settings.hints:
@@ -100,7 +101,7 @@ def build_hints(
         from .hints import HINT_TOKENS
 
         return ClaudeHints(AsyncAsker(key, settings.claude_model, base_url, max_tokens=HINT_TOKENS))
-    if settings.manager_model:
+    if settings.manager_model and settings.feedback != "claude":  # as AgentsSettings.trains_manager decides
         from .manager_model import ModelHints
 
         return ModelHints(settings, home, seed=settings.seed)
