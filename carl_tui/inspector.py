@@ -107,6 +107,17 @@ class RecordTable(DataTable[Text]):
         Binding("end", "scroll_bottom", "Last row", show=False, id="inspector.last-row"),
     ]
 
+    def action_scroll_top(self) -> None:
+        """The first row, at the top, now: DataTable's own scroll waits for a refresh after the cursor moves,
+        and the suite once saw the cursor on row 0 with the table still scrolled to the end 30 s later."""
+        self.move_cursor(row=0, scroll=False)
+        self.scroll_to(x=0, y=0, animate=False, immediate=True)
+
+    def action_scroll_bottom(self) -> None:
+        """The last row: the cursor scrolls it into view once the rows are laid out, and never sideways."""
+        self.move_cursor(row=self.row_count - 1)
+        self.scroll_to(x=0, animate=False, immediate=True)
+
 
 class InspectorScreen(ModalScreen[None]):
     """One step of one run, every stored value of it."""
